@@ -1,0 +1,1 @@
+"""GPU specs, priced cloud offers and model presets, as versioned data with a schema."""

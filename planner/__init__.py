@@ -1,0 +1,1 @@
+"""Pure planning core: JobSpec + catalog -> estimates -> candidates -> ranked plan. No I/O."""

@@ -1,0 +1,204 @@
+"""JobSpec: the one job description every package shares (YAML or JSON).
+
+Validated at construction: unknown fields, impossible numbers and malformed values are refused
+with the field's path. Names that need the catalog (GPU, model preset, cloud) are checked by the
+planner, which knows the catalog, and suggest the closest valid names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from catalog.errors import InvalidInput
+
+Task = Literal["train", "infer"]
+Precision = Literal["auto", "fp32", "amp-bf16", "amp-fp16", "bf16", "fp8"]
+Optimizer = Literal["adamw", "adamw-8bit", "sgd", "adafactor"]
+Sharding = Literal["auto", "ddp", "fsdp", "fsdp-grad-op", "zero1"]
+Finetune = Literal["full", "lora", "qlora"]
+Weights = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"]
+SpotMode = Literal["auto", "always", "never"]
+AutoBool = bool | Literal["auto"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_UNIT_HOURS = {"s": 1 / 3600, "m": 1 / 60, "h": 1.0, "d": 24.0, "w": 168.0}
+
+
+def parse_hours(value: object) -> float:
+    """'24h', '90m', '2d', 36 (hours) -> hours as a float."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like '24h', '90m' or '2d'")
+    if isinstance(value, int | float):
+        hours = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if not match:
+            raise ValueError(f"{value!r} is not a duration; write e.g. '24h', '90m' or '2d'")
+        hours = float(match.group(1)) * _UNIT_HOURS[match.group(2) or "h"]
+    else:
+        raise ValueError("expected a duration like '24h', '90m' or '2d'")
+    if hours <= 0:
+        raise ValueError("a duration must be positive")
+    return hours
+
+
+Hours = Annotated[float, BeforeValidator(parse_hours)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelRef(_Section):
+    """A model given by the path of a Hugging Face config.json instead of a preset id."""
+
+    config: str = Field(min_length=1)
+
+
+class TrainSpec(_Section):
+    tokens: float = Field(gt=0, le=1e15, description="total tokens to process")
+    seq_len: int = Field(default=2048, ge=8, le=1_048_576)
+    micro_batch: int | None = Field(default=None, ge=1, le=4096, description="per GPU; None: planner")
+    global_batch: int | None = Field(default=None, ge=1, le=1_000_000, description="sequences per step")
+    precision: Precision = "auto"
+    optimizer: Optimizer = "adamw"
+    activation_checkpointing: AutoBool = "auto"
+    sharding: Sharding = "auto"
+    tensor_parallel: int | Literal["auto"] = 1
+    pipeline_parallel: int | Literal["auto"] = 1
+    finetune: Finetune = "full"
+    lora_rank: int = Field(default=16, ge=1, le=4096)
+    learning_rate: float = Field(default=3e-4, gt=0, le=1.0)
+    seed: int = 0
+    data: str | None = Field(default=None, description="token ids file (.npy/.bin); None: synthetic")
+    checkpoint_interval_steps: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainSpec:
+        for name in ("tensor_parallel", "pipeline_parallel"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not 1 <= value <= 512:
+                raise ValueError(f"{name} must be between 1 and 512 (or 'auto'), got {value}")
+        if self.finetune == "qlora" and self.precision in ("fp32", "fp8"):
+            raise ValueError(f"qlora trains bf16/fp16 adapters on int4 weights; precision {self.precision}"
+                             " is not possible with it (use auto, bf16 or amp-bf16)")
+        return self
+
+
+class InferSpec(_Section):
+    batch: int = Field(default=32, ge=1, le=65536, description="concurrent sequences")
+    prompt_tokens: int = Field(default=1024, ge=1, le=1_048_576)
+    output_tokens: int = Field(default=256, ge=1, le=1_048_576)
+    requests: float = Field(default=1000, gt=0, le=1e13)
+    weights: Weights = "auto"
+    prompts: str | None = Field(default=None, description="JSONL prompts file; None: synthetic")
+
+
+class Resources(_Section):
+    accelerators: list[str] | None = Field(default=None, description='allow-list; "H100:8" pins the count')
+    clouds: list[str] | None = None
+    regions: list[str] | None = None
+    spot: SpotMode = "auto"
+    deadline: Hours | None = Field(default=None, description="hours from submission")
+    budget_usd: float | None = Field(default=None, gt=0)
+    max_gpus: int = Field(default=64, ge=1, le=100_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _listify(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("accelerators", "clouds", "regions"):
+                if isinstance(data.get(key), str):
+                    data = {**data, key: [data[key]]}
+        return data
+
+    def accelerator_pins(self) -> dict[str, int | None]:
+        """{'H100': 8, 'A100-80GB': None}: name -> pinned count, from the allow-list."""
+        pins: dict[str, int | None] = {}
+        for item in self.accelerators or []:
+            name, _, count = item.partition(":")
+            pins[name.strip()] = int(count) if count else None
+        return pins
+
+    @model_validator(mode="after")
+    def _check_pins(self) -> Resources:
+        for item in self.accelerators or []:
+            name, sep, count = item.partition(":")
+            if not name.strip():
+                raise ValueError(f"accelerator {item!r} has no name; write e.g. 'H100' or 'H100:8'")
+            if sep and (not count.isdigit() or int(count) < 1):
+                raise ValueError(f"accelerator {item!r}: the count after ':' must be a whole number >= 1")
+        return self
+
+
+class JobSpec(_Section):
+    name: str = Field(default="job", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    task: Task
+    model: str | ModelRef
+    train: TrainSpec | None = None
+    infer: InferSpec | None = None
+    resources: Resources = Field(default_factory=Resources)
+
+    @model_validator(mode="after")
+    def _task_section(self) -> JobSpec:
+        if self.task == "train" and self.train is None:
+            raise ValueError("task is 'train' but the 'train' section is missing (it needs at least tokens)")
+        if self.task == "infer" and self.infer is None:
+            object.__setattr__(self, "infer", InferSpec())
+        return self
+
+    @property
+    def model_id(self) -> str:
+        return self.model if isinstance(self.model, str) else self.model.config
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif item.startswith(("function-", "literal[", "str", "int", "float", "bool", "ModelRef")):
+            continue
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "(spec)"
+
+
+def spec_from_dict(data: Any, *, base_dir: Path | None = None) -> JobSpec:
+    """Validate a parsed document; errors name the field path and what to write instead."""
+    if not isinstance(data, dict):
+        raise InvalidInput("a job spec must be a mapping with at least 'task' and 'model'")
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        path = _format_loc(tuple(first["loc"]))
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown field; check the spelling (see the JobSpec in DESIGN.md)"
+        if first["type"] == "literal_error":
+            message = f"{message}, got {first.get('input')!r}"
+        more = len(exc.errors()) - 1
+        raise InvalidInput(message + (f" (and {more} more problem(s))" if more else ""), path=path) from None
+    if base_dir is not None and isinstance(spec.model, ModelRef) and not Path(spec.model.config).is_absolute():
+        spec = spec.model_copy(update={"model": ModelRef(config=str(base_dir / spec.model.config))})
+    return spec
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Read a JobSpec from a YAML or JSON file."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidInput(f"spec file {str(path)!r} does not exist", hint="give the path of a YAML or JSON job spec")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise InvalidInput(f"{path} is not valid YAML/JSON: {exc}") from None
+    return spec_from_dict(data, base_dir=path.parent)

@@ -1,0 +1,132 @@
+"""Values the planner returns. Workers run a :class:`Strategy`; the scheduler stores a :class:`Plan`.
+
+All are frozen pydantic models so they serialise to the ``--json`` and REST contracts unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from catalog.schema import Offer
+
+ResolvedPrecision = Literal["fp32", "amp-bf16", "amp-fp16", "bf16", "fp8"]
+ResolvedSharding = Literal["none", "ddp", "fsdp", "fsdp-grad-op", "zero1"]
+WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+Market = Literal["spot", "on-demand", "local"]
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Strategy(_Value):
+    """How to run the job on a placement: every 'auto' of the JobSpec resolved."""
+
+    gpu: str = Field(description="GpuSpec.id (or 'cpu' for the local CPU)")
+    gpu_count: int = Field(ge=1)
+    nodes: int = Field(default=1, ge=1)
+    # training
+    precision: ResolvedPrecision = "bf16"
+    optimizer: str = "adamw"
+    sharding: ResolvedSharding = "none"
+    tensor_parallel: int = Field(default=1, ge=1)
+    pipeline_parallel: int = Field(default=1, ge=1)
+    activation_checkpointing: bool = False
+    micro_batch: int = Field(default=1, ge=1)
+    grad_accum: int = Field(default=1, ge=1)
+    finetune: str = "full"
+    lora_rank: int = 16
+    # inference
+    weights: WeightDtype = "bf16"
+    batch: int = Field(default=1, ge=1)
+
+    @property
+    def data_parallel(self) -> int:
+        return max(1, self.gpu_count // (self.tensor_parallel * self.pipeline_parallel))
+
+    def label(self) -> str:
+        """Short human description, e.g. '8xH100-SXM fsdp bf16 ckpt mb=2'."""
+        parts = [f"{self.gpu_count}x{self.gpu}"]
+        if self.sharding != "none":
+            parts.append(self.sharding)
+        if self.tensor_parallel > 1:
+            parts.append(f"tp={self.tensor_parallel}")
+        if self.pipeline_parallel > 1:
+            parts.append(f"pp={self.pipeline_parallel}")
+        parts.append(self.precision if self.weights in ("bf16", "fp32") else f"w={self.weights}")
+        if self.activation_checkpointing:
+            parts.append("ckpt")
+        if self.finetune != "full":
+            parts.append(self.finetune)
+        parts.append(f"mb={self.micro_batch}")
+        return " ".join(parts)
+
+
+class MemoryEstimate(_Value):
+    """Per GPU, for the most loaded rank. See DESIGN.md 'Estimates: what a number means'."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    total_bytes: int = Field(description="reserved + CUDA context and anything outside the allocator")
+    usable_bytes: int = Field(description="what the GPU offers the job")
+    fits: bool
+    breakdown: dict[str, int] = Field(description="component -> bytes at the peak")
+
+
+class ThroughputEstimate(_Value):
+    tokens_per_s: float = Field(description="whole placement, steady state")
+    step_time_s: float = 0.0
+    mfu: float = 0.0
+    # inference
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    requests_per_s: float | None = None
+    breakdown_s: dict[str, float] = Field(default_factory=dict, description="compute/comm/other per step")
+
+
+class Estimate(_Value):
+    strategy: Strategy
+    memory: MemoryEstimate
+    throughput: ThroughputEstimate
+    hours: float = Field(description="wall-clock hours to finish the job's tokens or requests")
+
+
+class CostEstimate(_Value):
+    market: Market
+    usd_per_h: float
+    hours: float = Field(description="expected wall-clock hours including preemption overhead")
+    usd: float = Field(description="expected total cost")
+    preemption_overhead_h: float = 0.0
+    checkpoint_interval_h: float | None = None
+    deadline_probability: float | None = Field(default=None, ge=0, le=1)
+
+
+class Candidate(_Value):
+    estimate: Estimate
+    offer: Offer
+    cost: CostEstimate
+    nodes: int = 1
+    pareto: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.offer.cloud}/{self.offer.region}/{self.offer.instance_type}/{self.cost.market}"
+
+
+class Rejection(_Value):
+    """An option that was considered and why it was not chosen."""
+
+    option: str = Field(description="what was considered, e.g. '1xH100-SXM ddp bf16 on aws p5.48xlarge'")
+    reason: str = Field(description="e.g. 'needs 97.1 GiB > 79.1 GiB usable on H100-80GB'")
+    constraint: str = Field(description="memory | deadline | budget | dtype | allow-list | count | price | ...")
+
+
+class Plan(_Value):
+    job: str
+    objective: Literal["cheapest", "fastest"]
+    chosen: Candidate | None
+    candidates: list[Candidate] = Field(description="ranked, best first")
+    rejections: list[Rejection]
+    warnings: list[str] = Field(default_factory=list)

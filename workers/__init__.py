@@ -1,0 +1,1 @@
+"""Execution on Ray: training and inference workers, checkpoints, preemption handling."""

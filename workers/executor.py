@@ -1,0 +1,80 @@
+"""The Executor protocol: how the scheduler hands a job to something that runs it.
+
+The scheduler never imports Ray; it talks to an ``Executor``. ``RayExecutor`` (workers.ray_executor)
+runs jobs on a Ray cluster; ``InProcessExecutor`` (workers.inprocess) runs them in threads for tests
+and for the embedded default without Ray.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from planner.spec import JobSpec
+from planner.types import Strategy
+
+
+class RunState(enum.StrEnum):
+    PENDING = "pending"  # accepted, waiting for resources
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PREEMPTED = "preempted"  # lost its node; resubmit to resume from the checkpoint
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.PREEMPTED, RunState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One attempt at a job. ``run_name`` is stable across attempts so a resubmission resumes."""
+
+    job_id: str
+    attempt: int
+    spec: JobSpec
+    strategy: Strategy
+    checkpoint_uri: str  # local directory or s3://bucket/prefix, shared by all attempts of the job
+    run_name: str  # Ray Train RunConfig name: the job id, never reused for another job
+    market: str = "on-demand"
+
+
+@dataclass
+class RunProgress:
+    step: int = 0
+    total_steps: int = 0
+    tokens: int = 0
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    checkpoints: int = 0
+    resumed_from_step: int | None = None
+
+
+@dataclass
+class RunStatus:
+    handle: str
+    state: RunState
+    progress: RunProgress = field(default_factory=RunProgress)
+    message: str = ""  # why it failed / was preempted / is pending
+    metrics: dict[str, float] = field(default_factory=dict)  # measured peak memory, tokens/s, ...
+
+
+@runtime_checkable
+class Executor(Protocol):
+    def feasibility(self, request: RunRequest) -> str | None:
+        """None if some node can ever run it; otherwise the reason it never could."""
+
+    def submit(self, request: RunRequest) -> str:
+        """Start the attempt; returns a handle. Raises Infeasible when no node ever could."""
+
+    def status(self, handle: str) -> RunStatus: ...
+
+    def logs(self, handle: str, since: int = 0) -> list[str]:
+        """Log lines from index ``since`` on."""
+
+    def cancel(self, handle: str) -> None: ...
+
+    def active(self) -> list[str]:
+        """Handles of attempts still pending or running (used to reconcile after a restart)."""
