@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from catalog.errors import InvalidInput
 
@@ -126,15 +134,16 @@ class Resources(_Section):
             pins[name.strip()] = int(count) if count else None
         return pins
 
-    @model_validator(mode="after")
-    def _check_pins(self) -> Resources:
-        for item in self.accelerators or []:
+    @field_validator("accelerators")
+    @classmethod
+    def _check_pins(cls, value: list[str] | None) -> list[str] | None:
+        for item in value or []:
             name, sep, count = item.partition(":")
             if not name.strip():
                 raise ValueError(f"accelerator {item!r} has no name; write e.g. 'H100' or 'H100:8'")
             if sep and (not count.isdigit() or int(count) < 1):
                 raise ValueError(f"accelerator {item!r}: the count after ':' must be a whole number >= 1")
-        return self
+        return value
 
 
 class JobSpec(_Section):
