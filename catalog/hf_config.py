@@ -1,0 +1,156 @@
+"""Turn any Hugging Face ``config.json`` (llama, mistral, mixtral, qwen2, gpt2 key names) into a ModelConfig.
+
+Different model families name the same shape differently (``n_embd`` vs ``hidden_size``,
+``num_local_experts`` vs ``num_experts``); this module is the one place that knows the synonyms.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from catalog.errors import InvalidInput
+from catalog.schema import ModelConfig, Source
+
+# First key present wins. Order matters: the HF-standard name first.
+_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "num_kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"),
+    "intermediate_size": ("intermediate_size", "n_inner", "ffn_dim", "ffn_hidden_size"),
+    "vocab_size": ("vocab_size", "padded_vocab_size"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length"),
+    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
+    "experts_per_token": ("num_experts_per_tok", "moe_top_k", "top_k_experts"),
+}
+
+# Defaults of the transformers config classes where a config.json may omit the key.
+_FAMILY_TIE_DEFAULT = {"gpt2": True, "llama": False, "mistral": False, "mixtral": False, "qwen2": False}
+_ARCH_TO_FAMILY = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2ForCausalLM": "qwen2",
+    "GPT2LMHeadModel": "gpt2",
+}
+
+
+def _pick(cfg: Mapping[str, object], canonical: str) -> tuple[str, object] | None:
+    for key in _SYNONYMS[canonical]:
+        if key in cfg and cfg[key] is not None:
+            return key, cfg[key]
+    return None
+
+
+def _pos_int(cfg: Mapping[str, object], canonical: str, where: str, default: int | None = None) -> int:
+    found = _pick(cfg, canonical)
+    if found is None:
+        if default is not None:
+            return default
+        names = " / ".join(_SYNONYMS[canonical])
+        raise InvalidInput(f"config has no {names}", path=where, hint=f"add the key {_SYNONYMS[canonical][0]!r}")
+    key, value = found
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidInput(f"{key} must be a positive integer, got {value!r}", path=f"{where}.{key}")
+    return value
+
+
+def _family(cfg: Mapping[str, object], where: str) -> str:
+    model_type = cfg.get("model_type")
+    if isinstance(model_type, str) and model_type:
+        return model_type
+    archs = cfg.get("architectures")
+    if isinstance(archs, list):
+        for arch in archs:
+            if isinstance(arch, str) and arch in _ARCH_TO_FAMILY:
+                return _ARCH_TO_FAMILY[arch]
+    raise InvalidInput(
+        "config has no model_type (and no known architectures entry)",
+        path=f"{where}.model_type",
+        hint="add e.g. \"model_type\": \"llama\"",
+    )
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}", path="model.config") from exc
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{path} is not valid JSON: {exc}", path="model.config") from exc
+    if not isinstance(loaded, dict):
+        raise InvalidInput(f"{path} must hold a JSON object", path="model.config")
+    return loaded
+
+
+def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | None = None) -> ModelConfig:
+    """Parse an HF config (mapping or path to config.json); bad or missing keys -> InvalidInput naming the key."""
+    where = "model.config"
+    source: Source | None = None
+    if isinstance(config, Path):
+        cfg: Mapping[str, object] = read_config_file(config)
+        model_id = model_id or (config.parent.name if config.name == "config.json" else config.stem)
+        where = str(config)
+    else:
+        cfg = config
+    family = _family(cfg, where)
+    hidden = _pos_int(cfg, "hidden_size", where)
+    layers = _pos_int(cfg, "num_layers", where)
+    heads = _pos_int(cfg, "num_attention_heads", where)
+    kv_heads = _pos_int(cfg, "num_kv_heads", where, default=heads)
+    intermediate = _pos_int(cfg, "intermediate_size", where, default=4 * hidden if family == "gpt2" else None)
+    vocab = _pos_int(cfg, "vocab_size", where)
+    max_pos = _pos_int(cfg, "max_position_embeddings", where)
+    experts = _pos_int(cfg, "num_experts", where, default=1)
+    per_token = _pos_int(cfg, "experts_per_token", where, default=1 if experts == 1 else 2)
+    head_dim_raw = cfg.get("head_dim")
+    head_dim: int | None = None
+    if head_dim_raw is not None:
+        if isinstance(head_dim_raw, bool) or not isinstance(head_dim_raw, int) or head_dim_raw <= 0:
+            raise InvalidInput(f"head_dim must be a positive integer, got {head_dim_raw!r}", path=f"{where}.head_dim")
+        head_dim = head_dim_raw
+    elif hidden % heads:
+        raise InvalidInput(
+            f"hidden size {hidden} is not divisible by {heads} attention heads",
+            path=f"{where}.num_attention_heads",
+            hint="set head_dim explicitly or fix the head count",
+        )
+    if heads % kv_heads:
+        raise InvalidInput(
+            f"{heads} attention heads are not a multiple of {kv_heads} key/value heads",
+            path=f"{where}.num_key_value_heads",
+        )
+    if per_token > experts:
+        raise InvalidInput(
+            f"{per_token} experts per token exceeds {experts} experts", path=f"{where}.num_experts_per_tok"
+        )
+    tie_raw = cfg.get("tie_word_embeddings", _FAMILY_TIE_DEFAULT.get(family, False))
+    if not isinstance(tie_raw, bool):
+        raise InvalidInput(f"tie_word_embeddings must be true or false, got {tie_raw!r}",
+                           path=f"{where}.tie_word_embeddings")
+    hf = dict(cfg)
+    hf.setdefault("model_type", family)
+    try:
+        return ModelConfig(
+            id=model_id or str(cfg.get("_name_or_path") or family),
+            family=family,
+            hidden_size=hidden,
+            num_layers=layers,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            intermediate_size=intermediate,
+            vocab_size=vocab,
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=tie_raw,
+            num_experts=experts,
+            experts_per_token=per_token,
+            head_dim=head_dim,
+            hf_config=hf,
+            source=source,
+        )
+    except ValidationError as exc:  # pragma: no cover - every field is checked above
+        raise InvalidInput(str(exc), path=where) from exc
