@@ -1,0 +1,93 @@
+"""The spend ledger: what each attempt cost, at the price it launched at, recorded exactly once.
+
+An attempt is closed and its Spend row written in the same transaction, and ``spend.attempt_id``
+is unique, so a crash either leaves the attempt open (the loop closes it on restart) or leaves
+both written; it can never drop or double-count one.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import case, func
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, col, select
+
+from scheduler.models import Attempt, Job, Spend, SpendLine
+from scheduler.states import ACTIVE
+
+
+def close_attempt(session: Session, attempt: Attempt, job: Job, ended_at: datetime, outcome: str,
+                  message: str = "") -> Spend:
+    """End ``attempt`` and charge it (idempotent: a closed attempt returns its existing row)."""
+    existing = session.exec(select(Spend).where(Spend.attempt_id == attempt.id)).first()
+    if existing is not None:
+        return existing
+    end = max(ended_at, attempt.started_at)
+    hours = (end - attempt.started_at).total_seconds() / 3600.0
+    attempt.ended_at = end
+    attempt.outcome = outcome
+    attempt.message = message[:2000]
+    session.add(attempt)
+    assert attempt.id is not None
+    row = Spend(team_id=job.team_id, job_id=job.id, attempt_id=attempt.id, market=attempt.market,
+                usd_per_h=attempt.usd_per_h, hours=hours, usd=attempt.usd_per_h * hours, recorded_at=end)
+    session.add(row)
+    return row
+
+
+def team_spent(session: Session, team_id: int) -> float:
+    total = session.exec(select(func.coalesce(func.sum(Spend.usd), 0.0)).where(Spend.team_id == team_id)).one()
+    return float(total)
+
+
+def team_reserved(session: Session, team_id: int) -> tuple[float, int]:
+    """(USD still reserved by active jobs' estimates beyond what they spent, GPUs of active jobs)."""
+    per_job = (
+        select(col(Spend.job_id).label("job_id"), func.sum(Spend.usd).label("usd"))
+        .where(Spend.team_id == team_id)
+        .group_by(col(Spend.job_id))
+        .subquery()
+    )
+    left = col(Job.estimated_usd) - func.coalesce(per_job.c.usd, 0.0)
+    stmt = (
+        select(func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0), func.coalesce(func.sum(Job.gpus), 0))
+        .select_from(Job)
+        .outerjoin(per_job, per_job.c.job_id == Job.id)
+        .where(Job.team_id == team_id, col(Job.state).in_([s.value for s in ACTIVE]))
+    )
+    usd, gpus = session.exec(stmt).one()
+    return float(usd), int(gpus)
+
+
+def job_spent(session: Session, job_ids: list[str]) -> dict[str, float]:
+    if not job_ids:
+        return {}
+    rows = session.exec(
+        select(Spend.job_id, func.sum(Spend.usd)).where(col(Spend.job_id).in_(job_ids)).group_by(col(Spend.job_id))
+    ).all()
+    return {job_id: float(usd) for job_id, usd in rows}
+
+
+def spend_lines(session: Session, team_id: int, since: datetime, until: datetime) -> list[SpendLine]:
+    stmt = (
+        sa_select(col(Spend.job_id), col(Job.name), col(Spend.market), func.count(col(Spend.id)), func.sum(Spend.hours),
+               func.sum(Spend.usd))
+        .join(Job, col(Job.id) == col(Spend.job_id))
+        .where(col(Spend.team_id) == team_id, col(Spend.recorded_at) >= since, col(Spend.recorded_at) <= until)
+        .group_by(col(Spend.job_id), col(Job.name), col(Spend.market))
+        .order_by(func.sum(Spend.usd).desc())
+    )
+    return [
+        SpendLine(job_id=job_id, job_name=name, market=market, attempts=int(n), hours=float(h), usd=float(u))
+        for job_id, name, market, n, h, u in session.execute(stmt).all()
+    ]
+
+
+def spend_by_team(session: Session) -> dict[int, dict[str, float]]:
+    rows = session.exec(select(Spend.team_id, Spend.market, func.sum(Spend.usd)).group_by(
+        col(Spend.team_id), col(Spend.market))).all()
+    out: dict[int, dict[str, float]] = {}
+    for team_id, market, usd in rows:
+        out.setdefault(team_id, {})[market] = float(usd)
+    return out

@@ -1,0 +1,268 @@
+"""SQLModel tables and their API shapes (Base / Create / Public families, as in the FastAPI
+full-stack template): a table model holds everything, ``*Create`` is what a client may send, and
+``*Public`` is what the API returns (never a token hash, never another team's data).
+
+Times are timezone-aware UTC everywhere; :class:`UTCDateTime` keeps them so on SQLite too.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ConfigDict
+from sqlalchemy import JSON, Column, DateTime, Index, MetaData, UniqueConstraint
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+# Deterministic constraint names so Alembic migrations can refer to them on every backend.
+SQLModel.metadata.naming_convention = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata: MetaData = SQLModel.metadata
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores UTC; always returns an aware datetime (SQLite drops the zone otherwise)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; pass an aware UTC time")
+        return value.astimezone(UTC) if dialect.name != "sqlite" else value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _ts(nullable: bool = False, index: bool = False) -> Any:
+    return Field(default=None, sa_column=Column(UTCDateTime(), nullable=nullable, index=index))
+
+
+# ------------------------------------------------------------------ teams and tokens
+
+
+class TeamBase(SQLModel):
+    name: str = Field(min_length=1, max_length=64, regex=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    budget_usd: float | None = Field(default=None, ge=0, description="None: no budget limit")
+    gpu_quota: int | None = Field(default=None, ge=0, description="GPUs of active jobs; None: no limit")
+
+
+class TeamCreate(TeamBase):
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+
+class TeamUpdate(SQLModel):
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+    budget_usd: float | None = Field(default=None, ge=0)
+    gpu_quota: int | None = Field(default=None, ge=0)
+    clear_budget: bool = False
+    clear_quota: bool = False
+
+
+class Team(TeamBase, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=64, sa_column_kwargs={"unique": True}, nullable=False)
+    created_at: datetime = _ts()
+
+
+class TeamPublic(TeamBase):
+    id: int
+    created_at: datetime
+    spent_usd: float = 0.0
+    reserved_usd: float = Field(default=0.0, description="estimates of active jobs not yet spent")
+    remaining_usd: float | None = None
+    gpus_in_use: int = 0
+
+
+class ApiToken(SQLModel, table=True):
+    __tablename__ = "api_token"
+    id: int | None = Field(default=None, primary_key=True)
+    team_id: int = Field(foreign_key="team.id", index=True)
+    name: str = Field(default="default", max_length=64)
+    token_hash: str = Field(max_length=64, sa_column_kwargs={"unique": True}, nullable=False)
+    created_at: datetime = _ts()
+    revoked_at: datetime | None = _ts(nullable=True)
+
+
+class ApiTokenPublic(SQLModel):
+    id: int
+    team_id: int
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class ApiTokenCreated(ApiTokenPublic):
+    token: str = Field(description="the secret; shown once, only its sha256 is stored")
+
+
+# ------------------------------------------------------------------ jobs
+
+
+class JobBase(SQLModel):
+    priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class JobCreate(JobBase):
+    model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+    spec: dict[str, Any] = Field(description="a JobSpec (see DESIGN.md)")
+
+
+class Job(JobBase, table=True):
+    __table_args__ = (
+        UniqueConstraint("team_id", "idempotency_key", name="uq_job_team_idempotency_key"),
+        Index("ix_job_state_next_run_at", "state", "next_run_at"),
+        Index("ix_job_team_id_state", "team_id", "state"),
+    )
+    id: str = Field(primary_key=True, max_length=32)
+    team_id: int = Field(foreign_key="team.id")
+    name: str = Field(max_length=128)
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    spec_hash: str = Field(max_length=64)
+    plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    state: str = Field(max_length=16)
+    estimated_usd: float = 0.0
+    estimated_hours: float = 0.0
+    gpus: int = 0
+    gpu: str = Field(default="", max_length=64)
+    market: str = Field(default="on-demand", max_length=16)
+    usd_per_h: float = 0.0
+    attempts: int = 0
+    max_attempts: int = 3
+    checkpoint_uri: str = Field(default="", max_length=1024)
+    message: str = Field(default="", max_length=2000)
+    next_run_at: datetime | None = _ts(nullable=True)
+    created_at: datetime = _ts(index=True)
+    updated_at: datetime = _ts()
+    started_at: datetime | None = _ts(nullable=True)
+    finished_at: datetime | None = _ts(nullable=True)
+
+
+class JobPublic(JobBase):
+    id: str
+    team_id: int
+    name: str
+    state: str
+    estimated_usd: float
+    estimated_hours: float
+    gpus: int
+    gpu: str
+    market: str
+    usd_per_h: float
+    attempts: int
+    max_attempts: int
+    checkpoint_uri: str
+    message: str
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    spent_usd: float = 0.0
+
+
+class Attempt(SQLModel, table=True):
+    __table_args__ = (UniqueConstraint("job_id", "number", name="uq_attempt_job_id_number"),)
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    number: int
+    handle: str | None = Field(default=None, max_length=256)
+    market: str = Field(max_length=16)
+    usd_per_h: float = Field(description="price at launch")
+    started_at: datetime = _ts()
+    last_seen_at: datetime | None = _ts(nullable=True)
+    ended_at: datetime | None = _ts(nullable=True, index=True)
+    outcome: str | None = Field(default=None, max_length=16)
+    message: str = Field(default="", max_length=2000)
+
+
+class AttemptPublic(SQLModel):
+    number: int
+    handle: str | None
+    market: str
+    usd_per_h: float
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: str | None
+    message: str
+
+
+class Event(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    from_state: str | None = Field(default=None, max_length=16)
+    to_state: str = Field(max_length=16)
+    at: datetime = _ts()
+    reason: str = Field(default="", max_length=2000)
+
+
+class EventPublic(SQLModel):
+    from_state: str | None
+    to_state: str
+    at: datetime
+    reason: str
+
+
+class JobDetail(JobPublic):
+    plan: dict[str, Any]
+    spec: dict[str, Any]
+    attempt_list: list[AttemptPublic] = Field(default_factory=list)
+    events: list[EventPublic] = Field(default_factory=list)
+
+
+class JobLogs(SQLModel):
+    job_id: str
+    lines: list[str]
+    next: int = Field(description="pass as ?since= to continue")
+    state: str
+
+
+# ------------------------------------------------------------------ spend
+
+
+class Spend(SQLModel, table=True):
+    """One row per finished attempt: price at launch x hours. ``attempt_id`` is unique, so a
+    replayed close (after a crash) cannot count an attempt twice."""
+
+    __table_args__ = (Index("ix_spend_team_id_recorded_at", "team_id", "recorded_at"),)
+    id: int | None = Field(default=None, primary_key=True)
+    team_id: int = Field(foreign_key="team.id", index=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    attempt_id: int = Field(foreign_key="attempt.id", sa_column_kwargs={"unique": True}, nullable=False)
+    market: str = Field(max_length=16)
+    usd_per_h: float
+    hours: float
+    usd: float
+    recorded_at: datetime = _ts(index=True)
+
+
+class SpendLine(SQLModel):
+    job_id: str
+    job_name: str
+    market: str
+    attempts: int
+    hours: float
+    usd: float
+
+
+class SpendReport(SQLModel):
+    team: str
+    since: datetime
+    until: datetime
+    total_usd: float
+    by_market: dict[str, float]
+    jobs: list[SpendLine]
+    budget_usd: float | None
+    remaining_usd: float | None

@@ -1,0 +1,467 @@
+"""The scheduler's one service: teams, tokens, submit / status / list / cancel / logs, reports.
+
+Budget and GPU-quota rules live here and nowhere else. They hold under concurrency because the
+check and the job insert happen in one write transaction that first locks the team row
+(PostgreSQL ``SELECT ... FOR UPDATE``; SQLite ``BEGIN IMMEDIATE`` takes the one write lock).
+
+The API (scheduler.api) and the in-process CLI call this class; scheduler.client offers the same
+methods over HTTP.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from catalog.errors import AuthError, Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
+from planner.spec import JobSpec, spec_from_dict
+from planner.types import Plan
+from scheduler import ledger
+from scheduler.models import (
+    ApiToken,
+    ApiTokenCreated,
+    ApiTokenPublic,
+    Attempt,
+    AttemptPublic,
+    Event,
+    EventPublic,
+    Job,
+    JobCreate,
+    JobDetail,
+    JobLogs,
+    JobPublic,
+    SpendReport,
+    Team,
+    TeamCreate,
+    TeamPublic,
+    TeamUpdate,
+)
+from scheduler.states import TERMINAL, JobState
+from scheduler.store import Store, transition
+from workers.executor import Executor
+
+Clock = Callable[[], datetime]
+Planner = Callable[[JobSpec], Plan]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def hash_token(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def spec_hash(spec: JobSpec) -> str:
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def usd(x: float) -> str:
+    return f"${x:,.2f}"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a team (through its token) or the admin."""
+
+    team_id: int | None
+    team_name: str
+    is_admin: bool = False
+
+
+ADMIN = Principal(team_id=None, team_name="(admin)", is_admin=True)
+
+
+class SchedulerService:
+    def __init__(
+        self,
+        store: Store,
+        planner: Planner,
+        *,
+        clock: Clock = utcnow,
+        checkpoint_root: str,
+        executor: Executor | None = None,
+        admin_token: str | None = None,
+        max_attempts: int = 3,
+        plan_cache_size: int = 512,
+    ) -> None:
+        self.store = store
+        self.planner = planner
+        self.clock = clock
+        self.checkpoint_root = checkpoint_root.rstrip("/")
+        self.executor = executor
+        self._admin_hash = hash_token(admin_token) if admin_token else None
+        self.max_attempts = max_attempts
+        self._plans: OrderedDict[str, Plan] = OrderedDict()
+        self._plans_lock = threading.Lock()
+        self._plan_cache_size = plan_cache_size
+
+    # -------------------------------------------------------------- auth
+
+    def authenticate(self, token: str | None) -> Principal:
+        if not token:
+            raise AuthError("missing bearer token", hint="send 'Authorization: Bearer <token>' (gpuplan team token)")
+        digest = hash_token(token)
+        if self._admin_hash is not None and hmac.compare_digest(digest, self._admin_hash):
+            return ADMIN
+        with self.store.read() as session:
+            row = session.exec(
+                select(ApiToken, Team).join(Team, col(Team.id) == col(ApiToken.team_id)).where(
+                    ApiToken.token_hash == digest)
+            ).first()
+        if row is None:
+            raise AuthError("invalid token", hint="check GPUPLAN_TOKEN; an admin can issue one with "
+                            "`gpuplan team token TEAM`")
+        token_row, team = row
+        if token_row.revoked_at is not None:
+            raise AuthError(f"token {token_row.id} was revoked at {token_row.revoked_at:%Y-%m-%d %H:%M} UTC",
+                            hint="ask an admin for a new one with `gpuplan team token TEAM`")
+        assert team.id is not None
+        return Principal(team_id=team.id, team_name=team.name)
+
+    @staticmethod
+    def _require_admin(principal: Principal) -> None:
+        if not principal.is_admin:
+            raise Forbidden("only the admin token may manage teams, budgets, quotas and tokens")
+
+    @staticmethod
+    def _team_id(principal: Principal) -> int:
+        if principal.team_id is None:
+            raise Forbidden("jobs belong to teams; use a team token, not the admin token",
+                            hint="create one with `gpuplan team token TEAM`")
+        return principal.team_id
+
+    # -------------------------------------------------------------- teams
+
+    def _team_public(self, session: Session, team: Team) -> TeamPublic:
+        assert team.id is not None
+        spent = ledger.team_spent(session, team.id)
+        reserved, gpus = ledger.team_reserved(session, team.id)
+        remaining = None if team.budget_usd is None else team.budget_usd - spent - reserved
+        return TeamPublic(id=team.id, name=team.name, budget_usd=team.budget_usd, gpu_quota=team.gpu_quota,
+                          created_at=team.created_at, spent_usd=spent, reserved_usd=reserved,
+                          remaining_usd=remaining, gpus_in_use=gpus)
+
+    def _team_by_name(self, session: Session, name: str) -> Team:
+        team = session.exec(select(Team).where(Team.name == name)).first()
+        if team is None:
+            names = list(session.exec(select(Team.name)).all())
+            hint = ("teams: " + ", ".join(sorted(names)[:10])) if names else "create it with `gpuplan team create`"
+            raise NotFound(f"team {name!r} does not exist", hint=hint)
+        return team
+
+    def create_team(self, principal: Principal, body: TeamCreate) -> TeamPublic:
+        self._require_admin(principal)
+        try:
+            with self.store.write() as session:
+                if session.exec(select(Team).where(Team.name == body.name)).first() is not None:
+                    raise Conflict(f"team {body.name!r} already exists", hint="pick another name or update it")
+                team = Team(name=body.name, budget_usd=body.budget_usd, gpu_quota=body.gpu_quota,
+                            created_at=self.clock())
+                session.add(team)
+                session.flush()
+                return self._team_public(session, team)
+        except IntegrityError:
+            raise Conflict(f"team {body.name!r} already exists", hint="pick another name") from None
+
+    def ensure_team(self, name: str) -> TeamPublic:
+        """The embedded default: make ``name`` exist (no budget, no quota) and return it."""
+        with self.store.read() as session:
+            team = session.exec(select(Team).where(Team.name == name)).first()
+            if team is not None:
+                return self._team_public(session, team)
+        try:
+            return self.create_team(ADMIN, TeamCreate(name=name))
+        except Conflict:
+            with self.store.read() as session:
+                return self._team_public(session, self._team_by_name(session, name))
+
+    def update_team(self, principal: Principal, name: str, body: TeamUpdate) -> TeamPublic:
+        self._require_admin(principal)
+        with self.store.write() as session:
+            team = self._team_by_name(session, name)
+            assert team.id is not None
+            team = self.store.lock_team(session, team.id)
+            if body.clear_budget:
+                team.budget_usd = None
+            elif body.budget_usd is not None:
+                team.budget_usd = body.budget_usd
+            if body.clear_quota:
+                team.gpu_quota = None
+            elif body.gpu_quota is not None:
+                team.gpu_quota = body.gpu_quota
+            session.add(team)
+            session.flush()
+            return self._team_public(session, team)
+
+    def get_team(self, principal: Principal, name: str | None = None) -> TeamPublic:
+        with self.store.read() as session:
+            if name is None or (not principal.is_admin and name == principal.team_name):
+                team = session.get(Team, self._team_id(principal))
+                if team is None:
+                    raise NotFound("your team no longer exists")
+                return self._team_public(session, team)
+            self._require_admin(principal)
+            return self._team_public(session, self._team_by_name(session, name))
+
+    def list_teams(self, principal: Principal) -> list[TeamPublic]:
+        self._require_admin(principal)
+        with self.store.read() as session:
+            return [self._team_public(session, t) for t in session.exec(select(Team).order_by(col(Team.name))).all()]
+
+    def create_token(self, principal: Principal, team_name: str, name: str = "default") -> ApiTokenCreated:
+        self._require_admin(principal)
+        secret = "gpt_" + secrets.token_urlsafe(32)
+        with self.store.write() as session:
+            team = self._team_by_name(session, team_name)
+            assert team.id is not None
+            row = ApiToken(team_id=team.id, name=name, token_hash=hash_token(secret), created_at=self.clock())
+            session.add(row)
+            session.flush()
+            assert row.id is not None
+            return ApiTokenCreated(id=row.id, team_id=row.team_id, name=row.name, created_at=row.created_at,
+                                   revoked_at=None, token=secret)
+
+    def list_tokens(self, principal: Principal, team_name: str) -> list[ApiTokenPublic]:
+        self._require_admin(principal)
+        with self.store.read() as session:
+            team = self._team_by_name(session, team_name)
+            rows = session.exec(select(ApiToken).where(ApiToken.team_id == team.id).order_by(col(ApiToken.id))).all()
+            return [ApiTokenPublic.model_validate(r, from_attributes=True) for r in rows]
+
+    def revoke_token(self, principal: Principal, token_id: int) -> ApiTokenPublic:
+        self._require_admin(principal)
+        with self.store.write() as session:
+            row = session.get(ApiToken, token_id)
+            if row is None:
+                raise NotFound(f"token {token_id} does not exist")
+            if row.revoked_at is None:
+                row.revoked_at = self.clock()
+                session.add(row)
+            return ApiTokenPublic.model_validate(row, from_attributes=True)
+
+    # -------------------------------------------------------------- planning
+
+    def parse_spec(self, spec: dict[str, Any] | JobSpec) -> JobSpec:
+        return spec if isinstance(spec, JobSpec) else spec_from_dict(spec)
+
+    def plan(self, spec: dict[str, Any] | JobSpec) -> Plan:
+        """Plan a spec (cached by spec hash: the catalog a service holds does not change under it)."""
+        job_spec = self.parse_spec(spec)
+        key = spec_hash(job_spec)
+        with self._plans_lock:
+            cached = self._plans.get(key)
+            if cached is not None:
+                self._plans.move_to_end(key)
+                return cached
+        plan = self.planner(job_spec)
+        if plan.chosen is None:
+            reasons = "; ".join(r.reason for r in plan.rejections[:3]) or "no candidate offers"
+            raise NoFeasiblePlan(f"no feasible plan for job {job_spec.name!r}: {reasons}",
+                                 hint="relax resources (accelerators, deadline, budget) or lower tokens")
+        with self._plans_lock:
+            self._plans[key] = plan
+            while len(self._plans) > self._plan_cache_size:
+                self._plans.popitem(last=False)
+        return plan
+
+    # -------------------------------------------------------------- jobs
+
+    def _public(self, session: Session, jobs: list[Job]) -> list[JobPublic]:
+        spent = ledger.job_spent(session, [j.id for j in jobs])
+        return [JobPublic.model_validate(j, from_attributes=True, update={"spent_usd": spent.get(j.id, 0.0)})
+                for j in jobs]
+
+    def _existing(self, session: Session, team_id: int, key: str, digest: str) -> Job | None:
+        job = session.exec(select(Job).where(Job.team_id == team_id, Job.idempotency_key == key)).first()
+        if job is not None and job.spec_hash != digest:
+            raise Conflict(f"idempotency key {key!r} was already used for job {job.id} with a different spec",
+                           hint="use a new key for a new job, or resend the same spec to get the same job")
+        return job
+
+    def submit(self, principal: Principal, body: JobCreate) -> JobPublic:
+        team_id = self._team_id(principal)
+        job_spec = self.parse_spec(body.spec)
+        digest = spec_hash(job_spec)
+        if body.idempotency_key:
+            with self.store.read() as session:
+                job = self._existing(session, team_id, body.idempotency_key, digest)
+                if job is not None:
+                    return self._public(session, [job])[0]
+        plan = self.plan(job_spec)
+        chosen = plan.chosen
+        assert chosen is not None
+        strategy = chosen.estimate.strategy
+        gpus = strategy.gpu_count
+        estimate = chosen.cost.usd
+        try:
+            with self.store.write() as session:
+                team = self.store.lock_team(session, team_id)
+                if body.idempotency_key:
+                    job = self._existing(session, team_id, body.idempotency_key, digest)
+                    if job is not None:
+                        return self._public(session, [job])[0]
+                self._check_limits(session, team, estimate, gpus)
+                now = self.clock()
+                job_id = "j-" + secrets.token_hex(8)
+                stored_plan = plan.model_dump(mode="json", include={"job", "objective", "chosen", "warnings"})
+                stored_plan["alternatives"] = [c.model_dump(mode="json") for c in plan.candidates[:4]]
+                job = Job(
+                    id=job_id, team_id=team_id, name=job_spec.name, spec=job_spec.model_dump(mode="json"),
+                    spec_hash=digest, plan=stored_plan, state=JobState.PENDING.value, priority=body.priority,
+                    idempotency_key=body.idempotency_key, estimated_usd=estimate,
+                    estimated_hours=chosen.cost.hours, gpus=gpus, gpu=strategy.gpu, market=chosen.cost.market,
+                    usd_per_h=chosen.cost.usd_per_h, max_attempts=self.max_attempts,
+                    checkpoint_uri=f"{self.checkpoint_root}/{job_id}", created_at=now, updated_at=now,
+                )
+                session.add(job)
+                session.flush()  # the job row must exist before its events (foreign key)
+                session.add(Event(job_id=job_id, from_state=None, to_state=JobState.PENDING.value, at=now,
+                                  reason=f"submitted by team {team.name}"))
+                transition(session, job, JobState.PLANNED, now,
+                           f"plan: {strategy.label()} on {chosen.key}, est. {usd(estimate)} over "
+                           f"{chosen.cost.hours:.2f} h at {usd(chosen.cost.usd_per_h)}/h")
+                transition(session, job, JobState.QUEUED, now, "reserved estimate within budget and quota")
+                return self._public(session, [job])[0]
+        except IntegrityError:
+            # Only a racing submit with the same idempotency key gets here; it won, return its job.
+            if not body.idempotency_key:
+                raise
+            with self.store.read() as session:
+                job = self._existing(session, team_id, body.idempotency_key, digest)
+                if job is None:
+                    raise
+                return self._public(session, [job])[0]
+
+    @staticmethod
+    def _check_limits(session: Session, team: Team, estimate: float, gpus: int) -> None:
+        assert team.id is not None
+        if team.budget_usd is None and team.gpu_quota is None:
+            return
+        reserved, in_use = ledger.team_reserved(session, team.id)
+        if team.budget_usd is not None:
+            remaining = team.budget_usd - ledger.team_spent(session, team.id) - reserved
+            if estimate > remaining + 1e-9:
+                raise LimitExceeded(
+                    f"estimated {usd(estimate)} exceeds team {team.name}'s remaining budget "
+                    f"{usd(max(remaining, 0.0))} by {usd(estimate - max(remaining, 0.0))}",
+                    hint="raise the budget or lower tokens",
+                )
+        if team.gpu_quota is not None and in_use + gpus > team.gpu_quota:
+            raise LimitExceeded(
+                f"job needs {gpus} GPUs but team {team.name} has {in_use} of its {team.gpu_quota}-GPU quota "
+                f"in use; that exceeds the quota by {in_use + gpus - team.gpu_quota}",
+                hint="wait for active jobs to finish, cancel some, raise the quota, or pin fewer GPUs "
+                     "(resources.accelerators: ['H100:N'])",
+            )
+
+    def _own_job(self, session: Session, principal: Principal, job_id: str) -> Job:
+        team_id = self._team_id(principal)
+        job = session.exec(select(Job).where(Job.id == job_id, Job.team_id == team_id)).first()
+        if job is None:
+            # The same answer whether the job is missing or another team's: no existence leak.
+            raise NotFound(f"job {job_id!r} not found", hint="list your jobs with `gpuplan list`")
+        return job
+
+    def status(self, principal: Principal, job_id: str) -> JobDetail:
+        with self.store.read() as session:
+            job = self._own_job(session, principal, job_id)
+            public = self._public(session, [job])[0]
+            attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id).order_by(col(Attempt.number))).all()
+            events = session.exec(select(Event).where(Event.job_id == job.id).order_by(col(Event.id))).all()
+            return JobDetail(
+                **public.model_dump(), plan=job.plan, spec=job.spec,
+                attempt_list=[AttemptPublic.model_validate(a, from_attributes=True) for a in attempts],
+                events=[EventPublic.model_validate(e, from_attributes=True) for e in events],
+            )
+
+    def list_jobs(self, principal: Principal, *, state: str | None = None, limit: int = 50,
+                  offset: int = 0) -> list[JobPublic]:
+        team_id = self._team_id(principal)
+        if state is not None and state not in {s.value for s in JobState}:
+            raise InvalidInput(f"unknown state {state!r}", path="state",
+                               hint="one of " + ", ".join(s.value for s in JobState))
+        if not 1 <= limit <= 1000 or offset < 0:
+            raise InvalidInput("limit must be 1..1000 and offset >= 0", path="limit")
+        with self.store.read() as session:
+            stmt = select(Job).where(Job.team_id == team_id)
+            if state is not None:
+                stmt = stmt.where(Job.state == state)
+            stmt = stmt.order_by(col(Job.created_at).desc(), col(Job.id)).offset(offset).limit(limit)
+            return self._public(session, list(session.exec(stmt).all()))
+
+    def cancel(self, principal: Principal, job_id: str, reason: str = "") -> JobPublic:
+        """Mark the job cancelled; the loop stops a live attempt and charges it up to now."""
+        with self.store.write() as session:
+            job = self._own_job(session, principal, job_id)
+            if JobState(job.state) in TERMINAL:
+                raise Conflict(f"job {job_id} already {job.state}; nothing to cancel")
+            transition(session, job, JobState.CANCELLED, self.clock(),
+                       f"cancelled by team {principal.team_name}" + (f": {reason}" if reason else ""))
+            return self._public(session, [job])[0]
+
+    def logs(self, principal: Principal, job_id: str, since: int = 0) -> JobLogs:
+        """State changes, then each attempt's executor log lines; ``since`` skips lines already seen."""
+        if since < 0:
+            raise InvalidInput("since must be >= 0", path="since")
+        with self.store.read() as session:
+            job = self._own_job(session, principal, job_id)
+            events = session.exec(select(Event).where(Event.job_id == job.id).order_by(col(Event.id))).all()
+            attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id).order_by(col(Attempt.number))).all()
+        lines = [f"{e.at:%Y-%m-%dT%H:%M:%SZ} {e.from_state or '-'} -> {e.to_state}: {e.reason}" for e in events]
+        for attempt in attempts:
+            lines.append(f"--- attempt {attempt.number} ({attempt.market}, {usd(attempt.usd_per_h)}/h, "
+                         f"handle {attempt.handle or '-'}) ---")
+            if self.executor is not None and attempt.handle:
+                try:
+                    lines.extend(self.executor.logs(attempt.handle, 0))
+                except Exception as exc:  # the executor may have forgotten an old attempt
+                    lines.append(f"(logs unavailable: {exc})")
+        return JobLogs(job_id=job.id, lines=lines[since:], next=max(len(lines), since), state=job.state)
+
+    # -------------------------------------------------------------- reports and metrics
+
+    def spend_report(self, principal: Principal, *, since: datetime, team: str | None = None) -> SpendReport:
+        until = self.clock()
+        with self.store.read() as session:
+            if team is not None and (principal.is_admin or team != principal.team_name):
+                self._require_admin(principal)
+                row = self._team_by_name(session, team)
+            else:
+                row_or_none = session.get(Team, self._team_id(principal))
+                if row_or_none is None:
+                    raise NotFound("your team no longer exists")
+                row = row_or_none
+            assert row.id is not None
+            lines = ledger.spend_lines(session, row.id, since, until)
+            by_market: dict[str, float] = {}
+            for line in lines:
+                by_market[line.market] = by_market.get(line.market, 0.0) + line.usd
+            info = self._team_public(session, row)
+        return SpendReport(team=row.name, since=since, until=until, total_usd=sum(x.usd for x in lines),
+                           by_market=by_market, jobs=lines, budget_usd=row.budget_usd,
+                           remaining_usd=info.remaining_usd)
+
+    def metrics_snapshot(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
+        """({(team, state): jobs}, {(team, market): usd}) for the Prometheus endpoint."""
+        with self.store.read() as session:
+            names = {t.id: t.name for t in session.exec(select(Team)).all()}
+            jobs = session.exec(select(Job.team_id, Job.state, func.count()).group_by(
+                col(Job.team_id), col(Job.state))).all()
+            spend = ledger.spend_by_team(session)
+        by_state = {(names.get(t, str(t)), s): int(n) for t, s, n in jobs}
+        by_team = {(names.get(t, str(t)), m): v for t, markets in spend.items() for m, v in markets.items()}
+        return by_state, by_team

@@ -1,0 +1,190 @@
+"""The database: engines, sessions, migrations and the few dialect-specific locking helpers.
+
+SQLite (the embedded default) runs in WAL mode with two engines: reads start a deferred
+transaction, writes ``BEGIN IMMEDIATE`` so concurrent writers queue on SQLite's one write lock
+instead of failing on upgrade. PostgreSQL uses one engine; writers that check a team's budget
+lock the team row (``SELECT ... FOR UPDATE``) and the loop claims jobs with ``SKIP LOCKED``.
+
+The database URL is read at the edge (cli / app factory) and passed in; see :func:`database_url`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+from sqlmodel import Session, col, or_, select
+
+from catalog.errors import InvalidInput, NotFound
+from scheduler.models import Event, Job, Team
+from scheduler.states import JobState, check_transition
+
+DATABASE_URL_ENV = "GPUPLAN_DATABASE_URL"
+_HERE = Path(__file__).resolve().parent
+
+
+def default_home() -> Path:
+    return Path.home() / ".gpuplan"
+
+
+def database_url(env: Mapping[str, str], home: Path | None = None) -> str:
+    """``GPUPLAN_DATABASE_URL`` if set, else a SQLite file under ``~/.gpuplan``."""
+    url = env.get(DATABASE_URL_ENV, "").strip()
+    if url:
+        return url
+    home = home or default_home()
+    return f"sqlite:///{home / 'gpuplan.db'}"
+
+
+def _normalise(url: str) -> str:
+    # psycopg 3 is the driver we ship; "postgresql://" alone would ask for psycopg2.
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url.removeprefix("postgres://")
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return url
+
+
+def _sqlite_engine(url: str, *, immediate: bool) -> Engine:
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60}, pool_size=8,
+                           max_overflow=16)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (pysqlite's own is broken)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+class Store:
+    """Owns the engines. ``read()`` and ``write()`` hand out sessions bound to one transaction."""
+
+    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+        self.url = _normalise(url)
+        try:
+            parsed = make_url(self.url)
+        except Exception as exc:  # sqlalchemy raises ArgumentError with a terse message
+            raise InvalidInput(f"database URL {url!r} is not valid: {exc}",
+                               hint="use sqlite:///path/to/file.db or postgresql://user@host/db") from None
+        self.dialect = parsed.get_backend_name()
+        if self.dialect == "sqlite":
+            db = parsed.database or ""
+            if db and db != ":memory:":
+                Path(db).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            self._write = _sqlite_engine(self.url, immediate=True)
+            self._read = _sqlite_engine(self.url, immediate=False)
+        elif self.dialect == "postgresql":
+            self._write = create_engine(self.url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
+            self._read = self._write
+        else:
+            raise InvalidInput(f"unsupported database {self.dialect!r}",
+                               hint="use sqlite:///path/to/file.db or postgresql://user@host/db")
+        self._migrated = threading.Lock()
+
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @property
+    def engine(self) -> Engine:
+        return self._write
+
+    def dispose(self) -> None:
+        self._write.dispose()
+        if self._read is not self._write:
+            self._read.dispose()
+
+    # -------------------------------------------------------------- migrations
+
+    def alembic_config(self) -> Config:
+        cfg = Config(str(_HERE / "alembic.ini"))
+        cfg.set_main_option("script_location", str(_HERE / "migrations"))
+        cfg.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+        return cfg
+
+    def migrate(self, revision: str = "head") -> None:
+        """Upgrade the schema to ``revision`` (idempotent; safe when several servers start at once)."""
+        with self._migrated:
+            cfg = self.alembic_config()
+            engine = create_engine(self.url, poolclass=NullPool) if self.is_postgres else self._write
+            try:
+                with engine.begin() as conn:
+                    if self.is_postgres:
+                        conn.execute(text("SELECT pg_advisory_xact_lock(74211)"))
+                    cfg.attributes["connection"] = conn
+                    command.upgrade(cfg, revision)
+            finally:
+                if engine is not self._write:
+                    engine.dispose()
+
+    # -------------------------------------------------------------- sessions
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with Session(self._read, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One write transaction: committed when the block ends, rolled back on an exception."""
+        with Session(self._write, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    # -------------------------------------------------------------- locking helpers
+
+    def lock_team(self, session: Session, team_id: int) -> Team:
+        """The team row, locked until commit (PostgreSQL); SQLite's write lock already serialises."""
+        stmt = select(Team).where(Team.id == team_id)
+        if self.is_postgres:
+            stmt = stmt.with_for_update()
+        team = session.exec(stmt).first()
+        if team is None:
+            raise NotFound(f"team {team_id} does not exist")
+        return team
+
+    def claim_due(self, session: Session, now: datetime, limit: int) -> list[Job]:
+        """Queued jobs due to run, highest priority first; rows other claimers hold are skipped."""
+        stmt = (
+            select(Job)
+            .where(Job.state == JobState.QUEUED.value)
+            .where(or_(col(Job.next_run_at).is_(None), col(Job.next_run_at) <= now))
+            .order_by(col(Job.priority).desc(), col(Job.created_at))
+            .limit(limit)
+        )
+        if self.is_postgres:
+            stmt = stmt.with_for_update(skip_locked=True)
+        return list(session.exec(stmt).all())
+
+
+def transition(session: Session, job: Job, to: JobState, at: datetime, reason: str) -> None:
+    """Move ``job`` to ``to`` (or raise Conflict) and record the Event, in the caller's transaction."""
+    src = JobState(job.state)
+    check_transition(job.id, src, to)
+    job.state = to.value
+    job.updated_at = at
+    if to is JobState.RUNNING and job.started_at is None:
+        job.started_at = at
+    if to.terminal:
+        job.finished_at = at
+        job.next_run_at = None
+    session.add(job)
+    session.add(Event(job_id=job.id, from_state=src.value, to_state=to.value, at=at, reason=reason[:2000]))

@@ -1,0 +1,115 @@
+"""Scheduler fixtures: real SQLite files and a real PostgreSQL (one fresh schema per use).
+
+The planner is injected: ``toy_plan`` builds a real :class:`Plan` from the spec so tests control
+cost and GPU count through the spec itself (cost = tokens / 1e6 dollars, GPUs from 'H100:N').
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from catalog.schema import Offer, Source
+from planner.spec import JobSpec
+from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Plan, Strategy, ThroughputEstimate
+from scheduler.service import SchedulerService
+from scheduler.store import Store
+
+PG_URL = os.environ.get("GPUPLAN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def pg_reason() -> str | None:
+    """None when PostgreSQL answers at 127.0.0.1:5432, else why it is skipped."""
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_URL.replace("+psycopg", ""), connect_timeout=2):
+            return None
+    except Exception as exc:
+        return f"no PostgreSQL at 127.0.0.1:5432 db test ({type(exc).__name__}: {exc})"
+
+
+def new_pg_schema() -> tuple[str, str]:
+    """(schema, url) for a fresh schema, so parallel runs never share tables."""
+    schema = f"gp_{os.getpid()}_{secrets.token_hex(4)}"
+    engine = create_engine(PG_URL)
+    with engine.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    engine.dispose()
+    return schema, f"{PG_URL}?options=-csearch_path%3D{schema}"
+
+
+def drop_pg_schema(schema: str) -> None:
+    engine = create_engine(PG_URL)
+    with engine.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'gpuplan.db'}"
+        return
+    reason = pg_reason()
+    if reason:
+        pytest.skip(reason)
+    schema, url = new_pg_schema()
+    try:
+        yield url
+    finally:
+        drop_pg_schema(schema)
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    s = Store(db_url)
+    s.migrate()
+    try:
+        yield s
+    finally:
+        s.dispose()
+
+
+OFFER = Offer(
+    cloud="aws", instance_type="p5.48xlarge", gpu="H100-SXM", gpu_count=8, vcpus=192, ram_gib=2048,
+    region="us-east-1", on_demand_usd_per_h=55.04, spot_usd_per_h=14.25,
+    source=Source(url="https://example.invalid/test-offer", as_of=date(2026, 1, 1), note="test"),
+)
+
+
+def toy_plan(spec: JobSpec) -> Plan:
+    """A real Plan whose cost the test controls: $ = tokens/1e6 (or requests/1e3); GPUs from 'X:N'."""
+    pins = spec.resources.accelerator_pins()
+    gpus = next((n for n in pins.values() if n), 1)
+    amount = spec.train.tokens / 1e6 if spec.train else (spec.infer.requests / 1e3 if spec.infer else 1.0)
+    market = "spot" if spec.resources.spot == "always" else "on-demand"
+    per_h = 10.0
+    strategy = Strategy(gpu="H100-SXM", gpu_count=gpus)
+    estimate = Estimate(
+        strategy=strategy,
+        memory=MemoryEstimate(peak_allocated_bytes=1, peak_reserved_bytes=1, total_bytes=1, usable_bytes=2,
+                              fits=True, breakdown={}),
+        throughput=ThroughputEstimate(tokens_per_s=1000.0),
+        hours=amount / per_h,
+    )
+    cand = Candidate(estimate=estimate, offer=OFFER,
+                     cost=CostEstimate(market=market, usd_per_h=per_h, hours=amount / per_h, usd=amount))
+    return Plan(job=spec.name, objective="cheapest", chosen=cand, candidates=[cand], rejections=[])
+
+
+def spec_dict(tokens: float = 1e6, gpus: int = 1, name: str = "job", spot: str = "never") -> dict[str, object]:
+    """A train spec costing tokens/1e6 dollars on ``gpus`` GPUs under toy_plan."""
+    return {"name": name, "task": "train", "model": "llama-3-8b", "train": {"tokens": tokens},
+            "resources": {"accelerators": [f"H100:{gpus}"], "spot": spot}}
+
+
+@pytest.fixture
+def service(store: Store, tmp_path: Path) -> SchedulerService:
+    return SchedulerService(store, toy_plan, checkpoint_root=str(tmp_path / "ckpt"), admin_token="admin-secret")

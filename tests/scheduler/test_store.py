@@ -1,0 +1,84 @@
+"""Migrations on a real SQLite file and a real PostgreSQL schema."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, text
+from sqlmodel import select
+
+from catalog.errors import Conflict, InvalidInput
+from scheduler.models import Event, Job, Team, metadata
+from scheduler.states import JobState
+from scheduler.store import Store, database_url, transition
+
+
+def test_database_url_comes_from_env_or_home(tmp_path: object) -> None:
+    assert database_url({"GPUPLAN_DATABASE_URL": "postgresql://x@h/db"}) == "postgresql://x@h/db"
+    assert database_url({}, home=tmp_path).endswith("gpuplan.db")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="unsupported database"):
+        Store("mysql://u@h/db")
+
+
+def test_schema_at_head_matches_the_models(store: Store) -> None:
+    with store.engine.connect() as conn:
+        diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), metadata)
+    assert diffs == []
+    store.migrate()  # a second start is a no-op
+
+
+def test_upgrade_keeps_existing_data(db_url: str) -> None:
+    old = Store(db_url)
+    old.migrate("0001")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    with old.engine.begin() as conn:
+        conn.execute(text("INSERT INTO team (id, name, budget_usd, created_at) VALUES (1, 'ml', 500, :t)"), {"t": now})
+        conn.execute(text(
+            "INSERT INTO job (id, team_id, name, spec, spec_hash, plan, state, priority, estimated_usd, "
+            "estimated_hours, gpus, gpu, market, usd_per_h, attempts, max_attempts, checkpoint_uri, message, "
+            "created_at, updated_at) VALUES ('j-1', 1, 'old', '{}', 'h', '{}', 'succeeded', 0, 1, 1, 1, 'H100', "
+            "'spot', 2.5, 1, 3, '/c', '', :t, :t)"), {"t": now})
+        conn.execute(text("INSERT INTO attempt (id, job_id, number, market, usd_per_h, started_at, message) "
+                          "VALUES (1, 'j-1', 1, 'spot', 2.5, :t, '')"), {"t": now})
+        conn.execute(text("INSERT INTO spend (team_id, job_id, attempt_id, market, usd_per_h, hours, usd, "
+                          "recorded_at) VALUES (1, 'j-1', 1, 'spot', 2.5, 2, 5, :t)"), {"t": now})
+    old.dispose()
+    new = Store(db_url)
+    new.migrate()
+    try:
+        with new.engine.connect() as conn:
+            assert conn.execute(text("SELECT name, budget_usd FROM team")).all() == [("ml", 500)]
+            assert conn.execute(text("SELECT usd FROM spend")).scalar_one() == 5
+            indexes = {ix["name"] for ix in inspect(conn).get_indexes("spend")}
+        assert "ix_spend_team_id_recorded_at" in indexes
+        with new.read() as session:
+            job = session.get(Job, "j-1")
+            assert job is not None and job.created_at == now and job.state == "succeeded"
+    finally:
+        new.dispose()
+
+
+def test_transition_writes_an_event_and_refuses_illegal_moves(store: Store) -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    with store.write() as session:
+        team = Team(name="t", created_at=now)
+        session.add(team)
+        session.flush()
+        assert team.id is not None
+        job = Job(id="j-x", team_id=team.id, name="x", spec={}, spec_hash="h", plan={}, state="queued",
+                  created_at=now, updated_at=now)
+        session.add(job)
+        session.flush()
+        transition(session, job, JobState.RUNNING, now, "dispatched")
+    with store.write() as session:
+        job2 = session.get(Job, "j-x")
+        assert job2 is not None
+        with pytest.raises(Conflict, match="cannot go from running to planned"):
+            transition(session, job2, JobState.PLANNED, now, "nope")
+    with store.read() as session:
+        events = session.exec(select(Event)).all()
+        assert [(e.from_state, e.to_state, e.reason) for e in events] == [("queued", "running", "dispatched")]
+        assert session.get(Job, "j-x").state == "running"  # type: ignore[union-attr]
