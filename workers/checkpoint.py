@@ -1,0 +1,470 @@
+"""Atomic checkpoint store: a local directory or ``s3://bucket/prefix``.
+
+Layout (both backends)::
+
+    <uri>/step-000000012/<files of the saved directory...>
+    <uri>/step-000000012/COMMIT      # JSON manifest: sha256 + size per file, metadata; written LAST
+
+A checkpoint is *complete* only when its ``COMMIT`` marker exists, parses, and every file it lists
+is present with the listed size and content hash. Anything else (a save killed mid-way, a file
+corrupted later) is *torn*: ``latest()`` skips it with a warning and it is never loaded.
+
+Local saves are written into a hidden temp directory next to the final one, fsynced, and renamed
+into place, so a crash leaves either the old state or the new one. S3 saves upload every object,
+check each one, and put the marker last (S3 has no rename). Pruning keeps the newest ``keep``
+complete checkpoints and only ever removes checkpoints *older* than the one just saved, so the
+newest complete checkpoint is never deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from catalog.errors import CheckpointError, InvalidInput
+
+logger = logging.getLogger(__name__)
+
+MARKER = "COMMIT"
+MANIFEST_FORMAT = 1
+CHUNK = 8 * 1024 * 1024
+_STEP_RE = re.compile(r"^step-(\d{9,})$")
+
+FileHook = Callable[[str], None]
+"""Called with a file's relative path after each file of a save is written (progress; tests use it
+to kill a save at a known point)."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    uri: str  # where this one checkpoint lives: <store uri>/step-000000012
+    created_at: float  # unix seconds, when the marker was written
+    size_bytes: int  # total of the files (marker excluded)
+    sha256: dict[str, str]  # relative path ('/'-separated) -> hex digest
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    uri: str
+
+    def save(self, step: int, source_dir: Path, *, metadata: Mapping[str, object] | None = None) -> CheckpointInfo:
+        """Copy every file of ``source_dir`` to ``<uri>/step-<step>/``, verify, commit, prune."""
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest complete checkpoint; torn ones are skipped with a logged warning."""
+
+    def restore(self, info: CheckpointInfo, dest_dir: Path) -> dict[str, object]:
+        """Download/copy ``info`` into ``dest_dir``, verify every hash; returns the saved metadata."""
+
+    def list(self) -> list[CheckpointInfo]:
+        """Checkpoints whose marker and files are present, oldest first (hashes not re-read)."""
+
+    def restore_latest(self, dest_dir: Path) -> tuple[CheckpointInfo, dict[str, object]] | None:
+        """Restore the newest checkpoint that verifies, falling back to older ones; None if none."""
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+def parse_step_dirname(name: str) -> int | None:
+    match = _STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def check_step(step: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise InvalidInput(f"checkpoint step must be a non-negative integer, got {step!r}")
+
+
+def source_files(source_dir: Path) -> list[tuple[str, Path]]:
+    """(relative '/'-path, absolute path) of every regular file under ``source_dir``, sorted."""
+    if not source_dir.is_dir():
+        raise CheckpointError(
+            f"cannot save checkpoint: source directory {source_dir} does not exist or is not a directory",
+            hint="write the checkpoint files into a directory first, then save that directory",
+        )
+    files: list[tuple[str, Path]] = []
+    for root, dirs, names in os.walk(source_dir):
+        dirs.sort()
+        for name in sorted(names):
+            path = Path(root) / name
+            if not path.is_file():
+                continue
+            rel = path.relative_to(source_dir).as_posix()
+            if rel == MARKER:
+                raise InvalidInput(
+                    f"{path}: a file named {MARKER!r} at the top of a checkpoint is reserved for the commit marker",
+                    hint="rename that file",
+                )
+            files.append((rel, path))
+    return files
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build_manifest(
+    step: int, files: Mapping[str, tuple[str, int]], metadata: Mapping[str, object] | None, created_at: float
+) -> bytes:
+    body = {
+        "format": MANIFEST_FORMAT,
+        "step": step,
+        "created_at": created_at,
+        "files": {rel: {"sha256": sha, "size": size} for rel, (sha, size) in sorted(files.items())},
+        "metadata": dict(metadata or {}),
+    }
+    try:
+        return json.dumps(body, sort_keys=True, indent=1, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(
+            f"checkpoint metadata must be JSON-serialisable (str, int, float, bool, None, lists, dicts): {exc}",
+            hint="convert tensors/arrays to lists or save them as files in the checkpoint directory",
+        ) from exc
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    created_at: float
+    files: dict[str, tuple[str, int]]  # rel -> (sha256, size)
+    metadata: dict[str, object]
+
+    def info(self, uri: str) -> CheckpointInfo:
+        return CheckpointInfo(
+            step=self.step,
+            uri=uri,
+            created_at=self.created_at,
+            size_bytes=sum(size for _, size in self.files.values()),
+            sha256={rel: sha for rel, (sha, _) in self.files.items()},
+        )
+
+
+def parse_manifest(raw: bytes, expected_step: int) -> Manifest:
+    """Parse a marker; raises ValueError on anything malformed (the caller treats it as torn)."""
+    body = json.loads(raw)
+    if not isinstance(body, dict) or body.get("format") != MANIFEST_FORMAT:
+        raise ValueError("unknown manifest format")
+    if body.get("step") != expected_step:
+        raise ValueError(f"marker says step {body.get('step')!r}, directory says {expected_step}")
+    files_raw = body["files"]
+    metadata = body.get("metadata", {})
+    if not isinstance(files_raw, dict) or not isinstance(metadata, dict):
+        raise ValueError("malformed manifest")
+    files: dict[str, tuple[str, int]] = {}
+    for rel, entry in files_raw.items():
+        sha, size = entry["sha256"], entry["size"]
+        if not isinstance(sha, str) or not isinstance(size, int) or ".." in rel.split("/"):
+            raise ValueError(f"malformed manifest entry {rel!r}")
+        files[rel] = (sha, size)
+    return Manifest(step=expected_step, created_at=float(body["created_at"]), files=files, metadata=metadata)
+
+
+def plan_prune(steps_with_marker: list[int], saved_step: int, keep: int) -> list[int]:
+    """Steps to delete after saving ``saved_step``: only ones older than it, beyond the newest ``keep``.
+
+    Steps newer than the one just saved are never touched (the newest complete checkpoint may be
+    among them), and the one just saved is always kept.
+    """
+    candidates = sorted({*(s for s in steps_with_marker if s <= saved_step), saved_step}, reverse=True)
+    return sorted(candidates[max(keep, 1) :])
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LocalStore:
+    """Checkpoints in a local (or network-mounted) directory."""
+
+    def __init__(self, root: Path, *, keep: int = 3, on_file: FileHook | None = None) -> None:
+        if keep < 1:
+            raise InvalidInput(f"keep must be at least 1 (got {keep}): the newest checkpoint is always kept")
+        self.root = root.expanduser().resolve()
+        self.uri = str(self.root)
+        self.keep = keep
+        self._on_file = on_file
+        self._host = socket.gethostname().replace("-", "_")
+        self._check_writable()
+        self._recover()
+
+    # -- open-time checks -------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".probe-{uuid.uuid4().hex}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise CheckpointError(
+                f"checkpoint directory {self.root} is not writable: {exc.strerror or exc}",
+                hint="choose a directory you can write to (checkpoint_uri), or fix its permissions",
+            ) from exc
+
+    def _recover(self) -> None:
+        """Undo a replace (same-step re-save) that was interrupted between its two renames."""
+        for old in self.root.glob(".old-step-*"):
+            name = old.name[len(".old-") :].rsplit("-", 1)[0]
+            final = self.root / name
+            if parse_step_dirname(name) is None:
+                continue
+            if final.exists():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.rename(old, final)
+        self._remove_dead_temps()
+
+    def _remove_dead_temps(self) -> None:
+        """Temp dirs of saves whose process died (same host) are garbage; live ones may be saving."""
+        for tmp in self.root.glob(".tmp-step-*"):
+            parts = tmp.name.split("-")  # .tmp-step-<step>-<host>-<pid>-<uuid>
+            if len(parts) < 6 or parts[3] != self._host:
+                continue
+            try:
+                pid = int(parts[4])
+            except ValueError:
+                continue
+            if pid != os.getpid() and not _pid_alive(pid):
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- save -------------------------------------------------------------------------------
+    def save(self, step: int, source_dir: Path, *, metadata: Mapping[str, object] | None = None) -> CheckpointInfo:
+        check_step(step)
+        files = source_files(Path(source_dir))
+        final = self.root / step_dirname(step)
+        tmp = self.root / f".tmp-{step_dirname(step)}-{self._host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir()
+            written: dict[str, tuple[str, int]] = {}
+            for rel, src in files:
+                dst = tmp / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                written[rel] = _copy_hashing(src, dst)
+                if self._on_file is not None:
+                    self._on_file(rel)
+            for rel, (sha, size) in written.items():  # re-read what landed on disk
+                if (tmp / rel).stat().st_size != size or sha256_file(tmp / rel) != sha:
+                    raise CheckpointError(
+                        f"checkpoint step {step}: {rel} changed while it was being saved",
+                        hint="do not modify the source directory during save",
+                    )
+            manifest = build_manifest(step, written, metadata, time.time())
+            marker = tmp / MARKER
+            with marker.open("wb") as fh:
+                fh.write(manifest)
+                fh.flush()
+                os.fsync(fh.fileno())
+            for dirpath, _, _ in os.walk(tmp):
+                _fsync_dir(Path(dirpath))
+            self._publish(tmp, final)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"could not write checkpoint step {step} to {self.root}: {exc}",
+                hint="check free disk space and permissions; the previous checkpoint is untouched",
+            ) from exc
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        info = parse_manifest(manifest, step).info(str(final))
+        self._prune(step)
+        return info
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        if final.exists():
+            # Same step saved again (a repeated step after resume): swap, never leave neither.
+            old = self.root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(self.root)
+
+    def _prune(self, saved_step: int) -> None:
+        with_marker: list[int] = []
+        torn_older: list[int] = []
+        for step, path in self._step_dirs():
+            if (path / MARKER).is_file():
+                with_marker.append(step)
+            elif step < saved_step:
+                torn_older.append(step)
+        for step in [*plan_prune(with_marker, saved_step, self.keep), *torn_older]:
+            shutil.rmtree(self.root / step_dirname(step), ignore_errors=True)
+        self._remove_dead_temps()
+
+    # -- read -------------------------------------------------------------------------------
+    def _step_dirs(self) -> list[tuple[int, Path]]:
+        out: list[tuple[int, Path]] = []
+        with contextlib.suppress(FileNotFoundError):
+            for entry in self.root.iterdir():
+                step = parse_step_dirname(entry.name)
+                if step is not None and entry.is_dir():
+                    out.append((step, entry))
+        return sorted(out)
+
+    def _read_manifest(self, step: int, path: Path) -> Manifest:
+        """The manifest if the marker and every file (by size) are present; raises ValueError if not."""
+        try:
+            raw = (path / MARKER).read_bytes()
+        except FileNotFoundError:
+            raise ValueError("no COMMIT marker (the save did not finish)") from None
+        manifest = parse_manifest(raw, step)
+        for rel, (_, size) in manifest.files.items():
+            try:
+                actual = (path / rel).stat().st_size
+            except FileNotFoundError:
+                raise ValueError(f"{rel} is missing") from None
+            if actual != size:
+                raise ValueError(f"{rel} has {actual} bytes, manifest says {size}")
+        return manifest
+
+    def list(self) -> list[CheckpointInfo]:
+        out = []
+        for step, path in self._step_dirs():
+            try:
+                out.append(self._read_manifest(step, path).info(str(path)))
+            except (ValueError, KeyError, OSError) as exc:
+                logger.debug("checkpoint %s is incomplete: %s", path, exc)
+        return out
+
+    def _verify(self, step: int, path: Path) -> Manifest:
+        manifest = self._read_manifest(step, path)
+        for rel, (sha, _) in manifest.files.items():
+            if sha256_file(path / rel) != sha:
+                raise ValueError(f"{rel}: sha256 does not match the manifest (corrupted)")
+        return manifest
+
+    def latest(self) -> CheckpointInfo | None:
+        for step, path in reversed(self._step_dirs()):
+            try:
+                return self._verify(step, path).info(str(path))
+            except (ValueError, KeyError, OSError) as exc:
+                logger.warning("skipping torn checkpoint %s: %s", path, exc)
+        return None
+
+    def restore(self, info: CheckpointInfo, dest_dir: Path) -> dict[str, object]:
+        path = self.root / step_dirname(info.step)
+        try:
+            manifest = self._read_manifest(info.step, path)
+        except (ValueError, KeyError, OSError) as exc:
+            raise CheckpointError(
+                f"checkpoint step {info.step} at {path} is not complete: {exc}",
+                hint="use latest() or restore_latest() to pick the newest complete checkpoint",
+            ) from exc
+        _check_same(info, manifest)
+        dest_dir = Path(dest_dir)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        for rel, (sha, _) in manifest.files.items():
+            dst = dest_dir / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            got, _ = _copy_hashing(path / rel, dst, fsync=False)
+            if got != sha:
+                dst.unlink(missing_ok=True)
+                raise CheckpointError(
+                    f"checkpoint step {info.step}: {rel} is corrupted (sha256 {got[:12]}..., manifest {sha[:12]}...)",
+                    hint="restore an older checkpoint (restore_latest() does this automatically)",
+                )
+        return dict(manifest.metadata)
+
+    def restore_latest(self, dest_dir: Path) -> tuple[CheckpointInfo, dict[str, object]] | None:
+        return restore_newest_valid(self, dest_dir)
+
+
+def _check_same(info: CheckpointInfo, manifest: Manifest) -> None:
+    if {rel: sha for rel, (sha, _) in manifest.files.items()} != info.sha256:
+        raise CheckpointError(
+            f"checkpoint step {info.step} was replaced after it was listed",
+            hint="call latest() again and restore what it returns",
+        )
+
+
+def _copy_hashing(src: Path, dst: Path, *, fsync: bool = True) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with src.open("rb") as fin, dst.open("wb") as fout:
+        for chunk in iter(lambda: fin.read(CHUNK), b""):
+            digest.update(chunk)
+            fout.write(chunk)
+            size += len(chunk)
+        if fsync:
+            fout.flush()
+            os.fsync(fout.fileno())
+    return digest.hexdigest(), size
+
+
+def restore_newest_valid(store: CheckpointStore, dest_dir: Path) -> tuple[CheckpointInfo, dict[str, object]] | None:
+    """Restore newest-first; a checkpoint that fails verification is skipped with a warning."""
+    for info in reversed(store.list()):
+        written = dest_dir / f".restore-{uuid.uuid4().hex[:8]}"
+        try:
+            metadata = store.restore(info, written)
+        except CheckpointError as exc:
+            logger.warning("skipping checkpoint step %d: %s", info.step, exc)
+            shutil.rmtree(written, ignore_errors=True)
+            continue
+        for rel in info.sha256:
+            target = dest_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(written / rel, target)
+        shutil.rmtree(written, ignore_errors=True)
+        return info, metadata
+    return None
+
+
+def open_store(
+    uri: str, *, keep: int = 3, s3_client: Any | None = None, on_file: FileHook | None = None
+) -> CheckpointStore:
+    """Open a checkpoint store. ``uri``: a directory path, ``file:///path``, or ``s3://bucket/prefix``.
+
+    S3 uses ``s3_client`` if given, else ``boto3.client("s3")`` (which honours ``AWS_ENDPOINT_URL``,
+    ``AWS_REGION`` and the usual credential chain). The bucket is checked now so a job fails fast.
+    """
+    if not uri or not uri.strip():
+        raise InvalidInput("checkpoint uri is empty", hint="give a directory path or s3://bucket/prefix")
+    if uri.startswith("s3://"):
+        from workers.checkpoint_s3 import S3Store
+
+        return S3Store(uri, keep=keep, client=s3_client, on_file=on_file)
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    elif "://" in uri:
+        raise InvalidInput(
+            f"unsupported checkpoint uri {uri!r}",
+            hint="use a local directory path, file:///path, or s3://bucket/prefix",
+        )
+    return LocalStore(Path(uri), keep=keep, on_file=on_file)

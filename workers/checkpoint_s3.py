@@ -1,0 +1,313 @@
+"""The S3 backend of the checkpoint store (see workers.checkpoint for the layout and guarantees).
+
+S3 has no rename, so a save uploads every object (each carrying its sha256 as object metadata and,
+on real S3, a server-verified ``ChecksumSHA256``), checks each one with HEAD, and only then puts
+the ``COMMIT`` marker. A save killed before the marker leaves objects without one: torn, skipped.
+Deleting (pruning or replacing a step) removes the marker first, so a half-deleted checkpoint is
+never mistaken for a complete one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import shutil
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from catalog.errors import CheckpointError, InvalidInput
+from workers.checkpoint import (
+    CHUNK,
+    MARKER,
+    CheckpointInfo,
+    FileHook,
+    Manifest,
+    build_manifest,
+    check_step,
+    parse_manifest,
+    parse_step_dirname,
+    plan_prune,
+    restore_newest_valid,
+    sha256_file,
+    source_files,
+    step_dirname,
+)
+
+logger = logging.getLogger(__name__)
+
+SINGLE_PUT_MAX = 256 * 1024 * 1024  # above this, multipart upload (per-part checksums)
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    rest = uri[len("s3://") :]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise InvalidInput(f"checkpoint uri {uri!r} names no bucket", hint="use s3://bucket/prefix")
+    return bucket, prefix.strip("/")
+
+
+def _error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def _explain(exc: Exception, bucket: str) -> CheckpointError:
+    """Turn a boto3/botocore failure into an actionable CheckpointError."""
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError
+
+    code = _error_code(exc)
+    if code in ("404", "NoSuchBucket"):
+        return CheckpointError(
+            f"S3 bucket {bucket!r} does not exist",
+            hint=f"create it (aws s3 mb s3://{bucket}) or fix the bucket name in checkpoint_uri; if it exists,"
+            " check AWS_REGION / the endpoint",
+        )
+    if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return CheckpointError(
+            f"access to S3 bucket {bucket!r} was denied ({code})",
+            hint="check the AWS credentials and that they allow s3:ListBucket, GetObject, PutObject and"
+            " DeleteObject on it",
+        )
+    if code in ("301", "PermanentRedirect", "AuthorizationHeaderMalformed"):
+        return CheckpointError(
+            f"S3 bucket {bucket!r} is in another region ({code})",
+            hint="set AWS_REGION (or the client's region) to the bucket's region",
+        )
+    if isinstance(exc, NoCredentialsError):
+        return CheckpointError(
+            f"no AWS credentials to reach S3 bucket {bucket!r}",
+            hint="set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or an instance role",
+        )
+    if isinstance(exc, EndpointConnectionError):
+        return CheckpointError(
+            f"cannot reach the S3 endpoint for bucket {bucket!r}: {exc}",
+            hint="check the network and AWS_ENDPOINT_URL",
+        )
+    return CheckpointError(f"S3 request on bucket {bucket!r} failed: {exc}")
+
+
+class S3Store:
+    """Checkpoints under ``s3://bucket/prefix``."""
+
+    def __init__(self, uri: str, *, keep: int = 3, client: Any | None = None, on_file: FileHook | None = None) -> None:
+        if keep < 1:
+            raise InvalidInput(f"keep must be at least 1 (got {keep}): the newest checkpoint is always kept")
+        self.bucket, self.prefix = parse_s3_uri(uri)
+        self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+        self.keep = keep
+        self._on_file = on_file
+        if client is None:
+            import boto3
+
+            client = boto3.client("s3")
+        self.client: Any = client
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            raise _explain(exc, self.bucket) from exc
+
+    # -- keys -------------------------------------------------------------------------------
+    def _base(self, step: int) -> str:
+        name = step_dirname(step)
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _listing(self) -> dict[int, dict[str, int]]:
+        """step -> {relative path: size} for every object under the prefix (the marker included)."""
+        root = f"{self.prefix}/" if self.prefix else ""
+        out: dict[int, dict[str, int]] = {}
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=root)
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    dirname, _, rel = obj["Key"][len(root) :].partition("/")
+                    step = parse_step_dirname(dirname)
+                    if step is not None and rel:
+                        out.setdefault(step, {})[rel] = int(obj["Size"])
+        except Exception as exc:
+            raise _explain(exc, self.bucket) from exc
+        return out
+
+    def _delete_step(self, step: int, rels: Iterable[str]) -> None:
+        base = self._base(step)
+        rels = [r for r in rels if r != MARKER]
+        self.client.delete_object(Bucket=self.bucket, Key=f"{base}/{MARKER}")  # marker first
+        for i in range(0, len(rels), 1000):
+            batch = [{"Key": f"{base}/{rel}"} for rel in rels[i : i + 1000]]
+            if batch:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+
+    # -- save -------------------------------------------------------------------------------
+    def save(self, step: int, source_dir: Path, *, metadata: Mapping[str, object] | None = None) -> CheckpointInfo:
+        import time
+
+        check_step(step)
+        files = source_files(Path(source_dir))
+        base = self._base(step)
+        try:
+            existing = self._listing().get(step, {})
+            if existing:  # same step saved again, or leftovers of a killed save: un-commit it first
+                self._delete_step(step, [r for r in existing if r not in dict(files)])
+            written: dict[str, tuple[str, int]] = {}
+            for rel, src in files:
+                sha = sha256_file(src)
+                size = src.stat().st_size
+                self._upload(src, f"{base}/{rel}", sha, size)
+                written[rel] = (sha, size)
+                if self._on_file is not None:
+                    self._on_file(rel)
+            for rel, (sha, size) in written.items():
+                head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
+                if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha:
+                    raise CheckpointError(
+                        f"checkpoint step {step}: s3://{self.bucket}/{base}/{rel} does not match what was uploaded",
+                        hint="another writer may share this prefix; give each job its own checkpoint_uri",
+                    )
+            manifest = build_manifest(step, written, metadata, time.time())
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=f"{base}/{MARKER}",
+                Body=manifest,
+                ChecksumSHA256=base64.b64encode(hashlib.sha256(manifest).digest()).decode(),
+            )
+        except CheckpointError:
+            raise
+        except OSError as exc:
+            raise CheckpointError(f"could not read checkpoint files from {source_dir}: {exc}") from exc
+        except Exception as exc:
+            raise _explain(exc, self.bucket) from exc
+        info = parse_manifest(manifest, step).info(f"s3://{self.bucket}/{base}")
+        self._prune(step)
+        return info
+
+    def _upload(self, src: Path, key: str, sha: str, size: int) -> None:
+        if size <= SINGLE_PUT_MAX:
+            with src.open("rb") as body:
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=body,
+                    Metadata={"sha256": sha},
+                    ChecksumSHA256=base64.b64encode(bytes.fromhex(sha)).decode(),
+                )
+        else:
+            self.client.upload_file(
+                str(src), self.bucket, key, ExtraArgs={"Metadata": {"sha256": sha}, "ChecksumAlgorithm": "SHA256"}
+            )
+
+    def _prune(self, saved_step: int) -> None:
+        try:
+            listing = self._listing()
+            with_marker = [s for s, rels in listing.items() if MARKER in rels]
+            torn_older = [s for s, rels in listing.items() if MARKER not in rels and s < saved_step]
+            for step in [*plan_prune(with_marker, saved_step, self.keep), *torn_older]:
+                self._delete_step(step, listing[step])
+        except Exception as exc:  # the save itself succeeded; pruning is retried after the next one
+            logger.warning("could not prune old checkpoints under %s: %s", self.uri, exc)
+
+    # -- read -------------------------------------------------------------------------------
+    def _manifest(self, step: int, rels: Mapping[str, int]) -> Manifest:
+        """The manifest if the marker and every file (by size) are present; raises ValueError if not."""
+        if MARKER not in rels:
+            raise ValueError("no COMMIT marker (the save did not finish)")
+        body = self.client.get_object(Bucket=self.bucket, Key=f"{self._base(step)}/{MARKER}")["Body"].read()
+        manifest = parse_manifest(body, step)
+        for rel, (_, size) in manifest.files.items():
+            if rel not in rels:
+                raise ValueError(f"{rel} is missing")
+            if rels[rel] != size:
+                raise ValueError(f"{rel} has {rels[rel]} bytes, manifest says {size}")
+        return manifest
+
+    def list(self) -> list[CheckpointInfo]:
+        out = []
+        for step, rels in sorted(self._listing().items()):
+            try:
+                out.append(self._manifest(step, rels).info(f"s3://{self.bucket}/{self._base(step)}"))
+            except (ValueError, KeyError) as exc:
+                logger.debug("checkpoint step %d under %s is incomplete: %s", step, self.uri, exc)
+            except Exception as exc:
+                raise _explain(exc, self.bucket) from exc
+        return out
+
+    def _verify(self, step: int, rels: Mapping[str, int], *, deep: bool) -> Manifest:
+        manifest = self._manifest(step, rels)
+        base = self._base(step)
+        for rel, (sha, _) in manifest.files.items():
+            if deep:
+                got = hashlib.sha256()
+                body = self.client.get_object(Bucket=self.bucket, Key=f"{base}/{rel}")["Body"]
+                for chunk in body.iter_chunks(CHUNK):
+                    got.update(chunk)
+                actual = got.hexdigest()
+            else:
+                head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
+                actual = head.get("Metadata", {}).get("sha256", "<none>")
+            if actual != sha:
+                raise ValueError(f"{rel}: sha256 does not match the manifest (overwritten or corrupted)")
+        return manifest
+
+    def latest(self, *, deep: bool = False) -> CheckpointInfo | None:
+        """Newest complete checkpoint. ``deep`` re-reads every byte to hash it (a full download);
+        otherwise sizes and each object's recorded sha256 are checked, and restore() hashes content."""
+        for step, rels in sorted(self._listing().items(), reverse=True):
+            try:
+                return self._verify(step, rels, deep=deep).info(f"s3://{self.bucket}/{self._base(step)}")
+            except (ValueError, KeyError) as exc:
+                logger.warning("skipping torn checkpoint step %d under %s: %s", step, self.uri, exc)
+            except Exception as exc:
+                if _error_code(exc) in ("404", "NoSuchKey"):  # deleted under us: treat as torn
+                    logger.warning("skipping checkpoint step %d under %s: object vanished", step, self.uri)
+                    continue
+                raise _explain(exc, self.bucket) from exc
+        return None
+
+    def restore(self, info: CheckpointInfo, dest_dir: Path) -> dict[str, object]:
+        base = self._base(info.step)
+        try:
+            manifest = self._manifest(info.step, self._listing().get(info.step, {}))
+        except (ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"checkpoint step {info.step} at s3://{self.bucket}/{base} is not complete: {exc}",
+                hint="use latest() or restore_latest() to pick the newest complete checkpoint",
+            ) from exc
+        except Exception as exc:
+            raise _explain(exc, self.bucket) from exc
+        if {rel: sha for rel, (sha, _) in manifest.files.items()} != info.sha256:
+            raise CheckpointError(
+                f"checkpoint step {info.step} was replaced after it was listed",
+                hint="call latest() again and restore what it returns",
+            )
+        dest_dir = Path(dest_dir)
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        for rel, (sha, _) in manifest.files.items():
+            dst = dest_dir / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            part = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.part")
+            digest = hashlib.sha256()
+            try:
+                body = self.client.get_object(Bucket=self.bucket, Key=f"{base}/{rel}")["Body"]
+                with part.open("wb") as fh:
+                    for chunk in body.iter_chunks(CHUNK):
+                        digest.update(chunk)
+                        fh.write(chunk)
+            except OSError:
+                part.unlink(missing_ok=True)
+                raise
+            except Exception as exc:
+                part.unlink(missing_ok=True)
+                raise _explain(exc, self.bucket) from exc
+            if digest.hexdigest() != sha:
+                part.unlink(missing_ok=True)
+                raise CheckpointError(
+                    f"checkpoint step {info.step}: s3://{self.bucket}/{base}/{rel} is corrupted (sha256"
+                    f" {digest.hexdigest()[:12]}..., manifest {sha[:12]}...)",
+                    hint="restore an older checkpoint (restore_latest() does this automatically)",
+                )
+            shutil.move(part, dst)
+        return dict(manifest.metadata)
+
+    def restore_latest(self, dest_dir: Path) -> tuple[CheckpointInfo, dict[str, object]] | None:
+        return restore_newest_valid(self, dest_dir)
