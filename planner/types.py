@@ -73,6 +73,10 @@ class MemoryEstimate(_Value):
     usable_bytes: int = Field(description="what the GPU offers the job")
     fits: bool
     breakdown: dict[str, int] = Field(description="component -> bytes at the peak")
+    required_bytes: int = Field(
+        default=0, description="need under memory pressure (allocated + slack + context); fits compares it"
+    )
+    peak_moment: str = Field(default="", description="when the peak happens, e.g. 'backward start', 'optimizer step'")
 
 
 class ThroughputEstimate(_Value):

@@ -1,0 +1,108 @@
+"""The planner's tunable constants, as one typed value.
+
+The defaults below are first-principles values (vendor behaviour, PyTorch allocator rules); the
+fitted values live in ``planner/calibration.json`` (written by ``bench/accuracy.py`` from the
+NON-holdout measured cases only, with where they came from). Pure functions take a
+:class:`Calibration` argument; only edges (CLI, scheduler, bench) call :func:`load_calibration`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from catalog.errors import CatalogError
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+DEFAULT_CALIBRATION_PATH = Path(__file__).resolve().parent / "calibration.json"
+
+
+class _Cal(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MemoryCalibration(_Cal):
+    cuda_context_bytes: int = Field(
+        default=560 * MIB, description="CUDA context + cuBLAS workspace, outside the allocator"
+    )
+    nccl_bytes: int = Field(default=400 * MIB, description="NCCL communicator buffers per rank when gpu_count > 1")
+    # reserved = allocated * (1 + overhead) + 2 MiB-block rounding; by execution mode
+    reserved_overhead: dict[str, float] = Field(
+        default_factory=lambda: {"single": 0.06, "ddp": 0.08, "fsdp": 0.35, "fsdp-grad-op": 0.25, "infer": 0.12}
+    )
+    # under memory pressure the allocator frees cached blocks and retries: a run needs at least
+    # allocated * (1 + pressure_slack) + context to survive
+    pressure_slack: float = 0.02
+    plan_headroom: float = Field(
+        default=0.05, description="auto micro-batch > 1 must leave this fraction of usable memory free"
+    )
+    activation_scale: float = Field(default=1.0, description="multiplier on the counted saved activations")
+    logits_scale: float = Field(default=1.0, description="multiplier on the counted logits/loss tensors")
+    backward_working_layers: float = Field(
+        default=1.0, description="extra per-layer activation copies live while a layer's backward runs"
+    )
+
+
+class ThroughputCalibration(_Cal):
+    # step compute time = FLOPs / (peak * mfu_max[precision] * h/(h+hidden_half) * T/(T+tokens_half))
+    #                     + layer_overhead_s * layers (eager kernel launches per micro-step)
+    mfu_max: dict[str, float] = Field(
+        default_factory=lambda: {"fp32": 0.7, "amp-bf16": 0.5, "amp-fp16": 0.5, "bf16": 0.55, "fp8": 0.45}
+    )
+    hidden_half: float = 512.0
+    tokens_half: float = 1024.0
+    layer_overhead_s: float = 4e-4
+    step_overhead_s: float = 5e-3
+    lora_speed: float = Field(default=0.85, description="LoRA's extra adapter kernels relative to its FLOPs")
+    qlora_speed: float = Field(default=0.55, description="nf4 dequantisation overhead on the frozen matmuls")
+    optimizer_bw_efficiency: float = 0.6
+    comm_efficiency: float = 0.7
+    comm_overlap: float = 0.6
+    prefill_mfu: float = 0.5
+    decode_bw_efficiency: float = 0.7
+    decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
+    decode_step_overhead_s: float = 4e-3
+    quant_decode_speed: dict[str, float] = Field(
+        default_factory=lambda: {"int8": 0.8, "fp8": 0.9, "int4": 0.7}, description="dequant kernel slowdown"
+    )
+
+
+class CostCalibration(_Cal):
+    spot_hazard_per_h: dict[str, float] = Field(
+        default_factory=lambda: {"aws": 0.08, "gcp": 0.1, "azure": 0.08, "default": 0.1},
+        description="expected spot preemptions per instance-hour, by cloud",
+    )
+    restart_h: float = Field(default=0.15, description="new node + Ray + load checkpoint")
+    checkpoint_write_gbps: float = Field(default=2.0, description="GB/s to the checkpoint store")
+    min_checkpoint_h: float = Field(default=1 / 60, description="fixed cost of writing any checkpoint")
+    deadline_confidence: float = Field(default=0.9, ge=0, le=1, description="spot must meet the deadline this surely")
+
+
+class Calibration(_Cal):
+    source: str = "uncalibrated first-principles defaults (planner/calibration.py)"
+    fitted_on: list[str] = Field(default_factory=list, description="case ids used for fitting")
+    memory: MemoryCalibration = Field(default_factory=MemoryCalibration)
+    throughput: ThroughputCalibration = Field(default_factory=ThroughputCalibration)
+    cost: CostCalibration = Field(default_factory=CostCalibration)
+
+
+def load_calibration(path: Path | None = None) -> Calibration:
+    """Read a calibration file (an edge helper: the CLI, scheduler and bench call it, not the planner).
+
+    A missing default file yields the first-principles defaults.
+    """
+    target = path or DEFAULT_CALIBRATION_PATH
+    if not target.is_file():
+        if path is not None:
+            raise CatalogError(f"calibration file {target} does not exist", hint="run bench/accuracy.py --fit")
+        return Calibration()
+    try:
+        return Calibration.model_validate(json.loads(target.read_text()))
+    except (ValueError, OSError) as exc:
+        raise CatalogError(
+            f"calibration file {target} is invalid: {exc}", hint="regenerate it with bench/accuracy.py --fit"
+        ) from exc

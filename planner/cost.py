@@ -1,0 +1,60 @@
+"""What a placement costs: price x time, with spot preemptions priced in.
+
+Spot: preemptions arrive as a Poisson process with a per-instance-hour hazard (per cloud, from the
+calibration file; the scheduler may pass trace statistics instead). The job checkpoints every
+tau = sqrt(2 C MTBF) hours (Young/Daly, C = time to write a checkpoint); each preemption costs a
+restart plus, on average, half an interval of lost work.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.types import CostEstimate, Market
+
+
+def young_daly_interval_h(checkpoint_h: float, mtbf_h: float) -> float:
+    """Optimal checkpoint interval sqrt(2 C MTBF), in hours."""
+    return math.sqrt(2 * checkpoint_h * mtbf_h)
+
+
+def poisson_cdf(k: int, mean: float) -> float:
+    if k < 0:
+        return 0.0
+    if mean <= 0:
+        return 1.0
+    term = math.exp(-mean)
+    total = term
+    for i in range(1, k + 1):
+        term *= mean / i
+        total += term
+        if term < 1e-15 and i > mean:
+            break
+    return min(1.0, total)
+
+
+def on_demand_cost(
+    hours: float, usd_per_h: float, deadline_h: float | None, market: Market = "on-demand"
+) -> CostEstimate:
+    prob = None if deadline_h is None else (1.0 if hours <= deadline_h else 0.0)
+    return CostEstimate(market=market, usd_per_h=usd_per_h, hours=hours, usd=hours * usd_per_h,
+                        deadline_probability=prob)
+
+
+def spot_cost(hours: float, usd_per_h: float, *, hazard_per_h: float, checkpoint_h: float, restart_h: float,
+              deadline_h: float | None) -> CostEstimate:
+    """Expected hours and dollars on spot, and the chance to finish by the deadline."""
+    if hazard_per_h <= 0:
+        return on_demand_cost(hours, usd_per_h, deadline_h, market="spot")
+    mtbf = 1 / hazard_per_h
+    tau = min(young_daly_interval_h(checkpoint_h, mtbf), max(hours, checkpoint_h))
+    writing = hours * checkpoint_h / tau
+    base = hours + writing
+    per_preemption = restart_h + tau / 2
+    expected = base + hazard_per_h * base * per_preemption
+    prob = None
+    if deadline_h is not None:
+        slack = deadline_h - base
+        prob = 0.0 if slack < 0 else poisson_cdf(int(slack // per_preemption), hazard_per_h * base)
+    return CostEstimate(market="spot", usd_per_h=usd_per_h, hours=expected, usd=expected * usd_per_h,
+                        preemption_overhead_h=expected - hours, checkpoint_interval_h=tau, deadline_probability=prob)

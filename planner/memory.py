@@ -1,0 +1,350 @@
+"""Bytes per GPU (most loaded rank) that a training or inference run really allocates.
+
+The model follows what PyTorch and Hugging Face transformers do, tensor by tensor:
+
+* Training peaks at one of four moments; we compute each and report the largest:
+  the start of backward (all saved activations + the fp32 loss tensors), the lm_head weight-grad
+  moment, the end of backward (all gradients), and the optimizer step (params + grads + states +
+  the foreach temporaries). Optimizer states exist in every forward after the first step, and the
+  measured peak spans several steps, so states count at every moment.
+* Saved activations are counted per token per layer from the autograd graph of a Llama block
+  with SDPA flash/efficient attention (no seq^2), or of a GPT-2 block, for each precision.
+* HF computes the loss as ``cross_entropy(logits.float())``: the fp32 copy, the saved
+  log-softmax and its gradient are B*S*V*4 bytes each.
+* Reserved = allocated plus the caching allocator's fragmentation (far larger under FSDP);
+  total = reserved + CUDA context (+ NCCL buffers). ``fits`` is judged under pressure: the
+  allocator frees cached blocks before raising OOM, so a run needs allocated (+ a small slack)
+  plus context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from catalog.params import ParamCount, count_params
+from catalog.schema import GpuSpec, ModelConfig
+from planner.calibration import GIB, MIB, MemoryCalibration
+from planner.knobs import Knobs, KnobsLike
+from planner.types import MemoryEstimate, Strategy
+
+BLOCK = 2 * MIB
+
+
+@dataclass(frozen=True)
+class PrecisionBytes:
+    param: int  # stored parameters
+    grad: int
+    state: int  # optimizer state element (AdamW/SGD follow the param dtype)
+    compute: int  # matmul outputs
+    residual: int  # residual stream / norm inputs
+    autocast: bool  # autocast keeps a low-precision copy of every linear weight
+
+
+PRECISION_BYTES: dict[str, PrecisionBytes] = {
+    "fp32": PrecisionBytes(4, 4, 4, 4, 4, False),
+    "amp-bf16": PrecisionBytes(4, 4, 4, 2, 4, True),
+    "amp-fp16": PrecisionBytes(4, 4, 4, 2, 4, True),
+    "bf16": PrecisionBytes(2, 2, 2, 2, 2, False),
+    "fp8": PrecisionBytes(2, 2, 2, 2, 2, False),
+}
+
+# Bytes per weight for inference weights, scale overhead included (torchao layouts):
+# int8 weight-only: per-output-channel bf16 scale; fp8: per-row fp32 scale; int4: group 128, bf16 scale+zero.
+WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / 128}
+QLORA_NF4_BYTES = 0.5 + 0.5 / 64 * 1.03  # nf4 + double-quantised absmax (8-bit per 64, fp32 per 256 blocks)
+
+
+def round_block(n: float) -> int:
+    return int(math.ceil(n / BLOCK) * BLOCK)
+
+
+def lora_params_per_layer(model: ModelConfig, rank: int) -> int:
+    """Adapter parameters r*(in+out) on q,k,v,o,gate,up,down of one layer (every expert's MLP)."""
+    h, hq, kvd, inter = _dims(model)
+    if model.family == "gpt2":
+        return rank * ((h + 3 * h) + (h + h) + (h + inter) + (inter + h))
+    attn = rank * ((h + hq) + 2 * (h + kvd) + (hq + h))
+    mlp = rank * (2 * (h + inter) + (inter + h)) * model.num_experts
+    return attn + mlp
+
+
+def _dims(model: ModelConfig) -> tuple[int, int, int, int]:
+    hd = model.head_size
+    return model.hidden_size, model.num_attention_heads * hd, model.num_kv_heads * hd, model.intermediate_size
+
+
+def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetune: str, rank: int, tp: int = 1,
+                                     seq_len: int = 0) -> float:
+    """Bytes autograd saves per token for one decoder layer (flash/efficient SDPA, no dropout masks
+    unless the model has dropout). ``tp`` splits the attention/MLP inner tensors (Megatron TP)."""
+    pb = PRECISION_BYTES[precision]
+    h, hq_i, kvd_i, inter_i = _dims(model)
+    hq, kvd, inter = hq_i / tp, kvd_i / tp, inter_i / tp
+    c, r = pb.compute, pb.residual
+    heads = model.num_attention_heads / tp
+    lse = 4 * heads
+    adapters = finetune in ("lora", "qlora")
+    if model.family == "gpt2":
+        ln_out = 2 * h if pb.autocast else c * h
+        # ln inputs, ln outputs (casts), fused qkv buffer, attn out, 2 dropout masks, python gelu_new
+        return 2 * r * h + 2 * ln_out + 3 * c * h + c * h + 2 * h + 5 * c * inter + lse + 2 * r * h / 4
+    if adapters:
+        # frozen base: weights' grads not needed, so norm outputs and linear inputs are saved only
+        # through peft's fp32 casts of each adapter input (autocast_adapter_dtype=True).
+        norm = 4 * h  # the fp32 copy saved by pow()
+        attn_in = 3 * 4 * h
+        mlp_in = 2 * 4 * h
+        attn = c * hq + 2 * c * kvd + c * hq + 4 * hq
+        mlp = 3 * c * inter + 4 * inter
+        small = 7 * 4 * rank
+        return 2 * norm + attn_in + mlp_in + attn + mlp + small + lse
+    if pb.autocast:
+        # residual fp32 (saved by pow), fp32 normed (saved by weight mul), one bf16 cast per consumer linear
+        norm1 = 4 * h + 4 * h + 3 * 2 * h
+        norm2 = 4 * h + 4 * h + 2 * 2 * h
+    else:
+        # x.to(fp32) copy (bf16 only), the normed input of the weight mul, its output (saved by linears)
+        fp32_copy = 4 * h if r == 2 else 0
+        norm1 = norm2 = (fp32_copy + r * h + c * h) if r == 2 else (r * h + r * h + c * h)
+    attn = 2 * c * hq + 2 * c * kvd  # q, k (after RoPE), v, out (flash output is already BSHD)
+    if precision == "fp32" and model.num_kv_heads != model.num_attention_heads:
+        # fp32 + GQA: flash lacks fp32, efficient lacks GQA -> SDPA math: scaled q/k, repeated k/v,
+        # the softmax probabilities (seq^2) and a contiguous copy of the output
+        attn = 4 * c * hq + c * hq + 4 * heads * seq_len
+    mlp = 4 * c * inter  # gate out, silu out, up out, product
+    return norm1 + norm2 + attn + mlp + lse
+
+
+def _optimizer_bytes(optimizer: str, trainable: float, state_bytes: int) -> tuple[float, float]:
+    """(persistent state bytes, foreach temporaries during step) for ``trainable`` params."""
+    if optimizer == "adamw":
+        return 2 * trainable * state_bytes, trainable * state_bytes  # exp_avg, exp_avg_sq; sqrt(exp_avg_sq)
+    if optimizer == "adamw-8bit":
+        return trainable * (2 + 8 / 256), 0.0  # uint8 x2 + blockwise fp32 absmax; fused kernel
+    if optimizer == "sgd":
+        return trainable * state_bytes, 0.0  # momentum buffer; in-place foreach
+    if optimizer == "adafactor":
+        return trainable * 4 * 0.002, trainable * state_bytes  # row/col factors; full-size var_estimates
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+@dataclass(frozen=True)
+class _Moment:
+    name: str
+    parts: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def _finish(moments: list[_Moment], mode: str, gpu: GpuSpec, gpu_count: int, cal: MemoryCalibration) -> MemoryEstimate:
+    peak = max(moments, key=lambda m: m.total)
+    allocated = round_block(peak.total)
+    overhead = cal.reserved_overhead.get(mode, cal.reserved_overhead.get("single", 0.06))
+    reserved = round_block(allocated * (1 + overhead))
+    outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
+    total = reserved + outside
+    usable = int(gpu.memory_gib * GIB)
+    required = int(allocated * (1 + cal.pressure_slack)) + outside
+    breakdown = {k: int(v) for k, v in peak.parts.items() if v > 0}
+    breakdown["cuda_context"] = cal.cuda_context_bytes
+    if gpu_count > 1:
+        breakdown["nccl"] = cal.nccl_bytes
+    breakdown["allocator_cache"] = reserved - allocated
+    return MemoryEstimate(
+        peak_allocated_bytes=allocated,
+        peak_reserved_bytes=reserved,
+        total_bytes=total,
+        usable_bytes=usable,
+        required_bytes=required,
+        fits=required <= usable,
+        peak_moment=peak.name,
+        breakdown=breakdown,
+    )
+
+
+def train_memory(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
+                 cal: MemoryCalibration, pc: ParamCount | None = None) -> MemoryEstimate:
+    """Peak memory per GPU for one training configuration."""
+    moments, mode = train_moments(model, strategy, seq_len, cal, pc)
+    return _finish(moments, mode, gpu, strategy.gpu_count, cal)
+
+
+def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: MemoryCalibration,
+                  pc: ParamCount | None = None) -> tuple[list[_Moment], str]:
+    """The candidate peak moments (component -> bytes) and the allocator mode."""
+    pc = pc or count_params(model)
+    pb = PRECISION_BYTES[strategy.precision]
+    tp, pp, dp = strategy.tensor_parallel, strategy.pipeline_parallel, strategy.data_parallel
+    mb = strategy.micro_batch
+    tokens = mb * seq_len
+    layers_here = math.ceil(model.num_layers / pp)
+    h, v = model.hidden_size, model.vocab_size
+
+    # parameters held by this rank before data-parallel sharding
+    emb = pc.embedding if pp == 1 else max(pc.embedding, pc.lm_head or pc.embedding)
+    head = pc.lm_head if pp == 1 else 0
+    layer_params = layers_here * pc.per_layer
+    local_params = (layer_params + emb + head + h) / tp
+    linear_params = (layers_here * _linear_per_layer(model, pc) + (pc.lm_head or pc.embedding)) / tp
+
+    ft = strategy.finetune
+    sharding = strategy.sharding
+    if ft in ("lora", "qlora"):
+        trainable = lora_params_per_layer(model, strategy.lora_rank) * layers_here / tp
+        t_bytes = 4  # peft upcasts bf16 adapters to fp32 (autocast_adapter_dtype=True)
+        if ft == "qlora":
+            frozen_linear = layers_here * _linear_per_layer(model, pc) / tp
+            weights = frozen_linear * QLORA_NF4_BYTES + (local_params - frozen_linear) * 2
+        else:
+            weights = local_params * pb.param
+        weights += trainable * t_bytes
+        grads = trainable * t_bytes
+        states, temp = _optimizer_bytes(strategy.optimizer, trainable, t_bytes)
+        autocast_copies = linear_params * 2 if pb.autocast else 0.0
+        lm_grad = 0.0
+    else:
+        trainable = local_params
+        weights = local_params * pb.param
+        grads = local_params * pb.grad
+        states, temp = _optimizer_bytes(strategy.optimizer, trainable, pb.state)
+        autocast_copies = linear_params * 2 if pb.autocast else 0.0
+        lm_grad = (pc.lm_head or pc.embedding) / tp * pb.grad
+
+    # data-parallel sharding (ZeRO stages / FSDP2)
+    extra: dict[str, float] = {}
+    fsdp_like = sharding in ("fsdp", "fsdp-grad-op") and dp > 1
+    if sharding == "ddp" and dp > 1:
+        extra["ddp_buckets"] = grads  # gradient_as_bucket_view=False: a flat copy of every grad
+    if sharding == "zero1" and dp > 1:
+        states, temp = states / dp, temp / dp
+        extra["ddp_buckets"] = grads
+    if fsdp_like:
+        unsharded_b = 2 if strategy.precision in ("amp-bf16", "amp-fp16", "bf16", "fp8") else pb.param
+        reduce_b = 4 if strategy.precision in ("amp-bf16", "amp-fp16", "fp32") else pb.grad
+        weights, grads, states, temp = weights / dp, grads / dp, states / dp, temp / dp
+        lm_grad = lm_grad / dp
+        autocast_copies = 0.0  # FSDP2's MixedPrecisionPolicy casts instead of autocast
+        unit = pc.per_layer / tp * unsharded_b
+        root = (pc.embedding + pc.lm_head + h) / tp * unsharded_b
+        extra["fsdp_root_unsharded"] = root
+        if sharding == "fsdp":
+            extra["fsdp_gathered_units"] = 2 * unit
+        else:
+            extra["fsdp_gathered_units"] = layers_here * unit  # kept unsharded from forward to backward
+        extra["fsdp_grad_buffers"] = pc.per_layer / tp * (unsharded_b + reduce_b) if ft == "full" else 0.0
+        act_precision = "bf16" if strategy.precision in ("amp-bf16", "amp-fp16") else strategy.precision
+    else:
+        act_precision = strategy.precision
+
+    per_tok_layer = layer_activation_bytes_per_token(model, act_precision, ft, strategy.lora_rank, tp, seq_len)
+    per_tok_layer *= cal.activation_scale
+    act_bp = PRECISION_BYTES[act_precision]
+    final_norm = (4 * h if act_bp.residual == 2 else 0) + 2 * act_bp.residual * h
+    embed_out = act_bp.residual * h if model.family == "gpt2" else 0.0
+    if strategy.activation_checkpointing:
+        saved = tokens * (layers_here * act_bp.residual * h + final_norm + embed_out)
+        recompute = tokens * per_tok_layer * (1 + cal.backward_working_layers)
+    else:
+        saved = tokens * (layers_here * per_tok_layer + final_norm + embed_out)
+        recompute = tokens * per_tok_layer * cal.backward_working_layers
+    # logits: lm_head output (compute dtype) -> .float() copy -> log_softmax (saved) -> grads
+    lb = act_bp.compute
+    bsv = tokens * v / tp * cal.logits_scale
+    logits_fwd = bsv * (lb + (4 if lb != 4 else 0) + 4)
+    logits_bwd = bsv * 12
+    logits_peak = max(logits_fwd, logits_bwd)
+    accum_grads = grads if strategy.grad_accum > 1 else 0.0
+    # at the end of backward every gradient exists; one layer's activations (recomputed when
+    # checkpointing) and its backward temporaries remain
+    backward_end_acts = recompute + (saved if strategy.activation_checkpointing else tokens * per_tok_layer)
+
+    base = {"weights": weights, "optimizer_states": states, **extra}
+    if autocast_copies:
+        base["autocast_weight_copies"] = autocast_copies
+    moments = [
+        _Moment("backward start", {**base, "gradients": accum_grads, "activations": saved, "logits_loss": logits_peak}),
+        _Moment("lm_head grad", {**base, "gradients": max(accum_grads, lm_grad * (2 if pb.autocast else 1)),
+                                 "activations": saved, "logits_loss": bsv * (lb + 4)}),
+        _Moment("backward end", {**base, "gradients": grads, "activations": backward_end_acts}),
+        _Moment("optimizer step", {"weights": weights, "gradients": grads, "optimizer_states": states,
+                                   "optimizer_temporaries": temp,
+                                   **{k: val for k, val in extra.items() if k == "ddp_buckets"}}),
+    ]
+    mode = sharding if fsdp_like else ("ddp" if dp > 1 else "single")
+    return moments, mode
+
+
+MemoryLines = list[tuple[float, float]]
+
+
+def memory_lines(model: ModelConfig, knobs: Knobs, seq_len: int, cal: MemoryCalibration,
+                 pc: ParamCount | None = None) -> MemoryLines:
+    """Every peak moment as (bytes at micro_batch 1, bytes per extra sequence): memory is linear in
+    the micro-batch, so the search needs only these two numbers per moment, for any GPU."""
+    one, _ = train_moments(model, knobs.with_micro_batch(1), seq_len, cal, pc)
+    two, _ = train_moments(model, knobs.with_micro_batch(2), seq_len, cal, pc)
+    return [(a.total, b.total - a.total) for a, b in zip(one, two, strict=True)]
+
+
+def max_micro_batch(lines: MemoryLines, gpu_count: int, gpu: GpuSpec, cal: MemoryCalibration,
+                    candidates: list[int], headroom: float) -> int | None:
+    """Largest micro-batch in ``candidates`` that fits (the first only has to fit; the others must
+    leave ``headroom``), without building estimates."""
+    outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
+    usable = gpu.memory_gib * GIB
+
+    def need(mb: int) -> float:
+        peak = max(t1 + s * (mb - 1) for t1, s in lines)
+        return round_block(peak) * (1 + cal.pressure_slack) + outside
+
+    best = None
+    for i, mb in enumerate(candidates):
+        limit = usable if i == 0 else usable * (1 - headroom)
+        if need(mb) > limit:
+            break
+        best = mb
+    return best
+
+
+def _linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:
+    h = model.hidden_size
+    if model.family == "gpt2":
+        return 4 * h * h + 2 * h * model.intermediate_size
+    return pc.per_layer - 2 * h
+
+
+def kv_cache_bytes(model: ModelConfig, batch: int, context: int, bytes_per: int = 2) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x context x batch x bytes."""
+    return 2 * model.num_layers * model.num_kv_heads * model.head_size * context * batch * bytes_per
+
+
+def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int, gpu: GpuSpec,
+                 cal: MemoryCalibration) -> MemoryEstimate:
+    """Peak memory per GPU for ``generate()`` with the default DynamicCache."""
+    pc = count_params(model)
+    tp = strategy.tensor_parallel
+    b = strategy.batch
+    h, _, _, inter = _dims(model)
+    wb = WEIGHT_BYTES[strategy.weights]
+    linear = model.num_layers * _linear_per_layer(model, pc)
+    other = pc.total - linear
+    weights = (linear * wb + other * 2) / tp
+    ctx = prompt_tokens + output_tokens
+    kv_full = kv_cache_bytes(model, b, ctx) / tp
+    kv_prompt = kv_cache_bytes(model, b, prompt_tokens) / tp
+    kv_layer = kv_full / model.num_layers
+    t = b * prompt_tokens
+    # prefill transients of one layer: MLP (act, up, product) or the norm's fp32 temporaries
+    prefill_work = t * max(3 * 2 * inter / tp, 14 * h) + t * 2 * h * 2
+    if strategy.weights in ("int8", "fp8", "int4"):
+        prefill_work += t * 2 * max(h, inter / tp)  # dynamic activation casts / dequant buffers
+    logits = b * model.vocab_size * (2 + 4 + 4)
+    moments = [
+        _Moment("prefill", {"weights": weights, "kv_cache": kv_prompt, "prefill_activations": prefill_work,
+                            "logits": logits}),
+        _Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits}),
+    ]
+    return _finish(moments, "infer", gpu, strategy.gpu_count, cal)

@@ -1,0 +1,170 @@
+"""How fast a placement runs: a roofline with calibrated efficiency factors.
+
+Training: FLOPs per token (6N for the matmuls, causal attention, one extra forward when
+checkpointing; MoE counts active parameters) over (peak TFLOPS of the precision x efficiency),
+where efficiency saturates with hidden size and tokens per micro-batch; plus eager per-layer
+overhead, the optimizer step (memory-bandwidth bound) and the exposed part of the gradient /
+parameter communication (NVLink vs PCIe vs network). Inference: prefill is compute bound, decode
+is bandwidth bound (weights + KV cache per step) plus HF ``generate()``'s per-layer overhead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from catalog.params import ParamCount, count_params
+from catalog.schema import GpuSpec, ModelConfig
+from planner.calibration import ThroughputCalibration
+from planner.knobs import KnobsLike
+from planner.memory import WEIGHT_BYTES, kv_cache_bytes
+from planner.types import Strategy, ThroughputEstimate
+
+PEAK_DTYPE = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
+
+
+def peak_tflops(gpu: GpuSpec, precision: str) -> float:
+    """Dense peak for the precision's matmuls; falls back to the closest dtype the part has."""
+    dtype = PEAK_DTYPE.get(precision, precision)
+    for candidate in (dtype, "bf16", "fp16", "fp32"):
+        if candidate in gpu.tflops and gpu.tflops[candidate] > 0:
+            return float(gpu.tflops[candidate])
+    return 1.0
+
+
+def matmul_params(model: ModelConfig, pc: ParamCount | None = None) -> tuple[float, float]:
+    """(active params that do matmuls per token incl. lm_head, lm_head params)."""
+    pc = pc or count_params(model)
+    lm = float(model.vocab_size * model.hidden_size)
+    per_layer = pc.per_layer_active - (2 * model.hidden_size)
+    return model.num_layers * per_layer + lm, lm
+
+
+def attention_flops_per_token(model: ModelConfig, seq_len: int) -> float:
+    """Forward flops of QK^T and PV per token, causal (half the square)."""
+    hq = model.num_attention_heads * model.head_size
+    return 2.0 * seq_len * hq * model.num_layers
+
+
+def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, checkpointing: bool,
+                          pc: ParamCount | None = None) -> float:
+    n, _ = matmul_params(model, pc)
+    fwd = 2 * n + attention_flops_per_token(model, seq_len)
+    backward = 2 * fwd if finetune == "full" else fwd + attention_flops_per_token(model, seq_len)
+    return fwd + backward + (fwd if checkpointing else 0.0)
+
+
+def efficiency(model: ModelConfig, precision: str, tokens_per_micro: int, cal: ThroughputCalibration) -> float:
+    h = model.hidden_size
+    base = cal.mfu_max.get(precision, 0.4)
+    return base * h / (h + cal.hidden_half) * tokens_per_micro / (tokens_per_micro + cal.tokens_half)
+
+
+def link_gbytes_per_s(gpu: GpuSpec, gpu_count: int, gpus_per_node: int, network_gbps: float) -> float:
+    """Per-GPU unidirectional bandwidth of the slowest link a ring over ``gpu_count`` GPUs crosses."""
+    intra = gpu.interconnect.gbps_per_gpu / 2 if gpu.interconnect.gbps_per_gpu > 0 else 16.0
+    if gpu_count <= gpus_per_node:
+        return intra
+    inter = network_gbps / 8 / max(1, gpus_per_node)
+    return min(intra, inter * gpus_per_node)  # a ring crosses each node boundary once per node
+
+
+def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
+                     cal: ThroughputCalibration, *, gpus_per_node: int = 8,
+                     network_gbps: float = 100.0, pc: ParamCount | None = None) -> ThroughputEstimate:
+    tp, pp, dp = strategy.tensor_parallel, strategy.pipeline_parallel, strategy.data_parallel
+    mb, accum = strategy.micro_batch, strategy.grad_accum
+    tokens_micro = mb * seq_len
+    ft = strategy.finetune
+    pc = pc or count_params(model)
+    flops = train_flops_per_token(model, seq_len, ft, strategy.activation_checkpointing, pc) * tokens_micro / (tp * pp)
+    eff = efficiency(model, strategy.precision, tokens_micro, cal)
+    if ft == "lora":
+        eff *= cal.lora_speed
+    elif ft == "qlora":
+        eff *= cal.qlora_speed
+    peak = peak_tflops(gpu, strategy.precision) * 1e12
+    layers_here = math.ceil(model.num_layers / pp)
+    recompute_factor = 4 / 3 if strategy.activation_checkpointing else 1.0
+    compute = flops / (peak * eff) + cal.layer_overhead_s * layers_here * recompute_factor
+
+    bw = link_gbytes_per_s(gpu, strategy.gpu_count, gpus_per_node, network_gbps) * 1e9 * cal.comm_efficiency
+    local = pc.total / (tp * pp)
+    trainable = local if ft == "full" else local * 0.01
+    grad_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") else 2
+    comm = 0.0
+    if dp > 1:
+        ring = 2 * (dp - 1) / dp
+        if strategy.sharding in ("fsdp", "fsdp-grad-op"):
+            gathers = 2 if strategy.sharding == "fsdp" else 1
+            unsharded_b = 4 if strategy.precision == "fp32" else 2
+            comm = (gathers * local * unsharded_b + trainable * grad_b) * (dp - 1) / dp / bw
+            if strategy.activation_checkpointing and strategy.sharding == "fsdp":
+                comm += local * unsharded_b * (dp - 1) / dp / bw  # re-gather for the recompute
+            comm_per_micro = comm
+        else:
+            comm = ring * trainable * grad_b / bw
+            comm_per_micro = comm / accum  # DDP syncs only on the last micro-step
+    else:
+        comm_per_micro = 0.0
+    tp_comm = 0.0
+    if tp > 1:
+        act_b = 2 if strategy.precision != "fp32" else 4
+        tp_comm = 8 * layers_here * tokens_micro * model.hidden_size * act_b * (tp - 1) / tp / bw
+    exposed = max(0.0, comm_per_micro - cal.comm_overlap * compute) + tp_comm
+
+    # optimizer step: read/write params, grads, states (+ temporaries) at memory bandwidth
+    state_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") or ft != "full" else 2
+    sharded = trainable / (dp if strategy.sharding in ("fsdp", "fsdp-grad-op", "zero1") else 1)
+    passes = {"adamw": 10, "adamw-8bit": 6, "sgd": 5, "adafactor": 8}.get(strategy.optimizer, 10)
+    opt = sharded * state_b * passes / (gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency)
+    per_micro = compute + exposed + (opt + cal.step_overhead_s) / accum
+    bubble = (pp - 1) / (accum + pp - 1) if pp > 1 else 0.0
+    per_micro = per_micro / (1 - bubble)
+    tokens_per_s = tokens_micro * dp / per_micro
+    achieved = train_flops_per_token(model, seq_len, ft, False, pc) * tokens_per_s
+    mfu = achieved / (peak * strategy.gpu_count)
+    return ThroughputEstimate(
+        tokens_per_s=tokens_per_s,
+        step_time_s=per_micro * accum,
+        mfu=min(1.0, mfu),
+        breakdown_s={"compute": compute * accum, "comm_exposed": exposed * accum, "optimizer": opt,
+                     "overhead": cal.step_overhead_s},
+    )
+
+
+def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int,
+                     gpu: GpuSpec, cal: ThroughputCalibration) -> ThroughputEstimate:
+    """Output tokens/s of the whole placement (replicas = gpu_count / tensor_parallel)."""
+    tp = strategy.tensor_parallel
+    replicas = max(1, strategy.gpu_count // tp)
+    b = strategy.batch
+    n, lm = matmul_params(model)
+    peak = peak_tflops(gpu, "fp8" if strategy.weights == "fp8" else "bf16") * 1e12
+    prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens)) / tp
+    h = model.hidden_size
+    work = b * prompt_tokens
+    prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
+    prefill = prefill_flops / (peak * prefill_eff) + cal.layer_overhead_s * model.num_layers / 3
+    wb = WEIGHT_BYTES[strategy.weights]
+    weight_bytes = ((n - lm) * wb + lm * 2) / tp
+    avg_ctx = prompt_tokens + output_tokens / 2
+    kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
+    bw = gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
+    speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
+    mem_time = (weight_bytes / speed + kv) / bw
+    compute_time = b * (2 * n + attention_flops_per_token(model, int(avg_ctx))) / tp / (peak * cal.prefill_mfu)
+    overhead = cal.decode_layer_overhead_s * model.num_layers + cal.decode_step_overhead_s
+    decode_step = max(mem_time, compute_time) + overhead
+    if tp > 1:
+        link = gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency
+        decode_step += 2 * model.num_layers * (b * h * 2 / link + 2e-5)
+    total = prefill + output_tokens * decode_step
+    out_tps = b * output_tokens / total * replicas
+    return ThroughputEstimate(
+        tokens_per_s=out_tps,
+        step_time_s=total,
+        prefill_tokens_per_s=b * prompt_tokens / prefill * replicas,
+        decode_tokens_per_s=b / decode_step * replicas,
+        requests_per_s=b / total * replicas,
+        breakdown_s={"prefill": prefill, "decode": output_tokens * decode_step},
+    )

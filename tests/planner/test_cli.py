@@ -1,0 +1,61 @@
+"""gpuplan plan / estimate through typer's CliRunner, on the shipped catalog and example."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cli import app
+
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3-8b-sft.yaml")
+runner = CliRunner()
+
+
+def test_plan_json_has_chosen_candidates_and_reasoned_rejections() -> None:
+    result = runner.invoke(app, ["plan", EXAMPLE, "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    chosen = body["chosen"]
+    assert chosen is not None and chosen == body["candidates"][0]
+    assert chosen["estimate"]["memory"]["fits"] is True
+    assert chosen["cost"]["usd"] <= 2500 and chosen["cost"]["hours"] <= 48
+    assert all(r["reason"] and r["constraint"] for r in body["rejections"])
+
+
+def test_plan_table_shows_ranked_rows_chosen_and_rejection_summary() -> None:
+    result = runner.invoke(app, ["plan", EXAMPLE, "--top", "3", "--objective", "fastest"])
+    assert result.exit_code == 0, result.output
+    assert "chosen:" in result.output and "rejected options" in result.output
+
+
+def test_estimate_json_follows_the_design_contract() -> None:
+    result = runner.invoke(app, ["estimate", EXAMPLE, "--gpu", "H200", "--count", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    mem = body["memory"]
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "total_bytes", "fits", "breakdown"):
+        assert key in mem
+    assert mem["peak_reserved_bytes"] >= mem["peak_allocated_bytes"] and mem["total_bytes"] > mem["peak_reserved_bytes"]
+    assert body["throughput"]["tokens_per_s"] > 0 and body["strategy"]["gpu"] == "H200"
+
+
+def test_unknown_gpu_exits_2_with_did_you_mean() -> None:
+    result = runner.invoke(app, ["estimate", EXAMPLE, "--gpu", "H10", "--json"])
+    assert result.exit_code == 2
+    assert "did you mean" in json.loads(result.stdout)["error"]["message"]
+
+
+def test_nothing_feasible_exits_3_naming_the_constraint(tmp_path: Path) -> None:
+    spec = tmp_path / "tight.yaml"
+    spec.write_text("task: train\nmodel: llama-3-8b\ntrain: {tokens: 2.0e9, seq_len: 4096}\n"
+                    "resources: {budget_usd: 1}\n")
+    result = runner.invoke(app, ["plan", str(spec)])
+    assert result.exit_code == 3
+    assert "budget $1 removed the last" in result.output and "raise budget_usd" in result.output
+
+
+def test_bad_objective_is_refused() -> None:
+    result = runner.invoke(app, ["plan", EXAMPLE, "--objective", "slowest"])
+    assert result.exit_code == 2 and "cheapest or fastest" in result.output

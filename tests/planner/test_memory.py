@@ -1,0 +1,132 @@
+"""Memory model: known numbers, formulas, and monotonic behaviour."""
+
+from __future__ import annotations
+
+import pytest
+
+from catalog.params import count_params
+from planner.calibration import GIB, MemoryCalibration
+from planner.memory import infer_memory, kv_cache_bytes, layer_activation_bytes_per_token, train_memory
+from planner.types import Strategy
+from tests.planner.factory import small_catalog
+
+CAT = small_catalog()
+H200 = CAT.gpu("H200")
+CAL = MemoryCalibration()
+
+
+def strat(**kw: object) -> Strategy:
+    base: dict[str, object] = {"gpu": "H200", "gpu_count": 1}
+    base.update(kw)
+    return Strategy.model_validate(base)
+
+
+def test_llama3_8b_bf16_weights_are_16_06_gb() -> None:
+    m = CAT.model("llama-3-8b")
+    assert count_params(m).total * 2 / 1e9 == pytest.approx(16.06, abs=0.005)
+    est = train_memory(m, strat(precision="bf16"), 1024, H200, CAL)
+    assert est.breakdown["weights"] == pytest.approx(16.06e9, rel=1e-3)
+
+
+def test_kv_cache_formula() -> None:
+    m = CAT.model("llama-3-8b")  # 32 layers, 8 kv heads x 128
+    assert kv_cache_bytes(m, batch=4, context=1000) == 2 * 32 * 8 * 128 * 1000 * 4 * 2
+    s = strat(batch=4, weights="bf16")
+    est = infer_memory(m, s, 900, 100, H200, CAL)
+    # the peak holds the weights and at least the whole cache of prompt + output tokens
+    assert est.peak_allocated_bytes >= est.breakdown["weights"] + kv_cache_bytes(m, 4, 1000)
+
+
+def test_adamw_step_holds_params_grads_two_states_and_one_temporary() -> None:
+    m = CAT.model("llama-3-8b")
+    p = count_params(m).total
+    est = train_memory(m, strat(precision="bf16", micro_batch=1), 512, H200, CAL)
+    assert est.peak_moment == "optimizer step"
+    assert est.breakdown["optimizer_states"] == pytest.approx(2 * 2 * p, rel=1e-6)
+    assert est.breakdown["optimizer_temporaries"] == pytest.approx(2 * p, rel=1e-6)
+    assert est.peak_allocated_bytes == pytest.approx(10 * p, rel=0.01)
+
+
+def test_amp_doubles_master_weights_and_keeps_bf16_copies() -> None:
+    m = CAT.model("llama-3.2-1b")
+    bf16 = train_memory(m, strat(precision="bf16", micro_batch=4), 2048, H200, CAL)
+    amp = train_memory(m, strat(precision="amp-bf16", micro_batch=4), 2048, H200, CAL)
+    assert amp.peak_allocated_bytes > bf16.peak_allocated_bytes
+    # at backward start, amp keeps the autocast bf16 copies of every linear weight alive
+    assert "autocast_weight_copies" in amp.breakdown or amp.peak_moment == "optimizer step"
+
+
+def test_small_model_big_vocab_peaks_on_the_fp32_logits() -> None:
+    m = CAT.model("llama-3.2-1b")
+    est = train_memory(m, strat(precision="bf16", micro_batch=8), 2048, H200, CAL)
+    assert est.peak_moment == "backward start"
+    # cross_entropy(logits.float()): 12 bytes per logit at the loss backward
+    assert est.breakdown["logits_loss"] == pytest.approx(8 * 2048 * m.vocab_size * 12, rel=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "bf16", "fp8"])
+def test_checkpointing_saves_memory_for_long_sequences(precision: str) -> None:
+    m = CAT.model("llama-3-8b")
+    off = train_memory(m, strat(precision=precision, micro_batch=4), 4096, H200, CAL)
+    on = train_memory(m, strat(precision=precision, micro_batch=4, activation_checkpointing=True), 4096, H200, CAL)
+    assert on.peak_allocated_bytes < off.peak_allocated_bytes
+
+
+def test_lora_and_qlora_need_less_than_full() -> None:
+    m = CAT.model("llama-3-8b")
+    full = train_memory(m, strat(micro_batch=1), 2048, H200, CAL)
+    lora = train_memory(m, strat(micro_batch=1, finetune="lora"), 2048, H200, CAL)
+    qlora = train_memory(m, strat(micro_batch=1, finetune="qlora"), 2048, H200, CAL)
+    assert qlora.breakdown["weights"] < lora.breakdown["weights"] / 2
+    assert lora.peak_allocated_bytes < full.peak_allocated_bytes / 2
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adamw-8bit", "sgd", "adafactor"])
+def test_optimizer_state_ordering(optimizer: str) -> None:
+    m = CAT.model("llama-3-8b")
+    est = train_memory(m, strat(optimizer=optimizer), 512, H200, CAL)
+    p = count_params(m).total
+    per_param = est.breakdown.get("optimizer_states", 0) / p
+    expected = {"adamw": 4.0, "adamw-8bit": 2.03, "sgd": 2.0, "adafactor": 0.008}[optimizer]
+    assert per_param == pytest.approx(expected, rel=0.02)
+
+
+def test_fsdp_shards_state_and_adds_gathered_units() -> None:
+    m = CAT.model("llama-3-8b")
+    one = train_memory(m, strat(gpu_count=1, activation_checkpointing=True), 2048, H200, CAL)
+    two = train_memory(m, strat(gpu_count=2, sharding="fsdp", activation_checkpointing=True), 2048, H200, CAL)
+    assert two.breakdown["weights"] == pytest.approx(one.breakdown["weights"] / 2, rel=1e-6)
+    assert two.breakdown.get("fsdp_root_unsharded", 0) > 0 or two.peak_moment == "optimizer step"
+    assert two.peak_reserved_bytes / two.peak_allocated_bytes > one.peak_reserved_bytes / one.peak_allocated_bytes
+
+
+def test_ddp_adds_a_bucket_copy_of_the_gradients() -> None:
+    m = CAT.model("llama-3.2-1b")
+    est = train_memory(m, strat(gpu_count=2, sharding="ddp", micro_batch=1), 512, H200, CAL)
+    assert est.breakdown["ddp_buckets"] == est.breakdown["gradients"]
+    assert est.breakdown["nccl"] == CAL.nccl_bytes
+
+
+def test_quantized_inference_weights_shrink_with_scale_overhead() -> None:
+    m = CAT.model("llama-3-8b")
+    sizes = {w: infer_memory(m, strat(weights=w, batch=1), 128, 16, H200, CAL).breakdown["weights"]
+             for w in ("bf16", "int8", "int4")}
+    assert sizes["int8"] < sizes["bf16"] < 2.01 * sizes["int8"]
+    assert sizes["int4"] < sizes["int8"]
+
+
+def test_fits_compares_need_with_usable_and_totals_add_up() -> None:
+    m = CAT.model("llama-3-70b")
+    est = train_memory(m, strat(precision="bf16"), 2048, H200, CAL)
+    assert not est.fits and est.required_bytes > est.usable_bytes
+    assert est.usable_bytes == int(140.4 * GIB)
+    assert est.total_bytes == est.peak_reserved_bytes + CAL.cuda_context_bytes
+    assert est.peak_reserved_bytes >= est.peak_allocated_bytes
+    assert est.peak_allocated_bytes % (2 << 20) == 0
+
+
+def test_gpt2_activation_count_is_positive_and_grows_with_precision_bytes() -> None:
+    m = CAT.model("gpt2")
+    bf16 = layer_activation_bytes_per_token(m, "bf16", "full", 16)
+    fp32 = layer_activation_bytes_per_token(m, "fp32", "full", 16)
+    assert 0 < bf16 < fp32
