@@ -455,8 +455,10 @@ class SchedulerService:
                            by_market=by_market, jobs=lines, budget_usd=row.budget_usd,
                            remaining_usd=info.remaining_usd)
 
-    def metrics_snapshot(self) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
-        """({(team, state): jobs}, {(team, market): usd}) for the Prometheus endpoint."""
+    def metrics_snapshot(self, principal: Principal) -> tuple[dict[tuple[str, str], int],
+                                                               dict[tuple[str, str], float]]:
+        """({(team, state): jobs}, {(team, market): usd}) for the Prometheus endpoint (admin only)."""
+        self._require_admin(principal)
         with self.store.read() as session:
             names = {t.id: t.name for t in session.exec(select(Team)).all()}
             jobs = session.exec(select(Job.team_id, Job.state, func.count()).group_by(

@@ -1,0 +1,35 @@
+"""Request dependencies: the service and the caller (from the bearer token)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from catalog.loader import Catalog
+from scheduler.service import Principal, SchedulerService
+
+_bearer = HTTPBearer(auto_error=False, description="a team token, or the admin token for /v1/teams")
+
+
+def get_service(request: Request) -> SchedulerService:
+    service: SchedulerService = request.app.state.service
+    return service
+
+
+def get_catalog(request: Request) -> Catalog:
+    catalog: Catalog = request.app.state.catalog
+    return catalog
+
+
+def get_principal(
+    service: Annotated[SchedulerService, Depends(get_service)],
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    return service.authenticate(creds.credentials if creds else None)
+
+
+ServiceDep = Annotated[SchedulerService, Depends(get_service)]
+CatalogDep = Annotated[Catalog, Depends(get_catalog)]
+PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -1,0 +1,77 @@
+"""The one error format: ``{"error": {"code", "message", "path"?}}`` for every failure."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from catalog.errors import GpuplanError
+
+log = logging.getLogger("gpuplan.api")
+
+_HTTP_CODES = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+               406: "not_acceptable", 413: "too_large", 415: "unsupported_media_type"}
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    path: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in ((401, "missing, wrong or revoked token"), (403, "token may not do this"),
+                         (404, "not found (or another team's)"), (409, "conflict"), (402, "budget or quota"),
+                         (422, "invalid input"))
+}
+
+
+def _error(status: int, code: str, message: str, path: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"code": code, "message": message}
+    if path:
+        body["path"] = path
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or ".".join(str(p) for p in loc)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(GpuplanError)
+    async def _gpuplan(_req: Request, exc: GpuplanError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        body = exc.to_dict()
+        return _error(exc.status_code, str(body["code"]), str(body["message"]),
+                      str(body["path"]) if body.get("path") else None, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        path = _loc(tuple(first.get("loc", ())))
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        return _error(422, "invalid_input", f"{path}: {first.get('msg', 'invalid')}{more}", path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _error(500, "internal", f"internal error ({type(exc).__name__}); see the server log")

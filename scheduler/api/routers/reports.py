@@ -1,0 +1,46 @@
+"""/v1/reports/spend, /healthz and /metrics."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import PlainTextResponse
+
+from catalog.errors import InvalidInput
+from planner.spec import parse_hours
+from scheduler.api.deps import PrincipalDep, ServiceDep
+from scheduler.metrics import render_prometheus
+from scheduler.models import SpendReport
+
+router = APIRouter(tags=["reports"])
+
+
+@router.get("/v1/reports/spend", response_model=SpendReport)
+def spend(principal: PrincipalDep, service: ServiceDep,
+          since: Annotated[str, Query(max_length=32, description="window, e.g. 30d, 12h")] = "30d",
+          team: Annotated[str | None, Query(max_length=64, description="admin only: any team")] = None,
+          ) -> SpendReport:
+    try:
+        hours = parse_hours(since)
+        window = timedelta(hours=hours)
+        start = service.clock() - window
+    except (ValueError, OverflowError) as exc:
+        raise InvalidInput(str(exc) if isinstance(exc, ValueError) else "window too large",
+                           path="since", hint="write e.g. 30d, 12h or 90m") from None
+    return service.spend_report(principal, since=start, team=team)
+
+
+@router.get("/healthz")
+def healthz(service: ServiceDep) -> dict[str, str]:
+    with service.store.read() as session:
+        session.connection().exec_driver_sql("SELECT 1")
+    return {"status": "ok", "database": service.store.dialect}
+
+
+@router.get("/metrics", response_class=PlainTextResponse)
+def metrics(principal: PrincipalDep, service: ServiceDep) -> str:
+    """Prometheus text format: jobs by team and state, spend by team and market (admin token:
+    it spans every team)."""
+    return render_prometheus(*service.metrics_snapshot(principal))
