@@ -1,0 +1,284 @@
+"""The scheduling loop: claim queued jobs, run them on the Executor, follow, requeue, charge.
+
+One ``tick()``:
+
+1. follow every open attempt (``executor.status``): a finished one is closed and charged in the
+   same transaction as the job's transition; PREEMPTED requeues the job at once (it resumes from
+   its checkpoint: ``run_name`` is the job id), FAILED requeues with exponential backoff until the
+   job's ``max_attempts`` failures, a cancelled job's live attempt is stopped;
+2. dispatch due queued jobs, highest priority first, claimed with ``FOR UPDATE SKIP LOCKED`` on
+   PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` makes the claim a single writer).
+
+Dispatch is two-phase so a crash can never hide a running attempt: the Attempt row (no handle
+yet) and the job's move to RUNNING commit first, then ``executor.submit``, then the handle is
+recorded. :meth:`Scheduler.reconcile` (run at start) closes attempts the executor does not know
+as ``lost`` and requeues their jobs, and cancels executor runs no open attempt owns, so a job
+never has two attempts at once. A lost attempt is charged up to the reconcile time: the upper
+bound of what it can have cost, so spend is never under-counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from catalog.errors import GpuplanError
+from planner.spec import spec_from_dict
+from planner.types import Candidate, Strategy
+from scheduler import ledger
+from scheduler.models import Attempt, Job
+from scheduler.service import Clock, utcnow
+from scheduler.states import JobState
+from scheduler.store import Store, transition
+from workers.executor import Executor, RunRequest, RunState, RunStatus
+
+log = logging.getLogger("gpuplan.loop")
+
+MarketChooser = Callable[[Job, datetime], tuple[str, float]]
+
+
+@dataclass
+class TickReport:
+    dispatched: list[str] = field(default_factory=list)
+    finished: dict[str, str] = field(default_factory=dict)  # job id -> attempt outcome
+    requeued: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    orphans_cancelled: list[str] = field(default_factory=list)
+
+
+def plan_market(job: Job, now: datetime) -> tuple[str, float]:
+    """(market, $/h at launch) for the next attempt.
+
+    When the spec allows both markets and the planned offer has both prices, the spot policy
+    decides (scheduler.policy, pure); otherwise the plan's own market and price stand.
+    """
+    chosen = Candidate.model_validate(job.plan["chosen"])
+    offer = chosen.offer
+    spot_mode = (job.spec.get("resources") or {}).get("spot", "auto")
+    if spot_mode != "auto" or offer.spot_usd_per_h is None or offer.on_demand_usd_per_h is None:
+        return chosen.cost.market, chosen.cost.usd_per_h
+    from scheduler.policy import JobProgress, decide
+
+    deadline = spec_from_dict(job.spec).resources.deadline
+    elapsed_h = (now - job.created_at).total_seconds() / 3600.0
+    decision = decide("gpuplan", JobProgress(
+        work_done_h=0.0, work_total_h=max(chosen.estimate.hours, 1e-6), now_h=elapsed_h,
+        deadline_h=deadline, restart_h=0.2, current="none", start_h=0.0,
+    ), spot_available=True)
+    market = "on-demand" if decision.value == "on-demand" else "spot"
+    if market == chosen.cost.market:
+        return market, chosen.cost.usd_per_h
+    per_instance = offer.on_demand_usd_per_h if market == "on-demand" else offer.spot_usd_per_h
+    return market, per_instance * max(chosen.nodes, 1)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: Store,
+        executor: Executor,
+        *,
+        clock: Clock = utcnow,
+        choose_market: MarketChooser = plan_market,
+        poll_s: float = 1.0,
+        batch: int = 16,
+        max_running: int | None = None,
+        backoff_base_s: float = 30.0,
+        backoff_max_s: float = 3600.0,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.clock = clock
+        self.choose_market = choose_market
+        self.poll_s = poll_s
+        self.batch = batch
+        self.max_running = max_running
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+
+    # -------------------------------------------------------------- main entry points
+
+    def run_forever(self, stop: threading.Event) -> None:
+        self.reconcile()
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad tick (DB hiccup) must not stop the server's loop
+                log.exception("scheduler tick failed; retrying in %.1fs", self.poll_s)
+            stop.wait(self.poll_s)
+
+    def tick(self) -> TickReport:
+        report = TickReport()
+        self._follow(report)
+        self._dispatch(report)
+        return report
+
+    def reconcile(self) -> TickReport:
+        """Make the DB and the executor agree after a (re)start."""
+        report = TickReport()
+        active = set(self.executor.active())
+        with self.store.read() as session:
+            open_attempts = list(session.exec(select(Attempt).where(col(Attempt.ended_at).is_(None))).all())
+        owned = {a.handle for a in open_attempts if a.handle}
+        for attempt in open_attempts:
+            if attempt.handle is None or (attempt.handle not in active and self._status(attempt.handle) is None):
+                self._lose(attempt, "the executor does not know this attempt (scheduler restarted)", report)
+        for handle in sorted(active - owned):
+            log.warning("cancelling executor run %s: no open attempt owns it", handle)
+            self.executor.cancel(handle)
+            report.orphans_cancelled.append(handle)
+        return report
+
+    # -------------------------------------------------------------- follow
+
+    def _status(self, handle: str) -> RunStatus | None:
+        try:
+            return self.executor.status(handle)
+        except (GpuplanError, KeyError):
+            return None
+
+    def _follow(self, report: TickReport) -> None:
+        with self.store.read() as session:
+            rows = session.exec(
+                select(Attempt, Job).join(Job, col(Job.id) == col(Attempt.job_id)).where(
+                    col(Attempt.ended_at).is_(None), col(Attempt.handle).is_not(None))
+            ).all()
+        for attempt, job in rows:
+            assert attempt.handle is not None
+            if job.state == JobState.CANCELLED.value:
+                self.executor.cancel(attempt.handle)
+                self._finish(attempt.id, "cancelled", "job cancelled", report)
+                continue
+            status = self._status(attempt.handle)
+            if status is None:
+                self._lose(attempt, "the executor no longer knows this attempt", report)
+            elif status.state.finished:
+                self._finish(attempt.id, status.state.value, status.message, report)
+
+    def _finish(self, attempt_id: int | None, outcome: str, message: str, report: TickReport) -> None:
+        now = self.clock()
+        with self.store.write() as session:
+            attempt = session.get(Attempt, attempt_id)
+            if attempt is None or attempt.ended_at is not None:
+                return  # closed already (another tick, or a crash replay): never charge twice
+            job = session.get(Job, attempt.job_id)
+            assert job is not None
+            ledger.close_attempt(session, attempt, job, now, outcome, message)
+            report.finished[job.id] = outcome
+            state = JobState(job.state)
+            if state.terminal:
+                return
+            note = f"attempt {attempt.number} {outcome}" + (f": {message}" if message else "")
+            job.message = note[:2000]
+            if outcome == RunState.SUCCEEDED.value:
+                transition(session, job, JobState.SUCCEEDED, now, note)
+            elif outcome == RunState.PREEMPTED.value:
+                transition(session, job, JobState.PREEMPTED, now, note)
+                transition(session, job, JobState.QUEUED, now, "requeued to resume from " + job.checkpoint_uri)
+                job.next_run_at = now
+                report.requeued.append(job.id)
+            elif outcome == RunState.CANCELLED.value:
+                transition(session, job, JobState.CANCELLED, now, note + " (stopped by the executor)")
+            else:
+                self._retry_or_fail(session, job, now, note, report)
+
+    def _retry_or_fail(self, session: Session, job: Job, now: datetime, note: str, report: TickReport) -> None:
+        failures = session.exec(select(func.count()).select_from(Attempt).where(
+            Attempt.job_id == job.id, Attempt.outcome == RunState.FAILED.value)).one()
+        if failures >= job.max_attempts:
+            transition(session, job, JobState.FAILED, now, f"{note}; gave up after {failures} failed attempts")
+            return
+        delay = min(self.backoff_base_s * 2 ** (failures - 1), self.backoff_max_s)
+        transition(session, job, JobState.QUEUED, now,
+                   f"{note}; retry {failures + 1}/{job.max_attempts} in {delay:.0f}s")
+        job.next_run_at = now + timedelta(seconds=delay)
+        report.requeued.append(job.id)
+
+    def _lose(self, attempt: Attempt, why: str, report: TickReport) -> None:
+        now = self.clock()
+        with self.store.write() as session:
+            fresh = session.get(Attempt, attempt.id)
+            if fresh is None or fresh.ended_at is not None:
+                return
+            job = session.get(Job, fresh.job_id)
+            assert job is not None
+            ledger.close_attempt(session, fresh, job, now, "lost", why + "; charged up to now (upper bound)")
+            report.lost.append(job.id)
+            if job.state == JobState.RUNNING.value:
+                transition(session, job, JobState.QUEUED, now,
+                           f"attempt {fresh.number} lost: {why}; requeued to resume from {job.checkpoint_uri}")
+                job.next_run_at = now
+                report.requeued.append(job.id)
+
+    # -------------------------------------------------------------- dispatch
+
+    def _dispatch(self, report: TickReport) -> None:
+        now = self.clock()
+        with self.store.write() as session:
+            limit = self.batch
+            if self.max_running is not None:
+                running = session.exec(select(func.count()).select_from(Attempt).where(
+                    col(Attempt.ended_at).is_(None))).one()
+                limit = min(limit, self.max_running - running)
+            if limit <= 0:
+                return
+            claimed: list[tuple[Job, Attempt]] = []
+            for job in self.store.claim_due(session, now, limit):
+                open_attempt = session.exec(select(Attempt).where(
+                    Attempt.job_id == job.id, col(Attempt.ended_at).is_(None))).first()
+                if open_attempt is not None:  # cannot happen while states hold; refuse a second attempt
+                    log.error("job %s is queued but attempt %s is open; not dispatching", job.id, open_attempt.number)
+                    continue
+                market, price = self.choose_market(job, now)
+                job.attempts += 1
+                attempt = Attempt(job_id=job.id, number=job.attempts, market=market, usd_per_h=price,
+                                  started_at=now, last_seen_at=now)
+                session.add(attempt)
+                job.market, job.usd_per_h, job.next_run_at = market, price, None
+                transition(session, job, JobState.RUNNING, now,
+                           f"attempt {attempt.number} on {market} at ${price:,.2f}/h")
+                claimed.append((job, attempt))
+            session.flush()
+        for job, attempt in claimed:
+            self._launch(job, attempt, report)
+
+    def _launch(self, job: Job, attempt: Attempt, report: TickReport) -> None:
+        try:
+            request = RunRequest(
+                job_id=job.id, attempt=attempt.number, spec=spec_from_dict(job.spec),
+                strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),
+                checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=attempt.market,
+            )
+            reason = self.executor.feasibility(request)
+            if reason is not None:
+                self._give_up(attempt, f"infeasible: {reason}", report)
+                return
+            handle = self.executor.submit(request)
+        except GpuplanError as exc:
+            log.warning("submit of %s attempt %d failed: %s", job.id, attempt.number, exc)
+            self._finish(attempt.id, RunState.FAILED.value, f"submit failed: {exc}", report)
+            return
+        with self.store.write() as session:
+            fresh = session.get(Attempt, attempt.id)
+            assert fresh is not None
+            fresh.handle = handle
+            session.add(fresh)
+        report.dispatched.append(job.id)
+
+    def _give_up(self, attempt: Attempt, why: str, report: TickReport) -> None:
+        now = self.clock()
+        with self.store.write() as session:
+            fresh = session.get(Attempt, attempt.id)
+            job = session.get(Job, attempt.job_id)
+            assert fresh is not None and job is not None
+            ledger.close_attempt(session, fresh, job, now, RunState.FAILED.value, why)
+            report.finished[job.id] = RunState.FAILED.value
+            if not JobState(job.state).terminal:
+                job.message = why[:2000]
+                transition(session, job, JobState.FAILED, now, why)

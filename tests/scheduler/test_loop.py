@@ -1,0 +1,168 @@
+"""The scheduling loop on real databases with a scripted executor and a clock the test moves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+from scheduler.loop import Scheduler
+from scheduler.models import Attempt, JobCreate, Spend, TeamCreate
+from scheduler.service import ADMIN, Principal, SchedulerService
+from scheduler.store import Store
+from tests.scheduler.conftest import spec_dict, toy_plan
+from tests.scheduler.fakes import FakeClock, ScriptedExecutor
+from workers.executor import RunState
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def svc(store: Store, tmp_path: Path, clock: FakeClock) -> SchedulerService:
+    return SchedulerService(store, toy_plan, clock=clock, checkpoint_root=str(tmp_path / "ckpt"))
+
+
+def team(svc: SchedulerService, budget: float | None = None) -> Principal:
+    svc.create_team(ADMIN, TeamCreate(name="ml", budget_usd=budget))
+    return svc.authenticate(svc.create_token(ADMIN, "ml").token)
+
+
+def spends(store: Store) -> list[Spend]:
+    with store.read() as session:
+        return list(session.exec(select(Spend).order_by(Spend.id)).all())  # type: ignore[arg-type]
+
+
+def test_runs_a_job_and_charges_price_at_launch_times_duration(svc: SchedulerService, store: Store,
+                                                                clock: FakeClock) -> None:
+    ml = team(svc)
+    job = svc.submit(ml, JobCreate(spec=spec_dict(spot="always")))
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock)
+    assert loop.tick().dispatched == [job.id]
+    handle = ex.handle_of(job.id)
+    request = ex.requests[handle]
+    assert request.run_name == job.id and request.checkpoint_uri == job.checkpoint_uri and request.market == "spot"
+    assert svc.status(ml, job.id).state == "running"
+    clock.advance(hours=1.5)
+    ex.finish(handle, RunState.SUCCEEDED)
+    loop.tick()
+    assert svc.status(ml, job.id).state == "succeeded"
+    [row] = spends(store)
+    assert (row.market, row.usd_per_h, row.hours, row.usd) == ("spot", 10.0, 1.5, 15.0)
+    loop.tick()  # nothing left to do, nothing charged twice
+    assert len(spends(store)) == 1
+    report = svc.spend_report(ml, since=job.created_at)
+    assert report.total_usd == 15.0 and report.jobs[0].job_id == job.id
+
+
+def test_preempted_attempt_is_requeued_and_resumes_with_the_same_run_name(svc: SchedulerService, store: Store,
+                                                                          clock: FakeClock) -> None:
+    ml = team(svc)
+    job = svc.submit(ml, JobCreate(spec=spec_dict()))
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock)
+    loop.tick()
+    first = ex.handle_of(job.id)
+    clock.advance(minutes=30)
+    ex.finish(first, RunState.PREEMPTED)
+    report = loop.tick()  # follow requeues, dispatch starts attempt 2 in the same tick
+    assert report.requeued == [job.id] and report.dispatched == [job.id]
+    second = ex.handle_of(job.id)
+    assert second != first and ex.requests[second].run_name == job.id and ex.requests[second].attempt == 2
+    assert ex.requests[second].checkpoint_uri == ex.requests[first].checkpoint_uri
+    clock.advance(minutes=30)
+    ex.finish(second, RunState.SUCCEEDED)
+    loop.tick()
+    detail = svc.status(ml, job.id)
+    assert detail.state == "succeeded" and [a.outcome for a in detail.attempt_list] == ["preempted", "succeeded"]
+    assert [s.hours for s in spends(store)] == [0.5, 0.5]
+    states = [e.to_state for e in detail.events]
+    assert states == ["pending", "planned", "queued", "running", "preempted", "queued", "running", "succeeded"]
+
+
+def test_failures_retry_with_exponential_backoff_then_fail(svc: SchedulerService, store: Store,
+                                                           clock: FakeClock) -> None:
+    ml = team(svc)
+    job = svc.submit(ml, JobCreate(spec=spec_dict()))
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock, backoff_base_s=60)
+    loop.tick()
+    for delay_s in (60, 120):
+        ex.finish(ex.handle_of(job.id), RunState.FAILED)
+        report = loop.tick()
+        assert report.requeued == [job.id] and report.dispatched == []  # waits out the backoff
+        clock.advance(seconds=delay_s - 1)
+        assert loop.tick().dispatched == []
+        clock.advance(seconds=1)
+        assert loop.tick().dispatched == [job.id]
+    ex.finish(ex.handle_of(job.id), RunState.FAILED)
+    loop.tick()
+    detail = svc.status(ml, job.id)
+    assert detail.state == "failed" and "gave up after 3 failed attempts" in detail.events[-1].reason
+    assert len(detail.attempt_list) == 3 and len(spends(store)) == 3
+
+
+def test_cancel_stops_the_live_attempt_and_charges_it(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ml = team(svc)
+    job = svc.submit(ml, JobCreate(spec=spec_dict()))
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock)
+    loop.tick()
+    clock.advance(minutes=6)
+    svc.cancel(ml, job.id, "wrong data")
+    loop.tick()
+    assert ex.cancelled == [ex.handle_of(job.id)]
+    [row] = spends(store)
+    assert row.hours == pytest.approx(0.1)
+    assert svc.status(ml, job.id).state == "cancelled"
+
+
+def test_restart_reconciles_lost_attempts_and_orphans(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ml = team(svc)
+    a = svc.submit(ml, JobCreate(spec=spec_dict(name="a")))
+    b = svc.submit(ml, JobCreate(spec=spec_dict(name="b")))
+    dead = ScriptedExecutor()
+    Scheduler(store, dead, clock=clock).tick()
+    clock.advance(minutes=12)
+    # The process died: a fresh executor knows nothing of a or b, but runs an orphan nobody owns.
+    fresh = ScriptedExecutor()
+    orphan = fresh.submit(dead.requests[dead.handle_of(a.id)])
+    loop = Scheduler(store, fresh, clock=clock)
+    report = loop.reconcile()
+    assert sorted(report.lost) == sorted([a.id, b.id]) and report.orphans_cancelled == [orphan]
+    assert sorted(loop.tick().dispatched) == sorted([a.id, b.id])
+    for job in (a, b):
+        fresh.finish(fresh.handle_of(job.id), RunState.SUCCEEDED)
+    loop.tick()
+    with store.read() as session:
+        attempts = session.exec(select(Attempt).order_by(Attempt.job_id, Attempt.number)).all()  # type: ignore[arg-type]
+    assert [(x.number, x.outcome) for x in attempts] == [(1, "lost"), (2, "succeeded")] * 2
+    rows = spends(store)
+    assert len(rows) == 4 and len({r.attempt_id for r in rows}) == 4
+    by_attempt = {x.id: x.outcome for x in attempts}
+    # lost attempts are charged up to the restart (12 min), the new ones for their own (zero) time
+    assert sorted((by_attempt[r.attempt_id], r.hours) for r in rows) == [("lost", 0.2)] * 2 + [("succeeded", 0.0)] * 2
+
+
+def test_infeasible_job_fails_with_the_reason(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ml = team(svc)
+    job = svc.submit(ml, JobCreate(spec=spec_dict()))
+    Scheduler(store, ScriptedExecutor(infeasible="needs 1 H100, cluster has none"), clock=clock).tick()
+    detail = svc.status(ml, job.id)
+    assert detail.state == "failed" and "needs 1 H100" in detail.message
+
+
+def test_priority_and_max_running(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ml = team(svc)
+    low = svc.submit(ml, JobCreate(spec=spec_dict(name="low"), priority=0))
+    high = svc.submit(ml, JobCreate(spec=spec_dict(name="high"), priority=5))
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock, max_running=1)
+    assert loop.tick().dispatched == [high.id]
+    assert loop.tick().dispatched == []
+    ex.finish(ex.handle_of(high.id), RunState.SUCCEEDED)
+    assert loop.tick().dispatched == [low.id]
