@@ -1,0 +1,94 @@
+"""InProcessExecutor: real training in threads; same states and messages as the Ray executor."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from catalog.errors import Infeasible
+from planner.types import Strategy
+from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
+from workers.executor import Executor, RunRequest, RunState
+from workers.inprocess import InProcessExecutor
+
+
+def _request(spec_path: Path, ckpt: Path, *, attempt: int = 1, strategy: Strategy | None = None,
+             **spec_args: object) -> RunRequest:
+    spec = tiny_spec(spec_path, **spec_args)  # type: ignore[arg-type]
+    return RunRequest(job_id="job-1", attempt=attempt, spec=spec, strategy=strategy or cpu_strategy(),
+                      checkpoint_uri=str(ckpt), run_name="job-1")
+
+
+def test_runs_a_job_to_success_with_metrics_and_logs(tmp_path: Path) -> None:
+    executor = InProcessExecutor()
+    assert isinstance(executor, Executor)
+    request = _request(write_config(tmp_path / "m"), tmp_path / "ck", steps=8, interval=4)
+    handle = executor.submit(request)
+    status = executor.wait(handle, timeout=120)
+    assert status.state is RunState.SUCCEEDED, status.message
+    assert status.progress.step == 8 and status.progress.total_steps == 8
+    assert status.progress.checkpoints == 2
+    assert status.progress.loss is not None and status.metrics["final_loss"] == pytest.approx(status.progress.loss)
+    assert status.metrics["steps"] == 8 and status.metrics["resumes"] == 0
+    assert status.metrics["measured_tokens_per_s"] > 0 and status.metrics["measured_peak_rss_bytes"] > 0
+    assert executor.active() == []
+    lines = executor.logs(handle)
+    assert any("checkpoint saved" in line for line in lines)
+    assert executor.logs(handle, since=len(lines)) == []
+    step, _ = final_state(str(tmp_path / "ck"))
+    assert step == 8
+
+
+def test_preempt_then_resubmit_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "m")
+    executor = InProcessExecutor(log_every_s=0.0)
+    reference = executor.wait(executor.submit(_request(config, tmp_path / "ref", steps=30, interval=10)), 120)
+    assert reference.state is RunState.SUCCEEDED
+
+    first = executor.submit(_request(config, tmp_path / "ck", steps=30, interval=10))
+    while executor.status(first).progress.step < 3 and not executor.status(first).state.finished:
+        time.sleep(0.01)
+    executor.preempt(first)
+    preempted = executor.wait(first, 120)
+    assert preempted.state is RunState.PREEMPTED
+    assert "just-in-time checkpoint" in preempted.message
+    jit_step, _ = final_state(str(tmp_path / "ck"))
+    assert jit_step == preempted.progress.step  # the notice cost no step: the checkpoint is where it stopped
+
+    second = executor.wait(executor.submit(_request(config, tmp_path / "ck", attempt=2, steps=30, interval=10)), 120)
+    assert second.state is RunState.SUCCEEDED, second.message
+    assert second.progress.resumed_from_step == jit_step and second.metrics["resumes"] == 1
+    assert_same_weights(final_state(str(tmp_path / "ref"))[1], final_state(str(tmp_path / "ck"))[1])
+
+
+def test_cancel_stops_the_run(tmp_path: Path) -> None:
+    executor = InProcessExecutor()
+    handle = executor.submit(_request(write_config(tmp_path / "m"), tmp_path / "ck", steps=100_000, interval=1000))
+    while executor.status(handle).state is RunState.PENDING:
+        time.sleep(0.01)
+    executor.cancel(handle)
+    status = executor.wait(handle, 120)
+    assert status.state is RunState.CANCELLED
+    assert status.progress.step < 100_000
+
+
+def test_a_job_no_node_can_run_fails_fast_with_the_reason(tmp_path: Path) -> None:
+    executor = InProcessExecutor(resources={"CPU": 2, "GPU": 2, "accelerator_type:H100": 2})
+    strategy = Strategy(gpu="H100-SXM", gpu_count=8, precision="bf16")
+    request = _request(write_config(tmp_path / "m"), tmp_path / "ck", strategy=strategy)
+    reason = executor.feasibility(request)
+    assert reason == "needs 8 x accelerator_type:H100 per node; the biggest node has 2"
+    with pytest.raises(Infeasible, match="the biggest node has 2"):
+        executor.submit(request)
+    assert executor.active() == []
+
+
+def test_missing_data_file_fails_the_job_with_the_path(tmp_path: Path) -> None:
+    executor = InProcessExecutor()
+    missing = tmp_path / "nope.npy"
+    status = executor.wait(executor.submit(
+        _request(write_config(tmp_path / "m"), tmp_path / "ck", data=str(missing))), 120)
+    assert status.state is RunState.FAILED
+    assert str(missing) in status.message and "does not exist" in status.message

@@ -1,0 +1,98 @@
+"""Token batches for training: from a file of token ids or a seeded synthetic stream.
+
+Every batch is a pure function of (source, seed, sample index), so the data position of a run is
+one integer — the number of sequences consumed — and a resumed run reads exactly the batches the
+uninterrupted run would have read, on any rank layout with the same world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from catalog.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class DataLayout:
+    """Which sequences a rank reads for one micro-batch of one optimizer step."""
+
+    micro_batch: int
+    grad_accum: int
+    world_size: int
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.micro_batch * self.grad_accum * self.world_size
+
+    def first_index(self, step: int, accum: int, rank: int) -> int:
+        # Interleave ranks within an accumulation slot so the global batch is contiguous.
+        return step * self.sequences_per_step + (accum * self.world_size + rank) * self.micro_batch
+
+
+class TokenSource:
+    """Sequences of ``seq_len`` token ids (the model shifts labels itself: ``model(ids, labels=ids)``)."""
+
+    def __init__(self, *, seq_len: int, vocab_size: int, seed: int, path: str | None = None) -> None:
+        self.seq_len = seq_len
+        self.vocab_size = vocab_size
+        self.seed = seed
+        self.path = path
+        self._tokens: np.ndarray | None = None
+        if path is not None:
+            self._tokens = _open_tokens(Path(path), vocab_size, seq_len)
+
+    @property
+    def description(self) -> str:
+        if self._tokens is None:
+            return f"synthetic tokens (seed {self.seed}, vocab {self.vocab_size})"
+        return f"{self.path} ({len(self._tokens):,} tokens)"
+
+    def sequence(self, index: int) -> np.ndarray:
+        if self._tokens is None:
+            rng = np.random.default_rng([self.seed, index])
+            return rng.integers(0, self.vocab_size, size=self.seq_len, dtype=np.int64)
+        window = self.seq_len
+        count = len(self._tokens) // window
+        start = (index % count) * window  # epochs wrap around
+        return np.asarray(self._tokens[start : start + window], dtype=np.int64)
+
+    def batch(self, first_index: int, rows: int) -> torch.Tensor:
+        """``rows`` consecutive sequences from ``first_index``: a (rows, seq_len) int64 tensor."""
+        return torch.from_numpy(np.stack([self.sequence(first_index + i) for i in range(rows)]))
+
+
+def _open_tokens(path: Path, vocab_size: int, seq_len: int) -> np.ndarray:
+    if not path.is_file():
+        raise InvalidInput(f"data file {str(path)!r} does not exist", path="train.data",
+                           hint="give a .npy or .bin file of token ids, or omit train.data for synthetic tokens")
+    if path.suffix == ".npy":
+        try:
+            tokens = np.load(path, mmap_mode="r")
+        except ValueError as exc:
+            raise InvalidInput(f"{path} is not a valid .npy file: {exc}", path="train.data") from None
+        if tokens.ndim != 1:
+            tokens = tokens.reshape(-1)
+        if not np.issubdtype(tokens.dtype, np.integer):
+            raise InvalidInput(f"{path} holds {tokens.dtype} values; token ids must be integers", path="train.data")
+    elif path.suffix == ".bin":
+        # nanoGPT convention: raw little-endian uint16 when the vocabulary fits, else uint32.
+        dtype = np.uint16 if vocab_size <= 65536 else np.uint32
+        tokens = np.memmap(path, dtype=dtype, mode="r")
+    else:
+        raise InvalidInput(f"{path} is neither .npy nor .bin", path="train.data",
+                           hint="save token ids with numpy.save (.npy) or as raw uint16/uint32 (.bin)")
+    if len(tokens) < seq_len:
+        raise InvalidInput(f"{path} has {len(tokens)} tokens, fewer than one sequence of {seq_len}",
+                           path="train.data", hint="use a bigger file or a smaller train.seq_len")
+    # Check a prefix: scanning a multi-GB memmap at start-up would cost more than it saves.
+    head = np.asarray(tokens[: min(len(tokens), 1 << 20)])
+    top = int(head.max())
+    if top >= vocab_size or int(head.min()) < 0:
+        raise InvalidInput(f"{path} holds token id {top}, outside the model's vocabulary of {vocab_size}",
+                           path="train.data", hint="tokenize with the model's tokenizer")
+    result: np.ndarray = tokens
+    return result

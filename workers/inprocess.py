@@ -1,0 +1,162 @@
+"""InProcessExecutor: runs attempts in threads of this process, with the same semantics as Ray.
+
+Used by the scheduler's tests and by ``gpuplan run --no-ray``. It runs the real training loop;
+``preempt(handle)`` plays a spot notice (a just-in-time checkpoint, then PREEMPTED) so tests can
+drive the resume path without a cluster. A resubmission with the same ``checkpoint_uri`` resumes.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from catalog.errors import GpuplanError, Infeasible
+from workers.executor import RunRequest, RunState, RunStatus
+from workers.placement import infeasibility
+from workers.progress import ProgressTracker, result_metrics
+from workers.train import StopReason, TrainHooks, TrainJob, run_training
+
+Predictor = Callable[[RunRequest], dict[str, float]]
+
+
+@dataclass
+class _Attempt:
+    request: RunRequest
+    tracker: ProgressTracker = field(default_factory=ProgressTracker)
+    state: RunState = RunState.PENDING
+    message: str = ""
+    stop: StopReason | None = None
+    thread: threading.Thread | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _Hooks(TrainHooks):
+    def __init__(self, attempt: _Attempt) -> None:
+        self.attempt = attempt
+
+    def on_log(self, line: str) -> None:
+        self.attempt.tracker.log(line)
+
+    def on_progress(self, progress: dict[str, Any]) -> None:
+        self.attempt.tracker.event(progress)
+
+    def should_stop(self) -> StopReason | None:
+        return self.attempt.stop
+
+
+class InProcessExecutor:
+    """Executor that trains in a background thread per attempt.
+
+    ``resources`` is the one node this process offers, in Ray's resource names (default: one CPU
+    worker slot per core). Jobs that need more fail fast in ``submit`` as with RayExecutor.
+    """
+
+    def __init__(self, *, resources: Mapping[str, float] | None = None, device: str = "cpu",
+                 cpu_threads: int | None = 1, predict: Predictor | None = None, log_every_s: float = 1.0) -> None:
+        import os
+
+        self._resources = dict(resources) if resources is not None else {"CPU": float(os.cpu_count() or 1)}
+        self._device = device
+        self._cpu_threads = cpu_threads
+        self._predict = predict
+        self._log_every_s = log_every_s
+        self._attempts: dict[str, _Attempt] = {}
+        self._lock = threading.Lock()
+
+    def feasibility(self, request: RunRequest) -> str | None:
+        if request.spec.task != "train":
+            return f"the in-process executor runs training jobs only, not {request.spec.task!r}"
+        return infeasibility(request.strategy, [self._resources])
+
+    def submit(self, request: RunRequest) -> str:
+        reason = self.feasibility(request)
+        if reason is not None:
+            raise Infeasible(f"job {request.job_id} can never run here: {reason}",
+                             hint="plan it for the resources this machine has")
+        handle = f"{request.job_id}.{request.attempt}.{uuid.uuid4().hex[:8]}"
+        attempt = _Attempt(request=request)
+        thread = threading.Thread(target=self._run, args=(attempt,), name=f"gpuplan-{handle}", daemon=True)
+        attempt.thread = thread
+        with self._lock:
+            self._attempts[handle] = attempt
+        thread.start()
+        return handle
+
+    def _run(self, attempt: _Attempt) -> None:
+        request = attempt.request
+        try:
+            if attempt.stop == "cancel":
+                attempt.state = RunState.CANCELLED
+                attempt.message = "cancelled before it started"
+                return
+            attempt.state = RunState.RUNNING
+            predicted = self._predict(request) if self._predict is not None else {}
+            job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
+                           checkpoint_uri=request.checkpoint_uri, device=self._device,
+                           cpu_threads=self._cpu_threads, log_every_s=self._log_every_s, predicted=predicted)
+            result = run_training(job, _Hooks(attempt))
+            if result.status == "preempted":
+                attempt.state = RunState.PREEMPTED
+                attempt.message = (f"preempted at step {result.steps}; a just-in-time checkpoint was saved, "
+                                   "resubmit to resume")
+            elif result.status == "cancelled":
+                attempt.state = RunState.CANCELLED
+                attempt.message = f"cancelled at step {result.steps}"
+            else:
+                attempt.state = RunState.SUCCEEDED
+                attempt.message = f"finished {result.steps} steps, final loss {result.final_loss:.4f}" \
+                    if result.final_loss is not None else f"finished {result.steps} steps"
+        except GpuplanError as exc:
+            attempt.tracker.log(f"error: {exc}")
+            attempt.state = RunState.FAILED
+            attempt.message = str(exc)
+        except Exception as exc:  # a job must never vanish: every failure becomes FAILED with its reason
+            attempt.tracker.log(traceback.format_exc())
+            attempt.state = RunState.FAILED
+            attempt.message = f"{type(exc).__name__}: {exc}"
+        finally:
+            attempt.done.set()
+
+    def _get(self, handle: str) -> _Attempt:
+        from catalog.errors import NotFound
+
+        with self._lock:
+            attempt = self._attempts.get(handle)
+        if attempt is None:
+            raise NotFound(f"no attempt with handle {handle!r} in this executor")
+        return attempt
+
+    def status(self, handle: str) -> RunStatus:
+        attempt = self._get(handle)
+        state = attempt.state
+        tracker = attempt.tracker
+        metrics = result_metrics(tracker.result(), tracker.resumes) if state.finished else {}
+        return RunStatus(handle=handle, state=state, progress=tracker.progress(), message=attempt.message,
+                         metrics=metrics)
+
+    def logs(self, handle: str, since: int = 0) -> list[str]:
+        return self._get(handle).tracker.logs(since)
+
+    def cancel(self, handle: str) -> None:
+        attempt = self._get(handle)
+        if not attempt.state.finished:
+            attempt.stop = "cancel"
+
+    def preempt(self, handle: str) -> None:
+        """Play a spot notice: the loop saves a just-in-time checkpoint and the attempt ends PREEMPTED."""
+        attempt = self._get(handle)
+        if not attempt.state.finished:
+            attempt.stop = "preempt"
+
+    def active(self) -> list[str]:
+        with self._lock:
+            return [h for h, a in self._attempts.items() if not a.done.is_set()]
+
+    def wait(self, handle: str, timeout: float | None = None) -> RunStatus:
+        """Block until the attempt finishes (or ``timeout`` seconds pass); returns its status."""
+        self._get(handle).done.wait(timeout)
+        return self.status(handle)

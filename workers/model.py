@@ -1,0 +1,128 @@
+"""Build the Hugging Face model a job trains: shape from the catalog, then the plan's precision and LoRA.
+
+The model's shape comes from a catalog ``ModelConfig`` (a preset, or a ``config.json``); weights
+are either a seeded random init or a local directory written by ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from catalog.errors import InvalidInput
+from catalog.schema import ModelConfig
+from planner.spec import JobSpec, ModelRef
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# Keys a config.json may carry that describe the checkpoint, not the architecture.
+_NON_ARCH_KEYS = {"architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype"}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    config: ModelConfig
+    weights_dir: Path | None  # None: random init from the seed
+
+
+def resolve_model_source(spec: JobSpec) -> ModelSource:
+    """The model's shape (catalog preset or config.json) and where its weights are, if anywhere."""
+    from catalog.loader import load_catalog, resolve_model
+
+    ref: str | Path = Path(spec.model.config) if isinstance(spec.model, ModelRef) else spec.model
+    config = resolve_model(load_catalog(), ref)
+    weights_dir: Path | None = None
+    if isinstance(ref, Path) or (isinstance(ref, str) and Path(ref).expanduser().exists()):
+        folder = Path(ref).expanduser()
+        folder = folder if folder.is_dir() else folder.parent
+        if any((folder / name).is_file() for name in _WEIGHT_FILES):
+            weights_dir = folder
+    return ModelSource(config=config, weights_dir=weights_dir)
+
+
+def hf_config(config: ModelConfig) -> Any:
+    """The transformers ``PretrainedConfig`` for a catalog model (its HF keys, else its shape fields)."""
+    from transformers import AutoConfig
+
+    keys: dict[str, Any] = {k: v for k, v in config.hf_config.items() if k not in _NON_ARCH_KEYS}
+    keys.pop("model_type", None)
+    if not keys:
+        keys = {
+            "hidden_size": config.hidden_size,
+            "num_hidden_layers": config.num_layers,
+            "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": config.num_kv_heads,
+            "intermediate_size": config.intermediate_size,
+            "vocab_size": config.vocab_size,
+            "max_position_embeddings": config.max_position_embeddings,
+            "tie_word_embeddings": config.tie_word_embeddings,
+        }
+        if config.head_dim is not None:
+            keys["head_dim"] = config.head_dim
+        if config.num_experts > 1:
+            keys["num_local_experts"] = config.num_experts
+            keys["num_experts_per_tok"] = config.experts_per_token
+    keys["use_cache"] = False
+    try:
+        return AutoConfig.for_model(config.family, **keys)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidInput(f"cannot build a {config.family!r} model from {config.id!r}: {exc}", path="model",
+                           hint="use a transformers model_type such as llama, mistral, qwen2 or gpt2") from None
+
+
+def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype) -> torch.nn.Module:
+    """A causal LM with seeded random weights (or the local weights), in ``weights_dtype``, on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(source.config)
+    if source.weights_dir is not None:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source.weights_dir, config=config,
+                                                         dtype=weights_dtype, attn_implementation="sdpa")
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise InvalidInput(f"cannot load weights from {source.weights_dir}: {exc}", path="model",
+                               hint="the folder must hold save_pretrained output matching its config.json") from None
+    else:
+        torch.manual_seed(seed)
+        try:
+            model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                config, dtype=weights_dtype, attn_implementation="sdpa")
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise InvalidInput(f"cannot build model {source.config.id!r}: {exc}", path="model") from None
+    model.config.use_cache = False
+    result: torch.nn.Module = model
+    return result
+
+
+def apply_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    """Wrap with peft LoRA on every linear layer but the LM head; only the adapters train."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
+                        task_type="CAUSAL_LM")
+    wrapped: torch.nn.Module = get_peft_model(model, config)
+    return wrapped
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks (what FSDP shards and activation checkpointing wraps)."""
+    for module in model.modules():
+        for name in ("layers", "h", "blocks"):
+            child = getattr(module, name, None)
+            if isinstance(child, torch.nn.ModuleList) and len(child) > 0:
+                return list(child)
+    raise InvalidInput(f"cannot find the decoder layers of {type(model).__name__}", path="model")
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise InvalidInput(f"{type(model).__name__} does not support activation checkpointing",
+                           path="train.activation_checkpointing")
+    # Non-reentrant: works with frozen inputs (LoRA) and with FSDP2.
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    require_grads = getattr(model, "enable_input_require_grads", None)
+    if require_grads is not None:
+        require_grads()

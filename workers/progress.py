@@ -1,0 +1,129 @@
+"""Turns the training loop's progress events into a RunProgress, metrics and log lines.
+
+Both executors feed the same tracker (in a thread, or inside a small Ray actor), so a status
+means the same thing whichever one ran the job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from workers.executor import RunProgress
+
+_MAX_LOG_LINES = 20_000
+
+
+class ProgressTracker:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._progress = RunProgress()
+        self._logs: list[str] = []
+        self._dropped = 0
+        self._starts = 0
+        self._resumes = 0
+        self._result: dict[str, Any] | None = None
+        self._first_step_after_start: dict[int, float] = {}
+        self._started_at: list[float] = []
+
+    def event(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            kind = event.get("event")
+            p = self._progress
+            if kind == "started":
+                self._starts += 1
+                self._started_at.append(time.time())
+                p.total_steps = int(event.get("total_steps", p.total_steps))
+                p.step = int(event.get("step", p.step))
+                p.tokens = int(event.get("tokens", p.tokens))
+                if event.get("resumed_from_step") is not None:
+                    self._resumes += 1
+                    p.resumed_from_step = int(event["resumed_from_step"])
+            elif kind == "step":
+                p.step = int(event["step"])
+                p.total_steps = int(event.get("total_steps", p.total_steps))
+                p.tokens = int(event.get("tokens", p.tokens))
+                p.loss = event.get("loss")
+                p.tokens_per_s = event.get("tokens_per_s") or p.tokens_per_s
+                self._first_step_after_start.setdefault(self._starts, time.time())
+            elif kind == "checkpoint":
+                p.checkpoints += 1
+            elif kind == "finished":
+                self._result = dict(event)
+                p.step = int(event.get("steps", p.step))
+                p.tokens = int(event.get("tokens", p.tokens))
+                if event.get("final_loss") is not None:
+                    p.loss = float(event["final_loss"])
+                if event.get("steady_tokens_per_s") is not None:
+                    p.tokens_per_s = float(event["steady_tokens_per_s"])
+
+    def log(self, line: str) -> None:
+        with self._lock:
+            self._logs.append(line)
+            if len(self._logs) > _MAX_LOG_LINES:  # keep memory bounded on very long runs
+                cut = len(self._logs) - _MAX_LOG_LINES
+                del self._logs[:cut]
+                self._dropped += cut
+
+    def logs(self, since: int = 0) -> list[str]:
+        with self._lock:
+            start = max(0, since - self._dropped)
+            return list(self._logs[start:])
+
+    def progress(self) -> RunProgress:
+        with self._lock:
+            p = self._progress
+            return RunProgress(step=p.step, total_steps=p.total_steps, tokens=p.tokens, loss=p.loss,
+                               tokens_per_s=p.tokens_per_s, checkpoints=p.checkpoints,
+                               resumed_from_step=p.resumed_from_step)
+
+    @property
+    def resumes(self) -> int:
+        """Times the loop started from a checkpoint in this attempt (Ray Train restarts included)."""
+        with self._lock:
+            return self._resumes
+
+    @property
+    def restarts(self) -> int:
+        """Times the loop started again inside this attempt (each Ray Train recovery adds one)."""
+        with self._lock:
+            return max(0, self._starts - 1)
+
+    def result(self) -> dict[str, Any] | None:
+        with self._lock:
+            return None if self._result is None else dict(self._result)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything in one picklable value (what the Ray progress actor returns)."""
+        return {"progress": self.progress(), "resumes": self.resumes, "restarts": self.restarts,
+                "result": self.result()}
+
+
+def result_metrics(result: dict[str, Any] | None, resumes: int) -> dict[str, float]:
+    """Measured vs predicted numbers of a finished run, as RunStatus.metrics (floats only)."""
+    metrics: dict[str, float] = {"resumes": float(resumes)}
+    if result is None:
+        return metrics
+    measured = {
+        "steps": result.get("steps"),
+        "total_steps": result.get("total_steps"),
+        "tokens": result.get("tokens"),
+        "final_loss": result.get("final_loss"),
+        "checkpoints_written": result.get("checkpoints_written"),
+        "measured_tokens_per_s": result.get("steady_tokens_per_s"),
+        "measured_wall_tokens_per_s": result.get("tokens_per_s"),
+        "measured_peak_allocated_bytes": result.get("peak_allocated_bytes"),
+        "measured_peak_reserved_bytes": result.get("peak_reserved_bytes"),
+        "measured_peak_rss_bytes": result.get("peak_rss_bytes"),
+        "checkpoint_save_s": result.get("checkpoint_save_s"),
+        "wall_s": result.get("wall_s"),
+        "world_size": result.get("world_size"),
+    }
+    for key, value in measured.items():
+        if isinstance(value, int | float):
+            metrics[key] = float(value)
+    for key, value in (result.get("predicted") or {}).items():
+        if isinstance(value, int | float):
+            metrics[f"predicted_{key}"] = float(value)
+    return metrics

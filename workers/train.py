@@ -1,0 +1,424 @@
+"""The training loop: one function that runs bare (in-process, CPU or one GPU) and as a Ray Train
+``train_loop_per_worker`` (workers.ray_loop wraps it).
+
+It builds the model from the JobSpec, applies the Strategy (precision, DDP/FSDP2, activation
+checkpointing, micro-batch and gradient accumulation, LoRA), reads tokens by sample index, and
+checkpoints the full training state through the checkpoint store every
+``train.checkpoint_interval_steps`` steps. On start it resumes from the newest complete
+checkpoint, so a rerun after a crash or preemption continues exactly where the checkpoint left
+off: the final weights equal, bit for bit, those of an uninterrupted run (deterministic algorithms
+on CPU). Steps after the last checkpoint are simply repeated, which is safe because every batch
+is a pure function of its index.
+
+Nothing here imports Ray: the Ray glue passes hooks in.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from catalog.errors import GpuplanError, InvalidInput
+from planner.spec import JobSpec, TrainSpec
+from planner.types import Strategy
+from workers.data import DataLayout, TokenSource
+from workers.model import (
+    ModelSource,
+    apply_lora,
+    build_model,
+    decoder_layers,
+    enable_activation_checkpointing,
+    resolve_model_source,
+)
+from workers.train_state import load_state, save_state
+
+StopReason = Literal["cancel", "preempt"]
+# Seeding the global RNG and building a model must not interleave between two in-process runs.
+_BUILD_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Everything the loop needs; plain values so it travels to Ray workers unchanged."""
+
+    job_id: str
+    spec: JobSpec
+    strategy: Strategy
+    checkpoint_uri: str
+    device: str = "auto"  # auto | cpu | cuda
+    keep_checkpoints: int = 3
+    log_every_s: float = 2.0
+    cpu_threads: int | None = None  # torch threads on CPU; None leaves torch's default
+    predicted: dict[str, float] = field(default_factory=dict)  # planner's peak memory and tokens/s
+
+    @property
+    def train(self) -> TrainSpec:
+        if self.spec.train is None:
+            raise InvalidInput("this job has no 'train' section", path="train")
+        return self.spec.train
+
+
+@dataclass
+class TrainResult:
+    status: Literal["succeeded", "preempted", "cancelled"]
+    steps: int
+    total_steps: int
+    tokens: int
+    final_loss: float | None
+    checkpoints_written: int
+    resumed_from_step: int | None
+    tokens_per_s: float | None  # whole placement, wall time of this attempt incl. checkpoints
+    steady_tokens_per_s: float | None  # whole placement, training steps only, first step excluded
+    wall_s: float
+    checkpoint_save_s: float
+    peak_allocated_bytes: int | None  # torch.cuda.max_memory_allocated on the most loaded rank
+    peak_reserved_bytes: int | None
+    peak_rss_bytes: int | None  # CPU runs: the process's peak resident set
+    predicted: dict[str, float]
+    device: str
+    world_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TrainHooks:
+    """Callbacks from the loop. Defaults do nothing; executors override what they need.
+
+    ``preemption_notice`` is called by every rank exactly once per step (under Ray it is
+    ``ray.train.get_preemption_info()``, a barrier). ``should_stop`` is only consulted when
+    the loop runs as a single process.
+    """
+
+    def on_log(self, line: str) -> None:
+        pass
+
+    def on_progress(self, progress: dict[str, Any]) -> None:
+        pass
+
+    def should_stop(self) -> StopReason | None:
+        return None
+
+    def preemption_notice(self) -> float | None:
+        """None, or the deadline (unix seconds) by which this placement will be taken away."""
+        return None
+
+    def fault(self, step: int, where: str) -> None:
+        """Test hook: raise here to simulate the process dying at this point of the step."""
+
+    def checkpoint_file(self, relpath: str) -> None:
+        """Called after each file of a checkpoint save is written (tests kill a save here)."""
+
+
+def total_steps(train: TrainSpec, strategy: Strategy) -> int:
+    tokens_per_step = strategy.micro_batch * strategy.grad_accum * strategy.data_parallel * train.seq_len
+    return max(1, math.ceil(train.tokens / tokens_per_step))
+
+
+def checkpoint_interval(train: TrainSpec, steps: int) -> int:
+    """The spec's interval, else about ten checkpoints per run."""
+    return train.checkpoint_interval_steps or max(1, steps // 10)
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "cpu":
+        return torch.device("cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise InvalidInput("device 'cuda' was requested but no CUDA GPU is visible", hint="use --device cpu")
+    if torch.cuda.is_available() and requested in ("auto", "cuda"):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _check_supported(strategy: Strategy, device: torch.device) -> None:
+    if strategy.tensor_parallel > 1 or strategy.pipeline_parallel > 1:
+        raise InvalidInput("tensor and pipeline parallelism are planned but not run by the workers yet",
+                           path="train.tensor_parallel", hint="set tensor_parallel: 1 and pipeline_parallel: 1")
+    if strategy.precision == "fp8":
+        ok = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+        if not ok:
+            where = "the CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
+            raise InvalidInput(f"fp8 training needs an NVIDIA GPU with compute capability 8.9 or newer "
+                               f"(H100, H200, L40S, B200...); this run is on {where}", path="train.precision",
+                               hint="use precision fp32, amp-bf16 or bf16 here")
+    if strategy.finetune == "qlora" and device.type != "cuda":
+        raise InvalidInput("qlora needs a CUDA GPU (4-bit weights through bitsandbytes)", path="train.finetune",
+                           hint="use finetune: lora on CPU")
+    if strategy.optimizer == "adamw-8bit" and device.type != "cuda":
+        raise InvalidInput("adamw-8bit needs a CUDA GPU", path="train.optimizer", hint="use adamw on CPU")
+    if strategy.sharding in ("fsdp-grad-op", "zero1"):
+        raise InvalidInput(f"sharding {strategy.sharding!r} is not run by the workers yet", path="train.sharding",
+                           hint="use ddp or fsdp")
+
+
+def _weights_dtype(strategy: Strategy) -> torch.dtype:
+    return torch.bfloat16 if strategy.precision in ("bf16", "fp8") else torch.float32
+
+
+def _autocast_dtype(strategy: Strategy, sharded: bool) -> torch.dtype | None:
+    if strategy.precision == "amp-bf16" and not sharded:  # FSDP2 does it with MixedPrecisionPolicy
+        return torch.bfloat16
+    if strategy.precision == "amp-fp16":
+        return torch.float16
+    return None
+
+
+def _make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr)
+    if name == "adamw-8bit":
+        from torchao.optim import AdamW8bit
+
+        optimizer: torch.optim.Optimizer = AdamW8bit(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+        return optimizer
+    raise InvalidInput(f"unknown optimizer {name!r}", path="train.optimizer", hint="use adamw, sgd or adafactor")
+
+
+def _lr_lambda(steps: int) -> Callable[[int], float]:
+    warmup = max(1, min(100, steps // 10))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _prepare_model(job: TrainJob, source: ModelSource, device: torch.device,
+                   world: int) -> tuple[torch.nn.Module, bool]:
+    strategy = job.strategy
+    with _BUILD_LOCK:
+        model = build_model(source, seed=job.train.seed, weights_dtype=_weights_dtype(strategy))
+    if strategy.finetune in ("lora", "qlora"):
+        model = apply_lora(model, strategy.lora_rank)
+    if strategy.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    model.to(device)
+    if strategy.precision == "fp8":
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: "lm_head" not in fqn)
+    sharded = strategy.sharding == "fsdp" and world > 1
+    if sharded:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if strategy.precision == "amp-bf16" else MixedPrecisionPolicy()
+        for layer in decoder_layers(model):
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+    elif world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model, sharded
+
+
+def _set_grad_sync(model: torch.nn.Module, sharded: bool, enabled: bool) -> Any:
+    """Context for one micro-batch: skip the gradient all-reduce on all but the last."""
+    import contextlib
+
+    if sharded:
+        model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+        return contextlib.nullcontext()
+    no_sync = getattr(model, "no_sync", None)
+    if not enabled and no_sync is not None:
+        return no_sync()
+    return contextlib.nullcontext()
+
+
+def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
+    """Train ``job`` to its token count, resuming from the newest checkpoint in its store."""
+    from workers.checkpoint import open_store
+
+    hooks = hooks or TrainHooks()
+    started = time.perf_counter()
+    train, strategy = job.train, job.strategy
+    rank, world = _world()
+    device = pick_device(job.device)
+    _check_supported(strategy, device)
+    if device.type == "cpu" and job.cpu_threads:
+        # On a shared small box, OpenMP spin-waiting across busy cores costs 10x; callers pick the count.
+        torch.set_num_threads(job.cpu_threads)
+    if device.type == "cpu":
+        # Bit-exact resume needs reproducible kernels; on CUDA that would cost speed, so only CPU.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    source = resolve_model_source(job.spec)
+    data = TokenSource(seq_len=train.seq_len, vocab_size=source.config.vocab_size, seed=train.seed, path=train.data)
+    store = open_store(job.checkpoint_uri, keep=job.keep_checkpoints, on_file=hooks.checkpoint_file)
+    model, sharded = _prepare_model(job, source, device, world)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _make_optimizer(strategy.optimizer, params, train.learning_rate)
+    steps = total_steps(train, strategy)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(steps))
+    interval = checkpoint_interval(train, steps)
+    layout = DataLayout(micro_batch=strategy.micro_batch, grad_accum=strategy.grad_accum, world_size=world)
+    autocast_dtype = _autocast_dtype(strategy, sharded)
+    scaler = torch.amp.GradScaler(device.type) if strategy.precision == "amp-fp16" else None
+    meta = {"job_id": job.job_id, "model": source.config.id, "world_size": world}
+
+    loaded = load_state(store, model=model, optimizer=optimizer, scheduler=scheduler, sharded=sharded)
+    step, position, tokens, loss_value = 0, 0, 0, None
+    resumed_from = None
+    if loaded is not None:
+        step, position, tokens, loss_value = loaded.step, loaded.data_position, loaded.tokens, loaded.loss
+        resumed_from = loaded.step
+    log = hooks.on_log if rank == 0 else (lambda _line: None)
+    log(f"job {job.job_id}: {source.config.id} on {world} x {device.type}, {strategy.label()}, "
+        f"{steps} steps of {layout.sequences_per_step * train.seq_len} tokens, data: {data.description}"
+        + (f"; resumed from the checkpoint of step {resumed_from}" if resumed_from is not None else ""))
+    if rank == 0:
+        hooks.on_progress({"event": "started", "step": step, "total_steps": steps, "tokens": tokens,
+                           "resumed_from_step": resumed_from, "world_size": world})
+
+    model.train()
+    checkpoints = 0
+    last_saved = resumed_from
+    save_s = 0.0
+    steady_tokens, steady_s = 0, 0.0
+    attempt_tokens = 0
+    last_report = time.perf_counter()
+    status: Literal["succeeded", "preempted", "cancelled"] = "succeeded"
+    per_step_tokens = layout.sequences_per_step * train.seq_len
+
+    def checkpoint(at: int) -> None:
+        nonlocal checkpoints, save_s, last_saved
+        if last_saved == at:
+            return
+        began = time.perf_counter()
+        hooks.fault(at, "checkpoint")
+        save_state(store, step=at, data_position=position, tokens=tokens, loss=loss_value, model=model,
+                   optimizer=optimizer, scheduler=scheduler, sharded=sharded, extra_metadata=meta)
+        save_s += time.perf_counter() - began
+        checkpoints += 1
+        last_saved = at
+        log(f"step {at}: checkpoint saved to {job.checkpoint_uri} ({time.perf_counter() - began:.2f} s)")
+        if rank == 0:
+            hooks.on_progress({"event": "checkpoint", "step": at, "checkpoints": checkpoints})
+
+    while step < steps:
+        if world == 1:
+            stop = hooks.should_stop()
+            if stop == "preempt":
+                checkpoint(step)
+                status = "preempted"
+                log(f"step {step}: preempted; just-in-time checkpoint saved, resume continues from here")
+                break
+            if stop == "cancel":
+                status = "cancelled"
+                log(f"step {step}: cancelled")
+                break
+        step_began = time.perf_counter()
+        total_loss = torch.zeros((), device=device)
+        for accum in range(strategy.grad_accum):
+            first = position + (accum * world + rank) * strategy.micro_batch
+            batch = data.batch(first, strategy.micro_batch).to(device, non_blocking=True)
+            last = accum == strategy.grad_accum - 1
+            with _set_grad_sync(model, sharded, last or world == 1):
+                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                    enabled=autocast_dtype is not None):
+                    loss = model(input_ids=batch, labels=batch).loss / strategy.grad_accum
+                hooks.fault(step, "forward")
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            total_loss += loss.detach().float()
+        hooks.fault(step, "backward")
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        hooks.fault(step, "optimizer")
+        if world > 1:
+            dist.all_reduce(total_loss, op=dist.ReduceOp.SUM)
+            total_loss /= world
+        loss_value = float(total_loss.item())
+        if not math.isfinite(loss_value):
+            raise GpuplanError(f"the loss became {loss_value} at step {step + 1}",
+                               hint="lower train.learning_rate or use a wider precision (fp32 or amp-bf16)")
+        step += 1
+        position += layout.sequences_per_step
+        tokens += per_step_tokens
+        attempt_tokens += per_step_tokens
+        elapsed = time.perf_counter() - step_began
+        if step > (resumed_from or 0) + 1:  # the first step pays for allocation and warm-up
+            steady_tokens += per_step_tokens
+            steady_s += elapsed
+        now = time.perf_counter()
+        if rank == 0 and (now - last_report >= job.log_every_s or step == steps):
+            last_report = now
+            rate = steady_tokens / steady_s if steady_s > 0 else None
+            hooks.on_progress({"event": "step", "step": step, "total_steps": steps, "tokens": tokens,
+                               "loss": loss_value, "tokens_per_s": rate})
+            log(f"step {step}/{steps} loss {loss_value:.4f}" + (f" {rate:,.0f} tokens/s" if rate else ""))
+        if step % interval == 0 or step == steps:
+            checkpoint(step)
+        deadline = hooks.preemption_notice()
+        if deadline is not None and step < steps:
+            checkpoint(step)
+            log(f"step {step}: spot notice (node taken at {time.strftime('%H:%M:%S', time.gmtime(deadline))} UTC); "
+                "just-in-time checkpoint saved, waiting to be moved")
+            _wait_for_teardown(deadline)
+
+    wall = time.perf_counter() - started
+    peak_alloc = peak_reserved = peak_rss = None
+    if device.type == "cuda":
+        peak_alloc = torch.cuda.max_memory_allocated(device)
+        peak_reserved = torch.cuda.max_memory_reserved(device)
+        if world > 1:
+            peaks = torch.tensor([peak_alloc, peak_reserved], device=device)
+            dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+            peak_alloc, peak_reserved = int(peaks[0]), int(peaks[1])
+    else:
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    result = TrainResult(
+        status=status, steps=step, total_steps=steps, tokens=tokens, final_loss=loss_value,
+        checkpoints_written=checkpoints, resumed_from_step=resumed_from,
+        tokens_per_s=attempt_tokens / wall if attempt_tokens else None,
+        steady_tokens_per_s=steady_tokens / steady_s if steady_s > 0 else None,
+        wall_s=wall, checkpoint_save_s=save_s, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved,
+        peak_rss_bytes=peak_rss, predicted=dict(job.predicted), device=str(device.type), world_size=world,
+    )
+    if rank == 0:
+        hooks.on_progress({"event": "finished", **result.to_dict()})
+    return result
+
+
+def _wait_for_teardown(deadline: float) -> None:
+    """After a just-in-time checkpoint, idle until the node goes: steps taken now would be lost anyway.
+
+    If the node is still here well after the deadline (the drain was cancelled), carry on training.
+    """
+    give_up = max(deadline, time.time()) + 30.0
+    while time.time() < give_up:
+        time.sleep(0.2)

@@ -1,0 +1,197 @@
+"""Save and restore everything a training run needs to continue exactly: weights, optimizer, LR
+schedule, every rank's RNG states and the data position, through the checkpoint store.
+
+Rank 0 writes one file, ``train_state.pt``, holding the full (unsharded) state: with FSDP2 the
+ranks gather it collectively first (``torch.distributed.checkpoint.state_dict``, which works over
+gloo on CPU as well as NCCL), and each rank takes its own shard back on load. A full state dict
+costs a gather at save time but keeps checkpoints independent of the world size and readable bare.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from catalog.errors import CheckpointError
+
+STATE_FILE = "train_state.pt"
+
+
+@dataclass
+class LoadedState:
+    step: int
+    data_position: int
+    tokens: int
+    loss: float | None
+
+
+def shape_signature(model: torch.nn.Module) -> dict[str, list[int]]:
+    """Parameter name -> full shape: what a checkpoint must match to be loadable into ``model``."""
+    from torch.distributed.tensor import DTensor
+
+    shapes: dict[str, list[int]] = {}
+    for name, param in model.named_parameters():
+        shape = param.shape if not isinstance(param, DTensor) else param.full_tensor().shape
+        shapes[_clean(name)] = list(shape)
+    return shapes
+
+
+def _clean(name: str) -> str:
+    # DDP and activation checkpointing add wrapper prefixes that are not part of the model's shape.
+    for prefix in ("module.", "_orig_mod.", "_checkpoint_wrapped_module."):
+        name = name.replace(prefix, "")
+    return name
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                               sharded: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    if not _distributed():
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+    return model_state, optim_state
+
+
+def save_state(store: Any, *, step: int, data_position: int, tokens: int, loss: float | None,
+               model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+               sharded: bool, extra_metadata: dict[str, Any]) -> int | None:
+    """Collective: every rank calls it. Rank 0 writes; returns the saved step there, None elsewhere."""
+    rank = dist.get_rank() if _distributed() else 0
+    model_state, optim_state = _model_and_optimizer_state(model, optimizer, sharded)
+    rngs: list[Any] = [rng_state()]
+    if _distributed():
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, rngs[0])
+        rngs = gathered
+    saved: int | None = None
+    if rank == 0:
+        state = {
+            "step": step,
+            "data_position": data_position,
+            "tokens": tokens,
+            "loss": loss,
+            "model": model_state,
+            "optimizer": optim_state,
+            "scheduler": scheduler.state_dict(),
+            "rng": rngs,
+            "shapes": shape_signature(model),
+        }
+        metadata = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss, **extra_metadata}
+        with tempfile.TemporaryDirectory(prefix="gpuplan-ckpt-") as tmp:
+            torch.save(state, Path(tmp) / STATE_FILE)
+            try:
+                store.save(step, Path(tmp), metadata=metadata)
+            except CheckpointError:
+                raise
+            except Exception as exc:  # a store failure must name the checkpoint, not leak a boto3 trace
+                raise CheckpointError(f"could not save the checkpoint of step {step}: {exc}") from exc
+        saved = step
+    if _distributed():
+        dist.barrier()
+    return saved
+
+
+def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+               sharded: bool) -> LoadedState | None:
+    """Collective: load the newest complete checkpoint into every rank, or None when there is none."""
+    rank = dist.get_rank() if _distributed() else 0
+    with tempfile.TemporaryDirectory(prefix="gpuplan-restore-") as tmp:
+        step: int | None = None
+        if rank == 0:
+            # Newest checkpoint that verifies; torn or corrupt ones are skipped with a warning.
+            found = store.restore_latest(Path(tmp))
+            step = None if found is None else int(found[0].step)
+        if _distributed():
+            chosen: list[Any] = [step]
+            dist.broadcast_object_list(chosen, src=0)
+            step = chosen[0]
+        if step is None:
+            return None
+        if rank != 0:
+            info = next((i for i in store.list() if int(i.step) == step), None)
+            if info is None:
+                raise CheckpointError(f"checkpoint of step {step} vanished while loading it",
+                                      hint="another run may be writing the same checkpoint directory")
+            store.restore(info, Path(tmp))
+        try:
+            state = torch.load(Path(tmp) / STATE_FILE, map_location="cpu", weights_only=False)
+        except (OSError, RuntimeError, EOFError) as exc:
+            raise CheckpointError(f"checkpoint of step {step} cannot be read: {exc}") from exc
+    _check_shapes(state.get("shapes", {}), shape_signature(model), step)
+    if _distributed():
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, state["model"], options=options)
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"], options=options)
+    else:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    rngs = state["rng"]
+    world = dist.get_world_size() if _distributed() else 1
+    # Same world size: every rank continues its own RNG stream; otherwise rank 0's is the best guess.
+    set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
+    return LoadedState(step=int(state["step"]), data_position=int(state["data_position"]),
+                       tokens=int(state["tokens"]), loss=state.get("loss"))
+
+
+def _check_shapes(saved: dict[str, list[int]], current: dict[str, list[int]], step: int) -> None:
+    if saved == current:
+        return
+    missing = sorted(set(current) - set(saved))
+    extra = sorted(set(saved) - set(current))
+    differing = [name for name in current if name in saved and saved[name] != current[name]]
+    if differing:
+        name = differing[0]
+        detail = f"{name} is {saved[name]} in the checkpoint but {current[name]} in this model"
+    elif missing:
+        detail = f"the checkpoint has no {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+    else:
+        detail = f"the checkpoint has {extra[0]}, which this model lacks"
+    raise CheckpointError(
+        f"the checkpoint of step {step} was written by a model of a different shape: {detail}",
+        hint="train with the model that wrote it, or point checkpoint_uri at a new directory "
+        "(the existing checkpoints were left untouched)",
+    )
