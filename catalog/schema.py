@@ -45,7 +45,7 @@ class GpuSpec(_Record):
     memory_bandwidth_gbps: float = Field(gt=0, description="GB/s")
     tflops: dict[Dtype, float] = Field(description="dense TFLOPS per dtype the part supports")
     interconnect: Interconnect
-    tdp_w: float = Field(gt=0)
+    tdp_w: float | None = Field(default=None, gt=0, description="W; None where the vendor publishes none")
     compute_capability: str | None = None
     dtypes: list[Dtype]
     source: Source

@@ -1,0 +1,133 @@
+"""Integrity of the shipped catalog data: every row valid, consistent and sourced."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from catalog.hf_config import model_from_hf_config
+from catalog.loader import PACKAGED_DATA_DIR, Catalog, _norm, load_catalog
+from catalog.params import count_params
+
+REQUIRED_GPUS = {
+    "H100-SXM", "H100-PCIe", "H100-NVL", "H200", "B200", "GB200", "A100-40GB", "A100-80GB", "A10G", "L4",
+    "L40S", "T4", "V100-16GB", "V100-32GB", "RTX4090", "RTX6000-Ada", "MI300X", "MI325X", "MI250X",
+    "M3-Max", "M4-Max", "TPU-v5e", "TPU-v5p", "Jetson-AGX-Orin",
+}
+# Published parameter counts (model cards / HF safetensors metadata): (total, active).
+PUBLISHED = {
+    "llama-3-8b": (8.03e9, None), "llama-3-70b": (70.6e9, None), "llama-3-405b": (405.9e9, None),
+    "llama-3.2-1b": (1.24e9, None), "llama-3.2-3b": (3.21e9, None), "llama-2-7b": (6.74e9, None),
+    "llama-2-13b": (13.0e9, None), "llama-2-70b": (69.0e9, None), "mistral-7b": (7.24e9, None),
+    "mixtral-8x7b": (46.7e9, 12.9e9), "qwen2.5-7b": (7.61e9, None), "qwen2.5-72b": (72.7e9, None),
+    "gpt2": (124e6, None), "gpt2-medium": (355e6, None), "gpt2-large": (774e6, None), "gpt2-xl": (1.558e9, None),
+}
+ORDER = ("fp32", "tf32", "bf16", "fp8")  # each at least the one before, where the part has both
+
+
+@pytest.fixture(scope="module")
+def cat() -> Catalog:
+    return load_catalog(PACKAGED_DATA_DIR)  # packaged data only, no user overrides
+
+
+def test_required_gpus_present(cat: Catalog) -> None:
+    assert {g.id for g in cat.gpus} >= REQUIRED_GPUS
+
+
+def test_gpu_ids_and_aliases_unique_and_unambiguous(cat: Catalog) -> None:
+    names = Counter(_norm(n) for g in cat.gpus for n in {_norm(x) for x in (g.id, *g.aliases)})
+    assert [n for n, k in names.items() if k > 1] == []
+    for g in cat.gpus:
+        for name in (g.id, *g.aliases):
+            assert cat.gpu(name).id == g.id
+
+
+ALIASES = [("H100", "H100-SXM"), ("H100-80GB", "H100-SXM"), ("A100", "A100-80GB"), ("V100", "V100-16GB"),
+           ("RTX-4090", "RTX4090"), ("rtx 6000 ada", "RTX6000-Ada")]
+
+
+@pytest.mark.parametrize("alias,gpu_id", ALIASES)
+def test_documented_aliases(cat: Catalog, alias: str, gpu_id: str) -> None:
+    assert cat.gpu(alias).id == gpu_id
+
+
+def test_gpu_tflops_sane(cat: Catalog) -> None:
+    for g in cat.gpus:
+        assert set(g.dtypes) == set(g.tflops), g.id
+        assert all(v > 0 for v in g.tflops.values()), g.id
+        present = [g.tflops[d] for d in ORDER if d in g.tflops]
+        assert present == sorted(present), f"{g.id}: {dict(g.tflops)}"
+        if "fp16" in g.tflops and "bf16" in g.tflops:
+            assert g.tflops["fp16"] == g.tflops["bf16"], g.id
+        # Dense figures: nothing on the list beats 10 PFLOPS fp4 per GPU (GB200 dense).
+        assert max(g.tflops.values()) <= 10_000, g.id
+        assert 8 <= g.memory_gib <= 260 and 100 <= g.memory_bandwidth_gbps <= 8000, g.id
+
+
+def test_every_row_has_source_and_date(cat: Catalog) -> None:
+    sources = [g.source for g in cat.gpus] + [o.source for o in cat.offers] + [m.source for m in cat.models]
+    for source in sources:
+        assert source is not None and source.url.startswith("https://"), source
+        assert source.as_of.year >= 2023
+
+
+def test_offers_reference_gpus_and_prices_sane(cat: Catalog) -> None:
+    assert {o.cloud for o in cat.offers} >= {"aws", "gcp", "azure", "lambda", "runpod"}
+    gpu_ids = {g.id for g in cat.gpus}
+    for o in cat.offers:
+        assert o.gpu in gpu_ids
+        assert o.on_demand_usd_per_h is not None or o.spot_usd_per_h is not None, o
+        if o.on_demand_usd_per_h is not None and o.spot_usd_per_h is not None:
+            assert o.spot_usd_per_h < o.on_demand_usd_per_h, o
+        per_gpu = (o.on_demand_usd_per_h or o.spot_usd_per_h or 0) / o.gpu_count
+        assert 0.05 < per_gpu < 20, o  # $/GPU-hour within what any cloud charges
+    keys = Counter((o.cloud, o.instance_type, o.region, o.zone) for o in cat.offers)
+    assert [k for k, n in keys.items() if n > 1] == []
+
+
+def test_aws_p5_price_matches_design_note(cat: Catalog) -> None:
+    p5 = [o for o in cat.offers if o.instance_type == "p5.48xlarge" and o.region == "us-east-1"]
+    assert p5 and all(o.on_demand_usd_per_h == pytest.approx(55.04) for o in p5)
+    aws_types = {o.instance_type.split(".")[0] for o in cat.offers if o.cloud == "aws"}
+    assert {"p5", "p5en", "p6-b200", "p4d", "p4de", "g6e", "g6", "g5", "g4dn", "p3"} <= aws_types
+
+
+def test_model_presets_match_their_hf_config(cat: Catalog) -> None:
+    for m in cat.models:
+        parsed = model_from_hf_config(m.hf_config, model_id=m.id)
+        assert parsed.model_dump(exclude={"source"}) == m.model_dump(exclude={"source"}), m.id
+
+
+@pytest.mark.parametrize("model_id", sorted(PUBLISHED))
+def test_param_counts_match_published_sizes(cat: Catalog, model_id: str) -> None:
+    total, active = PUBLISHED[model_id]
+    counts = count_params(cat.model(model_id))
+    assert counts.total == pytest.approx(total, rel=0.02)
+    assert counts.active == pytest.approx(active if active is not None else total, rel=0.02)
+
+
+def test_tiny_llama_is_small_enough_for_the_cpu_demo(cat: Catalog) -> None:
+    assert 5e6 <= count_params(cat.model("tiny-llama")).total <= 20e6
+
+
+def test_presets_build_with_transformers(cat: Catalog) -> None:
+    from transformers import AutoConfig
+
+    for m in cat.models:
+        config = AutoConfig.for_model(**m.hf_config)  # type: ignore[arg-type]  # model_type is in the dict
+        assert config.model_type == m.family
+        assert getattr(config, "num_hidden_layers", None) == m.num_layers or config.n_layer == m.num_layers
+
+
+@pytest.mark.parametrize("model_id", ["tiny-llama", "gpt2"])
+def test_param_count_equals_a_real_transformers_model(cat: Catalog, model_id: str) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    m = cat.model(model_id)
+    with torch.device("meta"):
+        config = AutoConfig.for_model(**m.hf_config)  # type: ignore[arg-type]  # model_type is in the dict
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    real = sum(p.numel() for p in model.parameters())  # parameters() de-duplicates tied weights
+    assert count_params(m).total == real
