@@ -96,9 +96,9 @@ class PolicyParams:
     safety_margin_h: added to the safety net's threshold.
     """
 
-    reserve_fraction: float = 0.1
-    return_margin_h: float = 1.0
-    min_return_work_h: float = 2.0
+    reserve_fraction: float = 0.2
+    return_margin_h: float = 0.0
+    min_return_work_h: float = 0.0
     safety_margin_h: float = 0.0
 
 

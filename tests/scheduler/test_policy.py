@@ -1,0 +1,130 @@
+"""The spot/on-demand policy: safety net, no flapping, no-deadline jobs, Young/Daly, zone choice."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from catalog.errors import InvalidInput, UnknownName
+from scheduler.policy import (
+    POLICIES,
+    Decision,
+    JobProgress,
+    choose_zone,
+    decide,
+    mean_time_to_preemption,
+    young_daly_interval,
+)
+
+TICK = 0.1
+
+
+def progress(done: float, now: float, *, current: str = "none", deadline: float | None = 70.0,
+             restart: float = 0.2, unc: float = 0.0) -> JobProgress:
+    return JobProgress(work_done_h=done, work_total_h=48.0, now_h=now, deadline_h=deadline, restart_h=restart,
+                       current=current, uncommitted_h=unc)  # type: ignore[arg-type]
+
+
+def test_on_demand_and_spot_only_ignore_the_clock() -> None:
+    late = progress(0.0, 21.9)
+    assert decide("on-demand", late, True) is Decision.ON_DEMAND
+    assert decide("spot-only", late, True) is Decision.SPOT
+    assert decide("spot-only", late, False) is Decision.WAIT
+
+
+@pytest.mark.parametrize("policy", ["greedy", "uniform-progress", "gpuplan"])
+def test_safety_net_switches_when_slack_cannot_absorb_another_restart(policy: str) -> None:
+    # slack = (70 - now) - (48 - done); the net needs restart + tick (+ uncommitted).
+    assert decide(policy, progress(10.0, 31.0, current="spot"), True, tick_h=TICK) is Decision.SPOT  # slack 1.0
+    assert decide(policy, progress(10.0, 31.75, current="spot"), True, tick_h=TICK) is Decision.ON_DEMAND  # 0.25
+    # Uncommitted work that a preemption would lose counts against the slack.
+    assert decide(policy, progress(10.0, 31.0, current="spot", unc=0.8), True, tick_h=TICK) is Decision.ON_DEMAND
+    # A bigger restart delay needs more slack.
+    assert decide(policy, progress(10.0, 31.0, current="spot", restart=1.0), True, tick_h=TICK) is Decision.ON_DEMAND
+
+
+def test_greedy_idles_until_the_slack_is_gone_then_never_leaves_on_demand() -> None:
+    assert decide("greedy", progress(10.0, 20.0), False, tick_h=TICK) is Decision.WAIT
+    assert decide("greedy", progress(10.0, 31.8), False, tick_h=TICK) is Decision.ON_DEMAND
+    # Plenty of slack again (e.g. after on-demand progress) and spot is back: greedy still stays.
+    assert decide("greedy", progress(40.0, 40.0, current="on-demand"), True, tick_h=TICK) is Decision.ON_DEMAND
+
+
+def test_uniform_progress_goes_on_demand_when_behind_the_line_and_back_only_when_ahead() -> None:
+    # Line at t=35: 48*35/70 = 24 h done.
+    assert decide("uniform-progress", progress(20.0, 35.0), False, tick_h=TICK) is Decision.ON_DEMAND
+    assert decide("uniform-progress", progress(30.0, 35.0), False, tick_h=TICK) is Decision.WAIT
+    # Spot returns while on on-demand: barely ahead -> stay (no flapping); well ahead -> spot.
+    assert decide("uniform-progress", progress(24.1, 35.0, current="on-demand"), True, tick_h=TICK) \
+        is Decision.ON_DEMAND
+    assert decide("uniform-progress", progress(30.0, 35.0, current="on-demand"), True, tick_h=TICK) is Decision.SPOT
+
+
+def test_gpuplan_prefers_staying_on_spot_and_waits_when_ahead() -> None:
+    assert decide("gpuplan", progress(20.0, 30.0, current="spot"), True, tick_h=TICK) is Decision.SPOT
+    assert decide("gpuplan", progress(20.0, 25.0), False, tick_h=TICK) is Decision.WAIT
+    # Near the reserve line without spot: on-demand.
+    assert decide("gpuplan", progress(10.0, 31.0), False, tick_h=TICK) is Decision.ON_DEMAND
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_jobs_without_deadline_take_spot_or_wait(policy: str) -> None:
+    free = progress(0.0, 500.0, deadline=None)
+    if policy == "on-demand":
+        assert decide(policy, free, True) is Decision.ON_DEMAND
+    else:
+        assert decide(policy, free, True) is Decision.SPOT
+        assert decide(policy, free, False) is Decision.WAIT
+
+
+@given(done=st.floats(0, 47.9), now=st.floats(0, 69.9), restart=st.floats(0, 2),
+       current=st.sampled_from(["none", "spot", "on-demand"]), avail=st.booleans(),
+       policy=st.sampled_from(["greedy", "uniform-progress", "gpuplan"]))
+@settings(max_examples=200, deadline=None)
+def test_deadline_policies_never_leave_on_demand_without_room_for_two_changeovers(
+        done: float, now: float, restart: float, current: str, avail: bool, policy: str) -> None:
+    p = progress(done, now, current=current, restart=restart)
+    slack = (70.0 - now) - (48.0 - done)
+    decision = decide(policy, p, avail, tick_h=TICK)
+    if slack < restart + TICK:
+        assert decision is Decision.ON_DEMAND
+    if current == "on-demand" and decision is not Decision.ON_DEMAND:
+        assert slack >= 2 * restart + TICK
+
+
+def test_bad_policy_and_progress_are_refused() -> None:
+    with pytest.raises(UnknownName, match="did you mean greedy"):
+        decide("gredy", progress(0, 0), True)
+    with pytest.raises(InvalidInput):
+        decide("gpuplan", JobProgress(0, 0, 0, 10, 0.1, "spot"), True)
+    with pytest.raises(InvalidInput):
+        decide("gpuplan", progress(0, 0, current="preempted"), True)
+
+
+def test_young_daly_interval() -> None:
+    assert young_daly_interval(0.0, 5.0) == 0.0
+    assert young_daly_interval(0.1, math.inf) == math.inf
+    # Small C/M: close to Young's sqrt(2 C M); grows with both C and M.
+    assert young_daly_interval(0.001, 10.0) == pytest.approx(math.sqrt(2 * 0.001 * 10.0), rel=0.02)
+    assert young_daly_interval(0.05, 6.0) < young_daly_interval(0.1, 6.0) < young_daly_interval(0.1, 12.0)
+    assert young_daly_interval(5.0, 1.0) == 1.0
+    with pytest.raises(InvalidInput):
+        young_daly_interval(-1.0, 1.0)
+
+
+def test_mean_time_to_preemption_counts_only_observed_preemptions() -> None:
+    # Runs of 3 and 2 ticks end in preemptions; the last run (2 ticks) is censored by the trace end.
+    trace = [1, 1, 1, 0, 1, 1, 0, 0, 1, 1]
+    assert mean_time_to_preemption(trace, 0.5) == pytest.approx((7 * 0.5) / 2)
+    assert mean_time_to_preemption([1, 1, 1], 1.0) == math.inf
+    with pytest.raises(InvalidInput):
+        mean_time_to_preemption([], 1.0)
+
+
+def test_choose_zone_stays_put_then_picks_the_longest_running_zone() -> None:
+    assert choose_zone([True, True, True], 0, [1.0, 5.0, 9.0]) == 0
+    assert choose_zone([False, True, True], 0, [0.0, 5.0, 9.0]) == 2
+    assert choose_zone([False, False], None, [0.0, 0.0]) is None

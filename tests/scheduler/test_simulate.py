@@ -1,0 +1,194 @@
+"""Trace replay: exact costs on simple traces, invariants on random ones, the omniscient bound."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from catalog.errors import InvalidInput, UnknownName
+from scheduler.simulate import Jobs, Prices, SimOptions, compare, omniscient, run_policy, start_tick_for
+from scheduler.traces import Zones, align, load_trace, load_zones, trace_from_dict
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+PRICES = Prices(on_demand=3.0, spot=1.0)
+DEADLINE_POLICIES = ("greedy", "uniform-progress", "gpuplan")
+
+
+def zones_of(*names: str) -> Zones:
+    return load_zones([DATA / f"{n}.json" for n in names])
+
+
+def zones_from(avail: list[int], gap_s: float = 360.0) -> Zones:
+    return align([trace_from_dict({"metadata": {"gap_seconds": gap_s}, "data": avail}, "z")])
+
+
+def test_on_demand_costs_work_times_price_plus_one_restart() -> None:
+    z = zones_of("flaky-a")
+    jobs = Jobs.make([0, 7, 100], [10.0, 12.5, 3.0], [20.0, 20.0, 5.0], [0.0, 0.3, 0.1])
+    out = run_policy(z, jobs, "on-demand", PRICES)
+    np.testing.assert_allclose(out.cost_usd, (jobs.work_h + jobs.restart_h) * 3.0)
+    np.testing.assert_allclose(out.finish_h, jobs.work_h + jobs.restart_h)
+    assert out.deadline_met.all() and out.preemptions.sum() == 0
+
+
+def test_always_available_spot_is_one_restart_and_the_work_at_spot_price() -> None:
+    z = zones_of("always")
+    jobs = Jobs.make([0], 10.0, 15.0, 0.2)
+    for policy in ("spot-only", *DEADLINE_POLICIES):
+        out = run_policy(z, jobs, policy, PRICES)
+        assert out.cost_usd[0] == pytest.approx(10.2 * 1.0)
+        assert out.finish_h[0] == pytest.approx(10.2)
+        assert out.preemptions[0] == 0
+    assert omniscient(z, jobs, PRICES).cost_usd[0] == pytest.approx(10.2)
+
+
+def test_never_available_deadline_policies_fall_back_just_in_time() -> None:
+    z = zones_of("never")
+    jobs = Jobs.make([0], 10.0, 20.0, 0.2)
+    assert np.isnan(run_policy(z, jobs, "spot-only", PRICES).finish_h[0])
+    greedy = run_policy(z, jobs, "greedy", PRICES)
+    assert greedy.deadline_met[0] and greedy.cost_usd[0] == pytest.approx(10.2 * 3.0)
+    # Greedy waits until the slack (10 h) can absorb only a restart and a tick.
+    assert 19.5 < greedy.finish_h[0] <= 20.0
+
+
+def test_preemption_with_periodic_checkpoints_loses_work_and_costs_more() -> None:
+    z = zones_of("halves-a")  # available for 30 h, then gone
+    jobs = Jobs.make([0], 40.0, 58.0, 0.1)
+    free = run_policy(z, jobs, "gpuplan", PRICES)
+    paid = run_policy(z, jobs, "gpuplan", PRICES, SimOptions(checkpoint_cost_h=0.2, mttp_h=(5.0,)))
+    assert free.preemptions[0] == paid.preemptions[0] == 1
+    assert free.work_lost_h[0] == 0.0
+    assert 0.0 < paid.work_lost_h[0] < 5.0
+    assert paid.cost_usd[0] > free.cost_usd[0]
+    assert free.deadline_met[0] and paid.deadline_met[0]
+
+
+def test_zones_fall_back_across_each_other() -> None:
+    z = zones_of("halves-a", "halves-b")
+    jobs = Jobs.make([0], 40.0, 58.0, 0.2)
+    for policy in ("spot-only", "gpuplan"):
+        out = run_policy(z, jobs, policy, PRICES)
+        assert out.preemptions[0] == 1
+        assert out.on_demand_h[0] == 0.0
+        assert out.cost_usd[0] == pytest.approx((40.0 + 0.4) * 1.0)
+    one_zone = run_policy(zones_of("halves-a"), jobs, "gpuplan", PRICES)
+    assert one_zone.on_demand_h[0] > 0
+
+
+def test_trace_prices_are_used_where_present() -> None:
+    z = zones_of("priced")
+    jobs = Jobs.make([0], 5.0, 100.0, 0.0)
+    out = run_policy(z, jobs, "spot-only", PRICES)
+    assert 0.9 * 5.0 <= out.cost_usd[0] <= 1.0 * 5.0 + 1e-9
+    assert out.cost_usd[0] != pytest.approx(5.0)
+
+
+def brute_force(avail: list[int], work: float, deadline: float, restart: float, gap: float) -> float:
+    """Cheapest finish by trying every per-tick choice (idle / on-demand / spot) - exact delays."""
+    best = np.inf
+    horizon = int(np.ceil(deadline / gap - 1e-9))
+    for plan in itertools.product((0, 1, 2), repeat=horizon):
+        market, pending, done, cost = 0, 0.0, 0.0, 0.0
+        for t, choice in enumerate(plan):
+            if choice == 2 and not avail[t]:
+                break
+            if choice != market:
+                pending = restart if choice else 0.0
+                market = choice
+            if not market:
+                continue
+            price = PRICES.spot if market == 2 else PRICES.on_demand
+            delay = min(pending, gap)
+            pending -= delay
+            gain = min(gap - delay, work - done)
+            cost += price * (delay + gain)
+            done += gain
+            if done >= work - 1e-9:
+                best = min(best, cost)
+                break
+    return float(best)
+
+
+@given(avail=st.lists(st.integers(0, 1), min_size=7, max_size=7), work_ticks=st.integers(2, 5),
+       restart_ticks=st.integers(0, 2), extra=st.integers(0, 2))
+@settings(max_examples=25, deadline=None)
+def test_omniscient_equals_brute_force_on_small_instances(avail: list[int], work_ticks: int, restart_ticks: int,
+                                                         extra: int) -> None:
+    gap = 0.1
+    work, restart = work_ticks * gap / 2, restart_ticks * gap / 2
+    deadline = min(7 * gap, work + restart + extra * gap)
+    z = zones_from(avail)
+    bound = omniscient(z, Jobs.make([0], work, deadline, restart), PRICES, resolution=2).cost_usd[0]
+    assert bound == pytest.approx(brute_force(avail, work, deadline, restart, gap), abs=1e-9)
+
+
+runs = st.lists(st.integers(1, 40), min_size=2, max_size=30)
+
+
+@given(runs=runs, first_up=st.booleans(), work=st.floats(2.0, 20.0), slack=st.floats(0.0, 1.0),
+       restart=st.floats(0.0, 0.5), start=st.integers(0, 50), ckpt=st.sampled_from([0.0, 0.05]))
+@settings(max_examples=30, deadline=None)
+def test_invariants_on_random_traces(runs: list[int], first_up: bool, work: float, slack: float, restart: float,
+                                     start: int, ckpt: float) -> None:
+    avail: list[int] = []
+    for i, length in enumerate(runs):
+        avail += [int(first_up) if i % 2 == 0 else int(not first_up)] * length
+    avail += [0] * 400  # room for any deadline
+    z = zones_from(avail)
+    deadline = work + restart + slack * work
+    jobs = Jobs.make([start], work, deadline, restart)
+    results = compare(z, jobs, PRICES, opts=SimOptions(checkpoint_cost_h=ckpt), resolution=2)
+    bound = results["omniscient"].cost_usd[0]
+    for name, out in results.items():
+        if name in DEADLINE_POLICIES or name == "on-demand":
+            assert out.deadline_met[0], f"{name} missed a feasible deadline"
+        if out.deadline_met[0]:
+            assert bound <= out.cost_usd[0] + 1e-9, f"omniscient above {name}"
+        assert out.work_lost_h[0] >= 0.0
+    if restart == 0.0:
+        assert results["on-demand"].cost_usd[0] == pytest.approx(work * PRICES.on_demand)
+
+
+def test_trace_validation_errors_say_what_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="does not exist"):
+        load_trace(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InvalidInput, match="not valid JSON"):
+        load_trace(bad)
+    cases = [
+        ({"data": [1]}, "gap_seconds"),
+        ({"metadata": {"gap_seconds": -5}, "data": [1]}, "positive"),
+        ({"metadata": {"gap_seconds": 60}, "data": []}, "non-empty"),
+        ({"metadata": {"gap_seconds": 60}, "data": [1, "x"]}, "only numbers"),
+        ({"metadata": {"gap_seconds": 60}, "data": [1, 0], "prices": [1.0]}, "as long as"),
+    ]
+    for doc, message in cases:
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(InvalidInput, match=message):
+            load_trace(path)
+    other = trace_from_dict({"metadata": {"gap_seconds": 60}, "data": [1]}, "x")
+    with pytest.raises(InvalidInput, match="different tick lengths"):
+        align([load_trace(DATA / "always.json"), other])
+
+
+def test_job_validation() -> None:
+    z = zones_of("always")
+    with pytest.raises(InvalidInput, match="deadline is shorter"):
+        Jobs.make([0], 10.0, 5.0, 0.1)
+    with pytest.raises(InvalidInput):
+        Jobs.make([0], -1.0, 5.0, 0.1)
+    with pytest.raises(InvalidInput, match="past the end"):
+        start_tick_for(z, 1000.0)
+    with pytest.raises(UnknownName):
+        compare(z, Jobs.make([0], 1.0, 2.0, 0.0), PRICES, policies=["omnicsient"])
+    with pytest.raises(InvalidInput):
+        Prices(on_demand=0.0, spot=1.0)
