@@ -216,6 +216,161 @@ def estimate_command(
 # ---------------------------------------------------------------- spot economics (issue 5)
 
 
+@app.command("simulate")
+@handle_errors
+def simulate_command(
+    trace: list[str] = typer.Option(
+        ..., "--trace", help="Spot trace JSON; repeat for several zones to fall back across."),
+    job_hours: float = typer.Option(48.0, "--job-hours", help="Hours of work the job needs."),
+    deadline_hours: float | None = typer.Option(
+        None, "--deadline-hours", help="Hours after arrival; omit: no deadline."),
+    restart_hours: float = typer.Option(0.2, "--restart-hours", help="Delay of every (re)start or changeover."),
+    on_demand_price: float = typer.Option(3.06, "--on-demand-price", help="$/h on demand."),
+    spot_price: float = typer.Option(0.92, "--spot-price", help="$/h on spot (where the trace has no prices)."),
+    start_hour: float = typer.Option(0.0, "--start-hour", help="When the job arrives, hours into the trace."),
+    checkpoint_hours: float = typer.Option(
+        0.0, "--checkpoint-hours", help="Cost of one checkpoint; 0 = free (just-in-time on the spot notice)."),
+    policies: list[str] = typer.Option(None, "--policy", help="Only these policies (repeatable); default: all."),
+    plot: str | None = typer.Option(None, "--plot", help="Write a timeline plot (PNG) here."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Replay spot traces: what each policy would have paid, when it finished, and what it lost.
+
+    Policies: uniform-progress, on-demand, spot-only, greedy, omniscient (lower bound: knows the future),
+    gpuplan (default policy).
+
+    Examples:
+
+      gpuplan simulate --trace us-east-1a.json --job-hours 48 --deadline-hours 70 --restart-hours 0.2 --json
+
+      gpuplan simulate --trace a.json --trace b.json --deadline-hours 60 --plot timeline.png
+    """
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from catalog.errors import InvalidInput
+    from scheduler.simulate import ALL_POLICIES, Jobs, Prices, SimOptions, compare, start_tick_for
+    from scheduler.traces import load_zones
+
+    zones = load_zones(trace)
+    if deadline_hours is not None and deadline_hours < job_hours:
+        raise InvalidInput(f"--deadline-hours {deadline_hours} is shorter than --job-hours {job_hours}",
+                           hint="no market can finish the work before the deadline; give a later deadline")
+    if checkpoint_hours < 0:
+        raise InvalidInput("--checkpoint-hours must be >= 0")
+    names = list(policies) if policies else list(ALL_POLICIES)
+    prices = Prices(on_demand=on_demand_price, spot=spot_price)
+    jobs = Jobs.make([start_tick_for(zones, start_hour)], job_hours,
+                     float("inf") if deadline_hours is None else deadline_hours, restart_hours)
+    results = compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours, timeline=bool(plot)))
+    rows = {name: out.row(0) for name, out in results.items()}
+    for row in rows.values():
+        row.pop("policy")
+    if plot:
+        from scheduler.plots import timeline_png
+
+        Path(plot).write_bytes(timeline_png(zones, int(jobs.start_tick[0]), results, job_hours, deadline_hours))
+    if as_json:
+        print_json({
+            "job": {"hours": job_hours, "deadline_hours": deadline_hours, "restart_hours": restart_hours,
+                    "start_hour": start_hour, "checkpoint_hours": checkpoint_hours},
+            "prices": {"on_demand": on_demand_price, "spot": spot_price},
+            "zones": list(zones.names),
+            "policies": rows,
+            "plot": plot,
+        })
+        return
+    bound = rows.get("omniscient", {}).get("cost_usd")
+    table = Table(title=f"{job_hours:g} h job, deadline {deadline_hours if deadline_hours is not None else 'none'} h, "
+                  f"restart {restart_hours:g} h, zones: {', '.join(zones.names)}", title_justify="left")
+    for col in ("policy", "cost $", "x bound", "finish h", "deadline", "preemptions", "work lost h", "spot h", "OD h"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, row in rows.items():
+        cost = row["cost_usd"]
+        ratio = f"{cost / bound:.3f}" if isinstance(cost, float) and isinstance(bound, float) and bound > 0 else "-"
+        def cell(key: str, row: dict[str, object] = row) -> str:
+            value = row[key]
+            return "-" if value is None else f"{value:,.2f}"
+
+        table.add_row(name, cell("cost_usd"), ratio, cell("finish_hours"),
+                      "[green]met[/]" if row["deadline_met"] else "[red]missed[/]", str(row["preemptions"]),
+                      cell("work_lost_hours"), cell("spot_hours"), cell("on_demand_hours"))
+    console.print(table)
+    if "omniscient" in rows:
+        console.print("omniscient is a lower bound (it knows the future trace), not a schedule.", style="dim")
+    if plot:
+        console.print(f"timeline plot written to {plot}", highlight=False)
+
+
+cluster_app = typer.Typer(help="Ray cluster configs for running plans on spot instances.", no_args_is_help=True)
+app.add_typer(cluster_app, name="cluster")
+
+
+def _plan_from_file(path: str) -> Any:
+    """A Plan from `gpuplan plan --json` output, or planned now from a job spec."""
+    import json as _json
+    from pathlib import Path
+
+    from catalog.errors import InvalidInput
+    from planner.types import Plan
+
+    file = Path(path)
+    if not file.is_file():
+        raise InvalidInput(f"{path!r} does not exist",
+                           hint="give a job spec (YAML/JSON) or a `gpuplan plan --json` file")
+    if file.suffix == ".json":
+        try:
+            doc = _json.loads(file.read_text())
+        except _json.JSONDecodeError as exc:
+            raise InvalidInput(f"not valid JSON ({exc})", path=path) from None
+        if isinstance(doc, dict) and "candidates" in doc and "chosen" in doc:
+            try:
+                return Plan.model_validate(doc)
+            except ValueError as exc:
+                raise InvalidInput(f"not a gpuplan plan: {exc}", path=path) from None
+    from planner.search import plan
+
+    job, catalog, model, calibration = _load_planning_inputs(path)
+    return plan(job, catalog, calibration=calibration, model=model)
+
+
+@cluster_app.command("config")
+@handle_errors
+def cluster_config_command(
+    plan_or_spec: str = typer.Argument(..., help="A job spec, or the output of `gpuplan plan --json`."),
+    out: str | None = typer.Option(None, "--out", help="Write the YAML here (default: print it)."),
+    source_dir: str | None = typer.Option(None, "--source-dir", help="Sync this gpuplan checkout to the nodes."),
+    alternatives: int = typer.Option(2, "--alternatives", min=0, help="Extra spot instance types to fall back on."),
+    head_instance: str = typer.Option("m5.2xlarge", "--head-instance", help="On-demand head node type."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """A Ray cluster-launcher YAML for AWS: on-demand head, spot GPU workers with the preemption watcher.
+
+    Examples:
+
+      gpuplan cluster config examples/llama3-8b-sft.yaml --out cluster.yaml && ray up cluster.yaml
+
+      gpuplan plan job.yaml --json > plan.json && gpuplan cluster config plan.json --json
+    """
+    from pathlib import Path
+
+    from workers.cluster import ClusterOptions, cluster_config, to_yaml
+
+    opts = ClusterOptions(source_dir=source_dir, alternatives=alternatives, head_instance=head_instance)
+    config = cluster_config(_plan_from_file(plan_or_spec), opts)
+    text = to_yaml(config)
+    if out:
+        Path(out).write_text(text)
+    if as_json:
+        print_json({"path": out, "config": config})
+    elif out:
+        console.print(f"wrote {out}: {len(config['available_node_types']) - 1} worker type(s); start with "
+                      f"`ray up {out}`", highlight=False)
+    else:
+        sys.stdout.write(text)
+
+
 def main() -> None:
     app()
 

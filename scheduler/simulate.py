@@ -126,16 +126,20 @@ class Outcome:
         return np.isfinite(self.finish_h) & (self.finish_h <= self.deadline_h + 1e-6)
 
     def row(self, i: int = 0) -> dict[str, object]:
-        finish = float(self.finish_h[i])
+        """One job's result; numbers that do not exist (a bound has no schedule) are None."""
+
+        def num(x: float) -> float | None:
+            return None if not math.isfinite(x) else round(x, 4)
+
         return {
             "policy": self.policy,
-            "cost_usd": round(float(self.cost_usd[i]), 4),
-            "finish_hours": None if math.isnan(finish) else round(finish, 4),
+            "cost_usd": num(float(self.cost_usd[i])),
+            "finish_hours": num(float(self.finish_h[i])),
             "deadline_met": bool(self.deadline_met[i]),
             "preemptions": int(self.preemptions[i]),
-            "work_lost_hours": round(float(self.work_lost_h[i]), 4),
-            "spot_hours": round(float(self.spot_h[i]), 4),
-            "on_demand_hours": round(float(self.on_demand_h[i]), 4),
+            "work_lost_hours": num(float(self.work_lost_h[i])),
+            "spot_hours": num(float(self.spot_h[i])),
+            "on_demand_hours": num(float(self.on_demand_h[i])),
         }
 
 
@@ -212,12 +216,14 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
     tl_done = np.zeros((steps, n)) if keep else None
     tl_zone = np.zeros((steps, n), dtype=np.int64) if keep else None
 
+    ran = 0
     for k in range(steps):
         ticks = jobs.start_tick + k
         in_trace = ticks < zones.ticks
         active = in_trace & ~finished
         if not active.any():
             break
+        ran = k + 1
         tt = np.minimum(ticks, zones.ticks - 1)
         av = zones.available[:, tt].T  # (jobs, zones)
         here = av[rows, zone]
@@ -295,9 +301,9 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
         spot_h=spot_h,
         on_demand_h=od_h,
         deadline_h=jobs.deadline_h.copy(),
-        timeline_market=tl_market,
-        timeline_done=tl_done,
-        timeline_zone=tl_zone,
+        timeline_market=None if tl_market is None else tl_market[:ran],
+        timeline_done=None if tl_done is None else tl_done[:ran],
+        timeline_zone=None if tl_zone is None else tl_zone[:ran],
     )
 
 
@@ -407,19 +413,25 @@ def _omniscient_group(
     return best, np.minimum(best_t, deadline)
 
 
+def default_resolution(zones: Zones, jobs: Jobs) -> int:
+    """Grid steps per tick for the bound: finer for coarse traces, keeping ~2000 progress steps per job."""
+    ticks_of_work = float(np.max(jobs.work_h)) / zones.gap_h
+    return int(max(1, min(4, 2000 // max(ticks_of_work, 1.0))))
+
+
 def compare(
     zones: Zones,
     jobs: Jobs,
     prices: Prices,
     policies: Sequence[str] = ALL_POLICIES,
     opts: SimOptions | None = None,
-    resolution: int = 2,
+    resolution: int | None = None,
 ) -> dict[str, Outcome]:
     """Every policy (and the omniscient bound) on the same jobs and traces."""
     out: dict[str, Outcome] = {}
     for name in policies:
         if name == "omniscient":
-            out[name] = omniscient(zones, jobs, prices, resolution=resolution)
+            out[name] = omniscient(zones, jobs, prices, resolution=resolution or default_resolution(zones, jobs))
         elif name in POLICIES:
             out[name] = run_policy(zones, jobs, name, prices, opts)
         else:

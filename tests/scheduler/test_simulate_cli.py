@@ -1,0 +1,70 @@
+"""`gpuplan simulate` and `gpuplan cluster config` through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from ray.autoscaler._private.util import validate_config
+from typer.testing import CliRunner
+
+from cli import app
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+runner = CliRunner()
+POLICY_NAMES = {"uniform-progress", "on-demand", "spot-only", "greedy", "omniscient", "gpuplan"}
+FIELDS = {"cost_usd", "finish_hours", "deadline_met", "preemptions", "work_lost_hours"}
+
+
+def test_simulate_json_reports_every_policy(tmp_path: Path) -> None:
+    plot = tmp_path / "timeline.png"
+    args = ["simulate", "--trace", str(DATA / "flaky-a.json"), "--trace", str(DATA / "flaky-b.json"),
+            "--job-hours", "20", "--deadline-hours", "30", "--restart-hours", "0.2", "--on-demand-price", "3.06",
+            "--spot-price", "0.92", "--start-hour", "5", "--plot", str(plot), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert set(doc["policies"]) == POLICY_NAMES
+    for name, row in doc["policies"].items():
+        assert set(row) >= FIELDS, name
+    assert doc["policies"]["on-demand"]["cost_usd"] == round(20.2 * 3.06, 4)
+    bound = doc["policies"]["omniscient"]["cost_usd"]
+    for name in ("uniform-progress", "greedy", "gpuplan", "on-demand"):
+        assert doc["policies"][name]["deadline_met"], name
+        assert bound <= doc["policies"][name]["cost_usd"] + 1e-6
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_table_and_errors(tmp_path: Path) -> None:
+    ok = runner.invoke(app, ["simulate", "--trace", str(DATA / "scarce.json"), "--job-hours", "10",
+                             "--deadline-hours", "15", "--policy", "greedy", "--policy", "omniscient"])
+    assert ok.exit_code == 0, ok.output
+    assert "greedy" in ok.stdout and "omniscient" in ok.stdout and "gpuplan" not in ok.stdout
+    missing = runner.invoke(app, ["simulate", "--trace", str(tmp_path / "nope.json"), "--json"])
+    assert missing.exit_code == 2 and "does not exist" in missing.stdout
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"metadata": {}, "data": [1, 0]}))
+    malformed = runner.invoke(app, ["simulate", "--trace", str(bad)])
+    assert malformed.exit_code == 2 and "gap_seconds" in malformed.stderr
+    early = runner.invoke(app, ["simulate", "--trace", str(DATA / "always.json"), "--job-hours", "48",
+                                "--deadline-hours", "40", "--json"])
+    assert early.exit_code == 2 and "shorter than --job-hours" in early.stdout
+    unknown = runner.invoke(app, ["simulate", "--trace", str(DATA / "always.json"), "--job-hours", "1",
+                                  "--policy", "greddy"])
+    assert unknown.exit_code == 2 and "greedy" in unknown.stderr
+
+
+def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "demo", "task": "train", "model": "llama-3-8b",
+                                    "train": {"tokens": 1.0e9}, "resources": {"clouds": ["aws"]}}))
+    out = tmp_path / "cluster.yaml"
+    result = runner.invoke(app, ["cluster", "config", str(spec), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(out.read_text())
+    validate_config(config)
+    assert any(t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"
+               for t in config["available_node_types"].values())
+    missing = runner.invoke(app, ["cluster", "config", str(tmp_path / "nope.yaml"), "--json"])
+    assert missing.exit_code == 2 and "does not exist" in missing.stdout
