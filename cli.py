@@ -371,6 +371,67 @@ def cluster_config_command(
         sys.stdout.write(text)
 
 
+# `report` belongs to the scheduler's section (issue 4); it is created here until that section has one.
+report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend.",
+                         no_args_is_help=True)
+app.add_typer(report_app, name="report")
+
+
+@report_app.command("dry-run")
+@handle_errors
+def report_dry_run_command(
+    specs: list[str] = typer.Argument(..., help="Job specs (YAML or JSON)."),
+    out: str = typer.Option("gpuplan-report", "--out", help="Directory for report.md, report.html and plots."),
+    top: int = typer.Option(12, "--top", min=1, help="Ranked options per job in the tables."),
+    objective: str = typer.Option("cheapest", "--objective", help="cheapest (meeting the deadline) or fastest."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Plan jobs without running them and write a Markdown + self-contained HTML report with plots.
+
+    Shows each job's ranked options, the cost vs time Pareto front, and spot vs on-demand with the
+    expected preemption overhead and the probability of meeting the deadline.
+
+    Examples:
+
+      gpuplan report dry-run examples/llama3-8b-sft.yaml --out report/
+
+      gpuplan report dry-run job-a.yaml job-b.yaml --json
+    """
+    from planner.search import plan
+    from scheduler.report import build_dry_run, write_dry_run
+
+    if objective not in ("cheapest", "fastest"):
+        from catalog.errors import InvalidInput
+
+        raise InvalidInput(f"--objective must be cheapest or fastest, got {objective!r}", path="--objective")
+    plans = []
+    for path in specs:
+        job, catalog, model, calibration = _load_planning_inputs(path)
+        plans.append(plan(job, catalog, objective=objective, calibration=calibration, model=model))  # type: ignore[arg-type]
+    report = build_dry_run(plans, top=top)
+    files = write_dry_run(report, out)
+    if as_json:
+        print_json({"files": files, "jobs": report.summary})
+        return
+    from rich.table import Table
+
+    table = Table(title="dry run", title_justify="left")
+    for col in ("job", "chosen", "market", "hours", "expected $", "overhead h", "P(deadline)"):
+        numeric = col in ("hours", "expected $", "overhead h", "P(deadline)")
+        table.add_column(col, justify="right" if numeric else "left")
+    for item in report.summary:
+        chosen = item["chosen"]
+        if not isinstance(chosen, dict):
+            table.add_row(str(item["job"]), "-", "-", "-", "-", "-", "-")
+            continue
+        prob = chosen["deadline_probability"]
+        table.add_row(str(item["job"]), str(chosen["option"]), str(chosen["market"]), f"{chosen['hours']:,.2f}",
+                      f"{chosen['expected_usd']:,.2f}", f"{chosen['preemption_overhead_h']:,.2f}",
+                      "-" if prob is None else f"{prob:.0%}")
+    console.print(table)
+    console.print(f"wrote {files['markdown']} and {files['html']}", highlight=False)
+
+
 def main() -> None:
     app()
 
