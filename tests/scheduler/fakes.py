@@ -73,3 +73,72 @@ class ScriptedExecutor:
 
     def handle_of(self, job_id: str) -> str:
         return next(h for h, r in reversed(self.requests.items()) if r.job_id == job_id)
+
+
+class SleepExecutor:
+    """Runs each attempt as a thread that 'works' ``seconds`` of wall time and checkpoints its
+    progress (seconds done) under the job's checkpoint_uri, so a later attempt resumes. Attempts
+    die with the process, as in-process runs do; each start is appended to ``journal``."""
+
+    def __init__(self, seconds: float, journal: str) -> None:
+        self.seconds = seconds
+        self.journal = journal
+        self._runs: dict[str, tuple[RunRequest, threading.Thread, list[str]]] = {}
+        self._states: dict[str, RunState] = {}
+        self._stop: set[str] = set()
+        self._lock = threading.Lock()
+
+    def feasibility(self, request: RunRequest) -> str | None:
+        return None
+
+    def submit(self, request: RunRequest) -> str:
+        import os
+
+        handle = f"{request.job_id}.{request.attempt}.{uuid.uuid4().hex[:6]}"
+        logs: list[str] = []
+        thread = threading.Thread(target=self._run, args=(handle, request, logs), daemon=True)
+        with self._lock:
+            self._runs[handle] = (request, thread, logs)
+            self._states[handle] = RunState.RUNNING
+            with open(self.journal, "a") as f:
+                f.write(f"{os.getpid()} {request.job_id} {request.attempt} {handle}\n")
+        thread.start()
+        return handle
+
+    def _run(self, handle: str, request: RunRequest, logs: list[str]) -> None:
+        import os
+        import time
+        from pathlib import Path
+
+        ckpt = Path(request.checkpoint_uri)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        marker = ckpt / "progress"
+        done = float(marker.read_text()) if marker.exists() else 0.0
+        logs.append(f"attempt {request.attempt} resumes at {done:.1f}s of {self.seconds}s")
+        while done < self.seconds:
+            if handle in self._stop:
+                self._states[handle] = RunState.CANCELLED
+                return
+            time.sleep(0.1)
+            done += 0.1
+            tmp = ckpt / f"progress.{os.getpid()}"
+            tmp.write_text(f"{done:.3f}")
+            tmp.replace(marker)
+        logs.append("done")
+        self._states[handle] = RunState.SUCCEEDED
+
+    def status(self, handle: str) -> RunStatus:
+        if handle not in self._states:
+            raise NotFound(f"unknown handle {handle}")
+        return RunStatus(handle=handle, state=self._states[handle])
+
+    def logs(self, handle: str, since: int = 0) -> list[str]:
+        if handle not in self._runs:
+            raise NotFound(f"unknown handle {handle}")
+        return list(self._runs[handle][2][since:])
+
+    def cancel(self, handle: str) -> None:
+        self._stop.add(handle)
+
+    def active(self) -> list[str]:
+        return [h for h, s in self._states.items() if not s.finished]

@@ -1,0 +1,108 @@
+"""kill -9 the server and its loop mid-run, restart: no job lost, none duplicated, spend exact."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlmodel import select
+
+from scheduler.models import Attempt, Job, Spend
+from scheduler.store import Store
+from tests.scheduler.conftest import spec_dict
+from tests.scheduler.server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN = {"Authorization": "Bearer admin-secret"}
+
+
+def start(db_url: str, port: int, workdir: Path, n: int) -> subprocess.Popen[bytes]:
+    log = open(workdir / f"server-{n}.log", "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([sys.executable, "-m", "tests.scheduler.serve_proc", db_url, str(port), str(workdir),
+                             "2.0"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError((workdir / f"server-{n}.log").read_text())
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("server did not start")
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_restart_loses_and_duplicates_nothing(db_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start(db_url, port, tmp_path, 1)
+    try:
+        admin = httpx.Client(base_url=url, headers=ADMIN, timeout=30)
+        assert admin.post("/v1/teams", json={"name": "ml", "budget_usd": 1000}).status_code == 201
+        token = admin.post("/v1/teams/ml/tokens").json()["token"]
+        c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        bodies = [{"spec": spec_dict(name=f"job{i}"), "idempotency_key": f"k{i}"} for i in range(6)]
+        ids = [c.post("/v1/jobs", json=b).json()["id"] for b in bodies]
+        # Kill once some attempts have been running for a while and some job has finished.
+        wait_for(lambda: len(c.get("/v1/jobs", params={"state": "succeeded"}).json()) >= 1
+                 and len(c.get("/v1/jobs", params={"state": "running"}).json()) >= 1, 60, "a mid-run moment")
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc = start(db_url, port, tmp_path, 2)
+        # Clients retry their submits after the outage: the keys return the same jobs.
+        assert [c.post("/v1/jobs", json=b).json()["id"] for b in bodies] == ids
+        wait_for(lambda: len(c.get("/v1/jobs", params={"state": "succeeded"}).json()) == 6, 90, "all jobs done")
+        logs = [line for i in ids for line in c.get(f"/v1/jobs/{i}/logs").json()["lines"]]
+    finally:
+        proc.kill()
+        proc.wait()
+
+    store = Store(db_url)
+    with store.read() as session:
+        jobs = session.exec(select(Job)).all()
+        attempts = session.exec(select(Attempt).order_by(Attempt.job_id, Attempt.number)).all()  # type: ignore[arg-type]
+        spend = session.exec(select(Spend)).all()
+    store.dispose()
+    assert sorted(j.id for j in jobs) == sorted(ids) and all(j.state == "succeeded" for j in jobs)
+    by_job: dict[str, list[Attempt]] = {}
+    for a in attempts:
+        by_job.setdefault(a.job_id, []).append(a)
+    lost = [a for a in attempts if a.outcome == "lost"]
+    assert lost, "the kill should have caught at least one attempt mid-run"
+    for runs in by_job.values():
+        assert [a.outcome for a in runs][-1] == "succeeded"
+        assert all(a.outcome == "lost" for a in runs[:-1]), [a.outcome for a in runs]
+        for before, after in itertools.pairwise(runs):  # never two attempts of one job at once
+            assert before.ended_at is not None and before.ended_at <= after.started_at
+    # Spend: exactly one row per attempt, price at launch x its duration.
+    assert sorted(s.attempt_id for s in spend) == sorted(a.id for a in attempts if a.id is not None)
+    for s in spend:
+        a = next(x for x in attempts if x.id == s.attempt_id)
+        assert a.ended_at is not None
+        assert s.hours == pytest.approx((a.ended_at - a.started_at).total_seconds() / 3600)
+        assert s.usd == pytest.approx(a.usd_per_h * s.hours)
+    # A lost job resumed from its checkpoint rather than starting over.
+    assert any("attempt 2 resumes at" in line and "at 0.0s" not in line for line in logs)
+    # The journal (one line per executor start) matches the attempts the DB handed out.
+    journal = (tmp_path / "journal").read_text().split("\n")
+    assert len([j for j in journal if j]) == len(attempts)
