@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-def _norm(name: str) -> str:
+def normalize_name(name: str) -> str:
     """Lookup key: case-, space-, dash- and underscore-insensitive ("h100 sxm" == "H100-SXM")."""
     return "".join(ch for ch in name.lower() if ch.isalnum() or ch == ".")
 
@@ -64,7 +64,7 @@ class Catalog:
         owner: dict[str, str] = {}
         for gpu in self.gpus:
             for name in (gpu.id, *gpu.aliases):
-                key = _norm(name)
+                key = normalize_name(name)
                 if key in owner and owner[key] != gpu.id:
                     raise CatalogError(
                         f"GPU name {name!r} is used by both {owner[key]} and {gpu.id}",
@@ -76,7 +76,7 @@ class Catalog:
                 gpu_index[key] = gpu
         model_index: dict[str, ModelConfig] = {}
         for model in self.models:
-            key = _norm(model.id)
+            key = normalize_name(model.id)
             if key in model_index:
                 raise CatalogError(f"duplicate model preset id {model.id!r}", hint="remove one of the rows")
             model_index[key] = model
@@ -95,24 +95,24 @@ class Catalog:
 
     def gpu(self, name: str) -> GpuSpec:
         """The GPU with this id or alias (case-insensitive); UnknownName with close matches."""
-        found = self._gpu_index.get(_norm(name))
+        found = self._gpu_index.get(normalize_name(name))
         if found is None:
             choices = [n for g in self.gpus for n in (g.id, *g.aliases)]
             raise UnknownName("GPU", name, choices)
         return found
 
     def has_gpu(self, name: str) -> bool:
-        return _norm(name) in self._gpu_index
+        return normalize_name(name) in self._gpu_index
 
     def model(self, name: str) -> ModelConfig:
         """The model preset with this id (case-insensitive); UnknownName with close matches."""
-        found = self._model_index.get(_norm(name))
+        found = self._model_index.get(normalize_name(name))
         if found is None:
             raise UnknownName("model", name, [m.id for m in self.models])
         return found
 
     def has_model(self, name: str) -> bool:
-        return _norm(name) in self._model_index
+        return normalize_name(name) in self._model_index
 
     def offers_for(self, gpu_id: str) -> list[Offer]:
         """Every offer of this GPU (id or alias)."""

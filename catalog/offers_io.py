@@ -78,7 +78,7 @@ def _fmt(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:.6g}" if abs(value) < 1e6 else str(value)
+        return repr(value)  # shortest text that reads back as the same float
     return str(value)
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from catalog.hf_config import model_from_hf_config
-from catalog.loader import PACKAGED_DATA_DIR, Catalog, _norm, load_catalog
+from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog, normalize_name
 from catalog.params import count_params
 
 REQUIRED_GPUS = {
@@ -36,7 +36,7 @@ def test_required_gpus_present(cat: Catalog) -> None:
 
 
 def test_gpu_ids_and_aliases_unique_and_unambiguous(cat: Catalog) -> None:
-    names = Counter(_norm(n) for g in cat.gpus for n in {_norm(x) for x in (g.id, *g.aliases)})
+    names = Counter(normalize_name(n) for g in cat.gpus for n in {normalize_name(x) for x in (g.id, *g.aliases)})
     assert [n for n, k in names.items() if k > 1] == []
     for g in cat.gpus:
         for name in (g.id, *g.aliases):
