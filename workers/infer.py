@@ -23,6 +23,7 @@ import torch
 
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
+from planner.spec import JobSpec
 from workers.infer_io import (
     ByteTokenizer,
     HfTokenizer,
@@ -267,4 +268,55 @@ def run_inference(
         peak_memory_bytes=peak,
         weights=weights,
         outputs=str(outputs),
+    )
+
+
+def run_infer_spec(
+    spec: JobSpec,
+    outputs: Path,
+    *,
+    workdir: Path,
+    seed: int = 0,
+    device: str | None = None,
+    progress: Progress | None = None,
+) -> InferenceResult:
+    """Run an ``task: infer`` JobSpec: its model, batch, output tokens and weights dtype.
+
+    Without ``infer.prompts`` a seeded synthetic prompts file of ``requests`` x ``prompt_tokens``
+    token ids is written to ``workdir`` once (and reused on resume, so the requests stay the same).
+    """
+    from workers.infer_io import write_synthetic_prompts
+    from workers.model import resolve_model_source
+
+    if spec.task != "infer" or spec.infer is None:
+        raise InvalidInput(f"job {spec.name!r} is a {spec.task} job, not infer", path="task")
+    infer = spec.infer
+    source = resolve_model_source(spec)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if infer.prompts:
+        prompts = Path(infer.prompts).expanduser()
+    else:
+        prompts = Path(workdir) / "synthetic-prompts.jsonl"
+        if not prompts.exists():
+            tmp = prompts.with_suffix(".tmp")
+            write_synthetic_prompts(
+                tmp,
+                requests=int(infer.requests),
+                prompt_tokens=infer.prompt_tokens,
+                vocab_size=source.config.vocab_size,
+                seed=seed,
+            )
+            tmp.replace(prompts)
+    return run_inference(
+        source.config,
+        prompts,
+        outputs,
+        batch=infer.batch,
+        max_new_tokens=infer.output_tokens,
+        dtype=infer.weights,
+        seed=seed,
+        device=device,
+        weights_dir=source.weights_dir,
+        progress=progress,
     )

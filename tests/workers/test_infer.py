@@ -253,3 +253,32 @@ def test_other_bad_input(reference: tuple[Path, Path], tmp_path: Path) -> None:
     damaged.write_text("garbage\n" + json.dumps({"id": "r0", "output_ids": [1]}) + "\n")
     with pytest.raises(InvalidInput, match="line 1 of the outputs file"):
         _run(prompts, damaged)
+
+
+def test_infer_jobspec_with_synthetic_prompts_resumes_on_the_same_requests(tmp_path: Path) -> None:
+    from planner.spec import spec_from_dict
+    from workers.infer import run_infer_spec
+
+    (tmp_path / "config.json").write_text(json.dumps(TINY_HF))
+    spec = spec_from_dict(
+        {
+            "task": "infer",
+            "model": {"config": str(tmp_path / "config.json")},
+            "infer": {"batch": 2, "prompt_tokens": 5, "output_tokens": 3, "requests": 5, "weights": "auto"},
+        }
+    )
+    outputs = tmp_path / "out.jsonl"
+    first = run_infer_spec(spec, outputs, workdir=tmp_path / "work", seed=1, device="cpu")
+    assert (first.requests_total, first.requests_done, first.weights) == (5, 5, "fp32")
+    records = _records(outputs)
+    assert [r["prompt_tokens"] for r in records] == [5] * 5
+    assert all(r["new_tokens"] <= 3 for r in records)
+    prompts_before = (tmp_path / "work" / "synthetic-prompts.jsonl").read_bytes()
+    again = run_infer_spec(spec, outputs, workdir=tmp_path / "work", seed=1, device="cpu")
+    assert (again.requests_done, again.requests_skipped) == (0, 5)
+    assert (tmp_path / "work" / "synthetic-prompts.jsonl").read_bytes() == prompts_before
+    train = spec_from_dict(
+        {"task": "train", "model": {"config": str(tmp_path / "config.json")}, "train": {"tokens": 1000}}
+    )
+    with pytest.raises(InvalidInput, match="not infer"):
+        run_infer_spec(train, outputs, workdir=tmp_path)
