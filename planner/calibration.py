@@ -42,6 +42,10 @@ class MemoryCalibration(_Cal):
     )
     activation_scale: float = Field(default=1.0, description="multiplier on the counted saved activations")
     logits_scale: float = Field(default=1.0, description="multiplier on the counted logits/loss tensors")
+    prefill_mlp_bytes: dict[str, float] = Field(
+        default_factory=lambda: {"bf16": 6.0, "fp16": 6.0, "int8": 6.0, "int4": 6.0, "fp8": 10.0},
+        description="bytes per MLP-intermediate element live during prefill, by weight dtype",
+    )
     backward_working_layers: float = Field(
         default=1.0, description="extra per-layer activation copies live while a layer's backward runs"
     )
@@ -53,9 +57,10 @@ class ThroughputCalibration(_Cal):
     mfu_max: dict[str, float] = Field(
         default_factory=lambda: {"fp32": 0.7, "amp-bf16": 0.5, "amp-fp16": 0.5, "bf16": 0.55, "fp8": 0.45}
     )
-    hidden_half: float = 512.0
+    hidden_half: float = 0.0
     tokens_half: float = 1024.0
     layer_overhead_s: float = 4e-4
+    traffic_factor: float = Field(default=3.0, description="memory-bound passes over the saved-activation bytes")
     step_overhead_s: float = 5e-3
     lora_speed: float = Field(default=0.85, description="LoRA's extra adapter kernels relative to its FLOPs")
     qlora_speed: float = Field(default=0.55, description="nf4 dequantisation overhead on the frozen matmuls")
@@ -66,6 +71,14 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
+    optimizer_passes: dict[str, float] = Field(
+        default_factory=lambda: {"adamw": 10.0, "adamw-8bit": 6.0, "sgd": 5.0, "adafactor": 8.0},
+        description="memory passes over (trainable params x state bytes) per optimizer step",
+    )
+    quant_layer_overhead: dict[str, float] = Field(
+        default_factory=lambda: {"int8": 1.5, "fp8": 2.5, "int4": 2.0},
+        description="decode per-layer overhead multiplier of quantized weights (extra quant/dequant kernels)",
+    )
     quant_decode_speed: dict[str, float] = Field(
         default_factory=lambda: {"int8": 0.8, "fp8": 0.9, "int4": 0.7}, description="dequant kernel slowdown"
     )

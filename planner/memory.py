@@ -87,8 +87,12 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
     adapters = finetune in ("lora", "qlora")
     if model.family == "gpt2":
         ln_out = 2 * h if pb.autocast else c * h
-        # ln inputs, ln outputs (casts), fused qkv buffer, attn out, 2 dropout masks, python gelu_new
-        return 2 * r * h + 2 * ln_out + 3 * c * h + c * h + 2 * h + 5 * c * inter + lse + 2 * r * h / 4
+        # python gelu_new saves its input (pow), tanh out, 0.5*x, 1+tanh, and its output (c_proj);
+        # under autocast pow runs in fp32, so the input cast, tanh and 1+tanh are fp32 and the
+        # bf16 c_fc output is not saved at all
+        gelu = (4 + 4 + 2 + 4 + 2) * inter if pb.autocast else 5 * c * inter
+        # ln inputs, ln outputs (casts), fused qkv buffer, attn out, residual-dropout masks and output
+        return 2 * r * h + 2 * ln_out + 3 * c * h + c * h + 2 * h + c * h / 2 + gelu + lse
     if adapters:
         # frozen base: weights' grads not needed, so norm outputs and linear inputs are saved only
         # through peft's fp32 casts of each adapter input (autocast_adapter_dtype=True).
@@ -262,13 +266,22 @@ def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: Me
     backward_end_acts = recompute + (saved if strategy.activation_checkpointing else tokens * per_tok_layer)
 
     base = {"weights": weights, "optimizer_states": states, **extra}
+    # autocast's bf16 weight copies live as long as autograd saves them: every layer's until its
+    # backward (only lm_head's when checkpointing: recomputation re-casts one layer at a time)
+    copies_start, copies_end = 0.0, 0.0
     if autocast_copies:
-        base["autocast_weight_copies"] = autocast_copies
+        head_copy = (pc.lm_head or pc.embedding) / tp * 2
+        layer_copy = _linear_per_layer(model, pc) / tp * 2
+        copies_start = head_copy + (layer_copy if strategy.activation_checkpointing else autocast_copies - head_copy)
+        copies_end = layer_copy
     moments = [
-        _Moment("backward start", {**base, "gradients": accum_grads, "activations": saved, "logits_loss": logits_peak}),
-        _Moment("lm_head grad", {**base, "gradients": max(accum_grads, lm_grad * (2 if pb.autocast else 1)),
+        _Moment("backward start", {**base, "autocast_weight_copies": copies_start, "gradients": accum_grads,
+                                   "activations": saved, "logits_loss": logits_peak}),
+        _Moment("lm_head grad", {**base, "autocast_weight_copies": copies_start,
+                                 "gradients": max(accum_grads, lm_grad * (2 if pb.autocast else 1)),
                                  "activations": saved, "logits_loss": bsv * (lb + 4)}),
-        _Moment("backward end", {**base, "gradients": grads, "activations": backward_end_acts}),
+        _Moment("backward end", {**base, "autocast_weight_copies": copies_end, "gradients": grads,
+                                 "activations": backward_end_acts}),
         _Moment("optimizer step", {"weights": weights, "gradients": grads, "optimizer_states": states,
                                    "optimizer_temporaries": temp,
                                    **{k: val for k, val in extra.items() if k == "ddp_buckets"}}),
@@ -337,10 +350,12 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     kv_prompt = kv_cache_bytes(model, b, prompt_tokens) / tp
     kv_layer = kv_full / model.num_layers
     t = b * prompt_tokens
-    # prefill transients of one layer: MLP (act, up, product) or the norm's fp32 temporaries
-    prefill_work = t * max(3 * 2 * inter / tp, 14 * h) + t * 2 * h * 2
-    if strategy.weights in ("int8", "fp8", "int4"):
-        prefill_work += t * 2 * max(h, inter / tp)  # dynamic activation casts / dequant buffers
+    # prefill transients of one layer: MLP (act, up, product) or the norm's fp32 temporaries, plus
+    # the hidden states alive meanwhile (the caller's layer input, the residual, the norm output)
+    # bytes per MLP-intermediate element alive at once: 6 in bf16 (act, up, product); fp8's dynamic
+    # activation quantization adds fp32 copies of down_proj's input (x.float() / scale, clamp)
+    mlp_bytes = cal.prefill_mlp_bytes.get(strategy.weights, 6.0)
+    prefill_work = t * max(mlp_bytes * inter / tp, 14 * h) + t * 2 * h * 3
     logits = b * model.vocab_size * (2 + 4 + 4)
     moments = [
         _Moment("prefill", {"weights": weights, "kv_cache": kv_prompt, "prefill_activations": prefill_work,

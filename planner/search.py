@@ -53,6 +53,14 @@ class Placement:
 
 
 @dataclass
+class Memo:
+    """Per-plan caches: memory depends on the knobs, not on the GPU; per-token counts on the model."""
+
+    lines: dict[tuple[Knobs, int], MemoryLines] = field(default_factory=dict)
+    per_token: dict[tuple[object, ...], float] = field(default_factory=dict)
+
+
+@dataclass
 class Outcome:
     """The best strategy for one placement, or why none works."""
 
@@ -115,7 +123,7 @@ def _strategy(**kw: Any) -> Strategy:
 
 
 def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
-                    memo: dict[tuple[Knobs, int], MemoryLines]) -> Outcome:
+                    memo: Memo) -> Outcome:
     assert spec.train is not None
     t = spec.train
     gpu = p.gpu
@@ -168,9 +176,9 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                               micro_batch=mbs[0], grad_accum=accum1, finetune=t.finetune, lora_rank=t.lora_rank)
                 tried += 1
                 key = (knobs, t.seq_len)
-                lines = memo.get(key)
+                lines = memo.lines.get(key)
                 if lines is None:
-                    lines = memo[key] = memory_lines(model, knobs, t.seq_len, mem_cal, pc)
+                    lines = memo.lines[key] = memory_lines(model, knobs, t.seq_len, mem_cal, pc)
                 mb = max_micro_batch(lines, p.count, gpu, mem_cal, mbs, mem_cal.plan_headroom)
                 if mb is None:
                     need = max(c for c, _ in lines)
@@ -180,7 +188,7 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                 accum = 1 if t.global_batch is None else max(1, math.ceil(t.global_batch / (mb * dp)))
                 knobs = knobs.with_micro_batch(mb, accum)
                 tps = train_throughput(model, knobs, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
-                                       network_gbps=p.network_gbps, pc=pc).tokens_per_s
+                                       network_gbps=p.network_gbps, pc=pc, memo=memo.per_token).tokens_per_s
                 if best is None or tps > best[0]:
                     best = (tps, knobs)
                 if precision.startswith("amp") and (best_amp is None or tps > best_amp[0]):
@@ -263,12 +271,12 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
 
 
 def _estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
-                        memo: dict[tuple[Knobs, int], MemoryLines] | None = None) -> Outcome:
+                        memo: Memo | None = None) -> Outcome:
     problem = multi_gpu_problem(p.gpu, p.count)
     if problem:
         return Outcome(None, problem, "count")
     if spec.task == "train":
-        return _train_estimate(spec, model, p, cal, {} if memo is None else memo)
+        return _train_estimate(spec, model, p, cal, Memo() if memo is None else memo)
     return _infer_estimate(spec, model, p, cal)
 
 
@@ -356,7 +364,7 @@ def _counts_for(g_per_node: int, pinned: int | None, max_gpus: int) -> list[int]
 
 
 def _checkpoint_hours(model: ModelConfig, s: Strategy, cal: Calibration) -> float:
-    pc = count_params(model)
+    pc = count_params(model)  # cheap; called once per priced candidate
     pb = PRECISION_BYTES.get(s.precision, PRECISION_BYTES["bf16"])
     state = pc.total * (pb.param + 2 * pb.state) if s.finetune == "full" else pc.total * 0.02
     return max(cal.cost.min_checkpoint_h, state / (cal.cost.checkpoint_write_gbps * 1e9) / 3600)
@@ -397,7 +405,7 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
             funnel.reject(f"{g.id} (any count)", f"{g.id} is not in resources.accelerators", "allow-list", 0)
 
     outcomes: dict[tuple[str, int, int, float], Outcome] = {}
-    memo: dict[tuple[Knobs, int], MemoryLines] = {}  # memory depends on the knobs, not on the GPU
+    memo = Memo()
     candidates: list[Candidate] = []
     priced: list[Candidate] = []  # fit in memory, before deadline/budget
     for gpu in gpus:

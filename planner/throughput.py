@@ -16,7 +16,7 @@ from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import ThroughputCalibration
 from planner.knobs import KnobsLike
-from planner.memory import WEIGHT_BYTES, kv_cache_bytes
+from planner.memory import WEIGHT_BYTES, kv_cache_bytes, layer_activation_bytes_per_token
 from planner.types import Strategy, ThroughputEstimate
 
 PEAK_DTYPE = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
@@ -68,15 +68,41 @@ def link_gbytes_per_s(gpu: GpuSpec, gpu_count: int, gpus_per_node: int, network_
     return min(intra, inter * gpus_per_node)  # a ring crosses each node boundary once per node
 
 
+def traffic_bytes_per_token(model: ModelConfig, strategy: KnobsLike, seq_len: int) -> float:
+    """Bytes the memory-bound (non-matmul) kernels move per token: proportional to the activations
+    autograd saves (norms, activations, softmax/cross-entropy over the vocabulary)."""
+    act_precision = strategy.precision
+    if strategy.sharding in ("fsdp", "fsdp-grad-op") and act_precision.startswith("amp"):
+        act_precision = "bf16"
+    layers = math.ceil(model.num_layers / strategy.pipeline_parallel)
+    per_layer = layer_activation_bytes_per_token(model, act_precision, strategy.finetune, strategy.lora_rank,
+                                                 strategy.tensor_parallel, seq_len)
+    return layers * per_layer + 12.0 * model.vocab_size / strategy.tensor_parallel
+
+
+def optimizer_step_s(params: float, state_bytes: int, optimizer: str, gpu: GpuSpec,
+                     cal: ThroughputCalibration) -> float:
+    """The optimizer step streams params, grads and states through memory (foreach kernels)."""
+    passes = cal.optimizer_passes.get(optimizer, 10.0)
+    return params * state_bytes * passes / (gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency)
+
+
 def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
                      cal: ThroughputCalibration, *, gpus_per_node: int = 8,
-                     network_gbps: float = 100.0, pc: ParamCount | None = None) -> ThroughputEstimate:
+                     network_gbps: float = 100.0, pc: ParamCount | None = None,
+                     memo: dict[tuple[object, ...], float] | None = None) -> ThroughputEstimate:
+    """``memo`` (any dict the caller keeps for one model and seq_len) caches per-token counts."""
     tp, pp, dp = strategy.tensor_parallel, strategy.pipeline_parallel, strategy.data_parallel
     mb, accum = strategy.micro_batch, strategy.grad_accum
     tokens_micro = mb * seq_len
     ft = strategy.finetune
     pc = pc or count_params(model)
-    flops = train_flops_per_token(model, seq_len, ft, strategy.activation_checkpointing, pc) * tokens_micro / (tp * pp)
+    memo = {} if memo is None else memo
+    fkey = ("flops", ft, strategy.activation_checkpointing)
+    if fkey not in memo:
+        memo[fkey] = train_flops_per_token(model, seq_len, ft, strategy.activation_checkpointing, pc)
+        memo[("flops", ft, False)] = train_flops_per_token(model, seq_len, ft, False, pc)
+    flops = memo[fkey] * tokens_micro / (tp * pp)
     eff = efficiency(model, strategy.precision, tokens_micro, cal)
     if ft == "lora":
         eff *= cal.lora_speed
@@ -85,7 +111,12 @@ def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     peak = peak_tflops(gpu, strategy.precision) * 1e12
     layers_here = math.ceil(model.num_layers / pp)
     recompute_factor = 4 / 3 if strategy.activation_checkpointing else 1.0
-    compute = flops / (peak * eff) + cal.layer_overhead_s * layers_here * recompute_factor
+    tkey = ("traffic", strategy.precision, strategy.sharding, ft, tp, pp)
+    if tkey not in memo:
+        memo[tkey] = traffic_bytes_per_token(model, strategy, seq_len)
+    traffic = memo[tkey] * tokens_micro * recompute_factor
+    compute = (flops / (peak * eff) + cal.traffic_factor * traffic / (gpu.memory_bandwidth_gbps * 1e9)
+               + cal.layer_overhead_s * layers_here * recompute_factor)
 
     bw = link_gbytes_per_s(gpu, strategy.gpu_count, gpus_per_node, network_gbps) * 1e9 * cal.comm_efficiency
     local = pc.total / (tp * pp)
@@ -115,13 +146,12 @@ def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     # optimizer step: read/write params, grads, states (+ temporaries) at memory bandwidth
     state_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") or ft != "full" else 2
     sharded = trainable / (dp if strategy.sharding in ("fsdp", "fsdp-grad-op", "zero1") else 1)
-    passes = {"adamw": 10, "adamw-8bit": 6, "sgd": 5, "adafactor": 8}.get(strategy.optimizer, 10)
-    opt = sharded * state_b * passes / (gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency)
+    opt = optimizer_step_s(sharded, state_b, strategy.optimizer, gpu, cal)
     per_micro = compute + exposed + (opt + cal.step_overhead_s) / accum
     bubble = (pp - 1) / (accum + pp - 1) if pp > 1 else 0.0
     per_micro = per_micro / (1 - bubble)
     tokens_per_s = tokens_micro * dp / per_micro
-    achieved = train_flops_per_token(model, seq_len, ft, False, pc) * tokens_per_s
+    achieved = memo[("flops", ft, False)] * tokens_per_s
     mfu = achieved / (peak * strategy.gpu_count)
     return ThroughputEstimate(
         tokens_per_s=tokens_per_s,
@@ -144,7 +174,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     h = model.hidden_size
     work = b * prompt_tokens
     prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
-    prefill = prefill_flops / (peak * prefill_eff) + cal.layer_overhead_s * model.num_layers / 3
+    prefill = prefill_flops / (peak * prefill_eff)
     wb = WEIGHT_BYTES[strategy.weights]
     weight_bytes = ((n - lm) * wb + lm * 2) / tp
     avg_ctx = prompt_tokens + output_tokens / 2
@@ -153,7 +183,8 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
     mem_time = (weight_bytes / speed + kv) / bw
     compute_time = b * (2 * n + attention_flops_per_token(model, int(avg_ctx))) / tp / (peak * cal.prefill_mfu)
-    overhead = cal.decode_layer_overhead_s * model.num_layers + cal.decode_step_overhead_s
+    layer_overhead = cal.decode_layer_overhead_s * cal.quant_layer_overhead.get(strategy.weights, 1.0)
+    overhead = layer_overhead * model.num_layers + cal.decode_step_overhead_s
     decode_step = max(mem_time, compute_time) + overhead
     if tp > 1:
         link = gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency

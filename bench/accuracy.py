@@ -1,0 +1,467 @@
+"""Planner accuracy against real H200 runs, and the calibration fit (non-holdout cases only).
+
+    .venv/bin/python bench/accuracy.py --fit      # fit planner/calibration.json, then write docs/ACCURACY.md
+    .venv/bin/python bench/accuracy.py            # evaluate the current calibration only
+
+Reads bench/cases.yaml (case definitions, ``holdout: true`` never used for fitting) and
+bench/results/h200.json (measured ``peak_allocated_bytes``, ``peak_reserved_bytes``,
+``tokens_per_s``, ``oom``; see docs/MEASUREMENTS.md). Predicts every case with the planner and,
+for comparison on the same cases, with accelerate's ``estimate-memory`` formula and the
+EleutherAI "Transformer Math 101" formula.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from catalog.hf_config import model_from_hf_config  # noqa: E402
+from catalog.loader import load_catalog  # noqa: E402
+from catalog.params import count_params  # noqa: E402
+from catalog.schema import GpuSpec, ModelConfig  # noqa: E402
+from planner.calibration import (  # noqa: E402
+    DEFAULT_CALIBRATION_PATH,
+    MIB,
+    Calibration,
+    MemoryCalibration,
+    ThroughputCalibration,
+    load_calibration,
+)
+from planner.memory import infer_memory, lora_params_per_layer, train_memory  # noqa: E402
+from planner.throughput import (  # noqa: E402
+    efficiency,
+    infer_throughput,
+    peak_tflops,
+    traffic_bytes_per_token,
+    train_flops_per_token,
+    train_throughput,
+)
+from planner.types import Strategy  # noqa: E402
+
+GIB = 1 << 30
+
+
+@dataclass
+class Row:
+    case: dict[str, Any]
+    measured: dict[str, Any]
+    model: ModelConfig
+    strategy: Strategy
+
+    @property
+    def id(self) -> str:
+        return str(self.case["id"])
+
+    @property
+    def holdout(self) -> bool:
+        return bool(self.case.get("holdout"))
+
+    @property
+    def ran(self) -> bool:
+        return not self.measured.get("oom") and not self.measured.get("error") and bool(
+            self.measured.get("peak_allocated_bytes"))
+
+    @property
+    def oom(self) -> bool:
+        return bool(self.measured.get("oom"))
+
+    @property
+    def train(self) -> bool:
+        return self.case.get("task", "train") == "train"
+
+
+def load_rows(cases_path: Path, results_paths: list[Path]) -> tuple[list[Row], dict[str, Any]]:
+    doc = yaml.safe_load(cases_path.read_text())
+    models = {k: model_from_hf_config(v, k) for k, v in doc["models"].items()}
+    defaults = doc.get("defaults", {})
+    measured: dict[str, dict[str, Any]] = {}
+    env: dict[str, Any] = {}
+    for path in results_paths:
+        if not path.is_file():
+            continue
+        body = json.loads(path.read_text())
+        env = env or body.get("environment", {})
+        for rec in body.get("results", []):
+            measured[rec["id"]] = rec
+    rows: list[Row] = []
+    for raw in doc["cases"]:
+        case = {**defaults, **raw}
+        rec = measured.get(case["id"])
+        if rec is None:
+            continue
+        count = int(case.get("gpu_count", 1))
+        task = case.get("task", "train")
+        if task == "train":
+            s = Strategy(gpu="H200", gpu_count=count, precision=case["precision"], optimizer=case["optimizer"],
+                         sharding=case["sharding"] if count > 1 else "none",
+                         activation_checkpointing=bool(case["activation_checkpointing"]),
+                         micro_batch=int(case["micro_batch"]), finetune=case["finetune"],
+                         lora_rank=int(case["lora_rank"]))
+        else:
+            s = Strategy(gpu="H200", gpu_count=count, weights=case["weights"], batch=int(case["batch"]))
+        rows.append(Row(case, rec, models[case["model"]], s))
+    return rows, env
+
+
+# ----------------------------------------------------------------------------- predictions
+
+
+def predict(row: Row, gpu: GpuSpec, cal: Calibration) -> dict[str, Any]:
+    c = row.case
+    if row.train:
+        mem = train_memory(row.model, row.strategy, int(c["seq_len"]), gpu, cal.memory)
+        thr = train_throughput(row.model, row.strategy, int(c["seq_len"]), gpu, cal.throughput)
+        tps = thr.tokens_per_s
+    else:
+        mem = infer_memory(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu, cal.memory)
+        thr = infer_throughput(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu,
+                               cal.throughput)
+        tps = thr.tokens_per_s
+    return {"alloc": mem.peak_allocated_bytes, "reserved": mem.peak_reserved_bytes, "fits": mem.fits,
+            "tps": tps, "moment": mem.peak_moment, "required": mem.required_bytes}
+
+
+def accelerate_estimate(row: Row) -> float:
+    """accelerate estimate-memory: inference = model size in the dtype; training with Adam = 4x it."""
+    p = count_params(row.model).total
+    if not row.train:
+        return p * 2.0
+    dtype_bytes = 4 if row.strategy.precision in ("fp32", "amp-bf16", "amp-fp16") else 2
+    return 4.0 * p * dtype_bytes / row.strategy.gpu_count ** 0  # accelerate has no notion of sharding
+
+
+def transformer_math_estimate(row: Row) -> float:
+    """EleutherAI 'Transformer Math 101': weights + optimizer + grads + activations (no flash attention)."""
+    m, s = row.model, row.strategy
+    p = count_params(m).total
+    if not row.train:
+        return 1.2 * p * 2.0
+    fp32 = s.precision == "fp32"
+    model_b = 4 if fp32 else 2
+    opt_b = {"adamw": 8 if fp32 else 12, "adamw-8bit": 2 if fp32 else 6, "sgd": 4 if fp32 else 8,
+             "adafactor": 0.01 if fp32 else 4}[s.optimizer]
+    grad_b = 4 if fp32 else 2
+    trainable = p if s.finetune == "full" else lora_params_per_layer(m, s.lora_rank) * m.num_layers
+    weights = p * (0.55 if s.finetune == "qlora" else model_b)
+    states = trainable * (opt_b + grad_b)
+    if s.sharding in ("fsdp", "fsdp-grad-op") and s.gpu_count > 1:
+        states /= s.gpu_count
+        if s.sharding == "fsdp":
+            weights /= s.gpu_count
+    seq, b, h, layers, a = int(row.case["seq_len"]), s.micro_batch, m.hidden_size, m.num_layers, m.num_attention_heads
+    if s.activation_checkpointing:
+        acts = 2 * seq * b * h * layers
+    else:
+        acts = seq * b * h * layers * (10 + 24 + 5 * a * seq / h)
+    return weights + states + acts
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+def fit(rows: list[Row], gpu: GpuSpec, base: Calibration) -> Calibration:
+    """Fit memory and throughput constants on the NON-holdout cases that ran."""
+    train_rows = [r for r in rows if not r.holdout and r.ran]
+    fitted_ids = sorted(r.id for r in train_rows)
+    mem = base.memory
+    # CUDA context: what the measurement saw outside the allocator (median over cases)
+    outside = [r.measured.get("outside_allocator_end_bytes") for r in train_rows]
+    outside_v = [int(v) for v in outside if v]
+    if outside_v:
+        mem = mem.model_copy(update={"cuda_context_bytes": int(statistics.median(outside_v))})
+    # allocator overhead by mode: the median reserved/allocated ratio (measured, so the model's own
+    # allocated error does not leak into it)
+    overhead = dict(mem.reserved_overhead)
+    by_mode: dict[str, list[float]] = {}
+    for r in train_rows:
+        mode = _mode(r)
+        by_mode.setdefault(mode, []).append(r.measured["peak_reserved_bytes"] / r.measured["peak_allocated_bytes"] - 1)
+    for mode, ratios in by_mode.items():
+        overhead[mode] = round(max(0.0, statistics.median(ratios)), 4)
+    mem = mem.model_copy(update={"reserved_overhead": overhead})
+    mem = _fit_backward_working(train_rows, gpu, base.model_copy(update={"memory": mem}))
+    mem = _fit_prefill_mlp(train_rows, gpu, base.model_copy(update={"memory": mem}))
+    thr = _fit_train_throughput([r for r in train_rows if r.train], gpu, base.throughput)
+    thr = _fit_infer_throughput([r for r in train_rows if not r.train], gpu, thr)
+    return Calibration(
+        source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
+               f"({datetime.now(UTC).date().isoformat()}); results bench/results/h200.json",
+        fitted_on=fitted_ids, memory=mem, throughput=thr, cost=base.cost,
+    )
+
+
+def _fit_backward_working(rows: list[Row], gpu: GpuSpec, cal: Calibration) -> MemoryCalibration:
+    """How many extra layer-activation copies a layer's backward holds: the value with the smallest
+    worst-case |error| of peak allocated (under-prediction counted double: it means OOM)."""
+    train = [r for r in rows if r.train]
+    best: tuple[float, float] | None = None
+    for bwl in (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5):
+        probe = cal.model_copy(update={"memory": cal.memory.model_copy(update={"backward_working_layers": bwl})})
+        worst = 0.0
+        for r in train:
+            e = rel(predict(r, gpu, probe)["alloc"], r.measured["peak_allocated_bytes"])
+            worst = max(worst, -2 * e if e < 0 else e)
+        if best is None or worst < best[0] - 1e-9:
+            best = (worst, bwl)
+    assert best is not None
+    return cal.memory.model_copy(update={"backward_working_layers": best[1]})
+
+
+def _fit_prefill_mlp(rows: list[Row], gpu: GpuSpec, cal: Calibration) -> MemoryCalibration:
+    """Per quantized weight dtype, the MLP working bytes that explain the measured prefill peak
+    (largest over the cases, so the prediction does not under-shoot)."""
+    table = dict(cal.memory.prefill_mlp_bytes)
+    for weights in {r.strategy.weights for r in rows if not r.train} - {"bf16", "fp16"}:
+        needed = []
+        for r in (r for r in rows if not r.train and r.strategy.weights == weights):
+            t = r.strategy.batch * int(r.case["prompt_tokens"])
+            for value in [x / 2 for x in range(12, 61)]:
+                probe = cal.memory.model_copy(update={"prefill_mlp_bytes": {**table, weights: value}})
+                pred = predict(r, gpu, cal.model_copy(update={"memory": probe}))
+                if pred["alloc"] >= r.measured["peak_allocated_bytes"] or pred["moment"] != "prefill":
+                    needed.append(value)
+                    break
+            del t
+        if needed:
+            table[weights] = max(needed)
+    return cal.memory.model_copy(update={"prefill_mlp_bytes": table})
+
+
+def _mode(r: Row) -> str:
+    if not r.train:
+        return "infer"
+    if r.strategy.gpu_count > 1:
+        return r.strategy.sharding if r.strategy.sharding in ("fsdp", "fsdp-grad-op") else "ddp"
+    return "single"
+
+
+def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+    """Grid over the saturation constants and the per-layer overhead; linear least squares on the
+    relative error for 1/mfu per precision and the adapter (LoRA) cost:
+    step - optimizer - layers*overhead = sum_p flops/(peak*g(h)*k(T)) / mfu_p (+ lora_extra * same)."""
+    single = [r for r in rows if r.strategy.gpu_count == 1 and r.measured.get("median_step_s")]
+    if len(single) < 4:
+        return base
+    precisions = sorted({r.strategy.precision for r in single})
+    optimizers = sorted({r.strategy.optimizer for r in single if r.strategy.finetune == "full"})
+    has_lora = any(r.strategy.finetune != "full" for r in single)
+    best: tuple[float, ThroughputCalibration] | None = None
+    grid = itertools.product((0.0, 256.0), (16.0, 256.0, 1024.0, 4096.0), (0.0, 5e-5, 1e-4, 2e-4, 4e-4, 8e-4))
+    for hidden_half, tokens_half, layer_s in grid:
+        probe = base.model_copy(update={"hidden_half": hidden_half, "tokens_half": tokens_half})
+        a_rows, y = [], []
+        for r in single:
+            s = r.strategy
+            seq = int(r.case["seq_len"])
+            tokens = s.micro_batch * seq
+            flops = train_flops_per_token(r.model, seq, s.finetune, s.activation_checkpointing) * tokens
+            peak = peak_tflops(gpu, s.precision) * 1e12
+            base_eff = efficiency(r.model, s.precision, tokens, probe) / probe.mfu_max.get(s.precision, 0.4)
+            x = flops / (peak * base_eff)
+            cols = [x if s.precision == p else 0.0 for p in precisions]
+            if has_lora:
+                cols.append(x if s.finetune != "full" else 0.0)
+            recompute = 4 / 3 if s.activation_checkpointing else 1.0
+            traffic = traffic_bytes_per_token(r.model, s, seq) * tokens * recompute
+            cols.append(traffic / (gpu.memory_bandwidth_gbps * 1e9))
+            pc = count_params(r.model)
+            trainable = pc.total if s.finetune == "full" else pc.total * 0.01
+            state_b = 4 if s.precision in ("fp32", "amp-bf16", "amp-fp16") or s.finetune != "full" else 2
+            one_pass = trainable * state_b / (gpu.memory_bandwidth_gbps * 1e9 * probe.optimizer_bw_efficiency)
+            cols += [one_pass if s.optimizer == o else 0.0 for o in optimizers]
+            known = layer_s * r.model.num_layers * recompute
+            t = float(r.measured["median_step_s"])
+            a_rows.append([v / t for v in cols])
+            y.append(1.0 - known / t)
+        a = np.array(a_rows)
+        coef, *_ = np.linalg.lstsq(a, np.array(y), rcond=None)
+        coef = np.maximum(coef, 1e-3)
+        err = float(np.sum((a @ coef - np.array(y)) ** 2))
+        mfu = dict(probe.mfu_max)
+        for i, p in enumerate(precisions):
+            mfu[p] = float(min(0.95, 1.0 / coef[i]))
+        lora_speed = base.lora_speed
+        if has_lora:
+            lora_speed = float(min(1.0, 1.0 / (1.0 + coef[len(precisions)] * mfu.get("bf16", 0.5))))
+        n_p = len(precisions) + (1 if has_lora else 0)
+        passes = dict(probe.optimizer_passes)
+        for i, o in enumerate(optimizers):
+            passes[o] = float(coef[n_p + 1 + i])
+        cand = probe.model_copy(update={"mfu_max": mfu, "lora_speed": lora_speed, "layer_overhead_s": layer_s,
+                                        "step_overhead_s": 0.0, "traffic_factor": float(coef[n_p]),
+                                        "optimizer_passes": passes})
+        if best is None or err < best[0]:
+            best = (err, cand)
+    assert best is not None
+    # precisions never measured keep their default ratio to bf16
+    fitted = best[1]
+    mfu = dict(fitted.mfu_max)
+    for p in base.mfu_max:
+        if p not in precisions:
+            mfu[p] = base.mfu_max[p] / base.mfu_max["bf16"] * mfu.get("bf16", base.mfu_max["bf16"])
+    return fitted.model_copy(update={"mfu_max": mfu})
+
+
+def _fit_infer_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+    """Prefill: one efficiency (median ratio). Decode: the bandwidth efficiency stays at its prior and
+    HF generate()'s per-layer overhead is the median of what the roofline leaves unexplained."""
+    updated = base
+    pre = [r for r in rows if r.measured.get("prefill_tokens_per_s")]
+    if pre:
+        ratios = []
+        for r in pre:
+            est = infer_throughput(r.model, r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]),
+                                   gpu, base)
+            assert est.prefill_tokens_per_s is not None
+            ratios.append(float(r.measured["prefill_tokens_per_s"]) / est.prefill_tokens_per_s)
+        updated = updated.model_copy(update={"prefill_mfu": min(0.95, base.prefill_mfu * statistics.median(ratios))})
+    dec = [r for r in rows if r.measured.get("decode_tokens_per_s")]
+    if dec:
+        probe = updated.model_copy(update={"decode_layer_overhead_s": 0.0, "decode_step_overhead_s": 0.0})
+        per_layer: dict[str, list[float]] = {}
+        for r in dec:
+            est = infer_throughput(r.model, r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]),
+                                   gpu, probe)
+            assert est.decode_tokens_per_s is not None
+            roofline = r.strategy.batch / est.decode_tokens_per_s
+            measured = r.strategy.batch / float(r.measured["decode_tokens_per_s"])
+            per_layer.setdefault(r.strategy.weights, []).append(max(0.0, measured - roofline) / r.model.num_layers)
+        plain = per_layer.get("bf16") or [v for vs in per_layer.values() for v in vs]
+        base_overhead = statistics.median(plain)
+        mult = dict(base.quant_layer_overhead)
+        for weights, values in per_layer.items():
+            if weights != "bf16" and base_overhead > 0:
+                mult[weights] = statistics.median(values) / base_overhead
+        updated = updated.model_copy(update={"decode_layer_overhead_s": base_overhead, "decode_step_overhead_s": 0.0,
+                                             "quant_layer_overhead": mult})
+    return updated
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def rel(pred: float, meas: float) -> float:
+    return (pred - meas) / meas
+
+
+def summary(errors: list[float]) -> str:
+    if not errors:
+        return "n/a | n/a | n/a"
+    abs_e = [abs(e) for e in errors]
+    under = min(errors)
+    return f"{statistics.median(abs_e):.1%} | {max(abs_e):.1%} | {min(0.0, under):.1%}"
+
+
+def measured_tps(r: Row) -> float | None:
+    m = r.measured
+    if r.train:
+        return m.get("tokens_per_s")
+    return m.get("e2e_output_tokens_per_s")
+
+
+def report(rows: list[Row], gpu: GpuSpec, cal: Calibration, env: dict[str, Any], command: str) -> str:
+    preds = {r.id: predict(r, gpu, cal) for r in rows}
+    lines = ["# Planner accuracy on real H200 runs", "",
+             f"Produced by `{command}` on {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}.", "",
+             f"Measurements: `bench/results/h200.json` (method in docs/MEASUREMENTS.md; "
+             f"torch {env.get('libraries', {}).get('torch', '?')}, transformers "
+             f"{env.get('libraries', {}).get('transformers', '?')}). Calibration: `planner/calibration.json` — "
+             f"{cal.source}; fitted on {len(cal.fitted_on)} non-holdout cases only. "
+             "Holdout cases (every third case in bench/cases.yaml, chosen before measuring) were never used for "
+             "fitting.", "",
+             "Errors are (predicted - measured) / measured; a negative error is an under-prediction (a promised "
+             "fit that may OOM). accelerate = `accelerate estimate-memory`'s formula (inference: weights; "
+             "training with Adam: 4x the model size in the dtype); TM101 = EleutherAI \"Transformer Math 101\" "
+             "(weights + 12 B/param mixed-precision AdamW + grads + activations sbhL(10+24/t+5as/ht)).", ""]
+    for title, subset in (("Hold-out cases", [r for r in rows if r.holdout]), ("All cases", rows)):
+        ran = [r for r in subset if r.ran]
+        lines += [f"## {title} ({len(ran)} ran, {sum(r.oom for r in subset)} OOM)", "",
+                  "| metric | median abs err | max abs err | worst under-prediction |", "|---|---|---|---|"]
+        alloc = [rel(preds[r.id]["alloc"], r.measured["peak_allocated_bytes"]) for r in ran]
+        acc = [rel(accelerate_estimate(r), r.measured["peak_allocated_bytes"]) for r in ran]
+        tm = [rel(transformer_math_estimate(r), r.measured["peak_allocated_bytes"]) for r in ran]
+        res = [rel(preds[r.id]["reserved"], r.measured["peak_reserved_bytes"]) for r in ran
+               if r.measured.get("peak_reserved_bytes")]
+        tps_train = [rel(preds[r.id]["tps"], measured_tps(r) or 0) for r in ran if r.train and measured_tps(r)]
+        tps_inf = [rel(preds[r.id]["tps"], measured_tps(r) or 0) for r in ran if not r.train and measured_tps(r)]
+        lines += [f"| gpuplan peak allocated | {summary(alloc)} |",
+                  f"| accelerate peak allocated | {summary(acc)} |",
+                  f"| TM101 peak allocated | {summary(tm)} |",
+                  f"| gpuplan peak reserved | {summary(res)} |",
+                  f"| gpuplan training tokens/s | {summary(tps_train)} |",
+                  f"| gpuplan inference output tokens/s | {summary(tps_inf)} |", ""]
+        verdicts = [(r, preds[r.id]["fits"]) for r in subset if r.ran or r.oom]
+        wrong = [r.id for r, fits in verdicts if fits == r.oom]
+        lines += [f"Fit / OOM verdicts: {len(verdicts) - len(wrong)} of {len(verdicts)} right"
+                  + (f" (wrong: {', '.join(wrong)})" if wrong else "") + ".", ""]
+    lines += ["## Per case", "",
+              "| case | holdout | measured alloc GiB | gpuplan | err | accelerate | TM101 | measured reserved | "
+              "gpuplan reserved | err | measured tok/s | gpuplan tok/s | err | fits (pred / real) | peak at |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = preds[r.id]
+        m = r.measured
+        real = "OOM" if r.oom else ("ran" if r.ran else f"error: {str(m.get('error'))[:40]}")
+        if r.ran:
+            ma, mr, mt = m["peak_allocated_bytes"], m.get("peak_reserved_bytes") or 0, measured_tps(r) or 0
+            lines.append(
+                f"| {r.id} | {'yes' if r.holdout else ''} | {ma / GIB:.2f} | {p['alloc'] / GIB:.2f} | "
+                f"{rel(p['alloc'], ma):+.1%} | {rel(accelerate_estimate(r), ma):+.1%} | "
+                f"{rel(transformer_math_estimate(r), ma):+.1%} | {mr / GIB:.2f} | {p['reserved'] / GIB:.2f} | "
+                f"{rel(p['reserved'], mr):+.1%} | {mt:,.0f} | {p['tps']:,.0f} | "
+                f"{rel(p['tps'], mt) if mt else 0:+.1%} | {'fits' if p['fits'] else 'no'} / {real} | {p['moment']} |")
+        else:
+            lines.append(f"| {r.id} | {'yes' if r.holdout else ''} | - | {p['alloc'] / GIB:.2f} | | | | | "
+                         f"{p['reserved'] / GIB:.2f} | | | {p['tps']:,.0f} | | {'fits' if p['fits'] else 'no'} / "
+                         f"{real} | {p['moment']} |")
+    lines += ["", "Inference tokens/s are end-to-end output tokens/s of `generate()` (prefill included). "
+              "Training tokens/s are micro_batch x seq_len x ranks / median step time.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default=str(ROOT / "bench" / "cases.yaml"))
+    ap.add_argument("--results", nargs="+", default=[str(ROOT / "bench" / "results" / "h200.json")])
+    ap.add_argument("--fit", action="store_true", help="fit the calibration on non-holdout cases first")
+    ap.add_argument("--calibration", default=str(DEFAULT_CALIBRATION_PATH))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "ACCURACY.md"))
+    args = ap.parse_args(argv)
+    rows, env = load_rows(Path(args.cases), [Path(p) for p in args.results])
+    if not rows:
+        print("no measured cases found", file=sys.stderr)
+        return 1
+    gpu = load_catalog().gpu("H200")
+    cal_path = Path(args.calibration)
+    if args.fit:
+        cal = fit(rows, gpu, Calibration(memory=MemoryCalibration(cuda_context_bytes=560 * MIB)))
+        cal_path.write_text(json.dumps(cal.model_dump(mode="json"), indent=1) + "\n")
+        print(f"wrote {cal_path}")
+    else:
+        cal = load_calibration(cal_path)
+    command = "python bench/accuracy.py" + (" --fit" if args.fit else "")
+    if args.results != [str(ROOT / "bench" / "results" / "h200.json")]:
+        command += " --results " + " ".join(str(Path(p).relative_to(ROOT)) if Path(p).is_relative_to(ROOT) else p
+                                              for p in args.results)
+    text = report(rows, gpu, cal, env, command)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text[: text.index("## Per case")])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
