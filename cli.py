@@ -70,6 +70,252 @@ JSON_OPTION = typer.Option(False, "--json", help="Print machine-readable JSON in
 
 # ---------------------------------------------------------------- catalog (issue 2: catalog)
 
+catalog_app = typer.Typer(
+    help="GPU specs, priced cloud offers and model presets (like `sky show-gpus`).\n\nExamples:\n\n"
+    "  gpuplan catalog gpus\n\n"
+    "  gpuplan catalog offers --gpu H100 --spot\n\n"
+    "  gpuplan catalog offers --cloud aws --region us-east-1 --json\n\n"
+    "  gpuplan catalog models\n\n"
+    "  gpuplan catalog refresh aws --regions us-east-1,us-west-2",
+    no_args_is_help=True,
+)
+app.add_typer(catalog_app, name="catalog")
+
+
+_LINK_SHORT = {"nvlink": "NVL", "infinity-fabric": "IF", "pcie": "PCIe", "ici": "ICI"}
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}" if value >= 10 else f"{value:.3f}"
+
+
+def _warn_stale(catalog: Any, offers: Any) -> None:
+    """Prices older than 30 days: one warning line on stderr (never on stdout, so --json stays clean)."""
+    from datetime import date
+
+    from catalog.loader import stale_offer_warning
+
+    today = date.today()
+    shown = {id(o) for o in offers}
+    stale = [o for o in catalog.stale_offers(today) if id(o) in shown]
+    text = stale_offer_warning(stale, today)
+    if text:
+        err_console.print(f"[yellow]warning:[/] {text}", highlight=False)
+
+
+@catalog_app.command("gpus")
+@handle_errors
+def catalog_gpus(as_json: bool = JSON_OPTION) -> None:
+    """Every GPU: memory, dense bf16/fp8 TFLOPS, bandwidth, and the cheapest on-demand and spot $/GPU/h.
+
+    Examples:
+
+      gpuplan catalog gpus
+
+      gpuplan catalog gpus --json
+    """
+    from rich.table import Table
+
+    from catalog.loader import load_catalog
+    from catalog.query import cheapest_by_gpu
+
+    catalog = load_catalog()
+    cheapest = cheapest_by_gpu(catalog)
+    if as_json:
+        print_json([
+            {**g.model_dump(mode="json"),
+             "cheapest_on_demand_usd_per_gpu_h": cheapest[g.id].on_demand_per_gpu,
+             "cheapest_on_demand_offer": cheapest[g.id].on_demand,
+             "cheapest_spot_usd_per_gpu_h": cheapest[g.id].spot_per_gpu,
+             "cheapest_spot_offer": cheapest[g.id].spot}
+            for g in catalog.gpus
+        ])
+    else:
+        table = Table(title="GPUs: dense TFLOPS; cheapest $ per GPU-hour in the catalog", title_justify="left")
+        for col in ("GPU", "GiB", "bf16", "fp8", "GB/s", "link GB/s", "OD $/h", "spot $/h", "cheapest at"):
+            table.add_column(col, justify="left" if col in ("GPU", "cheapest at") else "right")
+        for g in catalog.gpus:
+            c = cheapest[g.id]
+            where = c.spot or c.on_demand
+            link = g.interconnect
+            table.add_row(
+                g.id, f"{g.memory_gib:.1f}",
+                *(f"{g.tflops[d]:,.0f}" if d in g.tflops else "-" for d in ("bf16", "fp8")),
+                f"{g.memory_bandwidth_gbps:,.0f}",
+                f"{link.gbps_per_gpu:,.0f} {_LINK_SHORT.get(link.kind, link.kind)}" if link.gbps_per_gpu else link.kind,
+                _money(c.on_demand_per_gpu), _money(c.spot_per_gpu),
+                f"{where.cloud} {where.instance_type}" if where else "-",
+            )
+        console.print(table)
+    _warn_stale(catalog, catalog.offers)
+
+
+@catalog_app.command("offers")
+@handle_errors
+def catalog_offers(
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU id or alias, e.g. H100, A100-80GB, L40S."),
+    spot: bool = typer.Option(False, "--spot", help="Only offers with a spot price; sort by spot $/GPU/h."),
+    cloud: str | None = typer.Option(None, "--cloud", help="aws, gcp, azure, lambda, runpod."),
+    region: str | None = typer.Option(None, "--region", help="Region (or zone prefix), e.g. us-east-1."),
+    limit: int = typer.Option(50, "--limit", min=1, help="Rows to show in the table (JSON has all)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Priced offers, cheapest $/GPU-hour first.
+
+    Examples:
+
+      gpuplan catalog offers --gpu H100 --spot
+
+      gpuplan catalog offers --gpu A100 --cloud gcp
+
+      gpuplan catalog offers --region us-east-1 --json
+    """
+    from rich.table import Table
+
+    from catalog.loader import load_catalog
+    from catalog.query import filter_offers, price_per_gpu_hour
+
+    catalog = load_catalog()
+    offers = filter_offers(catalog, gpu=gpu, cloud=cloud, region=region, spot=spot)
+    if as_json:
+        print_json([{**o.model_dump(mode="json"), "usd_per_gpu_h": price_per_gpu_hour(o, spot)} for o in offers])
+    else:
+        what = catalog.gpu(gpu).id if gpu else "all GPUs"
+        table = Table(title=f"{len(offers)} offers for {what}, cheapest {'spot' if spot else 'on-demand'} "
+                      "$/GPU-hour first", title_justify="left")
+        for col in ("cloud", "instance", "GPUs", "vCPU", "RAM GiB", "region / zone", "on-demand $/h", "spot $/h",
+                    "$/GPU/h", "as of"):
+            table.add_column(col, justify="right" if col in ("vCPU", "RAM GiB", "on-demand $/h", "spot $/h",
+                                                             "$/GPU/h") else "left")
+        for o in offers[:limit]:
+            table.add_row(o.cloud, o.instance_type, f"{o.gpu_count} x {o.gpu}", str(o.vcpus), f"{o.ram_gib:,.0f}",
+                          f"{o.region} {o.zone}" if o.zone else o.region, _money(o.on_demand_usd_per_h), _money(o.spot_usd_per_h),
+                          _money(price_per_gpu_hour(o, spot)), o.source.as_of.isoformat())
+        console.print(table)
+        if len(offers) > limit:
+            err_console.print(f"({len(offers) - limit} more; --limit or --json to see them)")
+    _warn_stale(catalog, offers)
+
+
+@catalog_app.command("models")
+@handle_errors
+def catalog_models(as_json: bool = JSON_OPTION) -> None:
+    """Model presets (shapes, no weights) usable as `model:` in a job spec.
+
+    Examples:
+
+      gpuplan catalog models
+
+      gpuplan catalog models --json
+    """
+    from rich.table import Table
+
+    from catalog.loader import load_catalog
+    from catalog.params import count_params
+
+    catalog = load_catalog()
+    if as_json:
+        rows = []
+        for m in catalog.models:
+            p = count_params(m)
+            rows.append({**m.model_dump(mode="json"), "params_total": p.total, "params_active": p.active})
+        print_json(rows)
+        return
+    table = Table(title="Model presets (or give `model: {config: path/to/config.json}`)", title_justify="left")
+    for col in ("id", "family", "params", "active", "layers", "hidden", "heads/kv", "ffn", "vocab", "context"):
+        table.add_column(col, justify="left" if col in ("id", "family") else "right")
+    for m in catalog.models:
+        p = count_params(m)
+        table.add_row(m.id, m.family, f"{p.total / 1e9:.2f}B", f"{p.active / 1e9:.2f}B" if p.active != p.total
+                      else "", str(m.num_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.num_kv_heads}",
+                      str(m.intermediate_size), f"{m.vocab_size:,}", f"{m.max_position_embeddings:,}")
+    console.print(table)
+
+
+@catalog_app.command("local")
+@handle_errors
+def catalog_local(as_json: bool = JSON_OPTION) -> None:
+    """The accelerator of this machine (torch / NVML) and the catalog GPU it maps to.
+
+    Examples:
+
+      gpuplan catalog local --json
+    """
+    from datetime import date
+
+    from catalog.loader import load_catalog
+    from catalog.local import detect_local_device, local_offer, match_device_name
+
+    catalog = load_catalog()
+    device = detect_local_device()
+    gpu = match_device_name(device.name, catalog, device.memory_bytes) if device else None
+    offer = local_offer(catalog, device, today=date.today())
+    if as_json:
+        print_json({"device": None if device is None else device.__dict__, "gpu": gpu, "offer": offer})
+    elif device is None:
+        console.print("No GPU found (CPU only): plans use cloud offers; runs use the CPU.")
+    elif gpu is None:
+        console.print(f"{device.count} x {device.name!r} found, but it is not in the catalog: plans ignore it.")
+    else:
+        console.print(f"{device.count} x {device.name!r} -> [bold]{gpu.id}[/] ({gpu.memory_gib:.1f} GiB); "
+                      "offered to the planner at $0/h as cloud 'local'.")
+
+
+@catalog_app.command("refresh")
+@handle_errors
+def catalog_refresh(
+    cloud: str = typer.Argument(..., help="Cloud to refresh (aws)."),
+    regions: str = typer.Option("us-east-1,us-east-2,us-west-2", "--regions", help="Comma-separated regions."),
+    out: str | None = typer.Option(
+        None, "--out",
+        help="Offers file to write [default: ~/.gpuplan/catalog/offers/<cloud>.csv, which overrides the packaged one].",
+    ),
+    ec2_endpoint_url: str | None = typer.Option(None, "--ec2-endpoint-url", help="EC2 endpoint (e.g. a moto server)."),
+    price_list_url: str | None = typer.Option(None, "--price-list-url",
+                                              help="On-demand offer-file URL template with {region}."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Rebuild a cloud's offers from the cloud itself (AWS: EC2 API via boto3 + the public price list).
+
+    Needs AWS credentials allowed ec2:DescribeInstanceTypes and ec2:DescribeSpotPriceHistory. The us-east-1
+    price-list file is large (hundreds of MB): expect a few minutes.
+
+    Examples:
+
+      gpuplan catalog refresh aws
+
+      gpuplan catalog refresh aws --regions us-east-1 --out ./aws.csv --json
+    """
+    from datetime import date
+    from pathlib import Path
+
+    from catalog.loader import load_catalog
+    from catalog.refresh import check_cloud, default_offers_path
+    from catalog.refresh_aws import PRICE_LIST_URL, AwsEndpoints, refresh_aws
+
+    check_cloud(cloud)
+    region_list = [r.strip() for r in regions.split(",") if r.strip()]
+    if not region_list:
+        from catalog.errors import InvalidInput
+
+        raise InvalidInput("give at least one region", path="--regions", hint="e.g. --regions us-east-1")
+    path = Path(out).expanduser() if out else default_offers_path(cloud)
+    endpoints = AwsEndpoints(ec2_endpoint_url=ec2_endpoint_url, price_list_url=price_list_url or PRICE_LIST_URL)
+    with err_console.status("refreshing AWS offers...") as status:
+        result = refresh_aws(load_catalog(), region_list, path, today=date.today(), endpoints=endpoints,
+                             progress=lambda msg: status.update(f"refreshing AWS offers: {msg}"))
+    if as_json:
+        print_json({"path": str(path), "regions": result.regions, "offers": len(result.offers),
+                    "skipped": result.skipped})
+        return
+    gpus = sorted({o.gpu for o in result.offers})
+    console.print(f"Wrote {len(result.offers)} AWS offers ({', '.join(gpus) or 'none'}) for "
+                  f"{', '.join(result.regions)} to {path}")
+    if result.skipped:
+        err_console.print(f"skipped {len(result.skipped)} instance types whose GPU is not in the catalog or "
+                          "that have no price (see --json)")
+
+
 # ---------------------------------------------------------------- plan / estimate (issue 2: planner)
 
 
@@ -212,6 +458,351 @@ def estimate_command(
 # ---------------------------------------------------------------- run (issue 3: workers)
 
 # ---------------------------------------------------------------- scheduler (issue 4)
+
+# Talks to `gpuplan server` when GPUPLAN_API_URL is set (token: GPUPLAN_TOKEN; team admin commands
+# use GPUPLAN_ADMIN_TOKEN), else runs the same service in-process on the local database
+# (GPUPLAN_DATABASE_URL or ~/.gpuplan/gpuplan.db) as team GPUPLAN_TEAM (default "default").
+
+
+def _backend(*, admin: bool = False) -> Any:
+    import os
+    from pathlib import Path
+
+    from scheduler.client import HttpClient, local_client
+    from scheduler.store import database_url, default_home
+
+    url = os.environ.get("GPUPLAN_API_URL", "").strip()
+    if url:
+        token = os.environ.get("GPUPLAN_ADMIN_TOKEN") if admin else None
+        return HttpClient(url, token or os.environ.get("GPUPLAN_TOKEN"))
+    home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
+    return local_client(database_url(os.environ, home=home), checkpoint_root=str(home / "checkpoints"),
+                        team=os.environ.get("GPUPLAN_TEAM", "default"))
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def _jobs_table(jobs: list[Any], title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("id", "name", "state", "gpus", "market", "$/h", "estimate", "spent", "attempts", "created"):
+        table.add_column(col, justify="right" if col in ("gpus", "$/h", "estimate", "spent", "attempts") else "left")
+    for j in jobs:
+        table.add_row(j.id, j.name, j.state, f"{j.gpus}x{j.gpu}", j.market, _usd(j.usd_per_h), _usd(j.estimated_usd),
+                      _usd(j.spent_usd), str(j.attempts), f"{j.created_at:%Y-%m-%d %H:%M}")
+    console.print(table)
+
+
+@app.command("server")
+@handle_errors
+def server_command(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    executor: str = typer.Option("inprocess", "--executor", help="inprocess | ray | none (API only, no loop)."),
+    admin_token: str = typer.Option(None, "--admin-token", envvar="GPUPLAN_ADMIN_TOKEN",
+                                    help="Token for /v1/teams (budgets, quotas, tokens)."),
+    poll: float = typer.Option(1.0, "--poll", min=0.05, help="Seconds between scheduling ticks."),
+    max_running: int | None = typer.Option(None, "--max-running", min=1, help="Cap on concurrent attempts."),
+) -> None:
+    """Run the REST API and the scheduling loop (uvicorn). Upgrades the database schema first.
+
+    Examples:
+
+      GPUPLAN_ADMIN_TOKEN=s3cret gpuplan server --port 8000
+
+      GPUPLAN_DATABASE_URL=postgresql://gpuplan@db/gpuplan gpuplan server --host 0.0.0.0 --executor ray
+    """
+    import os
+    from pathlib import Path
+
+    from catalog.loader import load_catalog
+    from scheduler.api.server import make_app, make_executor, make_service, serve
+    from scheduler.store import database_url, default_home
+
+    home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
+    run = make_executor(executor)
+    catalog = load_catalog()
+    service = make_service(database_url(os.environ, home=home), checkpoint_root=home / "checkpoints",
+                           admin_token=admin_token, catalog=catalog, executor=run)
+    if not admin_token:
+        err_console.print("[yellow]no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled[/]")
+    err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database {service.store.dialect}, "
+                      f"executor {executor}")
+    serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port)
+
+
+@app.command("submit")
+@handle_errors
+def submit_command(
+    spec: str = typer.Argument(..., help="Job spec file (YAML or JSON)."),
+    priority: int = typer.Option(0, "--priority", min=-1000, max=1000, help="Higher runs first."),
+    key: str | None = typer.Option(None, "--key", help="Idempotency key: resubmitting with it returns the same job."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Plan a job, check the team's budget and GPU quota, and queue it.
+
+    Examples:
+
+      gpuplan submit examples/llama3-8b-sft.yaml
+
+      GPUPLAN_API_URL=http://127.0.0.1:8000 GPUPLAN_TOKEN=gpt_... gpuplan submit job.yaml --key nightly-42 --json
+    """
+    from planner.spec import load_spec
+    from scheduler.models import JobCreate
+
+    body = JobCreate(spec=load_spec(spec).model_dump(mode="json"), priority=priority, idempotency_key=key)
+    job = _backend().submit(body)
+    if as_json:
+        print_json(job)
+        return
+    console.print(f"[bold green]queued[/] {job.id} ({job.name}): {job.gpus}x{job.gpu} {job.market} at "
+                  f"{_usd(job.usd_per_h)}/h, estimated {_usd(job.estimated_usd)} over {job.estimated_hours:,.2f} h",
+                  highlight=False)
+
+
+@app.command("status")
+@handle_errors
+def status_command(job_id: str = typer.Argument(..., help="Job id (see `gpuplan list`)."),
+                   as_json: bool = JSON_OPTION) -> None:
+    """Show a job: state, plan, attempts and every state change.
+
+    Example:  gpuplan status j-0123456789abcdef
+    """
+    from rich.table import Table
+
+    job = _backend().status(job_id)
+    if as_json:
+        print_json(job)
+        return
+    _jobs_table([job], f"job {job.id}")
+    if job.message:
+        console.print(job.message, highlight=False)
+    if job.attempt_list:
+        table = Table(title="attempts")
+        for col in ("#", "market", "$/h at launch", "started", "ended", "outcome"):
+            table.add_column(col)
+        for a in job.attempt_list:
+            table.add_row(str(a.number), a.market, _usd(a.usd_per_h), f"{a.started_at:%H:%M:%S}",
+                          f"{a.ended_at:%H:%M:%S}" if a.ended_at else "-", a.outcome or "running")
+        console.print(table)
+    table = Table(title="events")
+    for col in ("time", "from", "to", "reason"):
+        table.add_column(col)
+    for e in job.events:
+        table.add_row(f"{e.at:%Y-%m-%d %H:%M:%S}", e.from_state or "-", e.to_state, e.reason)
+    console.print(table)
+
+
+@app.command("logs")
+@handle_errors
+def logs_command(
+    job_id: str = typer.Argument(..., help="Job id."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the job ends."),
+    interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between polls with --follow."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Print a job's state changes and its attempts' log lines.
+
+    Example:  gpuplan logs j-0123456789abcdef --follow
+    """
+    import time
+
+    from scheduler.states import JobState
+
+    backend = _backend()
+    since = 0
+    while True:
+        page = backend.logs(job_id, since)
+        for line in page.lines:
+            if as_json:
+                sys.stdout.write(json.dumps({"job_id": job_id, "line": line}) + "\n")
+            else:
+                console.print(line, highlight=False, markup=False)
+        sys.stdout.flush()
+        since = page.next
+        if not follow or JobState(page.state).terminal:
+            return
+        time.sleep(interval)
+
+
+@app.command("cancel")
+@handle_errors
+def cancel_command(job_id: str = typer.Argument(..., help="Job id."),
+                   reason: str = typer.Option("", "--reason", help="Recorded in the job's events."),
+                   as_json: bool = JSON_OPTION) -> None:
+    """Cancel a job; a running attempt is stopped and charged up to now.
+
+    Example:  gpuplan cancel j-0123456789abcdef --reason "wrong dataset"
+    """
+    job = _backend().cancel(job_id, reason)
+    if as_json:
+        print_json(job)
+        return
+    console.print(f"{job.id} cancelled", highlight=False)
+
+
+@app.command("list")
+@handle_errors
+def list_command(state: str | None = typer.Option(None, "--state", help="Only jobs in this state."),
+                 limit: int = typer.Option(50, "--limit", min=1, max=1000),
+                 as_json: bool = JSON_OPTION) -> None:
+    """List your team's jobs, newest first.
+
+    Example:  gpuplan list --state running
+    """
+    jobs = _backend().list_jobs(state=state, limit=limit)
+    if as_json:
+        print_json(jobs)
+        return
+    _jobs_table(jobs, f"{len(jobs)} job(s)")
+
+
+report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend.",
+                         no_args_is_help=True)
+app.add_typer(report_app, name="report")
+
+
+@report_app.command("spend")
+@handle_errors
+def report_spend_command(team: str | None = typer.Option(None, "--team", help="Any team (admin); default: yours."),
+                         since: str = typer.Option("30d", "--since", help="Window: 30d, 12h, 90m."),
+                         as_json: bool = JSON_OPTION) -> None:
+    """Actual spend per job: price at launch x hours of every attempt, spot and on-demand.
+
+    Examples:
+
+      gpuplan report spend --since 7d
+
+      gpuplan report spend --team ml --since 30d --json
+    """
+    from rich.table import Table
+
+    report = _backend(admin=team is not None).spend_report(since=since, team=team)
+    if as_json:
+        print_json(report)
+        return
+    table = Table(title=f"spend of team {report.team} since {report.since:%Y-%m-%d %H:%M} UTC")
+    for col in ("job", "name", "market", "attempts", "hours", "USD"):
+        table.add_column(col, justify="right" if col in ("attempts", "hours", "USD") else "left")
+    for line in report.jobs:
+        table.add_row(line.job_id, line.job_name, line.market, str(line.attempts), f"{line.hours:,.2f}",
+                      _usd(line.usd))
+    console.print(table)
+    markets = ", ".join(f"{m} {_usd(v)}" for m, v in sorted(report.by_market.items())) or "nothing yet"
+    console.print(f"total {_usd(report.total_usd)} ({markets}); budget {_usd(report.budget_usd)}, "
+                  f"remaining {_usd(report.remaining_usd)}", highlight=False)
+
+
+team_app = typer.Typer(help="Teams, budgets, GPU quotas and tokens (admin).", no_args_is_help=True)
+app.add_typer(team_app, name="team")
+
+
+def _print_team(team: Any, as_json: bool) -> None:
+    if as_json:
+        print_json(team)
+        return
+    quota = "none" if team.gpu_quota is None else str(team.gpu_quota)
+    console.print(f"team {team.name}: budget {_usd(team.budget_usd)} (spent {_usd(team.spent_usd)}, reserved "
+                  f"{_usd(team.reserved_usd)}, remaining {_usd(team.remaining_usd)}), GPU quota {quota} "
+                  f"({team.gpus_in_use} in use)", highlight=False)
+
+
+def _limit(value: str, kind: type[float] | type[int], what: str) -> tuple[Any, bool]:
+    if value.lower() in ("none", "unlimited"):
+        return None, True
+    try:
+        number = kind(value)
+    except ValueError:
+        from catalog.errors import InvalidInput
+
+        raise InvalidInput(f"{what} must be a number or 'none', got {value!r}", path=what) from None
+    return number, False
+
+
+@team_app.command("create")
+@handle_errors
+def team_create_command(name: str = typer.Argument(...),
+                        budget: float | None = typer.Option(None, "--budget", min=0, help="USD; omit: no limit."),
+                        quota: int | None = typer.Option(None, "--quota", min=0, help="GPUs; omit: no limit."),
+                        as_json: bool = JSON_OPTION) -> None:
+    """Create a team.  Example:  gpuplan team create ml --budget 500 --quota 16"""
+    from scheduler.models import TeamCreate
+
+    _print_team(_backend(admin=True).create_team(TeamCreate(name=name, budget_usd=budget, gpu_quota=quota)), as_json)
+
+
+@team_app.command("budget")
+@handle_errors
+def team_budget_command(name: str = typer.Argument(...), usd: str = typer.Argument(..., help="USD or 'none'."),
+                        as_json: bool = JSON_OPTION) -> None:
+    """Set a team's budget.  Example:  gpuplan team budget ml 1000"""
+    from scheduler.models import TeamUpdate
+
+    value, clear = _limit(usd, float, "budget")
+    _print_team(_backend(admin=True).update_team(name, TeamUpdate(budget_usd=value, clear_budget=clear)), as_json)
+
+
+@team_app.command("quota")
+@handle_errors
+def team_quota_command(name: str = typer.Argument(...), gpus: str = typer.Argument(..., help="GPUs or 'none'."),
+                       as_json: bool = JSON_OPTION) -> None:
+    """Set a team's GPU quota.  Example:  gpuplan team quota ml 32"""
+    from scheduler.models import TeamUpdate
+
+    value, clear = _limit(gpus, int, "quota")
+    _print_team(_backend(admin=True).update_team(name, TeamUpdate(gpu_quota=value, clear_quota=clear)), as_json)
+
+
+@team_app.command("token")
+@handle_errors
+def team_token_command(name: str = typer.Argument(...),
+                       revoke: int | None = typer.Option(None, "--revoke", help="Revoke this token id instead."),
+                       label: str = typer.Option("default", "--name", help="A label for the new token."),
+                       as_json: bool = JSON_OPTION) -> None:
+    """Issue a team token (shown once) or revoke one.
+
+    Examples:
+
+      gpuplan team token ml
+
+      gpuplan team token ml --revoke 3
+    """
+    backend = _backend(admin=True)
+    if revoke is not None:
+        row = backend.revoke_token(name, revoke)
+        if as_json:
+            print_json(row)
+        else:
+            console.print(f"token {row.id} of team {name} revoked", highlight=False)
+        return
+    created = backend.create_token(name, label)
+    if as_json:
+        print_json(created)
+        return
+    console.print(f"token {created.id} for team {name} (shown once, store it now):", highlight=False)
+    sys.stdout.write(created.token + "\n")
+
+
+@team_app.command("list")
+@handle_errors
+def team_list_command(as_json: bool = JSON_OPTION) -> None:
+    """List teams with budget, spend and quota (admin)."""
+    from rich.table import Table
+
+    teams = _backend(admin=True).list_teams()
+    if as_json:
+        print_json(teams)
+        return
+    table = Table(title="teams")
+    for col in ("name", "budget", "spent", "reserved", "remaining", "GPU quota", "GPUs in use"):
+        table.add_column(col)
+    for t in teams:
+        table.add_row(t.name, _usd(t.budget_usd), _usd(t.spent_usd), _usd(t.reserved_usd), _usd(t.remaining_usd),
+                      "-" if t.gpu_quota is None else str(t.gpu_quota), str(t.gpus_in_use))
+    console.print(table)
 
 # ---------------------------------------------------------------- spot economics (issue 5)
 
@@ -371,10 +962,7 @@ def cluster_config_command(
         sys.stdout.write(text)
 
 
-# `report` belongs to the scheduler's section (issue 4); it is created here until that section has one.
-report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend.",
-                         no_args_is_help=True)
-app.add_typer(report_app, name="report")
+# `report_app` is created in the scheduler's section (issue 4) above.
 
 
 @report_app.command("dry-run")

@@ -1,0 +1,115 @@
+"""The scheduler's CLI commands, in-process (local SQLite) and over HTTP against a real server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from catalog.loader import load_catalog
+from cli import app
+from scheduler.api import create_app
+from scheduler.loop import Scheduler
+from scheduler.models import TeamCreate
+from scheduler.service import ADMIN, SchedulerService
+from scheduler.store import Store
+from tests.scheduler.conftest import spec_dict, toy_plan
+from tests.scheduler.fakes import ScriptedExecutor
+from tests.scheduler.server import serve
+from workers.executor import RunState
+
+runner = CliRunner()
+
+
+def write_spec(tmp_path: Path, **kwargs: object) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec_dict(**kwargs)))  # type: ignore[arg-type]
+    return str(path)
+
+
+@pytest.fixture
+def remote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[SchedulerService, str]]:
+    store = Store(f"sqlite:///{tmp_path / 'server.db'}")
+    store.migrate()
+    service = SchedulerService(store, toy_plan, checkpoint_root=str(tmp_path / "ckpt"), admin_token="adm")
+    service.create_team(ADMIN, TeamCreate(name="ml", budget_usd=10))
+    token = service.create_token(ADMIN, "ml").token
+    with serve(create_app(service, load_catalog())) as url:
+        monkeypatch.setenv("GPUPLAN_API_URL", url)
+        monkeypatch.setenv("GPUPLAN_TOKEN", token)
+        monkeypatch.setenv("GPUPLAN_ADMIN_TOKEN", "adm")
+        yield service, token
+    store.dispose()
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout
+
+
+def test_cli_over_http(remote: tuple[SchedulerService, str], tmp_path: Path) -> None:
+    service, _ = remote
+    spec = write_spec(tmp_path, tokens=4e6, gpus=2)
+    code, out = run("submit", spec, "--key", "nightly-1", "--json")
+    assert code == 0, out
+    job = json.loads(out)
+    assert job["state"] == "queued" and job["estimated_usd"] == 4.0 and job["gpus"] == 2
+    code, out = run("submit", spec, "--key", "nightly-1", "--json")  # same key, same job
+    assert json.loads(out)["id"] == job["id"]
+    code, out = run("submit", write_spec(tmp_path, tokens=7e6), "--json")
+    assert code == 7 and json.loads(out)["error"]["message"].startswith("estimated $7.00 exceeds team ml's")
+    ex = ScriptedExecutor()
+    loop = Scheduler(service.store, ex)
+    loop.tick()
+    ex.finish(ex.handle_of(job["id"]), RunState.SUCCEEDED)
+    loop.tick()
+    code, out = run("list", "--json")
+    assert [j["id"] for j in json.loads(out)] == [job["id"]]
+    code, out = run("status", job["id"])
+    assert code == 0 and "succeeded" in out
+    code, out = run("logs", job["id"], "--follow", "--json")
+    lines = [json.loads(x)["line"] for x in out.splitlines()]
+    assert any("queued -> running" in x for x in lines) and any("--- attempt 1" in x for x in lines)
+    code, out = run("report", "spend", "--since", "1d", "--json")
+    assert code == 0 and json.loads(out)["jobs"][0]["job_id"] == job["id"]
+    code, out = run("cancel", job["id"])
+    assert code == 5  # already finished: Conflict
+    code, out = run("status", "j-nope")
+    assert code == 4
+    code, out = run("team", "budget", "ml", "25", "--json")
+    assert code == 0 and json.loads(out)["budget_usd"] == 25
+    code, out = run("team", "token", "ml", "--json")
+    assert json.loads(out)["token"].startswith("gpt_")
+
+
+def test_cli_refuses_bad_tokens(remote: tuple[SchedulerService, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPLAN_TOKEN", "gpt_wrong")
+    code, out = run("list", "--json")
+    assert code == 6 and json.loads(out)["error"]["code"] == "unauthorized"
+
+
+def test_cli_in_process_uses_the_local_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+    monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    code, out = run("team", "create", "ml", "--budget", "1000", "--quota", "64")
+    assert code == 0, out
+    monkeypatch.setenv("GPUPLAN_TEAM", "ml")
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump({"name": "tiny", "task": "train", "model": "tiny-llama",
+                                    "train": {"tokens": 1e6, "seq_len": 256}}))
+    code, out = run("submit", str(spec), "--json")  # the real planner and catalog
+    assert code == 0, out
+    job = json.loads(out)
+    assert (tmp_path / "home" / "gpuplan.db").exists()
+    code, out = run("list", "--json")
+    assert [j["id"] for j in json.loads(out)] == [job["id"]]
+    code, out = run("cancel", job["id"], "--json")
+    assert json.loads(out)["state"] == "cancelled"
+    code, out = run("team", "list", "--json")
+    [ml] = [t for t in json.loads(out) if t["name"] == "ml"]
+    assert ml["reserved_usd"] == 0 and ml["gpus_in_use"] == 0
