@@ -52,6 +52,7 @@ from planner.throughput import (  # noqa: E402
 from planner.types import Strategy  # noqa: E402
 
 GIB = 1 << 30
+MFU_CAP = 0.8  # dense bf16 GEMMs reach ~75-80% of the datasheet peak at best; keeps the fit physical
 
 
 @dataclass
@@ -287,12 +288,11 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
             a_rows.append([v / t for v in cols])
             y.append(1.0 - known / t)
         a = np.array(a_rows)
-        coef, *_ = np.linalg.lstsq(a, np.array(y), rcond=None)
-        coef = np.maximum(coef, 1e-3)
+        coef = _bounded_lstsq(a, np.array(y), {i: 1.0 / MFU_CAP for i in range(len(precisions))})
         err = float(np.sum((a @ coef - np.array(y)) ** 2))
         mfu = dict(probe.mfu_max)
         for i, p in enumerate(precisions):
-            mfu[p] = float(min(0.95, 1.0 / coef[i]))
+            mfu[p] = float(min(MFU_CAP, 1.0 / coef[i]))
         lora_speed = base.lora_speed
         if has_lora:
             lora_speed = float(min(1.0, 1.0 / (1.0 + coef[len(precisions)] * mfu.get("bf16", 0.5))))
@@ -313,6 +313,27 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
         if p not in precisions:
             mfu[p] = base.mfu_max[p] / base.mfu_max["bf16"] * mfu.get("bf16", base.mfu_max["bf16"])
     return fitted.model_copy(update={"mfu_max": mfu})
+
+
+def _bounded_lstsq(a: Any, y: Any, lower: dict[int, float]) -> Any:
+    """Least squares with every coefficient >= 1e-3 and the given ones >= their lower bound
+    (active-set: pin the violators at their bound and refit the rest)."""
+    fixed: dict[int, float] = {}
+    for _ in range(a.shape[1]):
+        free = [j for j in range(a.shape[1]) if j not in fixed]
+        rhs = y - sum((a[:, j] * v for j, v in fixed.items()), np.zeros_like(y))
+        sol, *_ = np.linalg.lstsq(a[:, free], rhs, rcond=None)
+        coef = np.zeros(a.shape[1])
+        for j, v in fixed.items():
+            coef[j] = v
+        for k, j in enumerate(free):
+            coef[j] = sol[k]
+        violators = [j for j in free if coef[j] < lower.get(j, 1e-3) - 1e-12]
+        if not violators:
+            return coef
+        worst = min(violators, key=lambda j: coef[j] - lower.get(j, 1e-3))
+        fixed[worst] = lower.get(worst, 1e-3)
+    return np.maximum(coef, 1e-3)
 
 
 def _fit_infer_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:

@@ -27,13 +27,15 @@ def precision_problem(gpu: GpuSpec, precision: str) -> str | None:
     return f"{gpu.id} ({gpu.architecture}) has no {need} support, so precision {precision} cannot run on it"
 
 
-def auto_precisions(gpu: GpuSpec) -> list[str]:
+def auto_precisions(gpu: GpuSpec, finetune: str = "full") -> list[str]:
     """Candidate training precisions for precision: auto, safest first.
 
     fp8 is never chosen automatically: it changes numerics; pin ``precision: fp8`` to get it.
+    LoRA/QLoRA keep the frozen base in bf16 (peft already trains the adapters in fp32), so fp32
+    master weights would only waste memory.
     """
     if has(gpu, "bf16"):
-        return ["amp-bf16", "bf16"]
+        return ["bf16"] if finetune != "full" else ["amp-bf16", "bf16"]
     if has(gpu, "fp16"):
         return ["amp-fp16"]
     return ["fp32"]

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any, Literal
 
+from pydantic import TypeAdapter
+
 from catalog.errors import InvalidInput, NoFeasiblePlan, UnknownName
 from catalog.loader import Catalog
 from catalog.params import count_params
@@ -68,6 +70,8 @@ class Outcome:
     reason: str = ""
     constraint: str = ""
     tried: int = 0
+    label: str = ""  # filled once the placement is priced
+    checkpoint_h: float = 0.0
 
 
 # ----------------------------------------------------------------------------- resolution
@@ -128,14 +132,14 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     t = spec.train
     gpu = p.gpu
     if t.precision == "auto":
-        precisions = auto_precisions(gpu)
+        precisions = auto_precisions(gpu, t.finetune)
     else:
         problem = precision_problem(gpu, t.precision)
         if problem:
             return Outcome(None, problem, "dtype")
         precisions = [t.precision]
-    if t.finetune == "qlora":
-        precisions = [x for x in precisions if x in ("bf16", "amp-bf16", "amp-fp16")] or ["bf16"]
+    if t.finetune == "qlora" and not any(x in ("bf16", "amp-bf16", "amp-fp16") for x in precisions):
+        return Outcome(None, f"qlora needs 16-bit compute; {gpu.id} has neither bf16 nor fp16", "dtype")
     tp = t.tensor_parallel if isinstance(t.tensor_parallel, int) else 1
     pp = t.pipeline_parallel if isinstance(t.pipeline_parallel, int) else 1
     if p.count % (tp * pp):
@@ -248,8 +252,8 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     tried = 0
     for weights in ladder:
         for tp in tps:
-            s = _strategy(gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, tensor_parallel=tp, weights=weights,
-                          batch=inf.batch, precision="bf16")
+            s = _strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, tensor_parallel=tp,
+                          weights=weights, batch=inf.batch, precision="bf16")
             m = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory)
             tried += 1
             if not m.fits:
@@ -311,7 +315,7 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     if spec.task == "train":
         assert spec.train is not None
         t = spec.train
-        precision = t.precision if t.precision != "auto" else auto_precisions(gpu)[-1]
+        precision = t.precision if t.precision != "auto" else auto_precisions(gpu, t.finetune)[-1]
         tp = t.tensor_parallel if isinstance(t.tensor_parallel, int) else 1
         pp = t.pipeline_parallel if isinstance(t.pipeline_parallel, int) else 1
         dp = max(1, p.count // (tp * pp))
@@ -327,8 +331,8 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     assert spec.infer is not None
     inf = spec.infer
     weights = inf.weights if inf.weights != "auto" else auto_weights(gpu)[-1]
-    s = _strategy(gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, tensor_parallel=p.count if p.count <= 8 else 8,
-                  weights=weights, batch=inf.batch)
+    s = _strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes,
+                  tensor_parallel=p.count if p.count <= 8 else 8, weights=weights, batch=inf.batch)
     mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory)
     thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
     assert thr.requests_per_s is not None
@@ -340,11 +344,19 @@ class _Funnel:
     """How many options each constraint removed, in order, for the 'what to relax' message."""
 
     removed: dict[str, int] = field(default_factory=dict)
-    rejections: list[Rejection] = field(default_factory=list)
+    rows: list[dict[str, str]] = field(default_factory=list)
 
     def reject(self, option: str, reason: str, constraint: str, weight: int = 1) -> None:
-        self.rejections.append(Rejection(option=option, reason=reason, constraint=constraint))
+        self.rows.append({"option": option, "reason": reason, "constraint": constraint})
         self.removed[constraint] = self.removed.get(constraint, 0) + weight
+
+    @property
+    def rejections(self) -> list[Rejection]:
+        # one validation call for thousands of rows is much cheaper than one model per row
+        return _REJECTIONS.validate_python(self.rows)
+
+
+_REJECTIONS = TypeAdapter(list[Rejection])
 
 
 MIN_GPUS_PER_NODE_FOR_MULTI_NODE = 4  # many 1-2 GPU boxes over a 10-25 Gbit/s network: pin the count to get it
@@ -433,15 +445,20 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
                 out = outcomes[key]
                 if out.estimate is None:
                     continue
+                if not out.label:
+                    out.label = out.estimate.strategy.label()
+                    out.checkpoint_h = _checkpoint_hours(mdl, out.estimate.strategy, cal)
                 nodes = math.ceil(count / o.gpu_count)
                 for market, price in _markets(o, res.spot):
-                    option = f"{out.estimate.strategy.label()} on {o.cloud} {o.instance_type} {o.region} {market}"
+                    option = f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}"
                     if price is None:
                         if res.spot == "always" and market == "spot":
                             funnel.reject(option, f"{o.cloud} {o.instance_type} has no spot price", "price")
                         continue
-                    cost = _cost(out.estimate, mdl, market, price * nodes, nodes, o.cloud, hazards, res.deadline, cal)
-                    cand = Candidate(estimate=out.estimate, offer=o, cost=cost, nodes=nodes)
+                    cost = _cost(out.estimate, out.checkpoint_h, market, price * nodes, nodes, o.cloud, hazards,
+                                 res.deadline, cal)
+                    cand = Candidate.model_construct(estimate=out.estimate, offer=o, cost=cost, nodes=nodes,
+                                                     pareto=False)
                     priced.append(cand)
                     problem = _deadline_problem(cost, res.deadline, cal)
                     if problem:
@@ -468,12 +485,12 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
                 rejections=funnel.rejections, warnings=warnings)
 
 
-def _cost(est: Estimate, model: ModelConfig, market: str, usd_per_h: float, nodes: int, cloud: str,
+def _cost(est: Estimate, checkpoint_h: float, market: str, usd_per_h: float, nodes: int, cloud: str,
           hazards: dict[str, float], deadline: float | None, cal: Calibration) -> CostEstimate:
     if market == "spot":
         hazard = hazards.get(cloud, hazards.get("default", 0.1)) * nodes
-        return spot_cost(est.hours, usd_per_h, hazard_per_h=hazard, checkpoint_h=_checkpoint_hours(model,
-                         est.strategy, cal), restart_h=cal.cost.restart_h, deadline_h=deadline)
+        return spot_cost(est.hours, usd_per_h, hazard_per_h=hazard, checkpoint_h=checkpoint_h,
+                         restart_h=cal.cost.restart_h, deadline_h=deadline)
     return on_demand_cost(est.hours, usd_per_h, deadline, market="local" if market == "local" else "on-demand")
 
 
@@ -503,7 +520,7 @@ def _rank(cands: list[Candidate], objective: Objective) -> list[Candidate]:
         if ordered[j].cost.hours < best_hours - 1e-12:
             front.add(j)
             best_hours = ordered[j].cost.hours
-    return [c.model_copy(update={"pareto": i in front}) for i, c in enumerate(ordered)]
+    return [c.model_copy(update={"pareto": True}) if i in front else c for i, c in enumerate(ordered)]
 
 
 def _explain(spec: JobSpec, funnel: _Funnel, priced: list[Candidate], model: ModelConfig) -> tuple[str, str]:

@@ -24,6 +24,7 @@ class _Value(BaseModel):
 class Strategy(_Value):
     """How to run the job on a placement: every 'auto' of the JobSpec resolved."""
 
+    task: Literal["train", "infer"] = "train"
     gpu: str = Field(description="GpuSpec.id (or 'cpu' for the local CPU)")
     gpu_count: int = Field(ge=1)
     nodes: int = Field(default=1, ge=1)
@@ -49,6 +50,9 @@ class Strategy(_Value):
     def label(self) -> str:
         """Short human description, e.g. '8xH100-SXM fsdp bf16 ckpt mb=2'."""
         parts = [f"{self.gpu_count}x{self.gpu}"]
+        if self.task == "infer":
+            parts += [f"tp={self.tensor_parallel}", f"w={self.weights}", f"batch={self.batch}"]
+            return " ".join(parts)
         if self.sharding != "none":
             parts.append(self.sharding)
         if self.tensor_parallel > 1:

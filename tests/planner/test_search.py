@@ -198,3 +198,15 @@ def test_more_gpus_never_raise_per_gpu_fsdp_state(model: str, n: int) -> None:
         return b["weights"] + b.get("optimizer_states", 0)
     assert per_gpu(2 * n) <= per_gpu(n)
     assert per_gpu(n) * n == pytest.approx(count_params(m).total * 6, rel=0.01)
+
+
+def test_lora_auto_precision_keeps_the_base_in_bf16() -> None:
+    p = plan(job(model="llama-3-70b", train={"finetune": "lora"}, resources={"accelerators": ["H200"]}), CAT)
+    assert {c.estimate.strategy.precision for c in p.candidates} == {"bf16"}
+
+
+def test_inference_strategy_label_names_weights_tp_and_batch() -> None:
+    spec = spec_from_dict({"task": "infer", "model": "llama-3-8b", "infer": {"batch": 8}})
+    e = estimate(spec, CAT, "H200", 1)
+    assert e.strategy.task == "infer" and e.strategy.label() == "1xH200 tp=1 w=bf16 batch=8"
+    assert e.throughput.requests_per_s is not None and e.throughput.decode_tokens_per_s is not None
