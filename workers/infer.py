@@ -12,6 +12,7 @@ Finished requests (already in the outputs file) are skipped; see workers.infer_i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -117,9 +118,11 @@ def load_model(
     from workers.model import ModelSource, build_model
 
     _check_weights(weights, device)
-    model = build_model(
-        ModelSource(config=model_cfg, weights_dir=weights_dir), seed=seed, weights_dtype=_base_dtype(weights, device)
-    )
+    source = ModelSource(config=model_cfg, weights_dir=weights_dir)
+    # Random init directly on the target device: initialising an 8B model on CPU first takes minutes.
+    init_on = torch.device(device) if weights_dir is None else contextlib.nullcontext()
+    with init_on:
+        model = build_model(source, seed=seed, weights_dtype=_base_dtype(weights, device))
     config: Any = getattr(model, "config", None)
     if config is not None:
         config.use_cache = True  # the builder turns the KV cache off for training

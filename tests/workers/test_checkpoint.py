@@ -346,7 +346,7 @@ def _apply(store: LocalStore, root: Path, op: str, step: int, state: dict[int, s
         state[step] = "corrupt"
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=_OPS, keep=st.integers(1, 3))
 def test_latest_is_newest_complete_under_any_interleaving(ops: list[tuple[str, int]], keep: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
