@@ -197,6 +197,7 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration) -> Calibration:
     mem = _fit_prefill_mlp(train_rows, gpu, base.model_copy(update={"memory": mem}))
     thr = _fit_train_throughput([r for r in train_rows if r.train], gpu, base.throughput)
     thr = _fit_infer_throughput([r for r in train_rows if not r.train], gpu, thr)
+    thr = _fit_ddp(train_rows, gpu, thr)
     return Calibration(
         source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
                f"({datetime.now(UTC).date().isoformat()}); results bench/results/h200.json",
@@ -246,7 +247,7 @@ def _mode(r: Row) -> str:
         return "infer"
     if r.strategy.gpu_count > 1:
         return r.strategy.sharding if r.strategy.sharding in ("fsdp", "fsdp-grad-op") else "ddp"
-    return "single"
+    return "single-ckpt" if r.strategy.activation_checkpointing else "single"
 
 
 def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
@@ -315,6 +316,31 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
     return fitted.model_copy(update={"mfu_max": mfu})
 
 
+def _fit_ddp(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+    """DDP's all-reduce on the measured host: the step time the single-GPU model leaves unexplained,
+    as an effective fraction of the link bandwidth (no overlap assumed)."""
+    ddp = [r for r in rows if r.train and r.strategy.sharding == "ddp" and r.strategy.gpu_count > 1
+           and r.measured.get("median_step_s")]
+    if not ddp:
+        return base
+    no_comm = base.model_copy(update={"ddp_comm_efficiency": 1e9, "ddp_overlap": 0.0})
+    effs = []
+    for r in ddp:
+        seq = int(r.case["seq_len"])
+        est = train_throughput(r.model, r.strategy, seq, gpu, no_comm)
+        extra = float(r.measured["median_step_s"]) - est.step_time_s
+        pc = count_params(r.model)
+        grad_b = 4 if r.strategy.precision in ("fp32", "amp-bf16", "amp-fp16") else 2
+        n = r.strategy.gpu_count
+        ring_bytes = 2 * (n - 1) / n * pc.total * grad_b
+        link = gpu.interconnect.gbps_per_gpu / 2 * 1e9
+        if extra > 0:
+            effs.append(ring_bytes / (link * extra))
+    if not effs:
+        return base
+    return base.model_copy(update={"ddp_comm_efficiency": min(1.0, statistics.median(effs)), "ddp_overlap": 0.0})
+
+
 def _bounded_lstsq(a: Any, y: Any, lower: dict[int, float]) -> Any:
     """Least squares with every coefficient >= 1e-3 and the given ones >= their lower bound
     (active-set: pin the violators at their bound and refit the rest)."""
@@ -351,23 +377,41 @@ def _fit_infer_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
         updated = updated.model_copy(update={"prefill_mfu": min(0.95, base.prefill_mfu * statistics.median(ratios))})
     dec = [r for r in rows if r.measured.get("decode_tokens_per_s")]
     if dec:
-        probe = updated.model_copy(update={"decode_layer_overhead_s": 0.0, "decode_step_overhead_s": 0.0})
-        per_layer: dict[str, list[float]] = {}
-        for r in dec:
+        # bf16 cases: measured step - weights/bandwidth = layers * overhead + kv/bandwidth * kv_passes
+        probe = updated.model_copy(update={"decode_layer_overhead_s": 0.0, "decode_step_overhead_s": 0.0,
+                                           "kv_traffic_factor": 0.0})
+        kv_probe = probe.model_copy(update={"kv_traffic_factor": 1.0})
+
+        def step_s(r: Row, c: ThroughputCalibration) -> float:
             est = infer_throughput(r.model, r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]),
-                                   gpu, probe)
+                                   gpu, c)
             assert est.decode_tokens_per_s is not None
-            roofline = r.strategy.batch / est.decode_tokens_per_s
-            measured = r.strategy.batch / float(r.measured["decode_tokens_per_s"])
-            per_layer.setdefault(r.strategy.weights, []).append(max(0.0, measured - roofline) / r.model.num_layers)
-        plain = per_layer.get("bf16") or [v for vs in per_layer.values() for v in vs]
-        base_overhead = statistics.median(plain)
+            return r.strategy.batch / est.decode_tokens_per_s
+
+        plain = [r for r in dec if r.strategy.weights == "bf16"]
+        a_rows, y = [], []
+        for r in plain:
+            t = r.strategy.batch / float(r.measured["decode_tokens_per_s"])
+            weights_only = step_s(r, probe)
+            kv_one = step_s(r, kv_probe) - weights_only
+            a_rows.append([r.model.num_layers / t, kv_one / t])
+            y.append(1.0 - weights_only / t)
+        if len(plain) >= 2:
+            coef = _bounded_lstsq(np.array(a_rows), np.array(y), {0: 0.0, 1: 1.0})
+            overhead, kv_factor = float(coef[0]), float(coef[1])
+        else:
+            overhead, kv_factor = base.decode_layer_overhead_s, base.kv_traffic_factor
+        updated = updated.model_copy(update={"decode_layer_overhead_s": overhead, "decode_step_overhead_s": 0.0,
+                                             "kv_traffic_factor": kv_factor})
         mult = dict(base.quant_layer_overhead)
-        for weights, values in per_layer.items():
-            if weights != "bf16" and base_overhead > 0:
-                mult[weights] = statistics.median(values) / base_overhead
-        updated = updated.model_copy(update={"decode_layer_overhead_s": base_overhead, "decode_step_overhead_s": 0.0,
-                                             "quant_layer_overhead": mult})
+        for weights in {r.strategy.weights for r in dec} - {"bf16"}:
+            ratios = []
+            for r in (r for r in dec if r.strategy.weights == weights):
+                t = r.strategy.batch / float(r.measured["decode_tokens_per_s"])
+                roofline = step_s(r, updated.model_copy(update={"decode_layer_overhead_s": 0.0}))
+                ratios.append(max(0.0, t - roofline) / (r.model.num_layers * max(overhead, 1e-6)))
+            mult[weights] = statistics.median(ratios)
+        updated = updated.model_copy(update={"quant_layer_overhead": mult})
     return updated
 
 

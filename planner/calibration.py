@@ -32,7 +32,8 @@ class MemoryCalibration(_Cal):
     nccl_bytes: int = Field(default=400 * MIB, description="NCCL communicator buffers per rank when gpu_count > 1")
     # reserved = allocated * (1 + overhead) + 2 MiB-block rounding; by execution mode
     reserved_overhead: dict[str, float] = Field(
-        default_factory=lambda: {"single": 0.06, "ddp": 0.08, "fsdp": 0.35, "fsdp-grad-op": 0.25, "infer": 0.12}
+        default_factory=lambda: {"single": 0.06, "single-ckpt": 0.1, "ddp": 0.08, "fsdp": 0.35, "fsdp-grad-op": 0.25,
+                                 "infer": 0.12}
     )
     # under memory pressure the allocator frees cached blocks and retries: a run needs at least
     # allocated * (1 + pressure_slack) + context to survive
@@ -67,6 +68,9 @@ class ThroughputCalibration(_Cal):
     optimizer_bw_efficiency: float = 0.6
     comm_efficiency: float = 0.7
     comm_overlap: float = 0.6
+    ddp_comm_efficiency: float = Field(default=0.7, description="DDP all-reduce bandwidth / link bandwidth")
+    ddp_overlap: float = Field(default=0.6, description="fraction of DDP's all-reduce hidden behind backward")
+    kv_traffic_factor: float = Field(default=3.0, description="passes over the KV cache per decode step")
     prefill_mfu: float = 0.5
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")

@@ -118,7 +118,8 @@ def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     compute = (flops / (peak * eff) + cal.traffic_factor * traffic / (gpu.memory_bandwidth_gbps * 1e9)
                + cal.layer_overhead_s * layers_here * recompute_factor)
 
-    bw = link_gbytes_per_s(gpu, strategy.gpu_count, gpus_per_node, network_gbps) * 1e9 * cal.comm_efficiency
+    link = link_gbytes_per_s(gpu, strategy.gpu_count, gpus_per_node, network_gbps) * 1e9
+    bw = link * cal.comm_efficiency
     local = pc.total / (tp * pp)
     trainable = local if ft == "full" else local * 0.01
     grad_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") else 2
@@ -133,15 +134,16 @@ def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
                 comm += local * unsharded_b * (dp - 1) / dp / bw  # re-gather for the recompute
             comm_per_micro = comm
         else:
-            comm = ring * trainable * grad_b / bw
+            comm = ring * trainable * grad_b / (link * cal.ddp_comm_efficiency)
             comm_per_micro = comm / accum  # DDP syncs only on the last micro-step
     else:
         comm_per_micro = 0.0
+    overlap = cal.ddp_overlap if strategy.sharding in ("ddp", "zero1") else cal.comm_overlap
     tp_comm = 0.0
     if tp > 1:
         act_b = 2 if strategy.precision != "fp32" else 4
         tp_comm = 8 * layers_here * tokens_micro * model.hidden_size * act_b * (tp - 1) / tp / bw
-    exposed = max(0.0, comm_per_micro - cal.comm_overlap * compute) + tp_comm
+    exposed = max(0.0, comm_per_micro - overlap * compute) + tp_comm
 
     # optimizer step: read/write params, grads, states (+ temporaries) at memory bandwidth
     state_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") or ft != "full" else 2
@@ -181,7 +183,9 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
     bw = gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
     speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
-    mem_time = (weight_bytes / speed + kv) / bw
+    # HF's DynamicCache grows by torch.cat: every step re-reads and re-writes the cache besides
+    # attention reading it, hence kv_traffic_factor passes
+    mem_time = (weight_bytes / speed + kv * cal.kv_traffic_factor) / bw
     compute_time = b * (2 * n + attention_flops_per_token(model, int(avg_ctx))) / tp / (peak * cal.prefill_mfu)
     layer_overhead = cal.decode_layer_overhead_s * cal.quant_layer_overhead.get(strategy.weights, 1.0)
     overhead = layer_overhead * model.num_layers + cal.decode_step_overhead_s
