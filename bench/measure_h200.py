@@ -240,6 +240,14 @@ def library_versions() -> dict[str, str | None]:
 # ----------------------------------------------------------------------------- one case, one process
 
 
+def mark(rec: dict[str, Any], phase: str) -> None:
+    """Record the phase reached and write the record now, so a hung or killed case shows where it stopped."""
+    rec["phase"] = phase
+    path = rec.get("_out")
+    if path:
+        Path(path).write_text(json.dumps({k: v for k, v in rec.items() if k != "_out"}, default=str))
+
+
 def timed_steps(
     step: Callable[[], None], mem: Mem, warmup: int, timed: int, cap_s: float
 ) -> tuple[list[float], list[dict[str, int]]]:
@@ -275,11 +283,12 @@ def run_train(case: dict[str, Any], models: dict[str, Any], args: argparse.Names
         local = int(os.environ["LOCAL_RANK"])
         if device == "cuda":
             torch.cuda.set_device(local)
+        mark(rec, "dist-init")
         tdist.init_process_group("nccl" if device == "cuda" else "gloo")
     prec, ft = case["precision"], case["finetune"]
     weight_dtype = torch.float32 if prec in ("fp32", "amp-bf16") else torch.bfloat16
     cfg = hf_config(models, case, args.tiny)
-    rec["phase"] = "build"
+    mark(rec, "build")
     model = build_model(cfg, weight_dtype, device, train=True)
     rec["n_params"] = int(sum(p.numel() for p in model.parameters()))
     if ft == "qlora":
@@ -335,9 +344,9 @@ def run_train(case: dict[str, Any], models: dict[str, Any], args: argparse.Names
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    rec["phase"] = "steps"
+    mark(rec, "steps")
     times, per_step = timed_steps(step, mem, args.warmup, args.steps, args.step_cap_s)
-    rec["phase"] = "done"
+    mark(rec, "done")
     rec["step_s"] = times
     rec["peak_after_first_step"] = per_step[0]
     step_s = sorted(times)[len(times) // 2]
@@ -358,7 +367,7 @@ def run_infer(case: dict[str, Any], models: dict[str, Any], args: argparse.Names
     device = args.device
     mem = Mem(device)
     cfg = hf_config(models, case, args.tiny)
-    rec["phase"] = "build"
+    mark(rec, "build")
     model = build_model(cfg, torch.bfloat16, device, train=False)
     rec["n_params"] = int(sum(p.numel() for p in model.parameters()))
     weights = case["weights"]
@@ -385,10 +394,10 @@ def run_infer(case: dict[str, Any], models: dict[str, Any], args: argparse.Names
     ids = torch.randint(3, int(cfg.vocab_size), (b, p), device=device, generator=gen)
     mask = torch.ones_like(ids)
     gkw: dict[str, Any] = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
-    rec["phase"] = "warmup"
+    mark(rec, "warmup")
     with torch.inference_mode():
         model.generate(ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2, **gkw)
-        rec["phase"] = "prefill"
+        mark(rec, "prefill")
         pre: list[float] = []
         for _ in range(2):
             mem.sync()
@@ -399,13 +408,13 @@ def run_infer(case: dict[str, Any], models: dict[str, Any], args: argparse.Names
                 model(input_ids=ids, attention_mask=mask, use_cache=True)
             mem.sync()
             pre.append(time.perf_counter() - t0)
-        rec["phase"] = "generate"
+        mark(rec, "generate")
         mem.sync()
         t0 = time.perf_counter()
         out = model.generate(ids, attention_mask=mask, max_new_tokens=o, min_new_tokens=o, **gkw)
         mem.sync()
         t_gen = time.perf_counter() - t0
-    rec["phase"] = "done"
+    mark(rec, "done")
     new_tokens = int(out.shape[1]) - p
     t_pre = min(pre)
     rec["generated_tokens_per_seq"] = new_tokens
@@ -427,6 +436,7 @@ def case_main(args: argparse.Namespace) -> int:
     physical = int(os.environ.get("BENCH_PHYSICAL_GPU", os.environ.get("LOCAL_RANK", "0")))
     out = Path(args.out if rank == 0 or case["gpu_count"] == 1 else f"{args.out}.rank{rank}")
     t_start = time.perf_counter()
+    rec["_out"] = str(out)
     try:
         import torch
 
@@ -466,6 +476,7 @@ def case_main(args: argparse.Namespace) -> int:
                 rec["driver_used_end_bytes"] = Mem("cuda").used_by_driver()
         except Exception as e:
             rec["peak_error"] = repr(e)
+        rec.pop("_out", None)
         out.write_text(json.dumps(rec, default=str))
     return 0
 
@@ -732,9 +743,89 @@ def sweep_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def merge_main(args: argparse.Namespace) -> int:
+    """Merge sweep outputs into one record per case id, in cases.yaml order.
+
+    Later files win, except that a later "skipped" record never replaces a measured one.
+    """
+    _, cases = load_cases(Path(args.cases))
+    by_id: dict[str, dict[str, Any]] = {}
+    runs: list[dict[str, Any]] = []
+    for i, path in enumerate(args.inputs):
+        data = json.loads(Path(path).read_text())
+        runs.append({"file": Path(path).name, **data["environment"]})
+        for rec in data["results"]:
+            skipped = str(rec.get("error", "")).startswith("skipped")
+            if skipped and rec["id"] in by_id:
+                continue
+            by_id[rec["id"]] = {**rec, "run": i}
+    missing = [c["id"] for c in cases if c["id"] not in by_id]
+    results = [by_id[c["id"]] for c in cases if c["id"] in by_id]
+    doc = {
+        "format": "gpuplan-bench-h200/1 (see docs/MEASUREMENTS.md)",
+        "runs": runs,
+        "missing": missing,
+        "results": results,
+    }
+    Path(args.out).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"wrote {args.out}: {len(results)} records, missing {missing}")
+    return 0
+
+
+def _gib(v: Any) -> str:
+    return f"{int(v) / GIB:.2f}" if v is not None else "–"
+
+
+def table_main(args: argparse.Namespace) -> int:
+    """Print the merged results as the markdown tables in docs/MEASUREMENTS.md."""
+    doc = json.loads(Path(args.results).read_text())
+    rows = doc["results"]
+    print(
+        "| id | hold-out | model | precision | optimizer | ckpt | finetune | sharding x GPUs | seq x mb "
+        "| peak alloc GiB | peak reserved GiB | tokens/s | status |"
+    )
+    print("|" + "---|" * 13)
+    for r in rows:
+        if r["task"] != "train":
+            continue
+        status = "OOM" if r.get("oom") else ("not measured: " + str(r["error"])[:60] if r.get("error") else "ok")
+        tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else "–"
+        print(
+            f"| {r['id']} | {'yes' if r['holdout'] else 'no'} | {r['model']} | {r['precision']} | {r['optimizer']} "
+            f"| {'on' if r['activation_checkpointing'] else 'off'} | {r['finetune']} "
+            f"| {r['sharding']} x {r['gpu_count']} "
+            f"| {r['seq_len']} x {r['micro_batch']} | {_gib(r.get('peak_allocated_bytes'))} "
+            f"| {_gib(r.get('peak_reserved_bytes'))} | {tps} | {status} |"
+        )
+    print()
+    print(
+        "| id | hold-out | model | weights | batch | prompt | output | peak alloc GiB | peak reserved GiB "
+        "| prefill tok/s | decode tok/s | status |"
+    )
+    print("|" + "---|" * 12)
+    for r in rows:
+        if r["task"] != "infer":
+            continue
+        status = "OOM" if r.get("oom") else ("error" if r.get("error") else "ok")
+        pre = f"{r['prefill_tokens_per_s']:.0f}" if r.get("prefill_tokens_per_s") else "–"
+        dec = f"{r['decode_tokens_per_s']:.0f}" if r.get("decode_tokens_per_s") else "–"
+        print(
+            f"| {r['id']} | {'yes' if r['holdout'] else 'no'} | {r['model']} | {r['weights']} | {r['batch']} "
+            f"| {r['prompt_tokens']} | {r['output_tokens']} | {_gib(r.get('peak_allocated_bytes'))} "
+            f"| {_gib(r.get('peak_reserved_bytes'))} | {pre} | {dec} | {status} |"
+        )
+    return 0
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("merge", help="merge sweep outputs into bench/results/h200.json")
+    m.add_argument("inputs", nargs="+")
+    m.add_argument("--cases", default=str(DEFAULT_CASES))
+    m.add_argument("--out", required=True)
+    t = sub.add_parser("table", help="print merged results as markdown tables")
+    t.add_argument("results")
     for name in ("sweep", "case"):
         s = sub.add_parser(name)
         s.add_argument("--cases", default=str(DEFAULT_CASES))
@@ -757,6 +848,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.cmd == "merge":
+        return merge_main(args)
+    if args.cmd == "table":
+        return table_main(args)
     return case_main(args) if args.cmd == "case" else sweep_main(args)
 
 
