@@ -173,6 +173,7 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     for precision in precisions:
         for sharding in shardings:
             reached_top = False
+            mb_without_ckpt = 0
             for ckpt in ckpts:
                 accum1 = 1 if t.global_batch is None else max(1, math.ceil(t.global_batch / (mbs[0] * dp)))
                 knobs = Knobs(precision=precision, optimizer=t.optimizer, sharding=sharding, tensor_parallel=tp,
@@ -189,6 +190,10 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                     if smallest is None or need < smallest[0]:
                         smallest = (need, knobs)
                     continue
+                if ckpt and mb <= mb_without_ckpt:
+                    continue  # recomputation at no larger a micro-batch is only slower
+                if not ckpt:
+                    mb_without_ckpt = mb
                 accum = 1 if t.global_batch is None else max(1, math.ceil(t.global_batch / (mb * dp)))
                 knobs = knobs.with_micro_batch(mb, accum)
                 tps = train_throughput(model, knobs, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,

@@ -210,3 +210,14 @@ def test_inference_strategy_label_names_weights_tp_and_batch() -> None:
     e = estimate(spec, CAT, "H200", 1)
     assert e.strategy.task == "infer" and e.strategy.label() == "1xH200 tp=1 w=bf16 batch=8"
     assert e.throughput.requests_per_s is not None and e.throughput.decode_tokens_per_s is not None
+
+
+def test_local_offer_is_free_and_wins_cheapest() -> None:
+    from catalog.schema import Offer
+    from tests.planner.factory import SRC
+
+    local = Offer(cloud="local", instance_type="this-machine", gpu="H200", gpu_count=1, vcpus=16, ram_gib=128,
+                  region="local", source=SRC)
+    p = plan(job(model="llama-3.2-1b", train={"tokens": 1e7}), CAT.with_offers([local]))
+    assert p.chosen is not None
+    assert p.chosen.cost.market == "local" and p.chosen.cost.usd == 0.0 and p.chosen.offer.cloud == "local"
