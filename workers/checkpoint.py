@@ -28,10 +28,11 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from catalog.errors import CheckpointError, InvalidInput
 
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 MARKER = "COMMIT"
 MANIFEST_FORMAT = 1
 CHUNK = 8 * 1024 * 1024
+IO_THREADS = 8  # files copied/hashed at once: one sha256 stream is ~1 GB/s, a disk or S3 takes more
 _STEP_RE = re.compile(r"^step-(\d{9,})$")
 
 FileHook = Callable[[str], None]
@@ -60,8 +62,18 @@ class CheckpointInfo:
 class CheckpointStore(Protocol):
     uri: str
 
-    def save(self, step: int, source_dir: Path, *, metadata: Mapping[str, object] | None = None) -> CheckpointInfo:
-        """Copy every file of ``source_dir`` to ``<uri>/step-<step>/``, verify, commit, prune."""
+    def save(
+        self,
+        step: int,
+        source_dir: Path,
+        *,
+        metadata: Mapping[str, object] | None = None,
+        move: bool = False,
+    ) -> CheckpointInfo:
+        """Copy every file of ``source_dir`` to ``<uri>/step-<step>/``, verify, commit, prune.
+
+        ``move=True``: the store may take ``source_dir`` over (rename instead of copy) and it is
+        gone afterwards; on failure it is left in place."""
 
     def latest(self) -> CheckpointInfo | None:
         """The newest complete checkpoint; torn ones are skipped with a logged warning."""
@@ -261,47 +273,82 @@ class LocalStore:
                 shutil.rmtree(tmp, ignore_errors=True)
 
     # -- save -------------------------------------------------------------------------------
-    def save(self, step: int, source_dir: Path, *, metadata: Mapping[str, object] | None = None) -> CheckpointInfo:
+    def save(
+        self,
+        step: int,
+        source_dir: Path,
+        *,
+        metadata: Mapping[str, object] | None = None,
+        move: bool = False,
+    ) -> CheckpointInfo:
+        """Save ``source_dir`` as step ``step``. ``move=True`` hands the directory over: on the same
+        filesystem it is renamed into the store and hashed in place (no copy; the fast path for a
+        just-in-time checkpoint), elsewhere copied and then deleted."""
         check_step(step)
-        files = source_files(Path(source_dir))
+        source_dir = Path(source_dir)
+        files = source_files(source_dir)
         final = self.root / step_dirname(step)
         tmp = self.root / f".tmp-{step_dirname(step)}-{self._host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        adopted = move and self._adopt(source_dir, tmp)
         try:
-            tmp.mkdir()
-            written: dict[str, tuple[str, int]] = {}
-            for rel, src in files:
-                dst = tmp / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                written[rel] = _copy_hashing(src, dst)
-                if self._on_file is not None:
-                    self._on_file(rel)
-            for rel, (sha, size) in written.items():  # re-read what landed on disk
-                if (tmp / rel).stat().st_size != size or sha256_file(tmp / rel) != sha:
-                    raise CheckpointError(
-                        f"checkpoint step {step}: {rel} changed while it was being saved",
-                        hint="do not modify the source directory during save",
-                    )
+            if adopted:
+                hashed = parallel_map(lambda item: _hash_and_fsync(tmp / item[0]), files, self._hook(files))
+                written = {rel: result for (rel, _), result in zip(files, hashed, strict=True)}
+            else:
+                tmp.mkdir()
+                for rel, _ in files:
+                    (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                copied = parallel_map(lambda item: _copy_hashing(item[1], tmp / item[0]), files, self._hook(files))
+                written = {rel: result for (rel, _), result in zip(files, copied, strict=True)}
+                # Re-read what landed, to catch a source modified during the copy.
+                landed = parallel_map(lambda rel: sha256_file(tmp / rel), list(written))
+                for (rel, (sha, _)), got in zip(written.items(), landed, strict=True):
+                    if got != sha:
+                        raise CheckpointError(
+                            f"checkpoint step {step}: {rel} changed while it was being saved",
+                            hint="do not modify the source directory during save",
+                        )
             manifest = build_manifest(step, written, metadata, time.time())
-            marker = tmp / MARKER
-            with marker.open("wb") as fh:
+            with (tmp / MARKER).open("wb") as fh:
                 fh.write(manifest)
                 fh.flush()
                 os.fsync(fh.fileno())
             for dirpath, _, _ in os.walk(tmp):
                 _fsync_dir(Path(dirpath))
             self._publish(tmp, final)
-        except OSError as exc:
+        except BaseException as exc:
+            if adopted:  # give the caller's directory back rather than delete its only copy
+                (tmp / MARKER).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    os.rename(tmp, source_dir)
             shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(
-                f"could not write checkpoint step {step} to {self.root}: {exc}",
-                hint="check free disk space and permissions; the previous checkpoint is untouched",
-            ) from exc
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise CheckpointError(
+                    f"could not write checkpoint step {step} to {self.root}: {exc}",
+                    hint="check free disk space and permissions; the previous checkpoint is untouched",
+                ) from exc
             raise
+        if move and not adopted:
+            shutil.rmtree(source_dir, ignore_errors=True)
         info = parse_manifest(manifest, step).info(str(final))
         self._prune(step)
         return info
+
+    def _adopt(self, source_dir: Path, tmp: Path) -> bool:
+        """Rename ``source_dir`` to ``tmp`` if both are on one filesystem; False to fall back to copying."""
+        try:
+            if os.stat(source_dir).st_dev != os.stat(self.root).st_dev:
+                return False
+            os.rename(source_dir, tmp)
+        except OSError:
+            return False
+        return True
+
+    def _hook(self, files: Sequence[tuple[str, Path]]) -> Callable[[int], None] | None:
+        hook = self._on_file
+        if hook is None:
+            return None
+        return lambda index: hook(files[index][0])
 
     def _publish(self, tmp: Path, final: Path) -> None:
         if final.exists():
@@ -364,8 +411,9 @@ class LocalStore:
 
     def _verify(self, step: int, path: Path) -> Manifest:
         manifest = self._read_manifest(step, path)
-        for rel, (sha, _) in manifest.files.items():
-            if sha256_file(path / rel) != sha:
+        rels = list(manifest.files)
+        for rel, got in zip(rels, parallel_map(lambda r: sha256_file(path / r), rels), strict=True):
+            if got != manifest.files[rel][0]:
                 raise ValueError(f"{rel}: sha256 does not match the manifest (corrupted)")
         return manifest
 
@@ -389,12 +437,14 @@ class LocalStore:
         _check_same(info, manifest)
         dest_dir = Path(dest_dir)
         dest_dir.mkdir(parents=True, exist_ok=True)
-        for rel, (sha, _) in manifest.files.items():
-            dst = dest_dir / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            got, _ = _copy_hashing(path / rel, dst, fsync=False)
+        rels = list(manifest.files)
+        for rel in rels:
+            (dest_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        copied = parallel_map(lambda r: _copy_hashing(path / r, dest_dir / r, fsync=False), rels)
+        for rel, (got, _) in zip(rels, copied, strict=True):
+            sha = manifest.files[rel][0]
             if got != sha:
-                dst.unlink(missing_ok=True)
+                (dest_dir / rel).unlink(missing_ok=True)
                 raise CheckpointError(
                     f"checkpoint step {info.step}: {rel} is corrupted (sha256 {got[:12]}..., manifest {sha[:12]}...)",
                     hint="restore an older checkpoint (restore_latest() does this automatically)",
@@ -411,6 +461,48 @@ def _check_same(info: CheckpointInfo, manifest: Manifest) -> None:
             f"checkpoint step {info.step} was replaced after it was listed",
             hint="call latest() again and restore what it returns",
         )
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def parallel_map(fn: Callable[[T], R], items: Sequence[T], on_done: Callable[[int], None] | None = None) -> list[R]:
+    """``[fn(i) for i in items]`` on up to IO_THREADS threads (hashlib and file I/O release the GIL).
+
+    ``on_done(index)`` runs in the calling thread as each item finishes. The first error is raised
+    after the items not yet started are cancelled.
+    """
+    if len(items) <= 1:
+        out = []
+        for index, item in enumerate(items):
+            out.append(fn(item))
+            if on_done is not None:
+                on_done(index)
+        return out
+    results: dict[int, R] = {}
+    with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(items))) as pool:
+        futures = {pool.submit(fn, item): index for index, item in enumerate(items)}
+        try:
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if on_done is not None:
+                    on_done(futures[future])
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    return [results[i] for i in range(len(items))]
+
+
+def _hash_and_fsync(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb+") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+        os.fsync(fh.fileno())
+    return digest.hexdigest(), size
 
 
 def _copy_hashing(src: Path, dst: Path, *, fsync: bool = True) -> tuple[str, int]:

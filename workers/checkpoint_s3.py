@@ -27,6 +27,7 @@ from workers.checkpoint import (
     Manifest,
     build_manifest,
     check_step,
+    parallel_map,
     parse_manifest,
     parse_step_dirname,
     plan_prune,
@@ -140,31 +141,47 @@ class S3Store:
                 self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
 
     # -- save -------------------------------------------------------------------------------
-    def save(self, step: int, source_dir: Path, *, metadata: Mapping[str, object] | None = None) -> CheckpointInfo:
+    def save(
+        self,
+        step: int,
+        source_dir: Path,
+        *,
+        metadata: Mapping[str, object] | None = None,
+        move: bool = False,
+    ) -> CheckpointInfo:
+        """Upload ``source_dir`` as step ``step`` (files in parallel, marker last); ``move`` deletes the
+        local directory once the checkpoint is committed."""
         import time
 
         check_step(step)
-        files = source_files(Path(source_dir))
+        source_dir = Path(source_dir)
+        files = source_files(source_dir)
         base = self._base(step)
+        hook = self._on_file
         try:
             existing = self._listing().get(step, {})
             if existing:  # same step saved again, or leftovers of a killed save: un-commit it first
                 self._delete_step(step, [r for r in existing if r not in dict(files)])
-            written: dict[str, tuple[str, int]] = {}
-            for rel, src in files:
-                sha = sha256_file(src)
-                size = src.stat().st_size
+
+            def upload(item: tuple[str, Path]) -> tuple[str, int]:
+                rel, src = item
+                sha, size = sha256_file(src), src.stat().st_size
                 self._upload(src, f"{base}/{rel}", sha, size)
-                written[rel] = (sha, size)
-                if self._on_file is not None:
-                    self._on_file(rel)
-            for rel, (sha, size) in written.items():
+                return sha, size
+
+            uploaded = parallel_map(upload, files, None if hook is None else lambda i: hook(files[i][0]))
+            written = {rel: result for (rel, _), result in zip(files, uploaded, strict=True)}
+
+            def check(item: tuple[str, tuple[str, int]]) -> None:
+                rel, (sha, size) = item
                 head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
                 if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha:
                     raise CheckpointError(
                         f"checkpoint step {step}: s3://{self.bucket}/{base}/{rel} does not match what was uploaded",
                         hint="another writer may share this prefix; give each job its own checkpoint_uri",
                     )
+
+            parallel_map(check, list(written.items()))
             manifest = build_manifest(step, written, metadata, time.time())
             self.client.put_object(
                 Bucket=self.bucket,
@@ -178,6 +195,8 @@ class S3Store:
             raise CheckpointError(f"could not read checkpoint files from {source_dir}: {exc}") from exc
         except Exception as exc:
             raise _explain(exc, self.bucket) from exc
+        if move:
+            shutil.rmtree(source_dir, ignore_errors=True)
         info = parse_manifest(manifest, step).info(f"s3://{self.bucket}/{base}")
         self._prune(step)
         return info
@@ -235,17 +254,20 @@ class S3Store:
     def _verify(self, step: int, rels: Mapping[str, int], *, deep: bool) -> Manifest:
         manifest = self._manifest(step, rels)
         base = self._base(step)
-        for rel, (sha, _) in manifest.files.items():
+
+        def actual_sha(rel: str) -> str:
             if deep:
                 got = hashlib.sha256()
                 body = self.client.get_object(Bucket=self.bucket, Key=f"{base}/{rel}")["Body"]
                 for chunk in body.iter_chunks(CHUNK):
                     got.update(chunk)
-                actual = got.hexdigest()
-            else:
-                head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
-                actual = head.get("Metadata", {}).get("sha256", "<none>")
-            if actual != sha:
+                return got.hexdigest()
+            head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
+            return str(head.get("Metadata", {}).get("sha256", "<none>"))
+
+        names = list(manifest.files)
+        for rel, actual in zip(names, parallel_map(actual_sha, names), strict=True):
+            if actual != manifest.files[rel][0]:
                 raise ValueError(f"{rel}: sha256 does not match the manifest (overwritten or corrupted)")
         return manifest
 
@@ -282,32 +304,37 @@ class S3Store:
             )
         dest_dir = Path(dest_dir)
         dest_dir.mkdir(parents=True, exist_ok=True)
-        for rel, (sha, _) in manifest.files.items():
-            dst = dest_dir / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            part = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.part")
-            digest = hashlib.sha256()
-            try:
-                body = self.client.get_object(Bucket=self.bucket, Key=f"{base}/{rel}")["Body"]
-                with part.open("wb") as fh:
-                    for chunk in body.iter_chunks(CHUNK):
-                        digest.update(chunk)
-                        fh.write(chunk)
-            except OSError:
-                part.unlink(missing_ok=True)
-                raise
-            except Exception as exc:
-                part.unlink(missing_ok=True)
-                raise _explain(exc, self.bucket) from exc
-            if digest.hexdigest() != sha:
-                part.unlink(missing_ok=True)
-                raise CheckpointError(
-                    f"checkpoint step {info.step}: s3://{self.bucket}/{base}/{rel} is corrupted (sha256"
-                    f" {digest.hexdigest()[:12]}..., manifest {sha[:12]}...)",
-                    hint="restore an older checkpoint (restore_latest() does this automatically)",
-                )
-            shutil.move(part, dst)
+        rels = list(manifest.files)
+        for rel in rels:
+            (dest_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+        parallel_map(lambda rel: self._download(info.step, rel, dest_dir / rel, manifest.files[rel][0]), rels)
         return dict(manifest.metadata)
+
+    def _download(self, step: int, rel: str, dst: Path, sha: str) -> None:
+        """Stream one object to ``dst`` through a .part file, hashing as it comes; verify, then rename."""
+        key = f"{self._base(step)}/{rel}"
+        part = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.part")
+        digest = hashlib.sha256()
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            with part.open("wb") as fh:
+                for chunk in body.iter_chunks(CHUNK):
+                    digest.update(chunk)
+                    fh.write(chunk)
+        except OSError:
+            part.unlink(missing_ok=True)
+            raise
+        except Exception as exc:
+            part.unlink(missing_ok=True)
+            raise _explain(exc, self.bucket) from exc
+        if digest.hexdigest() != sha:
+            part.unlink(missing_ok=True)
+            raise CheckpointError(
+                f"checkpoint step {step}: s3://{self.bucket}/{key} is corrupted (sha256"
+                f" {digest.hexdigest()[:12]}..., manifest {sha[:12]}...)",
+                hint="restore an older checkpoint (restore_latest() does this automatically)",
+            )
+        shutil.move(part, dst)
 
     def restore_latest(self, dest_dir: Path) -> tuple[CheckpointInfo, dict[str, object]] | None:
         return restore_newest_valid(self, dest_dir)

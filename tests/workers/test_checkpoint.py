@@ -201,10 +201,54 @@ def test_marker_without_files_is_torn(make_store: StoreFactory, tmp_path: Path, 
     _assert_restores_step(store, 1, tmp_path / "dest")
 
 
+def test_move_adopts_the_directory_without_copying(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "ckpts"))
+    src = _write_ckpt(tmp_path / "src", 4)
+    inode = (src / "model.bin").stat().st_ino
+    info = store.save(4, src, metadata={"step": 4}, move=True)
+    assert not src.exists(), "the directory was handed over"
+    assert isinstance(store, LocalStore)
+    assert (store.root / step_dirname(4) / "model.bin").stat().st_ino == inode, "renamed, not copied"
+    assert store.latest() == info
+    _assert_restores_step(store, 4, tmp_path / "dest")
+
+
+def test_failed_move_gives_the_directory_back(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "ckpts"))
+    src = _write_ckpt(tmp_path / "src", 4)
+    with pytest.raises(InvalidInput, match="JSON"):
+        store.save(4, src, metadata={"bad": object()}, move=True)
+    assert (src / "model.bin").read_bytes()[:1] == b"\x04" and (src / "sub" / "optim.bin").exists()
+    assert not (src / "COMMIT").exists()
+    assert store.list() == []
+
+
+def test_move_to_s3_deletes_the_local_copy_after_commit(s3_endpoint: str, bucket: str, tmp_path: Path) -> None:
+    store = open_store(f"s3://{bucket}/m", s3_client=_client(s3_endpoint))
+    src = _write_ckpt(tmp_path / "src", 6)
+    store.save(6, src, metadata={"step": 6}, move=True)
+    assert not src.exists()
+    _assert_restores_step(store, 6, tmp_path / "dest")
+
+
+def test_many_files_in_parallel(make_store: StoreFactory, tmp_path: Path) -> None:
+    src = tmp_path / "many"
+    for i in range(20):
+        (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 3}" / f"f{i}.bin").write_bytes(bytes([i]) * (1000 + i))
+    store = make_store()
+    info = store.save(1, src)
+    assert len(info.sha256) == 20
+    dest = tmp_path / "dest"
+    store.restore(info, dest)
+    for i in range(20):
+        assert (dest / f"d{i % 3}" / f"f{i}.bin").read_bytes() == bytes([i]) * (1000 + i)
+
+
 # -- killed while writing ------------------------------------------------------------------------
 
 
-def _child_save(uri: str, endpoint: str | None, src: str, started: Any) -> None:
+def _child_save(uri: str, endpoint: str | None, src: str, started: Any, move: bool) -> None:
     """Runs in a spawned process: saves step 2 and stalls after its first file until killed."""
 
     def stall(rel: str) -> None:
@@ -213,13 +257,13 @@ def _child_save(uri: str, endpoint: str | None, src: str, started: Any) -> None:
 
     client = _client(endpoint) if endpoint else None
     store = open_store(uri, s3_client=client, on_file=stall)
-    store.save(2, Path(src), metadata={"step": 2})
+    store.save(2, Path(src), metadata={"step": 2}, move=move)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["local", "s3"])
+@pytest.mark.parametrize(("backend", "move"), [("local", False), ("local", True), ("s3", False)])
 def test_killed_mid_save_previous_checkpoint_loads(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+    backend: str, move: bool, tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
 ) -> None:
     if backend == "local":
         uri, endpoint, client = str(tmp_path / "ckpts"), None, None
@@ -231,7 +275,7 @@ def test_killed_mid_save_previous_checkpoint_loads(
 
     ctx = mp.get_context("spawn")
     started = ctx.Event()
-    child = ctx.Process(target=_child_save, args=(uri, endpoint, str(_write_ckpt(tmp_path / "two", 2)), started))
+    child = ctx.Process(target=_child_save, args=(uri, endpoint, str(_write_ckpt(tmp_path / "two", 2)), started, move))
     child.start()
     try:
         assert started.wait(60), "child never reached the middle of its save"
