@@ -15,13 +15,15 @@ import hmac
 import json
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import Integer, bindparam, func
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -42,6 +44,7 @@ from scheduler.models import (
     JobDetail,
     JobLogs,
     JobPublic,
+    Spend,
     SpendReport,
     Team,
     TeamCreate,
@@ -54,6 +57,9 @@ from workers.executor import Executor
 
 Clock = Callable[[], datetime]
 Planner = Callable[[JobSpec], Plan]
+
+
+_PUBLIC_FIELDS = tuple(name for name in JobPublic.model_fields if name != "spent_usd")
 
 
 def utcnow() -> datetime:
@@ -85,6 +91,19 @@ class Principal:
 ADMIN = Principal(team_id=None, team_name="(admin)", is_admin=True)
 
 
+def _list_statement(*, by_state: bool) -> Any:
+    """The job list as one prebuilt Core query (the API's hot path): no spec/plan JSON, spend summed."""
+    table = Job.__table__  # type: ignore[attr-defined]
+    spent = (sa_select(func.coalesce(func.sum(Spend.usd), 0.0)).where(col(Spend.job_id) == table.c.id)
+             .correlate(table).scalar_subquery())
+    columns = [c for c in table.c if c.name not in ("spec", "plan")]
+    stmt = sa_select(*columns, spent.label("spent_usd")).where(table.c.team_id == bindparam("team_id"))
+    if by_state:
+        stmt = stmt.where(table.c.state == bindparam("state"))
+    return (stmt.order_by(table.c.created_at.desc(), table.c.id)
+            .limit(bindparam("limit", type_=Integer)).offset(bindparam("offset", type_=Integer)))
+
+
 class SchedulerService:
     def __init__(
         self,
@@ -97,6 +116,7 @@ class SchedulerService:
         admin_token: str | None = None,
         max_attempts: int = 3,
         plan_cache_size: int = 512,
+        auth_cache_s: float = 2.0,
     ) -> None:
         self.store = store
         self.planner = planner
@@ -108,6 +128,11 @@ class SchedulerService:
         self._plans: OrderedDict[str, Plan] = OrderedDict()
         self._plans_lock = threading.Lock()
         self._plan_cache_size = plan_cache_size
+        # token hash -> (principal, monotonic expiry). Revocation through this instance clears it
+        # at once; another server process notices within auth_cache_s.
+        self._auth_cache: dict[str, tuple[Principal, float]] = {}
+        self._auth_cache_s = auth_cache_s
+        self._list_stmt = (_list_statement(by_state=False), _list_statement(by_state=True))
 
     # -------------------------------------------------------------- auth
 
@@ -117,6 +142,9 @@ class SchedulerService:
         digest = hash_token(token)
         if self._admin_hash is not None and hmac.compare_digest(digest, self._admin_hash):
             return ADMIN
+        cached = self._auth_cache.get(digest)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
         with self.store.read() as session:
             row = session.exec(
                 select(ApiToken, Team).join(Team, col(Team.id) == col(ApiToken.team_id)).where(
@@ -130,7 +158,12 @@ class SchedulerService:
             raise AuthError(f"token {token_row.id} was revoked at {token_row.revoked_at:%Y-%m-%d %H:%M} UTC",
                             hint="ask an admin for a new one with `gpuplan team token TEAM`")
         assert team.id is not None
-        return Principal(team_id=team.id, team_name=team.name)
+        principal = Principal(team_id=team.id, team_name=team.name)
+        if self._auth_cache_s > 0:
+            if len(self._auth_cache) > 10_000:
+                self._auth_cache.clear()
+            self._auth_cache[digest] = (principal, time.monotonic() + self._auth_cache_s)
+        return principal
 
     @staticmethod
     def _require_admin(principal: Principal) -> None:
@@ -251,6 +284,7 @@ class SchedulerService:
             if row.revoked_at is None:
                 row.revoked_at = self.clock()
                 session.add(row)
+            self._auth_cache.pop(row.token_hash, None)
             return ApiTokenPublic.model_validate(row, from_attributes=True)
 
     # -------------------------------------------------------------- planning
@@ -282,8 +316,8 @@ class SchedulerService:
 
     def _public(self, session: Session, jobs: list[Job]) -> list[JobPublic]:
         spent = ledger.job_spent(session, [j.id for j in jobs])
-        return [JobPublic.model_validate(j, from_attributes=True, update={"spent_usd": spent.get(j.id, 0.0)})
-                for j in jobs]
+        return [JobPublic.model_validate({name: getattr(j, name) for name in _PUBLIC_FIELDS}
+                                         | {"spent_usd": spent.get(j.id, 0.0)}) for j in jobs]
 
     def _existing(self, session: Session, team_id: int, key: str, digest: str) -> Job | None:
         job = session.exec(select(Job).where(Job.team_id == team_id, Job.idempotency_key == key)).first()
@@ -397,11 +431,10 @@ class SchedulerService:
         if not 1 <= limit <= 1000 or offset < 0:
             raise InvalidInput("limit must be 1..1000 and offset >= 0", path="limit")
         with self.store.read() as session:
-            stmt = select(Job).where(Job.team_id == team_id)
-            if state is not None:
-                stmt = stmt.where(Job.state == state)
-            stmt = stmt.order_by(col(Job.created_at).desc(), col(Job.id)).offset(offset).limit(limit)
-            return self._public(session, list(session.exec(stmt).all()))
+            stmt = self._list_stmt[state is not None]
+            params: dict[str, Any] = {"team_id": team_id, "state": state, "limit": limit, "offset": offset}
+            rows = session.execute(stmt, params).mappings().all()
+            return [JobPublic.model_validate(dict(row)) for row in rows]
 
     def cancel(self, principal: Principal, job_id: str, reason: str = "") -> JobPublic:
         """Mark the job cancelled; the loop stops a live attempt and charges it up to now."""
