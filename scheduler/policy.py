@@ -94,12 +94,18 @@ class PolicyParams:
         before the job goes back to spot (inf = never go back, like greedy).
     min_return_work_h: go back from on-demand to spot only if at least this much work is left.
     safety_margin_h: added to the safety net's threshold.
+    reserve_cap_h: the reserve never exceeds this many hours (long slacks need no more than a few
+        changeovers' worth).
+    return_restarts: extra slack, in restart delays, before going back to spot (a return that a
+        preemption soon undoes costs two changeovers).
     """
 
-    reserve_fraction: float = 0.2
+    reserve_fraction: float = 0.5
     return_margin_h: float = 0.0
     min_return_work_h: float = 0.0
     safety_margin_h: float = 0.0
+    reserve_cap_h: float = 4.0
+    return_restarts: float = 0.0
 
 
 DEFAULT_PARAMS = PolicyParams()
@@ -148,14 +154,14 @@ def decide_arrays(
         p = GREEDY_PARAMS
     elif policy == "uniform-progress":
         # Can't Be Late: the reserve is the whole uniform-progress line; hysteresis of 2 restarts.
-        p = PolicyParams(reserve_fraction=1.0, return_margin_h=0.0, min_return_work_h=0.0)
+        p = PolicyParams(reserve_fraction=1.0, return_margin_h=0.0, min_return_work_h=0.0, reserve_cap_h=math.inf)
     else:
         p = params
     need = need + p.safety_margin_h
     span = np.where(has_deadline, deadline_h - start_h, 1.0)
     initial_slack = np.maximum(span - work_total_h, 0.0)
     frac_left = np.clip(time_left / np.maximum(span, 1e-12), 0.0, 1.0)
-    reserve = need + p.reserve_fraction * initial_slack * frac_left
+    reserve = need + np.minimum(p.reserve_fraction * initial_slack, p.reserve_cap_h) * frac_left
 
     on_od = current == ON_DEMAND
     safe = slack >= need
@@ -163,7 +169,7 @@ def decide_arrays(
         # Return to spot only when ahead of the line by a hysteresis of two changeovers.
         may_return = slack >= reserve + 2.0 * restart_h
     else:
-        may_return = (slack >= need + restart_h + p.return_margin_h) & (
+        may_return = (slack >= need + (1.0 + p.return_restarts) * restart_h + p.return_margin_h) & (
             work_total_h - work_done_h >= p.min_return_work_h
         )
     # With spot available: take it, unless on on-demand without room to come back.
