@@ -188,8 +188,9 @@ def catalog_offers(
             table.add_column(col, justify="right" if col in ("vCPU", "RAM GiB", "on-demand $/h", "spot $/h",
                                                              "$/GPU/h") else "left")
         for o in offers[:limit]:
+            where = f"{o.region} {o.zone}" if o.zone else o.region
             table.add_row(o.cloud, o.instance_type, f"{o.gpu_count} x {o.gpu}", str(o.vcpus), f"{o.ram_gib:,.0f}",
-                          f"{o.region} {o.zone}" if o.zone else o.region, _money(o.on_demand_usd_per_h), _money(o.spot_usd_per_h),
+                          where, _money(o.on_demand_usd_per_h), _money(o.spot_usd_per_h),
                           _money(price_per_gpu_hour(o, spot)), o.source.as_of.isoformat())
         console.print(table)
         if len(offers) > limit:

@@ -111,6 +111,7 @@ def test_tiny_llama_is_small_enough_for_the_cpu_demo(cat: Catalog) -> None:
     assert 5e6 <= count_params(cat.model("tiny-llama")).total <= 20e6
 
 
+@pytest.mark.slow
 def test_presets_build_with_transformers(cat: Catalog) -> None:
     from transformers import AutoConfig
 
@@ -120,6 +121,7 @@ def test_presets_build_with_transformers(cat: Catalog) -> None:
         assert getattr(config, "num_hidden_layers", None) == m.num_layers or config.n_layer == m.num_layers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_id", ["tiny-llama", "gpt2"])
 def test_param_count_equals_a_real_transformers_model(cat: Catalog, model_id: str) -> None:
     import torch

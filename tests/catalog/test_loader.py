@@ -15,7 +15,7 @@ from catalog.schema import Offer, Source
 
 @pytest.fixture(scope="module")
 def catalog() -> Catalog:
-    return load_catalog(user_dir=None, data_dir=None)
+    return load_catalog(PACKAGED_DATA_DIR)
 
 
 def test_gpu_lookup_by_id_and_alias_is_case_insensitive(catalog: Catalog) -> None:
