@@ -4,6 +4,7 @@ Writes ``--shards`` files of random bytes totalling ``--size-gib`` (a stand-in f
 optimizer shards), then times, ``--repeats`` times each:
   copy     shutil.copy of every file + fsync (the floor for any durable copy)
   save     LocalStore.save: copy while hashing, fsync, re-read to verify, marker, rename, prune
+  move     LocalStore.save(move=True) of a same-filesystem copy: rename + hash in place + fsync
   latest   LocalStore.latest(): re-hashes every byte of the newest checkpoint
   restore  LocalStore.restore: copy while hashing into a fresh directory
 
@@ -60,19 +61,21 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
     _write_source(root / "src", size, args.shards)
     store = LocalStore(root / "store", keep=2)
-    rows: dict[str, list[float]] = {"copy": [], "save": [], "latest": [], "restore": []}
+    rows: dict[str, list[float]] = {"copy": [], "save": [], "move": [], "latest": [], "restore": []}
     for rep in range(args.repeats):
         t = time.perf_counter()
         _plain_copy(root / "src", root / f"copy-{rep}")
         rows["copy"].append(time.perf_counter() - t)
-        shutil.rmtree(root / f"copy-{rep}")
         t = time.perf_counter()
-        store.save(rep + 1, root / "src", metadata={"rep": rep})
+        store.save(2 * rep + 1, root / f"copy-{rep}", metadata={"rep": rep}, move=True)
+        rows["move"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        store.save(2 * rep + 2, root / "src", metadata={"rep": rep})
         rows["save"].append(time.perf_counter() - t)
         t = time.perf_counter()
         info = store.latest()
         rows["latest"].append(time.perf_counter() - t)
-        assert info is not None and info.step == rep + 1
+        assert info is not None and info.step == 2 * rep + 2
         t = time.perf_counter()
         store.restore(info, root / f"restore-{rep}")
         rows["restore"].append(time.perf_counter() - t)

@@ -300,8 +300,9 @@ class LocalStore:
                     (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 copied = parallel_map(lambda item: _copy_hashing(item[1], tmp / item[0]), files, self._hook(files))
                 written = {rel: result for (rel, _), result in zip(files, copied, strict=True)}
-                # Re-read what landed, to catch a source modified during the copy.
-                landed = parallel_map(lambda rel: sha256_file(tmp / rel), list(written))
+                # The copy and its hash come from the same reads; re-hash the source to catch a writer
+                # still changing it (a torn copy that would otherwise verify).
+                landed = parallel_map(lambda item: sha256_file(item[1]), files)
                 for (rel, (sha, _)), got in zip(written.items(), landed, strict=True):
                     if got != sha:
                         raise CheckpointError(

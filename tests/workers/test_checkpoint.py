@@ -231,6 +231,18 @@ def test_move_to_s3_deletes_the_local_copy_after_commit(s3_endpoint: str, bucket
     _assert_restores_step(store, 6, tmp_path / "dest")
 
 
+def test_source_modified_during_save_is_refused(tmp_path: Path) -> None:
+    src = _write_ckpt(tmp_path / "src", 1)
+
+    def trainer_still_writing(rel: str) -> None:
+        (src / rel).write_bytes(b"newer bytes")
+
+    store = open_store(str(tmp_path / "ckpts"), on_file=trainer_still_writing)
+    with pytest.raises(CheckpointError, match="changed while it was being saved"):
+        store.save(1, src)
+    assert store.list() == [] and store.latest() is None
+
+
 def test_many_files_in_parallel(make_store: StoreFactory, tmp_path: Path) -> None:
     src = tmp_path / "many"
     for i in range(20):
