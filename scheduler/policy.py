@@ -98,6 +98,8 @@ class PolicyParams:
         changeovers' worth).
     return_restarts: extra slack, in restart delays, before going back to spot (a return that a
         preemption soon undoes costs two changeovers).
+    return_min_run_h: go back from on-demand only to spot capacity that has already lasted this long
+        (runs of availability are heavy-tailed: a run that just started is the likeliest to end soon).
     """
 
     reserve_fraction: float = 0.5
@@ -106,6 +108,7 @@ class PolicyParams:
     safety_margin_h: float = 0.0
     reserve_cap_h: float = 4.0
     return_restarts: float = 0.0
+    return_min_run_h: float = 0.0
 
 
 DEFAULT_PARAMS = PolicyParams()
@@ -132,11 +135,13 @@ def decide_arrays(
     uncommitted_h: FloatArray | float = 0.0,
     tick_h: float = 0.0,
     params: PolicyParams = DEFAULT_PARAMS,
+    spot_run_h: FloatArray | float = math.inf,
 ) -> IntArray:
     """Vectorised :func:`decide`: one decision code (WAIT/SPOT/ON_DEMAND) per job.
 
     ``deadline_h`` may hold ``inf`` for jobs without a deadline. ``current`` holds NONE/SPOT/ON_DEMAND
-    codes; a job whose spot instance was just preempted must be passed as NONE.
+    codes; a job whose spot instance was just preempted must be passed as NONE. ``spot_run_h``: how
+    long the spot capacity on offer has been available without a break (inf: unknown).
     """
     check_policy(policy)
     n = work_done_h.shape[0]
@@ -169,8 +174,10 @@ def decide_arrays(
         # Return to spot only when ahead of the line by a hysteresis of two changeovers.
         may_return = slack >= reserve + 2.0 * restart_h
     else:
-        may_return = (slack >= need + (1.0 + p.return_restarts) * restart_h + p.return_margin_h) & (
-            work_total_h - work_done_h >= p.min_return_work_h
+        may_return = (
+            (slack >= need + (1.0 + p.return_restarts) * restart_h + p.return_margin_h)
+            & (work_total_h - work_done_h >= p.min_return_work_h)
+            & (spot_run_h >= p.return_min_run_h)
         )
     # With spot available: take it, unless on on-demand without room to come back.
     with_spot = np.where(on_od & ~may_return, ON_DEMAND, SPOT)
@@ -190,8 +197,10 @@ def decide(
     *,
     tick_h: float = 0.0,
     params: PolicyParams = DEFAULT_PARAMS,
+    spot_run_h: float = math.inf,
 ) -> Decision:
-    """What one job should do now. ``tick_h``: how long until the caller asks again."""
+    """What one job should do now. ``tick_h``: how long until the caller asks again; ``spot_run_h``:
+    how long the offered spot capacity has lasted so far (inf if unknown)."""
     if progress.current not in _CURRENT_CODE:
         raise InvalidInput(f"current market {progress.current!r} is not one of spot, on-demand, none")
     if progress.work_total_h <= 0 or progress.restart_h < 0:
@@ -213,6 +222,7 @@ def decide(
         uncommitted_h=progress.uncommitted_h,
         tick_h=tick_h,
         params=params,
+        spot_run_h=spot_run_h,
     )
     return _DECISION_BY_CODE[int(code[0])]
 

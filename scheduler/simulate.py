@@ -251,6 +251,7 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
             uncommitted_h=unc,
             tick_h=gap,
             params=opts.params,
+            spot_run_h=np.maximum(runs[:, tt].max(axis=0) - 1.0, 0.0) * gap,
         )
         dec = np.where(active, dec, market).astype(np.int8)
         if n_zones > 1:

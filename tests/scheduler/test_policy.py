@@ -128,3 +128,13 @@ def test_choose_zone_stays_put_then_picks_the_longest_running_zone() -> None:
     assert choose_zone([True, True, True], 0, [1.0, 5.0, 9.0]) == 0
     assert choose_zone([False, True, True], 0, [0.0, 5.0, 9.0]) == 2
     assert choose_zone([False, False], None, [0.0, 0.0]) is None
+
+
+def test_return_to_spot_can_wait_for_capacity_to_prove_itself() -> None:
+    from scheduler.policy import PolicyParams
+
+    params = PolicyParams(return_min_run_h=1.0)
+    on_od = progress(30.0, 35.0, current="on-demand")
+    assert decide("gpuplan", on_od, True, tick_h=TICK, params=params, spot_run_h=0.5) is Decision.ON_DEMAND
+    assert decide("gpuplan", on_od, True, tick_h=TICK, params=params, spot_run_h=2.0) is Decision.SPOT
+    assert decide("gpuplan", on_od, True, tick_h=TICK) is Decision.SPOT  # default: return at once
