@@ -759,6 +759,12 @@ def merge_main(args: argparse.Namespace) -> int:
             if skipped and rec["id"] in by_id:
                 continue
             by_id[rec["id"]] = {**rec, "run": i}
+    if args.annotate:
+        import yaml
+
+        for case_id, note in (yaml.safe_load(Path(args.annotate).read_text()) or {}).items():
+            if case_id in by_id:
+                by_id[case_id].update(note)
     missing = [c["id"] for c in cases if c["id"] not in by_id]
     results = [by_id[c["id"]] for c in cases if c["id"] in by_id]
     doc = {
@@ -790,6 +796,8 @@ def table_main(args: argparse.Namespace) -> int:
             continue
         status = "OOM" if r.get("oom") else ("not measured: " + str(r["error"])[:60] if r.get("error") else "ok")
         tps = f"{r['tokens_per_s']:.0f}" if r.get("tokens_per_s") else "–"
+        if r.get("throughput_suspect"):
+            tps += " (suspect: see note)"
         print(
             f"| {r['id']} | {'yes' if r['holdout'] else 'no'} | {r['model']} | {r['precision']} | {r['optimizer']} "
             f"| {'on' if r['activation_checkpointing'] else 'off'} | {r['finetune']} "
@@ -824,6 +832,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     m.add_argument("inputs", nargs="+")
     m.add_argument("--cases", default=str(DEFAULT_CASES))
     m.add_argument("--out", required=True)
+    m.add_argument("--annotate", default="", help="YAML {case id: {field: value}} merged into records")
     t = sub.add_parser("table", help="print merged results as markdown tables")
     t.add_argument("results")
     for name in ("sweep", "case"):
