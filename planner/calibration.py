@@ -38,6 +38,10 @@ class MemoryCalibration(_Cal):
     # under memory pressure the allocator frees cached blocks and retries: a run needs at least
     # allocated * (1 + pressure_slack) + context to survive
     pressure_slack: float = 0.02
+    workspace_bytes: int = Field(
+        default=64 * MIB, description="cuBLAS + cuBLASLt workspaces (allocated through the caching allocator)"
+    )
+    kv_fragmentation: float = Field(default=0.3, description="inference: cached bytes per byte of final KV cache")
     plan_headroom: float = Field(
         default=0.05, description="auto micro-batch > 1 must leave this fraction of usable memory free"
     )
@@ -81,7 +85,7 @@ class ThroughputCalibration(_Cal):
     )
     quant_layer_overhead: dict[str, float] = Field(
         default_factory=lambda: {"int8": 1.5, "fp8": 2.5, "int4": 2.0},
-        description="decode per-layer overhead multiplier of quantized weights (extra quant/dequant kernels)",
+        description="decode fixed-overhead multiplier of quantized weights (extra quant/dequant kernels)",
     )
     quant_decode_speed: dict[str, float] = Field(
         default_factory=lambda: {"int8": 0.8, "fp8": 0.9, "int4": 0.7}, description="dequant kernel slowdown"

@@ -146,16 +146,20 @@ class _Moment:
         return sum(self.parts.values())
 
 
-def _finish(moments: list[_Moment], mode: str, gpu: GpuSpec, gpu_count: int, cal: MemoryCalibration) -> MemoryEstimate:
+def _finish(moments: list[_Moment], mode: str, gpu: GpuSpec, gpu_count: int, cal: MemoryCalibration,
+            extra_cached: float = 0.0) -> MemoryEstimate:
+    """``extra_cached``: bytes the allocator keeps cached beyond the proportional overhead (e.g. the
+    blocks a growing KV cache leaves behind)."""
     peak = max(moments, key=lambda m: m.total)
-    allocated = round_block(peak.total)
+    allocated = round_block(peak.total + cal.workspace_bytes)
     overhead = cal.reserved_overhead.get(mode, cal.reserved_overhead.get("single", 0.06))
-    reserved = round_block(allocated * (1 + overhead))
+    reserved = round_block(allocated * (1 + overhead) + extra_cached)
     outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
     total = reserved + outside
     usable = int(gpu.memory_gib * GIB)
     required = int(allocated * (1 + cal.pressure_slack)) + outside
     breakdown = {k: int(v) for k, v in peak.parts.items() if v > 0}
+    breakdown["cublas_workspaces"] = cal.workspace_bytes
     breakdown["cuda_context"] = cal.cuda_context_bytes
     if gpu_count > 1:
         breakdown["nccl"] = cal.nccl_bytes
@@ -370,4 +374,5 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
                             "logits": logits}),
         _Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits}),
     ]
-    return _finish(moments, "infer", gpu, strategy.gpu_count, cal)
+    # DynamicCache grows by torch.cat, so every step frees blocks one token too small to reuse
+    return _finish(moments, "infer", gpu, strategy.gpu_count, cal, extra_cached=cal.kv_fragmentation * kv_full)

@@ -187,8 +187,8 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     # attention reading it, hence kv_traffic_factor passes
     mem_time = (weight_bytes / speed + kv * cal.kv_traffic_factor) / bw
     compute_time = b * (2 * n + attention_flops_per_token(model, int(avg_ctx))) / tp / (peak * cal.prefill_mfu)
-    layer_overhead = cal.decode_layer_overhead_s * cal.quant_layer_overhead.get(strategy.weights, 1.0)
-    overhead = layer_overhead * model.num_layers + cal.decode_step_overhead_s
+    overhead = ((cal.decode_layer_overhead_s * model.num_layers + cal.decode_step_overhead_s)
+                * cal.quant_layer_overhead.get(strategy.weights, 1.0))
     decode_step = max(mem_time, compute_time) + overhead
     if tp > 1:
         link = gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency
