@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
@@ -282,3 +284,26 @@ def test_infer_jobspec_with_synthetic_prompts_resumes_on_the_same_requests(tmp_p
     )
     with pytest.raises(InvalidInput, match="not infer"):
         run_infer_spec(train, outputs, workdir=tmp_path)
+
+
+@settings(max_examples=80, deadline=None)
+@given(cut=st.integers(min_value=0, max_value=10_000), n=st.integers(min_value=1, max_value=8))
+def test_resume_after_a_crash_at_any_byte(cut: int, n: int) -> None:
+    """Cut a finished outputs file at any byte: resume keeps exactly the whole lines, drops the rest."""
+    import tempfile
+
+    from workers.infer_io import OutputWriter, load_finished
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "out.jsonl"
+        writer = OutputWriter(path)
+        for i in range(0, n, 3):  # batches of up to 3 records
+            writer.write([{"id": f"r{j}", "output_ids": list(range(j + 1))} for j in range(i, min(i + 3, n))])
+        writer.close()
+        data = path.read_bytes()
+        cut = min(cut, len(data))
+        path.write_bytes(data[:cut])
+        whole = data[:cut].count(b"\n")
+        finished = load_finished(path, {f"r{j}" for j in range(n)})
+        assert finished == {f"r{j}" for j in range(whole)}
+        assert path.read_bytes() == b"".join(data.splitlines(keepends=True)[:whole])
