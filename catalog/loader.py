@@ -30,6 +30,8 @@ from catalog.offers_io import read_offers
 from catalog.schema import GpuSpec, ModelConfig, Offer
 
 PACKAGED_DATA_DIR = Path(__file__).resolve().parent / "data"
+# libyaml's loader is ~10x faster than the pure-Python one; both are "safe" (no arbitrary objects).
+_YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 USER_DIR_ENV = "GPUPLAN_CATALOG_DIR"
 
 __all__ = [
@@ -153,7 +155,7 @@ def default_user_dir() -> Path:
 
 def _read_yaml_list(path: Path) -> list[Mapping[str, Any]]:
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_YamlLoader)
     except (OSError, yaml.YAMLError) as exc:
         raise CatalogError(f"cannot read catalog file {path}: {exc}", hint="fix or delete the file") from exc
     if not isinstance(loaded, list) or not all(isinstance(row, dict) for row in loaded):
