@@ -55,8 +55,8 @@ def _ts(nullable: bool = False, index: bool = False) -> Any:
 
 class TeamBase(SQLModel):
     name: str = Field(min_length=1, max_length=64, regex=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    budget_usd: float | None = Field(default=None, ge=0, description="None: no budget limit")
-    gpu_quota: int | None = Field(default=None, ge=0, description="GPUs of active jobs; None: no limit")
+    budget_usd: float | None = Field(default=None, ge=0, le=1e12, description="None: no budget limit")
+    gpu_quota: int | None = Field(default=None, ge=0, le=1_000_000, description="GPUs of active jobs; None: no limit")
 
 
 class TeamCreate(TeamBase):
@@ -65,8 +65,8 @@ class TeamCreate(TeamBase):
 
 class TeamUpdate(SQLModel):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
-    budget_usd: float | None = Field(default=None, ge=0)
-    gpu_quota: int | None = Field(default=None, ge=0)
+    budget_usd: float | None = Field(default=None, ge=0, le=1e12)
+    gpu_quota: int | None = Field(default=None, ge=0, le=1_000_000)
     clear_budget: bool = False
     clear_quota: bool = False
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, status
+from fastapi import APIRouter, Body, Path, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.api.deps import PrincipalDep, ServiceDep
@@ -58,5 +58,5 @@ def list_tokens(name: str, principal: PrincipalDep, service: ServiceDep) -> list
 
 
 @router.delete("/{name}/tokens/{token_id}", response_model=ApiTokenPublic)
-def revoke_token(name: str, token_id: int, principal: PrincipalDep, service: ServiceDep) -> ApiTokenPublic:
+def revoke_token(name: str, token_id: Annotated[int, Path(ge=1, le=2**62)], principal: PrincipalDep, service: ServiceDep) -> ApiTokenPublic:
     return service.revoke_token(principal, token_id)
