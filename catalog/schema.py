@@ -42,6 +42,11 @@ class GpuSpec(_Record):
     vendor: Vendor
     architecture: str
     memory_gib: float = Field(gt=0, description="device memory as the driver reports it, GiB")
+    torch_total_gib: float | None = Field(
+        default=None, gt=0,
+        description="torch.cuda.get_device_properties().total_memory / 2**30 where measured: the most PyTorch "
+        "can allocate (below memory_gib, which is nvidia-smi's total)",
+    )
     memory_bandwidth_gbps: float = Field(gt=0, description="GB/s")
     tflops: dict[Dtype, float] = Field(description="dense TFLOPS per dtype the part supports")
     interconnect: Interconnect

@@ -133,3 +133,10 @@ def test_param_count_equals_a_real_transformers_model(cat: Catalog, model_id: st
         model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     real = sum(p.numel() for p in model.parameters())  # parameters() de-duplicates tied weights
     assert count_params(m).total == real
+
+
+def test_torch_total_is_below_driver_total(cat: Catalog) -> None:
+    measured = [g for g in cat.gpus if g.torch_total_gib is not None]
+    assert measured, "at least the H200 measured in docs/MEASUREMENTS.md"
+    for g in measured:
+        assert g.torch_total_gib is not None and 0.97 * g.memory_gib < g.torch_total_gib <= g.memory_gib
