@@ -458,6 +458,104 @@ def estimate_command(
 
 # ---------------------------------------------------------------- run (issue 3: workers)
 
+
+@app.command("run")
+@handle_errors
+def run_command(
+    spec_path: str = typer.Argument(..., metavar="SPEC", help="Job spec (YAML or JSON) with task: train."),
+    checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Where checkpoints go "
+                                              "(default ~/.gpuplan/checkpoints/<job name>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the directory."),
+    use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run through a local Ray started on demand "
+                                 "(Ray Train, like a cluster) instead of bare in this process (the default: "
+                                 "one local device needs no Ray and starts in seconds)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Train a job on this machine: the local GPU, else the CPU; checkpoints in a local directory.
+
+    The local GPU's strategy comes from the planner; on a CPU-only machine the run is fp32 on one
+    worker. Ctrl-C cancels (the last checkpoint stays; --resume continues from it).
+
+    Examples:
+
+      gpuplan run examples/tiny-train.yaml
+
+      gpuplan run examples/tiny-train.yaml --json --checkpoint-dir /tmp/ck
+
+      gpuplan run examples/tiny-train.yaml --resume --ray
+    """
+    from pathlib import Path
+
+    from planner.spec import load_spec
+    from workers.runner import run_local
+
+    spec = load_spec(spec_path)
+    ckpt = Path(checkpoint_dir) if checkpoint_dir else None
+    if as_json:
+        run = run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray)
+    else:
+        run = _run_with_progress(spec, ckpt, resume, use_ray)
+    result = run.to_dict()
+    if as_json:
+        print_json(result)
+    else:
+        _print_run_summary(result)
+    if result["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _run_with_progress(spec: Any, ckpt: Any, resume: bool, use_ray: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from workers.executor import RunStatus
+    from workers.runner import run_local
+
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} tok/s"),
+               TextColumn("ETA"), TimeRemainingColumn(), TextColumn("cost $0.00 (local)"))
+    with Progress(*columns, console=err_console, transient=False) as bar:
+        task = bar.add_task(f"{spec.name}: starting", total=None, loss="-", rate="-")
+
+        def show(status: RunStatus) -> None:
+            p = status.progress
+            bar.update(task, description=f"{spec.name}: {status.state.value}", completed=p.step,
+                       total=p.total_steps or None, loss=f"{p.loss:.4f}" if p.loss is not None else "-",
+                       rate=f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-")
+
+        return run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray, on_status=show)
+
+
+def _print_run_summary(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    def gib(value: float | None) -> str:
+        return f"{value / 2**30:.2f} GiB" if value else "-"
+
+    def rate(value: float | None) -> str:
+        return f"{value:,.0f}" if value else "-"
+
+    table = Table(title=f"{result['job']}: {result['status']}", show_header=False)
+    measured, predicted = result["measured"], result["predicted"]
+    rows = [
+        ("message", result["message"]),
+        ("strategy", f"{result['strategy_label']} ({result['engine']}, {result['device']})"),
+        ("steps", f"{result['steps']} / {result['total_steps']}"),
+        ("final loss", f"{result['final_loss']:.4f}" if result["final_loss"] is not None else "-"),
+        ("checkpoints", f"{result['checkpoints_written']} written to {result['checkpoint_dir']}"),
+        ("resumes", str(result["resumes"]) + (f" (from step {result['resumed_from_step']})"
+                                              if result["resumed_from_step"] is not None else "")),
+        ("tokens/s measured / predicted", f"{rate(measured['tokens_per_s'])} / {rate(predicted['tokens_per_s'])}"),
+        ("peak memory measured / predicted",
+         f"{gib(measured['peak_allocated_bytes'] or measured['peak_rss_bytes'])}"
+         f"{' (RSS)' if not measured['peak_allocated_bytes'] else ''} / {gib(predicted['peak_allocated_bytes'])}"),
+        ("wall time", f"{result['wall_s']:.1f} s"),
+        ("cost", "$0.00 (local machine)"),
+    ]
+    for key, value in rows:
+        table.add_row(key, str(value))
+    console.print(table)
+
+
 # ---------------------------------------------------------------- scheduler (issue 4)
 
 # Talks to `gpuplan server` when GPUPLAN_API_URL is set (token: GPUPLAN_TOKEN; team admin commands

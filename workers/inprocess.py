@@ -18,7 +18,7 @@ from catalog.errors import GpuplanError, Infeasible
 from workers.executor import RunRequest, RunState, RunStatus
 from workers.placement import infeasibility
 from workers.progress import ProgressTracker, result_metrics
-from workers.train import StopReason, TrainHooks, TrainJob, run_training
+from workers.train import Signal, StopReason, TrainHooks, TrainJob, run_training
 
 Predictor = Callable[[RunRequest], dict[str, float]]
 
@@ -44,8 +44,8 @@ class _Hooks(TrainHooks):
     def on_progress(self, progress: dict[str, Any]) -> None:
         self.attempt.tracker.event(progress)
 
-    def should_stop(self) -> StopReason | None:
-        return self.attempt.stop
+    def poll(self) -> Signal | None:
+        return Signal(self.attempt.stop) if self.attempt.stop is not None else None
 
 
 class InProcessExecutor:

@@ -26,6 +26,7 @@ class ProgressTracker:
         self._result: dict[str, Any] | None = None
         self._first_step_after_start: dict[int, float] = {}
         self._started_at: list[float] = []
+        self._node_id: str | None = None
 
     def event(self, event: dict[str, Any]) -> None:
         with self._lock:
@@ -37,6 +38,7 @@ class ProgressTracker:
                 p.total_steps = int(event.get("total_steps", p.total_steps))
                 p.step = int(event.get("step", p.step))
                 p.tokens = int(event.get("tokens", p.tokens))
+                self._node_id = event.get("node_id") or self._node_id
                 if event.get("resumed_from_step") is not None:
                     self._resumes += 1
                     p.resumed_from_step = int(event["resumed_from_step"])
@@ -96,8 +98,12 @@ class ProgressTracker:
 
     def snapshot(self) -> dict[str, Any]:
         """Everything in one picklable value (what the Ray progress actor returns)."""
+        with self._lock:
+            node_id, started_at = self._node_id, list(self._started_at)
+            first_steps = dict(self._first_step_after_start)
         return {"progress": self.progress(), "resumes": self.resumes, "restarts": self.restarts,
-                "result": self.result()}
+                "result": self.result(), "node_id": node_id, "started_at": started_at,
+                "first_step_at": [first_steps.get(i + 1) for i in range(len(started_at))]}
 
 
 def result_metrics(result: dict[str, Any] | None, resumes: int) -> dict[str, float]:

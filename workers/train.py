@@ -90,12 +90,21 @@ class TrainResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Signal:
+    """What the outside world asks of a running loop, agreed by all ranks."""
+
+    kind: StopReason
+    # preempt: when the node will be taken (unix s). The loop saves a just-in-time checkpoint,
+    # then idles until then (Ray Train restarts it elsewhere). None: save and return at once.
+    deadline: float | None = None
+
+
 class TrainHooks:
     """Callbacks from the loop. Defaults do nothing; executors override what they need.
 
-    ``preemption_notice`` is called by every rank exactly once per step (under Ray it is
-    ``ray.train.get_preemption_info()``, a barrier). ``should_stop`` is only consulted when
-    the loop runs as a single process.
+    ``poll`` is called by every rank exactly once per step and must return the same answer on
+    every rank: under Ray it wraps ``ray.train.get_preemption_info()``, which is a barrier.
     """
 
     def on_log(self, line: str) -> None:
@@ -104,11 +113,7 @@ class TrainHooks:
     def on_progress(self, progress: dict[str, Any]) -> None:
         pass
 
-    def should_stop(self) -> StopReason | None:
-        return None
-
-    def preemption_notice(self) -> float | None:
-        """None, or the deadline (unix seconds) by which this placement will be taken away."""
+    def poll(self) -> Signal | None:
         return None
 
     def fault(self, step: int, where: str) -> None:
@@ -319,18 +324,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
         if rank == 0:
             hooks.on_progress({"event": "checkpoint", "step": at, "checkpoints": checkpoints})
 
+    noticed = False
     while step < steps:
-        if world == 1:
-            stop = hooks.should_stop()
-            if stop == "preempt":
-                checkpoint(step)
-                status = "preempted"
-                log(f"step {step}: preempted; just-in-time checkpoint saved, resume continues from here")
-                break
-            if stop == "cancel":
-                status = "cancelled"
-                log(f"step {step}: cancelled")
-                break
         step_began = time.perf_counter()
         total_loss = torch.zeros((), device=device)
         for accum in range(strategy.grad_accum):
@@ -383,12 +378,24 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
             log(f"step {step}/{steps} loss {loss_value:.4f}" + (f" {rate:,.0f} tokens/s" if rate else ""))
         if step % interval == 0 or step == steps:
             checkpoint(step)
-        deadline = hooks.preemption_notice()
-        if deadline is not None and step < steps:
-            checkpoint(step)
-            log(f"step {step}: spot notice (node taken at {time.strftime('%H:%M:%S', time.gmtime(deadline))} UTC); "
-                "just-in-time checkpoint saved, waiting to be moved")
-            _wait_for_teardown(deadline)
+        signal = hooks.poll()
+        if signal is None or step >= steps:
+            continue
+        if signal.kind == "cancel":
+            status = "cancelled"
+            log(f"step {step}: cancelled")
+            break
+        if noticed:  # a notice stays up until the node goes; act on it once
+            continue
+        noticed = True
+        checkpoint(step)
+        if signal.deadline is None:
+            status = "preempted"
+            log(f"step {step}: preempted; just-in-time checkpoint saved, a resubmission resumes here")
+            break
+        when = time.strftime("%H:%M:%S", time.gmtime(signal.deadline))
+        log(f"step {step}: spot notice (node taken at {when} UTC); just-in-time checkpoint saved, waiting to move")
+        _wait_for_teardown(signal.deadline)
 
     wall = time.perf_counter() - started
     peak_alloc = peak_reserved = peak_rss = None

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from catalog.errors import CheckpointError
+from catalog.errors import CheckpointError, InvalidInput
 
 STATE_FILE = "train_state.pt"
 
@@ -190,8 +190,9 @@ def _check_shapes(saved: dict[str, list[int]], current: dict[str, list[int]], st
         detail = f"the checkpoint has no {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
     else:
         detail = f"the checkpoint has {extra[0]}, which this model lacks"
-    raise CheckpointError(
+    raise InvalidInput(
         f"the checkpoint of step {step} was written by a model of a different shape: {detail}",
+        path="checkpoint_uri",
         hint="train with the model that wrote it, or point checkpoint_uri at a new directory "
         "(the existing checkpoints were left untouched)",
     )

@@ -1,0 +1,102 @@
+"""Ray side of a run: the ``train_loop_per_worker`` for TorchTrainer and the progress actor.
+
+The progress actor lives on the driver's node (a lost worker node must not take the job's
+progress and logs with it) and outlives Ray Train's restarts of the worker group, so it sees
+every resume of the attempt.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+from catalog.errors import InvalidInput
+from workers.progress import ProgressTracker
+from workers.train import Signal, TrainHooks, TrainJob, run_training
+
+
+class ProgressActor:
+    """Collects events and logs from rank 0 and carries the cancel flag to it."""
+
+    def __init__(self) -> None:
+        self._tracker = ProgressTracker()
+        self._cancel = False
+
+    def event(self, event: dict[str, Any]) -> None:
+        self._tracker.event(event)
+
+    def log(self, line: str) -> None:
+        self._tracker.log(line)
+
+    def logs(self, since: int = 0) -> list[str]:
+        return self._tracker.logs(since)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._tracker.snapshot()
+
+    def cancel(self) -> None:
+        self._cancel = True
+
+    def cancelled(self) -> bool:
+        return self._cancel
+
+
+class _RayHooks(TrainHooks):
+    """Rank 0 reports; every rank polls the same two collectives once per step."""
+
+    def __init__(self, progress: Any, rank: int, cancel_poll_s: float = 1.0) -> None:
+        self._progress = progress
+        self._rank = rank
+        self._cancel_poll_s = cancel_poll_s
+        self._last_cancel_poll = 0.0
+        self._cancel = False
+
+    def on_log(self, line: str) -> None:
+        self._progress.log.remote(line)
+
+    def on_progress(self, progress: dict[str, Any]) -> None:
+        if progress.get("event") == "started":  # where rank 0 runs: what a node loss would hit
+            progress = {**progress, "node_id": ray.get_runtime_context().get_node_id()}
+        self._progress.event.remote(progress)
+
+    def poll(self) -> Signal | None:
+        import ray.train
+        from ray.train.collective import broadcast_from_rank_zero
+
+        info = ray.train.get_preemption_info()  # a barrier: every rank, every step
+        if self._rank == 0 and time.monotonic() - self._last_cancel_poll >= self._cancel_poll_s:
+            self._last_cancel_poll = time.monotonic()
+            self._cancel = bool(ray.get(self._progress.cancelled.remote()))
+        if broadcast_from_rank_zero(self._cancel):
+            return Signal("cancel")
+        if info is None:
+            return None
+        deadline = info.deadline_ms / 1000 if info.deadline_ms is not None else time.time() + 120
+        return Signal("preempt", deadline=deadline)
+
+
+def ray_train_loop(config: dict[str, Any]) -> dict[str, Any]:
+    """``train_loop_per_worker``: the same loop as bare runs, with Ray's hooks."""
+    import ray.train
+
+    job: TrainJob = config["job"]
+    rank = ray.train.get_context().get_world_rank()
+    hooks = _RayHooks(config["progress"], rank)
+    try:
+        return run_training(job, hooks).to_dict()
+    except InvalidInput as exc:
+        # Bad input fails the same way on every retry: end the run with the reason instead of raising,
+        # which would make Ray Train restart the worker group max_failures times first.
+        if rank == 0:
+            hooks.on_log(f"error: {exc}")
+        return {"error": str(exc)}
+
+
+def progress_actor(node_id: str) -> Any:
+    """A progress actor pinned to ``node_id`` (the driver's node), using no CPU."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    cls = ray.remote(num_cpus=0, max_restarts=0)(ProgressActor)
+    return cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)).remote()

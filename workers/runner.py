@@ -1,0 +1,208 @@
+"""The embedded default behind ``gpuplan run``: one job on this machine, nothing to start by hand.
+
+The strategy comes from the planner for the local GPU (``catalog.local``), or from the spec itself
+on a CPU-only machine (fp32, no sharding). The job runs either bare in this process
+(``InProcessExecutor``: the default for one local device, no Ray start-up cost) or through a
+local Ray started on demand (``RayExecutor``), with checkpoints in a local directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from catalog.errors import Conflict, GpuplanError, InvalidInput
+from planner.spec import JobSpec
+from planner.types import Strategy
+from workers.executor import RunRequest, RunState, RunStatus
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("GPUPLAN_HOME", str(Path.home() / ".gpuplan")))
+
+
+@dataclass
+class LocalPlan:
+    strategy: Strategy
+    device: str  # "cuda" or "cpu"
+    predicted: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+
+def plan_locally(spec: JobSpec) -> LocalPlan:
+    """The strategy for this machine: the planner's for the local GPU, or a plain one on CPU."""
+    from catalog.loader import load_catalog
+    from catalog.local import detect_local_device, match_device_name
+
+    if spec.task != "train" or spec.train is None:
+        raise InvalidInput("gpuplan run trains; this spec's task is 'infer'", path="task",
+                           hint="use gpuplan submit for inference jobs")
+    catalog = load_catalog()
+    device = detect_local_device()
+    if device is not None and device.backend == "cuda":
+        gpu = match_device_name(device.name, catalog, device.memory_bytes)
+        if gpu is not None:
+            from planner.search import estimate
+
+            est = estimate(spec, catalog, gpu.id, 1)
+            predicted = {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
+                         "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
+                         "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours}
+            if not est.memory.fits:
+                raise InvalidInput(f"the job does not fit on this machine's {gpu.id}: needs "
+                                   f"{est.memory.total_bytes / 2**30:.1f} GiB of {est.memory.usable_bytes / 2**30:.1f}"
+                                   " GiB usable", hint="see gpuplan plan for placements that fit")
+            return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
+                             note=f"planned for the local {gpu.id}")
+    return LocalPlan(strategy=cpu_strategy(spec), device="cpu", note="no supported GPU here: training on the CPU")
+
+
+def cpu_strategy(spec: JobSpec) -> Strategy:
+    """What a CPU run can honour of the spec: fp32 unless pinned otherwise, one worker, no sharding."""
+    train = spec.train
+    assert train is not None
+    precision = "fp32" if train.precision == "auto" else train.precision
+    micro = train.micro_batch or 1
+    accum = max(1, math.ceil(train.global_batch / micro)) if train.global_batch else 1
+    return Strategy(gpu="cpu", gpu_count=1, precision=precision, optimizer=train.optimizer, sharding="none",
+                    activation_checkpointing=train.activation_checkpointing is True, micro_batch=micro,
+                    grad_accum=accum, finetune=train.finetune, lora_rank=train.lora_rank)
+
+
+@dataclass
+class LocalRun:
+    job_id: str
+    checkpoint_dir: Path
+    plan: LocalPlan
+    status: RunStatus
+    wall_s: float
+    engine: str  # "in-process" | "ray"
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.status.metrics
+        p = self.status.progress
+
+        def num(key: str) -> float | None:
+            return m.get(key)
+
+        return {
+            "job": self.job_id,
+            "status": self.status.state.value,
+            "message": self.status.message,
+            "steps": p.step,
+            "total_steps": p.total_steps,
+            "tokens": p.tokens,
+            "final_loss": p.loss,
+            "checkpoints_written": p.checkpoints,
+            "checkpoint_dir": str(self.checkpoint_dir),
+            "resumes": int(m.get("resumes", 0)),
+            "resumed_from_step": p.resumed_from_step,
+            "strategy": self.plan.strategy.model_dump(mode="json"),
+            "strategy_label": self.plan.strategy.label(),
+            "device": self.plan.device,
+            "engine": self.engine,
+            "wall_s": round(self.wall_s, 3),
+            "cost_usd": 0.0,
+            "measured": {
+                "peak_allocated_bytes": num("measured_peak_allocated_bytes"),
+                "peak_reserved_bytes": num("measured_peak_reserved_bytes"),
+                "peak_rss_bytes": num("measured_peak_rss_bytes"),
+                "tokens_per_s": num("measured_tokens_per_s"),
+                "wall_tokens_per_s": num("measured_wall_tokens_per_s"),
+                "checkpoint_save_s": num("checkpoint_save_s"),
+            },
+            "predicted": {
+                "peak_allocated_bytes": num("predicted_peak_allocated_bytes"),
+                "peak_reserved_bytes": num("predicted_peak_reserved_bytes"),
+                "tokens_per_s": num("predicted_tokens_per_s"),
+            },
+            "note": self.plan.note,
+        }
+
+
+def run_local(spec: JobSpec, *, checkpoint_dir: Path | None = None, resume: bool = False, use_ray: bool = False,
+              on_status: Callable[[RunStatus], None] | None = None, poll_s: float = 0.5,
+              home: Path | None = None) -> LocalRun:
+    """Run ``spec`` here to the end; ``on_status`` sees every poll (the CLI draws its progress bar)."""
+    home = home or default_home()
+    job_id = spec.name
+    ckpt = (checkpoint_dir or home / "checkpoints" / job_id).expanduser().resolve()
+    _check_resume(ckpt, resume)
+    plan = plan_locally(spec)
+    threads = max(1, (os.cpu_count() or 2) // 2)
+    started = time.perf_counter()
+    request = RunRequest(job_id=job_id, attempt=1, spec=spec, strategy=plan.strategy, checkpoint_uri=str(ckpt),
+                         run_name=f"{job_id}-{datetime.now(UTC):%Y%m%d%H%M%S}")
+    if use_ray:
+        executor: Any = _local_ray_executor(home, plan, threads)
+        engine = "ray"
+    else:
+        from workers.inprocess import InProcessExecutor
+
+        executor = InProcessExecutor(device=plan.device, cpu_threads=threads, predict=lambda _r: plan.predicted,
+                                     resources={"CPU": float(os.cpu_count() or 1), "GPU": 8.0,
+                                                f"accelerator_type:{plan.strategy.gpu.split('-')[0]}": 8.0})
+        engine = "in-process"
+    handle = executor.submit(request)
+    try:
+        while True:
+            status = executor.status(handle)
+            if on_status is not None:
+                on_status(status)
+            if status.state.finished:
+                break
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        executor.cancel(handle)
+        status = executor.wait(handle, timeout=120)
+    run = LocalRun(job_id=job_id, checkpoint_dir=ckpt, plan=plan, status=status,
+                   wall_s=time.perf_counter() - started, engine=engine)
+    _write_result(home, run, executor.logs(handle))
+    return run
+
+
+def _check_resume(ckpt: Path, resume: bool) -> None:
+    from workers.checkpoint import open_store
+
+    if not ckpt.exists():
+        return
+    latest = open_store(str(ckpt)).latest()
+    if latest is not None and not resume:
+        raise Conflict(f"{ckpt} already holds checkpoints of this job (newest: step {latest.step})",
+                       hint="pass --resume to continue from it, or --checkpoint-dir DIR to start afresh elsewhere")
+
+
+def _local_ray_executor(home: Path, plan: LocalPlan, threads: int) -> Any:
+    import ray
+
+    from workers.ray_executor import RayExecutor
+
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, local-only Ray
+        ray.init(num_cpus=os.cpu_count() or 2, object_store_memory=96 * 1024 * 1024, include_dashboard=False,
+                 logging_level=logging.ERROR, log_to_driver=False)
+    return RayExecutor(storage_path=str(home / "ray"), cpu_threads=threads, predict=lambda _r: plan.predicted,
+                       log_every_s=1.0)
+
+
+def _write_result(home: Path, run: LocalRun, logs: list[str]) -> None:
+    """The finished job as JSON next to its logs: what the planner's recalibration reads."""
+    folder = home / "runs" / run.job_id
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "result.json").write_text(json.dumps(run.to_dict(), indent=2))
+        (folder / "train.log").write_text("\n".join(logs) + "\n")
+    except OSError as exc:
+        raise GpuplanError(f"the run finished but its result could not be written to {folder}: {exc}") from exc
+
+
+def is_success(run: LocalRun) -> bool:
+    return run.status.state is RunState.SUCCEEDED
