@@ -921,7 +921,9 @@ def simulate_command(
     checkpoint_hours: float = typer.Option(
         0.0, "--checkpoint-hours", help="Cost of one checkpoint; 0 = free (just-in-time on the spot notice)."),
     policies: list[str] = typer.Option(None, "--policy", help="Only these policies (repeatable); default: all."),
-    plot: str | None = typer.Option(None, "--plot", help="Write a timeline plot (PNG) here."),
+    plot: str | None = typer.Option(None, "--plot", help="Write a timeline plot (PNG) here (single job only)."),
+    n_jobs: int = typer.Option(1, "--jobs", min=1, help="A stream of this many jobs, one every --every-hours."),
+    every_hours: float = typer.Option(24.0, "--every-hours", help="Hours between arrivals in a stream."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Replay spot traces: what each policy would have paid, when it finished, and what it lost.
@@ -934,6 +936,8 @@ def simulate_command(
       gpuplan simulate --trace us-east-1a.json --job-hours 48 --deadline-hours 70 --restart-hours 0.2 --json
 
       gpuplan simulate --trace a.json --trace b.json --deadline-hours 60 --plot timeline.png
+
+      gpuplan simulate --trace a.json --deadline-hours 70 --jobs 30 --every-hours 24 --json
     """
     from pathlib import Path
 
@@ -951,6 +955,10 @@ def simulate_command(
         raise InvalidInput("--checkpoint-hours must be >= 0")
     names = list(policies) if policies else list(ALL_POLICIES)
     prices = Prices(on_demand=on_demand_price, spot=spot_price)
+    if n_jobs > 1:
+        _simulate_stream(zones, names, prices, n_jobs, every_hours, start_hour, job_hours, deadline_hours,
+                         restart_hours, checkpoint_hours, plot, as_json)
+        return
     jobs = Jobs.make([start_tick_for(zones, start_hour)], job_hours,
                      float("inf") if deadline_hours is None else deadline_hours, restart_hours)
     results = compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours, timeline=bool(plot)))
@@ -991,6 +999,45 @@ def simulate_command(
         console.print("omniscient is a lower bound (it knows the future trace), not a schedule.", style="dim")
     if plot:
         console.print(f"timeline plot written to {plot}", highlight=False)
+
+
+def _simulate_stream(zones: Any, names: list[str], prices: Any, n_jobs: int, every_hours: float, start_hour: float,
+                     job_hours: float, deadline_hours: float | None, restart_hours: float, checkpoint_hours: float,
+                     plot: str | None, as_json: bool) -> None:
+    from rich.table import Table
+
+    from catalog.errors import InvalidInput
+    from scheduler.simulate import Jobs, SimOptions, compare, start_tick_for, summarize
+
+    if plot:
+        raise InvalidInput("--plot draws one job's timeline; drop --jobs or --plot")
+    if not every_hours > 0:
+        raise InvalidInput("--every-hours must be > 0")
+    last = start_hour + (n_jobs - 1) * every_hours
+    starts = [start_tick_for(zones, start_hour + i * every_hours) for i in range(n_jobs)] if last < zones.hours else []
+    if not starts:
+        raise InvalidInput(f"the last of {n_jobs} arrivals ({last:g} h) is past the end of the trace "
+                           f"({zones.hours:.1f} h)", hint="use fewer --jobs or a smaller --every-hours")
+    deadline = float("inf") if deadline_hours is None else deadline_hours
+    jobs = Jobs.make(starts, job_hours, deadline, restart_hours)
+    summary = summarize(compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours)))
+    if as_json:
+        print_json({"job": {"hours": job_hours, "deadline_hours": deadline_hours, "restart_hours": restart_hours,
+                            "checkpoint_hours": checkpoint_hours},
+                    "arrivals": {"jobs": n_jobs, "first_hour": start_hour, "every_hours": every_hours},
+                    "zones": list(zones.names), "policies": summary})
+        return
+    table = Table(title=f"{n_jobs} jobs of {job_hours:g} h, one every {every_hours:g} h, deadline "
+                  f"{deadline_hours if deadline_hours is not None else 'none'} h", title_justify="left")
+    for col in ("policy", "deadlines met", "total $", "median $", "median x bound", "median finish h",
+                "preemptions", "work lost h"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, row in summary.items():
+        table.add_row(name, f"{row['deadlines_met']}/{row['jobs']}", f"{row['cost_usd']:,.2f}",
+                      f"{row['median_cost_usd']:,.2f}", str(row.get("median_x_bound", "-")),
+                      str(row["median_finish_hours"] if row["median_finish_hours"] is not None else "-"),
+                      str(row["preemptions"]), f"{row['work_lost_hours']:,.2f}")
+    console.print(table)
 
 
 cluster_app = typer.Typer(help="Ray cluster configs for running plans on spot instances.", no_args_is_help=True)

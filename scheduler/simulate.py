@@ -442,6 +442,28 @@ def compare(
     return out
 
 
+def summarize(outcomes: dict[str, Outcome]) -> dict[str, dict[str, object]]:
+    """Per policy over a stream of jobs: totals, medians, deadlines met and cost / bound."""
+    bound = outcomes["omniscient"].cost_usd if "omniscient" in outcomes else None
+    out: dict[str, dict[str, object]] = {}
+    for name, o in outcomes.items():
+        finished = o.finish_h[np.isfinite(o.finish_h)]
+        row: dict[str, object] = {
+            "jobs": len(o.cost_usd),
+            "deadlines_met": int(o.deadline_met.sum()),
+            "cost_usd": round(float(np.nansum(o.cost_usd)), 2),
+            "median_cost_usd": round(float(np.nanmedian(o.cost_usd)), 4),
+            "median_finish_hours": round(float(np.median(finished)), 4) if finished.size else None,
+            "preemptions": int(o.preemptions.sum()),
+            "work_lost_hours": round(float(o.work_lost_h.sum()), 4),
+        }
+        if bound is not None:
+            ok = np.isfinite(bound) & (bound > 0)
+            row["median_x_bound"] = round(float(np.median(o.cost_usd[ok] / bound[ok])), 4) if ok.any() else None
+        out[name] = row
+    return out
+
+
 def start_tick_for(zones: Zones, start_hour: float) -> int:
     """The tick a job arriving at ``start_hour`` (hours from the trace's start) begins at."""
     if not (start_hour >= 0 and math.isfinite(start_hour)):
@@ -468,4 +490,5 @@ __all__ = [
     "omniscient",
     "run_policy",
     "start_tick_for",
+    "summarize",
 ]

@@ -68,3 +68,20 @@ def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path) -> None:
                for t in config["available_node_types"].values())
     missing = runner.invoke(app, ["cluster", "config", str(tmp_path / "nope.yaml"), "--json"])
     assert missing.exit_code == 2 and "does not exist" in missing.stdout
+
+
+def test_simulate_a_stream_of_arrivals() -> None:
+    args = ["simulate", "--trace", str(DATA / "flaky-a.json"), "--job-hours", "10", "--deadline-hours", "14",
+            "--jobs", "5", "--every-hours", "12", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert set(doc["policies"]) == POLICY_NAMES
+    for name in ("gpuplan", "greedy", "uniform-progress", "on-demand"):
+        row = doc["policies"][name]
+        assert row["jobs"] == 5 and row["deadlines_met"] == 5
+        assert row["median_x_bound"] >= 1.0 - 1e-9
+    assert doc["policies"]["on-demand"]["cost_usd"] == round(5 * 10.2 * 3.06, 2)
+    late = runner.invoke(app, ["simulate", "--trace", str(DATA / "always.json"), "--job-hours", "1",
+                               "--jobs", "100", "--every-hours", "24", "--json"])
+    assert late.exit_code == 2 and "past the end of the trace" in late.stdout
