@@ -319,17 +319,22 @@ def max_micro_batch(lines: MemoryLines, gpu_count: int, gpu: GpuSpec, cal: Memor
     outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
     usable = gpu.memory_gib * GIB
 
-    def need(mb: int) -> float:
-        peak = max(t1 + s * (mb - 1) for t1, s in lines)
-        return round_block(peak) * (1 + cal.pressure_slack) + outside
+    def cap(limit: float) -> float:
+        """Largest (real-valued) micro-batch whose peak stays within ``limit`` (same rounding as _finish)."""
+        budget = (limit - outside) / (1 + cal.pressure_slack) - cal.workspace_bytes - BLOCK
+        best = math.inf
+        for t1, slope in lines:
+            if t1 > budget:
+                return 0.0
+            if slope > 0:
+                best = min(best, 1 + (budget - t1) / slope)
+        return best
 
-    best = None
-    for i, mb in enumerate(candidates):
-        limit = usable if i == 0 else usable * (1 - headroom)
-        if need(mb) > limit:
-            break
-        best = mb
-    return best
+    if cap(usable) < candidates[0]:
+        return None
+    roomy = cap(usable * (1 - headroom))
+    fitting = [mb for mb in candidates[1:] if mb <= roomy]
+    return fitting[-1] if fitting else candidates[0]
 
 
 def _linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:

@@ -171,6 +171,7 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     smallest: tuple[float, Knobs] | None = None
     tried = 0
     for precision in precisions:
+        lighter_mb: dict[bool, int] = {}  # best micro-batch of a lighter sharding, per checkpointing
         for sharding in shardings:
             reached_top = False
             mb_without_ckpt = 0
@@ -192,6 +193,9 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                     continue
                 if ckpt and mb <= mb_without_ckpt:
                     continue  # recomputation at no larger a micro-batch is only slower
+                if mb <= lighter_mb.get(ckpt, 0):
+                    continue  # heavier sharding only adds communication unless it buys a larger micro-batch
+                lighter_mb[ckpt] = mb
                 if not ckpt:
                     mb_without_ckpt = mb
                 accum = 1 if t.global_batch is None else max(1, math.ceil(t.global_batch / (mb * dp)))

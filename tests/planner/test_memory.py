@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from catalog.params import count_params
 from planner.calibration import GIB, MemoryCalibration
-from planner.memory import infer_memory, kv_cache_bytes, layer_activation_bytes_per_token, train_memory
+from planner.knobs import Knobs
+from planner.memory import (
+    infer_memory,
+    kv_cache_bytes,
+    layer_activation_bytes_per_token,
+    max_micro_batch,
+    memory_lines,
+    train_memory,
+)
 from planner.types import Strategy
 from tests.planner.factory import small_catalog
 
@@ -130,3 +140,26 @@ def test_gpt2_activation_count_is_positive_and_grows_with_precision_bytes() -> N
     bf16 = layer_activation_bytes_per_token(m, "bf16", "full", 16)
     fp32 = layer_activation_bytes_per_token(m, "fp32", "full", 16)
     assert 0 < bf16 < fp32
+
+
+@settings(max_examples=40, deadline=None)
+@given(model=st.sampled_from(["gpt2", "llama-3.2-1b", "llama-3-8b", "llama-2-13b"]),
+       precision=st.sampled_from(["fp32", "amp-bf16", "bf16"]), ckpt=st.booleans(),
+       seq=st.sampled_from([512, 2048, 8192]), gpu=st.sampled_from(["H200", "H100-SXM", "L4"]),
+       finetune=st.sampled_from(["full", "lora"]))
+def test_max_micro_batch_agrees_with_the_full_estimate(model: str, precision: str, ckpt: bool, seq: int, gpu: str,
+                                                      finetune: str) -> None:
+    m, g = CAT.model(model), CAT.gpu(gpu)
+    knobs = Knobs(precision=precision, activation_checkpointing=ckpt, finetune=finetune)
+    candidates = [1, 2, 4, 8, 16, 32, 64]
+    mb = max_micro_batch(memory_lines(m, knobs, seq, CAL), 1, g, CAL, candidates, CAL.plan_headroom)
+    if mb is None:
+        assert not train_memory(m, knobs.with_micro_batch(1), seq, g, CAL).fits
+        return
+    est = train_memory(m, knobs.with_micro_batch(mb), seq, g, CAL)
+    assert est.fits
+    if mb > 1:
+        assert est.required_bytes <= est.usable_bytes * (1 - CAL.plan_headroom)
+    if mb < candidates[-1]:
+        bigger = train_memory(m, knobs.with_micro_batch(mb * 2), seq, g, CAL)
+        assert bigger.required_bytes > bigger.usable_bytes * (1 - CAL.plan_headroom)
