@@ -90,7 +90,7 @@ def test_aws_p5_price_matches_design_note(cat: Catalog) -> None:
     p5 = [o for o in cat.offers if o.instance_type == "p5.48xlarge" and o.region == "us-east-1"]
     assert p5 and all(o.on_demand_usd_per_h == pytest.approx(55.04) for o in p5)
     aws_types = {o.instance_type.split(".")[0] for o in cat.offers if o.cloud == "aws"}
-    assert {"p5", "p5en", "p6-b200", "p4d", "p4de", "g6e", "g6", "g5", "g4dn", "p3"} <= aws_types
+    assert {"p5", "p5e", "p5en", "p6-b200", "p4d", "p4de", "g6e", "g6", "g5", "g4dn", "p3"} <= aws_types
 
 
 def test_model_presets_match_their_hf_config(cat: Catalog) -> None:
