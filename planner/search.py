@@ -27,7 +27,7 @@ from planner.cost import on_demand_cost, spot_cost
 from planner.knobs import Knobs
 from planner.memory import PRECISION_BYTES, MemoryLines, infer_memory, max_micro_batch, memory_lines, train_memory
 from planner.spec import JobSpec
-from planner.throughput import infer_throughput, train_throughput
+from planner.throughput import infer_throughput, train_step_parts, train_throughput
 from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Plan, Rejection, Strategy
 
 Objective = Literal["cheapest", "fastest"]
@@ -200,8 +200,8 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                     mb_without_ckpt = mb
                 accum = 1 if t.global_batch is None else max(1, math.ceil(t.global_batch / (mb * dp)))
                 knobs = knobs.with_micro_batch(mb, accum)
-                tps = train_throughput(model, knobs, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
-                                       network_gbps=p.network_gbps, pc=pc, memo=memo.per_token).tokens_per_s
+                tps = train_step_parts(model, knobs, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
+                                       network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)[0]
                 if best is None or tps > best[0]:
                     best = (tps, knobs)
                 if precision.startswith("amp") and (best_amp is None or tps > best_amp[0]):
@@ -221,7 +221,7 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     strategy = _to_strategy(best[1], gpu, p)
     memory = train_memory(model, strategy, t.seq_len, gpu, mem_cal, pc)
     thr = train_throughput(model, strategy, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
-                           network_gbps=p.network_gbps, pc=pc)
+                           network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)
     return Outcome(Estimate(strategy=strategy, memory=memory, throughput=thr, hours=t.tokens / thr.tokens_per_s / 3600),
                    tried=tried)
 

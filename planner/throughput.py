@@ -92,6 +92,24 @@ def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
                      network_gbps: float = 100.0, pc: ParamCount | None = None,
                      memo: dict[tuple[object, ...], float] | None = None) -> ThroughputEstimate:
     """``memo`` (any dict the caller keeps for one model and seq_len) caches per-token counts."""
+    tokens_per_s, per_micro, compute, exposed, opt, mfu = train_step_parts(
+        model, strategy, seq_len, gpu, cal, gpus_per_node=gpus_per_node, network_gbps=network_gbps, pc=pc, memo=memo)
+    accum = strategy.grad_accum
+    return ThroughputEstimate(
+        tokens_per_s=tokens_per_s,
+        step_time_s=per_micro * accum,
+        mfu=min(1.0, mfu),
+        breakdown_s={"compute": compute * accum, "comm_exposed": exposed * accum, "optimizer": opt,
+                     "overhead": cal.step_overhead_s},
+    )
+
+
+def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
+                     cal: ThroughputCalibration, *, gpus_per_node: int = 8, network_gbps: float = 100.0,
+                     pc: ParamCount | None = None, memo: dict[tuple[object, ...], float] | None = None,
+                     ) -> tuple[float, float, float, float, float, float]:
+    """(tokens/s, seconds per micro-step, compute, exposed comm, optimizer step, mfu) as plain floats
+    (the search calls this thousands of times)."""
     tp, pp, dp = strategy.tensor_parallel, strategy.pipeline_parallel, strategy.data_parallel
     mb, accum = strategy.micro_batch, strategy.grad_accum
     tokens_micro = mb * seq_len
@@ -155,13 +173,7 @@ def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     tokens_per_s = tokens_micro * dp / per_micro
     achieved = memo[("flops", ft, False)] * tokens_per_s
     mfu = achieved / (peak * strategy.gpu_count)
-    return ThroughputEstimate(
-        tokens_per_s=tokens_per_s,
-        step_time_s=per_micro * accum,
-        mfu=min(1.0, mfu),
-        breakdown_s={"compute": compute * accum, "comm_exposed": exposed * accum, "optimizer": opt,
-                     "overhead": cal.step_overhead_s},
-    )
+    return tokens_per_s, per_micro, compute, exposed, opt, mfu
 
 
 def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int,
