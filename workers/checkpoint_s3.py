@@ -159,29 +159,45 @@ class S3Store:
         base = self._base(step)
         hook = self._on_file
         try:
+            local = parallel_map(lambda item: (sha256_file(item[1]), item[1].stat().st_size), files)
+            written = {rel: result for (rel, _), result in zip(files, local, strict=True)}
             existing = self._listing().get(step, {})
-            if existing:  # same step saved again, or leftovers of a killed save: un-commit it first
-                self._delete_step(step, [r for r in existing if r not in dict(files)])
+            if self._committed_with(step, existing, written):
+                # The same step with the same bytes (a step repeated after resume): only the marker is
+                # rewritten, in one PUT, so the committed checkpoint is never un-committed.
+                if hook is not None:
+                    for rel, _ in files:
+                        hook(rel)
+            else:
+                if existing:  # a different save of this step, or leftovers of a killed one: un-commit first
+                    self._delete_step(step, [r for r in existing if r not in written])
 
-            def upload(item: tuple[str, Path]) -> tuple[str, int]:
-                rel, src = item
-                sha, size = sha256_file(src), src.stat().st_size
-                self._upload(src, f"{base}/{rel}", sha, size)
-                return sha, size
+                def upload(index: int) -> None:
+                    rel, src = files[index]
+                    sha, size = written[rel]
+                    self._upload(src, f"{base}/{rel}", sha, size)
 
-            uploaded = parallel_map(upload, files, None if hook is None else lambda i: hook(files[i][0]))
-            written = {rel: result for (rel, _), result in zip(files, uploaded, strict=True)}
+                on_done = None if hook is None else (lambda i: hook(files[i][0]))
+                parallel_map(upload, list(range(len(files))), on_done)
 
-            def check(item: tuple[str, tuple[str, int]]) -> None:
-                rel, (sha, size) = item
-                head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
-                if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha:
-                    raise CheckpointError(
-                        f"checkpoint step {step}: s3://{self.bucket}/{base}/{rel} does not match what was uploaded",
-                        hint="another writer may share this prefix; give each job its own checkpoint_uri",
-                    )
+                def check(item: tuple[str, tuple[str, int]]) -> None:
+                    rel, (sha, size) = item
+                    head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
+                    if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha:
+                        raise CheckpointError(
+                            f"checkpoint step {step}: s3://{self.bucket}/{base}/{rel} does not match what was"
+                            " uploaded (changed while it was being saved, or another writer shares this prefix)",
+                            hint="do not modify the source during save; give each job its own checkpoint_uri",
+                        )
 
-            parallel_map(check, list(written.items()))
+                parallel_map(check, list(written.items()))
+                again = parallel_map(lambda item: sha256_file(item[1]), files)
+                for (rel, (sha, _)), got in zip(written.items(), again, strict=True):
+                    if got != sha:
+                        raise CheckpointError(
+                            f"checkpoint step {step}: {rel} changed while it was being saved",
+                            hint="do not modify the source directory during save",
+                        )
             manifest = build_manifest(step, written, metadata, time.time())
             self.client.put_object(
                 Bucket=self.bucket,
@@ -200,6 +216,15 @@ class S3Store:
         info = parse_manifest(manifest, step).info(f"s3://{self.bucket}/{base}")
         self._prune(step)
         return info
+
+    def _committed_with(self, step: int, rels: Mapping[str, int], files: Mapping[str, tuple[str, int]]) -> bool:
+        """Whether ``step`` is already committed with exactly these files (by sha256 and size)."""
+        if MARKER not in rels:
+            return False
+        try:
+            return self._verify(step, rels, deep=False).files == dict(files)
+        except (ValueError, KeyError):
+            return False
 
     def _upload(self, src: Path, key: str, sha: str, size: int) -> None:
         if size <= SINGLE_PUT_MAX:

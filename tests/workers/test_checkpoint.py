@@ -243,6 +243,29 @@ def test_source_modified_during_save_is_refused(tmp_path: Path) -> None:
     assert store.list() == [] and store.latest() is None
 
 
+def test_s3_resave_of_identical_step_never_uncommits_it(s3_endpoint: str, bucket: str, tmp_path: Path) -> None:
+    client = _client(s3_endpoint)
+    seen: list[int | None] = []
+    watcher = open_store(f"s3://{bucket}/r", s3_client=client)
+
+    def during_save(rel: str) -> None:
+        info = watcher.latest()
+        seen.append(info.step if info else None)
+
+    store = open_store(f"s3://{bucket}/r", s3_client=client, on_file=during_save)
+    store.save(2, _write_ckpt(tmp_path / "a", 2), metadata={"step": 2})
+    store.save(3, _write_ckpt(tmp_path / "b", 3), metadata={"step": 3})
+    seen.clear()
+    info = store.save(3, _write_ckpt(tmp_path / "c", 3), metadata={"step": 3, "again": True})
+    assert seen == [3, 3], "the committed step 3 stayed committed while it was saved again"
+    assert store.restore(info, tmp_path / "d") == {"step": 3, "again": True}
+    seen.clear()
+    changed = _write_ckpt(tmp_path / "e", 3, size=5)
+    store.save(3, changed, metadata={"step": 3})
+    assert seen and all(s == 2 for s in seen), "different bytes: un-committed first, the older one serves"
+    _assert_restores_step(store, 3, tmp_path / "f")
+
+
 def test_many_files_in_parallel(make_store: StoreFactory, tmp_path: Path) -> None:
     src = tmp_path / "many"
     for i in range(20):
