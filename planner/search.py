@@ -21,7 +21,7 @@ from catalog.errors import InvalidInput, NoFeasiblePlan, UnknownName
 from catalog.loader import Catalog
 from catalog.params import count_params
 from catalog.schema import GpuSpec, ModelConfig, Offer
-from planner.calibration import GIB, Calibration
+from planner.calibration import GIB, Calibration, load_calibration
 from planner.capability import auto_precisions, auto_weights, multi_gpu_problem, precision_problem, weights_problem
 from planner.cost import on_demand_cost, spot_cost
 from planner.knobs import Knobs
@@ -306,7 +306,7 @@ def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, model: Mo
     """
     if count < 1:
         raise InvalidInput(f"count must be at least 1, got {count}", path="count")
-    cal = calibration or Calibration()
+    cal = calibration or load_calibration()  # the packaged fitted constants, read at call time
     mdl = resolve_spec_model(spec, catalog, model)
     g = catalog.gpu(gpu)
     p = Placement(g, count, gpus_per_node or min(count, 8), network_gbps)
@@ -408,10 +408,11 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
     """Every way to run ``spec`` on ``catalog``, ranked by ``objective``; raises NoFeasiblePlan if none.
 
     ``hazard_per_h`` overrides the calibration's spot preemption rates per cloud (e.g. from traces).
+    ``calibration`` defaults to the packaged fitted constants (planner/calibration.json).
     """
     if objective not in ("cheapest", "fastest"):
         raise InvalidInput(f"objective must be 'cheapest' or 'fastest', got {objective!r}", path="objective")
-    cal = calibration or Calibration()
+    cal = calibration or load_calibration()  # the packaged fitted constants, read at call time
     mdl = resolve_spec_model(spec, catalog, model)
     _check_names(spec, catalog)
     gpus, pinned_counts = _allowed_gpus(spec, catalog)
@@ -478,7 +479,7 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
                         continue
                     candidates.append(cand)
     if not candidates:
-        message, hint = _explain(spec, funnel, priced, mdl)
+        message, hint = _explain(spec, funnel, priced, mdl, cal)
         raise NoFeasiblePlan(message, hint=hint)
     ranked = _rank(candidates, objective)
     warnings: list[str] = []
@@ -532,11 +533,12 @@ def _rank(cands: list[Candidate], objective: Objective) -> list[Candidate]:
     return [c.model_copy(update={"pareto": True}) if i in front else c for i, c in enumerate(ordered)]
 
 
-def _explain(spec: JobSpec, funnel: _Funnel, priced: list[Candidate], model: ModelConfig) -> tuple[str, str]:
+def _explain(spec: JobSpec, funnel: _Funnel, priced: list[Candidate], model: ModelConfig,
+             cal: Calibration) -> tuple[str, str]:
     """(message, hint) naming the constraint that removed the last candidates and what to relax."""
     res = spec.resources
     if priced:
-        on_time = [c for c in priced if _deadline_problem(c.cost, res.deadline, Calibration()) is None]
+        on_time = [c for c in priced if _deadline_problem(c.cost, res.deadline, cal) is None]
         if on_time and res.budget_usd is not None:
             cheapest = min(on_time, key=lambda c: c.cost.usd)
             n = funnel.removed.get("budget", 0)
