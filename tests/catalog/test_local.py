@@ -20,7 +20,7 @@ def catalog() -> Catalog:
 # Names exactly as torch.cuda.get_device_name / nvidia-smi / rocm-smi print them.
 REAL_NAMES = [
     ("NVIDIA H200", None, "H200"),
-    ("NVIDIA H200", 150_110_011_392, "H200"),
+    ("NVIDIA H200", 150_109_880_320, "H200"),
     ("NVIDIA H100 80GB HBM3", None, "H100-SXM"),
     ("NVIDIA H100 80GB HBM3", 85_021_163_520, "H100-SXM"),
     ("NVIDIA H100 PCIe", 85_021_163_520, "H100-PCIe"),
@@ -61,7 +61,7 @@ def test_unknown_or_inconsistent_devices_are_not_guessed(catalog: Catalog, name:
 
 
 def test_local_offer_is_free_and_valid(catalog: Catalog) -> None:
-    offer = local_offer(catalog, LocalDevice("NVIDIA H200", 2, 150_110_011_392, "cuda"), today=date(2026, 11, 30))
+    offer = local_offer(catalog, LocalDevice("NVIDIA H200", 2, 150_109_880_320, "cuda"), today=date(2026, 11, 30))
     assert offer is not None
     assert (offer.cloud, offer.gpu, offer.gpu_count) == ("local", "H200", 2)
     assert offer.on_demand_usd_per_h is None and offer.spot_usd_per_h is None
