@@ -78,7 +78,7 @@ class Row:
     @property
     def tps_ok(self) -> bool:
         """False for runs whose tokens/s the measurement flags as suspect (annotations.yaml)."""
-        return not self.measured.get("throughput_suspect")
+        return not bool(self.measured.get("throughput_suspect"))
 
     @property
     def oom(self) -> bool:
@@ -86,7 +86,7 @@ class Row:
 
     @property
     def train(self) -> bool:
-        return self.case.get("task", "train") == "train"
+        return bool(self.case.get("task", "train") == "train")
 
 
 def load_rows(cases_path: Path, results_paths: list[Path],
@@ -173,8 +173,9 @@ def transformer_math_estimate(row: Row) -> float:
         if s.sharding == "fsdp":
             weights /= s.gpu_count
     seq, b, h, layers, a = int(row.case["seq_len"]), s.micro_batch, m.hidden_size, m.num_layers, m.num_attention_heads
+    acts: float
     if s.activation_checkpointing:
-        acts = 2 * seq * b * h * layers
+        acts = 2.0 * seq * b * h * layers
     else:
         acts = seq * b * h * layers * (10 + 24 + 5 * a * seq / h)
     return weights + states + acts
@@ -329,9 +330,9 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
     # precisions never measured keep their default ratio to bf16
     fitted = best[1]
     mfu = dict(fitted.mfu_max)
-    for p in base.mfu_max:
-        if p not in precisions:
-            mfu[p] = base.mfu_max[p] / base.mfu_max["bf16"] * mfu.get("bf16", base.mfu_max["bf16"])
+    for name in base.mfu_max:
+        if name not in precisions:
+            mfu[name] = base.mfu_max[name] / base.mfu_max["bf16"] * mfu.get("bf16", base.mfu_max["bf16"])
     return fitted.model_copy(update={"mfu_max": mfu})
 
 
