@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Integer, bindparam, func
+from sqlalchemy import Integer, bindparam, func, insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
@@ -51,7 +51,7 @@ from scheduler.models import (
     TeamPublic,
     TeamUpdate,
 )
-from scheduler.states import TERMINAL, JobState
+from scheduler.states import TERMINAL, JobState, check_transition
 from scheduler.store import Store, transition
 from workers.executor import Executor
 
@@ -319,20 +319,14 @@ class SchedulerService:
         return [JobPublic.model_validate({name: getattr(j, name) for name in _PUBLIC_FIELDS}
                                          | {"spent_usd": spent.get(j.id, 0.0)}) for j in jobs]
 
-    def _existing(self, session: Session, team_id: int, key: str, digest: str) -> Job | None:
-        job = session.exec(select(Job).where(Job.team_id == team_id, Job.idempotency_key == key)).first()
-        if job is not None and job.spec_hash != digest:
-            raise Conflict(f"idempotency key {key!r} was already used for job {job.id} with a different spec",
-                           hint="use a new key for a new job, or resend the same spec to get the same job")
-        return job
-
     def submit(self, principal: Principal, body: JobCreate) -> JobPublic:
         team_id = self._team_id(principal)
         job_spec = self.parse_spec(body.spec)
         digest = spec_hash(job_spec)
         if body.idempotency_key:
             with self.store.read() as session:
-                job = self._existing(session, team_id, body.idempotency_key, digest)
+                found = self._existing_id(session, team_id, body.idempotency_key, digest)
+                job = session.get(Job, found) if found else None
                 if job is not None:
                     return self._public(session, [job])[0]
         plan = self.plan(job_spec)
@@ -341,44 +335,69 @@ class SchedulerService:
         strategy = chosen.estimate.strategy
         gpus = strategy.gpu_count
         estimate = chosen.cost.usd
+        # Everything that needs no lock is prepared first; the write transaction is a few Core
+        # statements so the team lock (or SQLite's write lock) is held as briefly as possible.
+        now = self.clock()
+        job_id = "j-" + secrets.token_hex(8)
+        stored_plan = plan.model_dump(mode="json", include={"job", "objective", "chosen", "warnings"})
+        stored_plan["alternatives"] = [c.model_dump(mode="json") for c in plan.candidates[:4]]
+        row: dict[str, Any] = {
+            "id": job_id, "team_id": team_id, "name": job_spec.name, "spec": job_spec.model_dump(mode="json"),
+            "spec_hash": digest, "plan": stored_plan, "state": JobState.QUEUED.value, "priority": body.priority,
+            "idempotency_key": body.idempotency_key, "estimated_usd": estimate,
+            "estimated_hours": chosen.cost.hours, "gpus": gpus, "gpu": strategy.gpu, "market": chosen.cost.market,
+            "usd_per_h": chosen.cost.usd_per_h, "attempts": 0, "max_attempts": self.max_attempts,
+            "checkpoint_uri": f"{self.checkpoint_root}/{job_id}", "message": "", "next_run_at": None,
+            "created_at": now, "updated_at": now, "started_at": None, "finished_at": None,
+        }
+        # The three submit transitions, checked like any other and recorded as Events.
+        moves = [(None, JobState.PENDING, f"submitted by team {principal.team_name}"),
+                 (JobState.PENDING, JobState.PLANNED,
+                  f"plan: {strategy.label()} on {chosen.key}, est. {usd(estimate)} over "
+                  f"{chosen.cost.hours:.2f} h at {usd(chosen.cost.usd_per_h)}/h"),
+                 (JobState.PLANNED, JobState.QUEUED, "reserved estimate within budget and quota")]
+        events = []
+        for src, dst, reason in moves:
+            if src is not None:
+                check_transition(job_id, src, dst)
+            events.append({"job_id": job_id, "from_state": src.value if src else None, "to_state": dst.value,
+                           "at": now, "reason": reason})
+        existing_id: str | None = None
         try:
             with self.store.write() as session:
                 team = self.store.lock_team(session, team_id)
                 if body.idempotency_key:
-                    job = self._existing(session, team_id, body.idempotency_key, digest)
-                    if job is not None:
-                        return self._public(session, [job])[0]
-                self._check_limits(session, team, estimate, gpus)
-                now = self.clock()
-                job_id = "j-" + secrets.token_hex(8)
-                stored_plan = plan.model_dump(mode="json", include={"job", "objective", "chosen", "warnings"})
-                stored_plan["alternatives"] = [c.model_dump(mode="json") for c in plan.candidates[:4]]
-                job = Job(
-                    id=job_id, team_id=team_id, name=job_spec.name, spec=job_spec.model_dump(mode="json"),
-                    spec_hash=digest, plan=stored_plan, state=JobState.PENDING.value, priority=body.priority,
-                    idempotency_key=body.idempotency_key, estimated_usd=estimate,
-                    estimated_hours=chosen.cost.hours, gpus=gpus, gpu=strategy.gpu, market=chosen.cost.market,
-                    usd_per_h=chosen.cost.usd_per_h, max_attempts=self.max_attempts,
-                    checkpoint_uri=f"{self.checkpoint_root}/{job_id}", created_at=now, updated_at=now,
-                )
-                session.add(job)
-                session.flush()  # the job row must exist before its events (foreign key)
-                session.add(Event(job_id=job_id, from_state=None, to_state=JobState.PENDING.value, at=now,
-                                  reason=f"submitted by team {team.name}"))
-                transition(session, job, JobState.PLANNED, now,
-                           f"plan: {strategy.label()} on {chosen.key}, est. {usd(estimate)} over "
-                           f"{chosen.cost.hours:.2f} h at {usd(chosen.cost.usd_per_h)}/h")
-                transition(session, job, JobState.QUEUED, now, "reserved estimate within budget and quota")
-                return self._public(session, [job])[0]
+                    existing_id = self._existing_id(session, team_id, body.idempotency_key, digest)
+                if existing_id is None:
+                    self._check_limits(session, team, estimate, gpus)
+                    session.execute(insert(Job.__table__), [row])  # type: ignore[attr-defined]
+                    session.execute(insert(Event.__table__), events)  # type: ignore[attr-defined]
         except IntegrityError:
             # Only a racing submit with the same idempotency key gets here; it won, return its job.
             if not body.idempotency_key:
                 raise
             with self.store.read() as session:
-                job = self._existing(session, team_id, body.idempotency_key, digest)
-                if job is None:
-                    raise
+                existing_id = self._existing_id(session, team_id, body.idempotency_key, digest)
+            if existing_id is None:
+                raise
+        if existing_id is not None:
+            with self.store.read() as session:
+                job = session.get(Job, existing_id)
+                assert job is not None
                 return self._public(session, [job])[0]
+        # A new job has spent nothing: no need to ask the ledger.
+        return JobPublic.model_validate(row | {"spent_usd": 0.0})
+
+    def _existing_id(self, session: Session, team_id: int, key: str, digest: str) -> str | None:
+        found = session.execute(
+            sa_select(col(Job.id), col(Job.spec_hash)).where(col(Job.team_id) == team_id,
+                                                            col(Job.idempotency_key) == key)).first()
+        if found is None:
+            return None
+        if found[1] != digest:
+            raise Conflict(f"idempotency key {key!r} was already used for job {found[0]} with a different spec",
+                           hint="use a new key for a new job, or resend the same spec to get the same job")
+        return str(found[0])
 
     @staticmethod
     def _check_limits(session: Session, team: Team, estimate: float, gpus: int) -> None:

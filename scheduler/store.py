@@ -99,6 +99,9 @@ class Store:
             raise InvalidInput(f"unsupported database {self.dialect!r}",
                                hint="use sqlite:///path/to/file.db or postgresql://user@host/db")
         self._migrated = threading.Lock()
+        # SQLite has one write lock per file and a busy handler that sleeps (up to 100 ms a try)
+        # while it waits; queueing this process's writers on a mutex hands the lock over at once.
+        self._sqlite_writer = threading.RLock() if self.dialect == "sqlite" else None
 
     @property
     def is_postgres(self) -> bool:
@@ -146,7 +149,11 @@ class Store:
     @contextmanager
     def write(self) -> Iterator[Session]:
         """One write transaction: committed when the block ends, rolled back on an exception."""
-        with Session(self._write, expire_on_commit=False) as session, session.begin():
+        if self._sqlite_writer is None:
+            with Session(self._write, expire_on_commit=False) as session, session.begin():
+                yield session
+            return
+        with self._sqlite_writer, Session(self._write, expire_on_commit=False) as session, session.begin():
             yield session
 
     # -------------------------------------------------------------- locking helpers
