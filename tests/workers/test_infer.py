@@ -194,6 +194,45 @@ def test_int8_weights_through_torchao(reference: tuple[Path, Path], tmp_path: Pa
     assert len(_records(tmp_path / "o.jsonl")) == 10
 
 
+def test_tokenizer_directory(tmp_path: Path) -> None:
+    """A local tokenizer (built offline here) encodes text prompts and decodes outputs; its EOS stops."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<eos>", "<unk>", "hello", "world", "the", "quick", "brown", "fox", "jumps", "lazy", "dog"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+    fast.save_pretrained(str(tmp_path / "tok"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "a", "prompt": "hello world fox"})
+        + "\n"
+        + json.dumps({"id": "b", "prompt": "lazy dog"})
+        + "\n"
+    )
+    result = run_inference(
+        TINY,
+        prompts,
+        tmp_path / "o.jsonl",
+        batch=2,
+        max_new_tokens=5,
+        dtype="fp32",
+        seed=0,
+        tokenizer_dir=tmp_path / "tok",
+    )
+    records = _records(tmp_path / "o.jsonl")
+    assert result.requests_done == 2 and [r["prompt_tokens"] for r in records] == [3, 2]
+    for rec in records:
+        assert rec["text"] == fast.decode(rec["output_ids"], skip_special_tokens=True)
+        assert (rec["finish_reason"] == "eos") == (1 in rec["output_ids"])
+        assert 1 not in rec["output_ids"][:-1], "generation stops at the tokenizer's EOS"
+    with pytest.raises(InvalidInput, match="cannot load a tokenizer"):
+        run_inference(TINY, prompts, tmp_path / "o2.jsonl", batch=2, max_new_tokens=5, tokenizer_dir=tmp_path / "none")
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 
