@@ -460,10 +460,10 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
                     out.checkpoint_h = _checkpoint_hours(mdl, out.estimate.strategy, cal)
                 nodes = math.ceil(count / o.gpu_count)
                 for market, price in _markets(o, res.spot):
-                    option = f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}"
                     if price is None:
                         if res.spot == "always" and market == "spot":
-                            funnel.reject(option, f"{o.cloud} {o.instance_type} has no spot price", "price")
+                            funnel.reject(f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}",
+                                          f"{o.cloud} {o.instance_type} has no spot price", "price")
                         continue
                     cost = _cost(out.estimate, out.checkpoint_h, market, price * nodes, nodes, o.cloud, hazards,
                                  res.deadline, cal)
@@ -472,10 +472,12 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
                     priced.append(cand)
                     problem = _deadline_problem(cost, res.deadline, cal)
                     if problem:
-                        funnel.reject(option, problem, "deadline")
+                        funnel.reject(f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}", problem,
+                                      "deadline")
                         continue
                     if res.budget_usd is not None and cost.usd > res.budget_usd:
-                        funnel.reject(option, f"costs ${cost.usd:,.0f} > budget ${res.budget_usd:,.0f}", "budget")
+                        funnel.reject(f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}",
+                                      f"costs ${cost.usd:,.0f} > budget ${res.budget_usd:,.0f}", "budget")
                         continue
                     candidates.append(cand)
     if not candidates:

@@ -59,3 +59,15 @@ def test_nothing_feasible_exits_3_naming_the_constraint(tmp_path: Path) -> None:
 def test_bad_objective_is_refused() -> None:
     result = runner.invoke(app, ["plan", EXAMPLE, "--objective", "slowest"])
     assert result.exit_code == 2 and "cheapest or fastest" in result.output
+
+
+def test_inference_example_plans_and_estimates() -> None:
+    serve = str(Path(EXAMPLE).with_name("llama3-8b-serve.yaml"))
+    planned = runner.invoke(app, ["plan", serve, "--json"])
+    assert planned.exit_code == 0, planned.output
+    chosen = json.loads(planned.stdout)["chosen"]
+    assert chosen["estimate"]["strategy"]["task"] == "infer" and chosen["cost"]["hours"] <= 24
+    est = runner.invoke(app, ["estimate", serve, "--gpu", "L4", "--count", "1", "--json"])
+    assert est.exit_code == 0, est.output
+    body = json.loads(est.stdout)
+    assert body["throughput"]["requests_per_s"] > 0 and "kv_cache" in body["memory"]["breakdown"]
