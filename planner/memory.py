@@ -55,6 +55,16 @@ WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 
 QLORA_NF4_BYTES = 0.5 + 0.5 / 64 * 1.03  # nf4 + double-quantised absmax (8-bit per 64, fp32 per 256 blocks)
 
 
+APPLE_WORKING_SET = 0.75  # MPS's recommendedMaxWorkingSetSize is about 3/4 of unified memory
+
+
+def usable_bytes(gpu: GpuSpec) -> int:
+    """What a job can allocate: the device memory the driver reports; on Apple's unified memory only
+    the Metal working set (the OS and other apps share the rest)."""
+    total = gpu.memory_gib * GIB
+    return int(total * APPLE_WORKING_SET if gpu.vendor == "apple" else total)
+
+
 def round_block(n: float) -> int:
     return int(math.ceil(n / BLOCK) * BLOCK)
 
@@ -156,7 +166,7 @@ def _finish(moments: list[_Moment], mode: str, gpu: GpuSpec, gpu_count: int, cal
     reserved = round_block(allocated * (1 + overhead) + extra_cached)
     outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
     total = reserved + outside
-    usable = int(gpu.memory_gib * GIB)
+    usable = usable_bytes(gpu)
     required = int(allocated * (1 + cal.pressure_slack)) + outside
     breakdown = {k: int(v) for k, v in peak.parts.items() if v > 0}
     breakdown["cublas_workspaces"] = cal.workspace_bytes
@@ -317,7 +327,7 @@ def max_micro_batch(lines: MemoryLines, gpu_count: int, gpu: GpuSpec, cal: Memor
     """Largest micro-batch in ``candidates`` that fits (the first only has to fit; the others must
     leave ``headroom``), without building estimates."""
     outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
-    usable = gpu.memory_gib * GIB
+    usable = usable_bytes(gpu)
 
     def cap(limit: float) -> float:
         """Largest (real-valued) micro-batch whose peak stays within ``limit`` (same rounding as _finish)."""

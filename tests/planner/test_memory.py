@@ -163,3 +163,12 @@ def test_max_micro_batch_agrees_with_the_full_estimate(model: str, precision: st
     if mb < candidates[-1]:
         bigger = train_memory(m, knobs.with_micro_batch(mb * 2), seq, g, CAL)
         assert bigger.required_bytes > bigger.usable_bytes * (1 - CAL.plan_headroom)
+
+
+def test_apple_unified_memory_offers_only_the_metal_working_set() -> None:
+    from catalog.schema import GpuSpec
+
+    m3 = GpuSpec.model_validate({**H200.model_dump(), "id": "M3-Max", "aliases": [], "vendor": "apple",
+                                 "memory_gib": 128.0, "dtypes": ["fp32", "fp16", "bf16"]})
+    est = train_memory(CAT.model("llama-3.2-1b"), strat(gpu="M3-Max"), 512, m3, CAL)
+    assert est.usable_bytes == int(128 * GIB * 0.75)
