@@ -360,9 +360,9 @@ def kv_cache_bytes(model: ModelConfig, batch: int, context: int, bytes_per: int 
 
 
 def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int, gpu: GpuSpec,
-                 cal: MemoryCalibration) -> MemoryEstimate:
+                 cal: MemoryCalibration, pc: ParamCount | None = None) -> MemoryEstimate:
     """Peak memory per GPU for ``generate()`` with the default DynamicCache."""
-    pc = count_params(model)
+    pc = pc or count_params(model)
     tp = strategy.tensor_parallel
     b = strategy.batch
     h, _, _, inter = _dims(model)

@@ -259,17 +259,18 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     best: Estimate | None = None
     smallest: tuple[MemoryEstimate, Strategy] | None = None
     tried = 0
+    pc = count_params(model)
+    base = Strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision="bf16", batch=inf.batch)
     for weights in ladder:
         for tp in tps:
-            s = _strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, tensor_parallel=tp,
-                          weights=weights, batch=inf.batch, precision="bf16")
-            m = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory)
+            s = base.model_copy(update={"tensor_parallel": tp, "weights": weights})
+            m = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory, pc)
             tried += 1
             if not m.fits:
                 if smallest is None or m.required_bytes < smallest[0].required_bytes:
                     smallest = (m, s)
                 continue
-            thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
+            thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
             assert thr.requests_per_s is not None
             hours = inf.requests / thr.requests_per_s / 3600
             est = Estimate(strategy=s, memory=m, throughput=thr, hours=hours)

@@ -177,12 +177,12 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
 
 
 def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int,
-                     gpu: GpuSpec, cal: ThroughputCalibration) -> ThroughputEstimate:
+                     gpu: GpuSpec, cal: ThroughputCalibration, pc: ParamCount | None = None) -> ThroughputEstimate:
     """Output tokens/s of the whole placement (replicas = gpu_count / tensor_parallel)."""
     tp = strategy.tensor_parallel
     replicas = max(1, strategy.gpu_count // tp)
     b = strategy.batch
-    n, lm = matmul_params(model)
+    n, lm = matmul_params(model, pc)
     peak = peak_tflops(gpu, "fp8" if strategy.weights == "fp8" else "bf16") * 1e12
     prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens)) / tp
     h = model.hidden_size
