@@ -71,3 +71,16 @@ def test_inference_example_plans_and_estimates() -> None:
     assert est.exit_code == 0, est.output
     body = json.loads(est.stdout)
     assert body["throughput"]["requests_per_s"] > 0 and "kv_cache" in body["memory"]["breakdown"]
+
+
+def test_model_given_as_hf_config_path(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 1024,
+        "intermediate_size": 4096, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
+        "vocab_size": 32000, "max_position_embeddings": 4096}))
+    spec = tmp_path / "job.yaml"
+    spec.write_text("task: train\nmodel: {config: config.json}\ntrain: {tokens: 1.0e8, seq_len: 1024}\n")
+    result = runner.invoke(app, ["estimate", str(spec), "--gpu", "L4", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body["memory"]["fits"] and body["strategy"]["gpu"] == "L4"
