@@ -77,6 +77,7 @@ class TrainResult:
     resumed_from_step: int | None
     tokens_per_s: float | None  # whole placement, wall time of this attempt incl. checkpoints
     steady_tokens_per_s: float | None  # whole placement, training steps only, first step excluded
+    loop_tokens_per_s: float | None  # after the first step, wall clock: checkpoints and hooks included
     wall_s: float
     checkpoint_save_s: float
     peak_allocated_bytes: int | None  # torch.cuda.max_memory_allocated on the most loaded rank
@@ -304,6 +305,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
     last_saved = resumed_from
     save_s = 0.0
     steady_tokens, steady_s = 0, 0.0
+    loop_began: float | None = None  # end of the first step of this attempt
+    loop_tokens = 0
     attempt_tokens = 0
     last_report = time.perf_counter()
     status: Literal["succeeded", "preempted", "cancelled"] = "succeeded"
@@ -369,6 +372,9 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
         if step > (resumed_from or 0) + 1:  # the first step pays for allocation and warm-up
             steady_tokens += per_step_tokens
             steady_s += elapsed
+            loop_tokens += per_step_tokens
+        else:
+            loop_began = time.perf_counter()
         now = time.perf_counter()
         if rank == 0 and (now - last_report >= job.log_every_s or step == steps):
             last_report = now
@@ -398,6 +404,7 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
         _wait_for_teardown(signal.deadline)
 
     wall = time.perf_counter() - started
+    loop_s = time.perf_counter() - loop_began if loop_began is not None else 0.0
     peak_alloc = peak_reserved = peak_rss = None
     if device.type == "cuda":
         peak_alloc = torch.cuda.max_memory_allocated(device)
@@ -413,6 +420,7 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
         checkpoints_written=checkpoints, resumed_from_step=resumed_from,
         tokens_per_s=attempt_tokens / wall if attempt_tokens else None,
         steady_tokens_per_s=steady_tokens / steady_s if steady_s > 0 else None,
+        loop_tokens_per_s=loop_tokens / loop_s if loop_tokens and loop_s > 0 else None,
         wall_s=wall, checkpoint_save_s=save_s, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved,
         peak_rss_bytes=peak_rss, predicted=dict(job.predicted), device=str(device.type), world_size=world,
     )

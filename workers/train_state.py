@@ -34,13 +34,8 @@ class LoadedState:
 
 def shape_signature(model: torch.nn.Module) -> dict[str, list[int]]:
     """Parameter name -> full shape: what a checkpoint must match to be loadable into ``model``."""
-    from torch.distributed.tensor import DTensor
-
-    shapes: dict[str, list[int]] = {}
-    for name, param in model.named_parameters():
-        shape = param.shape if not isinstance(param, DTensor) else param.full_tensor().shape
-        shapes[_clean(name)] = list(shape)
-    return shapes
+    # A DTensor's .shape is its global shape, so this needs no collective under FSDP.
+    return {_clean(name): list(param.shape) for name, param in model.named_parameters()}
 
 
 def _clean(name: str) -> str:

@@ -1,0 +1,165 @@
+"""Worker overhead: the worker's training loop against the same model and loop written bare in PyTorch.
+
+Both runs build the same model (same seed), read the same batches, use AdamW, gradient clipping,
+the same autocast, and read the loss every step. The bare loop has nothing else; the worker loop
+adds its hooks, progress and checkpoints through the checkpoint store. Reported:
+
+- loop ratio: worker tokens/s over training steps / bare tokens/s (first step excluded in both);
+- measured ratio with checkpoints every ``--interval`` steps (save time in the window);
+- checkpoint save and load time and size;
+- projected ratio at the planned interval: Young/Daly, sqrt(2 x save time x MTBF), with --mtbf-h.
+
+Runs without Ray (so it runs where Ray is not installed):
+
+    python bench/worker_overhead.py --device cpu --model tiny-llama --seq-len 128 --micro-batch 4 --steps 30
+    python bench/worker_overhead.py --device cuda --model llama-3.2-1b --precision amp-bf16 --seq-len 2048 \\
+        --micro-batch 4 --steps 40 --interval 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from planner.spec import spec_from_dict
+from planner.types import Strategy
+from workers.data import DataLayout, TokenSource
+from workers.model import build_model, resolve_model_source
+from workers.train import TrainJob, pick_device, run_training
+
+
+def bare_loop(job: TrainJob, steps: int) -> float:
+    """Tokens/s of a plain PyTorch loop over steps 2..N (same model, data, optimizer, precision)."""
+    train, strategy = job.train, job.strategy
+    device = pick_device(job.device)
+    source = resolve_model_source(job.spec)
+    weights = torch.bfloat16 if strategy.precision == "bf16" else torch.float32
+    model = build_model(source, seed=train.seed, weights_dtype=weights).to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=train.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)
+    data = TokenSource(seq_len=train.seq_len, vocab_size=source.config.vocab_size, seed=train.seed)
+    layout = DataLayout(micro_batch=strategy.micro_batch, grad_accum=strategy.grad_accum, world_size=1)
+    autocast = strategy.precision == "amp-bf16"
+    began = 0.0
+    for step in range(steps):
+        if step == 1:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            began = time.perf_counter()
+        for accum in range(strategy.grad_accum):
+            batch = data.batch(layout.first_index(step, accum, 0), strategy.micro_batch).to(device)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+                loss = model(input_ids=batch, labels=batch).loss / strategy.grad_accum
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        float(loss.item())
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    tokens = (steps - 1) * layout.sequences_per_step * train.seq_len
+    return tokens / (time.perf_counter() - began)
+
+
+def load_time(job: TrainJob) -> float:
+    """Seconds to restore the newest checkpoint into a fresh model and optimizer."""
+    from workers.checkpoint import open_store
+    from workers.train import _lr_lambda, _make_optimizer, _prepare_model
+    from workers.train_state import load_state
+
+    device = pick_device(job.device)
+    model, sharded = _prepare_model(job, resolve_model_source(job.spec), device, 1)
+    optimizer = _make_optimizer(job.strategy.optimizer, [p for p in model.parameters() if p.requires_grad],
+                                job.train.learning_rate)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(10))
+    began = time.perf_counter()
+    load_state(open_store(job.checkpoint_uri), model=model, optimizer=optimizer, scheduler=scheduler,
+               sharded=sharded)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - began
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--model", default="tiny-llama")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "amp-bf16", "bf16"])
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--interval", type=int, default=10, help="checkpoint every N steps in the worker run")
+    parser.add_argument("--mtbf-h", type=float, default=4.0, help="mean time between preemptions for Young/Daly")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
+    parser.add_argument("--json", dest="json_out", default=None, help="write the results here too")
+    args = parser.parse_args()
+
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    tokens = args.steps * args.micro_batch * args.seq_len
+    spec = spec_from_dict({"name": "overhead", "task": "train", "model": args.model,
+                           "train": {"tokens": tokens, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
+                                     "precision": args.precision, "checkpoint_interval_steps": args.interval}})
+    strategy = Strategy(gpu="cpu" if args.device == "cpu" else "H200", gpu_count=1, precision=args.precision,
+                        micro_batch=args.micro_batch)
+    with tempfile.TemporaryDirectory(prefix="gpuplan-overhead-") as tmp:
+        job = TrainJob(job_id="overhead", spec=spec, strategy=strategy, checkpoint_uri=str(Path(tmp) / "ck"),
+                       device=args.device, cpu_threads=args.threads if args.device == "cpu" else None,
+                       log_every_s=10.0)
+        bare = bare_loop(job, args.steps)
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        result = run_training(job)
+        bare_again = bare_loop(job, args.steps)  # bracket the worker run: drift shows as a spread
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        load_s = load_time(job)
+        from workers.checkpoint import open_store
+
+        latest = open_store(job.checkpoint_uri).latest()
+        size = latest.size_bytes if latest else 0
+    bare_mean = (bare + bare_again) / 2
+    save_s = result.checkpoint_save_s / max(1, result.checkpoints_written)
+    step_s = args.micro_batch * args.seq_len / (result.steady_tokens_per_s or math.inf)
+    planned_s = math.sqrt(2 * save_s * args.mtbf_h * 3600)  # Young/Daly
+    planned_steps = max(1, round(planned_s / step_s)) if step_s > 0 else None
+    loop_ratio = (result.steady_tokens_per_s or 0) / bare_mean
+    projected = loop_ratio * planned_s / (planned_s + save_s)
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "model": args.model, "precision": args.precision, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
+        "steps": args.steps, "interval": args.interval,
+        "bare_tokens_per_s": [round(bare, 1), round(bare_again, 1)],
+        "worker_step_tokens_per_s": round(result.steady_tokens_per_s or 0, 1),
+        "worker_loop_tokens_per_s_with_checkpoints": round(result.loop_tokens_per_s or 0, 1),
+        "loop_ratio": round(loop_ratio, 4),
+        "measured_ratio_with_checkpoints": round((result.loop_tokens_per_s or 0) / bare_mean, 4),
+        "checkpoints_written": result.checkpoints_written,
+        "checkpoint_save_s": round(save_s, 3),
+        "checkpoint_load_s": round(load_s, 3),
+        "checkpoint_bytes": size,
+        "planned_interval_s": round(planned_s, 1), "planned_interval_steps": planned_steps, "mtbf_h": args.mtbf_h,
+        "projected_ratio_at_planned_interval": round(projected, 4),
+        "peak_allocated_bytes": result.peak_allocated_bytes, "peak_reserved_bytes": result.peak_reserved_bytes,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
