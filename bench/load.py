@@ -1,8 +1,9 @@
 """Load test of the scheduler API: a real `gpuplan server` process on 127.0.0.1 (API only, no
-executor) and this process as the load generator (asyncio + httpx, N concurrent clients).
+executor) and load-generating processes (keep-alive connections, see _client_proc), httpx for setup and the
+submit burst.
 
-    .venv/bin/python bench/load.py --db sqlite --clients 8 --duration 20
-    .venv/bin/python bench/load.py --db postgres --clients 8 --duration 20
+    .venv/bin/python bench/load.py --db sqlite --procs 2 --threads 4 --duration 20
+    .venv/bin/python bench/load.py --db postgres --procs 2 --threads 4 --duration 20
     .venv/bin/python bench/load.py --db sqlite --submits 1000
 
 Mixed traffic: 20% submit (real planner; a few spec variants, so after the first of each the
@@ -14,7 +15,6 @@ any error or timeout (a fraction deliberately sent twice), then counts the team'
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -48,8 +48,9 @@ def free_port() -> int:
 
 def start_server(db_url: str, port: int, home: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "GPUPLAN_DATABASE_URL": db_url, "GPUPLAN_HOME": str(home), "GPUPLAN_ADMIN_TOKEN": ADMIN}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "server", "--port", str(port), "--executor", "none"],
-                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(home / "server.log", "wb"))
+    with open(home / "server.log", "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "server", "--port", str(port),
+                                 "--executor", "none"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -93,103 +94,153 @@ def setup_team(url: str) -> str:
     return str(token)
 
 
-async def mixed(url: str, token: str, clients: int, duration: float) -> dict[str, Any]:
-    latencies: dict[str, list[float]] = {"submit": [], "status": [], "list": []}
-    errors = 0
-    job_ids: list[str] = []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30,
-                                 limits=limits) as c:
-        job_ids.extend(j["id"] for j in (await c.get("/v1/jobs")).json())
-        stop = time.perf_counter() + duration
+def _client_proc(port: int, token: str, threads: int, duration: float, seed: int, job_ids: list[str],
+                 out: Any) -> None:
+    """One load-generating process: ``threads`` keep-alive connections through http.client.
 
-        async def client(n: int) -> None:
-            nonlocal errors
-            rng = random.Random(n)
-            i = 0
-            while time.perf_counter() < stop:
-                i += 1
-                roll = rng.random()
-                t0 = time.perf_counter()
-                if roll < 0.2:
-                    kind = "submit"
-                    r = await c.post("/v1/jobs", json={"spec": spec(i), "idempotency_key": f"{n}-{i}"})
+    http.client, not httpx, on this hot path: on this 2-core box httpx's own per-request CPU made
+    the client the bottleneck (static /docs: 49 req/s with httpx.AsyncClient, 339 with sync httpx
+    in threads, 2,195 with a bare socket), so it measured the client, not the server.
+    """
+    import http.client
+    import threading
+
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    results: list[tuple[str, float, int]] = []
+    lock = threading.Lock()
+    stop = time.perf_counter() + duration
+
+    def worker(n: int) -> None:
+        rng = random.Random(seed * 1000 + n)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        mine: list[tuple[str, float, int]] = []
+        ids = list(job_ids)
+        i = 0
+        while time.perf_counter() < stop:
+            i += 1
+            roll = rng.random()
+            t0 = time.perf_counter()
+            if roll < 0.2:
+                kind = "submit"
+                body = json.dumps({"spec": spec(i), "idempotency_key": f"{seed}-{n}-{i}"})
+                conn.request("POST", "/v1/jobs", body=body, headers=headers)
+            elif roll < 0.6:
+                kind = "status"
+                conn.request("GET", f"/v1/jobs/{rng.choice(ids)}", headers=headers)
+            else:
+                kind = "list"
+                conn.request("GET", "/v1/jobs?limit=20", headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            mine.append((kind, time.perf_counter() - t0, resp.status))
+            if kind == "submit" and resp.status == 201:
+                ids.append(json.loads(data)["id"])
+        with lock:
+            results.extend(mine)
+
+    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    out.send(results)
+
+
+def mixed(url: str, token: str, procs: int, threads: int, duration: float) -> dict[str, Any]:
+    import multiprocessing as mp
+
+    port = int(url.rsplit(":", 1)[1])
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as c:
+        job_ids = [j["id"] for j in c.get("/v1/jobs").json()]
+    ctx = mp.get_context("fork")
+    pipes, workers = [], []
+    t0 = time.perf_counter()
+    for p in range(procs):
+        recv, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_client_proc, args=(port, token, threads, duration, p, job_ids, send))
+        proc.start()
+        pipes.append(recv)
+        workers.append(proc)
+    results = [r for pipe in pipes for r in pipe.recv()]
+    for proc in workers:
+        proc.join()
+    elapsed = time.perf_counter() - t0
+    errors = sum(1 for _k, _t, status in results if status >= 400)
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return 1000 * xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+    every = [t for _k, t, _s in results]
+    by_kind = {}
+    for kind in ("submit", "status", "list"):
+        xs = [t for k, t, _s in results if k == kind]
+        by_kind[kind] = {"n": len(xs), "p50_ms": pct(xs, 0.5), "p99_ms": pct(xs, 0.99),
+                         "mean_ms": 1000 * statistics.fmean(xs) if xs else float("nan")}
+    return {"requests": len(results), "seconds": elapsed, "rps": len(results) / elapsed, "errors": errors,
+            "p50_ms": pct(every, 0.50), "p99_ms": pct(every, 0.99), "by_kind": by_kind}
+
+
+def burst(url: str, token: str, n: int, concurrency: int) -> dict[str, Any]:
+    """n submits from ``concurrency`` threads, each with its own idempotency key, retried until answered;
+    every tenth is sent twice (a client that lost the reply)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    local = threading.local()
+    counts = {"retries": 0, "duplicates_sent": 0}
+    lock = threading.Lock()
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def client() -> httpx.Client:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(base_url=url, headers=headers, timeout=10)
+        return local.client  # type: ignore[no-any-return]
+
+    def one(i: int) -> str:
+        body = {"spec": spec(i), "idempotency_key": f"burst-{i}"}
+        sends = 2 if i % 10 == 0 else 1
+        ids: set[str] = set()
+        for _ in range(sends):
+            for attempt in range(20):
+                try:
+                    r = client().post("/v1/jobs", json=body)
                     if r.status_code == 201:
-                        job_ids.append(r.json()["id"])
-                elif roll < 0.6:
-                    kind = "status"
-                    r = await c.get(f"/v1/jobs/{rng.choice(job_ids)}")
-                else:
-                    kind = "list"
-                    r = await c.get("/v1/jobs", params={"limit": 20})
-                latencies[kind].append(time.perf_counter() - t0)
-                if r.status_code >= 400:
-                    errors += 1
+                        ids.add(r.json()["id"])
+                        break
+                except httpx.HTTPError:
+                    pass
+                with lock:
+                    counts["retries"] += 1
+                time.sleep(0.05 * 2 ** min(attempt, 5))
+        with lock:
+            counts["duplicates_sent"] += sends - 1
+        assert len(ids) == 1, f"key burst-{i} gave {ids}"
+        return ids.pop()
 
+    with httpx.Client(base_url=url, headers=headers, timeout=60) as c:
+        before = len(c.get("/v1/jobs", params={"limit": 1000}).json())
         t0 = time.perf_counter()
-        await asyncio.gather(*(client(n) for n in range(clients)))
-        elapsed = time.perf_counter() - t0
-    every = sorted(x for v in latencies.values() for x in v)
-
-    def pct(xs: list[float], p: float) -> float:
-        return 1000 * xs[min(len(xs) - 1, int(p * len(xs)))] if xs else float("nan")
-
-    return {
-        "requests": len(every), "seconds": elapsed, "rps": len(every) / elapsed, "errors": errors,
-        "p50_ms": pct(every, 0.50), "p99_ms": pct(every, 0.99),
-        "by_kind": {k: {"n": len(v), "p50_ms": pct(sorted(v), 0.5), "p99_ms": pct(sorted(v), 0.99),
-                        "mean_ms": 1000 * statistics.fmean(v) if v else float("nan")} for k, v in latencies.items()},
-    }
-
-
-async def burst(url: str, token: str, n: int, concurrency: int) -> dict[str, Any]:
-    """n concurrent submits with idempotency keys, each retried until it gets an answer."""
-    retries = 0
-    duplicates_sent = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=10,
-                                 limits=limits) as c:
-        before = len((await c.get("/v1/jobs", params={"limit": 1000})).json())
-
-        async def one(i: int) -> str:
-            nonlocal retries, duplicates_sent
-            body = {"spec": spec(i), "idempotency_key": f"burst-{i}"}
-            sends = 2 if i % 10 == 0 else 1  # every tenth client "lost the reply" and sends again
-            ids = set()
-            for _ in range(sends):
-                for attempt in range(20):
-                    try:
-                        r = await c.post("/v1/jobs", json=body)
-                        if r.status_code == 201:
-                            ids.add(r.json()["id"])
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    retries += 1
-                    await asyncio.sleep(0.05 * 2 ** min(attempt, 5))
-            duplicates_sent += sends - 1
-            assert len(ids) == 1, f"key burst-{i} gave {ids}"
-            return ids.pop()
-
-        t0 = time.perf_counter()
-        ids = await asyncio.gather(*(one(i) for i in range(n)))
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            ids = list(pool.map(one, range(n)))
         elapsed = time.perf_counter() - t0
         after: list[str] = []
         offset = 0
         while True:
-            page = (await c.get("/v1/jobs", params={"limit": 1000, "offset": offset})).json()
+            page = c.get("/v1/jobs", params={"limit": 1000, "offset": offset}).json()
             after += [j["id"] for j in page]
             offset += len(page)
             if len(page) < 1000:
                 break
-    return {"submits": n, "distinct_ids": len(set(ids)), "jobs_created": len(after) - before,
-            "retries": retries, "duplicates_sent": duplicates_sent, "seconds": elapsed, "rps": n / elapsed}
+    return {"submits": n, "distinct_ids": len(set(ids)), "jobs_created": len(after) - before, **counts,
+            "seconds": elapsed, "rps": (n + counts["duplicates_sent"]) / elapsed}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default="sqlite", help="sqlite | postgres | a database URL")
-    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--procs", type=int, default=2, help="load-generating processes")
+    ap.add_argument("--threads", type=int, default=4, help="keep-alive connections per process")
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--submits", type=int, default=0, help="burst mode: this many concurrent submits")
     ap.add_argument("--concurrency", type=int, default=64, help="connections in burst mode")
@@ -209,10 +260,12 @@ def main() -> None:
     try:
         token = setup_team(url)
         if args.submits:
-            result = asyncio.run(burst(url, token, args.submits, args.concurrency))
+            result = burst(url, token, args.submits, args.concurrency)
         else:
-            result = asyncio.run(mixed(url, token, args.clients, args.duration))
-        result.update(db=args.db if args.db in ("sqlite", "postgres") else "url", clients=args.clients)
+            result = mixed(url, token, args.procs, args.threads, args.duration)
+        result.update(db=args.db if args.db in ("sqlite", "postgres") else "url",
+                      clients=args.concurrency if args.submits else args.procs * args.threads,
+                      load_avg_1m=os.getloadavg()[0])
         print(json.dumps(result, indent=2))
     finally:
         proc.terminate()
