@@ -1,6 +1,7 @@
 """InProcessExecutor: runs attempts in threads of this process, with the same semantics as Ray.
 
-Used by the scheduler's tests and by ``gpuplan run --no-ray``. It runs the real training loop;
+Used by the scheduler's tests and by ``gpuplan run --no-ray``. It runs the real training loop
+(or, for ``task: infer``, the real batch generation);
 ``preempt(handle)`` plays a spot notice (a just-in-time checkpoint, then PREEMPTED) so tests can
 drive the resume path without a cluster. A resubmission with the same ``checkpoint_uri`` resumes.
 """
@@ -68,8 +69,6 @@ class InProcessExecutor:
         self._lock = threading.Lock()
 
     def feasibility(self, request: RunRequest) -> str | None:
-        if request.spec.task != "train":
-            return f"the in-process executor runs training jobs only, not {request.spec.task!r}"
         return infeasibility(request.strategy, [self._resources])
 
     def submit(self, request: RunRequest) -> str:
@@ -94,6 +93,14 @@ class InProcessExecutor:
                 attempt.message = "cancelled before it started"
                 return
             attempt.state = RunState.RUNNING
+            if request.spec.task == "infer":
+                from workers.infer_job import run_infer_attempt
+
+                hooks = _Hooks(attempt)
+                run_infer_attempt(request, device=self._device, on_progress=hooks.on_progress, on_log=hooks.on_log)
+                attempt.state = RunState.SUCCEEDED
+                attempt.message = f"generated {attempt.tracker.progress().step} requests"
+                return
             predicted = self._predict(request) if self._predict is not None else {}
             job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
                            checkpoint_uri=request.checkpoint_uri, device=self._device,

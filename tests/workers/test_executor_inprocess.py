@@ -92,3 +92,23 @@ def test_missing_data_file_fails_the_job_with_the_path(tmp_path: Path) -> None:
         _request(write_config(tmp_path / "m"), tmp_path / "ck", data=str(missing))), 120)
     assert status.state is RunState.FAILED
     assert str(missing) in status.message and "does not exist" in status.message
+
+
+def test_runs_an_inference_job_and_a_resubmission_redoes_nothing(tmp_path: Path) -> None:
+    from planner.spec import spec_from_dict
+
+    config = write_config(tmp_path / "m")
+    spec = spec_from_dict({"name": "gen", "task": "infer", "model": {"config": str(config)},
+                           "infer": {"batch": 2, "prompt_tokens": 6, "output_tokens": 3, "requests": 5}})
+    request = RunRequest(job_id="gen", attempt=1, spec=spec, strategy=cpu_strategy(),
+                         checkpoint_uri=str(tmp_path / "o"),
+                         run_name="gen")
+    executor = InProcessExecutor()
+    first = executor.wait(executor.submit(request), 120)
+    assert first.state is RunState.SUCCEEDED, first.message
+    assert first.progress.step == 5 and first.progress.total_steps == 5
+    lines = (tmp_path / "o" / "outputs.jsonl").read_text().splitlines()
+    assert len(lines) == 5
+    again = executor.wait(executor.submit(request), 120)
+    assert again.state is RunState.SUCCEEDED
+    assert (tmp_path / "o" / "outputs.jsonl").read_text().splitlines() == lines
