@@ -46,6 +46,9 @@ def plan_locally(spec: JobSpec) -> LocalPlan:
         raise InvalidInput("gpuplan run trains; this spec's task is 'infer'", path="task",
                            hint="use gpuplan submit for inference jobs")
     catalog = load_catalog()
+    from workers.model import resolve_model_source
+
+    resolve_model_source(spec)  # a bad model reference fails here, before anything starts
     device = detect_local_device()
     if device is not None and device.backend == "cuda":
         gpu = match_device_name(device.name, catalog, device.memory_bytes)
