@@ -1,0 +1,116 @@
+"""Hypothesis state machine over service + loop: random submits, cancels, executor outcomes and
+clock moves on a real SQLite file; after every step the bookkeeping invariants must hold."""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from sqlmodel import select
+
+from catalog.errors import Conflict, LimitExceeded
+from scheduler.loop import Scheduler
+from scheduler.models import Attempt, Event, Job, JobCreate, Spend, TeamCreate
+from scheduler.service import ADMIN, SchedulerService
+from scheduler.states import ACTIVE, JobState, allowed
+from scheduler.store import Store
+from tests.scheduler.conftest import spec_dict, toy_plan
+from tests.scheduler.fakes import FakeClock, ScriptedExecutor
+from workers.executor import RunState
+
+BUDGET, QUOTA = 20.0, 6
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.TemporaryDirectory()
+        self.store = Store(f"sqlite:///{Path(self.dir.name) / 'db.sqlite'}")
+        self.store.migrate()
+        self.clock = FakeClock()
+        self.svc = SchedulerService(self.store, toy_plan, clock=self.clock, checkpoint_root=self.dir.name)
+        self.svc.create_team(ADMIN, TeamCreate(name="ml", budget_usd=BUDGET, gpu_quota=QUOTA))
+        self.me = self.svc.authenticate(self.svc.create_token(ADMIN, "ml").token)
+        self.ex = ScriptedExecutor()
+        self.loop = Scheduler(self.store, self.ex, clock=self.clock, backoff_base_s=1)
+        self.jobs: list[str] = []
+        self.accepted_cost = 0.0
+
+    def teardown(self) -> None:
+        self.store.dispose()
+        self.dir.cleanup()
+
+    @rule(dollars=st.integers(1, 12), gpus=st.integers(1, 4), key=st.sampled_from([None, "a", "b"]))
+    def submit(self, dollars: int, gpus: int, key: str | None) -> None:
+        try:
+            job = self.svc.submit(self.me, JobCreate(spec=spec_dict(tokens=dollars * 1e6, gpus=gpus),
+                                                     idempotency_key=key))
+        except (LimitExceeded, Conflict):
+            return
+        if job.id not in self.jobs:
+            self.jobs.append(job.id)
+
+    @precondition(lambda self: bool(self.jobs))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        job_id = data.draw(st.sampled_from(self.jobs))
+        try:
+            self.svc.cancel(self.me, job_id)
+        except Conflict:
+            assert JobState(self.svc.status(self.me, job_id).state).terminal
+
+    @rule(outcome=st.sampled_from([RunState.SUCCEEDED, RunState.FAILED, RunState.PREEMPTED, None]),
+          minutes=st.integers(0, 30))
+    def tick(self, outcome: RunState | None, minutes: int) -> None:
+        running = self.ex.running()
+        if running and outcome is not None:
+            self.ex.finish(running[0], outcome)
+        self.clock.advance(minutes=minutes)
+        self.loop.tick()
+
+    @rule()
+    def restart(self) -> None:
+        self.ex = ScriptedExecutor()
+        self.loop = Scheduler(self.store, self.ex, clock=self.clock, backoff_base_s=1)
+        self.loop.reconcile()
+
+    @invariant()
+    def books_balance(self) -> None:
+        with self.store.read() as s:
+            jobs = {j.id: j for j in s.exec(select(Job)).all()}
+            attempts = s.exec(select(Attempt)).all()
+            spends = s.exec(select(Spend)).all()
+            events = s.exec(select(Event).order_by(Event.id)).all()  # type: ignore[arg-type]
+        # GPU quota: active jobs never hold more than the quota.
+        assert sum(j.gpus for j in jobs.values() if JobState(j.state) in ACTIVE) <= QUOTA
+        # Budget: at admission the estimate fit; reserved (estimate not yet spent) + spent never
+        # exceeds the budget by more than what attempts ran past their estimates.
+        team = self.svc.get_team(self.me)
+        overrun = sum(max(0.0, sum(x.usd for x in spends if x.job_id == j) - jobs[j].estimated_usd) for j in jobs)
+        assert team.spent_usd + team.reserved_usd <= BUDGET + overrun + 1e-6
+        # Never two open attempts of one job; a closed attempt has exactly one spend row.
+        open_by_job = [a.job_id for a in attempts if a.ended_at is None]
+        assert len(open_by_job) == len(set(open_by_job))
+        assert sorted(x.attempt_id for x in spends) == sorted(a.id or 0 for a in attempts if a.ended_at is not None)
+        for a in attempts:
+            if a.ended_at is None:
+                assert jobs[a.job_id].state in (JobState.RUNNING.value, JobState.CANCELLED.value)
+        # Every job's history is a legal walk ending in its current state.
+        for job_id, job in jobs.items():
+            path = [e for e in events if e.job_id == job_id]
+            assert path[0].from_state is None and path[0].to_state == "pending"
+            for before, after in itertools.pairwise(path):
+                assert after.from_state == before.to_state
+                assert allowed(JobState(after.from_state), JobState(after.to_state))
+            assert path[-1].to_state == job.state
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(max_examples=12, stateful_step_count=14, deadline=None,
+                                         suppress_health_check=list(HealthCheck))
+pytestmark = pytest.mark.slow
