@@ -44,7 +44,7 @@ def bare_loop(job: TrainJob, steps: int) -> float:
     device = pick_device(job.device)
     source = resolve_model_source(job.spec)
     weights = torch.bfloat16 if strategy.precision == "bf16" else torch.float32
-    model = build_model(source, seed=train.seed, weights_dtype=weights).to(device)
+    model = build_model(source, seed=train.seed, weights_dtype=weights, device=device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=train.learning_rate, betas=(0.9, 0.95), weight_decay=0.1)

@@ -72,8 +72,13 @@ def hf_config(config: ModelConfig) -> Any:
                            hint="use a transformers model_type such as llama, mistral, qwen2 or gpt2") from None
 
 
-def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype) -> torch.nn.Module:
-    """A causal LM with seeded random weights (or the local weights), in ``weights_dtype``, on CPU."""
+def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype,
+                device: torch.device | None = None) -> torch.nn.Module:
+    """A causal LM with seeded random weights (or the local weights), in ``weights_dtype``.
+
+    Random weights are drawn on ``device`` (default CPU): initialising a billion parameters on a
+    GPU takes a second instead of tens of seconds on CPU. The same device always draws the same ones.
+    """
     from transformers import AutoModelForCausalLM
 
     config = hf_config(source.config)
@@ -87,8 +92,9 @@ def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype) -
     else:
         torch.manual_seed(seed)
         try:
-            model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-                config, dtype=weights_dtype, attn_implementation="sdpa")
+            with torch.device(device or "cpu"):
+                model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+                    config, dtype=weights_dtype, attn_implementation="sdpa")
         except (ValueError, RuntimeError, TypeError) as exc:
             raise InvalidInput(f"cannot build model {source.config.id!r}: {exc}", path="model") from None
     model.config.use_cache = False

@@ -214,7 +214,7 @@ def _prepare_model(job: TrainJob, source: ModelSource, device: torch.device,
                    world: int) -> tuple[torch.nn.Module, bool]:
     strategy = job.strategy
     with _BUILD_LOCK:
-        model = build_model(source, seed=job.train.seed, weights_dtype=_weights_dtype(strategy))
+        model = build_model(source, seed=job.train.seed, weights_dtype=_weights_dtype(strategy), device=device)
     if strategy.finetune in ("lora", "qlora"):
         model = apply_lora(model, strategy.lora_rank)
     if strategy.activation_checkpointing:
