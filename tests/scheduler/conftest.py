@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
@@ -67,10 +68,47 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         drop_pg_schema(schema)
 
 
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    s = Store(db_url)
-    s.migrate()
+@pytest.fixture(scope="session")
+def _migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SQLite file at the head revision; each test gets a copy (migrating is the slow part)."""
+    path = tmp_path_factory.mktemp("template") / "gpuplan.db"
+    template = Store(f"sqlite:///{path}")
+    template.migrate()
+    template.dispose()  # the last connection to close checkpoints the WAL into the file we copy
+    assert not Path(f"{path}-wal").exists()
+    return path
+
+
+@pytest.fixture(scope="session")
+def _migrated_pg() -> Iterator[str | None]:
+    """One PostgreSQL schema at head for the whole run (tables are truncated between tests)."""
+    if pg_reason():
+        yield None
+        return
+    schema, url = new_pg_schema()
+    template = Store(url)
+    template.migrate()
+    template.dispose()
+    try:
+        yield url
+    finally:
+        drop_pg_schema(schema)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path, _migrated_sqlite: Path,
+          _migrated_pg: str | None) -> Iterator[Store]:
+    """A migrated, empty database: a copy of the SQLite template, or the shared PG schema truncated."""
+    if request.param == "sqlite":
+        path = tmp_path / "gpuplan.db"
+        shutil.copyfile(_migrated_sqlite, path)
+        s = Store(f"sqlite:///{path}")
+    else:
+        if _migrated_pg is None:
+            pytest.skip(pg_reason() or "no PostgreSQL")
+        s = Store(_migrated_pg)
+        with s.engine.begin() as conn:
+            conn.execute(text("TRUNCATE team, api_token, job, attempt, event, spend RESTART IDENTITY CASCADE"))
     try:
         yield s
     finally:

@@ -60,7 +60,7 @@ def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]
     return dict(body["error"])
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 def test_team_isolation_on_every_endpoint(api: Api) -> None:
     a, b = api.team("a"), api.team("b")
     with api.client(a) as ca, api.client(b) as cb:
@@ -96,7 +96,7 @@ def test_team_isolation_on_every_endpoint(api: Api) -> None:
         assert admin.get("/v1/reports/spend", params={"team": "a"}).json()["jobs"][0]["job_id"] == job_id
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 def test_missing_wrong_and_revoked_tokens_are_refused_everywhere(api: Api) -> None:
     token = api.team("a")
     with api.client(ADMIN) as admin:
@@ -115,7 +115,7 @@ def test_missing_wrong_and_revoked_tokens_are_refused_everywhere(api: Api) -> No
                 assert needle in err["message"], (method, path, err)
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 def test_errors_share_one_format(api: Api) -> None:
     token = api.team("ml", budget_usd=5)
     with api.client(token) as c:
