@@ -17,9 +17,10 @@ from typing import Any
 
 from catalog.errors import GpuplanError, Infeasible
 from workers.executor import RunRequest, RunState, RunStatus
+from workers.hooks import Signal, StopReason, TrainHooks
 from workers.placement import infeasibility
 from workers.progress import ProgressTracker, result_metrics
-from workers.train import Signal, StopReason, TrainHooks, TrainJob, run_training
+from workers.train import TrainJob, run_training
 
 Predictor = Callable[[RunRequest], dict[str, float]]
 

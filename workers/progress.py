@@ -27,12 +27,15 @@ class ProgressTracker:
         self._first_step_after_start: dict[int, float] = {}
         self._started_at: list[float] = []
         self._node_id: str | None = None
+        self._booting_at: list[float] = []
 
     def event(self, event: dict[str, Any]) -> None:
         with self._lock:
             kind = event.get("event")
             p = self._progress
-            if kind == "started":
+            if kind == "booting":
+                self._booting_at.append(time.time())
+            elif kind == "started":
                 self._starts += 1
                 self._started_at.append(time.time())
                 p.total_steps = int(event.get("total_steps", p.total_steps))
@@ -99,10 +102,10 @@ class ProgressTracker:
     def snapshot(self) -> dict[str, Any]:
         """Everything in one picklable value (what the Ray progress actor returns)."""
         with self._lock:
-            node_id, started_at = self._node_id, list(self._started_at)
+            node_id, started_at, booting_at = self._node_id, list(self._started_at), list(self._booting_at)
             first_steps = dict(self._first_step_after_start)
         return {"progress": self.progress(), "resumes": self.resumes, "restarts": self.restarts,
-                "result": self.result(), "node_id": node_id, "started_at": started_at,
+                "result": self.result(), "node_id": node_id, "started_at": started_at, "booting_at": booting_at,
                 "first_step_at": [first_steps.get(i + 1) for i in range(len(started_at))]}
 
 

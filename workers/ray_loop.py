@@ -8,13 +8,16 @@ every resume of the attempt.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from catalog.errors import InvalidInput
+from workers.hooks import Signal, TrainHooks
 from workers.progress import ProgressTracker
-from workers.train import Signal, TrainHooks, TrainJob, run_training
+
+if TYPE_CHECKING:
+    from workers.train import TrainJob
 
 
 class ProgressActor:
@@ -81,8 +84,12 @@ def ray_train_loop(config: dict[str, Any]) -> dict[str, Any]:
     """``train_loop_per_worker``: the same loop as bare runs, with Ray's hooks."""
     import ray.train
 
-    job: TrainJob = config["job"]
     rank = ray.train.get_context().get_world_rank()
+    if rank == 0:  # before torch and transformers load: recovery time splits here
+        config["progress"].event.remote({"event": "booting"})
+    from workers.train import run_training
+
+    job: TrainJob = config["job"]
     hooks = _RayHooks(config["progress"], rank)
     try:
         return run_training(job, hooks).to_dict()

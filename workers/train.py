@@ -30,6 +30,7 @@ from catalog.errors import GpuplanError, InvalidInput
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
 from workers.data import DataLayout, TokenSource
+from workers.hooks import TrainHooks
 from workers.model import (
     ModelSource,
     apply_lora,
@@ -40,7 +41,6 @@ from workers.model import (
 )
 from workers.train_state import load_state, save_state
 
-StopReason = Literal["cancel", "preempt"]
 # Seeding the global RNG and building a model must not interleave between two in-process runs.
 _BUILD_LOCK = threading.Lock()
 
@@ -89,39 +89,6 @@ class TrainResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class Signal:
-    """What the outside world asks of a running loop, agreed by all ranks."""
-
-    kind: StopReason
-    # preempt: when the node will be taken (unix s). The loop saves a just-in-time checkpoint,
-    # then idles until then (Ray Train restarts it elsewhere). None: save and return at once.
-    deadline: float | None = None
-
-
-class TrainHooks:
-    """Callbacks from the loop. Defaults do nothing; executors override what they need.
-
-    ``poll`` is called by every rank exactly once per step and must return the same answer on
-    every rank: under Ray it wraps ``ray.train.get_preemption_info()``, which is a barrier.
-    """
-
-    def on_log(self, line: str) -> None:
-        pass
-
-    def on_progress(self, progress: dict[str, Any]) -> None:
-        pass
-
-    def poll(self) -> Signal | None:
-        return None
-
-    def fault(self, step: int, where: str) -> None:
-        """Test hook: raise here to simulate the process dying at this point of the step."""
-
-    def checkpoint_file(self, relpath: str) -> None:
-        """Called after each file of a checkpoint save is written (tests kill a save here)."""
 
 
 def total_steps(train: TrainSpec, strategy: Strategy) -> int:

@@ -24,7 +24,8 @@ def _free_port() -> int:
 def _rank_main(rank: int, port: int, folder: str, sharding: str, results: Any) -> None:
     import torch.distributed as dist
 
-    from workers.train import TrainHooks, TrainJob, run_training
+    from workers.hooks import TrainHooks
+    from workers.train import TrainJob, run_training
 
     class KillAt(TrainHooks):
         def fault(self, step: int, where: str) -> None:

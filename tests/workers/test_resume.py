@@ -15,7 +15,8 @@ from planner.spec import JobSpec
 from planner.types import Strategy
 from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.checkpoint import open_store
-from workers.train import TrainHooks, TrainJob, TrainResult, run_training
+from workers.hooks import TrainHooks
+from workers.train import TrainJob, TrainResult, run_training
 
 PHASES = ("forward", "backward", "optimizer", "checkpoint")
 

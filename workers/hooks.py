@@ -1,0 +1,42 @@
+"""How the outside world talks to a running training loop (no torch here: Ray workers import this
+before the heavy libraries, so recovery time can be split at that point)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+StopReason = Literal["cancel", "preempt"]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What the outside world asks of a running loop, agreed by all ranks."""
+
+    kind: StopReason
+    # preempt: when the node will be taken (unix s). The loop saves a just-in-time checkpoint,
+    # then idles until then (Ray Train restarts it elsewhere). None: save and return at once.
+    deadline: float | None = None
+
+
+class TrainHooks:
+    """Callbacks from the loop. Defaults do nothing; executors override what they need.
+
+    ``poll`` is called by every rank exactly once per step and must return the same answer on
+    every rank: under Ray it wraps ``ray.train.get_preemption_info()``, which is a barrier.
+    """
+
+    def on_log(self, line: str) -> None:
+        pass
+
+    def on_progress(self, progress: dict[str, Any]) -> None:
+        pass
+
+    def poll(self) -> Signal | None:
+        return None
+
+    def fault(self, step: int, where: str) -> None:
+        """Test hook: raise here to simulate the process dying at this point of the step."""
+
+    def checkpoint_file(self, relpath: str) -> None:
+        """Called after each file of a checkpoint save is written (tests kill a save here)."""
