@@ -126,6 +126,7 @@ class Job(JobBase, table=True):
         UniqueConstraint("team_id", "idempotency_key", name="uq_job_team_idempotency_key"),
         Index("ix_job_state_next_run_at", "state", "next_run_at"),
         Index("ix_job_team_id_state", "team_id", "state"),
+        Index("ix_job_team_id_created_at", "team_id", "created_at"),
     )
     id: str = Field(primary_key=True, max_length=32)
     team_id: int = Field(foreign_key="team.id")
