@@ -51,6 +51,9 @@ class _RayAttempt:
     thread: threading.Thread | None = None
     done: threading.Event = field(default_factory=threading.Event)
     driver_logs: list[str] = field(default_factory=list)
+    # Kept when the attempt ends, then the progress actor is released (one per attempt would leak).
+    final_snapshot: dict[str, Any] | None = None
+    final_logs: list[str] | None = None
 
 
 def live_nodes() -> list[dict[str, float]]:
@@ -144,7 +147,16 @@ class RayExecutor:
             attempt.driver_logs.append(traceback.format_exc())
             attempt.state, attempt.message = RunState.FAILED, _failure_message(exc)
         finally:
+            self._release(attempt)
             attempt.done.set()
+
+    def _release(self, attempt: _RayAttempt) -> None:
+        try:
+            attempt.final_snapshot = ray.get(attempt.progress.snapshot.remote(), timeout=30)
+            attempt.final_logs = ray.get(attempt.progress.logs.remote(0), timeout=30)
+            ray.kill(attempt.progress)
+        except Exception as exc:  # progress is lost, the outcome is not: state and message are set
+            attempt.driver_logs.append(f"could not read the final progress: {exc}")
 
     def _get(self, handle: str) -> _RayAttempt:
         with self._lock:
@@ -154,6 +166,8 @@ class RayExecutor:
         return attempt
 
     def _snapshot(self, attempt: _RayAttempt) -> dict[str, Any]:
+        if attempt.final_snapshot is not None:
+            return attempt.final_snapshot
         try:
             snapshot: dict[str, Any] = ray.get(attempt.progress.snapshot.remote(), timeout=10)
             return snapshot
@@ -179,10 +193,13 @@ class RayExecutor:
 
     def logs(self, handle: str, since: int = 0) -> list[str]:
         attempt = self._get(handle)
-        try:
-            lines: list[str] = ray.get(attempt.progress.logs.remote(0), timeout=10)
-        except Exception:
-            lines = []
+        if attempt.final_logs is not None:
+            lines = attempt.final_logs
+        else:
+            try:
+                lines = ray.get(attempt.progress.logs.remote(0), timeout=10)
+            except Exception:
+                lines = []
         return (lines + attempt.driver_logs)[since:]
 
     def cancel(self, handle: str) -> None:
