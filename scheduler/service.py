@@ -292,6 +292,15 @@ class SchedulerService:
     def parse_spec(self, spec: dict[str, Any] | JobSpec) -> JobSpec:
         return spec if isinstance(spec, JobSpec) else spec_from_dict(spec)
 
+    def plan_is_cached(self, spec: dict[str, Any] | JobSpec) -> bool:
+        """Whether submitting ``spec`` needs no planning (callers may then run it on an event loop)."""
+        try:
+            key = spec_hash(self.parse_spec(spec))
+        except InvalidInput:
+            return True  # refused at once, no planning either
+        with self._plans_lock:
+            return key in self._plans
+
     def plan(self, spec: dict[str, Any] | JobSpec) -> Plan:
         """Plan a spec (cached by spec hash: the catalog a service holds does not change under it)."""
         job_spec = self.parse_spec(spec)
