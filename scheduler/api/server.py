@@ -40,10 +40,9 @@ def make_executor(kind: str) -> Executor | None:
 
         return InProcessExecutor()
     if kind == "ray":
-        from workers import ray_executor  # type: ignore[attr-defined,unused-ignore]
+        from workers.ray_executor import RayExecutor
 
-        executor: Executor = ray_executor.RayExecutor()
-        return executor
+        return RayExecutor()
     if kind == "none":
         return None
     raise InvalidInput(f"unknown executor {kind!r}", path="executor", hint="one of " + ", ".join(EXECUTORS))
