@@ -624,6 +624,14 @@ def server_command(
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     run = make_executor(executor)
     catalog = load_catalog()
+    if executor != "none":  # this machine's GPUs, if any, as a $0/h offer the planner may pick
+        from datetime import date
+
+        from catalog.local import detect_local_device, local_offer
+
+        offer = local_offer(catalog, detect_local_device(), today=date.today())
+        if offer is not None:
+            catalog = catalog.with_offers([offer])
     service = make_service(database_url(os.environ, home=home), checkpoint_root=home / "checkpoints",
                            admin_token=admin_token, catalog=catalog, executor=run)
     if not admin_token:
