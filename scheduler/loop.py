@@ -228,7 +228,7 @@ class Scheduler:
                 limit = min(limit, self.max_running - running)
             if limit <= 0:
                 return
-            claimed: list[tuple[Job, Attempt]] = []
+            claimed: list[tuple[Job, Attempt, RunRequest]] = []
             for job in self.store.claim_due(session, now, limit):
                 open_attempt = session.exec(select(Attempt).where(
                     Attempt.job_id == job.id, col(Attempt.ended_at).is_(None))).first()
@@ -236,6 +236,17 @@ class Scheduler:
                     log.error("job %s is queued but attempt %s is open; not dispatching", job.id, open_attempt.number)
                     continue
                 market, price = self.choose_market(job, now)
+                try:
+                    request = self._request(job, job.attempts + 1, market)
+                    reason = self.executor.feasibility(request)
+                except (GpuplanError, ValueError) as exc:  # a stored spec/plan that no longer validates
+                    reason = f"cannot build the run request: {exc}"
+                if reason is not None:
+                    # Never start an attempt that no node can ever run (Ray would pend silently).
+                    job.message = f"infeasible: {reason}"[:2000]
+                    transition(session, job, JobState.FAILED, now, job.message)
+                    report.finished[job.id] = "infeasible"
+                    continue
                 job.attempts += 1
                 attempt = Attempt(job_id=job.id, number=job.attempts, market=market, usd_per_h=price,
                                   started_at=now, last_seen_at=now)
@@ -243,22 +254,21 @@ class Scheduler:
                 job.market, job.usd_per_h, job.next_run_at = market, price, None
                 transition(session, job, JobState.RUNNING, now,
                            f"attempt {attempt.number} on {market} at ${price:,.2f}/h")
-                claimed.append((job, attempt))
+                claimed.append((job, attempt, request))
             session.flush()
-        for job, attempt in claimed:
-            self._launch(job, attempt, report)
+        for job, attempt, request in claimed:
+            self._launch(job, attempt, request, report)
 
-    def _launch(self, job: Job, attempt: Attempt, report: TickReport) -> None:
+    @staticmethod
+    def _request(job: Job, number: int, market: str) -> RunRequest:
+        return RunRequest(
+            job_id=job.id, attempt=number, spec=spec_from_dict(job.spec),
+            strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),
+            checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=market,
+        )
+
+    def _launch(self, job: Job, attempt: Attempt, request: RunRequest, report: TickReport) -> None:
         try:
-            request = RunRequest(
-                job_id=job.id, attempt=attempt.number, spec=spec_from_dict(job.spec),
-                strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),
-                checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=attempt.market,
-            )
-            reason = self.executor.feasibility(request)
-            if reason is not None:
-                self._give_up(attempt, f"infeasible: {reason}", report)
-                return
             handle = self.executor.submit(request)
         except GpuplanError as exc:
             log.warning("submit of %s attempt %d failed: %s", job.id, attempt.number, exc)
@@ -270,15 +280,3 @@ class Scheduler:
             fresh.handle = handle
             session.add(fresh)
         report.dispatched.append(job.id)
-
-    def _give_up(self, attempt: Attempt, why: str, report: TickReport) -> None:
-        now = self.clock()
-        with self.store.write() as session:
-            fresh = session.get(Attempt, attempt.id)
-            job = session.get(Job, attempt.job_id)
-            assert fresh is not None and job is not None
-            ledger.close_attempt(session, fresh, job, now, RunState.FAILED.value, why)
-            report.finished[job.id] = RunState.FAILED.value
-            if not JobState(job.state).terminal:
-                job.message = why[:2000]
-                transition(session, job, JobState.FAILED, now, why)

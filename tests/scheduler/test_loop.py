@@ -154,6 +154,9 @@ def test_infeasible_job_fails_with_the_reason(svc: SchedulerService, store: Stor
     Scheduler(store, ScriptedExecutor(infeasible="needs 1 H100, cluster has none"), clock=clock).tick()
     detail = svc.status(ml, job.id)
     assert detail.state == "failed" and "needs 1 H100" in detail.message
+    # No attempt was started (and none charged) for a job no node can ever run.
+    assert detail.attempt_list == [] and spends(store) == []
+    assert (detail.events[-1].from_state, detail.events[-1].to_state) == ("queued", "failed")
 
 
 def test_priority_and_max_running(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
