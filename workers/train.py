@@ -15,6 +15,7 @@ Nothing here imports Ray: the Ray glue passes hooks in.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import threading
@@ -39,7 +40,7 @@ from workers.model import (
     enable_activation_checkpointing,
     resolve_model_source,
 )
-from workers.train_state import load_state, save_state
+from workers.train_state import CheckpointWriter, load_state, save_state
 
 # Seeding the global RNG and building a model must not interleave between two in-process runs.
 _BUILD_LOCK = threading.Lock()
@@ -79,7 +80,8 @@ class TrainResult:
     steady_tokens_per_s: float | None  # whole placement, training steps only, first step excluded
     loop_tokens_per_s: float | None  # after the first step, wall clock: checkpoints and hooks included
     wall_s: float
-    checkpoint_save_s: float
+    checkpoint_save_s: float  # writing checkpoints (in the background, except the last and just-in-time ones)
+    checkpoint_blocking_s: float  # what checkpoints cost the training loop: snapshots and waits
     peak_allocated_bytes: int | None  # torch.cuda.max_memory_allocated on the most loaded rank
     peak_reserved_bytes: int | None
     peak_rss_bytes: int | None  # CPU runs: the process's peak resident set
@@ -271,6 +273,15 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
     checkpoints = 0
     last_saved = resumed_from
     save_s = 0.0
+
+    def saved(at: int, took: float) -> None:  # in the writer thread, once the checkpoint is durable
+        nonlocal checkpoints
+        checkpoints += 1
+        log(f"step {at}: checkpoint saved to {job.checkpoint_uri} ({took:.2f} s)")
+        if rank == 0:
+            hooks.on_progress({"event": "checkpoint", "step": at, "checkpoints": checkpoints})
+
+    writer = CheckpointWriter(store, on_saved=saved)
     steady_tokens, steady_s = 0, 0.0
     loop_began: float | None = None  # end of the first step of this attempt
     loop_tokens = 0
@@ -279,96 +290,101 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
     status: Literal["succeeded", "preempted", "cancelled"] = "succeeded"
     per_step_tokens = layout.sequences_per_step * train.seq_len
 
-    def checkpoint(at: int) -> None:
-        nonlocal checkpoints, save_s, last_saved
+    def checkpoint(at: int, blocking: bool = False) -> None:
+        nonlocal save_s, last_saved
         if last_saved == at:
+            if blocking:
+                writer.wait()
             return
         began = time.perf_counter()
         hooks.fault(at, "checkpoint")
-        save_state(store, step=at, data_position=position, tokens=tokens, loss=loss_value, model=model,
-                   optimizer=optimizer, scheduler=scheduler, sharded=sharded, extra_metadata=meta)
+        save_state(writer, step=at, data_position=position, tokens=tokens, loss=loss_value, model=model,
+                   optimizer=optimizer, scheduler=scheduler, sharded=sharded, extra_metadata=meta,
+                   blocking=blocking, on_cpu=device.type == "cpu")
         save_s += time.perf_counter() - began
-        checkpoints += 1
         last_saved = at
-        log(f"step {at}: checkpoint saved to {job.checkpoint_uri} ({time.perf_counter() - began:.2f} s)")
-        if rank == 0:
-            hooks.on_progress({"event": "checkpoint", "step": at, "checkpoints": checkpoints})
 
     noticed = False
-    while step < steps:
-        step_began = time.perf_counter()
-        total_loss = torch.zeros((), device=device)
-        for accum in range(strategy.grad_accum):
-            first = position + (accum * world + rank) * strategy.micro_batch
-            batch = data.batch(first, strategy.micro_batch).to(device, non_blocking=True)
-            last = accum == strategy.grad_accum - 1
-            with _set_grad_sync(model, sharded, last or world == 1):
-                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                    enabled=autocast_dtype is not None):
-                    loss = model(input_ids=batch, labels=batch).loss / strategy.grad_accum
-                hooks.fault(step, "forward")
-                if scaler is not None:
-                    scaler.scale(loss).backward()
-                else:
-                    loss.backward()
-            total_loss += loss.detach().float()
-        hooks.fault(step, "backward")
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        hooks.fault(step, "optimizer")
-        if world > 1:
-            dist.all_reduce(total_loss, op=dist.ReduceOp.SUM)
-            total_loss /= world
-        loss_value = float(total_loss.item())
-        if not math.isfinite(loss_value):
-            raise GpuplanError(f"the loss became {loss_value} at step {step + 1}",
-                               hint="lower train.learning_rate or use a wider precision (fp32 or amp-bf16)")
-        step += 1
-        position += layout.sequences_per_step
-        tokens += per_step_tokens
-        attempt_tokens += per_step_tokens
-        elapsed = time.perf_counter() - step_began
-        if step > (resumed_from or 0) + 1:  # the first step pays for allocation and warm-up
-            steady_tokens += per_step_tokens
-            steady_s += elapsed
-            loop_tokens += per_step_tokens
-        else:
-            loop_began = time.perf_counter()
-        now = time.perf_counter()
-        if rank == 0 and (now - last_report >= job.log_every_s or step == steps):
-            last_report = now
-            rate = steady_tokens / steady_s if steady_s > 0 else None
-            hooks.on_progress({"event": "step", "step": step, "total_steps": steps, "tokens": tokens,
-                               "loss": loss_value, "tokens_per_s": rate})
-            log(f"step {step}/{steps} loss {loss_value:.4f}" + (f" {rate:,.0f} tokens/s" if rate else ""))
-        if step % interval == 0 or step == steps:
-            checkpoint(step)
-        signal = hooks.poll()
-        if signal is None or step >= steps:
-            continue
-        if signal.kind == "cancel":
-            status = "cancelled"
-            log(f"step {step}: cancelled")
-            break
-        if noticed:  # a notice stays up until the node goes; act on it once
-            continue
-        noticed = True
-        checkpoint(step)
-        if signal.deadline is None:
-            status = "preempted"
-            log(f"step {step}: preempted; just-in-time checkpoint saved, a resubmission resumes here")
-            break
-        when = time.strftime("%H:%M:%S", time.gmtime(signal.deadline))
-        log(f"step {step}: spot notice (node taken at {when} UTC); just-in-time checkpoint saved, waiting to move")
-        _wait_for_teardown(signal.deadline)
+    try:
+        while step < steps:
+            step_began = time.perf_counter()
+            total_loss = torch.zeros((), device=device)
+            for accum in range(strategy.grad_accum):
+                first = position + (accum * world + rank) * strategy.micro_batch
+                batch = data.batch(first, strategy.micro_batch).to(device, non_blocking=True)
+                last = accum == strategy.grad_accum - 1
+                with _set_grad_sync(model, sharded, last or world == 1):
+                    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                        enabled=autocast_dtype is not None):
+                        loss = model(input_ids=batch, labels=batch).loss / strategy.grad_accum
+                    hooks.fault(step, "forward")
+                    if scaler is not None:
+                        scaler.scale(loss).backward()
+                    else:
+                        loss.backward()
+                total_loss += loss.detach().float()
+            hooks.fault(step, "backward")
+            if scaler is not None:
+                scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            hooks.fault(step, "optimizer")
+            if world > 1:
+                dist.all_reduce(total_loss, op=dist.ReduceOp.SUM)
+                total_loss /= world
+            loss_value = float(total_loss.item())
+            if not math.isfinite(loss_value):
+                raise GpuplanError(f"the loss became {loss_value} at step {step + 1}",
+                                   hint="lower train.learning_rate or use a wider precision (fp32 or amp-bf16)")
+            step += 1
+            position += layout.sequences_per_step
+            tokens += per_step_tokens
+            attempt_tokens += per_step_tokens
+            elapsed = time.perf_counter() - step_began
+            if step > (resumed_from or 0) + 1:  # the first step pays for allocation and warm-up
+                steady_tokens += per_step_tokens
+                steady_s += elapsed
+                loop_tokens += per_step_tokens
+            else:
+                loop_began = time.perf_counter()
+            now = time.perf_counter()
+            if rank == 0 and (now - last_report >= job.log_every_s or step == steps):
+                last_report = now
+                rate = steady_tokens / steady_s if steady_s > 0 else None
+                hooks.on_progress({"event": "step", "step": step, "total_steps": steps, "tokens": tokens,
+                                   "loss": loss_value, "tokens_per_s": rate})
+                log(f"step {step}/{steps} loss {loss_value:.4f}" + (f" {rate:,.0f} tokens/s" if rate else ""))
+            if step % interval == 0 or step == steps:
+                checkpoint(step, blocking=step == steps)
+            signal = hooks.poll()
+            if signal is None or step >= steps:
+                continue
+            if signal.kind == "cancel":
+                status = "cancelled"
+                log(f"step {step}: cancelled")
+                break
+            if noticed:  # a notice stays up until the node goes; act on it once
+                continue
+            noticed = True
+            checkpoint(step, blocking=True)
+            if signal.deadline is None:
+                status = "preempted"
+                log(f"step {step}: preempted; just-in-time checkpoint saved, a resubmission resumes here")
+                break
+            when = time.strftime("%H:%M:%S", time.gmtime(signal.deadline))
+            log(f"step {step}: spot notice (node taken at {when} UTC); just-in-time checkpoint saved, waiting to move")
+            _wait_for_teardown(signal.deadline)
+        writer.wait()  # the last checkpoints are durable before the run reports success
+    except BaseException:
+        with contextlib.suppress(BaseException):  # keep the original error; a real crash loses the write
+            writer.wait()
+        raise
 
     wall = time.perf_counter() - started
     loop_s = time.perf_counter() - loop_began if loop_began is not None else 0.0
@@ -388,7 +404,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
         tokens_per_s=attempt_tokens / wall if attempt_tokens else None,
         steady_tokens_per_s=steady_tokens / steady_s if steady_s > 0 else None,
         loop_tokens_per_s=loop_tokens / loop_s if loop_tokens and loop_s > 0 else None,
-        wall_s=wall, checkpoint_save_s=save_s, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved,
+        wall_s=wall, checkpoint_save_s=writer.write_s, checkpoint_blocking_s=save_s,
+        peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved,
         peak_rss_bytes=peak_rss, predicted=dict(job.predicted), device=str(device.type), world_size=world,
     )
     if rank == 0:

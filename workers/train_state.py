@@ -9,8 +9,12 @@ costs a gather at save time but keeps checkpoints independent of the world size 
 
 from __future__ import annotations
 
+import copy as copy_module
 import random
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,10 +88,69 @@ def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Op
     return model_state, optim_state
 
 
-def save_state(store: Any, *, step: int, data_position: int, tokens: int, loss: float | None,
+class CheckpointWriter:
+    """Writes rank 0's checkpoints in a background thread, one at a time, so training only stops
+    for the snapshot into host memory. ``wait`` makes every submitted checkpoint durable (and
+    raises the write's error, if any)."""
+
+    def __init__(self, store: Any, on_saved: Callable[[int, float], None] | None = None) -> None:
+        self._store = store
+        self._on_saved = on_saved
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.write_s = 0.0
+
+    def submit(self, step: int, state: dict[str, Any], metadata: dict[str, Any], *, blocking: bool) -> None:
+        self.wait()
+        self._thread = threading.Thread(target=self._write, args=(step, state, metadata), daemon=True,
+                                        name=f"gpuplan-checkpoint-{step}")
+        self._thread.start()
+        if blocking:
+            self.wait()
+
+    def _write(self, step: int, state: dict[str, Any], metadata: dict[str, Any]) -> None:
+        began = time.perf_counter()
+        try:
+            with tempfile.TemporaryDirectory(prefix="gpuplan-ckpt-") as tmp:
+                torch.save(state, Path(tmp) / STATE_FILE)
+                try:
+                    self._store.save(step, Path(tmp), metadata=metadata)
+                except CheckpointError:
+                    raise
+                except Exception as exc:  # a store failure must name the checkpoint, not leak a boto3 trace
+                    raise CheckpointError(f"could not save the checkpoint of step {step}: {exc}") from exc
+        except BaseException as exc:
+            self._error = exc
+            return
+        took = time.perf_counter() - began
+        self.write_s += took
+        if self._on_saved is not None:
+            self._on_saved(step, took)
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def _snapshot(value: Any, copy: bool) -> Any:
+    """Host-memory copies of every tensor, so training can go on while the copy is written."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True) if copy or value.device.type != "cpu" else value.detach()
+    if isinstance(value, dict):
+        return {k: _snapshot(v, copy) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_snapshot(v, copy) for v in value)
+    return value
+
+
+def save_state(writer: CheckpointWriter, *, step: int, data_position: int, tokens: int, loss: float | None,
                model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-               sharded: bool, extra_metadata: dict[str, Any]) -> int | None:
-    """Collective: every rank calls it. Rank 0 writes; returns the saved step there, None elsewhere."""
+               sharded: bool, extra_metadata: dict[str, Any], blocking: bool, on_cpu: bool) -> int | None:
+    """Collective: every rank calls it. Rank 0 snapshots and hands the write to ``writer``."""
     rank = dist.get_rank() if _distributed() else 0
     model_state, optim_state = _model_and_optimizer_state(model, optimizer, sharded)
     rngs: list[Any] = [rng_state()]
@@ -97,28 +160,24 @@ def save_state(store: Any, *, step: int, data_position: int, tokens: int, loss: 
         rngs = gathered
     saved: int | None = None
     if rank == 0:
+        # On CPU a state dict may alias the live parameters (even DDP's "offloaded" one): copy. On
+        # GPU, tensors still on the device are copied to the host; offloaded ones are fresh already.
+        copy = on_cpu
         state = {
             "step": step,
             "data_position": data_position,
             "tokens": tokens,
             "loss": loss,
-            "model": model_state,
-            "optimizer": optim_state,
-            "scheduler": scheduler.state_dict(),
+            "model": _snapshot(model_state, copy),
+            "optimizer": _snapshot(optim_state, copy),
+            "scheduler": copy_module.deepcopy(scheduler.state_dict()),
             "rng": rngs,
             "shapes": shape_signature(model),
         }
         metadata = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss, **extra_metadata}
-        with tempfile.TemporaryDirectory(prefix="gpuplan-ckpt-") as tmp:
-            torch.save(state, Path(tmp) / STATE_FILE)
-            try:
-                store.save(step, Path(tmp), metadata=metadata)
-            except CheckpointError:
-                raise
-            except Exception as exc:  # a store failure must name the checkpoint, not leak a boto3 trace
-                raise CheckpointError(f"could not save the checkpoint of step {step}: {exc}") from exc
+        writer.submit(step, state, metadata, blocking=blocking)
         saved = step
-    if _distributed():
+    if _distributed() and blocking:
         dist.barrier()
     return saved
 

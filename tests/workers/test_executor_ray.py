@@ -105,7 +105,9 @@ def test_node_loss_then_spot_notice_both_resume_and_match_an_uninterrupted_run(
         nodes.append(ray_cluster.add_node(**fake_gpu))  # the autoscaler's replacement
         snap = _wait_for(executor, handle, lambda s: s["resumes"] >= 1 and s["progress"].step > killed_at)
         first_resume = snap["progress"].resumed_from_step
-        assert first_resume is not None and 10 <= first_resume <= killed_at
+        # A periodic checkpoint at or after the one seen before the kill (the loop runs on while
+        # the node is being removed), never a step that no checkpoint recorded.
+        assert first_resume is not None and first_resume % 5 == 0 and 10 <= first_resume < 80
         assert executor.status(handle).state is RunState.RUNNING
         assert "resumed 1 time(s)" in executor.status(handle).message
 
