@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [SECTION, "",
              f"Produced by `python bench/plan_speed.py --runs {args.runs}` on "
              f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}, in-process on this 2-core machine "
-             f"(load average {load:.1f} at the start: other engineers' test suites were running, so wall time "
-             "includes waiting for a CPU; CPU time is the planner's own work). Full catalog: "
+             f"(load average {load:.1f} at the start; under load wall time includes waiting for a CPU, "
+             "CPU time is the planner's own work). Full catalog: "
              f"{len(catalog.gpus)} GPUs, {len(catalog.offers)} offers. Goal: p50 <= 50 ms per job.", "",
              "| job | options considered | p50 wall ms | p95 wall ms | p50 CPU ms | p95 CPU ms | best wall ms |",
              "|---|---|---|---|---|---|---|"]
