@@ -21,7 +21,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/gpuplan plan examples/llama3-8b-sft.yaml
-	$(BIN)/gpuplan run examples/tiny-train.yaml
+	$(BIN)/gpuplan run examples/tiny-train.yaml --checkpoint-dir "$$(mktemp -d)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
