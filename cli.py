@@ -1174,7 +1174,17 @@ def report_dry_run_command(
     console.print(f"wrote {files['markdown']} and {files['html']}", highlight=False)
 
 
+def _quiet_third_party_logs() -> None:
+    # torchao warns at import about optional CUDA kernels built for other Pythons, and torch's pytree
+    # about deprecations inside torchao: noise for a CLI user, never actionable by them.
+    import logging
+
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main() -> None:
+    _quiet_third_party_logs()
     app()
 
 
