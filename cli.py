@@ -370,16 +370,20 @@ def plan_command(
         return
     table = Table(title=f"{result.job}: {len(result.candidates)} candidates ({objective}; * = cost/time Pareto front)",
                   title_justify="left", pad_edge=False)
+    # hours and total $ are expected values: on spot they include the preemption overhead column
     for col in ("#", "GPUs / strategy", "cloud instance region", "market", "GiB need/usable", "tok/s", "hours",
-                "$/h", "total $", "*"):
-        right = col in ("#", "tok/s", "hours", "$/h", "total $")
+                "preempt h", "P(deadline)", "$/h", "total $", "*"):
+        right = col in ("#", "tok/s", "hours", "preempt h", "P(deadline)", "$/h", "total $")
         table.add_column(col, justify="right" if right else "left", overflow="fold")
     for i, c in enumerate(result.candidates[:top], 1):
         e = c.estimate
         table.add_row(
             str(i), e.strategy.label(), f"{c.offer.cloud} {c.offer.instance_type} {c.offer.region}",
             c.cost.market, f"{_gib(e.memory.required_bytes)}/{_gib(e.memory.usable_bytes)}",
-            f"{e.throughput.tokens_per_s:,.0f}", f"{c.cost.hours:,.1f}", f"{c.cost.usd_per_h:,.2f}",
+            f"{e.throughput.tokens_per_s:,.0f}", f"{c.cost.hours:,.1f}",
+            f"{c.cost.preemption_overhead_h:,.2f}" if c.cost.market == "spot" else "-",
+            "-" if c.cost.deadline_probability is None else f"{c.cost.deadline_probability:.0%}",
+            f"{c.cost.usd_per_h:,.2f}",
             f"{c.cost.usd:,.0f}", "*" if c.pareto else "",
         )
     console.print(table)
