@@ -7,6 +7,13 @@ default KV cache. The bare loop times ``generate`` alone on random token ids; th
 
     python3 bench/infer_worker.py --model llama-3.2-1b --batch 64 --prompt 2048 --output 128 \
         --weights bf16 --batches 4 --out $OUT/inf-l1b.json
+    python3 bench/infer_worker.py --compare bench/results/workers/inf_*.json   # planner vs recorded runs
+
+Every tokens/s here is one definition: generated (output) tokens of the whole batch per second of
+``generate()`` (prefill included, model load and the dropped warm-up batch excluded). That is the
+planner's ``ThroughputEstimate.tokens_per_s`` and bench/measure_h200.py's ``e2e_output_tokens_per_s``,
+so the three are directly comparable; ``--compare`` recomputes the planner side with the current
+planner and calibration (no GPU needed) and writes it next to the recorded measurements.
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.loader import load_catalog, resolve_model
+from catalog.schema import ModelConfig
+from planner.calibration import load_calibration
+from planner.throughput import infer_throughput
+from planner.types import Strategy
 from workers.infer import quantize_weights, run_inference
 from workers.infer_io import write_synthetic_prompts
 from workers.model import hf_config
@@ -107,8 +118,54 @@ def worker(cfg: Any, *, batch: int, prompt: int, output: int, weights: str, batc
     }
 
 
+def planner_side(cfg: ModelConfig, *, batch: int, prompt: int, output: int, weights: str,
+                 gpu: str = "H200") -> dict[str, float]:
+    """The planner's estimate for the same shape, in the benchmark's definition (see module doc)."""
+    est = infer_throughput(cfg, Strategy(gpu=gpu, gpu_count=1, weights=weights, batch=batch), prompt, output,
+                           load_catalog().gpu(gpu), load_calibration().throughput)
+    prefill = est.breakdown_s["prefill"]
+    return {
+        "tokens_per_s": est.tokens_per_s,
+        "decode_tokens_per_s": float(est.decode_tokens_per_s or 0.0),
+        "batch_s": est.step_time_s or 0.0,
+        "prefill_s": prefill,
+        "decode_step_s": est.breakdown_s["decode"] / output,
+    }
+
+
+def compare(paths: list[Path]) -> str:
+    """Markdown table: recorded bare/worker tokens/s against the current planner, same definition.
+
+    The measured decode step is implied from the bare batch time minus the planner's prefill (prefill
+    is compute bound and within a few % of the sweep's measured prefill), over ``output`` steps."""
+    catalog = load_catalog()
+    lines = [
+        "| model | weights | batch | prompt | out | bare tok/s | worker tok/s | planner tok/s | planner / bare "
+        "| bare decode step (implied) | planner decode step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in paths:
+        rec = json.loads(path.read_text())
+        kw = {k: int(rec[k]) for k in ("batch", "prompt", "output")}
+        plan = planner_side(resolve_model(catalog, rec["model"]), batch=kw["batch"], prompt=kw["prompt"],
+                            output=kw["output"], weights=str(rec["weights"]))
+        bare_tps = float(rec["bare"]["tokens_per_s"])
+        implied = (float(rec["bare"]["batch_s"]) - plan["prefill_s"]) / kw["output"]
+        lines.append(
+            f"| {rec['model']} | {rec['weights']} | {kw['batch']} | {kw['prompt']} | {kw['output']} "
+            f"| {bare_tps:.0f} | {float(rec['worker']['tokens_per_s']):.0f} | {plan['tokens_per_s']:.0f} "
+            f"| {plan['tokens_per_s'] / bare_tps:.2f} | {implied * 1e3:.1f} ms | {plan['decode_step_s'] * 1e3:.1f} ms |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    if "--compare" in sys.argv:
+        cmp = argparse.ArgumentParser(description="planner vs recorded infer_worker runs")
+        cmp.add_argument("--compare", type=Path, nargs="+", required=True)
+        print(compare(cmp.parse_args().compare))
+        return
     parser.add_argument("--model", required=True)
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--prompt", type=int, required=True)
@@ -134,6 +191,7 @@ def main() -> None:
         "worker": worker(cfg, **kw),
     }
     record["worker_vs_bare"] = record["worker"]["tokens_per_s"] / record["bare"]["tokens_per_s"]
+    record["planner"] = planner_side(cfg, **kw)
     args.out.write_text(json.dumps(record, indent=1))
     print(json.dumps(record, indent=1))
 
