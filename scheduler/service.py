@@ -104,6 +104,22 @@ def _list_statement(*, by_state: bool) -> Any:
             .limit(bindparam("limit", type_=Integer)).offset(bindparam("offset", type_=Integer)))
 
 
+def _status_statements() -> tuple[Any, Any, Any]:
+    """Job detail as prebuilt Core queries (the API's hot path): the job with its spend, attempts, events."""
+    table = Job.__table__  # type: ignore[attr-defined]
+    spent = (sa_select(func.coalesce(func.sum(Spend.usd), 0.0)).where(col(Spend.job_id) == table.c.id)
+             .correlate(table).scalar_subquery())
+    job = sa_select(*table.c, spent.label("spent_usd")).where(table.c.id == bindparam("job_id"),
+                                                             table.c.team_id == bindparam("team_id"))
+    attempt = Attempt.__table__  # type: ignore[attr-defined]
+    attempts = (sa_select(*(attempt.c[name] for name in AttemptPublic.model_fields))
+                .where(attempt.c.job_id == bindparam("job_id")).order_by(attempt.c.number))
+    event = Event.__table__  # type: ignore[attr-defined]
+    events = (sa_select(*(event.c[name] for name in EventPublic.model_fields))
+              .where(event.c.job_id == bindparam("job_id")).order_by(event.c.id))
+    return job, attempts, events
+
+
 class SchedulerService:
     def __init__(
         self,
@@ -133,6 +149,7 @@ class SchedulerService:
         self._auth_cache: dict[str, tuple[Principal, float]] = {}
         self._auth_cache_s = auth_cache_s
         self._list_stmt = (_list_statement(by_state=False), _list_statement(by_state=True))
+        self._status_stmts = _status_statements()
 
     # -------------------------------------------------------------- auth
 
@@ -332,7 +349,11 @@ class SchedulerService:
         team_id = self._team_id(principal)
         job_spec = self.parse_spec(body.spec)
         digest = spec_hash(job_spec)
-        if body.idempotency_key:
+        # A repeated key whose plan is cached is answered by the write transaction below, which
+        # checks the key again before anything else; the early read only spares planning.
+        with self._plans_lock:
+            cached = digest in self._plans
+        if body.idempotency_key and not cached:
             with self.store.read() as session:
                 found = self._existing_id(session, team_id, body.idempotency_key, digest)
                 job = session.get(Job, found) if found else None
@@ -439,16 +460,17 @@ class SchedulerService:
         return job
 
     def status(self, principal: Principal, job_id: str) -> JobDetail:
+        team_id = self._team_id(principal)
+        job_stmt, attempts_stmt, events_stmt = self._status_stmts
         with self.store.read() as session:
-            job = self._own_job(session, principal, job_id)
-            public = self._public(session, [job])[0]
-            attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id).order_by(col(Attempt.number))).all()
-            events = session.exec(select(Event).where(Event.job_id == job.id).order_by(col(Event.id))).all()
-            return JobDetail(
-                **public.model_dump(), plan=job.plan, spec=job.spec,
-                attempt_list=[AttemptPublic.model_validate(a, from_attributes=True) for a in attempts],
-                events=[EventPublic.model_validate(e, from_attributes=True) for e in events],
-            )
+            row = session.execute(job_stmt, {"job_id": job_id, "team_id": team_id}).mappings().first()
+            if row is None:
+                # The same answer whether the job is missing or another team's: no existence leak.
+                raise NotFound(f"job {job_id!r} not found", hint="list your jobs with `gpuplan list`")
+            attempts = session.execute(attempts_stmt, {"job_id": job_id}).mappings().all()
+            events = session.execute(events_stmt, {"job_id": job_id}).mappings().all()
+        return JobDetail.model_validate(dict(row) | {"attempt_list": [dict(a) for a in attempts],
+                                                     "events": [dict(e) for e in events]})
 
     def list_jobs(self, principal: Principal, *, state: str | None = None, limit: int = 50,
                   offset: int = 0) -> list[JobPublic]:
