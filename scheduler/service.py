@@ -94,7 +94,10 @@ ADMIN = Principal(team_id=None, team_name="(admin)", is_admin=True)
 def _list_statement(*, by_state: bool) -> Any:
     """The job list as one prebuilt Core query (the API's hot path): no spec/plan JSON, spend summed."""
     table = Job.__table__  # type: ignore[attr-defined]
-    spent = (sa_select(func.coalesce(func.sum(Spend.usd), 0.0)).where(col(Spend.job_id) == table.c.id)
+    spend = Spend.__table__  # type: ignore[attr-defined]
+    # Table columns, not ORM attributes: an ORM-annotated column would route the whole statement
+    # through the ORM compile/execute path on every call.
+    spent = (sa_select(func.coalesce(func.sum(spend.c.usd), 0.0)).where(spend.c.job_id == table.c.id)
              .correlate(table).scalar_subquery())
     columns = [c for c in table.c if c.name not in ("spec", "plan")]
     stmt = sa_select(*columns, spent.label("spent_usd")).where(table.c.team_id == bindparam("team_id"))
@@ -107,7 +110,10 @@ def _list_statement(*, by_state: bool) -> Any:
 def _status_statements() -> tuple[Any, Any, Any]:
     """Job detail as prebuilt Core queries (the API's hot path): the job with its spend, attempts, events."""
     table = Job.__table__  # type: ignore[attr-defined]
-    spent = (sa_select(func.coalesce(func.sum(Spend.usd), 0.0)).where(col(Spend.job_id) == table.c.id)
+    spend = Spend.__table__  # type: ignore[attr-defined]
+    # Table columns, not ORM attributes: an ORM-annotated column would route the whole statement
+    # through the ORM compile/execute path on every call.
+    spent = (sa_select(func.coalesce(func.sum(spend.c.usd), 0.0)).where(spend.c.job_id == table.c.id)
              .correlate(table).scalar_subquery())
     job = sa_select(*table.c, spent.label("spent_usd")).where(table.c.id == bindparam("job_id"),
                                                              table.c.team_id == bindparam("team_id"))
@@ -150,6 +156,9 @@ class SchedulerService:
         self._auth_cache_s = auth_cache_s
         self._list_stmt = (_list_statement(by_state=False), _list_statement(by_state=True))
         self._status_stmts = _status_statements()
+        job = Job.__table__  # type: ignore[attr-defined]
+        self._existing_stmt = sa_select(job.c.id, job.c.spec_hash).where(
+            job.c.team_id == bindparam("team_id"), job.c.idempotency_key == bindparam("key"))
 
     # -------------------------------------------------------------- auth
 
@@ -420,8 +429,7 @@ class SchedulerService:
 
     def _existing_id(self, session: Session, team_id: int, key: str, digest: str) -> str | None:
         found = session.execute(
-            sa_select(col(Job.id), col(Job.spec_hash)).where(col(Job.team_id) == team_id,
-                                                            col(Job.idempotency_key) == key)).first()
+            self._existing_stmt, {"team_id": team_id, "key": key}).first()
         if found is None:
             return None
         if found[1] != digest:
