@@ -94,7 +94,9 @@ class Store:
             self._read = _sqlite_engine(self.url, immediate=False)
         elif self.dialect == "postgresql":
             self._write = create_engine(self.url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
-            self._read = self._write
+            # Reads run in autocommit (same pool): under READ COMMITTED every statement takes its own
+            # snapshot anyway, so a read transaction only adds a BEGIN and a ROLLBACK round trip.
+            self._read = self._write.execution_options(isolation_level="AUTOCOMMIT")
         else:
             raise InvalidInput(f"unsupported database {self.dialect!r}",
                                hint="use sqlite:///path/to/file.db or postgresql://user@host/db")
@@ -113,7 +115,7 @@ class Store:
 
     def dispose(self) -> None:
         self._write.dispose()
-        if self._read is not self._write:
+        if self._read.pool is not self._write.pool:
             self._read.dispose()
 
     # -------------------------------------------------------------- migrations

@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.types import Plan
 from scheduler.api.deps import PrincipalDep, ServiceDep
 from scheduler.models import JobCreate, JobDetail, JobLogs, JobPublic
-from scheduler.service import SchedulerService
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 T = TypeVar("T")
@@ -29,17 +28,17 @@ class PlanRequest(BaseModel):
     spec: dict[str, Any] = Field(description="a JobSpec (see DESIGN.md)")
 
 
-# The hot endpoints are ``async``. On SQLite a service call is a few in-process statements with no
-# I/O wait, so it runs inline: no thread hop and no GIL convoy per request (bench/load.py, SQLite:
-# ~130 -> ~170 req/s). On PostgreSQL the short indexed reads (status, list) also run inline: a
-# few sub-millisecond round trips to a local server cost less than the thread hop. PostgreSQL
-# writes, which may wait on a row lock, go to the threadpool. Anything that can take long
-# (planning a spec not in the plan cache, executor logs, dry-run plans) always goes to the threadpool.
+# The hot endpoints are ``async`` and run their service call inline: a few short statements, with
+# no thread hop and no GIL convoy per request (bench/load.py, SQLite: ~130 -> ~170 req/s; PostgreSQL,
+# where the threadpool let its round trips overlap, still gained: 175 -> 219 req/s, p99 149 -> 79 ms,
+# since on 2 cores the hop cost more than the sub-millisecond waits on a local server). Writers hold
+# a team row lock (PostgreSQL) or SQLite's write lock only for a few statements, so the event loop
+# waits on another process at most that long. Anything that can take long (planning a spec not in
+# the plan cache, executor logs, dry-run plans) goes to the threadpool.
 
 
-async def _call(service: SchedulerService, fn: Callable[..., T], *args: Any, inline: bool = True,
-                read: bool = False) -> T:
-    if inline and (read or not service.store.is_postgres):
+async def _call(fn: Callable[..., T], *args: Any, inline: bool = True) -> T:
+    if inline:
         return fn(*args)
     return await run_in_threadpool(fn, *args)
 
@@ -47,7 +46,7 @@ async def _call(service: SchedulerService, fn: Callable[..., T], *args: Any, inl
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=JobPublic)
 async def submit(body: JobCreate, principal: PrincipalDep, service: ServiceDep) -> JobPublic:
     """Plan and queue a job. The same ``idempotency_key`` returns the same job."""
-    return await _call(service, service.submit, principal, body, inline=service.plan_is_cached(body.spec))
+    return await _call(service.submit, principal, body, inline=service.plan_is_cached(body.spec))
 
 
 @router.get("/jobs", response_model=list[JobPublic])
@@ -55,19 +54,19 @@ async def list_jobs(principal: PrincipalDep, service: ServiceDep,
               state: Annotated[str | None, Query(max_length=16)] = None,
               limit: Annotated[int, Query(ge=1, le=1000)] = 50,
               offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> list[JobPublic]:
-    return await _call(service, functools.partial(service.list_jobs, principal, state=state, limit=limit,
-                                                   offset=offset), read=True)
+    return await _call(functools.partial(service.list_jobs, principal, state=state, limit=limit,
+                                                   offset=offset))
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetail)
 async def get_job(job_id: str, principal: PrincipalDep, service: ServiceDep) -> JobDetail:
-    return await _call(service, service.status, principal, job_id, read=True)
+    return await _call(service.status, principal, job_id)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
 async def cancel(job_id: str, principal: PrincipalDep, service: ServiceDep,
            body: Annotated[CancelBody | None, Body()] = None) -> JobPublic:
-    return await _call(service, service.cancel, principal, job_id, body.reason if body else "")
+    return await _call(service.cancel, principal, job_id, body.reason if body else "")
 
 
 @router.get("/jobs/{job_id}/logs", response_model=JobLogs)
