@@ -404,7 +404,7 @@ class SchedulerService:
         existing_id: str | None = None
         try:
             with self.store.write() as session:
-                team = self.store.lock_team(session, team_id)
+                team = self.store.lock_team_limits(session, team_id)
                 if body.idempotency_key:
                     existing_id = self._existing_id(session, team_id, body.idempotency_key, digest)
                 if existing_id is None:
@@ -438,7 +438,8 @@ class SchedulerService:
         return str(found[0])
 
     @staticmethod
-    def _check_limits(session: Session, team: Team, estimate: float, gpus: int) -> None:
+    def _check_limits(session: Session, team: Any, estimate: float, gpus: int) -> None:
+        """``team``: a Team or a row with its id, name, budget_usd and gpu_quota."""
         assert team.id is not None
         if team.budget_usd is None and team.gpu_quota is None:
             return

@@ -20,6 +20,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import select as sa_select
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 from sqlmodel import Session, col, or_, select
@@ -169,6 +170,19 @@ class Store:
         if team is None:
             raise NotFound(f"team {team_id} does not exist")
         return team
+
+    def lock_team_limits(self, session: Session, team_id: int) -> Any:
+        """Like :meth:`lock_team` but a plain row (id, name, budget_usd, gpu_quota) through Core:
+        submit only reads the limits, and skips building an ORM object per request."""
+        table = Team.__table__  # type: ignore[attr-defined]
+        stmt = sa_select(table.c.id, table.c.name, table.c.budget_usd, table.c.gpu_quota).where(
+            table.c.id == team_id)
+        if self.is_postgres:
+            stmt = stmt.with_for_update()
+        row = session.execute(stmt).first()
+        if row is None:
+            raise NotFound(f"team {team_id} does not exist")
+        return row
 
     def claim_due(self, session: Session, now: datetime, limit: int) -> list[Job]:
         """Queued jobs due to run, highest priority first; rows other claimers hold are skipped."""
