@@ -58,8 +58,8 @@ def parse_aws_time(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-class AwsImdsSource:
-    provider = "aws"
+class _MetadataClient:
+    """HTTP to a cloud metadata service: connection failures become MetadataUnavailable."""
 
     def __init__(
         self,
@@ -72,8 +72,19 @@ class AwsImdsSource:
         self.base_url = base_url.rstrip("/")
         self._clock = clock
         self._http = client or httpx.Client(timeout=timeout_s)
-        self._token: str | None = None
-        self._token_expires = 0.0
+
+    def _request(self, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
+        try:
+            return self._http.request(method, self.base_url + path, headers=headers)
+        except httpx.HTTPError as exc:
+            raise MetadataUnavailable(f"{self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
+
+
+class AwsImdsSource(_MetadataClient):
+    provider = "aws"
+    # no token until the first check; instance attributes once fetched
+    _token: str | None = None
+    _token_expires: float = 0.0
 
     def _get_token(self) -> str:
         if self._token is None or self._clock() >= self._token_expires:
@@ -87,12 +98,6 @@ class AwsImdsSource:
             self._token = resp.text.strip()
             self._token_expires = self._clock() + TOKEN_TTL_S - 60
         return self._token
-
-    def _request(self, method: str, path: str, headers: dict[str, str]) -> httpx.Response:
-        try:
-            return self._http.request(method, self.base_url + path, headers=headers)
-        except httpx.HTTPError as exc:
-            raise MetadataUnavailable(f"{self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
 
     def check(self) -> SpotNotice | None:
         path = "/latest/meta-data/spot/instance-action"
@@ -116,27 +121,13 @@ class AwsImdsSource:
             return SpotNotice("aws", "terminate", self._clock() + AWS_NOTICE_LEAD_S, text)
 
 
-class GcpMetadataSource:
+class GcpMetadataSource(_MetadataClient):
     provider = "gcp"
 
-    def __init__(
-        self,
-        base_url: str = DEFAULT_METADATA_URL,
-        *,
-        clock: Clock = time.time,
-        timeout_s: float = 1.0,
-        client: httpx.Client | None = None,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._clock = clock
-        self._http = client or httpx.Client(timeout=timeout_s)
-
     def check(self) -> SpotNotice | None:
-        url = f"{self.base_url}/computeMetadata/v1/instance/preempted"
-        try:
-            resp = self._http.get(url, headers={"Metadata-Flavor": "Google"})
-        except httpx.HTTPError as exc:
-            raise MetadataUnavailable(f"{url}: {type(exc).__name__}: {exc}") from exc
+        path = "/computeMetadata/v1/instance/preempted"
+        url = self.base_url + path
+        resp = self._request("GET", path, headers={"Metadata-Flavor": "Google"})
         if resp.status_code != 200:
             raise MetadataUnavailable(f"{url} answered HTTP {resp.status_code}")
         value = resp.text.strip().upper()
