@@ -15,7 +15,7 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 
-from catalog.errors import GpuplanError
+from catalog.errors import GpuplanError, InvalidInput
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -297,8 +297,6 @@ def catalog_refresh(
     check_cloud(cloud)
     region_list = [r.strip() for r in regions.split(",") if r.strip()]
     if not region_list:
-        from catalog.errors import InvalidInput
-
         raise InvalidInput("give at least one region", path="--regions", hint="e.g. --regions us-east-1")
     path = Path(out).expanduser() if out else default_offers_path(cloud)
     endpoints = AwsEndpoints(ec2_endpoint_url=ec2_endpoint_url, price_list_url=price_list_url or PRICE_LIST_URL)
@@ -609,6 +607,9 @@ def server_command(
                                     help="Token for /v1/teams (budgets, quotas, tokens)."),
     poll: float = typer.Option(1.0, "--poll", min=0.05, help="Seconds between scheduling ticks."),
     max_running: int | None = typer.Option(None, "--max-running", min=1, help="Cap on concurrent attempts."),
+    workers: int = typer.Option(1, "--workers", min=1, max=64,
+                                help="API processes. With more than 1 the scheduling loop runs in the supervising "
+                                "process; worth it on PostgreSQL (SQLite takes one writer at a time)."),
 ) -> None:
     """Run the REST API and the scheduling loop (uvicorn). Upgrades the database schema first.
 
@@ -616,15 +617,19 @@ def server_command(
 
       GPUPLAN_ADMIN_TOKEN=s3cret gpuplan server --port 8000
 
-      GPUPLAN_DATABASE_URL=postgresql://gpuplan@db/gpuplan gpuplan server --host 0.0.0.0 --executor ray
+      GPUPLAN_DATABASE_URL=postgresql://gpuplan@db/gpuplan gpuplan server --host 0.0.0.0 --executor ray --workers 4
     """
     import os
     from pathlib import Path
 
     from catalog.loader import load_catalog
-    from scheduler.api.server import make_app, make_executor, make_service, serve
+    from scheduler.api.server import ApiSettings, make_app, make_executor, make_loop, make_service, serve, serve_workers
     from scheduler.store import database_url, default_home
 
+    if workers > 1 and executor == "inprocess":
+        raise InvalidInput("--workers above 1 needs --executor ray or none: in-process runs live in one process, "
+                           "where the other API workers could not read their logs", path="workers",
+                           hint="use --workers 1 with the in-process executor, or --executor ray")
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     run = make_executor(executor)
     catalog = load_catalog()
@@ -641,8 +646,13 @@ def server_command(
     if not admin_token:
         err_console.print("[yellow]no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled[/]")
     err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database {service.store.dialect}, "
-                      f"executor {executor}")
-    serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port)
+                      f"executor {executor}, {workers} API worker{'s' if workers > 1 else ''}")
+    if workers == 1:
+        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port)
+        return
+    settings = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
+                           admin_token=admin_token, executor="ray" if executor == "ray" else "none")
+    serve_workers(settings, host, port, workers, loop=make_loop(service, run, poll_s=poll, max_running=max_running))
 
 
 @app.command("submit")

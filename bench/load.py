@@ -46,11 +46,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(db_url: str, port: int, home: Path) -> subprocess.Popen[bytes]:
+def start_server(db_url: str, port: int, home: Path, workers: int = 1) -> subprocess.Popen[bytes]:
     env = {**os.environ, "GPUPLAN_DATABASE_URL": db_url, "GPUPLAN_HOME": str(home), "GPUPLAN_ADMIN_TOKEN": ADMIN}
     with open(home / "server.log", "wb") as log:  # the child keeps its own descriptor
         proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "server", "--port", str(port),
-                                 "--executor", "none"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+                                 "--executor", "none", "--workers", str(workers)],
+                                env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -244,6 +245,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--submits", type=int, default=0, help="burst mode: this many concurrent submits")
     ap.add_argument("--concurrency", type=int, default=64, help="connections in burst mode")
+    ap.add_argument("--server-workers", type=int, default=1,
+                    help="API processes of the server (gpuplan server --workers)")
     args = ap.parse_args()
     home = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuplan-load-{secrets.token_hex(3)}"
     home.mkdir(parents=True)
@@ -256,7 +259,7 @@ def main() -> None:
         db_url = args.db
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(db_url, port, home)
+    proc = start_server(db_url, port, home, args.server_workers)
     try:
         token = setup_team(url)
         if args.submits:
@@ -265,6 +268,7 @@ def main() -> None:
             result = mixed(url, token, args.procs, args.threads, args.duration)
         result.update(db=args.db if args.db in ("sqlite", "postgres") else "url",
                       clients=args.concurrency if args.submits else args.procs * args.threads,
+                      server_workers=args.server_workers,
                       load_avg_1m=os.getloadavg()[0])
         print(json.dumps(result, indent=2))
     finally:

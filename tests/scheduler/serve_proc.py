@@ -1,7 +1,8 @@
-"""A real server + loop process for crash tests: ``python -m tests.scheduler.serve_proc DB PORT DIR``.
+"""A real server + loop process for crash tests: ``python -m tests.scheduler.serve_proc DB PORT DIR [S [W]]``.
 
 Same assembly as ``gpuplan server`` (scheduler.api.server) with the test planner and a
-SleepExecutor whose attempts die with the process.
+SleepExecutor whose attempts die with the process: S seconds per attempt, W API worker processes
+(W > 1: the loop runs in the supervising process, as with ``gpuplan server --workers W``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 from catalog.loader import load_catalog
-from scheduler.api.server import make_app, make_service, serve
+from scheduler.api.server import ApiSettings, make_app, make_loop, make_service, serve, serve_workers
 from tests.scheduler.conftest import toy_plan
 from tests.scheduler.fakes import SleepExecutor
 
@@ -22,7 +23,13 @@ def main() -> None:
     catalog = load_catalog()
     service = make_service(db, checkpoint_root=workdir / "ckpt", admin_token="admin-secret", planner=toy_plan,
                            catalog=catalog, executor=executor)
-    serve(make_app(service, catalog, executor, poll_s=0.1, max_running=3), "127.0.0.1", port, log_level="warning")
+    workers = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    if workers == 1:
+        serve(make_app(service, catalog, executor, poll_s=0.1, max_running=3), "127.0.0.1", port, log_level="warning")
+        return
+    settings = ApiSettings(database_url=db, checkpoint_root=str(workdir / "ckpt"), catalog=catalog,
+                           admin_token="admin-secret", planner=toy_plan, log_level="warning")
+    serve_workers(settings, "127.0.0.1", port, workers, loop=make_loop(service, executor, poll_s=0.1, max_running=3))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,154 @@
+"""`gpuplan server --workers N`: API worker processes on one socket, supervised, loop in the parent.
+
+Real processes throughout: the CLI's server command in a subprocess, real kill -9 of a worker,
+SIGTERM of the supervisor, and a real database (SQLite file and PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from catalog.errors import ExecutionError
+from catalog.loader import load_catalog
+from cli import app
+from scheduler.api.server import ApiSettings, WorkerPool
+from tests.scheduler.server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN = "workers-admin"
+SPEC = yaml.safe_load((ROOT / "examples" / "tiny-train.yaml").read_text())
+
+
+def children(pid: int) -> set[int]:
+    """Live child processes of ``pid`` that are API workers (not multiprocessing's resource tracker)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmdline:
+            found.add(int(entry.name))
+    return found
+
+
+def wait_for(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_server(db_url: str, port: int, home: Path, workers: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "GPUPLAN_DATABASE_URL": db_url, "GPUPLAN_HOME": str(home), "GPUPLAN_ADMIN_TOKEN": ADMIN}
+    log = open(home / "server.log", "wb")  # noqa: SIM115 - the child keeps its own descriptor
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "server", "--port", str(port), "--executor",
+                             "none", "--workers", str(workers)], env=env, cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT)
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError((home / "server.log").read_text())
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(healthy, 90, "the server to answer")
+    return proc
+
+
+def submit(client: httpx.Client, key: str) -> str:
+    """Submit with an idempotency key, retrying refused connections (a worker being replaced)."""
+    for _ in range(50):
+        try:
+            response = client.post("/v1/jobs", json={"spec": SPEC, "idempotency_key": key})
+        except httpx.TransportError:
+            time.sleep(0.1)
+            continue
+        assert response.status_code in (200, 201), response.text
+        return str(response.json()["id"])
+    raise AssertionError(f"submit {key} never got an answer")
+
+
+@pytest.mark.slow
+def test_workers_serve_together_survive_a_killed_worker_and_stop_with_the_supervisor(
+        db_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(db_url, port, tmp_path, workers=2)
+    try:
+        wait_for(lambda: len(children(proc.pid)) == 2, 30, "two API workers")
+        first = children(proc.pid)
+        admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60)
+        assert admin.post("/v1/teams", json={"name": "ml", "budget_usd": 1000}).status_code == 201
+        token = admin.post("/v1/teams/ml/tokens").json()["token"]
+        headers = {"Authorization": f"Bearer {token}"}
+
+        def one(i: int) -> str:
+            with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+                return submit(client, f"key-{i}")
+
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(one, range(24)))
+            victim = sorted(first)[0]
+            os.kill(victim, signal.SIGKILL)
+            # Every key re-sent while one worker is dead and replaced: the same jobs come back.
+            assert list(pool.map(one, range(24))) == ids
+        assert len(set(ids)) == 24
+        wait_for(lambda: len(children(proc.pid)) == 2 and victim not in children(proc.pid), 30,
+                 "a replacement worker")
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
+            listed = client.get("/v1/jobs", params={"limit": 100}).json()
+        assert sorted(j["id"] for j in listed) == sorted(ids)
+        workers = children(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 10,
+             "the workers to exit with the supervisor")
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/healthz", timeout=2)
+
+
+def test_workers_are_refused_with_the_in_process_executor() -> None:
+    result = CliRunner().invoke(app, ["server", "--workers", "2", "--executor", "inprocess"])
+    assert result.exit_code != 0
+    assert "--workers above 1 needs --executor ray or none" in result.output
+
+
+def test_a_pool_whose_workers_die_at_start_up_gives_up_with_the_reason(tmp_path: Path) -> None:
+    settings = ApiSettings(database_url="nosuchdb://x", checkpoint_root=str(tmp_path), catalog=load_catalog())
+    sock = socket.create_server(("127.0.0.1", 0))
+    pool = WorkerPool(settings, sock, 1, max_quick_deaths=2)
+    try:
+        pool.start()
+        with pytest.raises(ExecutionError, match="keep exiting at start-up") as err:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                pool.check()
+                time.sleep(0.1)
+        assert "--workers 1" in (err.value.hint or "")
+    finally:
+        pool.stop()
+        sock.close()
+    assert all(not p.is_alive() for p in pool.processes)
