@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ConfigDict
-from sqlalchemy import JSON, Column, DateTime, Index, MetaData, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, MetaData, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
@@ -187,6 +187,20 @@ class Attempt(SQLModel, table=True):
     ended_at: datetime | None = _ts(nullable=True, index=True)
     outcome: str | None = Field(default=None, max_length=16)
     message: str = Field(default="", max_length=2000)
+
+
+class AttemptLog(SQLModel, table=True):
+    """An attempt's executor log lines, copied into the database by the loop as it follows the
+    attempt: they outlive the executor's memory (a released Ray actor, a restarted server) and
+    any API process can read them. ``(attempt_id, seq)`` is unique, so a copy replayed after a
+    crash cannot store a line twice."""
+
+    __tablename__ = "attempt_log"
+    __table_args__ = (UniqueConstraint("attempt_id", "seq", name="uq_attempt_log_attempt_id_seq"),)
+    id: int | None = Field(default=None, primary_key=True)
+    attempt_id: int = Field(foreign_key="attempt.id")
+    seq: int = Field(description="0-based index of the line in the executor's log of this attempt")
+    line: str = Field(sa_column=Column(Text, nullable=False))
 
 
 class AttemptPublic(SQLModel):

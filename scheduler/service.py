@@ -30,7 +30,7 @@ from sqlmodel import Session, col, select
 from catalog.errors import AuthError, Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
-from scheduler import ledger
+from scheduler import ledger, logbook
 from scheduler.models import (
     ApiToken,
     ApiTokenCreated,
@@ -513,11 +513,15 @@ class SchedulerService:
             job = self._own_job(session, principal, job_id)
             events = session.exec(select(Event).where(Event.job_id == job.id).order_by(col(Event.id))).all()
             attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id).order_by(col(Attempt.number))).all()
+            stored = logbook.lines_by_attempt(session, (a.id for a in attempts if a.id is not None))
         lines = [f"{e.at:%Y-%m-%dT%H:%M:%SZ} {e.from_state or '-'} -> {e.to_state}: {e.reason}" for e in events]
         for attempt in attempts:
             lines.append(f"--- attempt {attempt.number} ({attempt.market}, {usd(attempt.usd_per_h)}/h, "
                          f"handle {attempt.handle or '-'}) ---")
-            if self.executor is not None and attempt.handle:
+            if attempt.id in stored:
+                lines.extend(stored[attempt.id])
+            elif self.executor is not None and attempt.handle:
+                # Nothing copied yet (the loop copies each tick): ask the executor, if this process has it.
                 try:
                     lines.extend(self.executor.logs(attempt.handle, 0))
                 except Exception as exc:  # the executor may have forgotten an old attempt
