@@ -26,8 +26,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def one_run(cluster: Any, folder: Path, index: int) -> dict[str, float]:
-    import ray
-
     from planner.types import Strategy
     from tests.workers.tiny import tiny_spec, write_config
     from workers.executor import RunRequest, RunState
@@ -43,9 +41,8 @@ def one_run(cluster: Any, folder: Path, index: int) -> dict[str, float]:
         request = RunRequest(job_id=job, attempt=1, spec=spec, checkpoint_uri=str(folder / job), run_name=job,
                              strategy=Strategy(gpu="H100-SXM", gpu_count=1, precision="fp32", micro_batch=2))
         handle = executor.submit(request)
-        actor = executor._get(handle).progress
         while True:
-            snap = ray.get(actor.snapshot.remote())
+            snap = executor.snapshot(handle)
             if snap["progress"].checkpoints >= 1:
                 break
             time.sleep(0.05)
@@ -54,7 +51,7 @@ def one_run(cluster: Any, folder: Path, index: int) -> dict[str, float]:
         cluster.remove_node(victim, allow_graceful=False)
         nodes.remove(victim)
         while True:
-            snap = ray.get(actor.snapshot.remote())
+            snap = executor.snapshot(handle)
             firsts = snap["first_step_at"]
             if len(firsts) >= 2 and firsts[1] is not None:
                 break

@@ -77,4 +77,17 @@ class Executor(Protocol):
     def cancel(self, handle: str) -> None: ...
 
     def active(self) -> list[str]:
-        """Handles of attempts still pending or running (used to reconcile after a restart)."""
+        """Handles of attempts still pending or running (used to reconcile after a restart).
+
+        An executor whose attempts outlive its process (RayExecutor) answers from what really runs,
+        so a new instance after a restart returns the attempts the old one started.
+        """
+
+
+@runtime_checkable
+class ReleasesAttempts(Protocol):
+    """An executor that keeps finished attempts (their outcome) until the scheduler has read them."""
+
+    def release(self, handle: str) -> None:
+        """The outcome of ``handle`` is recorded: drop it once it has ended (``status`` may then
+        raise NotFound). Called after the attempt's row is closed; unknown handles are ignored."""

@@ -15,49 +15,42 @@ How failures surface (what the scheduler sees in ``status()``):
   reason instead of pending silently; while a submitted run waits for resources, ``message`` says
   which.
 
-``fit()`` runs in a background thread of this process so ``submit`` returns at once.
+Attempts outlive the process that submitted them. Each attempt's driver (the ``fit()`` call and
+the outcome bookkeeping) runs in a detached, named actor (``workers.ray_attempt``: namespace
+``gpuplan``, name = the handle) on the head node. ``status``, ``logs``, ``cancel`` and ``active``
+find attempts through Ray by name, so a new ``RayExecutor`` in a restarted scheduler, or any other
+process connected to the cluster, sees exactly what Ray is running; this object keeps no state.
+A finished attempt keeps its outcome and final progress until ``release`` (the scheduler calls
+it once the outcome is recorded; at most ``keep_finished_s`` otherwise), then its actor exits;
+its record in the Ray storage path answers ``status`` and ``logs`` from then on.
+
+Cancel: a running training loop stops at its next step (rank 0 polls the flag); an attempt still
+waiting for resources (for its first workers, or for new ones after a node loss) stops at Ray
+Train's next try to place its workers, within about ``start_timeout_s``, with no placement group
+left behind. Never two at once: ``submit`` first stops any attempt of the same ``run_name`` still
+alive (an orphan of a crashed scheduler), by cancel and, failing that, by killing its driver.
 """
 
 from __future__ import annotations
 
-import threading
-import traceback
+import contextlib
+import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 
-from catalog.errors import GpuplanError, Infeasible, NotFound
+from catalog.errors import ExecutionError, Infeasible, NotFound
 from workers.executor import RunProgress, RunRequest, RunState, RunStatus
-from workers.placement import infeasibility, node_labels, placement_for
+from workers.placement import infeasibility
 from workers.progress import result_metrics
-from workers.ray_loop import progress_actor, ray_train_loop
-from workers.train import TrainJob
+from workers.ray_attempt import NAMESPACE, DriverSettings, attempt_driver, live_nodes, read_record, resume_note
+
+__all__ = ["NAMESPACE", "RayExecutor", "live_nodes"]
 
 Predictor = Callable[[RunRequest], dict[str, float]]
-_FAILED_PREFIX = "gpuplan-failed: "
-
-
-@dataclass
-class _RayAttempt:
-    request: RunRequest
-    progress: Any  # ProgressActor handle
-    state: RunState = RunState.PENDING
-    message: str = ""
-    cancelled: bool = False
-    thread: threading.Thread | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    driver_logs: list[str] = field(default_factory=list)
-    # Kept when the attempt ends, then the progress actor is released (one per attempt would leak).
-    final_snapshot: dict[str, Any] | None = None
-    final_logs: list[str] | None = None
-
-
-def live_nodes() -> list[dict[str, float]]:
-    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
 
 
 class RayExecutor:
@@ -65,7 +58,9 @@ class RayExecutor:
 
     def __init__(self, *, address: str | None = None, storage_path: str | None = None, max_failures: int = 3,
                  backend: str | None = None, cpu_threads: int | None = None, predict: Predictor | None = None,
-                 log_every_s: float = 2.0, init_kwargs: dict[str, Any] | None = None) -> None:
+                 log_every_s: float = 2.0, init_kwargs: dict[str, Any] | None = None,
+                 keep_finished_s: float = 24 * 3600.0, start_timeout_s: float = 10.0,
+                 call_timeout_s: float = 30.0) -> None:
         self._address = address
         self._storage_path = storage_path or str(Path.home() / ".gpuplan" / "ray")
         self._max_failures = max_failures
@@ -74,8 +69,9 @@ class RayExecutor:
         self._predict = predict
         self._log_every_s = log_every_s
         self._init_kwargs = init_kwargs or {}
-        self._attempts: dict[str, _RayAttempt] = {}
-        self._lock = threading.Lock()
+        self._keep_finished_s = keep_finished_s
+        self._start_timeout_s = start_timeout_s
+        self._call_timeout_s = call_timeout_s
 
     def _connect(self) -> None:
         if not ray.is_initialized():
@@ -92,98 +88,94 @@ class RayExecutor:
         if reason is not None:
             raise Infeasible(f"job {request.job_id} can never run on this cluster: {reason}",
                              hint="add such nodes to the cluster, or plan the job for the GPUs it has")
+        self._stop_others(request.run_name)
         handle = f"{request.run_name}.{request.attempt}.{uuid.uuid4().hex[:8]}"
-        attempt = _RayAttempt(request=request, progress=progress_actor(ray.get_runtime_context().get_node_id()))
-        attempt.thread = threading.Thread(target=self._run, args=(attempt,), name=f"gpuplan-{handle}", daemon=True)
-        with self._lock:
-            self._attempts[handle] = attempt
-        attempt.thread.start()
+        settings = DriverSettings(
+            storage_path=self._storage_path, max_failures=self._max_failures, backend=self._backend,
+            cpu_threads=self._cpu_threads, log_every_s=self._log_every_s,
+            predicted=self._predict(request) if self._predict is not None else {},
+            keep_finished_s=self._keep_finished_s, start_timeout_s=self._start_timeout_s)
+        driver = attempt_driver(request, settings, handle)
+        try:
+            ray.get(driver.start.remote(), timeout=self._call_timeout_s * 4)  # the first actor may import a lot
+        except Exception as exc:
+            ray.kill(driver, no_restart=True)
+            raise ExecutionError(f"could not start the driver of job {request.job_id} on Ray: {exc}",
+                                 hint="check that the head node is up and has memory for one more actor") from exc
         return handle
 
-    def _trainer(self, request: RunRequest, attempt: _RayAttempt) -> Any:
-        from ray.train.torch import TorchConfig, TorchTrainer
-        from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+    def _stop_others(self, run_name: str) -> None:
+        """Stop every live attempt of ``run_name``: a job never runs twice at once."""
+        for handle in self._handles():
+            if _run_name_of(handle) != run_name:
+                continue
+            try:
+                driver = self._driver(handle)
+                info = self._call(driver.info)
+            except NotFound:
+                continue
+            if info["done"]:
+                continue
+            driver.cancel.remote()
+            grace = self._call_timeout_s + 2 * self._start_timeout_s  # a step, or one try to place workers
+            try:
+                done = bool(ray.get(driver.wait.remote(grace), timeout=grace + self._call_timeout_s))
+            except Exception:
+                done = False
+            if not done:  # the run would not stop: take its driver down, and with it what fit() started
+                ray.kill(driver, no_restart=True)
 
-        placement = placement_for(request.strategy, node_labels(live_nodes()))
-        predicted = self._predict(request) if self._predict is not None else {}
-        job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
-                       checkpoint_uri=request.checkpoint_uri, device="auto", cpu_threads=self._cpu_threads,
-                       log_every_s=self._log_every_s, predicted=predicted)
-        scaling = ScalingConfig(num_workers=placement.num_workers, use_gpu=placement.use_gpu,
-                                accelerator_type=placement.accelerator,
-                                resources_per_worker={"CPU": 1, **({"GPU": 1} if placement.use_gpu else {})})
-        backend = self._backend or ("nccl" if placement.use_gpu else "gloo")
-        return TorchTrainer(
-            train_loop_per_worker=ray_train_loop,  # type: ignore[arg-type]
-            train_loop_config={"job": job, "progress": attempt.progress},
-            scaling_config=scaling,
-            torch_config=TorchConfig(backend=backend),
-            run_config=RunConfig(  # type: ignore[arg-type]
-                name=request.run_name,
-                storage_path=self._storage_path,
-                failure_config=FailureConfig(max_failures=self._max_failures, max_preemption_failures=-1),
-            ),
-        )
+    # -------------------------------------------------------------- finding attempts through Ray
 
-    def _run(self, attempt: _RayAttempt) -> None:
-        request = attempt.request
+    def _handles(self) -> list[str]:
+        self._connect()
+        return sorted(entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+                      if entry["namespace"] == NAMESPACE)
+
+    def _driver(self, handle: str) -> Any:
+        self._connect()
         try:
-            _preflight(request)
-            trainer = self._trainer(request, attempt)
-            result = trainer.fit()
-            outcome = _rank0_outcome(result)
-            snapshot = ray.get(attempt.progress.snapshot.remote(), timeout=30)
-            finished = snapshot.get("result") or {}
-            if outcome.startswith(_FAILED_PREFIX):
-                attempt.state, attempt.message = RunState.FAILED, outcome.removeprefix(_FAILED_PREFIX)
-            elif finished.get("status") == "cancelled" or attempt.cancelled:
-                attempt.state, attempt.message = RunState.CANCELLED, f"cancelled at step {finished.get('steps', 0)}"
-            else:
-                attempt.state = RunState.SUCCEEDED
-                attempt.message = f"finished {finished.get('steps')} steps" + _resume_note(snapshot)
-        except GpuplanError as exc:
-            attempt.state, attempt.message = RunState.FAILED, str(exc)
-        except Exception as exc:  # a job must never vanish: every failure becomes FAILED with its reason
-            attempt.driver_logs.append(traceback.format_exc())
-            attempt.state, attempt.message = RunState.FAILED, _failure_message(exc)
-        finally:
-            self._release(attempt)
-            attempt.done.set()
+            return ray.get_actor(handle, namespace=NAMESPACE)
+        except ValueError:
+            raise NotFound(f"no attempt with handle {handle!r} on this Ray cluster",
+                           hint="it ended and was released, or its driver was lost with the head node") from None
 
-    def _release(self, attempt: _RayAttempt) -> None:
+    def _call(self, method: Any, *args: Any) -> Any:
+        """One call on a driver; a driver that died meanwhile is NotFound (the attempt is lost)."""
         try:
-            attempt.final_snapshot = ray.get(attempt.progress.snapshot.remote(), timeout=30)
-            attempt.final_logs = ray.get(attempt.progress.logs.remote(0), timeout=30)
-            ray.kill(attempt.progress)
-        except Exception as exc:  # progress is lost, the outcome is not: state and message are set
-            attempt.driver_logs.append(f"could not read the final progress: {exc}")
+            return ray.get(method.remote(*args), timeout=self._call_timeout_s)
+        except ray.exceptions.RayActorError:
+            raise NotFound("the attempt's driver died",
+                           hint="its node was lost; the scheduler requeues the job to resume") from None
 
-    def _get(self, handle: str) -> _RayAttempt:
-        with self._lock:
-            attempt = self._attempts.get(handle)
-        if attempt is None:
-            raise NotFound(f"no attempt with handle {handle!r} in this executor")
-        return attempt
+    def snapshot(self, handle: str) -> dict[str, Any]:
+        """The attempt's raw progress snapshot (``ProgressTracker.snapshot``): node, timings, resumes."""
+        snapshot: dict[str, Any] = self._call(self._driver(handle).snapshot)
+        return snapshot
 
-    def _snapshot(self, attempt: _RayAttempt) -> dict[str, Any]:
-        if attempt.final_snapshot is not None:
-            return attempt.final_snapshot
+    # -------------------------------------------------------------- the Executor protocol
+
+    def _info(self, handle: str) -> dict[str, Any]:
+        """The live driver's view, or the record of a finished, released attempt."""
         try:
-            snapshot: dict[str, Any] = ray.get(attempt.progress.snapshot.remote(), timeout=10)
-            return snapshot
-        except Exception:  # the actor lives on the driver's node; if it is gone only progress is lost
-            return {"progress": RunProgress(), "resumes": 0, "restarts": 0, "result": None}
+            info: dict[str, Any] = self._call(self._driver(handle).info)
+            return info
+        except NotFound:
+            record = read_record(self._storage_path, handle)
+            if record is None:
+                raise
+            return {**record, "done": True}
 
     def status(self, handle: str) -> RunStatus:
-        attempt = self._get(handle)
-        snapshot = self._snapshot(attempt)
+        info = self._info(handle)
+        snapshot: dict[str, Any] = info["snapshot"]
         progress: RunProgress = snapshot["progress"]
-        state, message = attempt.state, attempt.message
+        state, message = RunState(info["state"]), str(info["message"])
         if not state.finished:
             started = progress.total_steps > 0
             state = RunState.RUNNING if started else RunState.PENDING
-            message = "running" + _resume_note(snapshot) if started else "waiting for workers to start"
-            reason = infeasibility(attempt.request.strategy, live_nodes())
+            message = "running" + resume_note(snapshot) if started else "waiting for workers to start"
+            reason = infeasibility(info["strategy"], live_nodes())
             if reason is not None:
                 message = f"{message}; waiting for resources: {reason}"
         metrics = result_metrics(snapshot.get("result"), int(snapshot.get("resumes", 0))) if state.finished else {}
@@ -192,63 +184,46 @@ class RayExecutor:
         return RunStatus(handle=handle, state=state, progress=progress, message=message, metrics=metrics)
 
     def logs(self, handle: str, since: int = 0) -> list[str]:
-        attempt = self._get(handle)
-        if attempt.final_logs is not None:
-            lines = attempt.final_logs
-        else:
-            try:
-                lines = ray.get(attempt.progress.logs.remote(0), timeout=10)
-            except Exception:
-                lines = []
-        return (lines + attempt.driver_logs)[since:]
+        try:
+            lines: list[str] = self._call(self._driver(handle).all_logs, since)
+            return lines
+        except NotFound:
+            record = read_record(self._storage_path, handle)
+            if record is None:
+                raise
+            return list(record["logs"])[since:]
 
     def cancel(self, handle: str) -> None:
-        attempt = self._get(handle)
-        if not attempt.done.is_set():
-            attempt.cancelled = True
-            attempt.progress.cancel.remote()
+        """Stop the attempt (see the module docstring); one that no longer exists has nothing to stop."""
+        with contextlib.suppress(NotFound):
+            self._call(self._driver(handle).cancel)
+
+    def release(self, handle: str) -> None:
+        """The outcome is recorded: the driver exits once the attempt has ended (at once if it has)."""
+        with contextlib.suppress(NotFound):
+            self._call(self._driver(handle).release)
 
     def active(self) -> list[str]:
-        with self._lock:
-            return [h for h, a in self._attempts.items() if not a.done.is_set()]
+        """Attempts pending or running on the cluster, whoever submitted them."""
+        alive = []
+        for handle in self._handles():
+            try:
+                if not self._call(self._driver(handle).info)["done"]:
+                    alive.append(handle)
+            except NotFound:
+                continue
+        return alive
 
     def wait(self, handle: str, timeout: float | None = None) -> RunStatus:
-        self._get(handle).done.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        driver = self._driver(handle)
+        while deadline is None or time.monotonic() < deadline:
+            step = 10.0 if deadline is None else max(0.0, min(10.0, deadline - time.monotonic()))
+            if self._call(driver.wait, step):
+                break
         return self.status(handle)
 
 
-def _preflight(request: RunRequest) -> None:
-    """Checks worth doing once on the driver rather than once per worker and retry: the store."""
-    from workers.checkpoint import open_store
-
-    open_store(request.checkpoint_uri)
-
-
-def _rank0_outcome(result: Any) -> str:
-    value = getattr(result, "return_value", None)
-    if isinstance(value, dict) and isinstance(value.get("error"), str):
-        return _FAILED_PREFIX + str(value["error"])
-    return "ok"
-
-
-def _resume_note(snapshot: dict[str, Any]) -> str:
-    resumes = int(snapshot.get("resumes", 0))
-    progress: RunProgress = snapshot["progress"]
-    if not resumes:
-        return ""
-    return f"; resumed {resumes} time(s), last from the checkpoint of step {progress.resumed_from_step}"
-
-
-def _failure_message(exc: BaseException) -> str:
-    """The root cause of a Ray Train failure in one line, without Ray's wrapping."""
-    failures = getattr(exc, "worker_failures", None)
-    if isinstance(failures, dict) and failures:
-        rank, error = sorted(failures.items())[0]
-        cause = getattr(error, "cause", None) or error
-        text = str(cause).strip().splitlines()
-        return f"training failed on rank {rank}: {text[-1] if text else type(cause).__name__}"
-    controller = getattr(exc, "controller_failure", None)
-    if controller is not None:
-        return f"Ray Train controller failed: {controller}"
-    return f"{type(exc).__name__}: {exc}"
-
+def _run_name_of(handle: str) -> str:
+    """``run_name.attempt.suffix`` -> ``run_name`` (a run name may itself hold dots)."""
+    return handle.rsplit(".", 2)[0]

@@ -59,16 +59,56 @@ def test_a_job_no_node_can_hold_is_refused_with_the_reason(ray_cluster: Any, tmp
         ray_cluster.remove_node(node)
 
 
-def _wait_for(executor: RayExecutor, handle: str, until: Any, timeout: float = 600) -> dict[str, Any]:
+class _Holder:
+    """Holds resources (here the only fake H100) for as long as it lives."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_cancelling_an_attempt_that_waits_for_resources_stops_it(ray_cluster: Any, tmp_path: Path) -> None:
     import ray
 
-    attempt = executor._get(handle)
+    node = ray_cluster.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:H100": 1})
+    holder: Any = None
+    try:
+        ray_cluster.wait_for_nodes()
+        holder = ray.remote(num_cpus=0, num_gpus=1, resources={"accelerator_type:H100": 1})(_Holder).remote()
+        assert ray.get(holder.ready.remote())
+        executor = RayExecutor(storage_path=str(tmp_path / "ray"), backend="gloo", cpu_threads=1, log_every_s=0.0,
+                               start_timeout_s=2.0)
+        strategy = Strategy(gpu="H100-SXM", gpu_count=1, precision="fp32", micro_batch=2)
+        # Feasible (a node has an H100) but the H100 is taken: the attempt waits for it.
+        handle = executor.submit(_request(write_config(tmp_path / "m"), tmp_path / "ck", "ray-wait", strategy))
+        deadline = time.time() + 120
+        while not [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "PENDING"]:
+            assert time.time() < deadline, "Ray Train never asked for the worker group's resources"
+            time.sleep(0.1)
+        status = executor.status(handle)
+        assert status.state is RunState.PENDING and status.message == "waiting for workers to start"
+        executor.cancel(handle)
+        status = executor.wait(handle, timeout=120)
+        assert status.state is RunState.CANCELLED, (status.message, executor.logs(handle)[-5:])
+        assert status.message == "cancelled while waiting for resources"
+        assert executor.active() == []
+        # Nothing of it is left waiting in Ray: once the H100 is free, no run of the job starts.
+        assert [pg for pg in ray.util.placement_group_table().values() if pg["state"] != "REMOVED"] == []
+        ray.kill(holder)
+        holder = None
+        assert executor.status(handle).progress.total_steps == 0
+    finally:
+        if holder is not None:
+            ray.kill(holder)
+        ray_cluster.remove_node(node)
+
+
+def _wait_for(executor: RayExecutor, handle: str, until: Any, timeout: float = 600) -> dict[str, Any]:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        snap: dict[str, Any] = ray.get(attempt.progress.snapshot.remote())
+        snap = executor.snapshot(handle)
         if until(snap):
             return snap
-        assert not attempt.done.is_set(), executor.status(handle).message
+        assert not executor.status(handle).state.finished, executor.status(handle).message
         time.sleep(0.05)
     raise AssertionError(f"timed out; last progress {snap['progress']}")
 

@@ -1,0 +1,303 @@
+"""The driver of one Ray attempt: a detached, named actor that owns the ``TorchTrainer.fit()`` call.
+
+It lives in the Ray namespace ``gpuplan`` under the attempt's handle, pinned to the head node with
+no CPU, so the attempt outlives the process that submitted it: any process connected to the
+cluster finds it by name (``ray.get_actor(handle, namespace="gpuplan")``) and asks it for status,
+logs, or a cancel. Actors and placement groups that ``fit()`` creates descend from this detached
+actor, so Ray keeps them when the submitting driver's job ends.
+
+The actor is also the attempt's progress sink: rank 0 reports events and log lines to it and
+polls its cancel flag (the methods of :class:`workers.ray_loop.ProgressActor`). After ``fit()``
+returns, the actor keeps the outcome and the final progress until the scheduler has read them
+(``release``), or at most ``keep_finished_s``, then exits, so finished attempts do not pile up.
+Before that it writes them, logs included, as a record next to the Ray Train run
+(``{storage_path}/gpuplan-attempts/{handle}.json``): what ``status`` and ``logs`` answer once
+the actor is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import ray
+
+from catalog.errors import GpuplanError
+from workers.executor import RunProgress, RunRequest, RunState
+from workers.placement import node_labels, placement_for
+from workers.ray_loop import ProgressActor, ray_train_loop
+from workers.train import TrainJob
+
+NAMESPACE = "gpuplan"
+HEAD_NODE_RESOURCE = "node:__internal_head__"  # what Ray Train pins its own detached helpers with
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+_FAILED_PREFIX = "gpuplan-failed: "
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    storage_path: str
+    max_failures: int
+    backend: str | None  # None: nccl on GPUs, gloo on CPUs
+    cpu_threads: int | None
+    log_every_s: float
+    predicted: dict[str, float] = field(default_factory=dict)
+    # A finished attempt's outcome is kept this long for a scheduler that never reads it (it died).
+    keep_finished_s: float = 24 * 3600.0
+    # While waiting for resources, Ray Train's controller blocks this long per try to place the
+    # worker group and looks at the cancel flag between tries: it bounds how long cancelling a
+    # pending attempt takes.
+    start_timeout_s: float = 10.0
+
+
+class AttemptDriver(ProgressActor):
+    """One attempt, from ``start()`` to its outcome. Thread-safe: the actor serves calls concurrently."""
+
+    def __init__(self, request: RunRequest, settings: DriverSettings) -> None:
+        super().__init__()
+        self._request = request
+        self._settings = settings
+        self._lock = threading.Lock()
+        self._state = RunState.PENDING
+        self._message = ""
+        self._driver_logs: list[str] = []
+        self._done = threading.Event()
+        self._released = False
+        self._self: Any = None
+
+    # -------------------------------------------------------------- called by the executor
+
+    def start(self) -> str:
+        self._self = ray.get_runtime_context().current_actor
+        threading.Thread(target=self._run, name="gpuplan-attempt", daemon=True).start()
+        return self._request.run_name
+
+    def info(self) -> dict[str, Any]:
+        """State, message and progress in one picklable value (what ``RayExecutor.status`` reads)."""
+        with self._lock:
+            state, message = self._state, self._message
+        return {"state": state.value, "message": message, "snapshot": self.snapshot(),
+                "strategy": self._request.strategy, "run_name": self._request.run_name,
+                "done": self._done.is_set()}
+
+    def all_logs(self, since: int = 0) -> list[str]:
+        with self._lock:
+            driver = list(self._driver_logs)
+        return (self.logs(0) + driver)[since:]
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def cancel(self) -> None:
+        """Stop the attempt: rank 0 polls the flag every step, Ray Train's controller before each
+        try to place the worker group (``_cancel_gate``), so a pending attempt stops too."""
+        with self._lock:
+            self._cancel = True
+
+    def release(self) -> None:
+        """The scheduler has recorded the outcome: exit now, or as soon as the attempt ends."""
+        with self._lock:
+            self._released = True
+        if self._done.is_set():
+            self._exit()
+
+    # -------------------------------------------------------------- the attempt
+
+    def _run(self) -> None:
+        request = self._request
+        try:
+            _preflight(request)
+            if self.cancelled():
+                self._set(RunState.CANCELLED, "cancelled before it started")
+                return
+            result = build_trainer(request, self._settings, self._self).fit()
+            outcome = _rank0_outcome(result)
+            snapshot = self.snapshot()
+            finished = snapshot.get("result") or {}
+            if outcome.startswith(_FAILED_PREFIX):
+                self._set(RunState.FAILED, outcome.removeprefix(_FAILED_PREFIX))
+            elif finished.get("status") == "cancelled" or self.cancelled():
+                self._set(RunState.CANCELLED, f"cancelled at step {finished.get('steps', 0)}")
+            else:
+                self._set(RunState.SUCCEEDED, f"finished {finished.get('steps')} steps" + resume_note(snapshot))
+        except GpuplanError as exc:
+            self._set(RunState.FAILED, str(exc))
+        except Exception as exc:  # a job must never vanish: every failure becomes FAILED with its reason
+            if self.cancelled():  # the controller ends a cancelled run that waits for workers by raising
+                self._set(RunState.CANCELLED, self._cancel_note())
+            else:
+                with self._lock:
+                    self._driver_logs.append(traceback.format_exc())
+                self._set(RunState.FAILED, failure_message(exc))
+        finally:
+            self._write_record()
+            self._done.set()
+            with self._lock:
+                released = self._released
+            if released:
+                self._exit()
+            else:
+                timer = threading.Timer(self._settings.keep_finished_s, self._exit)
+                timer.daemon = True
+                timer.start()
+
+    def _write_record(self) -> None:
+        with self._lock:
+            state, message = self._state, self._message
+        snapshot = self.snapshot()
+        record = {"state": state.value, "message": message, "logs": self.all_logs(0),
+                  "snapshot": {**snapshot, "progress": asdict(snapshot["progress"])}}
+        try:
+            write_record(self._settings.storage_path, self._handle(), record)
+        except Exception as exc:  # only the after-release view is lost; the actor still answers
+            with self._lock:
+                self._driver_logs.append(f"could not write the attempt record: {exc}")
+
+    def _handle(self) -> str:
+        return str(ray.get_runtime_context().get_actor_name())
+
+    def _set(self, state: RunState, message: str) -> None:
+        with self._lock:
+            self._state, self._message = state, message
+
+    def _cancel_note(self) -> str:
+        progress = self.snapshot()["progress"]
+        if progress.total_steps == 0:
+            return "cancelled while waiting for resources"
+        return f"cancelled at step {progress.step} while waiting to restart its workers"
+
+    def _exit(self) -> None:
+        # Through the GCS, like any ray.kill: the name is freed and the actor is not restarted.
+        ray.kill(self._self, no_restart=True)
+
+
+def live_nodes() -> list[dict[str, float]]:
+    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
+
+
+class CancelledWhilePending(Exception):
+    """Raised in Ray Train's controller to end a cancelled run that has no training loop to stop."""
+
+
+def _cancel_gate(driver: Any) -> Any:
+    """A Ray Train controller callback that ends the run, before it places a worker group, once
+    the attempt is cancelled.
+
+    While the worker group waits for resources no training loop polls the cancel flag, and the
+    controller's own ``abort`` is not heard: it blocks in the placement group wait. Between two
+    tries it runs this hook; raising here makes it shut down cleanly with no placement group left.
+    """
+    from ray.train.v2._internal.execution.callback import ControllerCallback
+
+    class _CancelGate(ControllerCallback):
+        def __init__(self, driver: Any) -> None:
+            self._driver = driver
+
+        def before_controller_execute_resize_decision(self, decision: Any) -> None:
+            if ray.get(self._driver.cancelled.remote()):
+                raise CancelledWhilePending("the attempt was cancelled before its workers were placed")
+
+    return _CancelGate(driver)
+
+
+def build_trainer(request: RunRequest, settings: DriverSettings, driver: Any) -> Any:
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+
+    placement = placement_for(request.strategy, node_labels(live_nodes()))
+    job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
+                   checkpoint_uri=request.checkpoint_uri, device="auto", cpu_threads=settings.cpu_threads,
+                   log_every_s=settings.log_every_s, predicted=settings.predicted)
+    scaling = ScalingConfig(num_workers=placement.num_workers, use_gpu=placement.use_gpu,
+                            accelerator_type=placement.accelerator,
+                            resources_per_worker={"CPU": 1, **({"GPU": 1} if placement.use_gpu else {})})
+    backend = settings.backend or ("nccl" if placement.use_gpu else "gloo")
+    return TorchTrainer(
+        train_loop_per_worker=ray_train_loop,  # type: ignore[arg-type]
+        train_loop_config={"job": job, "progress": driver},
+        scaling_config=scaling,
+        torch_config=TorchConfig(backend=backend),
+        run_config=RunConfig(  # type: ignore[arg-type]
+            name=request.run_name,
+            storage_path=settings.storage_path,
+            failure_config=FailureConfig(max_failures=settings.max_failures, max_preemption_failures=-1),
+            callbacks=[_cancel_gate(driver)],
+        ),
+    )
+
+
+def attempt_driver(request: RunRequest, settings: DriverSettings, handle: str) -> Any:
+    """Create the detached driver actor of one attempt (not started yet)."""
+    cls = ray.remote(AttemptDriver)
+    return cls.options(
+        name=handle, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0, max_concurrency=16,
+        resources={HEAD_NODE_RESOURCE: 0.001},
+        # Ray Train's controller reads it from the driver's environment (it propagates it).
+        runtime_env={"env_vars": {START_TIMEOUT_ENV: str(settings.start_timeout_s)}},
+    ).remote(request, settings)
+
+
+def _record_location(storage_path: str, handle: str) -> tuple[Any, str]:
+    import pyarrow.fs  # type: ignore[import-untyped]
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(storage_path)
+    return fs, f"{root.rstrip('/')}/gpuplan-attempts/{handle}.json"
+
+
+def write_record(storage_path: str, handle: str, record: dict[str, Any]) -> None:
+    fs, path = _record_location(storage_path, handle)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(json.dumps(record, default=str).encode())
+
+
+def read_record(storage_path: str, handle: str) -> dict[str, Any] | None:
+    """The record a finished attempt's driver left, with its progress as a RunProgress; None if none."""
+    import pyarrow.fs
+
+    fs, path = _record_location(storage_path, handle)
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as stream:
+        record: dict[str, Any] = json.loads(stream.read().decode())
+    record["snapshot"]["progress"] = RunProgress(**record["snapshot"]["progress"])
+    return record
+
+
+def _preflight(request: RunRequest) -> None:
+    """Checks worth doing once on the driver rather than once per worker and retry: the store."""
+    from workers.checkpoint import open_store
+
+    open_store(request.checkpoint_uri)
+
+
+def _rank0_outcome(result: Any) -> str:
+    value = getattr(result, "return_value", None)
+    if isinstance(value, dict) and isinstance(value.get("error"), str):
+        return _FAILED_PREFIX + str(value["error"])
+    return "ok"
+
+
+def resume_note(snapshot: dict[str, Any]) -> str:
+    resumes = int(snapshot.get("resumes", 0))
+    progress = snapshot["progress"]
+    if not resumes:
+        return ""
+    return f"; resumed {resumes} time(s), last from the checkpoint of step {progress.resumed_from_step}"
+
+
+def failure_message(exc: BaseException) -> str:
+    """The root cause of a Ray Train failure in one line, without Ray's wrapping."""
+    failures = getattr(exc, "worker_failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, error = sorted(failures.items())[0]
+        cause = getattr(error, "cause", None) or error
+        text = str(cause).strip().splitlines()
+        return f"training failed on rank {rank}: {text[-1] if text else type(cause).__name__}"
+    controller = getattr(exc, "controller_failure", None)
+    if controller is not None:
+        return f"Ray Train controller failed: {controller}"
+    return f"{type(exc).__name__}: {exc}"
