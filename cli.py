@@ -607,9 +607,10 @@ def server_command(
                                     help="Token for /v1/teams (budgets, quotas, tokens)."),
     poll: float = typer.Option(1.0, "--poll", min=0.05, help="Seconds between scheduling ticks."),
     max_running: int | None = typer.Option(None, "--max-running", min=1, help="Cap on concurrent attempts."),
-    workers: int = typer.Option(1, "--workers", min=1, max=64,
-                                help="API processes. With more than 1 the scheduling loop runs in the supervising "
-                                "process; worth it on PostgreSQL (SQLite takes one writer at a time)."),
+    workers: str = typer.Option("auto", "--workers",
+                                help="API processes, or auto: 1 on SQLite (one writer at a time), up to 4 (one per "
+                                "core) on PostgreSQL. With more than 1 the scheduling loop runs in the supervising "
+                                "process."),
 ) -> None:
     """Run the REST API and the scheduling loop (uvicorn). Upgrades the database schema first.
 
@@ -623,14 +624,21 @@ def server_command(
     from pathlib import Path
 
     from catalog.loader import load_catalog
-    from scheduler.api.server import ApiSettings, make_app, make_executor, make_loop, make_service, serve, serve_workers
+    from scheduler.api.server import (
+        ApiSettings,
+        api_workers,
+        make_app,
+        make_executor,
+        make_loop,
+        make_service,
+        serve,
+        serve_workers,
+    )
     from scheduler.store import database_url, default_home
 
-    if workers > 1 and executor == "inprocess":
-        raise InvalidInput("--workers above 1 needs --executor ray or none: in-process runs live in one process, "
-                           "where the other API workers could not read their logs", path="workers",
-                           hint="use --workers 1 with the in-process executor, or --executor ray")
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
+    db_url = database_url(os.environ, home=home)
+    count = api_workers(workers, db_url, os.cpu_count())
     run = make_executor(executor)
     catalog = load_catalog()
     if executor != "none":  # this machine's GPUs, if any, as a $0/h offer the planner may pick
@@ -641,18 +649,18 @@ def server_command(
         offer = local_offer(catalog, detect_local_device(), today=date.today())
         if offer is not None:
             catalog = catalog.with_offers([offer])
-    service = make_service(database_url(os.environ, home=home), checkpoint_root=home / "checkpoints",
+    service = make_service(db_url, checkpoint_root=home / "checkpoints",
                            admin_token=admin_token, catalog=catalog, executor=run)
     if not admin_token:
         err_console.print("[yellow]no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled[/]")
     err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database {service.store.dialect}, "
-                      f"executor {executor}, {workers} API worker{'s' if workers > 1 else ''}")
-    if workers == 1:
+                      f"executor {executor}, {count} API worker{'s' if count > 1 else ''}")
+    if count == 1:
         serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port)
         return
     settings = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
-                           admin_token=admin_token, executor="ray" if executor == "ray" else "none")
-    serve_workers(settings, host, port, workers, loop=make_loop(service, run, poll_s=poll, max_running=max_running))
+                           admin_token=admin_token)
+    serve_workers(settings, host, port, count, loop=make_loop(service, run, poll_s=poll, max_running=max_running))
 
 
 @app.command("submit")

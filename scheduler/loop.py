@@ -31,7 +31,7 @@ from sqlmodel import Session, col, select
 from catalog.errors import GpuplanError
 from planner.spec import spec_from_dict
 from planner.types import Candidate, Strategy
-from scheduler import ledger
+from scheduler import ledger, logbook
 from scheduler.models import Attempt, Job
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState
@@ -101,6 +101,9 @@ class Scheduler:
         self.max_running = max_running
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
+        # attempt id -> lines of its executor log already copied into the database (read back from
+        # the database the first time an attempt is seen, so a restarted loop resumes the copy)
+        self._copied: dict[int, int] = {}
 
     # -------------------------------------------------------------- main entry points
 
@@ -151,6 +154,7 @@ class Scheduler:
             ).all()
         for attempt, job in rows:
             assert attempt.handle is not None
+            self._copy_logs(attempt)
             if job.state == JobState.CANCELLED.value:
                 self.executor.cancel(attempt.handle)
                 self._finish(attempt.id, "cancelled", "job cancelled", report)
@@ -159,9 +163,35 @@ class Scheduler:
             if status is None:
                 self._lose(attempt, "the executor no longer knows this attempt", report)
             elif status.state.finished:
+                self._copy_logs(attempt)  # the lines written since the first copy of this tick
                 self._finish(attempt.id, status.state.value, status.message, report)
 
+    def _copy_logs(self, attempt: Attempt) -> None:
+        """Copy the attempt's new executor log lines into the database (scheduler.logbook).
+
+        Each tick, and once more before the attempt is closed: the API reads logs from the
+        database, so they survive the executor dropping the attempt and reach API workers in
+        other processes. A failed copy is retried next tick from the stored count.
+        """
+        if attempt.id is None or attempt.handle is None:
+            return
+        start = self._copied.get(attempt.id)
+        try:
+            if start is None:
+                with self.store.read() as session:
+                    start = logbook.stored_count(session, attempt.id)
+            lines = self.executor.logs(attempt.handle, start)
+            if lines:
+                with self.store.write() as session:
+                    logbook.append(session, attempt.id, start, lines)
+        except Exception as exc:  # logs are best effort: never let them stop following the attempt
+            log.warning("could not copy the logs of attempt %s: %s", attempt.handle, exc)
+            self._copied.pop(attempt.id, None)
+            return
+        self._copied[attempt.id] = start + len(lines)
+
     def _finish(self, attempt_id: int | None, outcome: str, message: str, report: TickReport) -> None:
+        self._copied.pop(attempt_id or -1, None)
         now = self.clock()
         with self.store.write() as session:
             attempt = session.get(Attempt, attempt_id)

@@ -113,8 +113,23 @@ class ApiSettings:
     catalog: Catalog
     admin_token: str | None = None
     planner: Planner | None = None
-    executor: str = "none"  # what the workers use to read run logs; the loop's own executor stays in the parent
     log_level: str = "info"
+
+
+def api_workers(requested: str, database_url: str, cpus: int | None) -> int:
+    """``--workers``: a count, or ``auto``: 1 on SQLite (it takes one writer at a time, so more
+    processes only queue on its lock), one per core up to 4 on PostgreSQL."""
+    if requested == "auto":
+        is_postgres = database_url.startswith(("postgres://", "postgresql"))
+        return min(4, max(1, cpus or 1)) if is_postgres else 1
+    try:
+        count = int(requested)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 64:
+        raise InvalidInput(f"--workers must be auto or a whole number from 1 to 64, got {requested!r}",
+                           path="workers", hint="e.g. --workers 4, or leave it at auto")
+    return count
 
 
 def _exit_with_parent(parent_pid: int, poll_s: float = 0.2) -> None:
@@ -146,9 +161,11 @@ def _api_worker(settings: ApiSettings, sock: socket.socket, parent_pid: int) -> 
     """Entry point of one spawned API worker: its own store, pool, plan and token caches."""
     _exit_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
+    # No executor here: runs belong to the loop in the supervisor, and their log lines reach these
+    # workers through the database (scheduler.logbook).
     service = make_service(settings.database_url, checkpoint_root=settings.checkpoint_root,
                            admin_token=settings.admin_token, planner=settings.planner, catalog=settings.catalog,
-                           executor=make_executor(settings.executor), migrate=False)
+                           migrate=False)
     app = create_app(service, settings.catalog)
     server = uvicorn.Server(uvicorn.Config(app, log_level=settings.log_level, access_log=False))
     server.run(sockets=[sock])

@@ -115,8 +115,6 @@ class SleepExecutor:
         marker = ckpt / "progress"
         done = float(marker.read_text()) if marker.exists() else 0.0
         logs.append(f"attempt {request.attempt} resumes at {done:.1f}s of {self.seconds}s")
-        with open(f"{self.journal}.resumes", "a") as f:  # readable without the executor (multi-process API)
-            f.write(f"{request.job_id} {logs[-1]}\n")
         while done < self.seconds:
             if handle in self._stop:
                 self._states[handle] = RunState.CANCELLED

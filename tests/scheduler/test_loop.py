@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
+from catalog.errors import NotFound
 from scheduler.loop import Scheduler
 from scheduler.models import Attempt, JobCreate, Spend, TeamCreate
 from scheduler.service import ADMIN, Principal, SchedulerService
@@ -169,3 +170,44 @@ def test_priority_and_max_running(svc: SchedulerService, store: Store, clock: Fa
     assert loop.tick().dispatched == []
     ex.finish(ex.handle_of(high.id), RunState.SUCCEEDED)
     assert loop.tick().dispatched == [low.id]
+
+
+class GrowingLogs(ScriptedExecutor):
+    """Log lines appear when the test says; a forgotten attempt's logs are gone (a released Ray actor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: dict[str, list[str]] = {}
+        self.forgotten: set[str] = set()
+
+    def say(self, handle: str, *lines: str) -> None:
+        self.lines.setdefault(handle, []).extend(lines)
+
+    def logs(self, handle: str, since: int = 0) -> list[str]:
+        if handle in self.forgotten:
+            raise NotFound(f"unknown handle {handle}")
+        return self.lines.get(handle, [])[since:]
+
+
+def test_executor_logs_are_copied_once_survive_a_loop_restart_and_outlive_the_executor(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ml = team(svc)
+    job = svc.submit(ml, JobCreate(spec=spec_dict()))
+    ex = GrowingLogs()
+    loop = Scheduler(store, ex, clock=clock)
+    loop.tick()
+    handle = ex.handle_of(job.id)
+    ex.say(handle, "step 1", "step 2")
+    loop.tick()
+    loop.tick()  # nothing new: nothing copied twice
+    ex.say(handle, "step 3")
+    restarted = Scheduler(store, ex, clock=clock)  # resumes the copy from what the database holds
+    restarted.tick()
+    ex.say(handle, "done")  # written just before the end: copied before the attempt is closed
+    ex.finish(handle, RunState.SUCCEEDED)
+    restarted.tick()
+    assert svc.status(ml, job.id).state == "succeeded"
+    ex.forgotten.add(handle)
+    lines = svc.logs(ml, job.id).lines  # svc has no executor: as an API worker in another process
+    header = next(i for i, line in enumerate(lines) if line.startswith("--- attempt 1 "))
+    assert lines[header + 1:] == ["step 1", "step 2", "step 3", "done"]

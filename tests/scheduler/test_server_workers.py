@@ -20,10 +20,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog.errors import ExecutionError
+from catalog.errors import ExecutionError, InvalidInput
 from catalog.loader import load_catalog
 from cli import app
-from scheduler.api.server import ApiSettings, WorkerPool
+from scheduler.api.server import ApiSettings, WorkerPool, api_workers
 from tests.scheduler.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,10 +130,23 @@ def test_workers_serve_together_survive_a_killed_worker_and_stop_with_the_superv
         httpx.get(f"{url}/healthz", timeout=2)
 
 
-def test_workers_are_refused_with_the_in_process_executor() -> None:
-    result = CliRunner().invoke(app, ["server", "--workers", "2", "--executor", "inprocess"])
+def test_auto_takes_one_worker_on_sqlite_and_one_per_core_up_to_4_on_postgres() -> None:
+    sqlite, pg = "sqlite:////tmp/x.db", "postgresql://gpuplan@db/gpuplan"
+    assert [api_workers("auto", sqlite, n) for n in (1, 2, 16)] == [1, 1, 1]
+    assert [api_workers("auto", pg, n) for n in (None, 1, 2, 16)] == [1, 1, 2, 4]
+    assert api_workers("auto", "postgres://u@h/d", 2) == 2
+    assert api_workers("3", sqlite, 2) == 3
+
+
+def test_a_bad_worker_count_is_refused_before_anything_starts(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path))
+    result = CliRunner().invoke(app, ["server", "--workers", "lots", "--executor", "none"])
     assert result.exit_code != 0
-    assert "--workers above 1 needs --executor ray or none" in result.output
+    assert "--workers must be auto or a whole number from 1 to 64" in result.output
+    assert not (tmp_path / "gpuplan.db").exists()  # refused before the database was touched
+    with pytest.raises(InvalidInput, match="got '0'"):
+        api_workers("0", "sqlite://", 2)
 
 
 def test_a_pool_whose_workers_die_at_start_up_gives_up_with_the_reason(tmp_path: Path) -> None:
