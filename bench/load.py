@@ -237,6 +237,28 @@ def burst(url: str, token: str, n: int, concurrency: int) -> dict[str, Any]:
             "seconds": elapsed, "rps": (n + counts["duplicates_sent"]) / elapsed}
 
 
+def table(paths: list[str]) -> str:
+    """Markdown tables of recorded runs (JSON lines of this script's output plus an ``at`` time)."""
+    runs = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
+    mixed_rows = ["| at (UTC) | database | API workers | req/s | p50 ms | p99 ms | submit / status / list p99 ms "
+                  "| errors | load avg 1m |", "|---|---|---|---|---|---|---|---|---|"]
+    burst_rows = ["| at (UTC) | database | API workers | submits | re-sent | jobs created | distinct ids | seconds "
+                  "| submits/s | load avg 1m |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        workers = r.get("server_workers", 1)
+        if "submits" in r:
+            burst_rows.append(f"| {r.get('at', '')} | {r['db']} | {workers} | {r['submits']} | {r['duplicates_sent']} "
+                              f"| {r['jobs_created']} | {r['distinct_ids']} | {r['seconds']:.1f} "
+                              f"| {r['submits'] / r['seconds']:.0f} | {r['load_avg_1m']:.2f} |")
+        else:
+            kinds = " / ".join(f"{r['by_kind'][k]['p99_ms']:.0f}" for k in ("submit", "status", "list"))
+            mixed_rows.append(f"| {r.get('at', '')} | {r['db']} | {workers} | {r['rps']:.0f} | {r['p50_ms']:.1f} "
+                              f"| {r['p99_ms']:.1f} | {kinds} | {r['errors']} | {r['load_avg_1m']:.2f} |")
+    parts = [mixed_rows] if len(mixed_rows) > 2 else []
+    parts += [burst_rows] if len(burst_rows) > 2 else []
+    return "\n\n".join("\n".join(rows) for rows in parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default="sqlite", help="sqlite | postgres | a database URL")
@@ -247,7 +269,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64, help="connections in burst mode")
     ap.add_argument("--server-workers", type=int, default=1,
                     help="API processes of the server (gpuplan server --workers)")
+    ap.add_argument("--table", nargs="+", metavar="JSONL", help="print Markdown tables of recorded runs and exit")
     args = ap.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
     home = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpuplan-load-{secrets.token_hex(3)}"
     home.mkdir(parents=True)
     schema = None
