@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from catalog.errors import Infeasible
+from catalog.errors import Infeasible, NotFound
 from planner.types import Strategy
 from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.executor import Executor, RunRequest, RunState
@@ -29,6 +29,8 @@ def _executor(tmp_path: Path) -> RayExecutor:
 
 
 def test_runs_a_cpu_job_and_reports_progress(ray_cluster: Any, tmp_path: Path) -> None:
+    import ray
+
     executor = _executor(tmp_path)
     assert isinstance(executor, Executor)
     handle = executor.submit(_request(write_config(tmp_path / "m"), tmp_path / "ck", "ray-cpu", cpu_strategy(),
@@ -38,8 +40,21 @@ def test_runs_a_cpu_job_and_reports_progress(ray_cluster: Any, tmp_path: Path) -
     assert status.state is RunState.SUCCEEDED, (status.message, executor.logs(handle)[-5:])
     assert status.progress.step == 6 and status.progress.checkpoints == 2
     assert status.metrics["steps"] == 6 and status.metrics["resumes"] == 0
-    assert any("step 6/6" in line for line in executor.logs(handle))
+    logs = executor.logs(handle)
+    assert any("step 6/6" in line for line in logs)
     assert executor.active() == []
+    # Another process (a restarted scheduler) sees the same attempt through Ray, not through memory.
+    other = _executor(tmp_path)
+    assert other.status(handle) == status and other.logs(handle) == logs
+    # Released, the driver actor exits; its record still answers.
+    other.release(handle)
+    deadline = time.time() + 30
+    while handle in [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]:
+        assert time.time() < deadline, "the released driver actor did not exit"
+        time.sleep(0.1)
+    assert executor.status(handle) == status and executor.logs(handle) == logs
+    with pytest.raises(NotFound):
+        executor.status("ray-cpu.1.00000000")
 
 
 def test_a_job_no_node_can_hold_is_refused_with_the_reason(ray_cluster: Any, tmp_path: Path) -> None:
@@ -96,6 +111,7 @@ def test_cancelling_an_attempt_that_waits_for_resources_stops_it(ray_cluster: An
         ray.kill(holder)
         holder = None
         assert executor.status(handle).progress.total_steps == 0
+        executor.release(handle)
     finally:
         if holder is not None:
             ray.kill(holder)
@@ -166,6 +182,7 @@ def test_node_loss_then_spot_notice_both_resume_and_match_an_uninterrupted_run(
         assert jit is not None and jit >= last_step_seen - 1  # lost at most one step
         assert any(f"step {jit}: spot notice" in line for line in executor.logs(handle))
         assert_same_weights(final_state(str(tmp_path / "ref"))[1], final_state(str(tmp_path / "ck"))[1])
+        executor.release(handle)
     finally:
         for node in nodes:
             if node in ray_cluster.worker_nodes:
