@@ -13,8 +13,13 @@ Dispatch is two-phase so a crash can never hide a running attempt: the Attempt r
 yet) and the job's move to RUNNING commit first, then ``executor.submit``, then the handle is
 recorded. :meth:`Scheduler.reconcile` (run at start) closes attempts the executor does not know
 as ``lost`` and requeues their jobs, and cancels executor runs no open attempt owns, so a job
-never has two attempts at once. A lost attempt is charged up to the reconcile time: the upper
-bound of what it can have cost, so spend is never under-counted.
+never has two attempts at once. With an executor whose attempts outlive this process (Ray: one
+detached actor per attempt) the attempts found running are followed on: nothing is lost or
+started twice. Such an executor sees every attempt on its cluster, so one scheduler database
+owns one cluster (another's runs would be cancelled as orphans). Once a finished attempt's row
+is closed, an executor that keeps outcomes until read (``ReleasesAttempts``) is told to drop it.
+A lost attempt is charged up to the reconcile time: the upper bound of what it can have cost,
+so spend is never under-counted.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from scheduler.models import Attempt, Job
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState
 from scheduler.store import Store, transition
-from workers.executor import Executor, RunRequest, RunState, RunStatus
+from workers.executor import Executor, ReleasesAttempts, RunRequest, RunState, RunStatus
 
 log = logging.getLogger("gpuplan.loop")
 
@@ -158,6 +163,7 @@ class Scheduler:
             if job.state == JobState.CANCELLED.value:
                 self.executor.cancel(attempt.handle)
                 self._finish(attempt.id, "cancelled", "job cancelled", report)
+                self._release(attempt.handle)  # the executor drops it once the cancel has stopped it
                 continue
             status = self._status(attempt.handle)
             if status is None:
@@ -165,6 +171,15 @@ class Scheduler:
             elif status.state.finished:
                 self._copy_logs(attempt)  # the lines written since the first copy of this tick
                 self._finish(attempt.id, status.state.value, status.message, report)
+                self._release(attempt.handle)
+
+    def _release(self, handle: str) -> None:
+        """After the row is closed, never before: a crash in between leaves an outcome to re-read."""
+        if isinstance(self.executor, ReleasesAttempts):
+            try:
+                self.executor.release(handle)
+            except GpuplanError as exc:  # only a leak until the executor's own expiry; never a lost outcome
+                log.warning("could not release attempt %s: %s", handle, exc)
 
     def _copy_logs(self, attempt: Attempt) -> None:
         """Copy the attempt's new executor log lines into the database (scheduler.logbook).
