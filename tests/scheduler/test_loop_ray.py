@@ -123,7 +123,7 @@ def test_kill_9_of_the_server_mid_run_the_new_one_follows_the_same_ray_run(
         token = admin.post("/v1/teams/ml/tokens").json()["token"]
         c = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"},
                          timeout=30)
-        job_id = c.post("/v1/jobs", json={"spec": tiny_spec(steps=400, interval=50)}).json()["id"]
+        job_id = c.post("/v1/jobs", json={"spec": tiny_spec(steps=150, interval=50)}).json()["id"]
         here = ray_executor(tmp_path)  # this process sees the attempt through Ray, as any process can
         until(lambda: any(here.snapshot(h)["progress"].step >= 5 for h in here.active()), 240, "training steps")
         [handle] = here.active()
@@ -135,6 +135,9 @@ def test_kill_9_of_the_server_mid_run_the_new_one_follows_the_same_ray_run(
         assert here.status(handle).state is RunState.RUNNING
 
         proc = start_server(db_url, port, tmp_path, ray_cluster.address, 2)
+        # The new server came up while the run still trains: it has to find it, not start it again.
+        at_restart = here.status(handle)
+        assert at_restart.state is RunState.RUNNING, at_restart.message
         until(lambda: c.get(f"/v1/jobs/{job_id}").json()["state"] in ("succeeded", "failed"), 300, "the job to end")
         detail = c.get(f"/v1/jobs/{job_id}").json()
         lines = c.get(f"/v1/jobs/{job_id}/logs").json()["lines"]
@@ -158,6 +161,7 @@ def test_kill_9_of_the_server_mid_run_the_new_one_follows_the_same_ray_run(
     # One Ray run: the training loop started once, from step 0, and was never resumed or restarted.
     starts = [line for line in lines if line.startswith(f"job {job_id}: ")]
     assert len(starts) == 1 and "resumed" not in starts[0], starts
-    assert sum(line.startswith("step 400/400") for line in lines) == 1
-    assert "finished 400 steps" in detail["message"] and "resumed" not in detail["message"]
+    assert sum(line.startswith("step 150/150") for line in lines) == 1
+    assert "finished 150 steps" in detail["message"] and "resumed" not in detail["message"]
+    print(f"killed at step {step_at_kill}, new server up at step {at_restart.progress.step} of 150")
     until(lambda: handle not in named_drivers(), 30, "the driver actor to exit")

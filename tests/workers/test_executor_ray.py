@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -94,13 +95,25 @@ def test_cancelling_an_attempt_that_waits_for_resources_stops_it(ray_cluster: An
                                start_timeout_s=2.0)
         strategy = Strategy(gpu="H100-SXM", gpu_count=1, precision="fp32", micro_batch=2)
         # Feasible (a node has an H100) but the H100 is taken: the attempt waits for it.
-        handle = executor.submit(_request(write_config(tmp_path / "m"), tmp_path / "ck", "ray-wait", strategy))
-        deadline = time.time() + 120
-        while not [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "PENDING"]:
-            assert time.time() < deadline, "Ray Train never asked for the worker group's resources"
-            time.sleep(0.1)
-        status = executor.status(handle)
+        request = _request(write_config(tmp_path / "m"), tmp_path / "ck", "ray-wait", strategy)
+        first = executor.submit(request)
+
+        def wait_for_a_pending_placement_group() -> None:
+            deadline = time.time() + 120
+            while not [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "PENDING"]:
+                assert time.time() < deadline, "Ray Train never asked for the worker group's resources"
+                time.sleep(0.1)
+
+        wait_for_a_pending_placement_group()
+        status = executor.status(first)
         assert status.state is RunState.PENDING and status.message == "waiting for workers to start"
+        # A second attempt of the same run (a restarted scheduler's retry) stops the first before it
+        # starts: never two at once.
+        handle = executor.submit(dataclasses.replace(request, attempt=2))
+        assert executor.status(first).state is RunState.CANCELLED
+        assert executor.active() == [handle]
+        executor.release(first)
+        wait_for_a_pending_placement_group()
         executor.cancel(handle)
         status = executor.wait(handle, timeout=120)
         assert status.state is RunState.CANCELLED, (status.message, executor.logs(handle)[-5:])
