@@ -1,8 +1,9 @@
-"""Ray side of a run: the ``train_loop_per_worker`` for TorchTrainer and the progress actor.
+"""Ray side of a run: the ``train_loop_per_worker`` for TorchTrainer and the progress sink.
 
-The progress actor lives on the driver's node (a lost worker node must not take the job's
-progress and logs with it) and outlives Ray Train's restarts of the worker group, so it sees
-every resume of the attempt.
+:class:`ProgressActor` is what rank 0 reports to; the attempt's driver actor
+(``workers.ray_attempt.AttemptDriver``) is one. It lives on the head node, not on a worker node
+(a lost worker node must not take the job's progress and logs with it), and outlives Ray Train's
+restarts of the worker group, so it sees every resume of the attempt.
 """
 
 from __future__ import annotations
@@ -99,11 +100,3 @@ def ray_train_loop(config: dict[str, Any]) -> dict[str, Any]:
         if rank == 0:
             hooks.on_log(f"error: {exc}")
         return {"error": str(exc)}
-
-
-def progress_actor(node_id: str) -> Any:
-    """A progress actor pinned to ``node_id`` (the driver's node), using no CPU."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    cls = ray.remote(num_cpus=0, max_restarts=0)(ProgressActor)
-    return cls.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)).remote()
