@@ -140,6 +140,7 @@ class Scheduler:
         for handle in sorted(active - owned):
             log.warning("cancelling executor run %s: no open attempt owns it", handle)
             self.executor.cancel(handle)
+            self._release(handle)  # nobody will read its outcome
             report.orphans_cancelled.append(handle)
         return report
 

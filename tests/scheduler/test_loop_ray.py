@@ -165,3 +165,41 @@ def test_kill_9_of_the_server_mid_run_the_new_one_follows_the_same_ray_run(
     assert "finished 150 steps" in detail["message"] and "resumed" not in detail["message"]
     print(f"killed at step {step_at_kill}, new server up at step {at_restart.progress.step} of 150")
     until(lambda: handle not in named_drivers(), 30, "the driver actor to exit")
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_a_crash_before_the_handle_is_recorded_never_runs_the_job_twice(
+        ray_cluster: Any, store: Store, tmp_path: Path) -> None:
+    svc = SchedulerService(store, cpu_plan, checkpoint_root=str(tmp_path / "ckpt"))
+    svc.create_team(ADMIN, TeamCreate(name="ml"))
+    me = svc.authenticate(svc.create_token(ADMIN, "ml").token)
+    job = svc.submit(me, JobCreate(spec=tiny_spec(steps=6, interval=3)))
+    first = Scheduler(store, ray_executor(tmp_path), poll_s=0.1)
+    assert first.tick().dispatched == [job.id]
+    with store.write() as session:  # the scheduler died between submit and recording the handle
+        attempt = session.exec(select(Attempt)).one()
+        orphan, attempt.handle = attempt.handle, None
+        session.add(attempt)
+    assert orphan is not None
+
+    ex = ray_executor(tmp_path)
+    svc.executor = ex
+    loop = Scheduler(store, ex, poll_s=0.1)
+    report = loop.reconcile()
+    assert report.lost == [job.id] and report.orphans_cancelled == [orphan]
+
+    def done() -> bool:
+        loop.tick()
+        return svc.status(me, job.id).state in ("succeeded", "failed")
+
+    until(done, 300, "the job to end")
+    detail = svc.status(me, job.id)
+    assert detail.state == "succeeded", (detail.message, svc.logs(me, job.id).lines[-5:])
+    assert [a.outcome for a in detail.attempt_list] == ["lost", "succeeded"]
+    # The orphan was stopped before attempt 2 was submitted, and its driver leaves once it has ended.
+    assert ex.status(orphan).state is RunState.CANCELLED
+    until(lambda: orphan not in named_drivers() and ex.active() == [], 60, "both drivers to exit")
+    with store.read() as session:
+        spend = session.exec(select(Spend)).all()
+        attempts = session.exec(select(Attempt)).all()
+    assert sorted(s.attempt_id for s in spend) == sorted(a.id for a in attempts if a.id is not None)
