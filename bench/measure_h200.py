@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import gc
 import json
 import os
@@ -367,6 +368,10 @@ def run_infer(case: dict[str, Any], models: dict[str, Any], args: argparse.Names
     device = args.device
     mem = Mem(device)
     cfg = hf_config(models, case, args.tiny)
+    try:
+        rec["host"] = host_probe(device)
+    except Exception as e:  # a diagnostic; never the reason a case fails
+        rec["host"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     mark(rec, "build")
     model = build_model(cfg, torch.bfloat16, device, train=False)
     rec["n_params"] = int(sum(p.numel() for p in model.parameters()))
@@ -409,20 +414,216 @@ def run_infer(case: dict[str, Any], models: dict[str, Any], args: argparse.Names
             mem.sync()
             pre.append(time.perf_counter() - t0)
         mark(rec, "generate")
-        mem.sync()
-        t0 = time.perf_counter()
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=o, min_new_tokens=o, **gkw)
-        mem.sync()
-        t_gen = time.perf_counter() - t0
+        t_gens: list[float] = []
+        steps_ms: list[float] = []
+        for _ in range(max(1, args.gen_repeats)):
+            stamps = StepStamps()
+            mem.sync()
+            t0 = time.perf_counter()
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=o,
+                min_new_tokens=o,
+                stopping_criteria=stopping_list([stamps]),
+                **gkw,
+            )
+            mem.sync()
+            t_gens.append(time.perf_counter() - t0)
+            steps_ms = stamps.intervals_ms()
+        # The record's peak and end-of-run driver use are read here, so the probe below cannot move them.
+        rec["peak"] = mem.stats()
+        rec["driver_used_end_bytes"] = mem.used_by_driver()
+        if args.decode_probe_steps > 0:
+            mark(rec, "decode-probe")
+            try:
+                rec["decode_probe"] = decode_probe(model, ids, mask, args.decode_probe_steps, device)
+            except Exception as e:  # a diagnostic; the case's numbers above stand without it
+                rec["decode_probe"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     mark(rec, "done")
-    new_tokens = int(out.shape[1]) - p
-    t_pre = min(pre)
-    rec["generated_tokens_per_seq"] = new_tokens
+    rec["generated_tokens_per_seq"] = int(out.shape[1]) - p
     rec["prefill_s"] = pre
-    rec["generate_s"] = t_gen
-    rec["prefill_tokens_per_s"] = b * p / t_pre
-    rec["decode_tokens_per_s"] = b * max(new_tokens - 1, 1) / max(t_gen - t_pre, 1e-9)
-    rec["e2e_output_tokens_per_s"] = b * new_tokens / t_gen
+    rec["generate_s_all"] = t_gens
+    # Decode step as generate() itself paces it: the time between successive stopping-criteria calls
+    # (one per generated token, the first after prefill), in the last timed generate().
+    if steps_ms:
+        rec["decode_step_ms_median"] = sorted(steps_ms)[len(steps_ms) // 2]
+        rec["decode_step_ms_p10_p90"] = [
+            sorted(steps_ms)[len(steps_ms) // 10],
+            sorted(steps_ms)[(9 * len(steps_ms)) // 10],
+        ]
+    rec.update(infer_rates(rec, b, p))
+
+
+def infer_rates(rec: dict[str, Any], batch: int, prompt: int) -> dict[str, Any]:
+    """Throughput fields of an inference record from its raw timings.
+
+    The first full-length generate() of a process is not steady state: cuDNN's SDPA builds an
+    execution plan for every KV length it has not seen (~50-60 ms per decode step on an H200, once;
+    docs/MEASUREMENTS.md). With several timed calls, ``generate_s`` is the median of all but the
+    first, i.e. what a worker's later batches of the same shape take; ``generate_first_s`` keeps the
+    cold call. A record with one timed call (the first sweeps) keeps that call.
+    """
+    t_gens = [float(v) for v in rec.get("generate_s_all") or [rec["generate_s"]]]
+    warm = sorted(t_gens[1:] or t_gens)
+    t_gen = warm[len(warm) // 2] if len(warm) % 2 else (warm[len(warm) // 2 - 1] + warm[len(warm) // 2]) / 2
+    t_pre = min(float(v) for v in rec["prefill_s"])
+    new_tokens = int(rec["generated_tokens_per_seq"])
+    out: dict[str, Any] = {
+        "generate_s": t_gen,
+        "prefill_tokens_per_s": batch * prompt / t_pre,
+        "decode_tokens_per_s": batch * max(new_tokens - 1, 1) / max(t_gen - t_pre, 1e-9),
+        "e2e_output_tokens_per_s": batch * new_tokens / t_gen,
+    }
+    if len(t_gens) > 1:
+        out["generate_first_s"] = t_gens[0]
+    return out
+
+
+class StepStamps:
+    """A stopping criterion that never stops: it only stamps the host clock once per generated token."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        self.stamps.append(time.perf_counter())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def intervals_ms(self) -> list[float]:
+        return [(b - a) * 1e3 for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
+
+
+def stopping_list(items: list[Any]) -> Any:
+    from transformers import StoppingCriteriaList as _List
+
+    return _List(items)
+
+
+def decode_probe(model: Any, ids: Any, mask: Any, steps: int, device: str) -> dict[str, Any]:
+    """Where a decode step's time goes, outside generate(): greedy steps on the prompt's KV cache.
+
+    ``issue_ms``: host time to enqueue one step (forward + argmax), no sync; ``gpu_ms``: CUDA-event
+    time of the same step; ``wall_sync_ms``: one step with a sync after it (what generate() pays);
+    ``wall_nosync_ms``: steps back to back without syncs, per step. issue ~= wall >> gpu means the
+    host (Python + kernel launches) sets the pace, not the GPU.
+    """
+    import torch
+
+    cuda = device == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    try:
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+    except TypeError:  # models without logits_to_keep
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+    cache = out.past_key_values
+    nxt = out.logits[:, -1:].argmax(-1)
+    del out
+    issue: list[float] = []
+    gpu: list[float] = []
+    wall_sync: list[float] = []
+    for _ in range(steps):
+        sync()
+        ev0 = torch.cuda.Event(enable_timing=True) if cuda else None  # type: ignore[no-untyped-call]
+        ev1 = torch.cuda.Event(enable_timing=True) if cuda else None  # type: ignore[no-untyped-call]
+        t0 = time.perf_counter()
+        if ev0 is not None:
+            ev0.record()
+        o = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        nxt = o.logits[:, -1:].argmax(-1)
+        if ev1 is not None:
+            ev1.record()
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        cache = o.past_key_values
+        issue.append((t1 - t0) * 1e3)
+        wall_sync.append((t2 - t0) * 1e3)
+        if ev0 is not None and ev1 is not None:
+            gpu.append(ev0.elapsed_time(ev1))
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        o = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+        nxt = o.logits[:, -1:].argmax(-1)
+        cache = o.past_key_values
+    sync()
+    nosync = (time.perf_counter() - t0) * 1e3 / steps
+    kernels = None
+    if cuda:
+        with contextlib.suppress(Exception):
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                o = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+                nxt = o.logits[:, -1:].argmax(-1)
+                sync()
+            kernels = sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+    del cache, o
+    return {
+        "steps": steps,
+        "issue_ms": med(issue),
+        "gpu_ms": med(gpu) if gpu else None,
+        "wall_sync_ms": med(wall_sync),
+        "wall_nosync_ms": nosync,
+        "kernels_per_step": kernels,
+    }
+
+
+def host_probe(device: str) -> dict[str, Any]:
+    """The host's side of a launch-bound loop: CPU, load, and what one tiny CUDA launch and one sync cost."""
+    import torch
+
+    info: dict[str, Any] = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    with contextlib.suppress(Exception):
+        info["loadavg"] = list(os.getloadavg())
+    with contextlib.suppress(Exception):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        info["cpu_model"] = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), None)
+        mhz = [float(ln.split(":", 1)[1]) for ln in lines if ln.startswith("cpu MHz")]
+        info["cpu_mhz_mean"] = sum(mhz) / len(mhz) if mhz else None
+    t0 = time.perf_counter()
+    acc = 0
+    for i in range(2_000_000):  # pure-Python speed, comparable across hosts
+        acc += i & 7
+    info["python_loop_2m_s"] = time.perf_counter() - t0
+    if device == "cuda":
+        x = torch.zeros(16, device="cuda")
+        for _ in range(200):
+            x.add_(1)
+        torch.cuda.synchronize()
+        n = 5000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            x.add_(1)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        info["launch_issue_us"] = (t1 - t0) / n * 1e6
+        info["launch_total_us"] = (t2 - t0) / n * 1e6
+        rt = []
+        for _ in range(200):
+            x.add_(1)
+            t0 = time.perf_counter()
+            torch.cuda.synchronize()
+            rt.append((time.perf_counter() - t0) * 1e6)
+        info["sync_us_median"] = sorted(rt)[len(rt) // 2]
+        it = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            float(x.sum().item())
+            it.append((time.perf_counter() - t0) * 1e6)
+        info["item_us_median"] = sorted(it)[len(it) // 2]
+    return info
 
 
 def case_main(args: argparse.Namespace) -> int:
@@ -437,6 +638,9 @@ def case_main(args: argparse.Namespace) -> int:
     out = Path(args.out if rank == 0 or case["gpu_count"] == 1 else f"{args.out}.rank{rank}")
     t_start = time.perf_counter()
     rec["_out"] = str(out)
+    if args.stack_dump_after_s > 0:
+        # A hung case is killed by the sweep; dump every thread's Python stack to the log first.
+        faulthandler.dump_traceback_later(args.stack_dump_after_s, exit=False)
     try:
         import torch
 
@@ -472,8 +676,8 @@ def case_main(args: argparse.Namespace) -> int:
             import torch
 
             if args.device == "cuda":
-                rec["peak"] = Mem("cuda").stats()
-                rec["driver_used_end_bytes"] = Mem("cuda").used_by_driver()
+                rec.setdefault("peak", Mem("cuda").stats())
+                rec.setdefault("driver_used_end_bytes", Mem("cuda").used_by_driver())
         except Exception as e:
             rec["peak_error"] = repr(e)
         rec.pop("_out", None)
@@ -538,6 +742,12 @@ def summarise(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "prefill_s",
         "generate_s",
         "generated_tokens_per_seq",
+        "generate_s_all",
+        "generate_first_s",
+        "decode_step_ms_median",
+        "decode_step_ms_p10_p90",
+        "decode_probe",
+        "host",
         "quantized_linears",
     ):
         if k in r0:
@@ -566,6 +776,12 @@ def run_one(case: dict[str, Any], args: argparse.Namespace, gpus: list[str], wor
         str(args.steps),
         "--step-cap-s",
         str(args.step_cap_s),
+        "--gen-repeats",
+        str(args.gen_repeats),
+        "--decode-probe-steps",
+        str(args.decode_probe_steps),
+        "--stack-dump-after-s",
+        str(max(1.0, args.case_timeout_s - 15)),
     ] + (["--tiny"] if args.tiny else [])
     env = dict(os.environ)
     env.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -621,7 +837,7 @@ def run_one(case: dict[str, Any], args: argparse.Namespace, gpus: list[str], wor
     res["runner_wall_s"] = time.perf_counter() - t0
     res["gpus"] = gpus[:n] if args.device == "cuda" else []
     if res.get("error") and not res.get("oom"):
-        res["log_tail"] = log.read_text()[-3000:]
+        res["log_tail"] = log.read_text()[-8000:]
     return res
 
 
@@ -635,7 +851,13 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
         "step_cap_s": args.step_cap_s,
-        "concurrency": "one case per GPU at a time; single-GPU cases run on all listed GPUs in parallel",
+        "gpus": args.gpus,
+        # Single-GPU cases run one process per listed GPU at once; with one GPU listed, one at a time.
+        "concurrency": (
+            "one single-GPU case process at a time on the host"
+            if len(args.gpus.split(",")) == 1
+            else f"{len(args.gpus.split(','))} single-GPU case processes at once (one per GPU)"
+        ),
     }
     if args.device == "cuda":
         with contextlib.suppress(Exception):
@@ -667,8 +889,10 @@ def sweep_main(args: argparse.Namespace) -> int:
     elif args.group == "multi":
         cases = [c for c in cases if c["gpu_count"] > 1]
     if args.only:
-        wanted = set(args.only.split(","))
-        cases = [c for c in cases if c["id"] in wanted]
+        # In the order given: a case that may hang can be put last, where its leftovers harm nothing.
+        wanted = args.only.split(",")
+        by_id = {c["id"]: c for c in cases}
+        cases = [by_id[i] for i in wanted if i in by_id]
     gpus = args.gpus.split(",") if args.device == "cuda" else ["cpu"]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -755,6 +979,8 @@ def merge_main(args: argparse.Namespace) -> int:
         data = json.loads(Path(path).read_text())
         runs.append({"file": Path(path).name, **data["environment"]})
         for rec in data["results"]:
+            if rec.get("generate_s_all"):  # rates from the raw timings, by the current definition
+                rec.update(infer_rates(rec, int(rec["batch"]), int(rec["prompt_tokens"])))
             skipped = str(rec.get("error", "")).startswith("skipped")
             if skipped and rec["id"] in by_id:
                 continue
@@ -844,6 +1070,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         s.add_argument("--warmup", type=int, default=2)
         s.add_argument("--steps", type=int, default=5)
         s.add_argument("--step-cap-s", type=float, default=12.0, help="stop timing after this long (>=2 steps)")
+        s.add_argument("--gen-repeats", type=int, default=2, help="timed generate() calls per inference case")
+        s.add_argument(
+            "--decode-probe-steps",
+            type=int,
+            default=16,
+            help="greedy steps of the host/GPU decode probe per inference case (0: off)",
+        )
         if name == "sweep":
             s.add_argument("--group", choices=["single", "multi", "all"], default="all")
             s.add_argument("--gpus", default="0,1")
@@ -852,6 +1085,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             s.add_argument("--case-timeout-s", type=float, default=150.0)
         else:
             s.add_argument("--case-id", required=True)
+            s.add_argument(
+                "--stack-dump-after-s",
+                type=float,
+                default=0.0,
+                help="dump all Python stacks to stderr after this long (0: never)",
+            )
     return p.parse_args(argv)
 
 

@@ -7,13 +7,19 @@ adds its hooks, progress and checkpoints through the checkpoint store. Reported:
 - loop ratio: worker tokens/s over training steps / bare tokens/s (first step excluded in both);
 - measured ratio with checkpoints every ``--interval`` steps (save time in the window);
 - checkpoint save and load time and size;
-- projected ratio at the planned interval: Young/Daly, sqrt(2 x save time x MTBF), with --mtbf-h.
+- projected ratio at the planned interval: Young/Daly, sqrt(2 x save time x MTBF), with --mtbf-h;
+- from per-step host timestamps (rank 0's progress events, one per step): what each periodic
+  (background) checkpoint cost the loop: the stop for the snapshot, and the steps slowed while the
+  write ran, so the projection rests on measured periodic checkpoints, not on the blocking last one.
 
 Runs without Ray (so it runs where Ray is not installed):
 
     python bench/worker_overhead.py --device cpu --model tiny-llama --seq-len 128 --micro-batch 4 --steps 30
     python bench/worker_overhead.py --device cuda --model llama-3.2-1b --precision amp-bf16 --seq-len 2048 \\
         --micro-batch 4 --steps 40 --interval 20
+    # periodic checkpoints written in the background while training goes on (interval > write time):
+    python bench/worker_overhead.py --device cuda --model llama-3.2-1b --precision bf16 --seq-len 2048 \\
+        --micro-batch 4 --steps 440 --interval 200 --bare-steps 60
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import torch
 from planner.spec import spec_from_dict
 from planner.types import Strategy
 from workers.data import DataLayout, TokenSource
+from workers.hooks import TrainHooks
 from workers.model import build_model, resolve_model_source
 from workers.train import TrainJob, pick_device, run_training
 
@@ -72,6 +79,60 @@ def bare_loop(job: TrainJob, steps: int) -> float:
     return tokens / (time.perf_counter() - began)
 
 
+class StepClock(TrainHooks):
+    """Host clock at the end of every step (the loss is read, so the GPU is done), at the start of
+    every checkpoint, and when each checkpoint became durable (from the writer thread)."""
+
+    def __init__(self) -> None:
+        self.step_end: dict[int, float] = {}
+        self.ckpt_start: dict[int, float] = {}
+        self.durable: dict[int, float] = {}
+
+    def on_progress(self, progress: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        if progress.get("event") == "step":
+            self.step_end[int(progress["step"])] = now
+        elif progress.get("event") == "checkpoint":
+            self.durable[int(progress["step"])] = now
+
+    def fault(self, step: int, where: str) -> None:
+        if where == "checkpoint":
+            self.ckpt_start[step] = time.perf_counter()
+
+
+def periodic_checkpoint_costs(clock: StepClock, steps: int, tokens_per_step: int) -> dict[str, Any]:
+    """What each periodic (non-final) checkpoint cost the loop, read off the step timestamps.
+
+    Step k's time is end(k) - end(k-1); the step after checkpoint c carries its stop (snapshot into
+    host memory, or a wait for an earlier write). Steps that ran while c's write was in flight show
+    the write's interference (GIL, host memory bandwidth, PCIe). Step 1 (warm-up) is left out.
+    """
+    ends = clock.step_end
+    dur = {k: ends[k] - ends[k - 1] for k in range(2, steps + 1) if k in ends and k - 1 in ends}
+    periodic = sorted(c for c in clock.ckpt_start if c < steps and c in clock.durable)
+    after = {c + 1 for c in periodic}
+    during: set[int] = set()
+    for c in periodic:
+        during |= {k for k in dur if k not in after and ends[k - 1] >= clock.ckpt_start[c]
+                   and ends[k] <= clock.durable[c]}
+    clean = [v for k, v in dur.items() if k not in after and k not in during]
+    if not clean:
+        return {"periodic_checkpoints": len(periodic)}
+    clean_mean = sum(clean) / len(clean)
+    per: list[dict[str, float]] = []
+    for c in periodic:
+        slowed = [dur[k] for k in dur if k not in after and ends[k - 1] >= clock.ckpt_start[c]
+                  and ends[k] <= clock.durable[c]]
+        stop = dur.get(c + 1, clean_mean) - clean_mean
+        interference = sum(v - clean_mean for v in slowed)
+        per.append({"step": c, "stop_s": round(stop, 3), "write_s": round(clock.durable[c] - clock.ckpt_start[c], 2),
+                    "steps_during_write": len(slowed),
+                    "step_s_during_write": round(sum(slowed) / len(slowed), 4) if slowed else 0.0,
+                    "interference_s": round(interference, 3), "cost_s": round(stop + interference, 3)})
+    return {"periodic_checkpoints": len(periodic), "clean_steps": len(clean), "clean_step_s": round(clean_mean, 4),
+            "clean_tokens_per_s": round(tokens_per_step / clean_mean, 1), "per_checkpoint": per}
+
+
 def load_time(job: TrainJob) -> float:
     """Seconds to restore the newest checkpoint into a fresh model and optimizer."""
     from workers.checkpoint import open_store
@@ -99,6 +160,7 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--bare-steps", type=int, default=None, help="steps of each bare loop (default: --steps)")
     parser.add_argument("--interval", type=int, default=10, help="checkpoint every N steps in the worker run")
     parser.add_argument("--mtbf-h", type=float, default=4.0, help="mean time between preemptions for Young/Daly")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
@@ -116,12 +178,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gpuplan-overhead-") as tmp:
         job = TrainJob(job_id="overhead", spec=spec, strategy=strategy, checkpoint_uri=str(Path(tmp) / "ck"),
                        device=args.device, cpu_threads=args.threads if args.device == "cpu" else None,
-                       log_every_s=10.0)
-        bare = bare_loop(job, args.steps)
+                       log_every_s=0.0)  # a progress event every step: the step clock below
+        bare_steps = args.bare_steps or args.steps
+        bare = bare_loop(job, bare_steps)
         if args.device == "cuda":
             torch.cuda.empty_cache()
-        result = run_training(job)
-        bare_again = bare_loop(job, args.steps)  # bracket the worker run: drift shows as a spread
+        clock = StepClock()
+        result = run_training(job, clock)
+        bare_again = bare_loop(job, bare_steps)  # bracket the worker run: drift shows as a spread
         if args.device == "cuda":
             torch.cuda.empty_cache()
         load_s = load_time(job)
@@ -139,11 +203,19 @@ def main() -> int:
     # Periodic saves write in the background: the loop only stops for the snapshot (and for a
     # previous write still running). The last save of a run blocks, which this average includes.
     projected = loop_ratio * planned_s / (planned_s + blocking_s)
+    periodic = periodic_checkpoint_costs(clock, result.steps, args.micro_batch * args.seq_len)
+    measured_cost = [c["cost_s"] for c in periodic.get("per_checkpoint", [])]
+    if measured_cost and periodic.get("clean_tokens_per_s"):
+        # Every planned interval pays one periodic checkpoint's measured cost (stop + interference).
+        cost = max(measured_cost)
+        clean_ratio = float(periodic["clean_tokens_per_s"]) / bare_mean
+        periodic["clean_loop_ratio"] = round(clean_ratio, 4)
+        periodic["projected_ratio_at_planned_interval"] = round(clean_ratio * planned_s / (planned_s + cost), 4)
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "torch": torch.__version__,
         "model": args.model, "precision": args.precision, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
-        "steps": args.steps, "interval": args.interval,
+        "steps": args.steps, "interval": args.interval, "bare_steps": bare_steps,
         "bare_tokens_per_s": [round(bare, 1), round(bare_again, 1)],
         "worker_step_tokens_per_s": round(result.steady_tokens_per_s or 0, 1),
         "worker_loop_tokens_per_s_with_checkpoints": round(result.loop_tokens_per_s or 0, 1),
@@ -157,6 +229,7 @@ def main() -> int:
         "planned_interval_s": round(planned_s, 1), "planned_interval_steps": planned_steps, "mtbf_h": args.mtbf_h,
         "projected_ratio_at_planned_interval": round(projected, 4),
         "peak_allocated_bytes": result.peak_allocated_bytes, "peak_reserved_bytes": result.peak_reserved_bytes,
+        "periodic": periodic,
     }
     text = json.dumps(report, indent=2)
     print(text)
