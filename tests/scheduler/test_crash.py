@@ -17,37 +17,15 @@ from sqlmodel import select
 from scheduler.models import Attempt, Job, Spend
 from scheduler.store import Store
 from tests.scheduler.conftest import spec_dict
-from tests.scheduler.server import free_port
+from tests.scheduler.server import free_port, start_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": "Bearer admin-secret"}
 
 
 def start(db_url: str, port: int, workdir: Path, n: int, workers: int = 1) -> subprocess.Popen[bytes]:
-    log = open(workdir / f"server-{n}.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "tests.scheduler.serve_proc", db_url, str(port), str(workdir),
-                             "2.0", str(workers)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError((workdir / f"server-{n}.log").read_text())
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("server did not start")
-
-
-def wait_for(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return start_process([sys.executable, "-m", "tests.scheduler.serve_proc", db_url, str(port), str(workdir), "2.0",
+                          str(workers)], port, workdir / f"server-{n}.log", cwd=ROOT, timeout=60)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from scheduler.loop import Scheduler, TickReport
 from scheduler.models import Attempt, Event, JobCreate, Spend, TeamCreate
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import Store
-from tests.scheduler.server import free_port
+from tests.scheduler.server import free_port, start_process
 from tests.scheduler.test_loop_inprocess import cpu_plan
 from workers.executor import RunState
 from workers.ray_executor import NAMESPACE, RayExecutor
@@ -95,21 +95,8 @@ def test_the_loop_dispatches_follows_and_charges_a_ray_run(ray_cluster: Any, sto
 
 
 def start_server(db_url: str, port: int, workdir: Path, address: str, n: int) -> subprocess.Popen[bytes]:
-    log = open(workdir / f"server-{n}.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "tests.scheduler.serve_ray_proc", db_url, str(port), str(workdir),
-                             address], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError((workdir / f"server-{n}.log").read_text())
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("server did not start")
+    return start_process([sys.executable, "-m", "tests.scheduler.serve_ray_proc", db_url, str(port), str(workdir),
+                          address], port, workdir / f"server-{n}.log", cwd=ROOT, timeout=120)
 
 
 def test_kill_9_of_the_server_mid_run_the_new_one_follows_the_same_ray_run(

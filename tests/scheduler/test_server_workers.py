@@ -24,7 +24,7 @@ from catalog.errors import ExecutionError, InvalidInput
 from catalog.loader import load_catalog
 from cli import app
 from scheduler.api.server import ApiSettings, WorkerPool, api_workers
-from tests.scheduler.server import free_port
+from tests.scheduler.server import free_port, start_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "workers-admin"
@@ -48,32 +48,10 @@ def children(pid: int) -> set[int]:
     return found
 
 
-def wait_for(predicate: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def start_server(db_url: str, port: int, home: Path, workers: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "GPUPLAN_DATABASE_URL": db_url, "GPUPLAN_HOME": str(home), "GPUPLAN_ADMIN_TOKEN": ADMIN}
-    log = open(home / "server.log", "wb")  # noqa: SIM115 - the child keeps its own descriptor
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "server", "--port", str(port), "--executor",
-                             "none", "--workers", str(workers)], env=env, cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT)
-
-    def healthy() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError((home / "server.log").read_text())
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(healthy, 90, "the server to answer")
-    return proc
+    return start_process([sys.executable, str(ROOT / "cli.py"), "server", "--port", str(port), "--executor", "none",
+                          "--workers", str(workers)], port, home / "server.log", cwd=ROOT, env=env)
 
 
 def submit(client: httpx.Client, key: str) -> str:
