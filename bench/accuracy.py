@@ -571,20 +571,21 @@ def worker_section(rows: list[Row], gpu: GpuSpec, cal: Calibration) -> list[str]
 WORKER_FINDING = """Finding (2026-11-30 re-measurement, docs/MEASUREMENTS.md "Inference: the ~60 ms decode floor"):
 the earlier 2.2-4.2x gap was a measurement artefact, not host contention and not a definition
 mismatch. The first sweeps timed ONE generate() per case, the first full-length one of its process,
-and in that call cuDNN's SDPA builds an execution plan for every KV length it has not seen yet:
-about 50-60 ms per decode step, whatever the model (GPT-2 64 ms/step cold vs 5.6 ms warm on one
-H200; with the cuDNN SDPA backend disabled the first call is as fast as the later ones, 7.0 ms;
-pre-reserving memory or expandable segments changes nothing, so it is not cudaMalloc). Running the
-cases one process at a time did not remove it (cold alone: 11-757 tok/s, as low as when paired);
-timing a second, warm generate() did. The sweep's inference records now hold the warm call (the
-cold one is kept as generate_first_s), `decode_step_overhead_s` fell from 58 ms to 0 and the
-per-layer overhead is 0.74 ms (eager PyTorch launches ~45 kernels per Llama layer at ~15-24 us
-each: warm decode is host-bound, the GPU-event time of a step equals its issue time). The planner
-is now 0.77-0.86x of the infer_worker's bare runs (which ran on a one-GPU machine and dropped their
-first batch, so they were warm too); the rest of the gap is the host, since warm decode is
-host-bound: their steps were 1.3-1.6x shorter than the sweep's on the two-GPU machine, and the same
-llama-3.2-1b b64 warm generate() took ~10 ms per decode step on a one-GPU machine against 15.5 ms on
-the two-GPU one (bench/results/raw/first_generate/)."""
+and in that call cuDNN's SDPA pays a first-use cost for every KV length it has not seen yet (plan
+building and caching, inferred, not profiled): about 50-60 ms per decode step, whatever the model
+(GPT-2 64 ms/step cold vs 5.6 ms warm on one H200; with the cuDNN SDPA backend disabled the first
+call is as fast as the later ones, 7.0 ms; pre-reserving memory or expandable segments changes
+nothing, so it is not cudaMalloc). Running the cases one process at a time did not remove it (cold
+alone: 11-757 tok/s, as low as when paired); timing a second, warm generate() did. The sweep's
+inference records now hold the warm call (the cold one is kept as generate_first_s),
+`decode_step_overhead_s` fell from 58 ms to 0 and the per-layer overhead is 0.74 ms (eager PyTorch
+launches ~45 kernels per Llama layer at ~15-24 us each: warm decode is host-bound, the GPU-event
+time of a step equals its issue time). The planner is now 0.77-0.86x of the infer_worker's bare
+runs (which ran on a one-GPU machine and dropped their first batch, so they were warm too); the
+rest of the gap is the host, since warm decode is host-bound: their steps were 1.3-1.6x shorter
+than the sweep's on the two-GPU machine, and the same llama-3.2-1b b64 warm generate() took ~10 ms
+per decode step on a one-GPU machine against 15.5 ms on the two-GPU one
+(bench/results/raw/first_generate/)."""
 
 
 GOALS = [  # (metric key, statistic, limit, text)
