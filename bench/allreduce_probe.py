@@ -64,7 +64,7 @@ def main() -> int:
         doc = {
             "world_size": world,
             "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())),  # type: ignore[no-untyped-call]
             "peer_access": peers,
             "visible_devices": torch.cuda.device_count(),
             "results": rows,
