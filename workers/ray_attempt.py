@@ -13,6 +13,9 @@ returns, the actor keeps the outcome and the final progress until the scheduler 
 Before that it writes them, logs included, as a record next to the Ray Train run
 (``{storage_path}/gpuplan-attempts/{handle}.json``): what ``status`` and ``logs`` answer once
 the actor is gone.
+
+Cost: one process per live attempt on the head node, next to Ray Train's controller (it imports
+torch and Ray Train: about 0.35 GiB resident). Size the head node for the attempts that run at once.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class AttemptDriver(ProgressActor):
         self._message = ""
         self._driver_logs: list[str] = []
         self._done = threading.Event()
+        self._started = False
         self._released = False
         self._self: Any = None
 
@@ -72,6 +76,8 @@ class AttemptDriver(ProgressActor):
 
     def start(self) -> str:
         self._self = ray.get_runtime_context().current_actor
+        with self._lock:
+            self._started = True
         threading.Thread(target=self._run, name="gpuplan-attempt", daemon=True).start()
         return self._request.run_name
 
@@ -101,7 +107,8 @@ class AttemptDriver(ProgressActor):
         """The scheduler has recorded the outcome: exit now, or as soon as the attempt ends."""
         with self._lock:
             self._released = True
-        if self._done.is_set():
+            started = self._started
+        if self._done.is_set() or not started:  # never started: its submitter died before ``start``
             self._exit()
 
     # -------------------------------------------------------------- the attempt
@@ -171,7 +178,7 @@ class AttemptDriver(ProgressActor):
 
     def _exit(self) -> None:
         # Through the GCS, like any ray.kill: the name is freed and the actor is not restarted.
-        ray.kill(self._self, no_restart=True)
+        ray.kill(self._self or ray.get_runtime_context().current_actor, no_restart=True)
 
 
 def live_nodes() -> list[dict[str, float]]:
@@ -230,13 +237,19 @@ def build_trainer(request: RunRequest, settings: DriverSettings, driver: Any) ->
 
 
 def attempt_driver(request: RunRequest, settings: DriverSettings, handle: str) -> Any:
-    """Create the detached driver actor of one attempt (not started yet)."""
+    """Create the detached driver actor of one attempt (not started yet).
+
+    Ray Train hands its settings (``RAY_TRAIN_*``: preemption poll, health check, ...) from the
+    environment of the process that calls ``fit()`` to the controller and the workers. That process
+    is now the driver actor, so the submitter's values travel with it, as if it had called ``fit()``.
+    """
+    from ray.train.v2._internal.constants import get_env_vars_to_propagate
+
+    env = {**get_env_vars_to_propagate(), START_TIMEOUT_ENV: str(settings.start_timeout_s)}
     cls = ray.remote(AttemptDriver)
     return cls.options(
         name=handle, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0, max_concurrency=16,
-        resources={HEAD_NODE_RESOURCE: 0.001},
-        # Ray Train's controller reads it from the driver's environment (it propagates it).
-        runtime_env={"env_vars": {START_TIMEOUT_ENV: str(settings.start_timeout_s)}},
+        resources={HEAD_NODE_RESOURCE: 0.001}, runtime_env={"env_vars": env},
     ).remote(request, settings)
 
 
