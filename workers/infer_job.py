@@ -1,7 +1,8 @@
 """An inference attempt as the executors run it: the spec's generation, resumable by request index.
 
-Outputs go to ``<checkpoint_uri>/outputs.jsonl`` (a local directory): a resubmitted attempt skips
-the requests already written there, so none is redone or duplicated.
+Outputs go to ``<checkpoint_uri>/outputs.jsonl`` (a local or shared directory): a resubmitted
+attempt, or a retry after a lost node, skips the requests already written there, so none is
+redone or duplicated. Both executors call :func:`run_infer_attempt` (in a thread, or in a Ray task).
 """
 
 from __future__ import annotations
@@ -13,19 +14,38 @@ from typing import Any
 from catalog.errors import InvalidInput
 from workers.executor import RunRequest
 
+OUTPUTS_FILE = "outputs.jsonl"
+
+
+def outputs_folder(request: RunRequest) -> Path:
+    """Where the attempt's outputs go; an object store is refused (outputs are appended and fsynced)."""
+    if "://" in request.checkpoint_uri and not request.checkpoint_uri.startswith("file://"):
+        raise InvalidInput("inference outputs need a local or shared directory, not an object store",
+                           path="checkpoint_uri", hint="give a directory path")
+    return Path(request.checkpoint_uri.removeprefix("file://")).expanduser()
+
+
+def _lines_written(outputs: Path) -> int:
+    """Whole lines already in the outputs file: the requests an earlier try finished (a count for
+    progress only; ``load_finished`` is what decides what is skipped)."""
+    if not outputs.exists():
+        return 0
+    return outputs.read_bytes().count(b"\n")
+
 
 def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: Callable[[dict[str, Any]], None],
                       on_log: Callable[[str], None]) -> dict[str, Any]:
     from workers.infer import run_infer_spec
 
-    if "://" in request.checkpoint_uri and not request.checkpoint_uri.startswith("file://"):
-        raise InvalidInput("inference outputs need a local or shared directory, not an object store",
-                           path="checkpoint_uri", hint="give a directory path")
-    folder = Path(request.checkpoint_uri.removeprefix("file://")).expanduser()
+    folder = outputs_folder(request)
     folder.mkdir(parents=True, exist_ok=True)
-    outputs = folder / "outputs.jsonl"
+    outputs = folder / OUTPUTS_FILE
     seed = request.spec.train.seed if request.spec.train else 0
-    on_progress({"event": "started", "step": 0, "total_steps": 0, "tokens": 0, "resumed_from_step": None})
+    already = _lines_written(outputs)
+    on_progress({"event": "started", "step": already, "total_steps": 0, "tokens": 0,
+                 "resumed_from_step": already or None})
+    if already:
+        on_log(f"resuming: {already} requests are already in {outputs}")
 
     def progress(done: int, total: int) -> None:
         on_progress({"event": "step", "step": done, "total_steps": total, "tokens": 0, "loss": None,

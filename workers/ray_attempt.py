@@ -1,4 +1,5 @@
-"""The driver of one Ray attempt: a detached, named actor that owns the ``TorchTrainer.fit()`` call.
+"""The driver of one Ray attempt: a detached, named actor that owns the ``TorchTrainer.fit()`` call
+of a training job, or the Ray task of an inference job.
 
 It lives in the Ray namespace ``gpuplan`` under the attempt's handle, pinned to the head node with
 no CPU, so the attempt outlives the process that submitted it: any process connected to the
@@ -7,7 +8,15 @@ logs, or a cancel. Actors and placement groups that ``fit()`` creates descend fr
 actor, so Ray keeps them when the submitting driver's job ends.
 
 The actor is also the attempt's progress sink: rank 0 reports events and log lines to it and
-polls its cancel flag (the methods of :class:`workers.ray_loop.ProgressActor`). After ``fit()``
+polls its cancel flag (the methods of :class:`workers.ray_loop.ProgressActor`).
+
+Inference (``task: infer``) runs as one Ray task (``workers.ray_loop.ray_infer_task``) that holds
+the planned GPUs on one node (``accelerator_type`` from the strategy; the worker generates on the
+first of them) and one CPU, or the planned CPUs with no GPU. It reports to this actor like rank 0.
+Cancel force-cancels the task, pending or running: outputs are appended a batch at a time and
+fsynced, and a torn last line is cut on resume, so killing it mid-batch loses at most that batch.
+A lost process or node makes Ray retry the task (up to ``max_failures`` times) and the retry
+skips the requests already in the outputs file; bad input comes back as an error, not retried. After ``fit()``
 returns, the actor keeps the outcome and the final progress until the scheduler has read them
 (``release``), or at most ``keep_finished_s``, then exits, so finished attempts do not pile up.
 Before that it writes them, logs included, as a record next to the Ray Train run
@@ -23,15 +32,17 @@ from __future__ import annotations
 import json
 import threading
 import traceback
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import ray
 
 from catalog.errors import GpuplanError
+from planner.types import Strategy
 from workers.executor import RunProgress, RunRequest, RunState
-from workers.placement import node_labels, placement_for
-from workers.ray_loop import ProgressActor, ray_train_loop
+from workers.placement import infeasibility, node_labels, placement_for
+from workers.ray_loop import ProgressActor, ray_infer_task, ray_train_loop
 from workers.train import TrainJob
 
 NAMESPACE = "gpuplan"
@@ -71,6 +82,7 @@ class AttemptDriver(ProgressActor):
         self._started = False
         self._released = False
         self._self: Any = None
+        self._task: Any = None  # the ObjectRef of an inference attempt's task, once submitted
 
     # -------------------------------------------------------------- called by the executor
 
@@ -87,7 +99,7 @@ class AttemptDriver(ProgressActor):
             state, message = self._state, self._message
         return {"state": state.value, "message": message, "snapshot": self.snapshot(),
                 "strategy": self._request.strategy, "run_name": self._request.run_name,
-                "done": self._done.is_set()}
+                "task": self._request.spec.task, "done": self._done.is_set()}
 
     def all_logs(self, since: int = 0) -> list[str]:
         with self._lock:
@@ -99,9 +111,13 @@ class AttemptDriver(ProgressActor):
 
     def cancel(self) -> None:
         """Stop the attempt: rank 0 polls the flag every step, Ray Train's controller before each
-        try to place the worker group (``_cancel_gate``), so a pending attempt stops too."""
+        try to place the worker group (``_cancel_gate``), so a pending attempt stops too. An
+        inference task is force-cancelled, whether it waits for resources or runs."""
         with self._lock:
             self._cancel = True
+            task = self._task
+        if task is not None:
+            ray.cancel(task, force=True)
 
     def release(self) -> None:
         """The scheduler has recorded the outcome: exit now, or as soon as the attempt ends."""
@@ -116,6 +132,9 @@ class AttemptDriver(ProgressActor):
     def _run(self) -> None:
         request = self._request
         try:
+            if request.spec.task == "infer":
+                self._run_infer()
+                return
             _preflight(request)
             if self.cancelled():
                 self._set(RunState.CANCELLED, "cancelled before it started")
@@ -151,6 +170,45 @@ class AttemptDriver(ProgressActor):
                 timer.daemon = True
                 timer.start()
 
+    def _run_infer(self) -> None:
+        from workers.infer_job import outputs_folder
+
+        request = self._request
+        outputs_folder(request)  # an unusable output location fails before anything is scheduled
+        placement = placement_for(request.strategy, node_labels(live_nodes()))
+        with self._lock:
+            if self._cancel:
+                self._set_locked(RunState.CANCELLED, "cancelled before it started")
+                return
+            task = ray.remote(ray_infer_task).options(
+                **infer_resources(request.strategy, placement.accelerator), max_retries=self._settings.max_failures,
+                retry_exceptions=False)
+            self._task = task.remote(request, self._self, placement.use_gpu, self._settings.cpu_threads)
+        try:
+            outcome: dict[str, Any] = ray.get(self._task)
+        except Exception:
+            if not self.cancelled():
+                raise
+            self._set(RunState.CANCELLED, self._infer_cancel_note())
+            return
+        snapshot = self.snapshot()
+        if isinstance(outcome.get("error"), str):
+            self._set(RunState.FAILED, outcome["error"])
+        elif self.cancelled():  # the cancel came as the last batch was written: it did finish
+            self._set(RunState.SUCCEEDED, f"generated {outcome.get('steps')} requests (cancelled as it finished)")
+        else:
+            self._set(RunState.SUCCEEDED, f"generated {outcome.get('steps')} requests"
+                      + resume_note(snapshot, "infer"))
+
+    def _infer_cancel_note(self) -> str:
+        snapshot = self.snapshot()
+        progress = snapshot["progress"]
+        if not snapshot.get("started_at"):
+            return "cancelled while waiting for resources"
+        if progress.total_steps == 0:
+            return "cancelled before its first batch was written"
+        return f"cancelled after {progress.step} of {progress.total_steps} requests"
+
     def _write_record(self) -> None:
         with self._lock:
             state, message = self._state, self._message
@@ -168,7 +226,10 @@ class AttemptDriver(ProgressActor):
 
     def _set(self, state: RunState, message: str) -> None:
         with self._lock:
-            self._state, self._message = state, message
+            self._set_locked(state, message)
+
+    def _set_locked(self, state: RunState, message: str) -> None:
+        self._state, self._message = state, message
 
     def _cancel_note(self) -> str:
         progress = self.snapshot()["progress"]
@@ -183,6 +244,26 @@ class AttemptDriver(ProgressActor):
 
 def live_nodes() -> list[dict[str, float]]:
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
+
+
+def infer_resources(strategy: Strategy, accelerator: str | None) -> dict[str, Any]:
+    """Ray options of an inference task: all planned GPUs (and one CPU) on one node, or the planned CPUs."""
+    if placement_for(strategy).use_gpu:
+        return {"num_cpus": 1, "num_gpus": strategy.gpu_count, "accelerator_type": accelerator}
+    return {"num_cpus": strategy.gpu_count}
+
+
+def attempt_infeasibility(task: str, strategy: Strategy, nodes: Sequence[Mapping[str, float]]) -> str | None:
+    """None if some node(s) of ``nodes`` could ever run the attempt, else why not."""
+    if task == "train":
+        return infeasibility(strategy, nodes)
+    if task != "infer":
+        return f"the Ray executor runs train and infer jobs, not {task!r}"
+    if strategy.nodes > 1:
+        return (f"the inference worker runs on one node, but the plan spreads it over {strategy.nodes} nodes "
+                f"({strategy.gpu_count} x {strategy.gpu})")
+    per_gpu_cpus = 1.0 / strategy.gpu_count if placement_for(strategy).use_gpu else 1.0  # one CPU for the task
+    return infeasibility(strategy, nodes, cpus_per_worker=per_gpu_cpus)
 
 
 class CancelledWhilePending(Exception):
@@ -294,11 +375,13 @@ def _rank0_outcome(result: Any) -> str:
     return "ok"
 
 
-def resume_note(snapshot: dict[str, Any]) -> str:
+def resume_note(snapshot: dict[str, Any], task: str = "train") -> str:
     resumes = int(snapshot.get("resumes", 0))
     progress = snapshot["progress"]
     if not resumes:
         return ""
+    if task == "infer":
+        return f"; resumed {resumes} time(s), last with {progress.resumed_from_step} requests already written"
     return f"; resumed {resumes} time(s), last from the checkpoint of step {progress.resumed_from_step}"
 
 

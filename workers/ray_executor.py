@@ -1,4 +1,5 @@
-"""RayExecutor: runs an attempt as a Ray Train V2 ``TorchTrainer`` on a Ray cluster.
+"""RayExecutor: runs an attempt on a Ray cluster: training as a Ray Train V2 ``TorchTrainer``,
+inference (``task: infer``) as one Ray task holding the planned GPUs (see ``workers.ray_attempt``).
 
 How failures surface (what the scheduler sees in ``status()``):
 
@@ -8,8 +9,12 @@ How failures surface (what the scheduler sees in ``status()``):
   newest checkpoint in the job's store. The state stays RUNNING; ``progress.resumed_from_step``
   and ``metrics['resumes']`` count the resumes, and ``message`` says so. This executor never
   reports PREEMPTED: that state is for executors that cannot move a run by themselves.
+- Inference: a lost node or process makes Ray retry the task (up to N times); the retry skips the
+  requests already in the outputs file, so ``progress.resumed_from_step`` is the number of
+  requests an earlier try wrote. The state stays RUNNING.
 - More than N real failures, or a bad input (missing data file, invalid model config, a
-  checkpoint of a different model shape, an unreachable store): FAILED with the reason. Bad input
+  checkpoint of a different model shape, an unreachable store, a missing or malformed prompts file):
+  FAILED with the reason. Bad input
   is not retried: the same input would fail the same way.
 - A job that no node of the cluster could ever hold: ``submit`` raises ``Infeasible`` with the
   reason instead of pending silently; while a submitted run waits for resources, ``message`` says
@@ -24,11 +29,12 @@ A finished attempt keeps its outcome and final progress until ``release`` (the s
 it once the outcome is recorded; at most ``keep_finished_s`` otherwise), then its actor exits;
 its record in the Ray storage path answers ``status`` and ``logs`` from then on.
 
-Cancel: a running training loop stops at its next step (rank 0 polls the flag); an attempt still
-waiting for resources (for its first workers, or for new ones after a node loss) stops at Ray
-Train's next try to place its workers, within about ``start_timeout_s``, with no placement group
-left behind. Never two at once: ``submit`` first stops any attempt of the same ``run_name`` still
-alive (an orphan of a crashed scheduler), by cancel and, failing that, by killing its driver.
+Cancel: a running training loop stops at its next step (rank 0 polls the flag); an inference task
+is force-cancelled at once, running or pending; a training attempt still waiting for resources
+(for its first workers, or for new ones after a node loss) stops at Ray Train's next try to place
+its workers, within about ``start_timeout_s``, with no placement group left behind. Never two
+at once: ``submit`` first stops any attempt of the same ``run_name`` still alive (an orphan of a
+crashed scheduler), by cancel and, failing that, by killing its driver.
 """
 
 from __future__ import annotations
@@ -44,9 +50,16 @@ import ray
 
 from catalog.errors import ExecutionError, Infeasible, NotFound
 from workers.executor import RunProgress, RunRequest, RunState, RunStatus
-from workers.placement import infeasibility
 from workers.progress import result_metrics
-from workers.ray_attempt import NAMESPACE, DriverSettings, attempt_driver, live_nodes, read_record, resume_note
+from workers.ray_attempt import (
+    NAMESPACE,
+    DriverSettings,
+    attempt_driver,
+    attempt_infeasibility,
+    live_nodes,
+    read_record,
+    resume_note,
+)
 
 __all__ = ["NAMESPACE", "RayExecutor", "live_nodes"]
 
@@ -79,9 +92,7 @@ class RayExecutor:
 
     def feasibility(self, request: RunRequest) -> str | None:
         self._connect()
-        if request.spec.task != "train":
-            return f"the Ray executor runs training jobs only, not {request.spec.task!r}"
-        return infeasibility(request.strategy, live_nodes())
+        return attempt_infeasibility(request.spec.task, request.strategy, live_nodes())
 
     def submit(self, request: RunRequest) -> str:
         reason = self.feasibility(request)
@@ -171,11 +182,12 @@ class RayExecutor:
         snapshot: dict[str, Any] = info["snapshot"]
         progress: RunProgress = snapshot["progress"]
         state, message = RunState(info["state"]), str(info["message"])
+        task = str(info.get("task", "train"))
         if not state.finished:
-            started = progress.total_steps > 0
+            started = progress.total_steps > 0 or bool(snapshot.get("started_at"))
             state = RunState.RUNNING if started else RunState.PENDING
-            message = "running" + resume_note(snapshot) if started else "waiting for workers to start"
-            reason = infeasibility(info["strategy"], live_nodes())
+            message = "running" + resume_note(snapshot, task) if started else "waiting for workers to start"
+            reason = attempt_infeasibility(task, info["strategy"], live_nodes())
             if reason is not None:
                 message = f"{message}; waiting for resources: {reason}"
         metrics = result_metrics(snapshot.get("result"), int(snapshot.get("resumes", 0))) if state.finished else {}

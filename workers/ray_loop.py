@@ -1,4 +1,5 @@
-"""Ray side of a run: the ``train_loop_per_worker`` for TorchTrainer and the progress sink.
+"""Ray side of a run: the ``train_loop_per_worker`` for TorchTrainer, the inference task, and the
+progress sink.
 
 :class:`ProgressActor` is what rank 0 reports to; the attempt's driver actor
 (``workers.ray_attempt.AttemptDriver``) is one. It lives on the head node, not on a worker node
@@ -9,15 +10,17 @@ restarts of the worker group, so it sees every resume of the attempt.
 from __future__ import annotations
 
 import time
+import traceback
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from catalog.errors import InvalidInput
+from catalog.errors import GpuplanError, InvalidInput
 from workers.hooks import Signal, TrainHooks
 from workers.progress import ProgressTracker
 
 if TYPE_CHECKING:
+    from workers.executor import RunRequest
     from workers.train import TrainJob
 
 
@@ -100,3 +103,45 @@ def ray_train_loop(config: dict[str, Any]) -> dict[str, Any]:
         if rank == 0:
             hooks.on_log(f"error: {exc}")
         return {"error": str(exc)}
+
+
+def ray_infer_task(request: RunRequest, progress: Any, use_gpu: bool, cpu_threads: int | None) -> dict[str, Any]:
+    """An inference attempt as one Ray task holding the planned GPUs (or one CPU).
+
+    Reports to ``progress`` like rank 0 of a training run. Bad input (a missing prompts file, an
+    object-store output path, ...) and any other error of the worker itself come back as
+    ``{"error": ...}`` rather than raised: Ray retries the task only when its process or node is
+    lost, and the retry resumes from the outputs file.
+    """
+    import torch
+
+    from workers.infer_job import run_infer_attempt
+
+    device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
+    if device == "cpu" and cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    hooks = _InferHooks(progress)
+    try:
+        return run_infer_attempt(request, device=device, on_progress=hooks.on_progress, on_log=hooks.on_log)
+    except GpuplanError as exc:
+        hooks.on_log(f"error: {exc}")
+        return {"error": str(exc)}
+    except Exception as exc:  # the traceback goes to the logs, the one-line reason to the status
+        hooks.on_log(traceback.format_exc())
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+class _InferHooks:
+    """Blocking calls (one per batch, not per step): the driver has every line and event before it
+    sees the task's result, and the sink serves calls on several threads, in no set order."""
+
+    def __init__(self, progress: Any) -> None:
+        self._progress = progress
+
+    def on_log(self, line: str) -> None:
+        ray.get(self._progress.log.remote(line))
+
+    def on_progress(self, progress: dict[str, Any]) -> None:
+        if progress.get("event") == "started":  # where it runs: what a node loss would hit
+            progress = {**progress, "node_id": ray.get_runtime_context().get_node_id()}
+        ray.get(self._progress.event.remote(progress))

@@ -200,3 +200,125 @@ def test_node_loss_then_spot_notice_both_resume_and_match_an_uninterrupted_run(
         for node in nodes:
             if node in ray_cluster.worker_nodes:
                 ray_cluster.remove_node(node)
+
+
+# ------------------------------------------------------------------ inference (task: infer)
+
+def _infer_request(ckpt: Path, job: str, strategy: Strategy, *, attempt: int = 1, **infer: Any) -> RunRequest:
+    """The catalog's tiny-llama preset (random init, 4 layers): a few ms per token on one CPU core."""
+    from planner.spec import spec_from_dict
+
+    section = {"batch": 2, "prompt_tokens": 4, "output_tokens": 3, "requests": 4, **infer}
+    spec = spec_from_dict({"name": job, "task": "infer", "model": "tiny-llama", "infer": section})
+    return RunRequest(job_id=job, attempt=attempt, spec=spec, strategy=strategy.model_copy(update={"task": "infer"}),
+                      checkpoint_uri=str(ckpt), run_name=job)
+
+
+def _output_ids(folder: Path) -> list[int]:
+    import json
+
+    return [json.loads(line)["id"] for line in (folder / "outputs.jsonl").read_text().splitlines()]
+
+
+def test_runs_an_inference_job_and_a_new_attempt_redoes_nothing(ray_cluster: Any, tmp_path: Path) -> None:
+    executor = _executor(tmp_path)
+    request = _infer_request(tmp_path / "out", "ray-gen", cpu_strategy())
+    assert executor.feasibility(request) is None
+    handle = executor.submit(request)
+    status = executor.wait(handle, timeout=240)
+    assert status.state is RunState.SUCCEEDED, (status.message, executor.logs(handle)[-5:])
+    assert status.message == "generated 4 requests"
+    assert status.progress.step == 4 and status.progress.total_steps == 4
+    assert status.metrics["tokens"] == 4 * 3 and status.metrics["resumes"] == 0
+    assert sorted(_output_ids(tmp_path / "out")) == [0, 1, 2, 3]
+    assert any("generated 4 requests (0 already done)" in line for line in executor.logs(handle))
+    executor.release(handle)
+    # A new attempt (a requeue after a lost node, a restarted scheduler) resumes from the outputs.
+    lines = (tmp_path / "out" / "outputs.jsonl").read_text()
+    again = executor.wait(executor.submit(dataclasses.replace(request, attempt=2)), timeout=240)
+    assert again.state is RunState.SUCCEEDED, again.message
+    assert again.progress.resumed_from_step == 4 and again.metrics["resumes"] == 1
+    assert "4 requests already written" in again.message
+    assert (tmp_path / "out" / "outputs.jsonl").read_text() == lines
+    executor.release(again.handle)
+
+
+def test_cancel_stops_a_running_inference_job_and_the_next_attempt_finishes_it(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    executor = _executor(tmp_path)
+    request = _infer_request(tmp_path / "out", "ray-gen-cancel", cpu_strategy(), batch=1, requests=150)
+    handle = executor.submit(request)
+    _wait_for(executor, handle, lambda s: s["progress"].step >= 2)
+    executor.cancel(handle)
+    status = executor.wait(handle, timeout=120)
+    assert status.state is RunState.CANCELLED, (status.message, executor.logs(handle)[-5:])
+    assert status.message.startswith("cancelled after ") and status.message.endswith(" of 150 requests")
+    written = _output_ids(tmp_path / "out")  # whole batches only: the kill left no torn line to read
+    assert 2 <= len(written) < 150
+    assert executor.active() == []
+    executor.release(handle)
+    resumed = executor.wait(executor.submit(dataclasses.replace(request, attempt=2)), timeout=600)
+    assert resumed.state is RunState.SUCCEEDED, resumed.message
+    assert resumed.progress.resumed_from_step is not None and resumed.progress.resumed_from_step >= len(written)
+    assert sorted(_output_ids(tmp_path / "out")) == list(range(150))  # none redone, none missing
+    executor.release(resumed.handle)
+
+
+def test_an_inference_job_with_a_missing_prompts_file_fails_with_the_reason(ray_cluster: Any, tmp_path: Path) -> None:
+    executor = _executor(tmp_path)
+    missing = tmp_path / "nope.jsonl"
+    status = executor.wait(executor.submit(
+        _infer_request(tmp_path / "out", "ray-gen-bad", cpu_strategy(), prompts=str(missing))), timeout=240)
+    assert status.state is RunState.FAILED
+    assert status.message.startswith(f"prompts file {missing} does not exist")
+    assert any("error: prompts file" in line for line in executor.logs(status.handle))
+    executor.release(status.handle)
+    to_s3 = dataclasses.replace(_infer_request(tmp_path / "out", "ray-gen-s3", cpu_strategy()),
+                                checkpoint_uri="s3://bucket/gen")
+    s3 = executor.wait(executor.submit(to_s3), timeout=120)
+    assert s3.state is RunState.FAILED and "not an object store" in s3.message
+    executor.release(s3.handle)
+
+
+def test_an_inference_job_holds_its_planned_gpu_waits_for_it_and_is_refused_when_none_fits(
+        ray_cluster: Any, tmp_path: Path) -> None:
+    import ray
+
+    node = ray_cluster.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:H100": 1})
+    holder: Any = None
+    try:
+        ray_cluster.wait_for_nodes()
+        executor = _executor(tmp_path)
+        h100 = Strategy(gpu="H100-SXM", gpu_count=1, precision="bf16")
+        too_big = _infer_request(tmp_path / "out", "ray-gen-8", h100.model_copy(update={"gpu_count": 8}))
+        with pytest.raises(Infeasible, match="needs 8 x accelerator_type:H100 per node; the biggest node has 1"):
+            executor.submit(too_big)
+        spread = _infer_request(tmp_path / "out", "ray-gen-2n", h100.model_copy(update={"gpu_count": 2, "nodes": 2}))
+        assert "runs on one node, but the plan spreads it over 2 nodes" in str(executor.feasibility(spread))
+
+        # The only H100 is taken: the attempt waits for it; a cancel stops it while it waits.
+        holder = ray.remote(num_cpus=0, num_gpus=1, resources={"accelerator_type:H100": 1})(_Holder).remote()
+        assert ray.get(holder.ready.remote())
+        request = _infer_request(tmp_path / "out", "ray-gen-gpu", h100)
+        first = executor.submit(request)
+        status = executor.status(first)
+        assert status.state is RunState.PENDING and status.message == "waiting for workers to start"
+        executor.cancel(first)
+        status = executor.wait(first, timeout=120)
+        assert status.state is RunState.CANCELLED and status.message == "cancelled while waiting for resources"
+        assert not (tmp_path / "out" / "outputs.jsonl").exists()
+        executor.release(first)
+        # Once the H100 is free, the next attempt runs on the node that has it (its fake GPU
+        # has no CUDA behind it, so the worker generates on that node's CPU).
+        ray.kill(holder)
+        holder = None
+        handle = executor.submit(dataclasses.replace(request, attempt=2))
+        status = executor.wait(handle, timeout=240)
+        assert status.state is RunState.SUCCEEDED, (status.message, executor.logs(handle)[-5:])
+        assert executor.snapshot(handle)["node_id"] == node.node_id
+        assert sorted(_output_ids(tmp_path / "out")) == [0, 1, 2, 3]
+        executor.release(handle)
+    finally:
+        if holder is not None:
+            ray.kill(holder)
+        ray_cluster.remove_node(node)
