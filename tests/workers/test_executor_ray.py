@@ -322,3 +322,31 @@ def test_an_inference_job_holds_its_planned_gpu_waits_for_it_and_is_refused_when
         if holder is not None:
             ray.kill(holder)
         ray_cluster.remove_node(node)
+
+
+@pytest.mark.slow
+def test_an_inference_job_resumes_from_its_outputs_after_its_node_is_lost(ray_cluster: Any, tmp_path: Path) -> None:
+    """Kill the node generating with no warning: Ray retries the task on another node, which skips
+    the requests already written; every request is answered exactly once."""
+    fake_gpu = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}}
+    nodes = [ray_cluster.add_node(**fake_gpu) for _ in range(2)]
+    try:
+        ray_cluster.wait_for_nodes()
+        executor = _executor(tmp_path)
+        strategy = Strategy(gpu="H100-SXM", gpu_count=1, precision="bf16")
+        handle = executor.submit(_infer_request(tmp_path / "out", "ray-gen-kill", strategy, batch=1, requests=150))
+        snap = _wait_for(executor, handle, lambda s: s["progress"].step >= 3)
+        victim = next(n for n in nodes if n.node_id == snap["node_id"])
+        ray_cluster.remove_node(victim, allow_graceful=False)
+        nodes.remove(victim)
+        status = executor.wait(handle, timeout=600)
+        assert status.state is RunState.SUCCEEDED, (status.message, executor.logs(handle)[-5:])
+        assert status.metrics["resumes"] == 1 and "resumed 1 time(s)" in status.message
+        assert status.progress.resumed_from_step is not None and status.progress.resumed_from_step >= 3
+        assert executor.snapshot(handle)["node_id"] == nodes[0].node_id
+        assert sorted(_output_ids(tmp_path / "out")) == list(range(150))  # none redone, none missing
+        executor.release(handle)
+    finally:
+        for node in nodes:
+            if node in ray_cluster.worker_nodes:
+                ray_cluster.remove_node(node)
