@@ -611,6 +611,9 @@ def server_command(
                                 help="API processes, or auto: 1 on SQLite (one writer at a time), up to 4 (one per "
                                 "core) on PostgreSQL. With more than 1 the scheduling loop runs in the supervising "
                                 "process."),
+    ray_namespace: str | None = typer.Option(
+        None, "--ray-namespace", help="Ray namespace of this server's attempts (with --executor ray). Default: "
+        "gpuplan- and a hash of the database URL, so servers of different databases can share one Ray cluster."),
 ) -> None:
     """Run the REST API and the scheduling loop (uvicorn). Upgrades the database schema first.
 
@@ -631,6 +634,7 @@ def server_command(
         make_executor,
         make_loop,
         make_service,
+        ray_namespace_for,
         serve,
         serve_workers,
     )
@@ -639,7 +643,8 @@ def server_command(
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     db_url = database_url(os.environ, home=home)
     count = api_workers(workers, db_url, os.cpu_count())
-    run = make_executor(executor)
+    namespace = ray_namespace or ray_namespace_for(db_url)
+    run = make_executor(executor, ray_namespace=namespace)
     catalog = load_catalog()
     if executor != "none":  # this machine's GPUs, if any, as a $0/h offer the planner may pick
         from datetime import date
@@ -654,7 +659,8 @@ def server_command(
     if not admin_token:
         err_console.print("[yellow]no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled[/]")
     err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database {service.store.dialect}, "
-                      f"executor {executor}, {count} API worker{'s' if count > 1 else ''}")
+                      f"executor {executor}{f' (Ray namespace {namespace})' if executor == 'ray' else ''}, "
+                      f"{count} API worker{'s' if count > 1 else ''}")
     if count == 1:
         serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port)
         return

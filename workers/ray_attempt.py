@@ -1,9 +1,9 @@
 """The driver of one Ray attempt: a detached, named actor that owns the ``TorchTrainer.fit()`` call
 of a training job, or the Ray task of an inference job.
 
-It lives in the Ray namespace ``gpuplan`` under the attempt's handle, pinned to the head node with
-no CPU, so the attempt outlives the process that submitted it: any process connected to the
-cluster finds it by name (``ray.get_actor(handle, namespace="gpuplan")``) and asks it for status,
+It lives in its executor's Ray namespace (default ``gpuplan``) under the attempt's handle, pinned
+to the head node with no CPU, so the attempt outlives the process that submitted it: any process
+connected to the cluster finds it by name (``ray.get_actor(handle, namespace=...)``) and asks it for status,
 logs, or a cancel. Actors and placement groups that ``fit()`` creates descend from this detached
 actor, so Ray keeps them when the submitting driver's job ends.
 
@@ -317,7 +317,7 @@ def build_trainer(request: RunRequest, settings: DriverSettings, driver: Any) ->
     )
 
 
-def attempt_driver(request: RunRequest, settings: DriverSettings, handle: str) -> Any:
+def attempt_driver(request: RunRequest, settings: DriverSettings, handle: str, namespace: str = NAMESPACE) -> Any:
     """Create the detached driver actor of one attempt (not started yet).
 
     Ray Train hands its settings (``RAY_TRAIN_*``: preemption poll, health check, ...) from the
@@ -329,7 +329,7 @@ def attempt_driver(request: RunRequest, settings: DriverSettings, handle: str) -
     env = {**get_env_vars_to_propagate(), START_TIMEOUT_ENV: str(settings.start_timeout_s)}
     cls = ray.remote(AttemptDriver)
     return cls.options(
-        name=handle, namespace=NAMESPACE, lifetime="detached", num_cpus=0, max_restarts=0, max_concurrency=16,
+        name=handle, namespace=namespace, lifetime="detached", num_cpus=0, max_restarts=0, max_concurrency=16,
         resources={HEAD_NODE_RESOURCE: 0.001}, runtime_env={"env_vars": env},
     ).remote(request, settings)
 

@@ -21,10 +21,14 @@ How failures surface (what the scheduler sees in ``status()``):
   which.
 
 Attempts outlive the process that submitted them. Each attempt's driver (the ``fit()`` call and
-the outcome bookkeeping) runs in a detached, named actor (``workers.ray_attempt``: namespace
-``gpuplan``, name = the handle) on the head node. ``status``, ``logs``, ``cancel`` and ``active``
-find attempts through Ray by name, so a new ``RayExecutor`` in a restarted scheduler, or any other
-process connected to the cluster, sees exactly what Ray is running; this object keeps no state.
+the outcome bookkeeping) runs in a detached, named actor (``workers.ray_attempt``: name = the
+handle) on the head node, in this executor's Ray namespace (``namespace``, default ``gpuplan``).
+``status``, ``logs``, ``cancel`` and ``active`` find attempts through Ray by name in that
+namespace, so a new ``RayExecutor`` in a restarted scheduler, or any other process connected to
+the cluster, sees exactly what Ray is running; this object keeps no state. Executors with
+different namespaces share a cluster without seeing each other's attempts: ``gpuplan server``
+gives each database its own (``scheduler.api.server.ray_namespace_for``), since a scheduler cancels
+every attempt it sees and has no row for as an orphan.
 A finished attempt keeps its outcome and final progress until ``release`` (the scheduler calls
 it once the outcome is recorded; at most ``keep_finished_s`` otherwise), then its actor exits;
 its record in the Ray storage path answers ``status`` and ``logs`` from then on.
@@ -73,8 +77,9 @@ class RayExecutor:
                  backend: str | None = None, cpu_threads: int | None = None, predict: Predictor | None = None,
                  log_every_s: float = 2.0, init_kwargs: dict[str, Any] | None = None,
                  keep_finished_s: float = 24 * 3600.0, start_timeout_s: float = 10.0,
-                 call_timeout_s: float = 30.0) -> None:
+                 call_timeout_s: float = 30.0, namespace: str = NAMESPACE) -> None:
         self._address = address
+        self._namespace = namespace
         self._storage_path = storage_path or str(Path.home() / ".gpuplan" / "ray")
         self._max_failures = max_failures
         self._backend = backend  # None: nccl on GPUs, gloo on CPUs; tests with fake GPUs pass "gloo"
@@ -106,7 +111,7 @@ class RayExecutor:
             cpu_threads=self._cpu_threads, log_every_s=self._log_every_s,
             predicted=self._predict(request) if self._predict is not None else {},
             keep_finished_s=self._keep_finished_s, start_timeout_s=self._start_timeout_s)
-        driver = attempt_driver(request, settings, handle)
+        driver = attempt_driver(request, settings, handle, self._namespace)
         try:
             ray.get(driver.start.remote(), timeout=self._call_timeout_s * 4)  # the first actor may import a lot
         except Exception as exc:
@@ -138,17 +143,22 @@ class RayExecutor:
 
     # -------------------------------------------------------------- finding attempts through Ray
 
+    @property
+    def namespace(self) -> str:
+        """The Ray namespace this executor's attempts live in (and the only one it looks at)."""
+        return self._namespace
+
     def _handles(self) -> list[str]:
         self._connect()
         return sorted(entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
-                      if entry["namespace"] == NAMESPACE)
+                      if entry["namespace"] == self._namespace)
 
     def _driver(self, handle: str) -> Any:
         self._connect()
         try:
-            return ray.get_actor(handle, namespace=NAMESPACE)
+            return ray.get_actor(handle, namespace=self._namespace)
         except ValueError:
-            raise NotFound(f"no attempt with handle {handle!r} on this Ray cluster",
+            raise NotFound(f"no attempt with handle {handle!r} in Ray namespace {self._namespace!r}",
                            hint="it ended and was released, or its driver was lost with the head node") from None
 
     def _call(self, method: Any, *args: Any) -> Any:

@@ -15,6 +15,7 @@ Two ways to serve:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -54,7 +55,35 @@ def catalog_planner(catalog: Catalog) -> Planner:
     return run
 
 
-def make_executor(kind: str) -> Executor | None:
+def ray_namespace_for(database_url: str) -> str:
+    """The Ray namespace of one database's attempts: ``gpuplan-`` and 8 hex digits of its URL.
+
+    A scheduler cancels, as orphans, the attempts it sees in its namespace and has no row for, so
+    two servers of different databases on one Ray cluster must not share one. The URL is taken
+    without its password (a rotated password keeps the namespace) and without its driver
+    (``postgres://`` and ``postgresql+psycopg://`` are the same database); a SQLite path is made
+    absolute.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(database_url)
+    except ArgumentError:
+        key = database_url
+    else:
+        backend = "postgresql" if url.get_backend_name() == "postgres" else url.get_backend_name()
+        database = url.database or ""
+        if backend == "sqlite" and database and database != ":memory:":
+            database = str(Path(database).expanduser().resolve())
+        port = url.port or (5432 if backend == "postgresql" else "")
+        key = f"{backend}://{url.username or ''}@{url.host or ''}:{port}/{database}"
+    return "gpuplan-" + hashlib.sha256(key.encode()).hexdigest()[:8]
+
+
+def make_executor(kind: str, *, ray_namespace: str | None = None) -> Executor | None:
+    """The executor ``gpuplan server --executor KIND`` runs; ``ray_namespace`` only for ``ray``
+    (None: RayExecutor's default, ``gpuplan``)."""
     if kind == "inprocess":
         from workers.inprocess import InProcessExecutor
 
@@ -62,7 +91,7 @@ def make_executor(kind: str) -> Executor | None:
     if kind == "ray":
         from workers.ray_executor import RayExecutor
 
-        return RayExecutor()
+        return RayExecutor() if ray_namespace is None else RayExecutor(namespace=ray_namespace)
     if kind == "none":
         return None
     raise InvalidInput(f"unknown executor {kind!r}", path="executor", hint="one of " + ", ".join(EXECUTORS))

@@ -350,3 +350,28 @@ def test_an_inference_job_resumes_from_its_outputs_after_its_node_is_lost(ray_cl
         for node in nodes:
             if node in ray_cluster.worker_nodes:
                 ray_cluster.remove_node(node)
+
+
+def test_executors_in_different_namespaces_do_not_see_each_others_attempts(ray_cluster: Any, tmp_path: Path) -> None:
+    """Two servers of two databases on one cluster: neither may take the other's attempts for orphans."""
+    team_a = RayExecutor(storage_path=str(tmp_path / "ray"), cpu_threads=1, log_every_s=0.0, namespace="gpuplan-a")
+    team_b = RayExecutor(storage_path=str(tmp_path / "ray"), cpu_threads=1, log_every_s=0.0, namespace="gpuplan-b")
+    request = _infer_request(tmp_path / "out", "ray-gen-ns", cpu_strategy(), batch=1, requests=150)
+    handle = team_a.submit(request)
+    try:
+        assert team_a.active() == [handle]
+        assert team_b.active() == []
+        with pytest.raises(NotFound, match="namespace 'gpuplan-b'"):
+            team_b.status(handle)
+        team_b.cancel(handle)  # what B's reconcile would do to an orphan: nothing reaches A's attempt
+        # B submitting a job of the same run name does not stop A's either (never two at once is per database).
+        other = team_b.submit(dataclasses.replace(request, checkpoint_uri=str(tmp_path / "out-b"), attempt=7))
+        assert team_b.active() == [other] and team_a.active() == [handle]
+        assert not team_a.status(handle).state.finished
+        team_b.cancel(other)
+        assert team_b.wait(other, timeout=120).state is RunState.CANCELLED
+        team_b.release(other)
+    finally:
+        team_a.cancel(handle)
+        assert team_a.wait(handle, timeout=120).state is RunState.CANCELLED
+        team_a.release(handle)
