@@ -123,12 +123,16 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    if enable is None:
+    # Non-reentrant: works with frozen inputs (LoRA) and with FSDP2. Newer transformers renamed the
+    # method (the old name warns that it goes in v6); older ones, as on the H200 host, have only the old.
+    kwargs = {"use_reentrant": False}
+    if callable(enable := getattr(model, "activation_checkpointing_enable", None)):
+        enable(activation_checkpointing_kwargs=kwargs)
+    elif callable(enable := getattr(model, "gradient_checkpointing_enable", None)):
+        enable(gradient_checkpointing_kwargs=kwargs)
+    else:
         raise InvalidInput(f"{type(model).__name__} does not support activation checkpointing",
                            path="train.activation_checkpointing")
-    # Non-reentrant: works with frozen inputs (LoRA) and with FSDP2.
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     require_grads = getattr(model, "enable_input_require_grads", None)
     if require_grads is not None:
         require_grads()
