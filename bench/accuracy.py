@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from planner.calibration import (  # noqa: E402
 from planner.memory import infer_memory, kv_cache_bytes, lora_params_per_layer, train_memory  # noqa: E402
 from planner.throughput import (  # noqa: E402
     efficiency,
+    fsdp_collectives,
     infer_throughput,
     peak_tflops,
     traffic_bytes_per_token,
@@ -218,6 +220,7 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration) -> Calibration:
     thr = _fit_train_throughput([r for r in train_rows if r.train], gpu, base.throughput)
     thr = _fit_infer_throughput([r for r in train_rows if not r.train], gpu, thr)
     thr = _fit_ddp(train_rows, gpu, thr)
+    thr = _fit_fsdp(train_rows, gpu, thr)
     return Calibration(
         source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
                f"({datetime.now(UTC).date().isoformat()}); results bench/results/h200.json",
@@ -359,6 +362,28 @@ def _fit_ddp(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> Thro
     if not effs:
         return base
     return base.model_copy(update={"ddp_comm_efficiency": min(1.0, statistics.median(effs)), "ddp_overlap": 0.0})
+
+
+def _fit_fsdp(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+    """FSDP's fixed cost per collective (``fsdp_collective_s``): the step time the byte model leaves
+    unexplained, per all-gather/reduce-scatter. The link efficiency and overlap stay priors: fitting
+    the gap as bandwidth would need an implausible link efficiency (~0.17 on NVLink that all-reduces at
+    348 GB/s, docs/MEASUREMENTS.md) and would slow tensor-parallel predictions too. One constant, the
+    median over the non-holdout FSDP cases."""
+    fsdp = [r for r in rows if r.train and r.strategy.sharding in ("fsdp", "fsdp-grad-op")
+            and r.strategy.gpu_count > 1 and r.measured.get("median_step_s") and r.tps_ok]
+    without = base.model_copy(update={"fsdp_collective_s": 0.0})
+    per_collective = []
+    for r in fsdp:
+        est = train_throughput(r.model, r.strategy, int(r.case["seq_len"]), gpu, without)
+        layers = math.ceil(r.model.num_layers / r.strategy.pipeline_parallel)
+        count = fsdp_collectives(r.strategy, layers) * r.strategy.grad_accum
+        extra = float(r.measured["median_step_s"]) - est.step_time_s
+        if count:
+            per_collective.append(max(0.0, extra / count))
+    if not per_collective:
+        return base
+    return base.model_copy(update={"fsdp_collective_s": round(statistics.median(per_collective), 7)})
 
 
 def _bounded_lstsq(a: Any, y: Any, lower: dict[int, float]) -> Any:
@@ -667,9 +692,12 @@ step) and generate() has a per-token overhead. No constant was fitted on a hold-
 (`planner/calibration.json` lists the cases it was fitted on; tests/planner/test_calibration.py
 checks that none is a hold-out case). Tokens/s of runs the measurement flags as suspect
 (annotations.yaml) are neither fitted nor scored; since the 2-GPU re-measurement none is flagged.
-DDP communication is fitted on the two non-holdout DDP cases; FSDP's communication constants are
-priors, not fitted, and over-predict the four FSDP cases by 9-25%. Inference tokens/s are warm
-generate() calls (the first full-length call of a process pays cuDNN plan builds, see
+DDP communication is fitted on the two non-holdout DDP cases; FSDP's fixed cost per collective on
+the two non-holdout FSDP cases (its link efficiency and overlap stay priors; see `_fit_fsdp`).
+Disclosure: that term was added after the held-out FSDP errors (+8.6% grad-op, +25.3% 13B) were
+known; it is structure motivated by the non-holdout fit (as bandwidth, the gap needed a link
+efficiency of 0.17), and its one constant is fitted on the non-holdout cases only.
+Inference tokens/s are warm generate() calls (the first full-length call of a process pays cuDNN plan builds, see
 docs/MEASUREMENTS.md); the planner predicts steady-state batches, not a process's first one.
 """
 

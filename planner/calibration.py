@@ -72,6 +72,10 @@ class ThroughputCalibration(_Cal):
     optimizer_bw_efficiency: float = 0.6
     comm_efficiency: float = 0.7
     comm_overlap: float = 0.6
+    fsdp_collective_s: float = Field(
+        default=0.0, ge=0.0,
+        description="fixed cost of one FSDP collective (a layer's all-gather or reduce-scatter): launch and "
+        "sync that prefetching does not hide, on top of the bytes over the link")
     ddp_comm_efficiency: float = Field(default=0.7, description="DDP all-reduce bandwidth / link bandwidth")
     ddp_overlap: float = Field(default=0.6, description="fraction of DDP's all-reduce hidden behind backward")
     kv_traffic_factor: float = Field(default=3.0, description="passes over the KV cache per decode step")

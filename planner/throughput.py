@@ -106,6 +106,18 @@ def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     )
 
 
+def fsdp_collectives(strategy: KnobsLike, layers: int) -> int:
+    """Collectives per micro-step of FSDP: per layer an all-gather for forward, one more for backward
+    (full sharding; grad-op keeps the gathered weights), one more for the recompute of activation
+    checkpointing (full sharding), and a reduce-scatter of the gradients."""
+    if strategy.sharding not in ("fsdp", "fsdp-grad-op") or strategy.data_parallel <= 1:
+        return 0
+    gathers = 2 if strategy.sharding == "fsdp" else 1
+    if strategy.activation_checkpointing and strategy.sharding == "fsdp":
+        gathers += 1
+    return layers * (gathers + 1)
+
+
 def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
                      cal: ThroughputCalibration, *, gpus_per_node: int = 8, network_gbps: float = 100.0,
                      pc: ParamCount | None = None, memo: dict[tuple[object, ...], float] | None = None,
@@ -144,6 +156,7 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     trainable = local if ft == "full" else local * 0.01
     grad_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") else 2
     comm = 0.0
+    fixed_per_micro = 0.0
     if dp > 1:
         ring = 2 * (dp - 1) / dp
         if strategy.sharding in ("fsdp", "fsdp-grad-op"):
@@ -153,6 +166,7 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
             if strategy.activation_checkpointing and strategy.sharding == "fsdp":
                 comm += local * unsharded_b * (dp - 1) / dp / bw  # re-gather for the recompute
             comm_per_micro = comm
+            fixed_per_micro = fsdp_collectives(strategy, layers_here) * cal.fsdp_collective_s
         else:
             comm = ring * trainable * grad_b / (link * cal.ddp_comm_efficiency)
             comm_per_micro = comm / accum  # DDP syncs only on the last micro-step
@@ -163,7 +177,7 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     if tp > 1:
         act_b = 2 if strategy.precision != "fp32" else 4
         tp_comm = 8 * layers_here * tokens_micro * model.hidden_size * act_b * (tp - 1) / tp / bw
-    exposed = max(0.0, comm_per_micro - overlap * compute) + tp_comm
+    exposed = max(0.0, comm_per_micro - overlap * compute) + tp_comm + fixed_per_micro
 
     # optimizer step: read/write params, grads, states (+ temporaries) at memory bandwidth
     state_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") or ft != "full" else 2

@@ -6,7 +6,14 @@ import pytest
 
 from catalog.params import count_params
 from planner.calibration import ThroughputCalibration
-from planner.throughput import infer_throughput, matmul_params, peak_tflops, train_flops_per_token, train_throughput
+from planner.throughput import (
+    fsdp_collectives,
+    infer_throughput,
+    matmul_params,
+    peak_tflops,
+    train_flops_per_token,
+    train_throughput,
+)
 from planner.types import Strategy
 from tests.planner.factory import small_catalog
 
@@ -72,3 +79,23 @@ def test_decode_is_bandwidth_bound_and_int8_reads_fewer_bytes() -> None:
     assert fast.decode_tokens_per_s > 3 * slow.decode_tokens_per_s
     q = infer_throughput(m, strat(gpu="L4", batch=8, weights="int8"), 512, 128, l4, CAL)
     assert q.decode_tokens_per_s is not None and q.decode_tokens_per_s > slow.decode_tokens_per_s
+
+
+def test_fsdp_pays_a_fixed_cost_per_collective_and_nothing_else_does() -> None:
+    m = CAT.model("llama-3-8b")
+    full = strat(gpu_count=2, sharding="fsdp", activation_checkpointing=True, micro_batch=1, grad_accum=2)
+    grad_op = strat(gpu_count=2, sharding="fsdp-grad-op", micro_batch=1)
+    ddp = strat(gpu_count=2, sharding="ddp", micro_batch=1)
+    # per layer: forward, backward and recompute all-gathers + a reduce-scatter (full); grad-op gathers once
+    assert fsdp_collectives(full, m.num_layers) == 4 * m.num_layers
+    assert fsdp_collectives(grad_op, m.num_layers) == 2 * m.num_layers
+    assert fsdp_collectives(ddp, m.num_layers) == 0
+    assert fsdp_collectives(strat(sharding="fsdp"), m.num_layers) == 0  # one GPU: nothing to gather
+    h200 = CAT.gpu("H200")
+    cost = CAL.model_copy(update={"fsdp_collective_s": 1e-3})
+    for s in (full, grad_op):
+        before = train_throughput(m, s, 2048, h200, CAL).step_time_s
+        after = train_throughput(m, s, 2048, h200, cost).step_time_s
+        assert after - before == pytest.approx(1e-3 * fsdp_collectives(s, m.num_layers) * s.grad_accum)
+    assert train_throughput(m, ddp, 2048, h200, cost).step_time_s == train_throughput(m, ddp, 2048, h200,
+                                                                                      CAL).step_time_s
