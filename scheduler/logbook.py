@@ -1,48 +1,68 @@
-"""Executor log lines in the database (table ``attempt_log``): the loop appends, the service reads.
+"""A job's log as one append-only stream in the database (table ``job_log``).
 
-Lines are numbered per attempt from 0, in the executor's order; the loop copies from the count
-already stored, so after a crash it resumes where the last committed copy ended.
+Every line of ``gpuplan logs`` is a row: state changes (written with their Event, by
+``scheduler.store.transition`` and by submit), a header per attempt, and the attempt's executor
+lines (copied by the loop each tick). Lines are numbered per job from 0 and never move, so a
+client that has seen N lines asks for ``since=N`` and gets exactly what is new, whatever was
+written in between (``gpuplan logs --follow``). Any API process can read it, and it outlives
+the executor's memory (a released Ray actor, a restarted server).
+
+The next number is taken under the job's row lock (PostgreSQL; SQLite has one writer at a time),
+and ``(job_id, seq)`` is unique, so two writers can never give two lines one number.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import func, insert, select
 from sqlmodel import Session
 
-from scheduler.models import AttemptLog
+from scheduler.models import Job, JobLog
 
 MAX_LINE_CHARS = 8000  # a runaway line (a tensor printed whole) must not bloat the database
 
-_table = AttemptLog.__table__  # type: ignore[attr-defined]
+_log = JobLog.__table__  # type: ignore[attr-defined]
+_job = Job.__table__  # type: ignore[attr-defined]
 
 
-def stored_count(session: Session, attempt_id: int) -> int:
-    """How many lines of the attempt are stored: the ``since`` to ask the executor for."""
-    count = session.execute(select(func.count()).where(_table.c.attempt_id == attempt_id)).scalar_one()
+def event_line(at: datetime, from_state: str | None, to_state: str, reason: str) -> str:
+    return f"{at:%Y-%m-%dT%H:%M:%SZ} {from_state or '-'} -> {to_state}: {reason}"
+
+
+def attempt_header(number: int, market: str, usd_per_h: float, handle: str | None) -> str:
+    return f"--- attempt {number} ({market}, ${usd_per_h:,.2f}/h, handle {handle or '-'}) ---"
+
+
+def first_lines(job_id: str, lines: Sequence[str]) -> list[dict[str, object]]:
+    """Rows for the first lines of a job that is being inserted in the same transaction."""
+    return [{"job_id": job_id, "seq": i, "attempt_id": None, "line": _clip(line)} for i, line in enumerate(lines)]
+
+
+def append(session: Session, job_id: str, lines: Sequence[str], *, attempt_id: int | None = None) -> None:
+    """Append ``lines`` to the job's log (``attempt_id``: they are that attempt's executor lines)."""
+    if not lines:
+        return
+    # The row lock serialises writers of one job's log; the caller's flush has taken it already
+    # when it changed the job (a transition), in which case this is a no-op re-lock.
+    session.execute(select(_job.c.id).where(_job.c.id == job_id).with_for_update())
+    start = session.execute(select(func.coalesce(func.max(_log.c.seq), -1)).where(_log.c.job_id == job_id))
+    first = int(start.scalar_one()) + 1
+    session.execute(insert(_log), [{"job_id": job_id, "seq": first + i, "attempt_id": attempt_id, "line": _clip(line)}
+                                   for i, line in enumerate(lines)])
+
+
+def executor_lines_stored(session: Session, attempt_id: int) -> int:
+    """How many executor lines of the attempt are stored: the ``since`` to ask the executor for."""
+    count = session.execute(select(func.count()).where(_log.c.attempt_id == attempt_id)).scalar_one()
     return int(count)
 
 
-def append(session: Session, attempt_id: int, first_seq: int, lines: Sequence[str]) -> None:
-    """Store ``lines`` as lines ``first_seq``... of the attempt (one multi-row insert)."""
-    if not lines:
-        return
-    rows = [{"attempt_id": attempt_id, "seq": first_seq + i, "line": _clip(line)} for i, line in enumerate(lines)]
-    session.execute(insert(_table), rows)
-
-
-def lines_by_attempt(session: Session, attempt_ids: Iterable[int]) -> dict[int, list[str]]:
-    """Stored lines per attempt, in order; attempts with none are absent."""
-    ids = list(attempt_ids)
-    if not ids:
-        return {}
-    stmt = (select(_table.c.attempt_id, _table.c.line).where(_table.c.attempt_id.in_(ids))
-            .order_by(_table.c.attempt_id, _table.c.seq))
-    found: dict[int, list[str]] = {}
-    for attempt_id, line in session.execute(stmt):
-        found.setdefault(int(attempt_id), []).append(str(line))
-    return found
+def read(session: Session, job_id: str, since: int = 0) -> list[str]:
+    """The job's lines from number ``since`` on."""
+    stmt = select(_log.c.line).where(_log.c.job_id == job_id, _log.c.seq >= since).order_by(_log.c.seq)
+    return [str(line) for line in session.execute(stmt).scalars()]
 
 
 def _clip(line: str) -> str:

@@ -106,7 +106,7 @@ class Scheduler:
         self.max_running = max_running
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
-        # attempt id -> lines of its executor log already copied into the database (read back from
+        # attempt id -> lines of its executor log already copied into the job's log (read back from
         # the database the first time an attempt is seen, so a restarted loop resumes the copy)
         self._copied: dict[int, int] = {}
 
@@ -183,7 +183,7 @@ class Scheduler:
                 log.warning("could not release attempt %s: %s", handle, exc)
 
     def _copy_logs(self, attempt: Attempt) -> None:
-        """Copy the attempt's new executor log lines into the database (scheduler.logbook).
+        """Append the attempt's new executor log lines to the job's log (scheduler.logbook).
 
         Each tick, and once more before the attempt is closed: the API reads logs from the
         database, so they survive the executor dropping the attempt and reach API workers in
@@ -195,11 +195,11 @@ class Scheduler:
         try:
             if start is None:
                 with self.store.read() as session:
-                    start = logbook.stored_count(session, attempt.id)
+                    start = logbook.executor_lines_stored(session, attempt.id)
             lines = self.executor.logs(attempt.handle, start)
             if lines:
                 with self.store.write() as session:
-                    logbook.append(session, attempt.id, start, lines)
+                    logbook.append(session, attempt.job_id, lines, attempt_id=attempt.id)
         except Exception as exc:  # logs are best effort: never let them stop following the attempt
             log.warning("could not copy the logs of attempt %s: %s", attempt.handle, exc)
             self._copied.pop(attempt.id, None)
@@ -325,4 +325,6 @@ class Scheduler:
             assert fresh is not None
             fresh.handle = handle
             session.add(fresh)
+            logbook.append(session, job.id, [logbook.attempt_header(attempt.number, attempt.market,
+                                                                    attempt.usd_per_h, handle)])
         report.dispatched.append(job.id)

@@ -189,17 +189,17 @@ class Attempt(SQLModel, table=True):
     message: str = Field(default="", max_length=2000)
 
 
-class AttemptLog(SQLModel, table=True):
-    """An attempt's executor log lines, copied into the database by the loop as it follows the
-    attempt: they outlive the executor's memory (a released Ray actor, a restarted server) and
-    any API process can read them. ``(attempt_id, seq)`` is unique, so a copy replayed after a
-    crash cannot store a line twice."""
+class JobLog(SQLModel, table=True):
+    """One line of a job's log (scheduler.logbook): state changes, attempt headers and executor
+    lines in one append-only stream, numbered per job from 0."""
 
-    __tablename__ = "attempt_log"
-    __table_args__ = (UniqueConstraint("attempt_id", "seq", name="uq_attempt_log_attempt_id_seq"),)
+    __tablename__ = "job_log"
+    __table_args__ = (UniqueConstraint("job_id", "seq", name="uq_job_log_job_id_seq"),)
     id: int | None = Field(default=None, primary_key=True)
-    attempt_id: int = Field(foreign_key="attempt.id")
-    seq: int = Field(description="0-based index of the line in the executor's log of this attempt")
+    job_id: str = Field(foreign_key="job.id")
+    seq: int = Field(description="0-based position of the line in the job's log")
+    attempt_id: int | None = Field(default=None, foreign_key="attempt.id", index=True,
+                                   description="set on an attempt's executor lines (not on its header)")
     line: str = Field(sa_column=Column(Text, nullable=False))
 
 

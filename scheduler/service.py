@@ -42,6 +42,7 @@ from scheduler.models import (
     Job,
     JobCreate,
     JobDetail,
+    JobLog,
     JobLogs,
     JobPublic,
     Spend,
@@ -411,6 +412,9 @@ class SchedulerService:
                     self._check_limits(session, team, estimate, gpus)
                     session.execute(insert(Job.__table__), [row])  # type: ignore[attr-defined]
                     session.execute(insert(Event.__table__), events)  # type: ignore[attr-defined]
+                    session.execute(insert(JobLog.__table__), logbook.first_lines(  # type: ignore[attr-defined]
+                        job_id, [logbook.event_line(now, src.value if src else None, dst.value, reason)
+                                 for src, dst, reason in moves]))
         except IntegrityError:
             # Only a racing submit with the same idempotency key gets here; it won, return its job.
             if not body.idempotency_key:
@@ -506,27 +510,15 @@ class SchedulerService:
             return self._public(session, [job])[0]
 
     def logs(self, principal: Principal, job_id: str, since: int = 0) -> JobLogs:
-        """State changes, then each attempt's executor log lines; ``since`` skips lines already seen."""
+        """The job's log (scheduler.logbook) from line ``since`` on: state changes, attempt headers
+        and executor lines in the order they happened. Lines never move, so ``next`` is the
+        ``since`` that returns exactly the lines written after these."""
         if since < 0:
             raise InvalidInput("since must be >= 0", path="since")
         with self.store.read() as session:
             job = self._own_job(session, principal, job_id)
-            events = session.exec(select(Event).where(Event.job_id == job.id).order_by(col(Event.id))).all()
-            attempts = session.exec(select(Attempt).where(Attempt.job_id == job.id).order_by(col(Attempt.number))).all()
-            stored = logbook.lines_by_attempt(session, (a.id for a in attempts if a.id is not None))
-        lines = [f"{e.at:%Y-%m-%dT%H:%M:%SZ} {e.from_state or '-'} -> {e.to_state}: {e.reason}" for e in events]
-        for attempt in attempts:
-            lines.append(f"--- attempt {attempt.number} ({attempt.market}, {usd(attempt.usd_per_h)}/h, "
-                         f"handle {attempt.handle or '-'}) ---")
-            if attempt.id in stored:
-                lines.extend(stored[attempt.id])
-            elif self.executor is not None and attempt.handle:
-                # Nothing copied yet (the loop copies each tick): ask the executor, if this process has it.
-                try:
-                    lines.extend(self.executor.logs(attempt.handle, 0))
-                except Exception as exc:  # the executor may have forgotten an old attempt
-                    lines.append(f"(logs unavailable: {exc})")
-        return JobLogs(job_id=job.id, lines=lines[since:], next=max(len(lines), since), state=job.state)
+            lines = logbook.read(session, job.id, since)
+        return JobLogs(job_id=job.id, lines=lines, next=since + len(lines), state=job.state)
 
     # -------------------------------------------------------------- reports and metrics
 

@@ -26,6 +26,7 @@ from sqlalchemy.pool import NullPool
 from sqlmodel import Session, col, or_, select
 
 from catalog.errors import InvalidInput, NotFound
+from scheduler import logbook
 from scheduler.models import Event, Job, Team
 from scheduler.states import JobState, check_transition
 
@@ -211,3 +212,5 @@ def transition(session: Session, job: Job, to: JobState, at: datetime, reason: s
         job.next_run_at = None
     session.add(job)
     session.add(Event(job_id=job.id, from_state=src.value, to_state=to.value, at=at, reason=reason[:2000]))
+    session.flush()  # the job row's UPDATE takes its lock before the log line takes a number
+    logbook.append(session, job.id, [logbook.event_line(at, src.value, to.value, reason[:2000])])

@@ -203,11 +203,19 @@ def test_executor_logs_are_copied_once_survive_a_loop_restart_and_outlive_the_ex
     ex.say(handle, "step 3")
     restarted = Scheduler(store, ex, clock=clock)  # resumes the copy from what the database holds
     restarted.tick()
+    seen = svc.logs(ml, job.id)  # a follower's last page while the job runs
     ex.say(handle, "done")  # written just before the end: copied before the attempt is closed
     ex.finish(handle, RunState.SUCCEEDED)
     restarted.tick()
     assert svc.status(ml, job.id).state == "succeeded"
     ex.forgotten.add(handle)
-    lines = svc.logs(ml, job.id).lines  # svc has no executor: as an API worker in another process
+    # svc has no executor, as an API worker in another process: everything comes from the database
+    lines = svc.logs(ml, job.id).lines
     header = next(i for i, line in enumerate(lines) if line.startswith("--- attempt 1 "))
-    assert lines[header + 1:] == ["step 1", "step 2", "step 3", "done"]
+    assert lines[header + 1:-1] == ["step 1", "step 2", "step 3", "done"]
+    assert lines[-1].endswith("running -> succeeded: attempt 1 succeeded: scripted succeeded")
+    transitions = [line.split(": ", 1)[0].split(" ", 1)[1] for line in lines[:header]]
+    assert transitions == ["- -> pending", "pending -> planned", "planned -> queued", "queued -> running"]
+    # Lines never move: the follower gets exactly what was written after its page, nothing twice.
+    follow = svc.logs(ml, job.id, seen.next)
+    assert follow.lines == lines[seen.next:] == ["done", lines[-1]] and follow.state == "succeeded"

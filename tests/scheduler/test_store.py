@@ -11,6 +11,7 @@ from sqlalchemy import inspect, text
 from sqlmodel import select
 
 from catalog.errors import Conflict, InvalidInput
+from scheduler import logbook
 from scheduler.models import Event, Job, Team, metadata
 from scheduler.states import JobState
 from scheduler.store import Store, database_url, transition
@@ -45,6 +46,9 @@ def test_upgrade_keeps_existing_data(db_url: str) -> None:
                           "VALUES (1, 'j-1', 1, 'spot', 2.5, :t, '')"), {"t": now})
         conn.execute(text("INSERT INTO spend (team_id, job_id, attempt_id, market, usd_per_h, hours, usd, "
                           "recorded_at) VALUES (1, 'j-1', 1, 'spot', 2.5, 2, 5, :t)"), {"t": now})
+        for from_state, to_state in [(None, "pending"), ("pending", "queued"), ("queued", "succeeded")]:
+            conn.execute(text("INSERT INTO event (job_id, from_state, to_state, at, reason) "
+                              "VALUES ('j-1', :f, :s, :t, 'old')"), {"f": from_state, "s": to_state, "t": now})
     old.dispose()
     new = Store(db_url)
     new.migrate()
@@ -57,6 +61,10 @@ def test_upgrade_keeps_existing_data(db_url: str) -> None:
         with new.read() as session:
             job = session.get(Job, "j-1")
             assert job is not None and job.created_at == now and job.state == "succeeded"
+            # the job's recorded history became the first lines of its log (revision 0004)
+            assert logbook.read(session, "j-1") == [
+                "2026-01-01T00:00:00Z - -> pending: old", "2026-01-01T00:00:00Z pending -> queued: old",
+                "2026-01-01T00:00:00Z queued -> succeeded: old"]
     finally:
         new.dispose()
 
