@@ -627,17 +627,8 @@ def server_command(
     from pathlib import Path
 
     from catalog.loader import load_catalog
-    from scheduler.api.server import (
-        ApiSettings,
-        api_workers,
-        make_app,
-        make_executor,
-        make_loop,
-        make_service,
-        ray_namespace_for,
-        serve,
-        serve_workers,
-    )
+    from scheduler.api.processes import ApiSettings, api_workers, serve_workers
+    from scheduler.api.server import make_app, make_executor, make_loop, make_service, ray_namespace_for, serve
     from scheduler.store import database_url, default_home
 
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from catalog.loader import load_catalog
-from scheduler.api.server import ApiSettings, make_app, make_loop, make_service, serve, serve_workers
+from scheduler.api.processes import ApiSettings, serve_workers
+from scheduler.api.server import make_app, make_loop, make_service, serve
 from tests.scheduler.conftest import toy_plan
 from tests.scheduler.fakes import SleepExecutor
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from catalog.errors import ExecutionError, InvalidInput
 from catalog.loader import load_catalog
 from cli import app
-from scheduler.api.server import ApiSettings, WorkerPool, api_workers
+from scheduler.api.processes import ApiSettings, WorkerPool, api_workers
 from tests.scheduler.server import free_port, start_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
