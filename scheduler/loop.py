@@ -55,6 +55,7 @@ class TickReport:
     requeued: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     orphans_cancelled: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)  # finished attempts released at reconcile
 
 
 def plan_market(job: Job, now: datetime) -> tuple[str, float]:
@@ -142,6 +143,11 @@ class Scheduler:
             self.executor.cancel(handle)
             self._release(handle)  # nobody will read its outcome
             report.orphans_cancelled.append(handle)
+        if isinstance(self.executor, ReleasesAttempts):
+            # Finished attempts whose rows were closed just before a crash, so never released.
+            for handle in sorted(set(self.executor.held()) - owned):
+                self._release(handle)
+                report.released.append(handle)
         return report
 
     # -------------------------------------------------------------- follow

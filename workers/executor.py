@@ -91,3 +91,7 @@ class ReleasesAttempts(Protocol):
     def release(self, handle: str) -> None:
         """The outcome of ``handle`` is recorded: drop it once it has ended (``status`` may then
         raise NotFound). Called after the attempt's row is closed; unknown handles are ignored."""
+
+    def held(self) -> list[str]:
+        """Finished attempts still kept for their outcome (not released yet). After a crash between
+        closing an attempt's row and releasing it, the scheduler's reconcile releases these."""

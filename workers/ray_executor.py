@@ -227,14 +227,21 @@ class RayExecutor:
 
     def active(self) -> list[str]:
         """Attempts pending or running on the cluster, whoever submitted them."""
-        alive = []
+        return [handle for handle, done in self._states() if not done]
+
+    def held(self) -> list[str]:
+        """Finished attempts whose driver still keeps the outcome (not released yet)."""
+        return [handle for handle, done in self._states() if done]
+
+    def _states(self) -> list[tuple[str, bool]]:
+        """(handle, finished) of every attempt driver alive in this namespace."""
+        states = []
         for handle in self._handles():
             try:
-                if not self._call(self._driver(handle).info)["done"]:
-                    alive.append(handle)
-            except NotFound:
+                states.append((handle, bool(self._call(self._driver(handle).info)["done"])))
+            except NotFound:  # released and gone between the listing and the call
                 continue
-        return alive
+        return states
 
     def wait(self, handle: str, timeout: float | None = None) -> RunStatus:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from catalog.errors import NotFound
+from catalog.errors import ExternalServiceError, NotFound
 from scheduler.loop import Scheduler
 from scheduler.models import Attempt, JobCreate, Spend, TeamCreate
 from scheduler.service import ADMIN, Principal, SchedulerService
@@ -219,3 +219,46 @@ def test_executor_logs_are_copied_once_survive_a_loop_restart_and_outlive_the_ex
     # Lines never move: the follower gets exactly what was written after its page, nothing twice.
     follow = svc.logs(ml, job.id, seen.next)
     assert follow.lines == lines[seen.next:] == ["done", lines[-1]] and follow.state == "succeeded"
+
+
+class KeepsOutcomes(ScriptedExecutor):
+    """Keeps finished attempts until released (as RayExecutor); releases fail while ``down``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: set[str] = set()
+        self.down = False
+
+    def finish(self, handle: str, state: RunState) -> None:
+        super().finish(handle, state)
+        self.kept.add(handle)
+
+    def release(self, handle: str) -> None:
+        if self.down:
+            raise ExternalServiceError("the cluster did not answer")
+        self.kept.discard(handle)
+
+    def held(self) -> list[str]:
+        return sorted(self.kept)
+
+
+def test_reconcile_releases_finished_attempts_whose_rows_are_closed_and_keeps_unread_ones(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ml = team(svc)
+    first = svc.submit(ml, JobCreate(spec=spec_dict(name="first")))
+    second = svc.submit(ml, JobCreate(spec=spec_dict(name="second")))
+    ex = KeepsOutcomes()
+    loop = Scheduler(store, ex, clock=clock)
+    loop.tick()
+    h1, h2 = ex.handle_of(first.id), ex.handle_of(second.id)
+    ex.finish(h1, RunState.SUCCEEDED)
+    ex.down = True  # the row is closed, the release fails: as a crash between the two would leave it
+    loop.tick()
+    assert svc.status(ml, first.id).state == "succeeded" and ex.held() == [h1]
+    ex.finish(h2, RunState.SUCCEEDED)  # finished, but its outcome is not recorded yet
+    ex.down = False
+    restarted = Scheduler(store, ex, clock=clock)
+    assert restarted.reconcile().released == [h1]
+    assert ex.held() == [h2]  # still needed: its row is open
+    restarted.tick()
+    assert svc.status(ml, second.id).state == "succeeded" and ex.held() == []

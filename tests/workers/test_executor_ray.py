@@ -43,7 +43,7 @@ def test_runs_a_cpu_job_and_reports_progress(ray_cluster: Any, tmp_path: Path) -
     assert status.metrics["steps"] == 6 and status.metrics["resumes"] == 0
     logs = executor.logs(handle)
     assert any("step 6/6" in line for line in logs)
-    assert executor.active() == []
+    assert executor.active() == [] and executor.held() == [handle]  # kept until the outcome is recorded
     # Another process (a restarted scheduler) sees the same attempt through Ray, not through memory.
     other = _executor(tmp_path)
     assert other.status(handle) == status and other.logs(handle) == logs
@@ -53,6 +53,7 @@ def test_runs_a_cpu_job_and_reports_progress(ray_cluster: Any, tmp_path: Path) -
     while handle in [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]:
         assert time.time() < deadline, "the released driver actor did not exit"
         time.sleep(0.1)
+    assert executor.held() == []
     assert executor.status(handle) == status and executor.logs(handle) == logs
     with pytest.raises(NotFound):
         executor.status("ray-cpu.1.00000000")
