@@ -40,6 +40,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.loop = Scheduler(self.store, self.ex, clock=self.clock, backoff_base_s=1)
         self.jobs: list[str] = []
         self.accepted_cost = 0.0
+        self.seen_logs: dict[str, list[str]] = {}  # what a `gpuplan logs --follow` has printed so far
 
     def teardown(self) -> None:
         self.store.dispose()
@@ -108,6 +109,21 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert after.from_state == before.to_state
                 assert allowed(JobState(after.from_state), JobState(after.to_state))
             assert path[-1].to_state == job.state
+
+    @invariant()
+    def logs_only_grow(self) -> None:
+        """A follower that has printed N lines gets exactly the new ones with since=N: lines never
+        move, and every state change is in the log in the order it happened."""
+        for job_id in self.jobs:
+            seen = self.seen_logs.get(job_id, [])
+            page = self.svc.logs(self.me, job_id, len(seen))
+            full = self.svc.logs(self.me, job_id).lines
+            assert full == seen + page.lines and page.next == len(full)
+            self.seen_logs[job_id] = full
+            with self.store.read() as s:
+                events = s.exec(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all()  # type: ignore[arg-type]
+            changes = [line.split(": ", 1)[0].split(" ", 1)[1] for line in full if " -> " in line.split(": ", 1)[0]]
+            assert changes == [f"{e.from_state or '-'} -> {e.to_state}" for e in events]
 
 
 TestSchedulerMachine = SchedulerMachine.TestCase
