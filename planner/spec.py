@@ -208,6 +208,14 @@ def load_spec(path: str | Path) -> JobSpec:
     text = path.read_text()
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise InvalidInput(f"{path} is not valid YAML/JSON: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+                           hint="fix the file; see examples/ for well-formed specs") from None
+    except yaml.YAMLError as exc:
+        # str(exc) spans several lines with a source excerpt; the error must stay one line.
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise InvalidInput(f"{path} is not valid YAML: {problem}{where}",
+                           hint="fix the file; see examples/ for well-formed specs") from None
     return spec_from_dict(data, base_dir=path.parent)

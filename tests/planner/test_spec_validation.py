@@ -104,9 +104,20 @@ def test_load_spec_missing_file(tmp_path: Path) -> None:
 
 def test_load_spec_bad_yaml(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text("task: [train\n")
-    with pytest.raises(InvalidInput, match="not valid YAML"):
+    path.write_text("task: train\nmodel: [unclosed\n")
+    with pytest.raises(InvalidInput, match="not valid YAML") as info:
         load_spec(path)
+    message = str(info.value)
+    assert "\n" not in message  # one line: the CLI prints it as one error line
+    assert "line 3, column 1" in message and "expected ',' or ']'" in message
+
+
+def test_load_spec_bad_json_names_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"task": "train",\n "model": }\n')
+    with pytest.raises(InvalidInput, match="not valid JSON") as info:
+        load_spec(path)
+    assert "\n" not in str(info.value) and "line 2, column 11" in str(info.value)
 
 
 def test_model_config_path_is_resolved_relative_to_the_spec(tmp_path: Path) -> None:
