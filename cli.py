@@ -837,15 +837,35 @@ def _print_team(team: Any, as_json: bool) -> None:
 
 
 def _limit(value: str, kind: type[float] | type[int], what: str) -> tuple[Any, bool]:
+    import math
+
     if value.lower() in ("none", "unlimited"):
         return None, True
     try:
         number = kind(value)
     except ValueError:
-        from catalog.errors import InvalidInput
-
-        raise InvalidInput(f"{what} must be a number or 'none', got {value!r}", path=what) from None
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        whole = "a whole number" if kind is int else "a number"
+        raise InvalidInput(f"must be {whole} >= 0 or 'none', got {value!r}", path=what) from None
     return number, False
+
+
+def _team_body(model: type[BaseModel], **fields: Any) -> Any:
+    """The team request body; a value the model refuses (over its cap) is one error line, not a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else ""
+        raise InvalidInput(f"{first['msg']}, got {first.get('input')!r}",
+                           path={"budget_usd": "budget", "gpu_quota": "quota"}.get(name, name)) from None
+
+
+# A negative number is a value to refuse with a reason, not an unknown option ("No such option: -5").
+_NUMBER_ARGS = {"ignore_unknown_options": True}
 
 
 @team_app.command("create")
@@ -857,10 +877,11 @@ def team_create_command(name: str = typer.Argument(...),
     """Create a team.  Example:  gpuplan team create ml --budget 500 --quota 16"""
     from scheduler.models import TeamCreate
 
-    _print_team(_backend(admin=True).create_team(TeamCreate(name=name, budget_usd=budget, gpu_quota=quota)), as_json)
+    body = _team_body(TeamCreate, name=name, budget_usd=budget, gpu_quota=quota)
+    _print_team(_backend(admin=True).create_team(body), as_json)
 
 
-@team_app.command("budget")
+@team_app.command("budget", context_settings=_NUMBER_ARGS)
 @handle_errors
 def team_budget_command(name: str = typer.Argument(...), usd: str = typer.Argument(..., help="USD or 'none'."),
                         as_json: bool = JSON_OPTION) -> None:
@@ -868,10 +889,11 @@ def team_budget_command(name: str = typer.Argument(...), usd: str = typer.Argume
     from scheduler.models import TeamUpdate
 
     value, clear = _limit(usd, float, "budget")
-    _print_team(_backend(admin=True).update_team(name, TeamUpdate(budget_usd=value, clear_budget=clear)), as_json)
+    body = _team_body(TeamUpdate, budget_usd=value, clear_budget=clear)
+    _print_team(_backend(admin=True).update_team(name, body), as_json)
 
 
-@team_app.command("quota")
+@team_app.command("quota", context_settings=_NUMBER_ARGS)
 @handle_errors
 def team_quota_command(name: str = typer.Argument(...), gpus: str = typer.Argument(..., help="GPUs or 'none'."),
                        as_json: bool = JSON_OPTION) -> None:
@@ -879,7 +901,8 @@ def team_quota_command(name: str = typer.Argument(...), gpus: str = typer.Argume
     from scheduler.models import TeamUpdate
 
     value, clear = _limit(gpus, int, "quota")
-    _print_team(_backend(admin=True).update_team(name, TeamUpdate(gpu_quota=value, clear_quota=clear)), as_json)
+    body = _team_body(TeamUpdate, gpu_quota=value, clear_quota=clear)
+    _print_team(_backend(admin=True).update_team(name, body), as_json)
 
 
 @team_app.command("token")

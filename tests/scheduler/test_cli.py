@@ -113,3 +113,23 @@ def test_cli_in_process_uses_the_local_database(tmp_path: Path, monkeypatch: pyt
     code, out = run("team", "list", "--json")
     [ml] = [t for t in json.loads(out) if t["name"] == "ml"]
     assert ml["reserved_usd"] == 0 and ml["gpus_in_use"] == 0
+
+
+@pytest.mark.parametrize(("command", "value", "expected"), [
+    ("budget", "-5", "budget: must be a number >= 0 or 'none', got '-5'"),
+    ("budget", "nan", "budget: must be a number >= 0 or 'none', got 'nan'"),
+    ("budget", "1e13", "budget: Input should be less than or equal to 1000000000000"),
+    ("quota", "-3", "quota: must be a whole number >= 0 or 'none', got '-3'"),
+    ("quota", "2.5", "quota: must be a whole number >= 0 or 'none', got '2.5'"),
+])
+def test_cli_team_limits_out_of_range_are_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         command: str, value: str, expected: str) -> None:
+    monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+    monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    assert run("team", "create", "ml", "--budget", "10", "--quota", "4")[0] == 0
+    code, out = run("team", command, "ml", value, "--json")
+    assert code == 2, out  # not a pydantic traceback, not click's "No such option: -5"
+    assert json.loads(out)["error"]["message"].startswith(expected)
+    code, out = run("team", "list", "--json")
+    assert [(t["budget_usd"], t["gpu_quota"]) for t in json.loads(out) if t["name"] == "ml"] == [(10, 4)]
