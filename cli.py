@@ -574,8 +574,17 @@ def _backend(*, admin: bool = False) -> Any:
 
     url = os.environ.get("GPUPLAN_API_URL", "").strip()
     if url:
-        token = os.environ.get("GPUPLAN_ADMIN_TOKEN") if admin else None
-        return HttpClient(url, token or os.environ.get("GPUPLAN_TOKEN"))
+        token = (os.environ.get("GPUPLAN_ADMIN_TOKEN") if admin else None) or os.environ.get("GPUPLAN_TOKEN")
+        if not token:
+            # Said here, in the user's terms (environment variables), not as the server's HTTP header hint.
+            from catalog.errors import AuthError
+
+            if admin:
+                raise AuthError("no admin token: set GPUPLAN_ADMIN_TOKEN",
+                                hint="the token `gpuplan server` was started with (its GPUPLAN_ADMIN_TOKEN)")
+            raise AuthError("no team token: set GPUPLAN_TOKEN",
+                            hint="an admin issues one with `gpuplan team token TEAM`")
+        return HttpClient(url, token)
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     return local_client(database_url(os.environ, home=home), checkpoint_root=str(home / "checkpoints"),
                         team=os.environ.get("GPUPLAN_TEAM", "default"))

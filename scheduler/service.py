@@ -178,8 +178,8 @@ class SchedulerService:
                     ApiToken.token_hash == digest)
             ).first()
         if row is None:
-            raise AuthError("invalid token", hint="check GPUPLAN_TOKEN; an admin can issue one with "
-                            "`gpuplan team token TEAM`")
+            raise AuthError("invalid token", hint="check GPUPLAN_TOKEN (GPUPLAN_ADMIN_TOKEN for team commands); "
+                            "an admin can issue a team token with `gpuplan team token TEAM`")
         token_row, team = row
         if token_row.revoked_at is not None:
             raise AuthError(f"token {token_row.id} was revoked at {token_row.revoked_at:%Y-%m-%d %H:%M} UTC",

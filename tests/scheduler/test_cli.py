@@ -90,6 +90,19 @@ def test_cli_refuses_bad_tokens(remote: tuple[SchedulerService, str], monkeypatc
     monkeypatch.setenv("GPUPLAN_TOKEN", "gpt_wrong")
     code, out = run("list", "--json")
     assert code == 6 and json.loads(out)["error"]["code"] == "unauthorized"
+    monkeypatch.setenv("GPUPLAN_ADMIN_TOKEN", "wrong")
+    code, out = run("team", "list", "--json")
+    assert code == 6 and "GPUPLAN_ADMIN_TOKEN" in json.loads(out)["error"]["message"]
+
+
+def test_cli_without_a_token_says_which_variable_to_set(remote: tuple[SchedulerService, str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUPLAN_TOKEN")
+    monkeypatch.delenv("GPUPLAN_ADMIN_TOKEN")
+    code, out = run("list", "--json")
+    assert code == 6 and json.loads(out)["error"]["message"].startswith("no team token: set GPUPLAN_TOKEN")
+    code, out = run("team", "list", "--json")
+    assert code == 6 and json.loads(out)["error"]["message"].startswith("no admin token: set GPUPLAN_ADMIN_TOKEN")
 
 
 def test_cli_in_process_uses_the_local_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
