@@ -52,7 +52,7 @@ def parse_hours(value: object) -> float:
     else:
         raise ValueError("expected a duration like '24h', '90m' or '2d'")
     if hours <= 0:
-        raise ValueError("a duration must be positive")
+        raise ValueError(f"a duration must be positive, got {value!r}; write e.g. '24h', '90m' or '2d'")
     return hours
 
 

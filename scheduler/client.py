@@ -54,8 +54,10 @@ class Backend(Protocol):
 def _window(since: str) -> timedelta:
     try:
         return timedelta(hours=parse_hours(since))
-    except (ValueError, OverflowError) as exc:
-        raise InvalidInput(f"{exc}", path="since", hint="write e.g. 30d, 12h or 90m") from None
+    except ValueError as exc:  # parse_hours' message already shows the form to write
+        raise InvalidInput(str(exc), path="since") from None
+    except OverflowError:
+        raise InvalidInput(f"window {since!r} is too large", path="since", hint="write e.g. 30d, 12h or 90m") from None
 
 
 class LocalClient:

@@ -146,3 +146,23 @@ def test_cli_team_limits_out_of_range_are_one_error_line(tmp_path: Path, monkeyp
     assert json.loads(out)["error"]["message"].startswith(expected)
     code, out = run("team", "list", "--json")
     assert [(t["budget_usd"], t["gpu_quota"]) for t in json.loads(out) if t["name"] == "ml"] == [(10, 4)]
+
+
+@pytest.mark.parametrize(("since", "expected"), [
+    ("3x", "since: '3x' is not a duration; write e.g. '24h', '90m' or '2d'"),
+    ("0d", "since: a duration must be positive, got '0d'; write e.g. '24h', '90m' or '2d'"),
+    ("99999999999d", "since: window '99999999999d' is too large; write e.g. 30d, 12h or 90m"),
+])
+def test_cli_report_spend_bad_window_is_one_hint(remote: tuple[SchedulerService, str], since: str,
+                                                 expected: str) -> None:
+    code, out = run("report", "spend", "--since", since, "--json")
+    assert code == 2 and json.loads(out)["error"]["message"] == expected
+
+
+def test_cli_report_spend_bad_window_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+    monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    code, out = run("report", "spend", "--since", "3x", "--json")
+    assert code == 2
+    assert json.loads(out)["error"]["message"] == "since: '3x' is not a duration; write e.g. '24h', '90m' or '2d'"

@@ -26,9 +26,10 @@ def spend(principal: PrincipalDep, service: ServiceDep,
         hours = parse_hours(since)
         window = timedelta(hours=hours)
         start = service.clock() - window
-    except (ValueError, OverflowError) as exc:
-        raise InvalidInput(str(exc) if isinstance(exc, ValueError) else "window too large",
-                           path="since", hint="write e.g. 30d, 12h or 90m") from None
+    except ValueError as exc:  # parse_hours' message already shows the form to write
+        raise InvalidInput(str(exc), path="since") from None
+    except OverflowError:
+        raise InvalidInput(f"window {since!r} is too large", path="since", hint="write e.g. 30d, 12h or 90m") from None
     return service.spend_report(principal, since=start, team=team)
 
 
