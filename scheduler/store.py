@@ -22,10 +22,11 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 from sqlmodel import Session, col, or_, select
 
-from catalog.errors import InvalidInput, NotFound
+from catalog.errors import ExternalServiceError, InvalidInput, NotFound
 from scheduler import logbook
 from scheduler.models import Event, Job, Team
 from scheduler.states import JobState, check_transition
@@ -139,6 +140,13 @@ class Store:
                         conn.execute(text("SELECT pg_advisory_xact_lock(74211)"))
                     cfg.attributes["connection"] = conn
                     command.upgrade(cfg, revision)
+            except OperationalError as exc:
+                # The first touch of the database: a server that is down or a wrong URL shows here,
+                # and must read as one line (driver's first line), not SQLAlchemy's traceback.
+                where = make_url(self.url).render_as_string(hide_password=True)
+                reason = str(exc.orig or exc).strip().splitlines()[0]
+                raise ExternalServiceError(f"cannot use the database {where}: {reason}",
+                                           hint="is the database server running? check GPUPLAN_DATABASE_URL") from None
             finally:
                 if engine is not self._write:
                     engine.dispose()

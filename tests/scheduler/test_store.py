@@ -10,7 +10,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlmodel import select
 
-from catalog.errors import Conflict, InvalidInput
+from catalog.errors import Conflict, ExternalServiceError, InvalidInput
 from scheduler import logbook
 from scheduler.models import Event, Job, Team, metadata
 from scheduler.states import JobState
@@ -90,3 +90,15 @@ def test_transition_writes_an_event_and_refuses_illegal_moves(store: Store) -> N
         events = session.exec(select(Event)).all()
         assert [(e.from_state, e.to_state, e.reason) for e in events] == [("queued", "running", "dispatched")]
         assert session.get(Job, "j-x").state == "running"  # type: ignore[union-attr]
+
+
+def test_migrate_on_an_unreachable_database_is_one_error_line() -> None:
+    store = Store("postgresql+psycopg://gpuplan:s3cret@127.0.0.1:1/test")  # nothing listens on port 1
+    try:
+        with pytest.raises(ExternalServiceError) as info:
+            store.migrate()
+    finally:
+        store.dispose()
+    message = str(info.value)
+    assert message.startswith("cannot use the database postgresql+psycopg://gpuplan:***@127.0.0.1:1/test: ")
+    assert "s3cret" not in message and "\n" not in message and "GPUPLAN_DATABASE_URL" in message
