@@ -70,13 +70,18 @@ class InProcessExecutor:
         self._lock = threading.Lock()
 
     def feasibility(self, request: RunRequest) -> str | None:
-        return infeasibility(request.strategy, [self._resources])
+        reason = infeasibility(request.strategy, [self._resources])
+        if reason is None:
+            return None
+        # The job's log shows this to a user of `gpuplan server`, for whom "the cluster" is this
+        # one machine: say so, and where such a job can run.
+        return (f"{reason}; the in-process executor runs jobs on this server's machine only: serve with "
+                "--executor ray to use a Ray cluster's GPUs, or train on this machine with `gpuplan run SPEC`")
 
     def submit(self, request: RunRequest) -> str:
         reason = self.feasibility(request)
         if reason is not None:
-            raise Infeasible(f"job {request.job_id} can never run here: {reason}",
-                             hint="plan it for the resources this machine has")
+            raise Infeasible(f"job {request.job_id} can never run here: {reason}")
         handle = f"{request.job_id}.{request.attempt}.{uuid.uuid4().hex[:8]}"
         attempt = _Attempt(request=request)
         thread = threading.Thread(target=self._run, args=(attempt,), name=f"gpuplan-{handle}", daemon=True)

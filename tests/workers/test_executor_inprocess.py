@@ -79,7 +79,9 @@ def test_a_job_no_node_can_run_fails_fast_with_the_reason(tmp_path: Path) -> Non
     strategy = Strategy(gpu="H100-SXM", gpu_count=8, precision="bf16")
     request = _request(write_config(tmp_path / "m"), tmp_path / "ck", strategy=strategy)
     reason = executor.feasibility(request)
-    assert reason == "needs 8 x accelerator_type:H100 per node; the biggest node has 2"
+    assert reason is not None
+    assert reason.startswith("needs 8 x accelerator_type:H100 per node; the biggest node has 2; ")
+    assert "--executor ray" in reason and "gpuplan run" in reason  # where such a job can run instead
     with pytest.raises(Infeasible, match="the biggest node has 2"):
         executor.submit(request)
     assert executor.active() == []
