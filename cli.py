@@ -754,8 +754,8 @@ def logs_command(
         for line in page.lines:
             if as_json:
                 sys.stdout.write(json.dumps({"job_id": job_id, "line": line}) + "\n")
-            else:
-                console.print(line, highlight=False, markup=False)
+            else:  # verbatim: rich would wrap long lines at the terminal width (80 when piped) and expand :emoji:
+                sys.stdout.write(line + "\n")
         sys.stdout.flush()
         since = page.next
         if not follow or JobState(page.state).terminal:

@@ -166,3 +166,14 @@ def test_cli_report_spend_bad_window_in_process(tmp_path: Path, monkeypatch: pyt
     code, out = run("report", "spend", "--since", "3x", "--json")
     assert code == 2
     assert json.loads(out)["error"]["message"] == "since: '3x' is not a duration; write e.g. '24h', '90m' or '2d'"
+
+
+def test_cli_logs_prints_each_line_whole(remote: tuple[SchedulerService, str], tmp_path: Path) -> None:
+    code, out = run("submit", write_spec(tmp_path, tokens=1e6), "--json")
+    assert code == 0, out
+    job_id = json.loads(out)["id"]
+    code, out = run("logs", job_id, "--json")
+    lines = [json.loads(x)["line"] for x in out.splitlines()]
+    assert any(len(line) > 80 for line in lines)  # the plan line: longer than a piped terminal is wide
+    code, out = run("logs", job_id)
+    assert code == 0 and out.splitlines() == lines  # not wrapped at 80 columns, not re-rendered
