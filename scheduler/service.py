@@ -460,8 +460,9 @@ class SchedulerService:
             raise LimitExceeded(
                 f"job needs {gpus} GPUs but team {team.name} has {in_use} of its {team.gpu_quota}-GPU quota "
                 f"in use; that exceeds the quota by {in_use + gpus - team.gpu_quota}",
-                hint="wait for active jobs to finish, cancel some, raise the quota, or pin fewer GPUs "
-                     "(resources.accelerators: ['H100:N'])",
+                hint=(f"set resources.max_gpus: {team.gpu_quota - in_use} in the spec so the planner picks a plan "
+                      "that fits, " if team.gpu_quota > in_use else "")
+                + "wait for active jobs to finish, cancel some, or raise the quota",
             )
 
     def _own_job(self, session: Session, principal: Principal, job_id: str) -> Job:

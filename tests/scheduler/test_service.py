@@ -46,8 +46,8 @@ def test_budget_refusal_says_by_how_much(service: SchedulerService) -> None:
 def test_quota_refusal_and_cancel_frees_it(service: SchedulerService) -> None:
     ml = team(service, "ml", quota=8)
     first = service.submit(ml, JobCreate(spec=spec_dict(gpus=6)))
-    with pytest.raises(LimitExceeded, match="needs 4 GPUs but team ml has 6 of its 8-GPU quota in use; that "
-                                            "exceeds the quota by 2"):
+    with pytest.raises(LimitExceeded, match=r"needs 4 GPUs but team ml has 6 of its 8-GPU quota in use; that "
+                                            r"exceeds the quota by 2; set resources[.]max_gpus: 2 in the spec"):
         service.submit(ml, JobCreate(spec=spec_dict(gpus=4)))
     service.cancel(ml, first.id, "make room")
     assert service.submit(ml, JobCreate(spec=spec_dict(gpus=4))).gpus == 4
