@@ -637,12 +637,21 @@ def server_command(
 
     from catalog.loader import load_catalog
     from scheduler.api.processes import ApiSettings, api_workers, serve_workers
-    from scheduler.api.server import make_app, make_executor, make_loop, make_service, ray_namespace_for, serve
+    from scheduler.api.server import (
+        listen,
+        make_app,
+        make_executor,
+        make_loop,
+        make_service,
+        ray_namespace_for,
+        serve,
+    )
     from scheduler.store import database_url, default_home
 
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     db_url = database_url(os.environ, home=home)
     count = api_workers(workers, db_url, os.cpu_count())
+    sock = listen(host, port)  # before the executor and the loop: a taken port must touch nothing
     namespace = ray_namespace or ray_namespace_for(db_url)
     run = make_executor(executor, ray_namespace=namespace)
     catalog = load_catalog()
@@ -662,11 +671,12 @@ def server_command(
                       f"executor {executor}{f' (Ray namespace {namespace})' if executor == 'ray' else ''}, "
                       f"{count} API worker{'s' if count > 1 else ''}")
     if count == 1:
-        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port)
+        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port, sock=sock)
         return
     settings = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
                            admin_token=admin_token)
-    serve_workers(settings, host, port, count, loop=make_loop(service, run, poll_s=poll, max_running=max_running))
+    serve_workers(settings, host, port, count, loop=make_loop(service, run, poll_s=poll, max_running=max_running),
+                  sock=sock)
 
 
 @app.command("submit")

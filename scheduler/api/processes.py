@@ -26,7 +26,7 @@ import uvicorn
 from catalog.errors import ExecutionError, InvalidInput
 from catalog.loader import Catalog
 from scheduler.api.app import Loop, create_app
-from scheduler.api.server import make_service
+from scheduler.api.server import listen, make_service
 from scheduler.service import Planner
 
 log = logging.getLogger(__name__)
@@ -166,10 +166,11 @@ class WorkerPool:
 
 
 def serve_workers(settings: ApiSettings, host: str, port: int, workers: int, *, loop: Loop | None = None,
-                  check_every_s: float = 0.5) -> None:
-    """Serve the API from ``workers`` processes, run ``loop`` here; return on SIGINT/SIGTERM."""
+                  check_every_s: float = 0.5, sock: socket.socket | None = None) -> None:
+    """Serve the API from ``workers`` processes, run ``loop`` here; return on SIGINT/SIGTERM.
+    ``sock``: the listening socket from :func:`scheduler.api.server.listen` (default: bound here)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
-    sock = uvicorn.Config(create_app, host=host, port=port).bind_socket()
+    sock = sock if sock is not None else listen(host, port)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -8,14 +8,16 @@ Nothing here reads the environment; ``gpuplan server`` (cli.py) reads it and pas
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
+import socket
 from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
 
-from catalog.errors import InvalidInput
+from catalog.errors import Conflict, InvalidInput
 from catalog.loader import Catalog, load_catalog
 from planner.spec import JobSpec
 from planner.types import Plan
@@ -107,6 +109,32 @@ def make_app(service: SchedulerService, catalog: Catalog, executor: Executor | N
     return create_app(service, catalog, loop=loop)
 
 
-def serve(app: FastAPI, host: str, port: int, *, log_level: str = "info") -> None:
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before anything starts.
+
+    uvicorn binds only after the app's startup, which runs the scheduling loop's reconcile: a
+    second server started on a taken port would close the live server's running attempts as
+    lost (and requeue them) before failing. Binding first makes it fail with nothing touched.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family=family)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise Conflict(f"port {port} on {host} is already in use (another gpuplan server?)",
+                           hint="stop it or pick another --port") from None
+        raise InvalidInput(f"cannot listen on {host}:{port}: {exc.strerror or exc}", path="host",
+                           hint="give an address of this machine with --host") from None
+    listener.set_inheritable(True)  # the API worker processes inherit it
+    return listener
+
+
+def serve(app: FastAPI, host: str, port: int, *, log_level: str = "info", sock: socket.socket | None = None) -> None:
+    """Serve ``app`` on ``sock`` (from :func:`listen`), or on ``host:port`` bound here first."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
+    sock = sock if sock is not None else listen(host, port)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])

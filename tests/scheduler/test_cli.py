@@ -177,3 +177,33 @@ def test_cli_logs_prints_each_line_whole(remote: tuple[SchedulerService, str], t
     assert any(len(line) > 80 for line in lines)  # the plan line: longer than a piped terminal is wide
     code, out = run("logs", job_id)
     assert code == 0 and out.splitlines() == lines  # not wrapped at 80 columns, not re-rendered
+
+
+def test_cli_server_on_a_taken_port_fails_before_touching_running_attempts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from scheduler.models import JobCreate
+    from scheduler.store import database_url
+
+    monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+    monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path))
+    store = Store(database_url({}, home=tmp_path))
+    store.migrate()
+    service = SchedulerService(store, toy_plan, checkpoint_root=str(tmp_path / "ckpt"))
+    service.create_team(ADMIN, TeamCreate(name="ml"))
+    ml = service.authenticate(service.create_token(ADMIN, "ml").token)
+    job = service.submit(ml, JobCreate(spec=spec_dict()))
+    Scheduler(store, ScriptedExecutor()).tick()  # the live server's attempt, unknown to any other executor
+    assert service.status(ml, job.id).state == "running"
+    with socket.socket() as live:  # the live server holds the port
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        port = live.getsockname()[1]
+        result = runner.invoke(app, ["server", "--port", str(port), "--workers", "1"])
+    assert result.exit_code == 5, result.output
+    assert f"port {port} on 127.0.0.1 is already in use" in result.output
+    detail = service.status(ml, job.id)  # a reconcile would have closed it as lost and requeued the job
+    assert detail.state == "running" and [a.outcome for a in detail.attempt_list] == [None]
+    store.dispose()
