@@ -695,11 +695,19 @@ def submit_command(
 
       GPUPLAN_API_URL=http://127.0.0.1:8000 GPUPLAN_TOKEN=gpt_... gpuplan submit job.yaml --key nightly-42 --json
     """
+    import os
+
     from planner.spec import load_spec
     from scheduler.models import JobCreate
 
     body = JobCreate(spec=load_spec(spec).model_dump(mode="json"), priority=priority, idempotency_key=key)
-    job = _backend().submit(body)
+    backend = _backend()
+    job = backend.submit(body)
+    if not os.environ.get("GPUPLAN_API_URL", "").strip():
+        # In-process there is no scheduling loop: without this, `logs --follow` waits on a queued job forever.
+        err_console.print(f"note: queued in the local database as team {backend.principal.team_name} "
+                          "(GPUPLAN_TEAM picks another); a `gpuplan server` on this database runs it",
+                          highlight=False)
     if as_json:
         print_json(job)
         return

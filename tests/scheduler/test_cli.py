@@ -115,9 +115,10 @@ def test_cli_in_process_uses_the_local_database(tmp_path: Path, monkeypatch: pyt
     spec = tmp_path / "tiny.yaml"
     spec.write_text(yaml.safe_dump({"name": "tiny", "task": "train", "model": "tiny-llama",
                                     "train": {"tokens": 1e6, "seq_len": 256}}))
-    code, out = run("submit", str(spec), "--json")  # the real planner and catalog
-    assert code == 0, out
-    job = json.loads(out)
+    result = runner.invoke(app, ["submit", str(spec), "--json"])  # the real planner and catalog
+    assert result.exit_code == 0, result.output
+    job = json.loads(result.stdout)  # the note goes to stderr, stdout stays one JSON document
+    assert "queued in the local database as team ml" in result.stderr and "gpuplan server" in result.stderr
     assert (tmp_path / "home" / "gpuplan.db").exists()
     code, out = run("list", "--json")
     assert [j["id"] for j in json.loads(out)] == [job["id"]]
