@@ -813,7 +813,9 @@ def list_command(state: str | None = typer.Option(None, "--state", help="Only jo
     _jobs_table(jobs, f"{len(jobs)} job(s)")
 
 
-report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend.",
+report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend.\n\nExamples:\n\n"
+                         "  gpuplan report dry-run examples/*.yaml --out report/\n\n"
+                         "  gpuplan report spend --team ml --since 30d",
                          no_args_is_help=True)
 app.add_typer(report_app, name="report")
 
@@ -849,7 +851,10 @@ def report_spend_command(team: str | None = typer.Option(None, "--team", help="A
                   f"remaining {_usd(report.remaining_usd)}", highlight=False)
 
 
-team_app = typer.Typer(help="Teams, budgets, GPU quotas and tokens (admin).", no_args_is_help=True)
+team_app = typer.Typer(help="Teams, budgets, GPU quotas and tokens (admin).\n\nExamples:\n\n"
+                       "  gpuplan team create ml --budget 5000 --quota 16\n\n"
+                       "  gpuplan team token ml\n\n"
+                       "  gpuplan team list --json", no_args_is_help=True)
 app.add_typer(team_app, name="team")
 
 
@@ -965,7 +970,7 @@ def team_token_command(name: str = typer.Argument(...),
 @team_app.command("list")
 @handle_errors
 def team_list_command(as_json: bool = JSON_OPTION) -> None:
-    """List teams with budget, spend and quota (admin)."""
+    """List teams with budget, spend and quota (admin).  Example:  gpuplan team list --json"""
     from rich.table import Table
 
     teams = _backend(admin=True).list_teams()
@@ -1117,7 +1122,9 @@ def _simulate_stream(zones: Any, names: list[str], prices: Any, n_jobs: int, eve
     console.print(table)
 
 
-cluster_app = typer.Typer(help="Ray cluster configs for running plans on spot instances.", no_args_is_help=True)
+cluster_app = typer.Typer(help="Ray cluster configs for running plans on spot instances.\n\nExample:\n\n"
+                          "  gpuplan cluster config examples/llama3-8b-sft.yaml --out cluster.yaml",
+                          no_args_is_help=True)
 app.add_typer(cluster_app, name="cluster")
 
 

@@ -208,3 +208,17 @@ def test_cli_server_on_a_taken_port_fails_before_touching_running_attempts(
     detail = service.status(ml, job.id)  # a reconcile would have closed it as lost and requeued the job
     assert detail.state == "running" and [a.outcome for a in detail.attempt_list] == [None]
     store.dispose()
+
+
+def test_every_command_and_group_help_shows_an_example() -> None:
+    import typer.main
+
+    def walk(command: object, path: list[str]) -> Iterator[list[str]]:
+        yield path
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            yield from walk(sub, [*path, name])
+
+    paths = list(walk(typer.main.get_command(app), []))
+    assert len(paths) > 20  # every command and group, not a few
+    missing = [" ".join(p) for p in paths if "Example" not in runner.invoke(app, [*p, "--help"]).stdout]
+    assert missing == []
