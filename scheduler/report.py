@@ -234,9 +234,13 @@ def write_dry_run(report: DryRun, out_dir: str | Path) -> dict[str, str]:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InvalidInput(f"--out {str(out)!r} is a file", hint="give a directory for the report")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(report.markdown)
-    (out / "report.html").write_text(report.html)
-    for name, png in report.images.items():
-        (out / name).write_bytes(png)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "report.md").write_text(report.markdown)
+        (out / "report.html").write_text(report.html)
+        for name, png in report.images.items():
+            (out / name).write_bytes(png)
+    except OSError as exc:
+        raise InvalidInput(f"cannot write the report to {str(out)!r}: {exc.strerror or exc}", path="out",
+                           hint="give --out a directory you can write to") from None
     return {"markdown": str(out / "report.md"), "html": str(out / "report.html")}

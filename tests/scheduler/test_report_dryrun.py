@@ -86,6 +86,8 @@ def test_markdown_and_files(plans: list[Plan], tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(InvalidInput, match="is a file"):
         write_dry_run(report, tmp_path / "file")
+    with pytest.raises(InvalidInput, match=r"cannot write the report to .*: Not a directory"):
+        write_dry_run(report, tmp_path / "file" / "sub")  # under a file: mkdir fails, one error line
 
 
 def test_cli_dry_run_json(tmp_path: Path) -> None:
