@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from catalog.errors import Conflict, GpuplanError, InvalidInput
+from catalog.schema import ModelConfig
 from planner.spec import JobSpec
 from planner.types import Strategy
 from workers.executor import RunRequest, RunState, RunStatus
@@ -37,8 +38,24 @@ class LocalPlan:
     note: str = ""
 
 
-def plan_locally(spec: JobSpec) -> LocalPlan:
-    """The strategy for this machine: the planner's for the local GPU, or a plain one on CPU."""
+def available_ram_bytes() -> int | None:
+    """This machine's available memory (Linux MemAvailable); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = available_ram_bytes) -> LocalPlan:
+    """The strategy for this machine: the planner's for the local GPU, or a plain one on CPU.
+
+    On CPU a model whose weights alone exceed the available memory is refused here: building it
+    would swap or be OOM-killed (an 8B model is 30 GiB in fp32) long before the first step.
+    """
     from catalog.loader import load_catalog
     from catalog.local import detect_local_device, match_device_name
 
@@ -48,7 +65,7 @@ def plan_locally(spec: JobSpec) -> LocalPlan:
     catalog = load_catalog()
     from workers.model import resolve_model_source
 
-    resolve_model_source(spec)  # a bad model reference fails here, before anything starts
+    source = resolve_model_source(spec)  # a bad model reference fails here, before anything starts
     device = detect_local_device()
     if device is not None and device.backend == "cuda":
         gpu = match_device_name(device.name, catalog, device.memory_bytes)
@@ -65,7 +82,22 @@ def plan_locally(spec: JobSpec) -> LocalPlan:
                                    " GiB usable", hint="see gpuplan plan for placements that fit")
             return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
                              note=f"planned for the local {gpu.id}")
-    return LocalPlan(strategy=cpu_strategy(spec), device="cpu", note="no supported GPU here: training on the CPU")
+    strategy = cpu_strategy(spec)
+    _check_fits_in_ram(source.config, strategy, ram_bytes())
+    return LocalPlan(strategy=strategy, device="cpu", note="no supported GPU here: training on the CPU")
+
+
+def _check_fits_in_ram(model: ModelConfig, strategy: Strategy, ram: int | None) -> None:
+    from catalog.params import count_params
+
+    params = count_params(model).total
+    weights = params * (2 if strategy.precision in ("bf16", "fp8") else 4)  # a lower bound: no grads, no states
+    if ram is not None and weights > ram:
+        raise InvalidInput(f"{model.id} has {params / 1e9:.1f}B parameters: {weights / 2**30:.1f} GiB for its "
+                           f"{strategy.precision} weights alone, more than the {ram / 2**30:.1f} GiB of memory "
+                           "available on this CPU-only machine",
+                           hint="run it on GPUs with `gpuplan submit` (see `gpuplan plan`), or try "
+                           "examples/tiny-train.yaml here")
 
 
 def cpu_strategy(spec: JobSpec) -> Strategy:
