@@ -359,7 +359,7 @@ def plan_command(
     if objective not in ("cheapest", "fastest"):
         from catalog.errors import InvalidInput
 
-        raise InvalidInput(f"--objective must be cheapest or fastest, got {objective!r}", path="--objective")
+        raise InvalidInput(f"must be cheapest or fastest, got {objective!r}", path="--objective")
     job, catalog, model, calibration = _load_planning_inputs(spec)
     result = plan(job, catalog, objective=objective, calibration=calibration, model=model,  # type: ignore[arg-type]
                   today=date.today())
@@ -1221,7 +1221,7 @@ def report_dry_run_command(
     if objective not in ("cheapest", "fastest"):
         from catalog.errors import InvalidInput
 
-        raise InvalidInput(f"--objective must be cheapest or fastest, got {objective!r}", path="--objective")
+        raise InvalidInput(f"must be cheapest or fastest, got {objective!r}", path="--objective")
     plans = []
     for path in specs:
         job, catalog, model, calibration = _load_planning_inputs(path)

@@ -59,6 +59,8 @@ def test_nothing_feasible_exits_3_naming_the_constraint(tmp_path: Path) -> None:
 def test_bad_objective_is_refused() -> None:
     result = runner.invoke(app, ["plan", EXAMPLE, "--objective", "slowest"])
     assert result.exit_code == 2 and "cheapest or fastest" in result.output
+    result = runner.invoke(app, ["plan", EXAMPLE, "--objective", "slowest", "--json"])
+    assert json.loads(result.stdout)["error"]["message"] == "--objective: must be cheapest or fastest, got 'slowest'"
 
 
 def test_inference_example_plans_and_estimates() -> None:
