@@ -24,7 +24,7 @@ def filter_offers(
 ) -> list[Offer]:
     """Offers matching the filters, cheapest per GPU-hour first (spot prices when ``spot``).
 
-    Unknown GPU or cloud names raise UnknownName with the closest valid names; with ``spot`` only
+    Unknown GPU, cloud or region names raise UnknownName with the closest valid names; with ``spot`` only
     offers that have a spot price are kept.
     """
     offers = list(catalog.offers_for(gpu)) if gpu else list(catalog.offers)
@@ -34,7 +34,12 @@ def filter_offers(
             raise UnknownName("cloud", cloud, clouds, path="--cloud")
         offers = [o for o in offers if o.cloud == cloud.lower()]
     if region:
-        offers = [o for o in offers if o.region == region or (o.zone or "").startswith(region)]
+        def in_region(o: Offer) -> bool:
+            return o.region == region or (o.zone or "").startswith(region)
+
+        if not any(in_region(o) for o in catalog.offers):  # a typo, not a region without such GPUs
+            raise UnknownName("region", region, sorted({o.region for o in catalog.offers}), path="--region")
+        offers = [o for o in offers if in_region(o)]
     if spot:
         offers = [o for o in offers if o.spot_usd_per_h is not None]
 

@@ -67,6 +67,14 @@ def test_unknown_cloud_is_rejected(runner: CliRunner) -> None:
     assert result.exit_code == 2 and "did you mean aws" in result.stderr
 
 
+def test_unknown_region_is_rejected_not_an_empty_table(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["catalog", "offers", "--region", "us-east-l"])
+    assert result.exit_code == 2 and "unknown region 'us-east-l'" in result.stderr and "us-east-1" in result.stderr
+    # a known zone prefix still filters
+    rows = json.loads(runner.invoke(app, ["catalog", "offers", "--region", "us-east-1", "--json"]).stdout)
+    assert rows and all(r["region"] == "us-east-1" or (r["zone"] or "").startswith("us-east-1") for r in rows)
+
+
 def test_models_table_and_json(runner: CliRunner) -> None:
     table = runner.invoke(app, ["catalog", "models"])
     assert table.exit_code == 0 and "mixtral-8x7b" in table.stdout and "46.70B" in table.stdout
