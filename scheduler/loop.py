@@ -40,7 +40,7 @@ from scheduler import ledger, logbook
 from scheduler.models import Attempt, Job
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState
-from scheduler.store import Store, transition
+from scheduler.store import LoopLock, Store, transition
 from workers.executor import Executor, ReleasesAttempts, RunRequest, RunState, RunStatus
 
 log = logging.getLogger("gpuplan.loop")
@@ -97,6 +97,7 @@ class Scheduler:
         max_running: int | None = None,
         backoff_base_s: float = 30.0,
         backoff_max_s: float = 3600.0,
+        lock: LoopLock | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -107,6 +108,7 @@ class Scheduler:
         self.max_running = max_running
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
+        self.lock = lock  # the database's loop lock (Store.loop_lock), released when run_forever ends
         # attempt id -> lines of its executor log already copied into the job's log (read back from
         # the database the first time an attempt is seen, so a restarted loop resumes the copy)
         self._copied: dict[int, int] = {}
@@ -114,13 +116,17 @@ class Scheduler:
     # -------------------------------------------------------------- main entry points
 
     def run_forever(self, stop: threading.Event) -> None:
-        self.reconcile()
-        while not stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # one bad tick (DB hiccup) must not stop the server's loop
-                log.exception("scheduler tick failed; retrying in %.1fs", self.poll_s)
-            stop.wait(self.poll_s)
+        try:
+            self.reconcile()
+            while not stop.is_set():
+                try:
+                    self.tick()
+                except Exception:  # one bad tick (DB hiccup) must not stop the server's loop
+                    log.exception("scheduler tick failed; retrying in %.1fs", self.poll_s)
+                stop.wait(self.poll_s)
+        finally:
+            if self.lock is not None:
+                self.lock.release()
 
     def tick(self) -> TickReport:
         report = TickReport()

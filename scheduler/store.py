@@ -10,8 +10,9 @@ The database URL is read at the edge (cli / app factory) and passed in; see :fun
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 from sqlmodel import Session, col, or_, select
 
-from catalog.errors import ExternalServiceError, InvalidInput, NotFound
+from catalog.errors import Conflict, ExternalServiceError, InvalidInput, NotFound
 from scheduler import logbook
 from scheduler.models import Event, Job, Team
 from scheduler.states import JobState, check_transition
@@ -37,6 +38,18 @@ _HERE = Path(__file__).resolve().parent
 
 def default_home() -> Path:
     return Path.home() / ".gpuplan"
+
+
+class LoopLock:
+    """The scheduling-loop lock of one database (:meth:`Store.loop_lock`), held until released."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
+
+    def release(self) -> None:
+        if self._release is not None:
+            release, self._release = self._release, None
+            release()
 
 
 def database_url(env: Mapping[str, str], home: Path | None = None) -> str:
@@ -111,6 +124,40 @@ class Store:
     @property
     def is_postgres(self) -> bool:
         return self.dialect == "postgresql"
+
+    def loop_lock(self) -> LoopLock:
+        """Take the database's one scheduling-loop lock, or raise Conflict if another process has it.
+
+        Two loops on one database would each reconcile away the other's running attempts as lost
+        and start them again: a job running twice at once. The lock is the operating system's or
+        the server's, so it goes with the process that holds it, kill -9 included: PostgreSQL's
+        session advisory lock (keyed by the schema, so schemas of one database are independent),
+        or ``flock`` on ``<file>.loop.lock`` next to a SQLite file.
+        """
+        refused = Conflict("another gpuplan server already runs the scheduling loop on this database",
+                           hint="stop it first, or start this one with --executor none to serve only the API")
+        if self.is_postgres:
+            conn = self._write.connect()
+            got = conn.execute(text("SELECT pg_try_advisory_lock(hashtext(current_schema() || '.gpuplan-loop'))"))
+            held = bool(got.scalar())
+            conn.commit()  # the session lock outlives the transaction; the connection is kept
+            if not held:
+                conn.close()
+                raise refused
+            # Invalidate, not close: a pooled connection would keep the session lock for its next user.
+            return LoopLock(conn.invalidate)
+        database = make_url(self.url).database or ""
+        if not database or database == ":memory:":
+            return LoopLock(lambda: None)  # private to this process: nobody else can run a loop on it
+        import fcntl
+
+        fd = os.open(f"{Path(database).expanduser()}.loop.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise refused from None
+        return LoopLock(lambda: os.close(fd))
 
     @property
     def engine(self) -> Engine:

@@ -95,11 +95,14 @@ def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token:
 
 def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: float = 1.0,
               max_running: int | None = None, backoff_base_s: float = 30.0) -> Scheduler | None:
-    """The scheduling loop over the service's store, or None without an executor (API only)."""
+    """The scheduling loop over the service's store, or None without an executor (API only).
+
+    Takes the database's loop lock first (Conflict if another server runs a loop on it), so two
+    servers can never reconcile away each other's running attempts."""
     if executor is None:
         return None
     return Scheduler(service.store, executor, clock=service.clock, poll_s=poll_s, max_running=max_running,
-                     backoff_base_s=backoff_base_s)
+                     backoff_base_s=backoff_base_s, lock=service.store.loop_lock())
 
 
 def make_app(service: SchedulerService, catalog: Catalog, executor: Executor | None, *, poll_s: float = 1.0,

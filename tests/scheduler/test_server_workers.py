@@ -143,3 +143,28 @@ def test_a_pool_whose_workers_die_at_start_up_gives_up_with_the_reason(tmp_path:
         pool.stop()
         sock.close()
     assert all(not p.is_alive() for p in pool.processes)
+
+
+@pytest.mark.slow
+def test_a_second_server_with_a_loop_on_the_same_database_is_refused_and_touches_nothing(
+        db_url: str, tmp_path: Path) -> None:
+    env = {**os.environ, "GPUPLAN_DATABASE_URL": db_url, "GPUPLAN_HOME": str(tmp_path), "GPUPLAN_ADMIN_TOKEN": ADMIN}
+    port = free_port()
+    first = start_process([sys.executable, str(ROOT / "cli.py"), "server", "--port", str(port), "--executor",
+                           "inprocess", "--workers", "1"], port, tmp_path / "first.log", cwd=ROOT, env=env)
+    try:
+        second = subprocess.run([sys.executable, str(ROOT / "cli.py"), "server", "--port", str(free_port()),
+                                 "--executor", "inprocess", "--workers", "1"], env=env, cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode != 0
+        assert "another gpuplan server already runs the scheduling loop on this database" in second.stderr
+        assert "--executor none" in second.stderr
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        # API-only servers take no lock: any number may serve the same database next to the loop.
+        (tmp_path / "api").mkdir()
+        api_only = start_server(db_url, free_port(), tmp_path / "api", workers=1)
+        api_only.send_signal(signal.SIGTERM)
+        api_only.wait(timeout=30)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=30)

@@ -102,3 +102,20 @@ def test_migrate_on_an_unreachable_database_is_one_error_line() -> None:
     message = str(info.value)
     assert message.startswith("cannot use the database postgresql+psycopg://gpuplan:***@127.0.0.1:1/test: ")
     assert "s3cret" not in message and "\n" not in message and "GPUPLAN_DATABASE_URL" in message
+
+
+def test_one_loop_lock_per_database_released_with_its_holder(db_url: str) -> None:
+    first, second = Store(db_url), Store(db_url)
+    try:
+        lock = first.loop_lock()
+        with pytest.raises(Conflict, match="another gpuplan server already runs the scheduling loop"):
+            second.loop_lock()
+        lock.release()
+        lock.release()  # idempotent
+        again = second.loop_lock()  # free once released
+        with pytest.raises(Conflict):
+            first.loop_lock()
+        again.release()
+    finally:
+        first.dispose()
+        second.dispose()
