@@ -749,6 +749,9 @@ def status_command(job_id: str = typer.Argument(..., help="Job id (see `gpuplan 
     console.print(table)
 
 
+LOG_TAIL_GRACE_S = 30.0
+
+
 @app.command("logs")
 @handle_errors
 def logs_command(
@@ -767,6 +770,7 @@ def logs_command(
 
     backend = _backend()
     since = 0
+    ended_at: float | None = None  # when the job's state turned terminal with its attempt still open
     while True:
         page = backend.logs(job_id, since)
         for line in page.lines:
@@ -776,8 +780,16 @@ def logs_command(
                 sys.stdout.write(line + "\n")
         sys.stdout.flush()
         since = page.next
-        if not follow or JobState(page.state).terminal:
+        if not follow or page.complete:
             return
+        if JobState(page.state).terminal:
+            # The loop closes a cancelled job's attempt (and copies its last lines) on its next tick;
+            # without a running loop that never happens, so wait a while, not forever.
+            ended_at = ended_at if ended_at is not None else time.monotonic()
+            if time.monotonic() - ended_at > LOG_TAIL_GRACE_S:
+                err_console.print(f"job {job_id} is {page.state} but its last attempt is not closed yet (is a "
+                                  f"gpuplan server running its loop?); its last lines may follow later")
+                return
         time.sleep(interval)
 
 

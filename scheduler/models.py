@@ -242,6 +242,8 @@ class JobLogs(SQLModel):
     lines: list[str]
     next: int = Field(description="pass as ?since= to continue")
     state: str
+    complete: bool = Field(default=False, description="the job has ended and its last attempt is closed: no line "
+                           "will be added (a follower stops here; the state alone can end before the last lines)")
 
 
 # ------------------------------------------------------------------ spend

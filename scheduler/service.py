@@ -519,7 +519,12 @@ class SchedulerService:
         with self.store.read() as session:
             job = self._own_job(session, principal, job_id)
             lines = logbook.read(session, job.id, since)
-        return JobLogs(job_id=job.id, lines=lines, next=since + len(lines), state=job.state)
+            # A cancelled job's attempt stays open until the loop has stopped it and copied its
+            # last lines; only then is the log complete.
+            open_attempts = session.execute(sa_select(func.count()).select_from(Attempt).where(
+                col(Attempt.job_id) == job.id, col(Attempt.ended_at).is_(None))).scalar_one()
+        complete = JobState(job.state).terminal and open_attempts == 0
+        return JobLogs(job_id=job.id, lines=lines, next=since + len(lines), state=job.state, complete=complete)
 
     # -------------------------------------------------------------- reports and metrics
 

@@ -262,3 +262,25 @@ def test_reconcile_releases_finished_attempts_whose_rows_are_closed_and_keeps_un
     assert ex.held() == [h2]  # still needed: its row is open
     restarted.tick()
     assert svc.status(ml, second.id).state == "succeeded" and ex.held() == []
+
+
+def test_a_cancelled_jobs_log_is_complete_only_once_its_attempt_is_closed_with_its_last_lines(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ml = team(svc)
+    job = svc.submit(ml, JobCreate(spec=spec_dict()))
+    queued = svc.submit(ml, JobCreate(spec=spec_dict(name="never-ran")))
+    ex = GrowingLogs()
+    loop = Scheduler(store, ex, clock=clock, max_running=1)
+    loop.tick()
+    handle = ex.handle_of(job.id)
+    svc.cancel(ml, queued.id)  # never had an attempt (max_running=1): complete at once
+    assert svc.logs(ml, queued.id).complete
+    ex.say(handle, "step 1")
+    svc.cancel(ml, job.id)
+    ex.say(handle, "step 2")  # the run goes on until the loop stops it
+    page = svc.logs(ml, job.id)
+    assert page.state == "cancelled" and not page.complete  # a follower keeps going
+    loop.tick()
+    page = svc.logs(ml, job.id)
+    assert page.complete and page.lines[-2:] == ["step 1", "step 2"]
+    assert page.lines[-3].endswith("running -> cancelled: cancelled by team ml")
