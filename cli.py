@@ -664,7 +664,7 @@ def server_command(
         if offer is not None:
             catalog = catalog.with_offers([offer])
     service = make_service(db_url, checkpoint_root=home / "checkpoints",
-                           admin_token=admin_token, catalog=catalog, executor=run)
+                           admin_token=admin_token, catalog=catalog)
     if not admin_token:
         err_console.print("[yellow]no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled[/]")
     err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database {service.store.dialect}, "

@@ -219,7 +219,8 @@ class Scheduler:
         self._copied[attempt.id] = start + len(lines)
 
     def _finish(self, attempt_id: int | None, outcome: str, message: str, report: TickReport) -> None:
-        self._copied.pop(attempt_id or -1, None)
+        if attempt_id is not None:
+            self._copied.pop(attempt_id, None)
         now = self.clock()
         with self.store.write() as session:
             attempt = session.get(Attempt, attempt_id)

@@ -54,7 +54,6 @@ from scheduler.models import (
 )
 from scheduler.states import TERMINAL, JobState, check_transition
 from scheduler.store import Store, transition
-from workers.executor import Executor
 
 Clock = Callable[[], datetime]
 Planner = Callable[[JobSpec], Plan]
@@ -135,7 +134,6 @@ class SchedulerService:
         *,
         clock: Clock = utcnow,
         checkpoint_root: str,
-        executor: Executor | None = None,
         admin_token: str | None = None,
         max_attempts: int = 3,
         plan_cache_size: int = 512,
@@ -145,7 +143,6 @@ class SchedulerService:
         self.planner = planner
         self.clock = clock
         self.checkpoint_root = checkpoint_root.rstrip("/")
-        self.executor = executor
         self._admin_hash = hash_token(admin_token) if admin_token else None
         self.max_attempts = max_attempts
         self._plans: OrderedDict[str, Plan] = OrderedDict()

@@ -30,6 +30,7 @@ from scheduler.api.server import listen, make_service
 from scheduler.service import Planner
 
 log = logging.getLogger(__name__)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s"  # pid: which worker said it
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,9 @@ def _exit_with_parent(parent_pid: int, poll_s: float = 0.2) -> None:
 def _api_worker(settings: ApiSettings, sock: socket.socket, parent_pid: int) -> None:
     """Entry point of one spawned API worker: its own store, pool, plan and token caches."""
     _exit_with_parent(parent_pid)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
-    # No executor here: runs belong to the loop in the supervisor, and their log lines reach these
-    # workers through the database (scheduler.logbook).
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    # Runs belong to the loop in the supervisor; their log lines reach these workers through the
+    # database (scheduler.logbook).
     service = make_service(settings.database_url, checkpoint_root=settings.checkpoint_root,
                            admin_token=settings.admin_token, planner=settings.planner, catalog=settings.catalog,
                            migrate=False)
@@ -169,7 +170,7 @@ def serve_workers(settings: ApiSettings, host: str, port: int, workers: int, *, 
                   check_every_s: float = 0.5, sock: socket.socket | None = None) -> None:
     """Serve the API from ``workers`` processes, run ``loop`` here; return on SIGINT/SIGTERM.
     ``sock``: the listening socket from :func:`scheduler.api.server.listen` (default: bound here)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     sock = sock if sock is not None else listen(host, port)
     stop = threading.Event()
 

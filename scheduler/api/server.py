@@ -83,14 +83,14 @@ def make_executor(kind: str, *, ray_namespace: str | None = None) -> Executor | 
 
 
 def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token: str | None = None,
-                 planner: Planner | None = None, catalog: Catalog | None = None, executor: Executor | None = None,
+                 planner: Planner | None = None, catalog: Catalog | None = None,
                  clock: Clock = utcnow, migrate: bool = True) -> SchedulerService:
     store = Store(database_url)
     if migrate:
         store.migrate()
     catalog = catalog if catalog is not None else load_catalog()
     return SchedulerService(store, planner or catalog_planner(catalog), clock=clock,
-                            checkpoint_root=str(checkpoint_root), executor=executor, admin_token=admin_token)
+                            checkpoint_root=str(checkpoint_root), admin_token=admin_token)
 
 
 def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: float = 1.0,

@@ -23,7 +23,7 @@ def main() -> None:
                              journal=str(workdir / "journal"))
     catalog = load_catalog()
     service = make_service(db, checkpoint_root=workdir / "ckpt", admin_token="admin-secret", planner=toy_plan,
-                           catalog=catalog, executor=executor)
+                           catalog=catalog)
     workers = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     if workers == 1:
         serve(make_app(service, catalog, executor, poll_s=0.1, max_running=3), "127.0.0.1", port, log_level="warning")

@@ -23,7 +23,7 @@ def main() -> None:
                            init_kwargs={"logging_level": logging.ERROR, "log_to_driver": False})
     catalog = load_catalog()
     service = make_service(db, checkpoint_root=workdir / "ckpt", admin_token="admin-secret", planner=cpu_plan,
-                           catalog=catalog, executor=executor)
+                           catalog=catalog)
     serve(make_app(service, catalog, executor, poll_s=0.2), "127.0.0.1", port, log_level="warning")
 
 

@@ -40,7 +40,6 @@ def test_real_training_is_preempted_requeued_and_resumes_from_its_checkpoint(sto
             "train": {"tokens": 64 * 2 * 8, "seq_len": 64, "micro_batch": 2, "checkpoint_interval_steps": 2}}
     job = svc.submit(me, JobCreate(spec=spec))
     ex = InProcessExecutor(log_every_s=0.1)
-    svc.executor = ex
     loop = Scheduler(store, ex, poll_s=0.1)
     assert loop.tick().dispatched == [job.id]
     first = ex.active()[0]

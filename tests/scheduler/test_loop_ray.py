@@ -65,7 +65,6 @@ def test_the_loop_dispatches_follows_and_charges_a_ray_run(ray_cluster: Any, sto
     me = svc.authenticate(svc.create_token(ADMIN, "ml").token)
     job = svc.submit(me, JobCreate(spec=tiny_spec(steps=6, interval=3)))
     ex = ray_executor(tmp_path)
-    svc.executor = ex
     loop = Scheduler(store, ex, poll_s=0.1)
     assert loop.reconcile() == TickReport()
     assert loop.tick().dispatched == [job.id]
@@ -170,7 +169,6 @@ def test_a_crash_before_the_handle_is_recorded_never_runs_the_job_twice(
     assert orphan is not None
 
     ex = ray_executor(tmp_path)
-    svc.executor = ex
     loop = Scheduler(store, ex, poll_s=0.1)
     report = loop.reconcile()
     assert report.lost == [job.id] and report.orphans_cancelled == [orphan]
