@@ -47,7 +47,8 @@ def ray_namespace_for(database_url: str) -> str:
     two servers of different databases on one Ray cluster must not share one. The URL is taken
     without its password (a rotated password keeps the namespace) and without its driver
     (``postgres://`` and ``postgresql+psycopg://`` are the same database); a SQLite path is made
-    absolute.
+    absolute. PostgreSQL's ``options`` (a ``search_path``: another schema is another gpuplan
+    database, as for the loop lock) are part of it.
     """
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
@@ -62,7 +63,8 @@ def ray_namespace_for(database_url: str) -> str:
         if backend == "sqlite" and database and database != ":memory:":
             database = str(Path(database).expanduser().resolve())
         port = url.port or (5432 if backend == "postgresql" else "")
-        key = f"{backend}://{url.username or ''}@{url.host or ''}:{port}/{database}"
+        options = url.query.get("options", "")
+        key = f"{backend}://{url.username or ''}@{url.host or ''}:{port}/{database}?{options}"
     return "gpuplan-" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 

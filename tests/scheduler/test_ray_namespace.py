@@ -20,6 +20,9 @@ def test_the_namespace_follows_the_database_not_its_password_or_driver(tmp_path:
     assert ray_namespace_for("postgresql://gpuplan@db/gpuplan") == pg  # the default port
     assert ray_namespace_for("postgresql://gpuplan@db:5432/other") != pg
     assert ray_namespace_for("postgresql://gpuplan@db2:5432/gpuplan") != pg
+    schema_a = ray_namespace_for("postgresql://gpuplan@db/gpuplan?options=-csearch_path%3Da")
+    assert schema_a != pg and schema_a != ray_namespace_for("postgresql://gpuplan@db/gpuplan?options=-csearch_path%3Db")
+    assert schema_a == ray_namespace_for("postgres://gpuplan:pw@db:5432/gpuplan?options=-csearch_path%3Da")
     # The same SQLite file by a relative and an absolute path is one database.
     monkeypatch.chdir(tmp_path)
     assert ray_namespace_for("sqlite:///gpuplan.db") == ray_namespace_for(f"sqlite:///{tmp_path / 'gpuplan.db'}")
