@@ -37,7 +37,7 @@ def attempt_header(number: int, market: str, usd_per_h: float, handle: str | Non
 
 def first_lines(job_id: str, lines: Sequence[str]) -> list[dict[str, object]]:
     """Rows for the first lines of a job that is being inserted in the same transaction."""
-    return [{"job_id": job_id, "seq": i, "attempt_id": None, "line": _clip(line)} for i, line in enumerate(lines)]
+    return _rows(job_id, 0, lines, None)
 
 
 def append(session: Session, job_id: str, lines: Sequence[str], *, attempt_id: int | None = None) -> None:
@@ -49,8 +49,7 @@ def append(session: Session, job_id: str, lines: Sequence[str], *, attempt_id: i
     session.execute(select(_job.c.id).where(_job.c.id == job_id).with_for_update())
     start = session.execute(select(func.coalesce(func.max(_log.c.seq), -1)).where(_log.c.job_id == job_id))
     first = int(start.scalar_one()) + 1
-    session.execute(insert(_log), [{"job_id": job_id, "seq": first + i, "attempt_id": attempt_id, "line": _clip(line)}
-                                   for i, line in enumerate(lines)])
+    session.execute(insert(_log), _rows(job_id, first, lines, attempt_id))
 
 
 def executor_lines_stored(session: Session, attempt_id: int) -> int:
@@ -63,6 +62,11 @@ def read(session: Session, job_id: str, since: int = 0) -> list[str]:
     """The job's lines from number ``since`` on."""
     stmt = select(_log.c.line).where(_log.c.job_id == job_id, _log.c.seq >= since).order_by(_log.c.seq)
     return [str(line) for line in session.execute(stmt).scalars()]
+
+
+def _rows(job_id: str, first: int, lines: Sequence[str], attempt_id: int | None) -> list[dict[str, object]]:
+    return [{"job_id": job_id, "seq": first + i, "attempt_id": attempt_id, "line": _clip(line)}
+            for i, line in enumerate(lines)]
 
 
 def _clip(line: str) -> str:
