@@ -5,15 +5,21 @@ Each command group lives in its own section below; keep rendering here and logic
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 import typer
 from pydantic import BaseModel
+from rich.cells import cell_len
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from catalog.errors import GpuplanError, InvalidInput
 
@@ -31,8 +37,120 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+def make_console(*, stderr: bool = False, width: int | None = None) -> Console:
+    """The one way the CLI prints. Markup is off: text from a message, a spec or a table cell prints as
+    written ('[aws]' stays), and styling is given as Text / style=, never as markup inside a string."""
+    return Console(stderr=stderr, width=width, markup=False)
+
+
+console = make_console()
+err_console = make_console(stderr=True)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Text from plain strings and (text, style) pairs; nothing in them is parsed as markup."""
+    return Text.assemble(*parts)
+
+
+@dataclass(frozen=True)
+class Col:
+    """A table column. ``drop``: 0 never; otherwise columns are dropped highest first while the table is
+    wider than the terminal. ``wrap``: free text that may wrap between words; other cells (ids, numbers,
+    states) never wrap or shorten."""
+
+    header: str
+    right: bool = False
+    drop: int = 0
+    wrap: bool = False
+
+
+_TABLE_EDGE = 1  # the left border; each column adds 2 of padding and 1 of border on its right
+
+
+def _widths(col: Col, cells: list[str]) -> tuple[int, int]:
+    """(narrowest, natural) width: ids and numbers never shrink; text and headers wrap between words only."""
+    header_word = max(cell_len(w) for w in col.header.split())
+    if not col.wrap:
+        fixed = max([header_word, *(cell_len(c) for c in cells)])
+        return fixed, max(fixed, cell_len(col.header))
+    words = [w for c in cells for w in c.split()]
+    narrowest = max([header_word, *(cell_len(w) for w in words)])
+    return narrowest, max([cell_len(col.header), *(cell_len(c) for c in cells)])
+
+
+def _column_widths(spans: list[tuple[int, int]], wrap: list[bool], width: int) -> list[int] | None:
+    """Widths that fit ``width`` (None if even the narrowest do not): numbers at their full width, the
+    space left shared by the text columns in proportion to how much they would use."""
+    room = width - _TABLE_EDGE - 3 * len(spans)
+    widths = [lo for lo, _ in spans]
+    if sum(widths) > room:
+        return None
+    spare = room - sum(widths)
+    for i, (lo, hi) in enumerate(spans):  # fixed columns first take their natural width (whole headers)
+        if not wrap[i]:
+            extra = min(hi - lo, spare)
+            widths[i] += extra
+            spare -= extra
+    want = [hi - lo if wrap[i] else 0 for i, (lo, hi) in enumerate(spans)]
+    total = sum(want)
+    for i, w in enumerate(want):
+        if w:
+            widths[i] += w if spare >= total else spare * w // total
+    return widths
+
+
+def fit_table(title: str, cols: list[Col], rows: list[list[str | Text]], width: int) -> tuple[Table, list[str]]:
+    """A table that fits ``width`` without truncating or splitting an id or a number: columns are dropped
+    (highest ``drop`` first) until the narrowest rendering fits; returns the table and the dropped headers.
+    Headers and text wrap between words only."""
+    plain = [[c.plain if isinstance(c, Text) else c for c in row] for row in rows]
+    keep = list(range(len(cols)))
+    while True:
+        spans = [_widths(cols[i], [r[i] for r in plain]) for i in keep]
+        widths = _column_widths(spans, [cols[i].wrap for i in keep], width)
+        if widths is not None or not any(cols[i].drop for i in keep):
+            break
+        keep.remove(max((i for i in keep if cols[i].drop), key=lambda i: cols[i].drop))
+    table = Table(title=title, title_justify="left")
+    for n, i in enumerate(keep):
+        col = cols[i]
+        size = widths[n] if widths is not None else spans[n][0]
+        table.add_column(Text(col.header, no_wrap=False, overflow="fold"), justify="right" if col.right else "left",
+                         no_wrap=not col.wrap, overflow="fold", width=size)
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
+    return table, [c.header for i, c in enumerate(cols) if i not in keep]
+
+
+def print_table(title: str, cols: list[Col], rows: list[list[str | Text]]) -> None:
+    """Print a width-fitted table; name the columns a narrow terminal hid (--json has them all)."""
+    table, dropped = fit_table(title, cols, rows, console.width)
+    console.print(table)
+    if dropped:
+        console.print(f"({', '.join(dropped)} hidden at {console.width} columns; widen the terminal or use --json)",
+                      style="dim", highlight=False)
+
+
+def escape_help(group: typer.Typer) -> None:
+    """Help texts are rich markup to typer: escape every command's and option's help once, so '[default: ...]'
+    and other bracketed text in them print as written."""
+    if group.info.help and isinstance(group.info.help, str):
+        group.info.help = escape(group.info.help)
+    for command in group.registered_commands:
+        callback = command.callback
+        if callback is None:
+            continue
+        if command.help:
+            command.help = escape(command.help)
+        if callback.__doc__:
+            callback.__doc__ = escape(callback.__doc__)
+        for param in inspect.signature(callback).parameters.values():
+            info = param.default
+            if isinstance(info, typer.models.ParameterInfo) and info.help:
+                info.help = escape(info.help)
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            escape_help(sub.typer_instance)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -60,7 +178,7 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
             if kwargs.get("as_json"):
                 print_json({"error": exc.to_dict()})
             else:
-                err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+                err_console.print(styled(("error:", "bold red"), f" {exc}"), highlight=False)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper
@@ -100,7 +218,7 @@ def _warn_stale(catalog: Any, offers: Any) -> None:
     stale = [o for o in catalog.stale_offers(today) if id(o) in shown]
     text = stale_offer_warning(stale, today)
     if text:
-        err_console.print(f"[yellow]warning:[/] {text}", highlight=False)
+        err_console.print(styled(("warning:", "yellow"), f" {text}"), highlight=False)
 
 
 @catalog_app.command("gpus")
@@ -258,8 +376,8 @@ def catalog_local(as_json: bool = JSON_OPTION) -> None:
     elif gpu is None:
         console.print(f"{device.count} x {device.name!r} found, but it is not in the catalog: plans ignore it.")
     else:
-        console.print(f"{device.count} x {device.name!r} -> [bold]{gpu.id}[/] ({gpu.memory_gib:.1f} GiB); "
-                      "offered to the planner at $0/h as cloud 'local'.")
+        console.print(styled(f"{device.count} x {device.name!r} -> ", (gpu.id, "bold"),
+                             f" ({gpu.memory_gib:.1f} GiB); offered to the planner at $0/h as cloud 'local'."))
 
 
 @catalog_app.command("refresh")
@@ -366,50 +484,56 @@ def plan_command(
     if as_json:
         print_json(result)
         return
-    table = Table(title=f"{result.job}: {len(result.candidates)} candidates ({objective}; * = cost/time Pareto front)",
-                  title_justify="left", pad_edge=False)
-    # hours and total $ are expected values: on spot they include the preemption overhead column
-    for col in ("#", "GPUs / strategy", "cloud instance region", "market", "GiB need/usable", "tok/s", "hours",
-                "preempt h", "P(deadline)", "$/h", "total $", "*"):
-        right = col in ("#", "tok/s", "hours", "preempt h", "P(deadline)", "$/h", "total $")
-        table.add_column(col, justify="right" if right else "left", overflow="fold")
-    for i, c in enumerate(result.candidates[:top], 1):
-        e = c.estimate
-        table.add_row(
-            str(i), e.strategy.label(), f"{c.offer.cloud} {c.offer.instance_type} {c.offer.region}",
-            c.cost.market, f"{_gib(e.memory.required_bytes)}/{_gib(e.memory.usable_bytes)}",
-            f"{e.throughput.tokens_per_s:,.0f}", f"{c.cost.hours:,.1f}",
-            f"{c.cost.preemption_overhead_h:,.2f}" if c.cost.market == "spot" else "-",
-            "-" if c.cost.deadline_probability is None else f"{c.cost.deadline_probability:.0%}",
-            f"{c.cost.usd_per_h:,.2f}",
-            f"{c.cost.usd:,.0f}", "*" if c.pareto else "",
-        )
-    console.print(table)
+    _print_plan_table(result, objective, top, deadline=job.resources.deadline)
     chosen = result.chosen
     if chosen is not None:
-        e = chosen.estimate
-        extra = ""
-        if chosen.cost.market == "spot" and chosen.cost.checkpoint_interval_h:
-            extra = (f", checkpoint every {chosen.cost.checkpoint_interval_h * 60:.0f} min, "
-                     f"{(chosen.cost.deadline_probability or 0):.0%} chance to meet the deadline")
-        console.print(
-            f"[bold]chosen:[/] {e.strategy.label()} on {chosen.offer.cloud} {chosen.offer.instance_type} "
-            f"({chosen.offer.region}, {chosen.cost.market}): {chosen.cost.hours:,.1f} h, "
-            f"${chosen.cost.usd:,.0f}, peak {_gib(e.memory.peak_allocated_bytes)} GiB allocated / "
-            f"{_gib(e.memory.usable_bytes)} GiB usable{extra}",
-            highlight=False,
-        )
+        console.print(styled(("chosen:", "bold"), " " + _chosen_line(chosen)), highlight=False)
     groups = summarize_rejections(result.rejections)
     if groups:
-        rej = Table(title=f"{len(result.rejections)} rejected options (all in --json)", title_justify="left")
-        rej.add_column("constraint")
-        rej.add_column("count", justify="right")
-        rej.add_column("example")
-        for constraint, count, example in groups:
-            rej.add_row(constraint, str(count), example)
-        console.print(rej)
+        print_table(f"{len(result.rejections)} rejected options (all in --json)",
+                    [Col("constraint"), Col("count", right=True), Col("example", wrap=True)],
+                    [[constraint, str(count), example] for constraint, count, example in groups])
     for warning in result.warnings:
-        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        err_console.print(styled(("warning:", "yellow"), f" {warning}"), highlight=False)
+
+
+# Plan table columns, most important first; ``drop`` says which go first on a narrow terminal.
+_PLAN_COLS = [
+    Col("#", right=True), Col("GPUs / strategy", wrap=True), Col("cloud instance region", wrap=True),
+    Col("market"), Col("GiB need/usable", right=True, drop=1), Col("tok/s", right=True, drop=4),
+    Col("hours", right=True), Col("preempt h", right=True, drop=5), Col("P(deadline)", right=True, drop=6),
+    Col("$/h", right=True, drop=3), Col("total $", right=True),
+]
+
+
+def _print_plan_table(result: Any, objective: str, top: int, *, deadline: float | None) -> None:
+    # hours and total $ are expected values: on spot they include the preemption overhead column
+    cols = [c for c in _PLAN_COLS if deadline is not None or c.header != "P(deadline)"]
+    rows: list[list[str | Text]] = []
+    for i, c in enumerate(result.candidates[:top], 1):
+        e = c.estimate
+        row: list[str | Text] = [
+            f"{i}*" if c.pareto else str(i), e.strategy.label(),
+            f"{c.offer.cloud} {c.offer.instance_type} {c.offer.region}", c.cost.market,
+            f"{_gib(e.memory.required_bytes)}/{_gib(e.memory.usable_bytes)}", f"{e.throughput.tokens_per_s:,.0f}",
+            f"{c.cost.hours:,.1f}", f"{c.cost.preemption_overhead_h:,.2f}" if c.cost.market == "spot" else "-"]
+        if deadline is not None:
+            row.append("-" if c.cost.deadline_probability is None else f"{c.cost.deadline_probability:.0%}")
+        rows.append([*row, f"{c.cost.usd_per_h:,.2f}", f"{c.cost.usd:,.0f}"])
+    print_table(f"{result.job}: {len(result.candidates)} candidates ({objective}; * = cost/time Pareto front)",
+                cols, rows)
+
+
+def _chosen_line(chosen: Any) -> str:
+    e = chosen.estimate
+    extra = ""
+    if chosen.cost.market == "spot" and chosen.cost.checkpoint_interval_h:
+        extra = f", checkpoint every {chosen.cost.checkpoint_interval_h * 60:.0f} min"
+    if chosen.cost.deadline_probability is not None:  # None: the job has no deadline
+        extra += f", {chosen.cost.deadline_probability:.0%} chance to meet the deadline"
+    return (f"{e.strategy.label()} on {chosen.offer.cloud} {chosen.offer.instance_type} ({chosen.offer.region}, "
+            f"{chosen.cost.market}): {chosen.cost.hours:,.1f} h, ${chosen.cost.usd:,.0f}, needs "
+            f"{_gib(e.memory.required_bytes)} of {_gib(e.memory.usable_bytes)} GiB usable{extra}")
 
 
 @app.command("estimate")
@@ -666,7 +790,7 @@ def server_command(
     service = make_service(db_url, checkpoint_root=home / "checkpoints",
                            admin_token=admin_token, catalog=catalog)
     if not admin_token:
-        err_console.print("[yellow]no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled[/]")
+        err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled", style="yellow")
     err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database {service.store.dialect}, "
                       f"executor {executor}{f' (Ray namespace {namespace})' if executor == 'ray' else ''}, "
                       f"{count} API worker{'s' if count > 1 else ''}")
@@ -711,8 +835,8 @@ def submit_command(
     if as_json:
         print_json(job)
         return
-    console.print(f"[bold green]queued[/] {job.id} ({job.name}): {job.gpus}x{job.gpu} {job.market} at "
-                  f"{_usd(job.usd_per_h)}/h, estimated {_usd(job.estimated_usd)} over {job.estimated_hours:,.2f} h",
+    console.print(styled(("queued", "bold green"), f" {job.id} ({job.name}): {job.gpus}x{job.gpu} {job.market} at "
+                  f"{_usd(job.usd_per_h)}/h, estimated {_usd(job.estimated_usd)} over {job.estimated_hours:,.2f} h"),
                   highlight=False)
 
 
@@ -1275,6 +1399,8 @@ def main() -> None:
     _quiet_third_party_logs()
     app()
 
+
+escape_help(app)  # after every command is registered
 
 if __name__ == "__main__":
     main()
