@@ -470,8 +470,6 @@ def plan_command(
     """
     from datetime import date
 
-    from rich.table import Table
-
     from planner.search import plan, summarize_rejections
 
     if objective not in ("cheapest", "fastest"):
@@ -718,16 +716,16 @@ def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
-def _jobs_table(jobs: list[Any], title: str) -> None:
-    from rich.table import Table
+# The id is the value users copy: it is never dropped nor wrapped; the rest goes as the terminal narrows.
+_JOB_COLS = [Col("id"), Col("name", wrap=True), Col("state"), Col("gpus", right=True, drop=1),
+             Col("market", drop=4), Col("$/h", right=True, drop=5), Col("estimate", right=True, drop=3),
+             Col("spent", right=True, drop=2), Col("attempts", right=True, drop=6), Col("created", drop=7)]
 
-    table = Table(title=title)
-    for col in ("id", "name", "state", "gpus", "market", "$/h", "estimate", "spent", "attempts", "created"):
-        table.add_column(col, justify="right" if col in ("gpus", "$/h", "estimate", "spent", "attempts") else "left")
-    for j in jobs:
-        table.add_row(j.id, j.name, j.state, f"{j.gpus}x{j.gpu}", j.market, _usd(j.usd_per_h), _usd(j.estimated_usd),
-                      _usd(j.spent_usd), str(j.attempts), f"{j.created_at:%Y-%m-%d %H:%M}")
-    console.print(table)
+
+def _jobs_table(jobs: list[Any], title: str) -> None:
+    print_table(title, _JOB_COLS, [
+        [j.id, j.name, j.state, f"{j.gpus}x{j.gpu}", j.market, _usd(j.usd_per_h), _usd(j.estimated_usd),
+         _usd(j.spent_usd), str(j.attempts), f"{j.created_at:%Y-%m-%d %H:%M}"] for j in jobs])
 
 
 @app.command("server")
@@ -848,8 +846,6 @@ def status_command(job_id: str = typer.Argument(..., help="Job id (see `gpuplan 
 
     Example:  gpuplan status j-0123456789abcdef
     """
-    from rich.table import Table
-
     job = _backend().status(job_id)
     if as_json:
         print_json(job)
@@ -858,19 +854,13 @@ def status_command(job_id: str = typer.Argument(..., help="Job id (see `gpuplan 
     if job.message:
         console.print(job.message, highlight=False)
     if job.attempt_list:
-        table = Table(title="attempts")
-        for col in ("#", "market", "$/h at launch", "started", "ended", "outcome"):
-            table.add_column(col)
-        for a in job.attempt_list:
-            table.add_row(str(a.number), a.market, _usd(a.usd_per_h), f"{a.started_at:%H:%M:%S}",
-                          f"{a.ended_at:%H:%M:%S}" if a.ended_at else "-", a.outcome or "running")
-        console.print(table)
-    table = Table(title="events")
-    for col in ("time", "from", "to", "reason"):
-        table.add_column(col)
-    for e in job.events:
-        table.add_row(f"{e.at:%Y-%m-%d %H:%M:%S}", e.from_state or "-", e.to_state, e.reason)
-    console.print(table)
+        print_table("attempts", [Col("#", right=True), Col("market"), Col("$/h at launch", right=True),
+                                 Col("started"), Col("ended"), Col("outcome", wrap=True)],
+                    [[str(a.number), a.market, _usd(a.usd_per_h), f"{a.started_at:%H:%M:%S}",
+                      f"{a.ended_at:%H:%M:%S}" if a.ended_at else "-", a.outcome or "running"]
+                     for a in job.attempt_list])
+    print_table("events", [Col("time"), Col("from"), Col("to"), Col("reason", wrap=True)],
+                [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.from_state or "-", e.to_state, e.reason] for e in job.events])
 
 
 LOG_TAIL_GRACE_S = 30.0
@@ -1159,8 +1149,6 @@ def simulate_command(
     """
     from pathlib import Path
 
-    from rich.table import Table
-
     from catalog.errors import InvalidInput
     from scheduler.simulate import ALL_POLICIES, Jobs, Prices, SimOptions, compare, start_tick_for
     from scheduler.traces import load_zones
@@ -1177,12 +1165,14 @@ def simulate_command(
         _simulate_stream(zones, names, prices, n_jobs, every_hours, start_hour, job_hours, deadline_hours,
                          restart_hours, checkpoint_hours, plot, as_json)
         return
-    jobs = Jobs.make([start_tick_for(zones, start_hour)], job_hours,
-                     float("inf") if deadline_hours is None else deadline_hours, restart_hours)
+    tick = start_tick_for(zones, start_hour)
+    _warn_trace_too_short(zones, start_hour, start_hour, job_hours, deadline_hours)  # stderr: --json stays clean
+    jobs = Jobs.make([tick], job_hours, float("inf") if deadline_hours is None else deadline_hours, restart_hours)
     results = compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours, timeline=bool(plot)))
     rows = {name: out.row(0) for name, out in results.items()}
     for row in rows.values():
         row.pop("policy")
+        row["outcome"] = _outcome(row, deadline_hours, zones.hours - start_hour)
     if plot:
         from scheduler.plots import timeline_png
 
@@ -1192,38 +1182,88 @@ def simulate_command(
             "job": {"hours": job_hours, "deadline_hours": deadline_hours, "restart_hours": restart_hours,
                     "start_hour": start_hour, "checkpoint_hours": checkpoint_hours},
             "prices": {"on_demand": on_demand_price, "spot": spot_price},
+            "trace_hours": zones.hours,
             "zones": list(zones.names),
             "policies": rows,
             "plot": plot,
         })
         return
-    bound = rows.get("omniscient", {}).get("cost_usd")
-    table = Table(title=f"{job_hours:g} h job, deadline {deadline_hours if deadline_hours is not None else 'none'} h, "
-                  f"restart {restart_hours:g} h, zones: {', '.join(zones.names)}", title_justify="left")
-    for col in ("policy", "cost $", "x bound", "finish h", "deadline", "preemptions", "work lost h", "spot h", "OD h"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for name, row in rows.items():
-        cost = row["cost_usd"]
-        ratio = f"{cost / bound:.3f}" if isinstance(cost, float) and isinstance(bound, float) and bound > 0 else "-"
-        def cell(key: str, row: dict[str, object] = row) -> str:
-            value = row[key]
-            return "-" if value is None else f"{value:,.2f}"
-
-        table.add_row(name, cell("cost_usd"), ratio, cell("finish_hours"),
-                      "[green]met[/]" if row["deadline_met"] else "[red]missed[/]", str(row["preemptions"]),
-                      cell("work_lost_hours"), cell("spot_hours"), cell("on_demand_hours"))
-    console.print(table)
-    if "omniscient" in rows:
-        console.print("omniscient is a lower bound (it knows the future trace), not a schedule.", style="dim")
+    _print_simulation(rows, zones, start_hour, job_hours, deadline_hours, restart_hours)
     if plot:
         console.print(f"timeline plot written to {plot}", highlight=False)
+
+
+def _hours(value: float) -> str:
+    return f"{value:,.2f}"
+
+
+def _outcome(row: dict[str, Any], deadline_hours: float | None, hours_left: float) -> str:
+    """met | missed | finished (no deadline) | unfinished (the trace ended first, deadline not yet reached)."""
+    finished = row["finish_hours"] is not None
+    if deadline_hours is None:
+        return "finished" if finished else "unfinished"
+    if finished:
+        return "met" if row["deadline_met"] else "missed"
+    return "missed" if hours_left >= deadline_hours else "unfinished"
+
+
+def _deadline_words(deadline_hours: float | None) -> str:
+    return "no deadline" if deadline_hours is None else f"deadline {deadline_hours:g} h"
+
+
+def _warn_trace_too_short(zones: Any, first_hour: float, last_hour: float, job_hours: float,
+                          deadline_hours: float | None) -> None:
+    """Said before the run: a job the trace cannot see to its end (or deadline) is reported unfinished."""
+    end = zones.hours
+    needed = job_hours if deadline_hours is None else deadline_hours
+    if last_hour + needed <= end:
+        return
+    if first_hour != last_hour:
+        what = "can finish" if deadline_hours is None else "reach their deadline"
+        who = f"before jobs arriving after {max(first_hour, end - needed):g} h {what}"
+    elif deadline_hours is None:
+        who = f"before the job can finish (it arrives at {first_hour:g} h and needs {job_hours:g} h of work)"
+    else:
+        who = f"before the job's deadline at {first_hour + deadline_hours:g} h"
+    err_console.print(styled(("warning:", "yellow"), f" the trace ends at {end:g} h, {who}: a policy still running "
+                             "at the end is reported unfinished, with no cost ratio"), highlight=False)
+
+
+_SIM_COLS = [Col("policy"), Col("cost $", right=True), Col("x bound", right=True), Col("finish h", right=True),
+             Col("outcome"), Col("preemptions", right=True, drop=3), Col("work lost h", right=True, drop=4),
+             Col("spot h", right=True, drop=2), Col("OD h", right=True, drop=1)]
+
+
+def _print_simulation(rows: dict[str, dict[str, Any]], zones: Any, start_hour: float, job_hours: float,
+                      deadline_hours: float | None, restart_hours: float) -> None:
+    hours_left = zones.hours - start_hour
+    outcomes = {name: _outcome(row, deadline_hours, hours_left) for name, row in rows.items()}
+    bound_row = rows.get("omniscient")
+    bound = bound_row["cost_usd"] if bound_row and bound_row["finish_hours"] is not None else None
+    table_rows: list[list[str | Text]] = []
+    for name, row in rows.items():
+        cost, done = row["cost_usd"], row["finish_hours"] is not None
+        money = "-" if cost is None else f"{cost:,.2f}" + ("" if done else "+")
+        ratio = f"{cost / bound:.3f}" if done and cost is not None and bound else "-"
+        outcome = outcomes[name]
+        style = {"met": "green", "finished": "green", "missed": "red"}.get(outcome, "yellow")
+        table_rows.append([
+            name, money, ratio, "-" if row["finish_hours"] is None else _hours(row["finish_hours"]),
+            Text(outcome, style=style), str(row["preemptions"]),
+            *("-" if row[k] is None else _hours(row[k]) for k in ("work_lost_hours", "spot_hours", "on_demand_hours"))])
+    print_table(f"{job_hours:g} h job, {_deadline_words(deadline_hours)}, restart {restart_hours:g} h, "
+                f"zones: {', '.join(zones.names)}", _SIM_COLS, table_rows)
+    if any(not (row["finish_hours"] is not None) for row in rows.values()):
+        console.print(f"unfinished: the trace ends at {zones.hours:g} h ({hours_left:g} h after the job arrived) "
+                      "before the job finished; + marks the cost spent until then, with no ratio to the bound.",
+                      style="yellow", highlight=False)
+    if "omniscient" in rows:
+        console.print("omniscient is a lower bound (it knows the future trace), not a schedule.", style="dim")
 
 
 def _simulate_stream(zones: Any, names: list[str], prices: Any, n_jobs: int, every_hours: float, start_hour: float,
                      job_hours: float, deadline_hours: float | None, restart_hours: float, checkpoint_hours: float,
                      plot: str | None, as_json: bool) -> None:
-    from rich.table import Table
-
     from catalog.errors import InvalidInput
     from scheduler.simulate import Jobs, SimOptions, compare, start_tick_for, summarize
 
@@ -1236,6 +1276,7 @@ def _simulate_stream(zones: Any, names: list[str], prices: Any, n_jobs: int, eve
     if not starts:
         raise InvalidInput(f"the last of {n_jobs} arrivals ({last:g} h) is past the end of the trace "
                            f"({zones.hours:.1f} h)", hint="use fewer --jobs or a smaller --every-hours")
+    _warn_trace_too_short(zones, start_hour, last, job_hours, deadline_hours)
     deadline = float("inf") if deadline_hours is None else deadline_hours
     jobs = Jobs.make(starts, job_hours, deadline, restart_hours)
     summary = summarize(compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours)))
@@ -1243,19 +1284,26 @@ def _simulate_stream(zones: Any, names: list[str], prices: Any, n_jobs: int, eve
         print_json({"job": {"hours": job_hours, "deadline_hours": deadline_hours, "restart_hours": restart_hours,
                             "checkpoint_hours": checkpoint_hours},
                     "arrivals": {"jobs": n_jobs, "first_hour": start_hour, "every_hours": every_hours},
-                    "zones": list(zones.names), "policies": summary})
+                    "trace_hours": zones.hours, "zones": list(zones.names), "policies": summary})
         return
-    table = Table(title=f"{n_jobs} jobs of {job_hours:g} h, one every {every_hours:g} h, deadline "
-                  f"{deadline_hours if deadline_hours is not None else 'none'} h", title_justify="left")
-    for col in ("policy", "deadlines met", "total $", "median $", "median x bound", "median finish h",
-                "preemptions", "work lost h"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    unfinished = any(row["unfinished"] for row in summary.values())
+    cols = [Col("policy"), Col("finished" if deadline_hours is None else "deadlines met", right=True),
+            *([Col("unfinished", right=True)] if unfinished else []), Col("total $", right=True, drop=1),
+            Col("median $", right=True), Col("median x bound", right=True), Col("median finish h", right=True),
+            Col("preemptions", right=True, drop=3), Col("work lost h", right=True, drop=2)]
+    rows: list[list[str | Text]] = []
     for name, row in summary.items():
-        table.add_row(name, f"{row['deadlines_met']}/{row['jobs']}", f"{row['cost_usd']:,.2f}",
-                      f"{row['median_cost_usd']:,.2f}", str(row.get("median_x_bound", "-")),
-                      str(row["median_finish_hours"] if row["median_finish_hours"] is not None else "-"),
-                      str(row["preemptions"]), f"{row['work_lost_hours']:,.2f}")
-    console.print(table)
+        ratio, finish = row.get("median_x_bound"), row["median_finish_hours"]
+        rows.append([name, f"{row['deadlines_met']}/{row['jobs']}",
+                     *([str(row["unfinished"])] if unfinished else []), f"{row['cost_usd']:,.2f}",
+                     f"{row['median_cost_usd']:,.2f}", "-" if ratio is None else f"{ratio:.3f}",
+                     "-" if finish is None else _hours(finish), str(row["preemptions"]),
+                     _hours(row["work_lost_hours"])])
+    print_table(f"{n_jobs} jobs of {job_hours:g} h, one every {every_hours:g} h, {_deadline_words(deadline_hours)}",
+                cols, rows)
+    if unfinished:
+        console.print(f"unfinished: still running when the trace ends at {zones.hours:g} h; their costs count what "
+                      "they spent until then, and they have no ratio to the bound.", style="yellow", highlight=False)
 
 
 cluster_app = typer.Typer(help="Ray cluster configs for running plans on spot instances.\n\nExample:\n\n"

@@ -73,6 +73,13 @@ def close_matches(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return [by_lower[h] for h in hits]
 
 
+def plural(noun: str) -> str:
+    """'policy' -> 'policies', 'GPU' -> 'GPUs' (enough for the kinds of names gpuplan lists)."""
+    if noun.endswith("y") and noun[-2:-1] not in tuple("aeiou"):
+        return noun[:-1] + "ies"
+    return noun + ("es" if noun.endswith(("s", "x", "ch", "sh")) else "s")
+
+
 class UnknownName(InvalidInput):
     """A GPU, model, cloud, field... that does not exist. Suggests the closest valid names."""
 
@@ -87,7 +94,7 @@ class UnknownName(InvalidInput):
             hint = "did you mean " + " or ".join(self.suggestions) + "?"
         else:
             shown = ", ".join(sorted(choices)[:12]) + (", ..." if len(choices) > 12 else "")
-            hint = f"valid {kind}s: {shown}"
+            hint = f"valid {plural(kind)}: {shown}"
         super().__init__(f"unknown {kind} {name!r}", path=path, hint=hint)
 
 

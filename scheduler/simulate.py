@@ -447,10 +447,12 @@ def summarize(outcomes: dict[str, Outcome]) -> dict[str, dict[str, object]]:
     bound = outcomes["omniscient"].cost_usd if "omniscient" in outcomes else None
     out: dict[str, dict[str, object]] = {}
     for name, o in outcomes.items():
-        finished = o.finish_h[np.isfinite(o.finish_h)]
+        done = np.isfinite(o.finish_h)
+        finished = o.finish_h[done]
         row: dict[str, object] = {
             "jobs": len(o.cost_usd),
             "deadlines_met": int(o.deadline_met.sum()),
+            "unfinished": int((~done).sum()),  # still running when the trace ended
             "cost_usd": round(float(np.nansum(o.cost_usd)), 2),
             "median_cost_usd": round(float(np.nanmedian(o.cost_usd)), 4),
             "median_finish_hours": round(float(np.median(finished)), 4) if finished.size else None,
@@ -458,7 +460,8 @@ def summarize(outcomes: dict[str, Outcome]) -> dict[str, dict[str, object]]:
             "work_lost_hours": round(float(o.work_lost_h.sum()), 4),
         }
         if bound is not None:
-            ok = np.isfinite(bound) & (bound > 0)
+            # An unfinished job's cost is what it spent until the trace ended: no ratio to a finished bound.
+            ok = np.isfinite(bound) & (bound > 0) & done
             row["median_x_bound"] = round(float(np.median(o.cost_usd[ok] / bound[ok])), 4) if ok.any() else None
         out[name] = row
     return out
