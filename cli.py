@@ -534,6 +534,9 @@ def _chosen_line(chosen: Any) -> str:
             f"{_gib(e.memory.required_bytes)} of {_gib(e.memory.usable_bytes)} GiB usable{extra}")
 
 
+DOES_NOT_FIT_EXIT = 3  # the exit code of `estimate` when the placement does not fit (as `plan` with no plan)
+
+
 @app.command("estimate")
 @handle_errors
 def estimate_command(
@@ -544,34 +547,71 @@ def estimate_command(
 ) -> None:
     """Memory, throughput and time of the job on a pinned placement ('auto' fields resolved).
 
+    Exit codes: 0 it fits; 3 it does not fit in memory (the least memory-hungry strategy is shown, with
+    how much it needs, and no time: it would not run; in --json "hours" is null); 2 a bad spec or option.
+
+    Memory (per GPU, most loaded rank): "peak allocated" is what torch.cuda.max_memory_allocated()
+    reports; "peak reserved" adds the caching allocator's cached blocks when memory is ample;
+    "total" adds the CUDA context (what nvidia-smi shows). "needs" is the least the run needs under
+    memory pressure (allocated + a small slack + context, since the allocator frees its cache before an
+    out-of-memory error): it is what is compared with "usable", so it can be below "total".
+
     Examples:
 
       gpuplan estimate examples/llama3-8b-sft.yaml --gpu H200 --count 1 --json
 
       gpuplan estimate examples/llama3-8b-sft.yaml --gpu H100 --count 8
     """
-    from rich.table import Table
-
     from planner.search import estimate
 
     job, catalog, model, calibration = _load_planning_inputs(spec)
     result = estimate(job, catalog, gpu, count, model=model, calibration=calibration)
+    fits = result.memory.fits
     if as_json:
-        print_json(result)
-        return
+        print_json(result if fits else {**to_jsonable(result), "hours": None})
+    else:
+        _print_estimate(result, calibration.memory.pressure_slack)
+    if not fits:
+        raise typer.Exit(DOES_NOT_FIT_EXIT)
+
+
+# Memory rows outside the allocator's peak, and the allocator's cache, come after its components.
+_OUTSIDE_ALLOCATOR = ("allocator_cache", "cuda_context", "nccl")
+
+
+def _print_estimate(result: Any, slack: float) -> None:
     mem, thr = result.memory, result.throughput
-    verdict = "[green]fits[/]" if mem.fits else "[red]does not fit[/]"
-    console.print(f"[bold]{result.strategy.label()}[/]: {verdict} — needs {_gib(mem.required_bytes)} GiB of "
-                  f"{_gib(mem.usable_bytes)} GiB usable (peak at {mem.peak_moment})", highlight=False)
-    table = Table(title="memory per GPU (most loaded rank)", title_justify="left")
-    table.add_column("component")
-    table.add_column("GiB", justify="right")
-    for name, value in sorted(mem.breakdown.items(), key=lambda kv: -kv[1]):
-        table.add_row(name, _gib(value))
-    table.add_row("[bold]peak allocated[/]", _gib(mem.peak_allocated_bytes))
-    table.add_row("[bold]peak reserved[/]", _gib(mem.peak_reserved_bytes))
-    table.add_row("[bold]total (with context)[/]", _gib(mem.total_bytes))
-    console.print(table)
+    verdict = ("fits", "green") if mem.fits else ("does not fit", "bold red")
+    console.print(styled((result.strategy.label(), "bold"), ": ", verdict,
+                         f" — needs {_gib(mem.required_bytes)} GiB of {_gib(mem.usable_bytes)} GiB usable "
+                         f"(peak at {mem.peak_moment})"), highlight=False)
+    parts = sorted(((k, v) for k, v in mem.breakdown.items() if k not in _OUTSIDE_ALLOCATOR), key=lambda kv: -kv[1])
+    bold = "bold"
+    rows: list[list[str | Text]] = [[name, _gib(value), ""] for name, value in parts]
+    rows.append([Text("= peak allocated", bold), _gib(mem.peak_allocated_bytes), "torch.cuda.max_memory_allocated()"])
+    rows.append(["allocator_cache", _gib(mem.breakdown.get("allocator_cache", 0)),
+                 "cached blocks, freed under pressure"])
+    rows.append([Text("= peak reserved", bold), _gib(mem.peak_reserved_bytes),
+                 "torch.cuda.max_memory_reserved() when memory is ample"])
+    for name in ("cuda_context", "nccl"):
+        if name in mem.breakdown:
+            rows.append([name, _gib(mem.breakdown[name]), "outside the allocator"])
+    rows.append([Text("= total", bold), _gib(mem.total_bytes), "what nvidia-smi shows when memory is ample"])
+    rows.append([Text("needs", bold), _gib(mem.required_bytes),
+                 f"peak allocated + {slack:.0%} slack + context: the least it runs in; compared with usable"])
+    rows.append([Text("usable", bold), _gib(mem.usable_bytes), "what the GPU offers the job"])
+    print_table("memory per GPU (most loaded rank)",
+                [Col("component"), Col("GiB", right=True), Col("meaning", wrap=True, drop=1)], rows)
+    if not mem.fits:
+        short = mem.required_bytes - mem.usable_bytes
+        fix = ("lora/qlora, activation_checkpointing, fsdp over more GPUs (--count), a smaller micro_batch or "
+               "seq_len, or a GPU with more memory" if result.strategy.task == "train" else
+               "int8/int4 weights, tensor parallel over more GPUs (--count), a smaller batch or context, or a GPU "
+               "with more memory")
+        console.print(styled(("does not fit:", "bold red"), f" {_gib(short)} GiB short, so no time estimate "
+                             f"(exit code {DOES_NOT_FIT_EXIT}). To fit: {fix}; `gpuplan plan` searches them all."),
+                      highlight=False)
+        return
     line = f"throughput: {thr.tokens_per_s:,.0f} tokens/s"
     if thr.mfu:
         line += f" (MFU {thr.mfu:.0%})"
@@ -1193,8 +1233,8 @@ def simulate_command(
         console.print(f"timeline plot written to {plot}", highlight=False)
 
 
-def _hours(value: float) -> str:
-    return f"{value:,.2f}"
+def _hours(value: Any) -> str:
+    return f"{float(value):,.2f}"
 
 
 def _outcome(row: dict[str, Any], deadline_hours: float | None, hours_left: float) -> str:

@@ -26,7 +26,7 @@ from planner.capability import auto_precisions, auto_weights, multi_gpu_problem,
 from planner.cost import on_demand_cost, spot_cost
 from planner.knobs import Knobs
 from planner.memory import PRECISION_BYTES, MemoryLines, infer_memory, max_micro_batch, memory_lines, train_memory
-from planner.spec import JobSpec
+from planner.spec import JobSpec, TrainSpec, check_model
 from planner.throughput import infer_throughput, train_step_parts, train_throughput
 from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Plan, Rejection, Strategy
 
@@ -78,8 +78,14 @@ class Outcome:
 
 
 def resolve_spec_model(spec: JobSpec, catalog: Catalog, model: ModelConfig | None) -> ModelConfig:
-    if model is not None:
-        return model
+    """The spec's model, refused if the spec asks more of it than it can do (a context too long)."""
+    if model is None:
+        model = _catalog_model(spec, catalog)
+    check_model(spec, model)
+    return model
+
+
+def _catalog_model(spec: JobSpec, catalog: Catalog) -> ModelConfig:
     if not isinstance(spec.model, str):
         raise InvalidInput("the model is given by a config path; resolve it first and pass model=",
                            path="model", hint="use catalog.loader.resolve_model(catalog, spec.model.config)")
@@ -156,13 +162,9 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     else:
         shardings = [t.sharding]
     ckpts = [False, True] if t.activation_checkpointing == "auto" else [bool(t.activation_checkpointing)]
-    cap = 64
-    if t.global_batch is not None:
-        if t.global_batch < dp:
-            return Outcome(None, f"global_batch {t.global_batch} is smaller than the {dp} data-parallel ranks",
-                           "count")
-        cap = max(1, t.global_batch // dp)
-    mbs = [t.micro_batch] if t.micro_batch else [m for m in MICRO_BATCHES if m <= cap] or [1]
+    mbs = _micro_batches(t, dp)
+    if isinstance(mbs, str):
+        return Outcome(None, mbs, "count")
 
     pc = count_params(model)
     mem_cal, thr_cal = cal.memory, cal.throughput
@@ -225,6 +227,31 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     hours = t.tokens / thr.tokens_per_s / 3600
     return Outcome(Estimate.model_construct(strategy=strategy, memory=memory, throughput=thr, hours=hours),
                    tried=tried)
+
+
+def _micro_batches(t: TrainSpec, dp: int) -> list[int] | str:
+    """Micro-batches that run exactly ``global_batch`` sequences per step on ``dp`` ranks (whole
+    accumulation steps), or why none can: the batch is the user's, never rounded."""
+    gb = t.global_batch
+    if gb is None:
+        return [t.micro_batch] if t.micro_batch else list(MICRO_BATCHES)
+    if gb < dp:
+        return (f"global_batch {gb} is smaller than the {dp} data-parallel ranks (each needs at least one "
+                f"sequence per step); use at most {gb} GPUs or a global_batch of at least {dp}")
+    if gb % dp:
+        below = max(n for n in range(1, dp) if gb % n == 0)
+        above = next((n for n in range(dp + 1, gb + 1) if gb % n == 0), gb)
+        return (f"global_batch {gb} does not split evenly over {dp} data-parallel ranks (it would run "
+                f"{math.ceil(gb / dp) * dp}); use {below} or {above} data-parallel ranks (divisors of {gb}) or a "
+                f"global_batch that is a multiple of {dp}, e.g. {gb - gb % dp} or {gb - gb % dp + dp}")
+    per_rank = gb // dp
+    if t.micro_batch:
+        if per_rank % t.micro_batch:
+            return (f"micro_batch {t.micro_batch} does not divide the {per_rank} sequences each of the {dp} "
+                    f"data-parallel ranks gets per step (global_batch {gb}); pin a micro_batch that divides "
+                    f"{per_rank} or leave it to the planner")
+        return [t.micro_batch]
+    return [m for m in MICRO_BATCHES if per_rank % m == 0]
 
 
 def _to_strategy(k: Knobs, gpu: GpuSpec, p: Placement) -> Strategy:
@@ -315,8 +342,10 @@ def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, model: Mo
     out = _estimate_placement(spec, mdl, p, cal)
     if out.estimate is not None:
         return out.estimate
+    if out.constraint == "dtype":
+        raise InvalidInput(out.reason, hint="pin a precision/weights the GPU supports or pick another GPU")
     if out.constraint != "memory":
-        raise InvalidInput(out.reason, hint="pin a precision/weights/count the GPU supports or pick another GPU")
+        raise InvalidInput(out.reason)  # the reason says what to change (the count, the batch...)
     return _smallest_unfitting(spec, mdl, p, cal)
 
 

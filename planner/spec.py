@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from catalog.errors import InvalidInput
+from catalog.schema import ModelConfig
 
 Task = Literal["train", "infer"]
 Precision = Literal["auto", "fp32", "amp-bf16", "amp-fp16", "bf16", "fp8"]
@@ -89,13 +90,23 @@ class TrainSpec(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> TrainSpec:
+        problems: list[str] = []  # all of them in one error
         for name in ("tensor_parallel", "pipeline_parallel"):
             value = getattr(self, name)
             if isinstance(value, int) and not 1 <= value <= 512:
-                raise ValueError(f"{name} must be between 1 and 512 (or 'auto'), got {value}")
+                problems.append(f"{name} must be between 1 and 512 (or 'auto'), got {value}")
         if self.finetune == "qlora" and self.precision in ("fp32", "fp8"):
-            raise ValueError(f"qlora trains bf16/fp16 adapters on int4 weights; precision {self.precision}"
-                             " is not possible with it (use auto, bf16 or amp-bf16)")
+            problems.append(f"qlora trains bf16/fp16 adapters on int4 weights; precision {self.precision}"
+                            " is not possible with it (use auto, bf16 or amp-bf16)")
+        gb, mb = self.global_batch, self.micro_batch
+        if gb is not None and mb is not None and gb % mb:
+            # Gradient accumulation runs whole micro-batches: anything else silently changes the batch.
+            lower, upper = gb - gb % mb, gb - gb % mb + mb
+            problems.append(f"global_batch {gb} is not a multiple of micro_batch {mb} (it would run {upper}); "
+                            f"write global_batch {f'{lower} or ' if lower else ''}{upper}, or a micro_batch "
+                            f"that divides {gb}")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -159,6 +170,9 @@ class JobSpec(_Section):
         if self.task == "train" and self.train is None:
             raise ValueError("task is 'train' but the 'train' section is missing (it needs at least tokens)")
         if self.task == "infer" and self.infer is None:
+            if self.train is not None:
+                raise ValueError("task is 'infer' but the spec has only a 'train' section; add an 'infer' "
+                                 "section (requests, batch, prompt_tokens, output_tokens) or set task: train")
             object.__setattr__(self, "infer", InferSpec())
         return self
 
@@ -179,6 +193,51 @@ def _format_loc(loc: tuple[int | str, ...]) -> str:
     return "".join(parts) or "(spec)"
 
 
+def _problem(error: Any) -> tuple[str, str]:
+    """(field path, what is wrong and what to write) for one pydantic error."""
+    path = _format_loc(tuple(error["loc"]))
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown field; check the spelling (the README shows a full spec)"
+    if error["type"] == "literal_error":
+        message = f"{message}, got {error.get('input')!r}"
+    return path, message
+
+
+def _invalid(problems: list[tuple[str, str]]) -> InvalidInput:
+    """One error naming every problem: a user fixes a spec in one pass, not one error per run."""
+    if len(problems) == 1:
+        path, message = problems[0]
+        return InvalidInput(message, path=path)
+    lines = "".join(f"\n  {path}: {message}" for path, message in problems)
+    return InvalidInput(f"{len(problems)} problems in the spec:{lines}")
+
+
+def model_problems(spec: JobSpec, model: ModelConfig) -> list[tuple[str, str]]:
+    """What the spec asks of the model that the model cannot do (its context length)."""
+    limit = model.max_position_embeddings
+    problems: list[tuple[str, str]] = []
+    fix = (f"use at most {limit:,} tokens, or a model with a longer context (`gpuplan catalog models` lists "
+           "each preset's context); gpuplan does not model RoPE scaling")
+    if spec.train is not None and spec.task == "train" and spec.train.seq_len > limit:
+        problems.append(("train.seq_len", f"{spec.train.seq_len:,} tokens is longer than {model.id}'s context of "
+                                          f"{limit:,} (max_position_embeddings); {fix}"))
+    if spec.infer is not None and spec.task == "infer":
+        total = spec.infer.prompt_tokens + spec.infer.output_tokens
+        if total > limit:
+            problems.append(("infer.prompt_tokens", f"prompt_tokens + output_tokens = {total:,} tokens is longer "
+                                                    f"than {model.id}'s context of {limit:,} "
+                                                    f"(max_position_embeddings); {fix}"))
+    return problems
+
+
+def check_model(spec: JobSpec, model: ModelConfig) -> None:
+    """Refuse a spec the model cannot run (every problem at once)."""
+    problems = model_problems(spec, model)
+    if problems:
+        raise _invalid(problems)
+
+
 def spec_from_dict(data: Any, *, base_dir: Path | None = None) -> JobSpec:
     """Validate a parsed document; errors name the field path and what to write instead."""
     if not isinstance(data, dict):
@@ -186,15 +245,7 @@ def spec_from_dict(data: Any, *, base_dir: Path | None = None) -> JobSpec:
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        path = _format_loc(tuple(first["loc"]))
-        message = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "extra_forbidden":
-            message = "unknown field; check the spelling (see the JobSpec in DESIGN.md)"
-        if first["type"] == "literal_error":
-            message = f"{message}, got {first.get('input')!r}"
-        more = len(exc.errors()) - 1
-        raise InvalidInput(message + (f" (and {more} more problem(s))" if more else ""), path=path) from None
+        raise _invalid([_problem(e) for e in exc.errors()]) from None
     if base_dir is not None and isinstance(spec.model, ModelRef) and not Path(spec.model.config).is_absolute():
         spec = spec.model_copy(update={"model": ModelRef(config=str(base_dir / spec.model.config))})
     return spec
