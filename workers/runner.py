@@ -66,6 +66,9 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
     from workers.model import resolve_model_source
 
     source = resolve_model_source(spec)  # a bad model reference fails here, before anything starts
+    from planner.spec import check_model
+
+    check_model(spec, source.config)  # a sequence longer than the model's context, before anything starts
     device = detect_local_device()
     if device is not None and device.backend == "cuda":
         gpu = match_device_name(device.name, catalog, device.memory_bytes)

@@ -160,6 +160,7 @@ def test_plan_invariants(model: str, seq: int, tokens: float, finetune: str, dea
         resources["deadline"] = deadline
     if budget is not None:
         resources["budget_usd"] = budget
+    seq = min(seq, CAT.model(model).max_position_embeddings)  # longer is refused (test_spec_validation)
     spec = job(model=model, train={"tokens": tokens, "seq_len": seq, "finetune": finetune}, resources=resources)
     try:
         p = plan(spec, CAT)
