@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+import cli
 from cli import app
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3-8b-sft.yaml")
@@ -86,3 +88,42 @@ def test_model_given_as_hf_config_path(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     assert body["memory"]["fits"] and body["strategy"]["gpu"] == "L4"
+
+
+def test_estimate_that_does_not_fit_exits_3_without_hours() -> None:
+    result = runner.invoke(app, ["estimate", EXAMPLE, "--gpu", "L4", "--count", "1"])
+    assert result.exit_code == 3, result.output
+    assert "does not fit" in result.stdout and "h for the job" not in result.stdout
+    assert "no time estimate" in result.stdout
+    as_json = runner.invoke(app, ["estimate", EXAMPLE, "--gpu", "L4", "--count", "1", "--json"])
+    assert as_json.exit_code == 3
+    body = json.loads(as_json.stdout)
+    assert body["memory"]["fits"] is False and body["hours"] is None
+    assert "Exit codes: 0 it fits; 3 it does not fit" in " ".join(
+        runner.invoke(app, ["estimate", "--help"], env={"COLUMNS": "200"}).stdout.split())
+
+
+def test_estimate_explains_needs_reserved_and_total(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "console", cli.make_console(width=160))
+    result = runner.invoke(app, ["estimate", EXAMPLE, "--gpu", "H200", "--count", "2"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    body = json.loads(runner.invoke(app, ["estimate", EXAMPLE, "--gpu", "H200", "--count", "2", "--json"]).stdout)
+    mem = body["memory"]
+    gib = lambda n: f"{n / 2**30:.1f}"  # noqa: E731
+    assert f"= peak allocated │ {gib(mem['peak_allocated_bytes'])} │ torch.cuda.max_memory_allocated()" in text
+    assert f"= peak reserved │ {gib(mem['peak_reserved_bytes'])} │ torch.cuda.max_memory_reserved()" in text
+    assert f"= total │ {gib(mem['total_bytes'])} │ what nvidia-smi shows" in text
+    assert f"needs │ {gib(mem['required_bytes'])} │ peak allocated + 2% slack + context" in text
+    assert "compared with usable" in text
+
+
+def test_no_deadline_no_chance_to_meet_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "console", cli.make_console(width=200))
+    spec = tmp_path / "nodeadline.yaml"
+    spec.write_text(Path(EXAMPLE).read_text().replace("  deadline: 48h\n", ""))
+    result = runner.invoke(app, ["plan", str(spec), "--top", "3"])
+    assert result.exit_code == 0, result.output
+    assert "chosen:" in result.stdout and "chance" not in result.stdout and "P(deadline)" not in result.stdout
+    with_deadline = runner.invoke(app, ["plan", EXAMPLE, "--top", "3"])
+    assert "chance to meet the deadline" in with_deadline.stdout  # the example's chosen plan is on spot

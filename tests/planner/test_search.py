@@ -222,3 +222,32 @@ def test_local_offer_is_free_and_wins_cheapest() -> None:
     p = plan(job(model="llama-3.2-1b", train={"tokens": 1e7}), CAT.with_offers([local]))
     assert p.chosen is not None
     assert p.chosen.cost.market == "local" and p.chosen.cost.usd == 0.0 and p.chosen.offer.cloud == "local"
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(count=st.integers(1, 12), global_batch=st.integers(1, 96), micro_batch=st.none() | st.integers(1, 8))
+def test_a_global_batch_runs_exactly_or_is_refused_with_the_fix(count: int, global_batch: int,
+                                                                micro_batch: int | None) -> None:
+    if micro_batch is not None and global_batch % micro_batch:
+        return  # refused by the spec itself (test_spec_validation)
+    train = {"global_batch": global_batch, **({"micro_batch": micro_batch} if micro_batch else {})}
+    spec = job(model="llama-3.2-1b", train=train)
+    try:
+        est = estimate(spec, CAT, "H200", count)
+    except InvalidInput as exc:
+        assert global_batch < count or global_batch % count or (micro_batch and (global_batch // count) % micro_batch)
+        assert "precision" not in str(exc)  # the fix is the count or the batch
+        assert "global_batch" in str(exc) or "micro_batch" in str(exc)
+        return
+    s = est.strategy
+    assert s.micro_batch * s.grad_accum * s.data_parallel == global_batch  # never rounded
+
+
+def test_count_that_does_not_divide_the_global_batch_names_the_counts_that_do() -> None:
+    spec = job(model="llama-3.2-1b", train={"global_batch": 64})
+    with pytest.raises(InvalidInput, match=r"global_batch 64 does not split evenly over 3 data-parallel ranks "
+                                           r"\(it would run 66\); use 2 or 4 data-parallel ranks"):
+        estimate(spec, CAT, "H200", 3)
+    with pytest.raises(InvalidInput, match="use at most 64 GPUs or a global_batch of at least 1000") as info:
+        estimate(spec, CAT, "H200", 1000)
+    assert "precision" not in str(info.value)

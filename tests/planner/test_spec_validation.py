@@ -133,3 +133,47 @@ def test_spec_is_frozen() -> None:
     with pytest.raises(Exception, match="frozen"):
         spec.name = "other"  # type: ignore[misc]
     assert isinstance(spec, JobSpec)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    bad = {"task": "train", "model": "gpt2", "train": {"tokens": -5, "precision": "fp9"},
+           "resources": {"budget_usd": 0}}
+    with pytest.raises(InvalidInput) as info:
+        spec_from_dict(bad)
+    message = str(info.value)
+    assert message.startswith("3 problems in the spec:") and "more problem" not in message
+    for path in ("train.tokens:", "train.precision:", "resources.budget_usd:"):
+        assert path in message
+
+
+def test_infer_task_with_only_a_train_section_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="task is 'infer' but the spec has only a 'train' section"):
+        spec_from_dict({"task": "infer", "model": "gpt2", "train": {"tokens": 1e6}})
+
+
+def test_global_batch_that_is_not_whole_micro_batches_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="global_batch 3 is not a multiple of micro_batch 2 "
+                                           r"\(it would run 4\); write global_batch 2 or 4"):
+        spec_from_dict(with_("train", {"tokens": 1e6, "global_batch": 3, "micro_batch": 2}))
+    assert spec_from_dict(with_("train", {"tokens": 1e6, "global_batch": 4, "micro_batch": 2})).train is not None
+
+
+@pytest.mark.parametrize(("model", "section", "needle"), [
+    ("gpt2", {"train": {"tokens": 1e6, "seq_len": 4096}}, "train.seq_len: 4,096 tokens is longer than gpt2's "
+                                                          "context of 1,024"),
+    ("llama-3-8b", {"train": {"tokens": 1e6, "seq_len": 65536}}, "context of 8,192"),
+    ("gpt2", {"infer": {"prompt_tokens": 1000, "output_tokens": 100}}, "infer.prompt_tokens: prompt_tokens + "
+                                                                       "output_tokens = 1,100 tokens"),
+])
+def test_a_sequence_longer_than_the_models_context_is_refused(model: str, section: dict[str, object],
+                                                               needle: str) -> None:
+    from catalog.loader import load_catalog
+    from planner.search import estimate, plan
+
+    task = "train" if "train" in section else "infer"
+    spec = spec_from_dict({"task": task, "model": model, **section})
+    catalog = load_catalog()
+    for attempt in (lambda: plan(spec, catalog), lambda: estimate(spec, catalog, "H200", 1)):
+        with pytest.raises(InvalidInput) as info:
+            attempt()
+        assert needle in str(info.value) and "a model with a longer context" in str(info.value)

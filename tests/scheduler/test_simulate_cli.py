@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import pytest
 import yaml
 from ray.autoscaler._private.util import validate_config
 from typer.testing import CliRunner
@@ -85,3 +87,57 @@ def test_simulate_a_stream_of_arrivals() -> None:
     late = runner.invoke(app, ["simulate", "--trace", str(DATA / "always.json"), "--job-hours", "1",
                                "--jobs", "100", "--every-hours", "24", "--json"])
     assert late.exit_code == 2 and "past the end of the trace" in late.stdout
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    """policy -> its cells, from the table's body lines."""
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells and cells[0] in POLICY_NAMES:
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_a_trace_that_ends_first_leaves_jobs_unfinished_not_missed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli
+
+    monkeypatch.setattr(cli, "console", cli.make_console(width=160))
+    # halves-a: spot for 30 h, then none; the trace ends at 60 h, before the 70 h deadline.
+    args = ["simulate", "--trace", str(DATA / "halves-a.json"), "--job-hours", "50", "--deadline-hours", "70"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "the trace ends at 60 h, before the job's deadline at 70 h" in " ".join(result.stderr.split())
+    assert "50 h job, deadline 70 h," in result.stdout
+    rows = _rows(result.stdout)
+    assert rows["spot-only"][1:5] == ["27.60+", "-", "-", "unfinished"]  # spent so far; no ratio under the bound
+    assert rows["on-demand"][4] == "met" and float(rows["on-demand"][2]) >= 1.0
+    assert "unfinished: the trace ends at 60 h" in result.stdout
+    doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert doc["trace_hours"] == 60 and doc["policies"]["spot-only"]["outcome"] == "unfinished"
+
+
+def test_no_deadline_says_so_and_a_stream_ratio_counts_finished_jobs_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cli
+
+    monkeypatch.setattr(cli, "console", cli.make_console(width=160))
+    single = runner.invoke(app, ["simulate", "--trace", str(DATA / "always.json"), "--job-hours", "48",
+                                 "--start-hour", "20"])
+    assert "48 h job, no deadline," in single.stdout and "deadline none" not in single.stdout
+    assert "before the job can finish (it arrives at 20 h and needs 48 h of work)" in " ".join(single.stderr.split())
+    assert {row[4] for row in _rows(single.stdout).values()} == {"unfinished"}
+    stream = ["simulate", "--trace", str(DATA / "halves-a.json"), "--job-hours", "20", "--deadline-hours", "30",
+              "--jobs", "4", "--every-hours", "10"]
+    doc = json.loads(runner.invoke(app, [*stream, "--json"]).stdout)
+    spot_only = doc["policies"]["spot-only"]
+    assert spot_only["unfinished"] == 3 and spot_only["median_x_bound"] >= 1.0 - 1e-9
+    table = runner.invoke(app, stream)
+    for cells in _rows(table.stdout).values():  # one format per column, whatever the values
+        assert all(re.fullmatch(r"\d+\.\d{3}", c) for c in cells[5:6]), cells
+        assert re.fullmatch(r"\d+\.\d{2}", cells[6]), cells
+
+
+def test_unknown_policy_lists_the_valid_policies() -> None:
+    result = runner.invoke(app, ["simulate", "--trace", str(DATA / "always.json"), "--policy", "zzz", "--json"])
+    assert result.exit_code == 2
+    assert "valid policies: " in json.loads(result.stdout)["error"]["message"]
