@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from catalog.errors import GpuplanError, InvalidInput
+from catalog.errors import GpuplanError, InvalidInput, NoFeasiblePlan
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -37,6 +37,8 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
+
+
 def make_console(*, stderr: bool = False, width: int | None = None) -> Console:
     """The one way the CLI prints. Markup is off: text from a message, a spec or a table cell prints as
     written ('[aws]' stays), and styling is given as Text / style=, never as markup inside a string."""
@@ -534,7 +536,7 @@ def _chosen_line(chosen: Any) -> str:
             f"{_gib(e.memory.required_bytes)} of {_gib(e.memory.usable_bytes)} GiB usable{extra}")
 
 
-DOES_NOT_FIT_EXIT = 3  # the exit code of `estimate` when the placement does not fit (as `plan` with no plan)
+DOES_NOT_FIT_EXIT = NoFeasiblePlan.exit_code  # `estimate` when the placement does not fit: 3, as `plan` with no plan
 
 
 @app.command("estimate")
@@ -1293,7 +1295,7 @@ def _print_simulation(rows: dict[str, dict[str, Any]], zones: Any, start_hour: f
             *("-" if row[k] is None else _hours(row[k]) for k in ("work_lost_hours", "spot_hours", "on_demand_hours"))])
     print_table(f"{job_hours:g} h job, {_deadline_words(deadline_hours)}, restart {restart_hours:g} h, "
                 f"zones: {', '.join(zones.names)}", _SIM_COLS, table_rows)
-    if any(not (row["finish_hours"] is not None) for row in rows.values()):
+    if any(row["finish_hours"] is None for row in rows.values()):
         console.print(f"unfinished: the trace ends at {zones.hours:g} h ({hours_left:g} h after the job arrived) "
                       "before the job finished; + marks the cost spent until then, with no ratio to the bound.",
                       style="yellow", highlight=False)
