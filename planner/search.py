@@ -81,8 +81,9 @@ def resolve_spec_model(spec: JobSpec, catalog: Catalog, model: ModelConfig | Non
     if model is not None:
         return model
     if not isinstance(spec.model, str):
-        raise InvalidInput("the model is given by a config path; resolve it first and pass model=",
-                           path="model", hint="use catalog.loader.resolve_model(catalog, spec.model.config)")
+        # Reading the config.json is I/O, which the planner leaves to its callers (the CLI, the service).
+        raise InvalidInput(f"the model's config file {spec.model.config!r} has not been read",
+                           path="model", hint="give the spec file to a gpuplan command; see gpuplan plan --help")
     try:
         return catalog.model(spec.model)
     except UnknownName as exc:
