@@ -168,7 +168,8 @@ def _save_tokenizer(restored: _Restored, out: Path) -> bool:
     from workers.text_data import has_tokenizer
 
     train = restored.spec.train
-    folder = Path(train.tokenizer).expanduser() if train is not None and train.tokenizer else _weights_dir(restored.spec)
+    given = train.tokenizer if train is not None else None
+    folder = Path(given).expanduser() if given else _weights_dir(restored.spec)
     if folder is None or not has_tokenizer(folder):
         return False
     from transformers import AutoTokenizer

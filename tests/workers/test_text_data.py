@@ -46,7 +46,7 @@ def test_documents_are_tokenized_in_order_and_packed_with_eos_between(tmp_path: 
     source = TokenSource(seq_len=8, vocab_size=128, seed=0, path=str(_texts(tmp_path)), tokenizer=str(tok_dir))
     expected: list[int] = []
     for doc in [*TINY_TEXTS, plain_chat(CHAT)]:  # this tokenizer has no chat template: the plain format
-        expected += tok.encode(doc) + [tok.eos_token_id]
+        expected += [*tok.encode(doc), tok.eos_token_id]
     windows = len(expected) // 8
     got = np.concatenate([source.sequence(i) for i in range(windows)])
     assert got.tolist() == expected[: windows * 8]
@@ -60,7 +60,7 @@ def test_chat_uses_the_tokenizers_template_when_it_has_one(tmp_path: Path) -> No
     tok = AutoTokenizer.from_pretrained(str(tok_dir))
     data = _jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}] * 4)
     source = TokenSource(seq_len=8, vocab_size=128, seed=0, path=str(data), tokenizer=str(tok_dir))
-    one = tok.encode("[user] the cat sat [assistant] on the mat ") + [tok.eos_token_id]
+    one = [*tok.encode("[user] the cat sat [assistant] on the mat "), tok.eos_token_id]
     assert source.sequence(0).tolist() == (one * 4)[:8]
 
 
