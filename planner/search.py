@@ -82,8 +82,9 @@ def resolve_spec_model(spec: JobSpec, catalog: Catalog, model: ModelConfig | Non
         return model
     if not isinstance(spec.model, str):
         # Reading the config.json is I/O, which the planner leaves to its callers (the CLI, the service).
-        raise InvalidInput(f"the model's config file {spec.model.config!r} has not been read",
-                           path="model", hint="give the spec file to a gpuplan command; see gpuplan plan --help")
+        raise InvalidInput(f"the model is given as a config file ({spec.model.config}), which is not read here",
+                           path="model", hint="use a preset (gpuplan catalog models), or plan and run the spec file "
+                           "on this machine: gpuplan plan SPEC, gpuplan run SPEC")
     try:
         return catalog.model(spec.model)
     except UnknownName as exc:
