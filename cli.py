@@ -640,8 +640,12 @@ def _export_source(source: str) -> tuple[str, str | None]:
     except NotFound:
         raise NotFound(f"{source!r} is not a checkpoint directory, a `gpuplan run` job or a job id in the database",
                        hint="give the directory of its checkpoints, or see `gpuplan list`") from None
+    uri = job.checkpoint_uri
+    if not uri or ("://" not in uri and not Path(uri).expanduser().is_dir()):
+        raise NotFound(f"job {job.id} ({job.state}) has no checkpoint to export",
+                       hint=f"a job has one once it has saved a step; see `gpuplan status {job.id}`")
     note = None if job.state == "succeeded" else f"job {job.id} is {job.state}: exporting its newest checkpoint"
-    return job.checkpoint_uri, note
+    return uri, note
 
 
 # ---------------------------------------------------------------- scheduler (issue 4)
