@@ -94,28 +94,37 @@ def plain_chat(messages: list[dict[str, str]]) -> str:
     return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
 
 
-def _encode(tokenizer: Any, document: str | list[dict[str, str]]) -> list[int]:
+def _render(tokenizer: Any, document: str | list[dict[str, str]]) -> tuple[str, bool]:
+    """(text to tokenize, whether the tokenizer adds its special tokens): a chat template brings its own."""
     if isinstance(document, str):
-        ids = tokenizer.encode(document, add_special_tokens=True)
-    elif getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(document, tokenize=True, return_dict=False)
-    else:
-        ids = tokenizer.encode(plain_chat(document), add_special_tokens=True)
-    return [int(i) for i in ids]
+        return document, True
+    if getattr(tokenizer, "chat_template", None):
+        return str(tokenizer.apply_chat_template(document, tokenize=False)), False
+    return plain_chat(document), True
 
 
-def tokenize_jsonl(path: Path, tokenizer_dir: Path, vocab_size: int) -> np.ndarray:
+def _encode_chunk(tokenizer: Any, documents: list[str | list[dict[str, str]]], eos: int | None) -> np.ndarray:
+    """One chunk of documents, batch-encoded (the fast tokenizer works in parallel), in file order."""
+    rendered = [_render(tokenizer, d) for d in documents]
+    ids: list[list[int]] = [[] for _ in rendered]
+    for special in (True, False):
+        picked = [i for i, (_, flag) in enumerate(rendered) if flag is special]
+        if picked:
+            encoded = tokenizer([rendered[i][0] for i in picked], add_special_tokens=special)["input_ids"]
+            for i, row in zip(picked, encoded, strict=True):
+                ids[i] = list(row)
+    if eos is not None:
+        ids = [row if row and row[-1] == eos else [*row, eos] for row in ids]
+    return np.fromiter((t for row in ids for t in row), dtype=np.int64)
+
+
+def tokenize_jsonl(path: Path, tokenizer_dir: Path, vocab_size: int, *, chunk: int = 1024) -> np.ndarray:
     """The file's documents as one packed stream of token ids (EOS between documents)."""
     documents = read_documents(path)
     tokenizer = load_tokenizer(tokenizer_dir, vocab_size)
-    eos = tokenizer.eos_token_id
-    stream: list[int] = []
-    for document in documents:
-        ids = _encode(tokenizer, document)
-        stream.extend(ids)
-        if eos is not None and (not ids or ids[-1] != eos):
-            stream.append(int(eos))
-    tokens = np.asarray(stream, dtype=np.int64)
+    eos = int(tokenizer.eos_token_id) if tokenizer.eos_token_id is not None else None
+    parts = [_encode_chunk(tokenizer, documents[i : i + chunk], eos) for i in range(0, len(documents), chunk)]
+    tokens = np.concatenate(parts)
     if len(tokens) and (int(tokens.max()) >= vocab_size or int(tokens.min()) < 0):
         raise InvalidInput(f"the tokenizer in {tokenizer_dir} produced token id {int(tokens.max())}, outside the "
                            f"model's vocabulary of {vocab_size}", path="train.tokenizer",

@@ -22,7 +22,7 @@ from tests.workers.tiny import (
 )
 from workers.data import TokenSource, check_data
 from workers.model import resolve_model_source
-from workers.text_data import plain_chat
+from workers.text_data import plain_chat, tokenize_jsonl
 from workers.train import TrainJob, run_training
 
 CHAT = [{"role": "user", "content": "the cat sat"}, {"role": "assistant", "content": "on the mat"}]
@@ -51,6 +51,8 @@ def test_documents_are_tokenized_in_order_and_packed_with_eos_between(tmp_path: 
     got = np.concatenate([source.sequence(i) for i in range(windows)])
     assert got.tolist() == expected[: windows * 8]
     assert source.sequence(windows).tolist() == source.sequence(0).tolist()  # epochs wrap around
+    small_chunks = tokenize_jsonl(_texts(tmp_path), tok_dir, 128, chunk=2)  # chunking never shows in the stream
+    assert small_chunks.tolist() == expected
 
 
 def test_chat_uses_the_tokenizers_template_when_it_has_one(tmp_path: Path) -> None:
