@@ -12,6 +12,8 @@ the checkpoint is needed to rebuild the model.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import tempfile
 from dataclasses import asdict, dataclass
@@ -125,7 +127,8 @@ def _rebuild(restored: _Restored) -> torch.nn.Module:
     from workers.model import ModelSource, apply_lora, build_model
 
     dtype = torch.bfloat16 if restored.strategy.precision in ("bf16", "fp8") else torch.float32
-    model = build_model(ModelSource(config=restored.config, weights_dir=None), seed=0, weights_dtype=dtype)
+    with _skip_init():  # every weight comes from the checkpoint: drawing random ones first is wasted minutes at 8B
+        model = build_model(ModelSource(config=restored.config, weights_dir=None), seed=0, weights_dtype=dtype)
     if restored.strategy.finetune in ("lora", "qlora"):
         model = apply_lora(model, restored.strategy.lora_rank)
     try:
@@ -135,6 +138,14 @@ def _rebuild(restored: _Restored) -> torch.nn.Module:
                            hint="export a checkpoint written by this gpuplan") from None
     model.eval()
     return model
+
+
+def _skip_init() -> Any:
+    """transformers' no_init_weights, wherever this version keeps it (a plain init where it has none)."""
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        with contextlib.suppress(ImportError, AttributeError):
+            return importlib.import_module(module).no_init_weights()
+    return contextlib.nullcontext()
 
 
 def _save_model(model: Any, out: Path) -> None:
