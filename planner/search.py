@@ -87,8 +87,10 @@ def resolve_spec_model(spec: JobSpec, catalog: Catalog, model: ModelConfig | Non
 
 def _catalog_model(spec: JobSpec, catalog: Catalog) -> ModelConfig:
     if not isinstance(spec.model, str):
-        raise InvalidInput("the model is given by a config path; resolve it first and pass model=",
-                           path="model", hint="use catalog.loader.resolve_model(catalog, spec.model.config)")
+        # Reading the config.json is I/O, which the planner leaves to its callers (the CLI, the service).
+        raise InvalidInput(f"the model is given as a config file ({spec.model.config}), which is not read here",
+                           path="model", hint="use a preset (gpuplan catalog models), or plan and run the spec file "
+                           "on this machine: gpuplan plan SPEC, gpuplan run SPEC")
     try:
         return catalog.model(spec.model)
     except UnknownName as exc:

@@ -85,7 +85,8 @@ class TrainSpec(_Section):
     lora_rank: int = Field(default=16, ge=1, le=4096)
     learning_rate: float = Field(default=3e-4, gt=0, le=1.0)
     seed: int = 0
-    data: str | None = Field(default=None, description="token ids file (.npy/.bin); None: synthetic")
+    data: str | None = Field(default=None, description="token ids (.npy/.bin) or JSONL text/chat; None: synthetic")
+    tokenizer: str | None = Field(default=None, description="tokenizer directory for JSONL data")
     checkpoint_interval_steps: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
@@ -117,6 +118,7 @@ class InferSpec(_Section):
     requests: float = Field(default=1000, gt=0, le=1e13)
     weights: Weights = "auto"
     prompts: str | None = Field(default=None, description="JSONL prompts file; None: synthetic")
+    tokenizer: str | None = Field(default=None, description="tokenizer directory for text prompts")
 
 
 class Resources(_Section):
@@ -246,9 +248,27 @@ def spec_from_dict(data: Any, *, base_dir: Path | None = None) -> JobSpec:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise _invalid([_problem(e) for e in exc.errors()]) from None
-    if base_dir is not None and isinstance(spec.model, ModelRef) and not Path(spec.model.config).is_absolute():
-        spec = spec.model_copy(update={"model": ModelRef(config=str(base_dir / spec.model.config))})
-    return spec
+    return _rebase_paths(spec, base_dir) if base_dir is not None else spec
+
+
+def _rebase(path: str, base_dir: Path) -> str:
+    return path if Path(path).expanduser().is_absolute() or path.startswith("~") else str(base_dir / path)
+
+
+def _rebase_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
+    """Relative paths in a spec file are relative to that file, as a user reading it expects."""
+    update: dict[str, Any] = {}
+    if isinstance(spec.model, ModelRef):
+        update["model"] = ModelRef(config=_rebase(spec.model.config, base_dir))
+    elif "/" in spec.model and (base_dir / spec.model).exists():  # a weights folder; preset ids have no '/'
+        update["model"] = _rebase(spec.model, base_dir)
+    for section, fields in (("train", ("data", "tokenizer")), ("infer", ("prompts", "tokenizer"))):
+        value = getattr(spec, section)
+        changed = {f: _rebase(getattr(value, f), base_dir) for f in fields
+                   if value is not None and getattr(value, f)}
+        if changed:
+            update[section] = value.model_copy(update=changed)
+    return spec.model_copy(update=update) if update else spec
 
 
 def load_spec(path: str | Path) -> JobSpec:

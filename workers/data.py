@@ -1,4 +1,5 @@
-"""Token batches for training: from a file of token ids or a seeded synthetic stream.
+"""Token batches for training: from a file of token ids, a JSONL text/chat file (tokenized and
+packed by workers.text_data), or a seeded synthetic stream.
 
 Every batch is a pure function of (source, seed, sample index), so the data position of a run is
 one integer — the number of sequences consumed — and a resumed run reads exactly the batches the
@@ -9,11 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from catalog.errors import InvalidInput
+from workers.text_data import has_tokenizer, is_jsonl, load_tokenizer, read_documents, tokenize_jsonl
+
+if TYPE_CHECKING:
+    from planner.spec import TrainSpec
+    from workers.model import ModelSource
 
 
 @dataclass(frozen=True)
@@ -36,14 +43,17 @@ class DataLayout:
 class TokenSource:
     """Sequences of ``seq_len`` token ids (the model shifts labels itself: ``model(ids, labels=ids)``)."""
 
-    def __init__(self, *, seq_len: int, vocab_size: int, seed: int, path: str | None = None) -> None:
+    def __init__(self, *, seq_len: int, vocab_size: int, seed: int, path: str | None = None,
+                 tokenizer: str | None = None) -> None:
         self.seq_len = seq_len
         self.vocab_size = vocab_size
         self.seed = seed
         self.path = path
         self._tokens: np.ndarray | None = None
-        if path is not None:
-            self._tokens = _open_tokens(Path(path), vocab_size, seq_len)
+        if path is not None and is_jsonl(path):
+            self._tokens = _tokenize(Path(path).expanduser(), tokenizer, vocab_size, seq_len)
+        elif path is not None:
+            self._tokens = _open_tokens(Path(path).expanduser(), vocab_size, seq_len)
 
     @property
     def description(self) -> str:
@@ -74,6 +84,41 @@ class TokenSource:
     def batch(self, first_index: int, rows: int) -> torch.Tensor:
         """``rows`` consecutive sequences from ``first_index``: a (rows, seq_len) int64 tensor."""
         return torch.from_numpy(np.stack([self.sequence(first_index + i) for i in range(rows)]))
+
+
+def tokenizer_dir(train: TrainSpec, source: ModelSource) -> str | None:
+    """The spec's tokenizer, else the one saved beside the model's weights, if any."""
+    if train.tokenizer is not None:
+        return train.tokenizer
+    if source.weights_dir is not None and has_tokenizer(source.weights_dir):
+        return str(source.weights_dir)
+    return None
+
+
+def check_data(train: TrainSpec, source: ModelSource) -> None:
+    """Refuse a missing or malformed data file, or a mismatched tokenizer, before a run starts."""
+    assert train.data is not None
+    path = Path(train.data).expanduser()
+    if not is_jsonl(path):
+        _open_tokens(path, source.config.vocab_size, train.seq_len)
+        return
+    read_documents(path)
+    folder = tokenizer_dir(train, source)
+    if folder is None:
+        raise InvalidInput(f"{path} is text: it needs the model's tokenizer", path="train.tokenizer",
+                           hint="set train.tokenizer to a folder written by tokenizer.save_pretrained()")
+    load_tokenizer(Path(folder).expanduser(), source.config.vocab_size)
+
+
+def _tokenize(path: Path, tokenizer: str | None, vocab_size: int, seq_len: int) -> np.ndarray:
+    if tokenizer is None:
+        raise InvalidInput(f"{path} is text: it needs the model's tokenizer", path="train.tokenizer",
+                           hint="set train.tokenizer to a folder written by tokenizer.save_pretrained()")
+    tokens = tokenize_jsonl(path, Path(tokenizer).expanduser(), vocab_size)
+    if len(tokens) < seq_len:
+        raise InvalidInput(f"{path} has {len(tokens)} tokens, fewer than one sequence of {seq_len}",
+                           path="train.data", hint="add data or use a smaller train.seq_len")
+    return tokens
 
 
 def _open_tokens(path: Path, vocab_size: int, seq_len: int) -> np.ndarray:

@@ -321,5 +321,15 @@ def run_infer_spec(
         seed=seed,
         device=device,
         weights_dir=source.weights_dir,
+        tokenizer_dir=_tokenizer_dir(infer.tokenizer, source.weights_dir),
         progress=progress,
     )
+
+
+def _tokenizer_dir(given: str | None, weights_dir: Path | None) -> Path | None:
+    """The spec's tokenizer, else the one saved beside the model's weights, else none (byte-level)."""
+    from workers.text_data import has_tokenizer
+
+    if given is not None:
+        return Path(given).expanduser()
+    return weights_dir if weights_dir is not None and has_tokenizer(weights_dir) else None

@@ -34,8 +34,13 @@ def _lines_written(outputs: Path) -> int:
 
 
 def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: Callable[[dict[str, Any]], None],
-                      on_log: Callable[[str], None]) -> dict[str, Any]:
+                      on_log: Callable[[str], None], cpu_threads: int | None = None) -> dict[str, Any]:
     from workers.infer import run_infer_spec
+
+    if cpu_threads and device == "cpu":
+        import torch
+
+        torch.set_num_threads(cpu_threads)  # as training does: OpenMP spinning on a busy box costs 10x
 
     folder = outputs_folder(request)
     folder.mkdir(parents=True, exist_ok=True)

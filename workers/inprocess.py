@@ -103,7 +103,8 @@ class InProcessExecutor:
                 from workers.infer_job import run_infer_attempt
 
                 hooks = _Hooks(attempt)
-                run_infer_attempt(request, device=self._device, on_progress=hooks.on_progress, on_log=hooks.on_log)
+                run_infer_attempt(request, device=self._device, on_progress=hooks.on_progress, on_log=hooks.on_log,
+                                  cpu_threads=self._cpu_threads)
                 attempt.state = RunState.SUCCEEDED
                 attempt.message = f"generated {attempt.tracker.progress().step} requests"
                 return

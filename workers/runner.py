@@ -59,9 +59,6 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
     from catalog.loader import load_catalog
     from catalog.local import detect_local_device, match_device_name
 
-    if spec.task != "train" or spec.train is None:
-        raise InvalidInput("gpuplan run trains; this spec's task is 'infer'", path="task",
-                           hint="use gpuplan submit for inference jobs")
     catalog = load_catalog()
     from workers.model import resolve_model_source
 
@@ -69,13 +66,14 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
     from planner.spec import check_model
 
     check_model(spec, source.config)  # a sequence longer than the model's context, before anything starts
+    check_inputs(spec, source)
     device = detect_local_device()
     if device is not None and device.backend == "cuda":
         gpu = match_device_name(device.name, catalog, device.memory_bytes)
         if gpu is not None:
             from planner.search import estimate
 
-            est = estimate(spec, catalog, gpu.id, 1)
+            est = estimate(spec, catalog, gpu.id, 1, model=source.config)
             predicted = {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
                          "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
                          "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours}
@@ -87,7 +85,21 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
                              note=f"planned for the local {gpu.id}")
     strategy = cpu_strategy(spec)
     _check_fits_in_ram(source.config, strategy, ram_bytes())
-    return LocalPlan(strategy=strategy, device="cpu", note="no supported GPU here: training on the CPU")
+    doing = "training" if spec.task == "train" else "generating"
+    return LocalPlan(strategy=strategy, device="cpu", note=f"no supported GPU here: {doing} on the CPU")
+
+
+def check_inputs(spec: JobSpec, source: Any) -> None:
+    """Data, tokenizer and prompts files are checked before anything starts, so a typo costs nothing."""
+    if spec.train is not None and spec.train.data is not None:
+        from workers.data import check_data
+
+        check_data(spec.train, source)
+    if spec.infer is not None:
+        for name, value in (("prompts", spec.infer.prompts), ("tokenizer", spec.infer.tokenizer)):
+            if value is not None and not Path(value).expanduser().exists():
+                raise InvalidInput(f"the {name} path {value!r} does not exist", path=f"infer.{name}",
+                                   hint="paths in a spec file are relative to that file")
 
 
 def _check_fits_in_ram(model: ModelConfig, strategy: Strategy, ram: int | None) -> None:
@@ -106,7 +118,11 @@ def _check_fits_in_ram(model: ModelConfig, strategy: Strategy, ram: int | None) 
 def cpu_strategy(spec: JobSpec) -> Strategy:
     """What a CPU run can honour of the spec: fp32 unless pinned otherwise, one worker, no sharding."""
     train = spec.train
-    assert train is not None
+    if train is None:  # inference: the worker reads batch and weights from the spec
+        infer = spec.infer
+        assert infer is not None
+        weights = "fp32" if infer.weights == "auto" else infer.weights
+        return Strategy(task="infer", gpu="cpu", gpu_count=1, weights=weights, batch=infer.batch)
     precision = "fp32" if train.precision == "auto" else train.precision
     micro = train.micro_batch or 1
     accum = max(1, math.ceil(train.global_batch / micro)) if train.global_batch else 1
@@ -163,6 +179,8 @@ class LocalRun:
                 "tokens_per_s": num("predicted_tokens_per_s"),
             },
             "note": self.plan.note,
+            "task": self.plan.strategy.task,
+            "outputs": str(self.checkpoint_dir / "outputs.jsonl") if self.plan.strategy.task == "infer" else None,
         }
 
 
@@ -175,6 +193,8 @@ def run_local(spec: JobSpec, *, checkpoint_dir: Path | None = None, resume: bool
     ckpt = (checkpoint_dir or home / "checkpoints" / job_id).expanduser().resolve()
     _check_resume(ckpt, resume)
     plan = plan_locally(spec)
+    if spec.infer is not None and spec.infer.weights == "auto":  # the worker reads the spec: give it the plan's
+        spec = spec.model_copy(update={"infer": spec.infer.model_copy(update={"weights": plan.strategy.weights})})
     threads = max(1, (os.cpu_count() or 2) // 2)
     started = time.perf_counter()
     request = RunRequest(job_id=job_id, attempt=1, spec=spec, strategy=plan.strategy, checkpoint_uri=str(ckpt),

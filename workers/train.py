@@ -30,7 +30,7 @@ import torch.distributed as dist
 from catalog.errors import GpuplanError, InvalidInput
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
-from workers.data import DataLayout, TokenSource
+from workers.data import DataLayout, TokenSource, tokenizer_dir
 from workers.hooks import TrainHooks
 from workers.model import (
     ModelSource,
@@ -242,7 +242,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
         torch.cuda.reset_peak_memory_stats(device)
 
     source = resolve_model_source(job.spec)
-    data = TokenSource(seq_len=train.seq_len, vocab_size=source.config.vocab_size, seed=train.seed, path=train.data)
+    data = TokenSource(seq_len=train.seq_len, vocab_size=source.config.vocab_size, seed=train.seed, path=train.data,
+                       tokenizer=tokenizer_dir(train, source) if train.data else None)
     store = open_store(job.checkpoint_uri, keep=job.keep_checkpoints, on_file=hooks.checkpoint_file)
     model, sharded = _prepare_model(job, source, device, world)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -253,7 +254,10 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
     layout = DataLayout(micro_batch=strategy.micro_batch, grad_accum=strategy.grad_accum, world_size=world)
     autocast_dtype = _autocast_dtype(strategy, sharded)
     scaler = torch.amp.GradScaler(device.type) if strategy.precision == "amp-fp16" else None
-    meta = {"job_id": job.job_id, "model": source.config.id, "world_size": world}
+    # The spec and strategy travel with every checkpoint, so `gpuplan export` can rebuild the model from it.
+    meta = {"job_id": job.job_id, "model": source.config.id, "world_size": world,
+            "spec": job.spec.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
+            "model_config": source.config.model_dump(mode="json")}
 
     loaded = load_state(store, model=model, optimizer=optimizer, scheduler=scheduler, sharded=sharded)
     step, position, tokens, loss_value = 0, 0, 0, None

@@ -128,6 +128,20 @@ def test_model_config_path_is_resolved_relative_to_the_spec(tmp_path: Path) -> N
     assert spec.model.config == str(tmp_path / "cfg/config.json")
 
 
+def test_data_tokenizer_prompts_and_weights_paths_are_relative_to_the_spec(tmp_path: Path) -> None:
+    (tmp_path / "weights").mkdir()
+    train = tmp_path / "train.yaml"
+    train.write_text("task: train\nmodel: ./weights\ntrain: {tokens: 100, data: d.jsonl, tokenizer: /abs/tok}\n")
+    spec = load_spec(train)
+    assert spec.model == str(tmp_path / "./weights") and spec.train is not None
+    assert spec.train.data == str(tmp_path / "d.jsonl") and spec.train.tokenizer == "/abs/tok"
+    infer = tmp_path / "infer.yaml"
+    infer.write_text("task: infer\nmodel: llama-3-8b\ninfer: {prompts: p.jsonl, tokenizer: tok}\n")
+    spec = load_spec(infer)
+    assert spec.model == "llama-3-8b" and spec.infer is not None  # a preset id is not a path
+    assert spec.infer.prompts == str(tmp_path / "p.jsonl") and spec.infer.tokenizer == str(tmp_path / "tok")
+
+
 def test_spec_is_frozen() -> None:
     spec = spec_from_dict(BASE)
     with pytest.raises(Exception, match="frozen"):

@@ -63,3 +63,29 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs"
+
+
+TINY_TEXTS = [
+    "the cat sat on the mat and the dog sat on the log",
+    "a quick brown fox jumps over the lazy dog again and again",
+    "gpus are rented by the hour so a plan that fits saves money",
+    "checkpoints survive preemption and training resumes where it stopped",
+]
+
+
+def write_tokenizer(folder: Path, *, vocab_size: int = 100, chat_template: str | None = None) -> Path:
+    """A tiny BPE tokenizer trained here on a few lines (no hub download), saved as a transformers folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<unk>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet()[:0], show_progress=False)
+    tok.train_from_iterator(TINY_TEXTS * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<eos>")
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    folder.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(folder))
+    return folder
