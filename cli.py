@@ -395,8 +395,9 @@ def plan_command(
         console.print(
             f"[bold]chosen:[/] {e.strategy.label()} on {chosen.offer.cloud} {chosen.offer.instance_type} "
             f"({chosen.offer.region}, {chosen.cost.market}): {chosen.cost.hours:,.1f} h, "
-            f"${chosen.cost.usd:,.0f}, peak {_gib(e.memory.peak_allocated_bytes)} GiB allocated / "
-            f"{_gib(e.memory.usable_bytes)} GiB usable{extra}",
+            f"${chosen.cost.usd:,.0f}, peak {_gib(e.memory.peak_allocated_bytes)} GiB allocated, needs "
+            f"{_gib(e.memory.required_bytes)} of {_gib(e.memory.limit_bytes)} GiB ({_gib(e.memory.usable_bytes)} GiB "
+            f"usable less {e.memory.headroom:.0%} headroom){extra}",
             highlight=False,
         )
     groups = summarize_rejections(result.rejections)
@@ -440,7 +441,8 @@ def estimate_command(
     mem, thr = result.memory, result.throughput
     verdict = "[green]fits[/]" if mem.fits else "[red]does not fit[/]"
     console.print(f"[bold]{result.strategy.label()}[/]: {verdict} — needs {_gib(mem.required_bytes)} GiB of "
-                  f"{_gib(mem.usable_bytes)} GiB usable (peak at {mem.peak_moment})", highlight=False)
+                  f"{_gib(mem.limit_bytes)} GiB ({_gib(mem.usable_bytes)} GiB usable less {mem.headroom:.0%} "
+                  f"headroom; peak at {mem.peak_moment})", highlight=False)
     table = Table(title="memory per GPU (most loaded rank)", title_justify="left")
     table.add_column("component")
     table.add_column("GiB", justify="right")

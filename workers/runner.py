@@ -77,9 +77,11 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
                          "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
                          "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours}
             if not est.memory.fits:
+                m = est.memory
                 raise InvalidInput(f"the job does not fit on this machine's {gpu.id}: needs "
-                                   f"{est.memory.total_bytes / 2**30:.1f} GiB of {est.memory.usable_bytes / 2**30:.1f}"
-                                   " GiB usable", hint="see gpuplan plan for placements that fit")
+                                   f"{m.required_bytes / 2**30:.1f} GiB of {m.limit_bytes / 2**30:.1f} GiB "
+                                   f"({m.usable_bytes / 2**30:.1f} GiB usable less {m.headroom:.0%} headroom)",
+                                   hint="see gpuplan plan for placements that fit, or lower resources.memory_headroom")
             return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
                              note=f"planned for the local {gpu.id}")
     strategy = cpu_strategy(spec)
