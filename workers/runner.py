@@ -130,6 +130,9 @@ class LocalRun:
         def num(key: str) -> float | None:
             return m.get(key)
 
+        def predicted(key: str) -> float | None:  # the plan's, even when the run failed before reporting
+            return m.get(f"predicted_{key}", self.plan.predicted.get(key))
+
         return {
             "job": self.job_id,
             "status": self.status.state.value,
@@ -155,11 +158,14 @@ class LocalRun:
                 "tokens_per_s": num("measured_tokens_per_s"),
                 "wall_tokens_per_s": num("measured_wall_tokens_per_s"),
                 "checkpoint_save_s": num("checkpoint_save_s"),
+                "micro_batch": num("micro_batch"),
+                "grad_accum": num("grad_accum"),
             },
+            "oom_backoffs": self.status.oom_backoffs,
             "predicted": {
-                "peak_allocated_bytes": num("predicted_peak_allocated_bytes"),
-                "peak_reserved_bytes": num("predicted_peak_reserved_bytes"),
-                "tokens_per_s": num("predicted_tokens_per_s"),
+                "peak_allocated_bytes": predicted("peak_allocated_bytes"),
+                "peak_reserved_bytes": predicted("peak_reserved_bytes"),
+                "tokens_per_s": predicted("tokens_per_s"),
             },
             "note": self.plan.note,
         }
