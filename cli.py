@@ -827,9 +827,11 @@ def list_command(state: str | None = typer.Option(None, "--state", help="Only jo
     _jobs_table(jobs, f"{len(jobs)} job(s)")
 
 
-report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend.\n\nExamples:\n\n"
+report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend; and how "
+                         "close plans came (accuracy).\n\nExamples:\n\n"
                          "  gpuplan report dry-run examples/*.yaml --out report/\n\n"
-                         "  gpuplan report spend --team ml --since 30d",
+                         "  gpuplan report spend --team ml --since 30d\n\n"
+                         "  gpuplan report accuracy --plot accuracy.png",
                          no_args_is_help=True)
 app.add_typer(report_app, name="report")
 
@@ -863,6 +865,75 @@ def report_spend_command(team: str | None = typer.Option(None, "--team", help="A
     markets = ", ".join(f"{m} {_usd(v)}" for m, v in sorted(report.by_market.items())) or "nothing yet"
     console.print(f"total {_usd(report.total_usd)} ({markets}); budget {_usd(report.budget_usd)}, "
                   f"remaining {_usd(report.remaining_usd)}", highlight=False)
+
+
+@report_app.command("accuracy")
+@handle_errors
+def report_accuracy_command(
+    source: str = typer.Option("local", "--source", help="local: this machine's `gpuplan run` results "
+                               "(~/.gpuplan/runs); team: your team's finished attempts (the server, or the local "
+                               "database)."),
+    plot: str | None = typer.Option(None, "--plot", help="Also write a PNG of predicted vs measured here."),
+    limit: int = typer.Option(200, "--limit", min=1, max=1000, help="team: how many recent jobs to read."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Predicted vs measured peak memory and tokens/s of finished runs: how close the plans came.
+
+    Examples:
+
+      gpuplan report accuracy
+
+      gpuplan report accuracy --source team --plot accuracy.png --json
+    """
+    import os
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from catalog.errors import InvalidInput
+    from scheduler.accuracy import accuracy_png, accuracy_rows, local_records, summarize, team_records
+    from scheduler.store import default_home
+
+    if source == "local":
+        home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
+        records = local_records(home)
+    elif source == "team":
+        backend = _backend()
+        records = team_records(backend.status(j.id) for j in backend.list_jobs(limit=limit))
+    else:
+        raise InvalidInput(f"--source must be local or team, got {source!r}", path="--source")
+    rows = accuracy_rows(records)
+    if plot:
+        Path(plot).write_bytes(accuracy_png(rows))
+    summary = summarize(rows)
+    if as_json:
+        print_json({"source": source, "rows": rows, "summary": summary, "plot": plot})
+        return
+
+    def gib(v: float | None) -> str:
+        return "-" if v is None else f"{v / 2**30:.2f}"
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.1%}"
+
+    def rate(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}"
+
+    table = Table(title=f"predicted vs measured ({source}: {len(rows)} runs)", title_justify="left")
+    for col in ("job", "outcome", "strategy", "alloc GiB pred", "meas", "err", "tok/s pred", "meas", "err", "OOM b/o"):
+        table.add_column(col, justify="left" if col in ("job", "outcome", "strategy") else "right")
+    for r in rows:
+        table.add_row(r["job"], r["outcome"], r["strategy"] or "-", gib(r["predicted_peak_allocated_bytes"]),
+                      gib(r["measured_peak_allocated_bytes"]), pct(r["error_peak_allocated_bytes"]),
+                      rate(r["predicted_tokens_per_s"]), rate(r["measured_tokens_per_s"]),
+                      pct(r["error_tokens_per_s"]), str(r["oom_backoffs"]))
+    console.print(table)
+    for key, s in summary.items():
+        if s["n"]:
+            console.print(f"{key}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, "
+                          f"worst {s['max_abs_error']:.1%}", highlight=False)
+    if plot:
+        console.print(f"plot written to {plot}", highlight=False)
 
 
 team_app = typer.Typer(help="Teams, budgets, GPU quotas and tokens (admin).\n\nExamples:\n\n"

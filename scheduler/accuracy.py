@@ -7,7 +7,9 @@ The loop stores :func:`attempt_metrics` on every attempt it closes with a status
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from workers.executor import RunStatus
@@ -86,3 +88,57 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | int | N
         median = None if not n else (errors[n // 2] if n % 2 else (errors[n // 2 - 1] + errors[n // 2]) / 2)
         out[key] = {"n": n, "median_abs_error": median, "max_abs_error": errors[-1] if n else None}
     return out
+
+
+Record = tuple[str, str, dict[str, Any]]
+
+
+def local_records(home: Path) -> list[Record]:
+    """(job, status, metrics) of every ``gpuplan run`` result under ``home/runs``; unreadable files are skipped."""
+    records: list[Record] = []
+    for path in sorted((home / "runs").glob("*/result.json")):
+        try:
+            run = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(run, dict):
+            continue
+        predicted = {**(run.get("predicted") or {}), "label": run.get("strategy_label")}
+        records.append((str(run.get("job", path.parent.name)), str(run.get("status", "?")),
+                        {"measured": run.get("measured") or {}, "predicted": predicted,
+                         "oom_backoffs": run.get("oom_backoffs") or []}))
+    return records
+
+
+def team_records(jobs: Iterable[Any]) -> list[Record]:
+    """(job id/attempt, outcome, metrics) of every closed attempt with metrics, from job details."""
+    records: list[Record] = []
+    for job in jobs:
+        for attempt in getattr(job, "attempt_list", []):
+            if attempt.metrics:
+                records.append((f"{job.id}/{attempt.number}", str(attempt.outcome), dict(attempt.metrics)))
+    return records
+
+
+def accuracy_png(rows: list[dict[str, Any]]) -> bytes:
+    """Predicted vs measured, peak allocated and tokens/s, with the y = x line (PNG bytes)."""
+    from scheduler.plots import _png, _pyplot
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    for ax, key, unit, scale in ((axes[0], "peak_allocated_bytes", "GiB", 1 / (1 << 30)),
+                                 (axes[1], "tokens_per_s", "tokens/s", 1.0)):
+        pairs = [(r[f"predicted_{key}"] * scale, r[f"measured_{key}"] * scale) for r in rows
+                 if r[f"error_{key}"] is not None]
+        if pairs:
+            xs, ys = zip(*pairs, strict=True)
+            ax.scatter(xs, ys, s=18)
+            top = max(*xs, *ys) * 1.05
+            ax.plot([0, top], [0, top], color="grey", linewidth=1, linestyle="--", label="predicted = measured")
+            ax.set_xlim(0, top)
+            ax.set_ylim(0, top)
+            ax.legend(loc="upper left")
+        ax.set_xlabel(f"predicted {unit}")
+        ax.set_ylabel(f"measured {unit}")
+        ax.set_title(f"{key.replace('_', ' ')} ({len(pairs)} runs)")
+    return _png(fig)
