@@ -271,7 +271,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
         resumed_from = loaded.step
     log = hooks.on_log if rank == 0 else (lambda _line: None)
     log(f"job {job.job_id}: {source.config.id} on {world} x {device.type}, {strategy.label()}, "
-        f"{steps} steps of {layout.sequences_per_step * train.seq_len} tokens, data: {data.description}"
+        f"{steps} steps of {layout.sequences_per_step * train.seq_len} tokens, data: {data.description}, "
+        f"PYTORCH_CUDA_ALLOC_CONF={alloc_conf}"
         + (f"; resumed from the checkpoint of step {resumed_from}" if resumed_from is not None else ""))
     if rank == 0:
         hooks.on_progress({"event": "started", "step": step, "total_steps": steps, "tokens": tokens,
