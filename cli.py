@@ -366,10 +366,12 @@ def plan_command(
     if as_json:
         print_json(result)
         return
-    table = Table(title=f"{result.job}: {len(result.candidates)} candidates ({objective}; * = cost/time Pareto front)",
+    headroom = result.candidates[0].estimate.memory.headroom if result.candidates else 0.0
+    table = Table(title=f"{result.job}: {len(result.candidates)} candidates ({objective}; * = cost/time Pareto front; "
+                  f"limit = usable memory less {headroom:.0%} headroom)",
                   title_justify="left", pad_edge=False)
     # hours and total $ are expected values: on spot they include the preemption overhead column
-    for col in ("#", "GPUs / strategy", "cloud instance region", "market", "GiB need/usable", "tok/s", "hours",
+    for col in ("#", "GPUs / strategy", "cloud instance region", "market", "GiB need/limit", "tok/s", "hours",
                 "preempt h", "P(deadline)", "$/h", "total $", "*"):
         right = col in ("#", "tok/s", "hours", "preempt h", "P(deadline)", "$/h", "total $")
         table.add_column(col, justify="right" if right else "left", overflow="fold")
@@ -377,7 +379,7 @@ def plan_command(
         e = c.estimate
         table.add_row(
             str(i), e.strategy.label(), f"{c.offer.cloud} {c.offer.instance_type} {c.offer.region}",
-            c.cost.market, f"{_gib(e.memory.required_bytes)}/{_gib(e.memory.usable_bytes)}",
+            c.cost.market, f"{_gib(e.memory.required_bytes)}/{_gib(e.memory.limit_bytes)}",
             f"{e.throughput.tokens_per_s:,.0f}", f"{c.cost.hours:,.1f}",
             f"{c.cost.preemption_overhead_h:,.2f}" if c.cost.market == "spot" else "-",
             "-" if c.cost.deadline_probability is None else f"{c.cost.deadline_probability:.0%}",
