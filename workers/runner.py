@@ -175,6 +175,9 @@ def run_local(spec: JobSpec, *, checkpoint_dir: Path | None = None, resume: bool
               on_status: Callable[[RunStatus], None] | None = None, poll_s: float = 0.5,
               home: Path | None = None) -> LocalRun:
     """Run ``spec`` here to the end; ``on_status`` sees every poll (the CLI draws its progress bar)."""
+    from workers.cuda_env import configure_allocator
+
+    configure_allocator()  # before detecting the local GPU initialises CUDA in this process
     home = home or default_home()
     job_id = spec.name
     ckpt = (checkpoint_dir or home / "checkpoints" / job_id).expanduser().resolve()
