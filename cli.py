@@ -500,7 +500,7 @@ def plan_command(
 # Plan table columns, most important first; ``drop`` says which go first on a narrow terminal.
 _PLAN_COLS = [
     Col("#", right=True), Col("GPUs / strategy", wrap=True), Col("cloud instance region", wrap=True),
-    Col("market"), Col("GiB need/usable", right=True, drop=1), Col("tok/s", right=True, drop=4),
+    Col("market"), Col("GiB need/limit", right=True, drop=1), Col("tok/s", right=True, drop=4),
     Col("hours", right=True), Col("preempt h", right=True, drop=5), Col("P(deadline)", right=True, drop=6),
     Col("$/h", right=True, drop=3), Col("total $", right=True),
 ]
@@ -515,13 +515,14 @@ def _print_plan_table(result: Any, objective: str, top: int, *, deadline: float 
         row: list[str | Text] = [
             f"{i}*" if c.pareto else str(i), e.strategy.label(),
             f"{c.offer.cloud} {c.offer.instance_type} {c.offer.region}", c.cost.market,
-            f"{_gib(e.memory.required_bytes)}/{_gib(e.memory.usable_bytes)}", f"{e.throughput.tokens_per_s:,.0f}",
+            f"{_gib(e.memory.required_bytes)}/{_gib(e.memory.limit_bytes)}", f"{e.throughput.tokens_per_s:,.0f}",
             f"{c.cost.hours:,.1f}", f"{c.cost.preemption_overhead_h:,.2f}" if c.cost.market == "spot" else "-"]
         if deadline is not None:
             row.append("-" if c.cost.deadline_probability is None else f"{c.cost.deadline_probability:.0%}")
         rows.append([*row, f"{c.cost.usd_per_h:,.2f}", f"{c.cost.usd:,.0f}"])
-    print_table(f"{result.job}: {len(result.candidates)} candidates ({objective}; * = cost/time Pareto front)",
-                cols, rows)
+    headroom = result.candidates[0].estimate.memory.headroom if result.candidates else 0.0
+    print_table(f"{result.job}: {len(result.candidates)} candidates ({objective}; * = cost/time Pareto front; "
+                f"limit = usable memory less {headroom:.0%} headroom)", cols, rows)
 
 
 def _chosen_line(chosen: Any) -> str:
@@ -533,7 +534,8 @@ def _chosen_line(chosen: Any) -> str:
         extra += f", {chosen.cost.deadline_probability:.0%} chance to meet the deadline"
     return (f"{e.strategy.label()} on {chosen.offer.cloud} {chosen.offer.instance_type} ({chosen.offer.region}, "
             f"{chosen.cost.market}): {chosen.cost.hours:,.1f} h, ${chosen.cost.usd:,.0f}, needs "
-            f"{_gib(e.memory.required_bytes)} of {_gib(e.memory.usable_bytes)} GiB usable{extra}")
+            f"{_gib(e.memory.required_bytes)} of {_gib(e.memory.limit_bytes)} GiB ({_gib(e.memory.usable_bytes)} GiB usable "
+            f"less {e.memory.headroom:.0%} headroom){extra}")
 
 
 DOES_NOT_FIT_EXIT = NoFeasiblePlan.exit_code  # `estimate` when the placement does not fit: 3, as `plan` with no plan
@@ -585,8 +587,9 @@ def _print_estimate(result: Any, slack: float) -> None:
     mem, thr = result.memory, result.throughput
     verdict = ("fits", "green") if mem.fits else ("does not fit", "bold red")
     console.print(styled((result.strategy.label(), "bold"), ": ", verdict,
-                         f" — needs {_gib(mem.required_bytes)} GiB of {_gib(mem.usable_bytes)} GiB usable "
-                         f"(peak at {mem.peak_moment})"), highlight=False)
+                         f" — needs {_gib(mem.required_bytes)} GiB of {_gib(mem.limit_bytes)} GiB "
+                         f"({_gib(mem.usable_bytes)} GiB usable less {mem.headroom:.0%} headroom; "
+                         f"peak at {mem.peak_moment})"), highlight=False)
     parts = sorted(((k, v) for k, v in mem.breakdown.items() if k not in _OUTSIDE_ALLOCATOR), key=lambda kv: -kv[1])
     bold = "bold"
     rows: list[list[str | Text]] = [[name, _gib(value), ""] for name, value in parts]
@@ -600,12 +603,13 @@ def _print_estimate(result: Any, slack: float) -> None:
             rows.append([name, _gib(mem.breakdown[name]), "outside the allocator"])
     rows.append([Text("= total", bold), _gib(mem.total_bytes), "what nvidia-smi shows when memory is ample"])
     rows.append([Text("needs", bold), _gib(mem.required_bytes),
-                 f"peak allocated + {slack:.0%} slack + context: the least it runs in; compared with usable"])
+                 f"peak allocated + {slack:.0%} slack + context: the least it runs in; compared with limit"])
     rows.append([Text("usable", bold), _gib(mem.usable_bytes), "what the GPU offers the job"])
+    rows.append([Text("limit", bold), _gib(mem.limit_bytes), f"usable less {mem.headroom:.0%} headroom"])
     print_table("memory per GPU (most loaded rank)",
                 [Col("component"), Col("GiB", right=True), Col("meaning", wrap=True, drop=1)], rows)
     if not mem.fits:
-        short = mem.required_bytes - mem.usable_bytes
+        short = mem.required_bytes - mem.limit_bytes
         fix = ("lora/qlora, activation_checkpointing, fsdp over more GPUs (--count), a smaller micro_batch or "
                "seq_len, or a GPU with more memory" if result.strategy.task == "train" else
                "int8/int4 weights, tensor parallel over more GPUs (--count), a smaller batch or context, or a GPU "
@@ -1071,9 +1075,11 @@ def list_command(state: str | None = typer.Option(None, "--state", help="Only jo
     _jobs_table(jobs, f"{len(jobs)} job(s)")
 
 
-report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend.\n\nExamples:\n\n"
+report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend; and how "
+                         "close plans came (accuracy).\n\nExamples:\n\n"
                          "  gpuplan report dry-run examples/*.yaml --out report/\n\n"
-                         "  gpuplan report spend --team ml --since 30d",
+                         "  gpuplan report spend --team ml --since 30d\n\n"
+                         "  gpuplan report accuracy --plot accuracy.png",
                          no_args_is_help=True)
 app.add_typer(report_app, name="report")
 
@@ -1107,6 +1113,75 @@ def report_spend_command(team: str | None = typer.Option(None, "--team", help="A
     markets = ", ".join(f"{m} {_usd(v)}" for m, v in sorted(report.by_market.items())) or "nothing yet"
     console.print(f"total {_usd(report.total_usd)} ({markets}); budget {_usd(report.budget_usd)}, "
                   f"remaining {_usd(report.remaining_usd)}", highlight=False)
+
+
+@report_app.command("accuracy")
+@handle_errors
+def report_accuracy_command(
+    source: str = typer.Option("local", "--source", help="local: this machine's `gpuplan run` results "
+                               "(~/.gpuplan/runs); team: your team's finished attempts (the server, or the local "
+                               "database)."),
+    plot: str | None = typer.Option(None, "--plot", help="Also write a PNG of predicted vs measured here."),
+    limit: int = typer.Option(200, "--limit", min=1, max=1000, help="team: how many recent jobs to read."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Predicted vs measured peak memory and tokens/s of finished runs: how close the plans came.
+
+    Examples:
+
+      gpuplan report accuracy
+
+      gpuplan report accuracy --source team --plot accuracy.png --json
+    """
+    import os
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from catalog.errors import InvalidInput
+    from scheduler.accuracy import accuracy_png, accuracy_rows, local_records, summarize, team_records
+    from scheduler.store import default_home
+
+    if source == "local":
+        home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
+        records = local_records(home)
+    elif source == "team":
+        backend = _backend()
+        records = team_records(backend.status(j.id) for j in backend.list_jobs(limit=limit))
+    else:
+        raise InvalidInput(f"--source must be local or team, got {source!r}", path="--source")
+    rows = accuracy_rows(records)
+    if plot:
+        Path(plot).write_bytes(accuracy_png(rows))
+    summary = summarize(rows)
+    if as_json:
+        print_json({"source": source, "rows": rows, "summary": summary, "plot": plot})
+        return
+
+    def gib(v: float | None) -> str:
+        return "-" if v is None else f"{v / 2**30:.2f}"
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:+.1%}"
+
+    def rate(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}"
+
+    table = Table(title=f"predicted vs measured ({source}: {len(rows)} runs)", title_justify="left")
+    for col in ("job", "outcome", "strategy", "alloc GiB pred", "meas", "err", "tok/s pred", "meas", "err", "OOM b/o"):
+        table.add_column(col, justify="left" if col in ("job", "outcome", "strategy") else "right")
+    for r in rows:
+        table.add_row(r["job"], r["outcome"], r["strategy"] or "-", gib(r["predicted_peak_allocated_bytes"]),
+                      gib(r["measured_peak_allocated_bytes"]), pct(r["error_peak_allocated_bytes"]),
+                      rate(r["predicted_tokens_per_s"]), rate(r["measured_tokens_per_s"]),
+                      pct(r["error_tokens_per_s"]), str(r["oom_backoffs"]))
+    console.print(table)
+    for key, s in summary.items():
+        if s["n"]:
+            console.print(f"{key}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, "
+                          f"worst {s['max_abs_error']:.1%}", highlight=False)
+    if plot:
+        console.print(f"plot written to {plot}", highlight=False)
 
 
 team_app = typer.Typer(help="Teams, budgets, GPU quotas and tokens (admin).\n\nExamples:\n\n"

@@ -134,6 +134,9 @@ def load_rows(cases_path: Path, results_paths: list[Path],
 
 def predict(row: Row, gpu: GpuSpec, cal: Calibration) -> dict[str, Any]:
     c = row.case
+    # these cases were measured with PyTorch's stock allocator (docs/MEASUREMENTS.md), not with the
+    # expandable segments the workers set: predict reserved memory for the allocator that ran
+    cal = cal.model_copy(update={"memory": cal.memory.model_copy(update={"allocator": "default"})})
     if row.train:
         mem = train_memory(row.model, row.strategy, int(c["seq_len"]), gpu, cal.memory)
         thr = train_throughput(row.model, row.strategy, int(c["seq_len"]), gpu, cal.throughput)

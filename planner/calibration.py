@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,11 +31,25 @@ class MemoryCalibration(_Cal):
         default=560 * MIB, description="CUDA context + cuBLAS workspace, outside the allocator"
     )
     nccl_bytes: int = Field(default=400 * MIB, description="NCCL communicator buffers per rank when gpu_count > 1")
-    # reserved = allocated * (1 + overhead) + 2 MiB-block rounding; by execution mode
+    allocator: Literal["expandable-segments", "default"] = Field(
+        default="expandable-segments",
+        description="the CUDA caching allocator the workers run with: they set PYTORCH_CUDA_ALLOC_CONF="
+        "expandable_segments:True unless the user set it; 'default' predicts PyTorch's stock allocator")
+    # default allocator: reserved = allocated * (1 + overhead) + 2 MiB-block rounding; by execution mode
+    # (fitted on H200 runs with the stock allocator, see docs/ACCURACY.md)
     reserved_overhead: dict[str, float] = Field(
         default_factory=lambda: {"single": 0.06, "single-ckpt": 0.1, "ddp": 0.08, "fsdp": 0.35, "fsdp-grad-op": 0.25,
                                  "infer": 0.12}
     )
+    # expandable segments: one segment per stream grows by mapping pages, a large block needs no
+    # contiguous free cached block, and free pages are unmapped before an OOM is raised. Reserved is
+    # then allocated rounded up to the 20 MiB large-pool page plus the free holes cached at the peak.
+    # ASSUMED (not yet measured on the stock workers): 1% of allocated, 5% under FSDP, whose
+    # all-gather stream keeps its own segment. bench/gpu_acceptance.py measures it.
+    expandable_overhead: dict[str, float] = Field(
+        default_factory=lambda: {"single": 0.01, "single-ckpt": 0.01, "ddp": 0.01, "fsdp": 0.05,
+                                 "fsdp-grad-op": 0.05, "infer": 0.01},
+        description="reserved / allocated - 1 under expandable segments, by execution mode (assumed, see comment)")
     # under memory pressure the allocator frees cached blocks and retries: a run needs at least
     # allocated * (1 + pressure_slack) + context to survive
     pressure_slack: float = 0.02
@@ -43,8 +58,10 @@ class MemoryCalibration(_Cal):
     )
     kv_fragmentation: float = Field(default=0.3, description="inference: cached bytes per byte of final KV cache")
     plan_headroom: float = Field(
-        default=0.05, description="auto micro-batch > 1 must leave this fraction of usable memory free"
-    )
+        default=0.05, ge=0.0, le=0.5,
+        description="fraction of usable memory every plan leaves free (its fit verdict and the micro-batch "
+        "choice); resources.memory_headroom overrides it per job. 0.05 = the worst under-prediction of "
+        "peak allocated on the H200 cases (3.0%) + 2% for allocator pages and transient buffers")
     activation_scale: float = Field(default=1.0, description="multiplier on the counted saved activations")
     logits_scale: float = Field(default=1.0, description="multiplier on the counted logits/loss tensors")
     prefill_mlp_bytes: dict[str, float] = Field(

@@ -11,10 +11,13 @@ The model follows what PyTorch and Hugging Face transformers do, tensor by tenso
   with SDPA flash/efficient attention (no seq^2), or of a GPT-2 block, for each precision.
 * HF computes the loss as ``cross_entropy(logits.float())``: the fp32 copy, the saved
   log-softmax and its gradient are B*S*V*4 bytes each.
-* Reserved = allocated plus the caching allocator's fragmentation (far larger under FSDP);
-  total = reserved + CUDA context (+ NCCL buffers). ``fits`` is judged under pressure: the
-  allocator frees cached blocks before raising OOM, so a run needs allocated (+ a small slack)
-  plus context.
+* Reserved = allocated plus what the caching allocator keeps cached. Workers run it with
+  expandable segments (``cal.allocator``), which keeps that small; PyTorch's stock allocator
+  fragments far more (an H200 run held 14.6 GiB reserved but unusable and OOMed a plan whose
+  allocated bytes were right within 0.2%). total = reserved + CUDA context (+ NCCL buffers).
+* ``fits`` is judged under pressure: the allocator frees cached blocks before raising OOM, so a
+  run needs allocated (+ a small slack) plus context, and the plan must leave ``headroom`` of the
+  usable memory free so it is never on the edge (one rule for the verdict and the micro-batch).
 """
 
 from __future__ import annotations
@@ -157,18 +160,29 @@ class _Moment:
         return sum(self.parts.values())
 
 
+def reserved_overhead(cal: MemoryCalibration, mode: str) -> float:
+    """Cached-but-unallocated bytes per allocated byte at the peak, for the allocator the workers run."""
+    table = cal.expandable_overhead if cal.allocator == "expandable-segments" else cal.reserved_overhead
+    return table.get(mode, table.get("single", 0.06))
+
+
+def limit_bytes(gpu: GpuSpec, headroom: float) -> int:
+    """What a plan may need on ``gpu``: its usable memory less the headroom."""
+    return int(usable_bytes(gpu) * (1 - headroom))
+
+
 def _finish(moments: list[_Moment], mode: str, gpu: GpuSpec, gpu_count: int, cal: MemoryCalibration,
-            extra_cached: float = 0.0) -> MemoryEstimate:
+            extra_cached: float = 0.0, headroom: float | None = None) -> MemoryEstimate:
     """``extra_cached``: bytes the allocator keeps cached beyond the proportional overhead (e.g. the
-    blocks a growing KV cache leaves behind)."""
+    blocks a growing KV cache leaves behind). ``headroom``: None is the calibration's default."""
     peak = max(moments, key=lambda m: m.total)
     allocated = round_block(peak.total + cal.workspace_bytes)
-    overhead = cal.reserved_overhead.get(mode, cal.reserved_overhead.get("single", 0.06))
-    reserved = round_block(allocated * (1 + overhead) + extra_cached)
+    reserved = round_block(allocated * (1 + reserved_overhead(cal, mode)) + extra_cached)
     outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
     total = reserved + outside
     usable = usable_bytes(gpu)
     required = int(allocated * (1 + cal.pressure_slack)) + outside
+    room = cal.plan_headroom if headroom is None else headroom
     breakdown = {k: int(v) for k, v in peak.parts.items() if v > 0}
     breakdown["cublas_workspaces"] = cal.workspace_bytes
     breakdown["cuda_context"] = cal.cuda_context_bytes
@@ -183,17 +197,19 @@ def _finish(moments: list[_Moment], mode: str, gpu: GpuSpec, gpu_count: int, cal
         total_bytes=total,
         usable_bytes=usable,
         required_bytes=required,
-        fits=required <= usable,
+        fits=required <= limit_bytes(gpu, room),
+        headroom=room,
+        limit_bytes=limit_bytes(gpu, room),
         peak_moment=peak.name,
         breakdown=breakdown,
     )
 
 
 def train_memory(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
-                 cal: MemoryCalibration, pc: ParamCount | None = None) -> MemoryEstimate:
+                 cal: MemoryCalibration, pc: ParamCount | None = None, headroom: float | None = None) -> MemoryEstimate:
     """Peak memory per GPU for one training configuration."""
     moments, mode = train_moments(model, strategy, seq_len, cal, pc)
-    return _finish(moments, mode, gpu, strategy.gpu_count, cal)
+    return _finish(moments, mode, gpu, strategy.gpu_count, cal, headroom=headroom)
 
 
 def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: MemoryCalibration,
@@ -327,10 +343,10 @@ def memory_lines(model: ModelConfig, knobs: Knobs, seq_len: int, cal: MemoryCali
 
 def max_micro_batch(lines: MemoryLines, gpu_count: int, gpu: GpuSpec, cal: MemoryCalibration,
                     candidates: list[int], headroom: float) -> int | None:
-    """Largest micro-batch in ``candidates`` that fits (the first only has to fit; the others must
-    leave ``headroom``), without building estimates."""
+    """Largest micro-batch in ``candidates`` that fits within the usable memory less ``headroom``
+    (the same verdict as ``train_memory(...).fits``), without building estimates; None if none does."""
     outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
-    usable = usable_bytes(gpu)
+    limit = limit_bytes(gpu, headroom)
 
     def cap(limit: float) -> float:
         """Largest (real-valued) micro-batch whose peak stays within ``limit`` (same rounding as _finish)."""
@@ -343,11 +359,9 @@ def max_micro_batch(lines: MemoryLines, gpu_count: int, gpu: GpuSpec, cal: Memor
                 best = min(best, 1 + (budget - t1) / slope)
         return best
 
-    if cap(usable) < candidates[0]:
-        return None
-    roomy = cap(usable * (1 - headroom))
-    fitting = [mb for mb in candidates[1:] if mb <= roomy]
-    return fitting[-1] if fitting else candidates[0]
+    roomy = cap(limit)
+    fitting = [mb for mb in candidates if mb <= roomy]
+    return fitting[-1] if fitting else None
 
 
 def _linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:
@@ -363,7 +377,7 @@ def kv_cache_bytes(model: ModelConfig, batch: int, context: int, bytes_per: int 
 
 
 def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int, gpu: GpuSpec,
-                 cal: MemoryCalibration, pc: ParamCount | None = None) -> MemoryEstimate:
+                 cal: MemoryCalibration, pc: ParamCount | None = None, headroom: float | None = None) -> MemoryEstimate:
     """Peak memory per GPU for ``generate()`` with the default DynamicCache."""
     pc = pc or count_params(model)
     tp = strategy.tensor_parallel
@@ -393,4 +407,5 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
         _Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits}),
     ]
     # DynamicCache grows by torch.cat, so every step frees blocks one token too small to reuse
-    return _finish(moments, "infer", gpu, strategy.gpu_count, cal, extra_cached=cal.kv_fragmentation * kv_full)
+    return _finish(moments, "infer", gpu, strategy.gpu_count, cal, extra_cached=cal.kv_fragmentation * kv_full,
+                   headroom=headroom)

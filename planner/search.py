@@ -97,6 +97,12 @@ def _catalog_model(spec: JobSpec, catalog: Catalog) -> ModelConfig:
         raise UnknownName("model", spec.model, [m.id for m in catalog.models], path="model") from exc
 
 
+def memory_headroom(spec: JobSpec, cal: Calibration) -> float:
+    """The fraction of usable memory a plan of ``spec`` must leave free: the spec's, else the default."""
+    chosen = spec.resources.memory_headroom
+    return cal.memory.plan_headroom if chosen is None else chosen
+
+
 def _allowed_gpus(spec: JobSpec, catalog: Catalog) -> tuple[list[GpuSpec], dict[str, int | None]]:
     pins = spec.resources.accelerator_pins()
     if not pins:
@@ -170,6 +176,7 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
 
     pc = count_params(model)
     mem_cal, thr_cal = cal.memory, cal.throughput
+    headroom = memory_headroom(spec, cal)
     best: tuple[float, Knobs] | None = None
     best_amp: tuple[float, Knobs] | None = None
     smallest: tuple[float, Knobs] | None = None
@@ -189,7 +196,7 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                 lines = memo.lines.get(key)
                 if lines is None:
                     lines = memo.lines[key] = memory_lines(model, knobs, t.seq_len, mem_cal, pc)
-                mb = max_micro_batch(lines, p.count, gpu, mem_cal, mbs, mem_cal.plan_headroom)
+                mb = max_micro_batch(lines, p.count, gpu, mem_cal, mbs, headroom)
                 if mb is None:
                     need = max(c for c, _ in lines)
                     if smallest is None or need < smallest[0]:
@@ -218,12 +225,12 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     if best is None:
         assert smallest is not None
         s0 = _to_strategy(smallest[1], gpu, p)
-        m0 = train_memory(model, s0, t.seq_len, gpu, mem_cal, pc)
+        m0 = train_memory(model, s0, t.seq_len, gpu, mem_cal, pc, headroom)
         return Outcome(None, _memory_reason(m0, gpu, s0), "memory", tried)
     if best_amp is not None and best_amp[0] >= AMP_PREFERENCE * best[0]:
         best = best_amp
     strategy = _to_strategy(best[1], gpu, p)
-    memory = train_memory(model, strategy, t.seq_len, gpu, mem_cal, pc)
+    memory = train_memory(model, strategy, t.seq_len, gpu, mem_cal, pc, headroom)
     thr = train_throughput(model, strategy, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
                            network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)
     hours = t.tokens / thr.tokens_per_s / 3600
@@ -263,8 +270,14 @@ def _to_strategy(k: Knobs, gpu: GpuSpec, p: Placement) -> Strategy:
                     micro_batch=k.micro_batch, grad_accum=k.grad_accum, finetune=k.finetune, lora_rank=k.lora_rank)
 
 
+def headroom_note(m: MemoryEstimate) -> str:
+    """'136.0 GiB usable less 5% headroom': the limit a fit verdict was judged against."""
+    return f"{gib(m.usable_bytes)} usable less {m.headroom:.0%} headroom"
+
+
 def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
-    return f"needs {gib(m.required_bytes)} > {gib(m.usable_bytes)} usable on {gpu.id} (smallest: {s.label()})"
+    return (f"needs {gib(m.required_bytes)} > {gib(m.limit_bytes)} ({headroom_note(m)}) on {gpu.id} "
+            f"(smallest: {s.label()})")
 
 
 def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration) -> Outcome:
@@ -290,11 +303,12 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     smallest: tuple[MemoryEstimate, Strategy] | None = None
     tried = 0
     pc = count_params(model)
+    headroom = memory_headroom(spec, cal)
     base = Strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision="bf16", batch=inf.batch)
     for weights in ladder:
         for tp in tps:
             s = base.model_copy(update={"tensor_parallel": tp, "weights": weights})
-            m = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory, pc)
+            m = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory, pc, headroom)
             tried += 1
             if not m.fits:
                 if smallest is None or m.required_bytes < smallest[0].required_bytes:
@@ -366,7 +380,7 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
         s = _strategy(gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision=precision, optimizer=t.optimizer,
                       sharding=sharding, tensor_parallel=tp, pipeline_parallel=pp, activation_checkpointing=ckpt,
                       micro_batch=t.micro_batch or 1, finetune=t.finetune, lora_rank=t.lora_rank)
-        mem = train_memory(model, s, t.seq_len, gpu, cal.memory)
+        mem = train_memory(model, s, t.seq_len, gpu, cal.memory, headroom=memory_headroom(spec, cal))
         thr = train_throughput(model, s, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
                                network_gbps=p.network_gbps)
         return Estimate(strategy=s, memory=mem, throughput=thr, hours=t.tokens / thr.tokens_per_s / 3600)
@@ -375,7 +389,8 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     weights = inf.weights if inf.weights != "auto" else auto_weights(gpu)[-1]
     s = _strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes,
                   tensor_parallel=p.count if p.count <= 8 else 8, weights=weights, batch=inf.batch)
-    mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory)
+    mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory,
+                       headroom=memory_headroom(spec, cal))
     thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
     assert thr.requests_per_s is not None
     return Estimate(strategy=s, memory=mem, throughput=thr, hours=inf.requests / thr.requests_per_s / 3600)

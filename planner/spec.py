@@ -129,6 +129,9 @@ class Resources(_Section):
     deadline: Hours | None = Field(default=None, description="hours from submission")
     budget_usd: float | None = Field(default=None, gt=0)
     max_gpus: int = Field(default=64, ge=1, le=100_000)
+    memory_headroom: float | None = Field(
+        default=None, ge=0.0, le=0.5,
+        description="fraction of each GPU's usable memory a plan must leave free; None: the planner's default (0.05)")
 
     @model_validator(mode="before")
     @classmethod

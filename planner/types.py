@@ -81,6 +81,8 @@ class MemoryEstimate(_Value):
         default=0, description="need under memory pressure (allocated + slack + context); fits compares it"
     )
     peak_moment: str = Field(default="", description="when the peak happens, e.g. 'backward start', 'optimizer step'")
+    headroom: float = Field(default=0.0, description="fraction of usable memory the plan must leave free")
+    limit_bytes: int = Field(default=0, description="usable x (1 - headroom): fits is required_bytes <= this")
 
 
 class ThroughputEstimate(_Value):

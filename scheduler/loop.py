@@ -37,6 +37,7 @@ from catalog.errors import GpuplanError
 from planner.spec import spec_from_dict
 from planner.types import Candidate, Strategy
 from scheduler import ledger, logbook
+from scheduler.accuracy import attempt_metrics
 from scheduler.models import Attempt, Job
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState
@@ -183,7 +184,7 @@ class Scheduler:
                 self._lose(attempt, "the executor no longer knows this attempt", report)
             elif status.state.finished:
                 self._copy_logs(attempt)  # the lines written since the first copy of this tick
-                self._finish(attempt.id, status.state.value, status.message, report)
+                self._finish(attempt.id, status.state.value, status.message, report, status)
                 self._release(attempt.handle)
 
     def _release(self, handle: str) -> None:
@@ -218,7 +219,8 @@ class Scheduler:
             return
         self._copied[attempt.id] = start + len(lines)
 
-    def _finish(self, attempt_id: int | None, outcome: str, message: str, report: TickReport) -> None:
+    def _finish(self, attempt_id: int | None, outcome: str, message: str, report: TickReport,
+                status: RunStatus | None = None) -> None:
         if attempt_id is not None:
             self._copied.pop(attempt_id, None)
         now = self.clock()
@@ -228,6 +230,8 @@ class Scheduler:
                 return  # closed already (another tick, or a crash replay): never charge twice
             job = session.get(Job, attempt.job_id)
             assert job is not None
+            if status is not None:  # predicted vs measured, kept with the attempt (failed ones too)
+                attempt.metrics = attempt_metrics(status, job.plan)
             ledger.close_attempt(session, attempt, job, now, outcome, message)
             report.finished[job.id] = outcome
             state = JobState(job.state)

@@ -187,6 +187,9 @@ class Attempt(SQLModel, table=True):
     ended_at: datetime | None = _ts(nullable=True, index=True)
     outcome: str | None = Field(default=None, max_length=16)
     message: str = Field(default="", max_length=2000)
+    metrics: dict[str, Any] | None = Field(
+        default=None, sa_column=Column(JSON, nullable=True),
+        description="predicted vs measured (scheduler.accuracy.attempt_metrics); None if the attempt reported none")
 
 
 class JobLog(SQLModel, table=True):
@@ -212,6 +215,9 @@ class AttemptPublic(SQLModel):
     ended_at: datetime | None
     outcome: str | None
     message: str
+    metrics: dict[str, Any] | None = Field(
+        default=None, description="'measured' and 'predicted' peak allocated/reserved bytes, tokens/s, checkpoint "
+        "save s, and 'oom_backoffs' (each halving of the micro-batch after a CUDA OOM)")
 
 
 class Event(SQLModel, table=True):

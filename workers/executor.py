@@ -59,6 +59,8 @@ class RunStatus:
     progress: RunProgress = field(default_factory=RunProgress)
     message: str = ""  # why it failed / was preempted / is pending
     metrics: dict[str, float] = field(default_factory=dict)  # measured peak memory, tokens/s, ...
+    # each CUDA OOM the worker survived by halving the micro-batch: step, from/to micro_batch and grad_accum
+    oom_backoffs: list[dict[str, int]] = field(default_factory=list)
 
 
 @runtime_checkable

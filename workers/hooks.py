@@ -38,5 +38,9 @@ class TrainHooks:
     def fault(self, step: int, where: str) -> None:
         """Test hook: raise here to simulate the process dying at this point of the step."""
 
+    def before_forward(self, step: int, micro_batch: int) -> None:
+        """Test hook, before each micro-batch's forward pass: raise ``torch.OutOfMemoryError`` here to
+        play a step that runs out of GPU memory (the loop then halves the micro-batch)."""
+
     def checkpoint_file(self, relpath: str) -> None:
         """Called after each file of a checkpoint save is written (tests kill a save here)."""

@@ -35,6 +35,9 @@ def _lines_written(outputs: Path) -> int:
 
 def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: Callable[[dict[str, Any]], None],
                       on_log: Callable[[str], None], cpu_threads: int | None = None) -> dict[str, Any]:
+    from workers.cuda_env import configure_allocator
+
+    configure_allocator()  # before torch touches CUDA (workers.infer builds the model)
     from workers.infer import run_infer_spec
 
     if cpu_threads and device == "cpu":

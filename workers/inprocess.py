@@ -19,7 +19,7 @@ from catalog.errors import GpuplanError, Infeasible
 from workers.executor import RunRequest, RunState, RunStatus
 from workers.hooks import Signal, StopReason, TrainHooks
 from workers.placement import infeasibility
-from workers.progress import ProgressTracker, result_metrics
+from workers.progress import ProgressTracker, result_backoffs, result_metrics
 from workers.train import TrainJob, run_training
 
 Predictor = Callable[[RunRequest], dict[str, float]]
@@ -148,9 +148,10 @@ class InProcessExecutor:
         attempt = self._get(handle)
         state = attempt.state
         tracker = attempt.tracker
-        metrics = result_metrics(tracker.result(), tracker.resumes) if state.finished else {}
+        result = tracker.result() if state.finished else None
+        metrics = result_metrics(result, tracker.resumes) if state.finished else {}
         return RunStatus(handle=handle, state=state, progress=tracker.progress(), message=attempt.message,
-                         metrics=metrics)
+                         metrics=metrics, oom_backoffs=result_backoffs(result))
 
     def logs(self, handle: str, since: int = 0) -> list[str]:
         return self._get(handle).tracker.logs(since)

@@ -54,7 +54,7 @@ class ProgressTracker:
                 self._first_step_after_start.setdefault(self._starts, time.time())
             elif kind == "checkpoint":
                 p.checkpoints += 1
-            elif kind == "finished":
+            elif kind in ("finished", "failed"):  # a failed run reports what it measured up to the failure
                 self._result = dict(event)
                 p.step = int(event.get("steps", p.step))
                 p.tokens = int(event.get("tokens", p.tokens))
@@ -128,6 +128,9 @@ def result_metrics(result: dict[str, Any] | None, resumes: int) -> dict[str, flo
         "checkpoint_save_s": result.get("checkpoint_save_s"),
         "wall_s": result.get("wall_s"),
         "world_size": result.get("world_size"),
+        "micro_batch": result.get("micro_batch"),
+        "grad_accum": result.get("grad_accum"),
+        "oom_backoffs": len(result.get("oom_backoffs") or []),
     }
     for key, value in measured.items():
         if isinstance(value, int | float):
@@ -136,3 +139,9 @@ def result_metrics(result: dict[str, Any] | None, resumes: int) -> dict[str, flo
         if isinstance(value, int | float):
             metrics[f"predicted_{key}"] = float(value)
     return metrics
+
+
+def result_backoffs(result: dict[str, Any] | None) -> list[dict[str, int]]:
+    """The OOM back-offs a run recorded: step, from/to micro_batch and grad_accum, in order."""
+    backoffs = (result or {}).get("oom_backoffs") or []
+    return [{k: int(v) for k, v in b.items()} for b in backoffs if isinstance(b, dict)]

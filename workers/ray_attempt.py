@@ -40,6 +40,7 @@ import ray
 
 from catalog.errors import GpuplanError
 from planner.types import Strategy
+from workers.cuda_env import allocator_env
 from workers.executor import RunProgress, RunRequest, RunState
 from workers.placement import infeasibility, node_labels, placement_for
 from workers.ray_loop import ProgressActor, ray_infer_task, ray_train_loop
@@ -326,7 +327,9 @@ def attempt_driver(request: RunRequest, settings: DriverSettings, handle: str, n
     """
     from ray.train.v2._internal.constants import get_env_vars_to_propagate
 
-    env = {**get_env_vars_to_propagate(), START_TIMEOUT_ENV: str(settings.start_timeout_s)}
+    # the allocator setting travels too (the submitter's own value if it set one): Ray Train's workers
+    # inherit it and have it before they initialise CUDA
+    env = {**get_env_vars_to_propagate(), START_TIMEOUT_ENV: str(settings.start_timeout_s), **allocator_env()}
     cls = ray.remote(AttemptDriver)
     return cls.options(
         name=handle, namespace=namespace, lifetime="detached", num_cpus=0, max_restarts=0, max_concurrency=16,

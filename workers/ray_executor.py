@@ -54,7 +54,7 @@ import ray
 
 from catalog.errors import ExecutionError, Infeasible, NotFound
 from workers.executor import RunProgress, RunRequest, RunState, RunStatus
-from workers.progress import result_metrics
+from workers.progress import result_backoffs, result_metrics
 from workers.ray_attempt import (
     NAMESPACE,
     DriverSettings,
@@ -203,7 +203,9 @@ class RayExecutor:
         metrics = result_metrics(snapshot.get("result"), int(snapshot.get("resumes", 0))) if state.finished else {}
         if not state.finished:
             metrics = {"resumes": float(snapshot.get("resumes", 0))}
-        return RunStatus(handle=handle, state=state, progress=progress, message=message, metrics=metrics)
+        backoffs = result_backoffs(snapshot.get("result")) if state.finished else []
+        return RunStatus(handle=handle, state=state, progress=progress, message=message, metrics=metrics,
+                         oom_backoffs=backoffs)
 
     def logs(self, handle: str, since: int = 0) -> list[str]:
         try:

@@ -88,6 +88,9 @@ def ray_train_loop(config: dict[str, Any]) -> dict[str, Any]:
     """``train_loop_per_worker``: the same loop as bare runs, with Ray's hooks."""
     import ray.train
 
+    from workers.cuda_env import configure_allocator
+
+    configure_allocator()  # the driver's runtime env normally brings it; this covers a bare worker
     rank = ray.train.get_context().get_world_rank()
     if rank == 0:  # before torch and transformers load: recovery time splits here
         config["progress"].event.remote({"event": "booting"})
@@ -113,6 +116,9 @@ def ray_infer_task(request: RunRequest, progress: Any, use_gpu: bool, cpu_thread
     ``{"error": ...}`` rather than raised: Ray retries the task only when its process or node is
     lost, and the retry resumes from the outputs file.
     """
+    from workers.cuda_env import configure_allocator
+
+    configure_allocator()
     import torch
 
     from workers.infer_job import run_infer_attempt

@@ -78,9 +78,11 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
                          "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
                          "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours}
             if not est.memory.fits:
+                m = est.memory
                 raise InvalidInput(f"the job does not fit on this machine's {gpu.id}: needs "
-                                   f"{est.memory.total_bytes / 2**30:.1f} GiB of {est.memory.usable_bytes / 2**30:.1f}"
-                                   " GiB usable", hint="see gpuplan plan for placements that fit")
+                                   f"{m.required_bytes / 2**30:.1f} GiB of {m.limit_bytes / 2**30:.1f} GiB "
+                                   f"({m.usable_bytes / 2**30:.1f} GiB usable less {m.headroom:.0%} headroom)",
+                                   hint="see gpuplan plan for placements that fit, or lower resources.memory_headroom")
             return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
                              note=f"planned for the local {gpu.id}")
     strategy = cpu_strategy(spec)
@@ -147,6 +149,9 @@ class LocalRun:
         def num(key: str) -> float | None:
             return m.get(key)
 
+        def predicted(key: str) -> float | None:  # the plan's, even when the run failed before reporting
+            return m.get(f"predicted_{key}", self.plan.predicted.get(key))
+
         return {
             "job": self.job_id,
             "status": self.status.state.value,
@@ -172,11 +177,14 @@ class LocalRun:
                 "tokens_per_s": num("measured_tokens_per_s"),
                 "wall_tokens_per_s": num("measured_wall_tokens_per_s"),
                 "checkpoint_save_s": num("checkpoint_save_s"),
+                "micro_batch": num("micro_batch"),
+                "grad_accum": num("grad_accum"),
             },
+            "oom_backoffs": self.status.oom_backoffs,
             "predicted": {
-                "peak_allocated_bytes": num("predicted_peak_allocated_bytes"),
-                "peak_reserved_bytes": num("predicted_peak_reserved_bytes"),
-                "tokens_per_s": num("predicted_tokens_per_s"),
+                "peak_allocated_bytes": predicted("peak_allocated_bytes"),
+                "peak_reserved_bytes": predicted("peak_reserved_bytes"),
+                "tokens_per_s": predicted("tokens_per_s"),
             },
             "note": self.plan.note,
             "task": self.plan.strategy.task,
@@ -188,6 +196,9 @@ def run_local(spec: JobSpec, *, checkpoint_dir: Path | None = None, resume: bool
               on_status: Callable[[RunStatus], None] | None = None, poll_s: float = 0.5,
               home: Path | None = None) -> LocalRun:
     """Run ``spec`` here to the end; ``on_status`` sees every poll (the CLI draws its progress bar)."""
+    from workers.cuda_env import configure_allocator
+
+    configure_allocator()  # before detecting the local GPU initialises CUDA in this process
     home = home or default_home()
     job_id = spec.name
     ckpt = (checkpoint_dir or home / "checkpoints" / job_id).expanduser().resolve()

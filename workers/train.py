@@ -16,6 +16,7 @@ Nothing here imports Ray: the Ray glue passes hooks in.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import resource
 import threading
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from catalog.errors import GpuplanError, InvalidInput
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
+from workers.cuda_env import configure_allocator
 from workers.data import DataLayout, TokenSource, tokenizer_dir
 from workers.hooks import TrainHooks
 from workers.model import (
@@ -69,7 +71,7 @@ class TrainJob:
 
 @dataclass
 class TrainResult:
-    status: Literal["succeeded", "preempted", "cancelled"]
+    status: Literal["succeeded", "preempted", "cancelled", "failed"]
     steps: int
     total_steps: int
     tokens: int
@@ -88,6 +90,11 @@ class TrainResult:
     predicted: dict[str, float]
     device: str
     world_size: int
+    micro_batch: int = 0  # what the loop ran at the end (the plan's, unless an OOM halved it)
+    grad_accum: int = 0
+    oom_backoffs: list[dict[str, int]] = field(default_factory=list)  # step, from/to micro_batch and grad_accum
+    cuda_alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF the run had
+    error: str | None = None  # set on the measurements of a run that failed
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -228,6 +235,7 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
 
     hooks = hooks or TrainHooks()
     started = time.perf_counter()
+    alloc_conf = configure_allocator()  # before the first CUDA call: the allocator reads it at init
     train, strategy = job.train, job.strategy
     rank, world = _world()
     device = pick_device(job.device)
@@ -267,7 +275,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
         resumed_from = loaded.step
     log = hooks.on_log if rank == 0 else (lambda _line: None)
     log(f"job {job.job_id}: {source.config.id} on {world} x {device.type}, {strategy.label()}, "
-        f"{steps} steps of {layout.sequences_per_step * train.seq_len} tokens, data: {data.description}"
+        f"{steps} steps of {layout.sequences_per_step * train.seq_len} tokens, data: {data.description}, "
+        f"PYTORCH_CUDA_ALLOC_CONF={alloc_conf}"
         + (f"; resumed from the checkpoint of step {resumed_from}" if resumed_from is not None else ""))
     if rank == 0:
         hooks.on_progress({"event": "started", "step": step, "total_steps": steps, "tokens": tokens,
@@ -309,33 +318,95 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
         last_saved = at
 
     noticed = False
+    micro, accum = strategy.micro_batch, strategy.grad_accum
+    backoffs: list[dict[str, int]] = []
+
+    def accumulate() -> torch.Tensor:
+        """Forward and backward of the step's ``accum`` micro-batches; the gradients add up in .grad."""
+        total_loss = torch.zeros((), device=device)
+        for a in range(accum):
+            first = position + (a * world + rank) * micro
+            batch = data.batch(first, micro).to(device, non_blocking=True)
+            last = a == accum - 1
+            hooks.before_forward(step, micro)
+            with _set_grad_sync(model, sharded, last or world == 1):
+                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                    enabled=autocast_dtype is not None):
+                    # the mean over this micro-batch's tokens / accum: with equal-length sequences the sum
+                    # over micro-batches is the step's mean, whatever the split (what makes a back-off exact)
+                    loss = model(input_ids=batch, labels=batch).loss / accum
+                hooks.fault(step, "forward")
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            total_loss += loss.detach().float()
+        return total_loss
+
+    def measure(status: Literal["succeeded", "preempted", "cancelled", "failed"],
+                error: str | None = None) -> TrainResult:
+        wall = time.perf_counter() - started
+        loop_s = time.perf_counter() - loop_began if loop_began is not None else 0.0
+        peak_alloc = peak_reserved = peak_rss = None
+        if device.type == "cuda":
+            peak_alloc = torch.cuda.max_memory_allocated(device)
+            peak_reserved = torch.cuda.max_memory_reserved(device)
+            if world > 1 and error is None:  # a failing rank cannot count on the others joining a collective
+                peaks = torch.tensor([peak_alloc, peak_reserved], device=device)
+                dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+                peak_alloc, peak_reserved = int(peaks[0]), int(peaks[1])
+        else:
+            peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        return TrainResult(
+            status=status, steps=step, total_steps=steps, tokens=tokens, final_loss=loss_value,
+            checkpoints_written=checkpoints, resumed_from_step=resumed_from,
+            tokens_per_s=attempt_tokens / wall if attempt_tokens else None,
+            steady_tokens_per_s=steady_tokens / steady_s if steady_s > 0 else None,
+            loop_tokens_per_s=loop_tokens / loop_s if loop_tokens and loop_s > 0 else None,
+            wall_s=wall, checkpoint_save_s=writer.write_s, checkpoint_blocking_s=save_s,
+            peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved,
+            peak_rss_bytes=peak_rss, predicted=dict(job.predicted), device=str(device.type), world_size=world,
+            micro_batch=micro, grad_accum=accum, oom_backoffs=list(backoffs), cuda_alloc_conf=alloc_conf,
+            error=error,
+        )
+
     try:
         while step < steps:
             step_began = time.perf_counter()
-            total_loss = torch.zeros((), device=device)
-            for accum in range(strategy.grad_accum):
-                first = position + (accum * world + rank) * strategy.micro_batch
-                batch = data.batch(first, strategy.micro_batch).to(device, non_blocking=True)
-                last = accum == strategy.grad_accum - 1
-                with _set_grad_sync(model, sharded, last or world == 1):
-                    with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                        enabled=autocast_dtype is not None):
-                        loss = model(input_ids=batch, labels=batch).loss / strategy.grad_accum
-                    hooks.fault(step, "forward")
-                    if scaler is not None:
-                        scaler.scale(loss).backward()
-                    else:
-                        loss.backward()
-                total_loss += loss.detach().float()
+            out_of_memory = ""
+            try:
+                total_loss = accumulate()
+            except torch.OutOfMemoryError as exc:
+                out_of_memory = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
+            if out_of_memory:  # outside the handler: the exception's frames (and their tensors) are gone
+                before = (micro, accum)
+                micro, accum = _back_off(step, micro, accum, world, out_of_memory)
+                optimizer.zero_grad(set_to_none=True)  # the partial step's gradients; the step is redone
+                _free_memory(device)
+                backoffs.append({"step": step + 1, "from_micro_batch": before[0], "to_micro_batch": micro,
+                                 "from_grad_accum": before[1], "to_grad_accum": accum})
+                log(f"step {step + 1}: CUDA out of memory at micro-batch {before[0]}; retrying the step at "
+                    f"micro-batch {micro} x {accum} accumulation steps (same global batch: "
+                    f"{micro * accum * world} sequences)")
+                if rank == 0:
+                    hooks.on_progress({"event": "oom_backoff", **backoffs[-1]})
+                continue
             hooks.fault(step, "backward")
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
+            try:
+                if scaler is not None:
+                    scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+            except torch.OutOfMemoryError as exc:
+                raise GpuplanError(
+                    f"CUDA ran out of memory in the optimizer step of step {step + 1} ({exc}); a smaller "
+                    "micro-batch does not shrink the optimizer's memory",
+                    hint="raise resources.memory_headroom, or use a lighter optimizer (adamw-8bit, adafactor), "
+                    "lora, or more GPUs with fsdp sharding") from None
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             hooks.fault(step, "optimizer")
@@ -385,36 +456,43 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
             log(f"step {step}: spot notice (node taken at {when} UTC); just-in-time checkpoint saved, waiting to move")
             _wait_for_teardown(signal.deadline)
         writer.wait()  # the last checkpoints are durable before the run reports success
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(BaseException):  # keep the original error; a real crash loses the write
             writer.wait()
+        if rank == 0 and isinstance(exc, Exception):
+            with contextlib.suppress(Exception):  # what it measured up to the failure, next to the prediction
+                hooks.on_progress({"event": "failed", **measure("failed", str(exc) or type(exc).__name__).to_dict()})
         raise
 
-    wall = time.perf_counter() - started
-    loop_s = time.perf_counter() - loop_began if loop_began is not None else 0.0
-    peak_alloc = peak_reserved = peak_rss = None
-    if device.type == "cuda":
-        peak_alloc = torch.cuda.max_memory_allocated(device)
-        peak_reserved = torch.cuda.max_memory_reserved(device)
-        if world > 1:
-            peaks = torch.tensor([peak_alloc, peak_reserved], device=device)
-            dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-            peak_alloc, peak_reserved = int(peaks[0]), int(peaks[1])
-    else:
-        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    result = TrainResult(
-        status=status, steps=step, total_steps=steps, tokens=tokens, final_loss=loss_value,
-        checkpoints_written=checkpoints, resumed_from_step=resumed_from,
-        tokens_per_s=attempt_tokens / wall if attempt_tokens else None,
-        steady_tokens_per_s=steady_tokens / steady_s if steady_s > 0 else None,
-        loop_tokens_per_s=loop_tokens / loop_s if loop_tokens and loop_s > 0 else None,
-        wall_s=wall, checkpoint_save_s=writer.write_s, checkpoint_blocking_s=save_s,
-        peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved,
-        peak_rss_bytes=peak_rss, predicted=dict(job.predicted), device=str(device.type), world_size=world,
-    )
+    result = measure(status)
     if rank == 0:
         hooks.on_progress({"event": "finished", **result.to_dict()})
     return result
+
+
+def _back_off(step: int, micro: int, accum: int, world: int, why: str) -> tuple[int, int]:
+    """The next (micro_batch, grad_accum) after an OOM: half the micro-batch, twice the accumulation,
+    so every optimizer step still sees the same sequences with the same loss scaling."""
+    if world > 1:
+        raise GpuplanError(
+            f"CUDA ran out of memory at step {step + 1} on a {world}-GPU run ({why}); the micro-batch is halved "
+            "automatically only on one GPU, where no other rank waits in a collective",
+            hint="lower train.micro_batch or raise resources.memory_headroom and resubmit")
+    if micro <= 1:
+        raise GpuplanError(
+            f"CUDA ran out of memory at step {step + 1} at micro-batch 1 ({why}): the job does not fit this GPU "
+            "even at the smallest micro-batch",
+            hint="use activation_checkpointing, lora, a smaller seq_len, or a bigger GPU (see gpuplan plan)")
+    # the largest divisor of the micro-batch up to its half, so accumulation keeps the global batch exactly
+    half = max(d for d in range(1, micro // 2 + 1) if micro % d == 0)
+    return half, accum * (micro // half)
+
+
+def _free_memory(device: torch.device) -> None:
+    """Give the failed step's blocks back so the retry starts from the weights and optimizer state alone."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _wait_for_teardown(deadline: float) -> None:

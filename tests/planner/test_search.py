@@ -57,7 +57,7 @@ def test_memory_rejections_say_needs_x_gib_gt_usable() -> None:
     p = plan(job(), CAT)
     mem = [r for r in p.rejections if r.constraint == "memory"]
     assert mem, "an 8B full fine-tune cannot fit on one L4 or V100"
-    assert all("GiB >" in r.reason and "usable on" in r.reason for r in mem)
+    assert all("GiB >" in r.reason and "usable less 5% headroom" in r.reason for r in mem)
     assert all(r.reason for r in p.rejections)
     groups = dict((k, n) for k, n, _ in summarize_rejections(p.rejections))
     assert groups["memory"] == len(mem)
@@ -183,6 +183,48 @@ def test_plan_invariants(model: str, seq: int, tokens: float, finetune: str, dea
         if spot == "always":
             assert c.cost.market == "spot"
     assert all(r.reason and r.constraint for r in p.rejections)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    model=st.sampled_from(["gpt2", "llama-3.2-1b", "llama-3-8b", "llama-2-13b"]),
+    task=st.sampled_from(["train", "infer"]),
+    seq=st.sampled_from([512, 2048, 8192]),
+    finetune=st.sampled_from(["full", "lora"]),
+    headroom=st.none() | st.floats(0.0, 0.5),
+)
+def test_a_chosen_plan_always_leaves_the_headroom(model: str, task: str, seq: int, finetune: str,
+                                                  headroom: float | None) -> None:
+    resources: dict[str, Any] = {} if headroom is None else {"memory_headroom": headroom}
+    if task == "train":
+        spec = job(model=model, train={"seq_len": seq, "finetune": finetune}, resources=resources)
+    else:
+        spec = spec_from_dict({"name": "t", "task": "infer", "model": model, "resources": resources,
+                               "infer": {"prompt_tokens": seq, "output_tokens": 128, "batch": 64}})
+    want = 0.05 if headroom is None else headroom
+    try:
+        p = plan(spec, CAT)
+    except NoFeasiblePlan as exc:
+        assert f"less {want:.0%} headroom" in str(exc) or "removed the last" in str(exc)
+        return
+    for c in p.candidates:
+        mem = c.estimate.memory
+        assert mem.headroom == want and mem.fits
+        assert mem.required_bytes <= mem.usable_bytes * (1 - want)
+    for r in p.rejections:
+        if r.constraint == "memory":
+            assert f"less {want:.0%} headroom" in r.reason
+
+
+def test_memory_headroom_is_validated_and_changes_the_choice() -> None:
+    with pytest.raises(InvalidInput, match="memory_headroom"):
+        job(resources={"memory_headroom": 0.9})
+    roomy = plan(job(model="llama-3.2-1b", resources={"accelerators": ["H200:1"], "memory_headroom": 0.0}), CAT)
+    tight = plan(job(model="llama-3.2-1b", resources={"accelerators": ["H200:1"], "memory_headroom": 0.4}), CAT)
+    assert roomy.chosen is not None and tight.chosen is not None
+    assert tight.chosen.estimate.memory.required_bytes <= tight.chosen.estimate.memory.usable_bytes * 0.6
+    a, b = roomy.chosen.estimate.strategy, tight.chosen.estimate.strategy
+    assert (a.micro_batch, a.activation_checkpointing) != (b.micro_batch, b.activation_checkpointing)
 
 
 @settings(max_examples=15, deadline=None)

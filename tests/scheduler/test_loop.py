@@ -107,6 +107,34 @@ def test_failures_retry_with_exponential_backoff_then_fail(svc: SchedulerService
     assert len(detail.attempt_list) == 3 and len(spends(store)) == 3
 
 
+def test_every_closed_attempt_keeps_what_it_measured_next_to_the_prediction(svc: SchedulerService, store: Store,
+                                                                            clock: FakeClock) -> None:
+    ml = team(svc)
+    job = svc.submit(ml, JobCreate(spec=spec_dict()))
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock, backoff_base_s=0)
+    loop.tick()
+    # a failure keeps what it measured up to the failure; a success its whole run and its OOM back-off
+    ex.finish(ex.handle_of(job.id), RunState.FAILED, {"measured_peak_allocated_bytes": 3e9, "steps": 7.0})
+    loop.tick()
+    loop.tick()
+    backoff = {"step": 3, "from_micro_batch": 4, "to_micro_batch": 2, "from_grad_accum": 1, "to_grad_accum": 2}
+    ex.finish(ex.handle_of(job.id), RunState.SUCCEEDED,
+              {"measured_peak_allocated_bytes": 2e9, "measured_peak_reserved_bytes": 2.1e9,
+               "measured_tokens_per_s": 900.0, "checkpoint_save_s": 1.5, "micro_batch": 2.0, "grad_accum": 2.0,
+               "oom_backoffs": 1.0}, [backoff])
+    loop.tick()
+    failed, done = svc.status(ml, job.id).attempt_list
+    assert failed.outcome == "failed" and failed.metrics is not None
+    assert failed.metrics["measured"]["peak_allocated_bytes"] == 3e9 and failed.metrics["measured"]["steps"] == 7.0
+    assert failed.metrics["measured"]["tokens_per_s"] is None
+    assert failed.metrics["predicted"]["peak_allocated_bytes"] == 1  # toy_plan's chosen estimate
+    assert failed.metrics["predicted"]["tokens_per_s"] == 1000.0
+    assert done.metrics is not None and done.metrics["oom_backoffs"] == [backoff]
+    assert done.metrics["measured"]["tokens_per_s"] == 900.0 and done.metrics["measured"]["micro_batch"] == 2.0
+    assert done.metrics["measured"]["checkpoint_save_s"] == 1.5
+
+
 def test_cancel_stops_the_live_attempt_and_charges_it(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
     ml = team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict()))

@@ -60,3 +60,11 @@ def test_real_training_is_preempted_requeued_and_resumes_from_its_checkpoint(sto
     resumed = ex.status(second).progress.resumed_from_step
     assert resumed is not None and resumed >= 2
     assert any("attempt 2" in line for line in svc.logs(me, job.id).lines)
+    # both attempts keep what they measured (the preempted one up to its checkpoint) next to the plan's prediction
+    for attempt in detail.attempt_list:
+        assert attempt.metrics is not None
+        assert attempt.metrics["predicted"]["tokens_per_s"] == 100.0
+        assert attempt.metrics["measured"]["steps"] > 0 and attempt.metrics["measured"]["micro_batch"] == 2
+        assert attempt.metrics["oom_backoffs"] == []
+    assert detail.attempt_list[1].metrics is not None
+    assert detail.attempt_list[1].metrics["measured"]["checkpoint_save_s"] > 0

@@ -12,7 +12,7 @@ from sqlmodel import select
 
 from catalog.errors import Conflict, ExternalServiceError, InvalidInput
 from scheduler import logbook
-from scheduler.models import Event, Job, Team, metadata
+from scheduler.models import Attempt, Event, Job, Team, metadata
 from scheduler.states import JobState
 from scheduler.store import Store, database_url, transition
 
@@ -65,6 +65,44 @@ def test_upgrade_keeps_existing_data(db_url: str) -> None:
             assert logbook.read(session, "j-1") == [
                 "2026-01-01T00:00:00Z - -> pending: old", "2026-01-01T00:00:00Z pending -> queued: old",
                 "2026-01-01T00:00:00Z queued -> succeeded: old"]
+    finally:
+        new.dispose()
+
+
+def test_upgrade_to_attempt_metrics_keeps_old_attempts_without_metrics(db_url: str) -> None:
+    old = Store(db_url)
+    old.migrate("0004")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    with old.engine.begin() as conn:
+        conn.execute(text("INSERT INTO team (id, name, created_at) VALUES (1, 'ml', :t)"), {"t": now})
+        conn.execute(text(
+            "INSERT INTO job (id, team_id, name, spec, spec_hash, plan, state, priority, estimated_usd, "
+            "estimated_hours, gpus, gpu, market, usd_per_h, attempts, max_attempts, checkpoint_uri, message, "
+            "created_at, updated_at) VALUES ('j-1', 1, 'old', '{}', 'h', '{}', 'succeeded', 0, 1, 1, 1, 'H100', "
+            "'spot', 2.5, 1, 3, '/c', '', :t, :t)"), {"t": now})
+        conn.execute(text("INSERT INTO attempt (id, job_id, number, market, usd_per_h, started_at, outcome, message) "
+                          "VALUES (1, 'j-1', 1, 'spot', 2.5, :t, 'succeeded', 'done')"), {"t": now})
+    old.dispose()
+    new = Store(db_url)
+    new.migrate()
+    try:
+        with new.write() as session:
+            attempt = session.get(Attempt, 1)
+            assert attempt is not None and attempt.outcome == "succeeded" and attempt.metrics is None
+            attempt.metrics = {"measured": {"tokens_per_s": 5.0}, "predicted": {}, "oom_backoffs": []}
+            session.add(attempt)
+        with new.read() as session:
+            kept = session.get(Attempt, 1)
+            assert kept is not None and kept.metrics == {"measured": {"tokens_per_s": 5.0}, "predicted": {},
+                                                         "oom_backoffs": []}
+        from alembic import command
+
+        cfg = new.alembic_config()
+        with new.engine.begin() as conn:  # and back down
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0004")
+        with new.engine.connect() as conn:
+            assert "metrics" not in {c["name"] for c in inspect(conn).get_columns("attempt")}
     finally:
         new.dispose()
 

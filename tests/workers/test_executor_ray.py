@@ -43,6 +43,8 @@ def test_runs_a_cpu_job_and_reports_progress(ray_cluster: Any, tmp_path: Path) -
     assert status.metrics["steps"] == 6 and status.metrics["resumes"] == 0
     logs = executor.logs(handle)
     assert any("step 6/6" in line for line in logs)
+    # the Ray Train worker ran with the allocator setting the workers default to
+    assert any("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in line for line in logs)
     assert executor.active() == [] and executor.held() == [handle]  # kept until the outcome is recorded
     # Another process (a restarted scheduler) sees the same attempt through Ray, not through memory.
     other = _executor(tmp_path)
