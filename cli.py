@@ -785,9 +785,9 @@ def export_command(
         print_json({**result, "note": note})
         return
     what = {"model": "model", "adapter": f"peft adapter on {result['base']}", "merged": "merged model"}
-    console.print(f"[bold green]exported[/] step {result['step']} of {result['job'] or source} as a "
-                  f"{what[result['kind']]} to {result['out']}"
-                  + (" (with its tokenizer)" if result["tokenizer"] else ""), highlight=False)
+    console.print(styled(("exported", "bold green"), f" step {result['step']} of {result['job'] or source} as a "
+                         f"{what[result['kind']]} to {result['out']}"
+                         + (" (with its tokenizer)" if result["tokenizer"] else "")), highlight=False)
 
 
 def _export_source(source: str) -> tuple[str, str | None]:
