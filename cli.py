@@ -534,8 +534,8 @@ def _chosen_line(chosen: Any) -> str:
         extra += f", {chosen.cost.deadline_probability:.0%} chance to meet the deadline"
     return (f"{e.strategy.label()} on {chosen.offer.cloud} {chosen.offer.instance_type} ({chosen.offer.region}, "
             f"{chosen.cost.market}): {chosen.cost.hours:,.1f} h, ${chosen.cost.usd:,.0f}, needs "
-            f"{_gib(e.memory.required_bytes)} of {_gib(e.memory.limit_bytes)} GiB ({_gib(e.memory.usable_bytes)} GiB usable "
-            f"less {e.memory.headroom:.0%} headroom){extra}")
+            f"{_gib(e.memory.required_bytes)} of {_gib(e.memory.limit_bytes)} GiB "
+            f"({_gib(e.memory.usable_bytes)} GiB usable less {e.memory.headroom:.0%} headroom){extra}")
 
 
 DOES_NOT_FIT_EXIT = NoFeasiblePlan.exit_code  # `estimate` when the placement does not fit: 3, as `plan` with no plan
