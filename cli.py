@@ -953,17 +953,23 @@ def team_quota_command(name: str = typer.Argument(...), gpus: str = typer.Argume
 @handle_errors
 def team_token_command(name: str = typer.Argument(...),
                        revoke: int | None = typer.Option(None, "--revoke", help="Revoke this token id instead."),
+                       list_them: bool = typer.Option(False, "--list", help="List the team's token ids instead."),
                        label: str = typer.Option("default", "--name", help="A label for the new token."),
                        as_json: bool = JSON_OPTION) -> None:
-    """Issue a team token (shown once) or revoke one.
+    """Issue a team token (shown once), list the team's tokens, or revoke one of them.
 
     Examples:
 
       gpuplan team token ml
 
+      gpuplan team token ml --list
+
       gpuplan team token ml --revoke 3
     """
     backend = _backend(admin=True)
+    if list_them:
+        _print_tokens(backend.list_tokens(name), name, as_json)
+        return
     if revoke is not None:
         row = backend.revoke_token(name, revoke)
         if as_json:
@@ -977,6 +983,21 @@ def team_token_command(name: str = typer.Argument(...),
         return
     console.print(f"token {created.id} for team {name} (shown once, store it now):", highlight=False)
     sys.stdout.write(created.token + "\n")
+
+
+def _print_tokens(tokens: list[Any], team: str, as_json: bool) -> None:
+    from rich.table import Table
+
+    if as_json:
+        print_json(tokens)
+        return
+    table = Table(title=f"tokens of team {team}")
+    for col in ("id", "name", "created", "revoked"):
+        table.add_column(col)
+    for t in tokens:
+        table.add_row(str(t.id), t.name, f"{t.created_at:%Y-%m-%d %H:%M}",
+                      f"{t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "-")
+    console.print(table)
 
 
 @team_app.command("list")

@@ -49,6 +49,7 @@ class Backend(Protocol):
     def list_teams(self) -> list[TeamPublic]: ...
     def create_token(self, team: str, name: str = "default") -> ApiTokenCreated: ...
     def revoke_token(self, team: str, token_id: int) -> ApiTokenPublic: ...
+    def list_tokens(self, team: str) -> list[ApiTokenPublic]: ...
 
 
 def _window(since: str) -> timedelta:
@@ -107,7 +108,10 @@ class LocalClient:
         return self.service.create_token(self.admin, team, name)
 
     def revoke_token(self, team: str, token_id: int) -> ApiTokenPublic:
-        return self.service.revoke_token(self.admin, token_id)
+        return self.service.revoke_token(self.admin, team, token_id)
+
+    def list_tokens(self, team: str) -> list[ApiTokenPublic]:
+        return self.service.list_tokens(self.admin, team)
 
 
 def _error_classes() -> dict[str, type[GpuplanError]]:
@@ -220,6 +224,9 @@ class HttpClient:
 
     def revoke_token(self, team: str, token_id: int) -> ApiTokenPublic:
         return ApiTokenPublic.model_validate(self._call("DELETE", f"/v1/teams/{team}/tokens/{token_id}"))
+
+    def list_tokens(self, team: str) -> list[ApiTokenPublic]:
+        return TypeAdapter(list[ApiTokenPublic]).validate_python(self._call("GET", f"/v1/teams/{team}/tokens"))
 
 
 def local_client(database_url: str, *, checkpoint_root: str, team: str = "default") -> LocalClient:

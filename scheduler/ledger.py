@@ -14,7 +14,7 @@ from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from scheduler.models import Attempt, Job, Spend, SpendLine
-from scheduler.states import ACTIVE
+from scheduler.states import ACTIVE, JobState
 
 
 def close_attempt(session: Session, attempt: Attempt, job: Job, ended_at: datetime, outcome: str,
@@ -42,7 +42,7 @@ def team_spent(session: Session, team_id: int) -> float:
 
 
 def team_reserved(session: Session, team_id: int) -> tuple[float, int]:
-    """(USD still reserved by active jobs' estimates beyond what they spent, GPUs of active jobs)."""
+    """(USD still reserved by active jobs' estimates beyond what they spent, GPUs of queued jobs)."""
     per_job = (
         select(col(Spend.job_id).label("job_id"), func.sum(Spend.usd).label("usd"))
         .where(Spend.team_id == team_id)
@@ -51,7 +51,8 @@ def team_reserved(session: Session, team_id: int) -> tuple[float, int]:
     )
     left = col(Job.estimated_usd) - func.coalesce(per_job.c.usd, 0.0)
     stmt = (
-        select(func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0), func.coalesce(func.sum(Job.gpus), 0))
+        select(func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0),
+               func.coalesce(func.sum(case((col(Job.state) == JobState.QUEUED.value, Job.gpus), else_=0)), 0))
         .select_from(Job)
         .outerjoin(per_job, per_job.c.job_id == Job.id)
         .where(Job.team_id == team_id, col(Job.state).in_([s.value for s in ACTIVE]))

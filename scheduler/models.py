@@ -56,7 +56,8 @@ def _ts(nullable: bool = False, index: bool = False) -> Any:
 class TeamBase(SQLModel):
     name: str = Field(min_length=1, max_length=64, regex=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     budget_usd: float | None = Field(default=None, ge=0, le=1e12, description="None: no budget limit")
-    gpu_quota: int | None = Field(default=None, ge=0, le=1_000_000, description="GPUs of active jobs; None: no limit")
+    gpu_quota: int | None = Field(default=None, ge=0, le=1_000_000,
+                                  description="GPUs of running jobs (queued jobs wait for it); None: no limit")
 
 
 class TeamCreate(TeamBase):
@@ -83,7 +84,8 @@ class TeamPublic(TeamBase):
     spent_usd: float = 0.0
     reserved_usd: float = Field(default=0.0, description="estimates of active jobs not yet spent")
     remaining_usd: float | None = None
-    gpus_in_use: int = 0
+    gpus_in_use: int = Field(default=0, description="GPUs of jobs running now: what the quota caps")
+    gpus_queued: int = Field(default=0, description="GPUs of queued jobs, waiting to start")
 
 
 class ApiToken(SQLModel, table=True):

@@ -30,7 +30,7 @@ from sqlmodel import Session, col, select
 from catalog.errors import AuthError, Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
-from scheduler import ledger, logbook
+from scheduler import ledger, logbook, quota
 from scheduler.models import (
     ApiToken,
     ApiTokenCreated,
@@ -206,11 +206,12 @@ class SchedulerService:
     def _team_public(self, session: Session, team: Team) -> TeamPublic:
         assert team.id is not None
         spent = ledger.team_spent(session, team.id)
-        reserved, gpus = ledger.team_reserved(session, team.id)
+        reserved, queued = ledger.team_reserved(session, team.id)
+        running = sum(g for _, g in quota.holders(session, team.id).get(team.id, ()))
         remaining = None if team.budget_usd is None else team.budget_usd - spent - reserved
         return TeamPublic(id=team.id, name=team.name, budget_usd=team.budget_usd, gpu_quota=team.gpu_quota,
                           created_at=team.created_at, spent_usd=spent, reserved_usd=reserved,
-                          remaining_usd=remaining, gpus_in_use=gpus)
+                          remaining_usd=remaining, gpus_in_use=running, gpus_queued=queued)
 
     def _team_by_name(self, session: Session, name: str) -> Team:
         team = session.exec(select(Team).where(Team.name == name)).first()
@@ -299,12 +300,15 @@ class SchedulerService:
             rows = session.exec(select(ApiToken).where(ApiToken.team_id == team.id).order_by(col(ApiToken.id))).all()
             return [ApiTokenPublic.model_validate(r, from_attributes=True) for r in rows]
 
-    def revoke_token(self, principal: Principal, token_id: int) -> ApiTokenPublic:
+    def revoke_token(self, principal: Principal, team_name: str, token_id: int) -> ApiTokenPublic:
+        """Revoke the team's token ``token_id``; another team's token is a NotFound and stays valid."""
         self._require_admin(principal)
         with self.store.write() as session:
-            row = session.get(ApiToken, token_id)
+            team = self._team_by_name(session, team_name)
+            row = session.exec(select(ApiToken).where(ApiToken.id == token_id, ApiToken.team_id == team.id)).first()
             if row is None:
-                raise NotFound(f"token {token_id} does not exist")
+                raise NotFound(f"team {team.name} has no token {token_id}",
+                               hint=f"list its tokens with `gpuplan team token {team.name} --list`")
             if row.revoked_at is None:
                 row.revoked_at = self.clock()
                 session.add(row)
@@ -392,7 +396,8 @@ class SchedulerService:
                  (JobState.PENDING, JobState.PLANNED,
                   f"plan: {strategy.label()} on {chosen.key}, est. {usd(estimate)} over "
                   f"{chosen.cost.hours:.2f} h at {usd(chosen.cost.usd_per_h)}/h"),
-                 (JobState.PLANNED, JobState.QUEUED, "reserved estimate within budget and quota")]
+                 (JobState.PLANNED, JobState.QUEUED, "reserved the estimate within the budget; the GPU quota "
+                  "admits it to run")]
         events = []
         for src, dst, reason in moves:
             if src is not None:
@@ -407,11 +412,15 @@ class SchedulerService:
                     existing_id = self._existing_id(session, team_id, body.idempotency_key, digest)
                 if existing_id is None:
                     self._check_limits(session, team, estimate, gpus)
+                    row["message"] = self._initial_wait(session, team, gpus)
                     session.execute(insert(Job.__table__), [row])  # type: ignore[attr-defined]
                     session.execute(insert(Event.__table__), events)  # type: ignore[attr-defined]
-                    session.execute(insert(JobLog.__table__), logbook.first_lines(  # type: ignore[attr-defined]
-                        job_id, [logbook.event_line(now, src.value if src else None, dst.value, reason)
-                                 for src, dst, reason in moves]))
+                    lines = [logbook.event_line(now, src.value if src else None, dst.value, reason)
+                             for src, dst, reason in moves]
+                    if row["message"]:
+                        lines.append(logbook.note_line(now, row["message"]))
+                    session.execute(insert(JobLog.__table__),  # type: ignore[attr-defined]
+                                    logbook.first_lines(job_id, lines))
         except IntegrityError:
             # Only a racing submit with the same idempotency key gets here; it won, return its job.
             if not body.idempotency_key:
@@ -440,12 +449,12 @@ class SchedulerService:
 
     @staticmethod
     def _check_limits(session: Session, team: Any, estimate: float, gpus: int) -> None:
-        """``team``: a Team or a row with its id, name, budget_usd and gpu_quota."""
+        """Budget: the estimate is reserved now, so it must fit what is left. GPU quota: it admits
+        jobs to run (scheduler.quota), so only a job larger than the whole quota is refused here.
+        ``team``: a Team or a row with its id, name, budget_usd and gpu_quota."""
         assert team.id is not None
-        if team.budget_usd is None and team.gpu_quota is None:
-            return
-        reserved, in_use = ledger.team_reserved(session, team.id)
         if team.budget_usd is not None:
+            reserved, _ = ledger.team_reserved(session, team.id)
             remaining = team.budget_usd - ledger.team_spent(session, team.id) - reserved
             if estimate > remaining + 1e-9:
                 raise LimitExceeded(
@@ -453,14 +462,21 @@ class SchedulerService:
                     f"{usd(max(remaining, 0.0))} by {usd(estimate - max(remaining, 0.0))}",
                     hint="raise the budget or lower tokens",
                 )
-        if team.gpu_quota is not None and in_use + gpus > team.gpu_quota:
+        big = None if team.gpu_quota is None else quota.too_large(quota.Quota(team.name, team.gpu_quota), gpus)
+        if big is not None:
             raise LimitExceeded(
-                f"job needs {gpus} GPUs but team {team.name} has {in_use} of its {team.gpu_quota}-GPU quota "
-                f"in use; that exceeds the quota by {in_use + gpus - team.gpu_quota}",
-                hint=(f"set resources.max_gpus: {team.gpu_quota - in_use} in the spec so the planner picks a plan "
-                      "that fits, " if team.gpu_quota > in_use else "")
-                + "wait for active jobs to finish, cancel some, or raise the quota",
+                f"the job {big}, so it could never start",
+                hint=(f"set resources.max_gpus: {team.gpu_quota} in the spec so the planner picks a plan that fits, "
+                      "or " if team.gpu_quota > 0 else "") + f"raise the quota (gpuplan team quota {team.name} {gpus})",
             )
+
+    @staticmethod
+    def _initial_wait(session: Session, team: Any, gpus: int) -> str:
+        """The new job's message: why it will wait, when its team's running jobs fill the quota."""
+        if team.gpu_quota is None:
+            return ""
+        running = quota.holders(session, team.id).get(team.id, [])
+        return quota.wait_reason(quota.Quota(team.name, team.gpu_quota), gpus, running) or ""
 
     def _own_job(self, session: Session, principal: Principal, job_id: str) -> Job:
         team_id = self._team_id(principal)

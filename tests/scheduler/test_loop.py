@@ -9,7 +9,7 @@ from sqlmodel import select
 
 from catalog.errors import ExternalServiceError, NotFound
 from scheduler.loop import Scheduler
-from scheduler.models import Attempt, JobCreate, Spend, TeamCreate
+from scheduler.models import Attempt, JobCreate, Spend, TeamCreate, TeamUpdate
 from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.store import Store
 from tests.scheduler.conftest import spec_dict, toy_plan
@@ -284,3 +284,51 @@ def test_a_cancelled_jobs_log_is_complete_only_once_its_attempt_is_closed_with_i
     page = svc.logs(ml, job.id)
     assert page.complete and page.lines[-2:] == ["step 1", "step 2"]
     assert page.lines[-3].endswith("running -> cancelled: cancelled by team ml")
+
+
+def test_the_gpu_quota_admits_jobs_to_run_and_over_quota_jobs_wait_with_the_reason(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    svc.create_team(ADMIN, TeamCreate(name="ml", gpu_quota=16))
+    ml = svc.authenticate(svc.create_token(ADMIN, "ml").token)
+    svc.create_team(ADMIN, TeamCreate(name="research", gpu_quota=64))
+    other = svc.authenticate(svc.create_token(ADMIN, "research").token)
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock)
+    first = svc.submit(ml, JobCreate(spec=spec_dict(gpus=16, name="first")))
+    assert loop.tick().dispatched == [first.id]
+    # Submitted while the quota is full: queued, not refused, and it says why at once.
+    second = svc.submit(ml, JobCreate(spec=spec_dict(gpus=8, name="second")))
+    wait = (f"waiting: 16 of 16 GPUs of team ml's quota in use by {first.id}; needs 8, starts when 8 are free")
+    assert (second.state, second.message) == ("queued", wait)
+    small = svc.submit(ml, JobCreate(spec=spec_dict(gpus=1, name="small"), priority=-1))
+    theirs = svc.submit(other, JobCreate(spec=spec_dict(gpus=64, name="theirs")))
+    # Another team's job starts; ml's lower-priority small job does not jump the queue.
+    assert loop.tick().dispatched == [theirs.id]
+    assert loop.tick().dispatched == []
+    detail = svc.status(ml, second.id)
+    assert (detail.state, detail.message) == ("queued", wait)
+    assert svc.list_jobs(ml, state="queued")[0].message.startswith("waiting: ")
+    assert svc.status(ml, small.id).message == (f"waiting: behind {second.id}, which team ml's GPU quota holds back "
+                                                "(a team's jobs start in priority order)")
+    info = svc.get_team(ml)
+    assert (info.gpus_in_use, info.gpus_queued) == (16, 9)
+    # Said once in the log, not once per tick.
+    assert [line for line in svc.logs(ml, second.id).lines if "waiting" in line] == [
+        f"{clock():%Y-%m-%dT%H:%M:%SZ} {wait}"]
+    ex.finish(ex.handle_of(first.id), RunState.SUCCEEDED)
+    assert loop.tick().dispatched == [second.id, small.id]
+    started = svc.status(ml, second.id)
+    assert (started.state, started.message) == ("running", "")
+    assert svc.get_team(ml).gpus_in_use == 9
+
+
+def test_lowering_the_quota_under_a_queued_job_says_it_can_never_start(svc: SchedulerService, store: Store,
+                                                                        clock: FakeClock) -> None:
+    svc.create_team(ADMIN, TeamCreate(name="ml", gpu_quota=16))
+    ml = svc.authenticate(svc.create_token(ADMIN, "ml").token)
+    job = svc.submit(ml, JobCreate(spec=spec_dict(gpus=16)))
+    svc.update_team(ADMIN, "ml", TeamUpdate(gpu_quota=8))
+    loop = Scheduler(store, ScriptedExecutor(), clock=clock)
+    assert loop.tick().dispatched == []
+    assert svc.status(ml, job.id).message == ("waiting: needs 16 GPUs, more than team ml's whole quota of 8; "
+                                              "raise the quota (gpuplan team quota) or cancel the job")
