@@ -569,7 +569,7 @@ def _backend(*, admin: bool = False) -> Any:
     import os
     from pathlib import Path
 
-    from scheduler.client import HttpClient, local_client
+    from scheduler.client import DEFAULT_TEAM, HttpClient, local_client
     from scheduler.store import database_url, default_home
 
     url = os.environ.get("GPUPLAN_API_URL", "").strip()
@@ -587,7 +587,7 @@ def _backend(*, admin: bool = False) -> Any:
         return HttpClient(url, token)
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     return local_client(database_url(os.environ, home=home), checkpoint_root=str(home / "checkpoints"),
-                        team=os.environ.get("GPUPLAN_TEAM", "default"))
+                        team=os.environ.get("GPUPLAN_TEAM", "").strip() or DEFAULT_TEAM)
 
 
 def _usd(value: float | None) -> str:
@@ -904,6 +904,8 @@ def _team_body(model: type[BaseModel], **fields: Any) -> Any:
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""
+        if first["type"] == "value_error":  # our own validator: its message already names the value
+            raise InvalidInput(str(first["msg"]).removeprefix("Value error, "), path=name) from None
         raise InvalidInput(f"{first['msg']}, got {first.get('input')!r}",
                            path={"budget_usd": "budget", "gpu_quota": "quota"}.get(name, name)) from None
 

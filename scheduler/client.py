@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from catalog.errors import ExternalServiceError, GpuplanError, InvalidInput
+from catalog.errors import ExternalServiceError, GpuplanError, InvalidInput, NotFound
 from planner.spec import parse_hours
 from planner.types import Plan
 from scheduler.models import (
@@ -29,6 +29,7 @@ from scheduler.models import (
     TeamCreate,
     TeamPublic,
     TeamUpdate,
+    check_team_name,
 )
 from scheduler.service import Principal, SchedulerService
 
@@ -61,13 +62,28 @@ def _window(since: str) -> timedelta:
         raise InvalidInput(f"window {since!r} is too large", path="since", hint="write e.g. 30d, 12h or 90m") from None
 
 
-class LocalClient:
-    """The service in this process, acting as ``principal`` (the embedded default)."""
+DEFAULT_TEAM = "default"  # the one team the in-process CLI creates on first use
 
-    def __init__(self, service: SchedulerService, principal: Principal, admin: Principal) -> None:
+
+class LocalClient:
+    """The service in this process, acting as team ``team`` (the embedded default) and as admin
+    for team commands. The team is looked up on the first job command, so team commands work
+    before it exists; only :data:`DEFAULT_TEAM` is created then, any other name must exist."""
+
+    def __init__(self, service: SchedulerService, team: str, admin: Principal) -> None:
         self.service = service
-        self.principal = principal
+        self.team = team
         self.admin = admin
+        self._principal: Principal | None = None
+
+    @property
+    def principal(self) -> Principal:
+        if self._principal is None:
+            try:
+                self._principal = self.service.team_principal(self.team, create=self.team == DEFAULT_TEAM)
+            except (NotFound, InvalidInput) as exc:
+                raise type(exc)(f"GPUPLAN_TEAM={self.team}: {exc}") from None
+        return self._principal
 
     def submit(self, body: JobCreate) -> JobPublic:
         return self.service.submit(self.principal, body)
@@ -112,6 +128,11 @@ class LocalClient:
 
     def list_tokens(self, team: str) -> list[ApiTokenPublic]:
         return self.service.list_tokens(self.admin, team)
+
+
+def _team_path(name: str) -> str:
+    """The team's URL, for a valid name only: another (``a/b``) would reach a different route."""
+    return f"/v1/teams/{check_team_name(name)}"
 
 
 def _error_classes() -> dict[str, type[GpuplanError]]:
@@ -204,7 +225,7 @@ class HttpClient:
         return Plan.model_validate(self._call("POST", "/v1/plans", json={"spec": spec}))
 
     def spend_report(self, *, since: str = "30d", team: str | None = None) -> SpendReport:
-        params = {"since": since} | ({"team": team} if team else {})
+        params = {"since": since} | ({"team": check_team_name(team)} if team else {})
         return self._get(SpendReport, "/v1/reports/spend", params=params)
 
     def me(self) -> TeamPublic:
@@ -214,27 +235,27 @@ class HttpClient:
         return TeamPublic.model_validate(self._call("POST", "/v1/teams", json=body.model_dump(mode="json")))
 
     def update_team(self, name: str, body: TeamUpdate) -> TeamPublic:
-        return TeamPublic.model_validate(self._call("PATCH", f"/v1/teams/{name}", json=body.model_dump(mode="json")))
+        return TeamPublic.model_validate(self._call("PATCH", f"{_team_path(name)}", json=body.model_dump(mode="json")))
 
     def list_teams(self) -> list[TeamPublic]:
         return TypeAdapter(list[TeamPublic]).validate_python(self._call("GET", "/v1/teams"))
 
     def create_token(self, team: str, name: str = "default") -> ApiTokenCreated:
-        return ApiTokenCreated.model_validate(self._call("POST", f"/v1/teams/{team}/tokens", json={"name": name}))
+        return ApiTokenCreated.model_validate(self._call("POST", f"{_team_path(team)}/tokens", json={"name": name}))
 
     def revoke_token(self, team: str, token_id: int) -> ApiTokenPublic:
-        return ApiTokenPublic.model_validate(self._call("DELETE", f"/v1/teams/{team}/tokens/{token_id}"))
+        return ApiTokenPublic.model_validate(self._call("DELETE", f"{_team_path(team)}/tokens/{token_id}"))
 
     def list_tokens(self, team: str) -> list[ApiTokenPublic]:
-        return TypeAdapter(list[ApiTokenPublic]).validate_python(self._call("GET", f"/v1/teams/{team}/tokens"))
+        return TypeAdapter(list[ApiTokenPublic]).validate_python(self._call("GET", f"{_team_path(team)}/tokens"))
 
 
-def local_client(database_url: str, *, checkpoint_root: str, team: str = "default") -> LocalClient:
+def local_client(database_url: str, *, checkpoint_root: str, team: str = DEFAULT_TEAM) -> LocalClient:
     """The embedded default: the real planner and catalog, the local database, acting as ``team``
-    (created on first use, without limits) and as admin for team commands (you own the file)."""
+    (which must exist, except the default team, created on first use) and as admin for team
+    commands (you own the file)."""
     from scheduler.api.server import make_service
     from scheduler.service import ADMIN
 
     service = make_service(database_url, checkpoint_root=checkpoint_root)
-    info = service.ensure_team(team)
-    return LocalClient(service, Principal(team_id=info.id, team_name=info.name), ADMIN)
+    return LocalClient(service, team, ADMIN)

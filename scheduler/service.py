@@ -10,6 +10,8 @@ methods over HTTP.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import hashlib
 import hmac
 import json
@@ -51,6 +53,7 @@ from scheduler.models import (
     TeamCreate,
     TeamPublic,
     TeamUpdate,
+    check_team_name,
 )
 from scheduler.states import TERMINAL, JobState, check_transition
 from scheduler.store import Store, transition
@@ -124,6 +127,15 @@ def _status_statements() -> tuple[Any, Any, Any]:
     events = (sa_select(*(event.c[name] for name in EventPublic.model_fields))
               .where(event.c.job_id == bindparam("job_id")).order_by(event.c.id))
     return job, attempts, events
+
+
+def _teams_hint(name: str, names: list[str]) -> str:
+    """Did-you-mean and the teams there are, or how to create the first one."""
+    if not names:
+        return f"there are no teams yet; create it with `gpuplan team create {name}`"
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    return (f"did you mean {close[0]!r}? " if close else "") + f"teams: {shown}"
 
 
 class SchedulerService:
@@ -216,9 +228,9 @@ class SchedulerService:
     def _team_by_name(self, session: Session, name: str) -> Team:
         team = session.exec(select(Team).where(Team.name == name)).first()
         if team is None:
-            names = list(session.exec(select(Team.name)).all())
-            hint = ("teams: " + ", ".join(sorted(names)[:10])) if names else "create it with `gpuplan team create`"
-            raise NotFound(f"team {name!r} does not exist", hint=hint)
+            check_team_name(name)  # a name no team can have says the rule, not just "not found"
+            names = sorted(str(n) for n in session.exec(select(Team.name)).all())
+            raise NotFound(f"team {name!r} does not exist", hint=_teams_hint(name, names))
         return team
 
     def create_team(self, principal: Principal, body: TeamCreate) -> TeamPublic:
@@ -235,17 +247,21 @@ class SchedulerService:
         except IntegrityError:
             raise Conflict(f"team {body.name!r} already exists", hint="pick another name") from None
 
-    def ensure_team(self, name: str) -> TeamPublic:
-        """The embedded default: make ``name`` exist (no budget, no quota) and return it."""
+    def team_principal(self, name: str, *, create: bool = False) -> Principal:
+        """Act as team ``name`` without a token (the in-process CLI). It must exist; with
+        ``create`` (the one default team) it is made on first use, without limits."""
+        check_team_name(name)
         with self.store.read() as session:
             team = session.exec(select(Team).where(Team.name == name)).first()
-            if team is not None:
-                return self._team_public(session, team)
-        try:
-            return self.create_team(ADMIN, TeamCreate(name=name))
-        except Conflict:
+            if team is None and not create:
+                self._team_by_name(session, name)  # raises, listing the teams
+        if team is None:
+            with contextlib.suppress(Conflict):  # created meanwhile by another process: use it
+                self.create_team(ADMIN, TeamCreate(name=name))
             with self.store.read() as session:
-                return self._team_public(session, self._team_by_name(session, name))
+                team = self._team_by_name(session, name)
+        assert team.id is not None
+        return Principal(team_id=team.id, team_name=team.name)
 
     def update_team(self, principal: Principal, name: str, body: TeamUpdate) -> TeamPublic:
         self._require_admin(principal)

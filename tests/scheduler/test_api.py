@@ -132,6 +132,17 @@ def test_revoking_a_token_needs_the_team_that_owns_it(api: Api) -> None:
 
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_a_team_name_outside_the_rule_is_refused_not_created(api: Api) -> None:
+    with api.client(ADMIN) as admin:
+        for name in ("a/b", "bad name!", "ML"):
+            err = assert_error(admin.post("/v1/teams", json={"name": name}), 422, "invalid_input")
+            assert err["path"] == "name" and err["message"].startswith(f"name: team name {name!r} is not valid: use")
+        err = assert_error(admin.patch("/v1/teams/Bad!", json={"budget_usd": 1}), 422, "invalid_input")
+        assert err["message"].startswith("team: team name 'Bad!' is not valid")
+        assert admin.get("/v1/teams").json() == []
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 def test_errors_share_one_format(api: Api) -> None:
     token = api.team("ml", budget_usd=5)
     with api.client(token) as c:

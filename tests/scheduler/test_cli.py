@@ -129,6 +129,48 @@ def test_cli_in_process_uses_the_local_database(tmp_path: Path, monkeypatch: pyt
     assert ml["reserved_usd"] == 0 and ml["gpus_in_use"] == 0
 
 
+def test_cli_in_process_refuses_an_unknown_team_instead_of_creating_it(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+    monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUPLAN_TEAM", "ml")
+    assert run("team", "create", "ml", "--budget", "10", "--quota", "16")[0] == 0  # before ml exists
+    monkeypatch.setenv("GPUPLAN_TEAM", "mll")
+    code, out = run("submit", write_spec(tmp_path, tokens=70e6, gpus=16), "--json")
+    assert code == 4, out
+    assert json.loads(out)["error"]["message"] == (
+        "GPUPLAN_TEAM=mll: team 'mll' does not exist; did you mean 'ml'? teams: ml")
+    monkeypatch.delenv("GPUPLAN_TEAM")
+    assert run("list", "--json")[0] == 0  # the default team is created on first use
+    code, out = run("team", "list", "--json")
+    assert [t["name"] for t in json.loads(out)] == ["default", "ml"]
+
+
+@pytest.mark.parametrize("where", ["in-process", "http"])
+def test_cli_team_names_are_checked_before_anything_is_created(where: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               request: pytest.FixtureRequest) -> None:
+    if where == "http":
+        request.getfixturevalue("remote")
+    else:
+        monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+        monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+        monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    rule = "is not valid: use 1 to 63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+    for args, name, fixed in ((("team", "create", "a/b"), "a/b", "a-b"),
+                              (("team", "create", "bad name!"), "bad name!", "bad-name"),
+                              (("team", "budget", "a/b", "10"), "a/b", "a-b"),
+                              (("team", "token", "a/b"), "a/b", "a-b"),
+                              (("report", "spend", "--team", "a/b"), "a/b", "a-b")):
+        code, out = run(*args, "--json")
+        assert code == 2, (args, out)
+        message = json.loads(out)["error"]["message"]
+        assert message.endswith(f"team name {name!r} {rule}, e.g. {fixed!r}"), (args, message)
+    code, out = run("team", "list", "--json")
+    assert all(t["name"] in ("ml", "default") for t in json.loads(out))
+
+
 @pytest.mark.parametrize(("command", "value", "expected"), [
     ("budget", "-5", "budget: must be a number >= 0 or 'none', got '-5'"),
     ("budget", "nan", "budget: must be a number >= 0 or 'none', got 'nan'"),

@@ -178,3 +178,27 @@ def test_concurrent_submits_never_exceed_budget_or_quota(store: Store, tmp_path:
     assert info.reserved_usd == pytest.approx(10.0) and (info.gpus_in_use, info.gpus_queued) == (0, 10)
     for s in services:
         s.store.dispose()
+
+
+@pytest.mark.parametrize("name", ["a/b", "bad name!", "ML", "-ml", "x" * 64, ""])
+def test_team_names_follow_one_rule_on_every_path(service: SchedulerService, name: str) -> None:
+    with pytest.raises(ValueError, match="is not valid: use 1 to 63 lowercase letters"):
+        TeamCreate(name=name)
+    team(service, "ml")
+    for call in (lambda: service.update_team(ADMIN, name, TeamUpdate(budget_usd=10)),
+                 lambda: service.create_token(ADMIN, name), lambda: service.team_principal(name, create=True)):
+        with pytest.raises(InvalidInput, match=f"^team: team name {name!r} is not valid"):
+            call()
+    assert [t.name for t in service.list_teams(ADMIN)] == ["ml"]
+
+
+def test_an_unknown_team_is_not_created_and_the_error_lists_the_teams(service: SchedulerService) -> None:
+    team(service, "ml")
+    team(service, "research")
+    with pytest.raises(NotFound) as info:
+        service.team_principal("mll")
+    assert str(info.value) == "team 'mll' does not exist; did you mean 'ml'? teams: ml, research"
+    assert service.team_principal("ml").team_name == "ml"
+    # Only the default team is made on first use (the in-process CLI asks with create=True for it).
+    assert service.team_principal("default", create=True).team_name == "default"
+    assert [t.name for t in service.list_teams(ADMIN)] == ["default", "ml", "research"]
