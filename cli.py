@@ -697,13 +697,17 @@ def submit_command(
     """
     import os
 
+    from rich.markup import escape
+
     from planner.spec import load_spec
     from scheduler.models import JobCreate
 
     body = JobCreate(spec=load_spec(spec).model_dump(mode="json"), priority=priority, idempotency_key=key)
     backend = _backend()
     job = backend.submit(body)
-    if not os.environ.get("GPUPLAN_API_URL", "").strip():
+    # A new job is always queued; any other state is the job this key already submitted.
+    again = job.state != "queued"
+    if not again and not os.environ.get("GPUPLAN_API_URL", "").strip():
         # In-process there is no scheduling loop: without this, `logs --follow` waits on a queued job forever.
         err_console.print(f"note: queued in the local database as team {backend.principal.team_name} "
                           "(GPUPLAN_TEAM picks another); a `gpuplan server` on this database runs it",
@@ -711,9 +715,16 @@ def submit_command(
     if as_json:
         print_json(job)
         return
-    console.print(f"[bold green]queued[/] {job.id} ({job.name}): {job.gpus}x{job.gpu} {job.market} at "
+    if again:
+        console.print(f"[bold]{job.state}[/] {job.id} ({escape(job.name)}): submitted earlier with key "
+                      f"{escape(repr(key))} at {job.created_at:%Y-%m-%d %H:%M} UTC, not queued again "
+                      "(use a new --key to submit it anew)", highlight=False)
+        return
+    console.print(f"[bold green]queued[/] {job.id} ({escape(job.name)}): {job.gpus}x{job.gpu} {job.market} at "
                   f"{_usd(job.usd_per_h)}/h, estimated {_usd(job.estimated_usd)} over {job.estimated_hours:,.2f} h",
                   highlight=False)
+    if job.message:  # why it waits for the team's GPU quota
+        console.print(escape(job.message), highlight=False)
 
 
 @app.command("status")

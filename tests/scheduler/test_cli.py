@@ -14,7 +14,7 @@ from catalog.loader import load_catalog
 from cli import app
 from scheduler.api import create_app
 from scheduler.loop import Scheduler
-from scheduler.models import TeamCreate
+from scheduler.models import TeamCreate, TeamUpdate
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import Store
 from tests.scheduler.conftest import spec_dict, toy_plan
@@ -84,6 +84,36 @@ def test_cli_over_http(remote: tuple[SchedulerService, str], tmp_path: Path) -> 
     assert code == 0 and json.loads(out)["budget_usd"] == 25
     code, out = run("team", "token", "ml", "--json")
     assert json.loads(out)["token"].startswith("gpt_")
+
+
+def test_cli_resubmit_with_a_key_prints_the_jobs_real_state(remote: tuple[SchedulerService, str],
+                                                             tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, tokens=1e6)
+    code, out = run("submit", spec, "--key", "nightly-42")
+    assert code == 0 and out.startswith("queued j-"), out
+    job_id = out.split()[1]
+    assert run("cancel", job_id)[0] == 0
+    code, out = run("submit", spec, "--key", "nightly-42")
+    assert code == 0 and out.startswith(f"cancelled {job_id} (job): submitted earlier with key 'nightly-42' at "), out
+    assert "queued" not in out.replace("not queued again", "")
+    code, out = run("submit", spec, "--key", "nightly-42", "--json")
+    assert (json.loads(out)["id"], json.loads(out)["state"]) == (job_id, "cancelled")
+
+
+def test_cli_submit_over_the_quota_is_queued_and_says_why_it_waits(remote: tuple[SchedulerService, str],
+                                                                     tmp_path: Path) -> None:
+    service, _ = remote
+    service.update_team(ADMIN, "ml", TeamUpdate(gpu_quota=16))
+    first = run("submit", write_spec(tmp_path, tokens=1e6, gpus=16), "--json")[1]
+    Scheduler(service.store, ScriptedExecutor()).tick()
+    code, out = run("submit", write_spec(tmp_path, tokens=1e6, gpus=16))
+    assert code == 0 and out.startswith("queued j-"), out
+    assert (f"waiting: 16 of 16 GPUs of team ml's quota in use by {json.loads(first)['id']}; needs 16, starts when "
+            "16 are free") in " ".join(out.split())
+    code, out = run("submit", write_spec(tmp_path, tokens=1e6, gpus=32), "--json")
+    assert code == 7 and json.loads(out)["error"]["message"].startswith(
+        "the job needs 32 GPUs, more than team ml's whole quota of 16, so it could never start; "
+        "set resources.max_gpus: 16")
 
 
 def test_cli_refuses_bad_tokens(remote: tuple[SchedulerService, str], monkeypatch: pytest.MonkeyPatch) -> None:
