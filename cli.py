@@ -838,7 +838,7 @@ def list_command(state: str | None = typer.Option(None, "--state", help="Only jo
 
 report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend.\n\nExamples:\n\n"
                          "  gpuplan report dry-run examples/*.yaml --out report/\n\n"
-                         "  gpuplan report spend --team ml --since 30d",
+                         "  gpuplan report spend --team ml --since 2026-11-01",
                          no_args_is_help=True)
 app.add_typer(report_app, name="report")
 
@@ -846,7 +846,10 @@ app.add_typer(report_app, name="report")
 @report_app.command("spend")
 @handle_errors
 def report_spend_command(team: str | None = typer.Option(None, "--team", help="Any team (admin); default: yours."),
-                         since: str = typer.Option("30d", "--since", help="Window: 30d, 12h, 90m."),
+                         all_teams: bool = typer.Option(False, "--all", help="Every team's totals, one row each "
+                                                        "(admin); the default with only GPUPLAN_ADMIN_TOKEN set."),
+                         since: str = typer.Option("30d", "--since", help="A window (30d, 12h, 90m) or a UTC date or "
+                                                   "time (2026-11-01, 2026-11-01T08:00)."),
                          as_json: bool = JSON_OPTION) -> None:
     """Actual spend per job: price at launch x hours of every attempt, spot and on-demand.
 
@@ -854,24 +857,57 @@ def report_spend_command(team: str | None = typer.Option(None, "--team", help="A
 
       gpuplan report spend --since 7d
 
-      gpuplan report spend --team ml --since 30d --json
-    """
-    from rich.table import Table
+      gpuplan report spend --team ml --since 2026-11-01 --json
 
-    report = _backend(admin=team is not None).spend_report(since=since, team=team)
+      gpuplan report spend --all
+    """
+    import os
+
+    if team is not None and all_teams:
+        raise InvalidInput("give --team or --all, not both", path="team")
+    # Over HTTP with only the admin token there is no team of "yours": the admin's report is every team.
+    admin_only = (bool(os.environ.get("GPUPLAN_API_URL", "").strip()) and not os.environ.get("GPUPLAN_TOKEN")
+                  and bool(os.environ.get("GPUPLAN_ADMIN_TOKEN")))
+    all_teams = all_teams or (team is None and admin_only)
+    report = _backend(admin=team is not None or all_teams).spend_report(since=since, team=team, all_teams=all_teams)
     if as_json:
         print_json(report)
         return
-    table = Table(title=f"spend of team {report.team} since {report.since:%Y-%m-%d %H:%M} UTC")
+    if report.team is None:
+        _print_teams_spend(report)
+        return
+    _print_team_spend(report)
+
+
+def _print_team_spend(report: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(f"spend of team {report.team} since {report.since:%Y-%m-%d %H:%M} UTC"))
     for col in ("job", "name", "market", "attempts", "hours", "USD"):
         table.add_column(col, justify="right" if col in ("attempts", "hours", "USD") else "left")
     for line in report.jobs:
-        table.add_row(line.job_id, line.job_name, line.market, str(line.attempts), f"{line.hours:,.2f}",
+        table.add_row(line.job_id, escape(line.job_name), line.market, str(line.attempts), f"{line.hours:,.2f}",
                       _usd(line.usd))
     console.print(table)
     markets = ", ".join(f"{m} {_usd(v)}" for m, v in sorted(report.by_market.items())) or "nothing yet"
     console.print(f"total {_usd(report.total_usd)} ({markets}); budget {_usd(report.budget_usd)}, "
                   f"remaining {_usd(report.remaining_usd)}", highlight=False)
+
+
+def _print_teams_spend(report: Any) -> None:
+    from rich.table import Table
+
+    markets = sorted(report.by_market)
+    table = Table(title=f"spend of every team since {report.since:%Y-%m-%d %H:%M} UTC")
+    for col in ("team", *markets, "total", "budget", "remaining"):
+        table.add_column(col, justify="left" if col == "team" else "right")
+    for t in report.teams:
+        table.add_row(t.team, *(_usd(t.by_market.get(m, 0.0)) for m in markets), _usd(t.total_usd),
+                      _usd(t.budget_usd), _usd(t.remaining_usd))
+    console.print(table)
+    console.print(f"total {_usd(report.total_usd)} over {len(report.teams)} team(s); "
+                  "per job: gpuplan report spend --team TEAM", highlight=False)
 
 
 team_app = typer.Typer(help="Teams, budgets, GPU quotas and tokens (admin).\n\nExamples:\n\n"

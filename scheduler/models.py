@@ -310,12 +310,21 @@ class SpendLine(SQLModel):
     usd: float
 
 
-class SpendReport(SQLModel):
+class TeamSpend(SQLModel):
     team: str
+    total_usd: float
+    by_market: dict[str, float]
+    budget_usd: float | None
+    remaining_usd: float | None
+
+
+class SpendReport(SQLModel):
+    team: str | None = Field(description="None: every team (the admin's report without a team)")
     since: datetime
     until: datetime
     total_usd: float
     by_market: dict[str, float]
-    jobs: list[SpendLine]
+    jobs: list[SpendLine] = Field(description="per job and market, for one team's report")
     budget_usd: float | None
     remaining_usd: float | None
+    teams: list[TeamSpend] = Field(default_factory=list, description="per team, in the every-team report")

@@ -19,7 +19,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +52,7 @@ from scheduler.models import (
     Team,
     TeamCreate,
     TeamPublic,
+    TeamSpend,
     TeamUpdate,
     check_team_name,
 )
@@ -136,6 +137,13 @@ def _teams_hint(name: str, names: list[str]) -> str:
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
     return (f"did you mean {close[0]!r}? " if close else "") + f"teams: {shown}"
+
+
+def _by_market(amounts: Iterable[tuple[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for market, amount in amounts:
+        out[market] = out.get(market, 0.0) + amount
+    return out
 
 
 class SchedulerService:
@@ -558,8 +566,12 @@ class SchedulerService:
     # -------------------------------------------------------------- reports and metrics
 
     def spend_report(self, principal: Principal, *, since: datetime, team: str | None = None) -> SpendReport:
+        """One team's spend per job (the caller's, or any team's for the admin); the admin without
+        a team gets every team's totals."""
         until = self.clock()
         with self.store.read() as session:
+            if team is None and principal.is_admin:
+                return self._all_teams_spend(session, since, until)
             if team is not None and (principal.is_admin or team != principal.team_name):
                 self._require_admin(principal)
                 row = self._team_by_name(session, team)
@@ -570,13 +582,22 @@ class SchedulerService:
                 row = row_or_none
             assert row.id is not None
             lines = ledger.spend_lines(session, row.id, since, until)
-            by_market: dict[str, float] = {}
-            for line in lines:
-                by_market[line.market] = by_market.get(line.market, 0.0) + line.usd
             info = self._team_public(session, row)
         return SpendReport(team=row.name, since=since, until=until, total_usd=sum(x.usd for x in lines),
-                           by_market=by_market, jobs=lines, budget_usd=row.budget_usd,
-                           remaining_usd=info.remaining_usd)
+                           by_market=_by_market((x.market, x.usd) for x in lines), jobs=lines,
+                           budget_usd=row.budget_usd, remaining_usd=info.remaining_usd)
+
+    def _all_teams_spend(self, session: Session, since: datetime, until: datetime) -> SpendReport:
+        teams = []
+        for row in session.exec(select(Team).order_by(col(Team.name))).all():
+            assert row.id is not None
+            lines = ledger.spend_lines(session, row.id, since, until)
+            teams.append(TeamSpend(team=row.name, total_usd=sum(x.usd for x in lines),
+                                   by_market=_by_market((x.market, x.usd) for x in lines), budget_usd=row.budget_usd,
+                                   remaining_usd=self._team_public(session, row).remaining_usd))
+        return SpendReport(team=None, since=since, until=until, total_usd=sum(t.total_usd for t in teams),
+                           by_market=_by_market(m for t in teams for m in t.by_market.items()), jobs=[],
+                           budget_usd=None, remaining_usd=None, teams=teams)
 
     def metrics_snapshot(self, principal: Principal) -> tuple[dict[tuple[str, str], int],
                                                                dict[tuple[str, str], float]]:

@@ -116,6 +116,37 @@ def test_cli_submit_over_the_quota_is_queued_and_says_why_it_waits(remote: tuple
         "set resources.max_gpus: 16")
 
 
+def test_cli_report_spend_takes_dates_and_gives_the_admin_every_team(remote: tuple[SchedulerService, str],
+                                                                       tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    service, _ = remote
+    service.create_team(ADMIN, TeamCreate(name="research", budget_usd=50))
+    job = json.loads(run("submit", write_spec(tmp_path, tokens=1e6), "--json")[1])
+    ex = ScriptedExecutor()
+    loop = Scheduler(service.store, ex)
+    loop.tick()
+    ex.finish(ex.handle_of(job["id"]), RunState.SUCCEEDED)
+    loop.tick()
+    today = f"{service.clock():%Y-%m-%d}"
+    for since in (today, today + "T00:00", today + "T00:00:00+00:00", "1d"):
+        code, out = run("report", "spend", "--since", since, "--json")
+        assert code == 0, out
+        report = json.loads(out)
+        assert report["team"] == "ml" and [j["job_id"] for j in report["jobs"]] == [job["id"]], since
+        assert report["since"].startswith(today) or since == "1d"
+    monkeypatch.delenv("GPUPLAN_TOKEN")  # the admin alone: every team's totals, not "no team token"
+    code, out = run("report", "spend", "--since", today, "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["team"] is None and [(t["team"], t["budget_usd"]) for t in report["teams"]] == [
+        ("ml", 10), ("research", 50)]
+    assert report["teams"][0]["total_usd"] == report["total_usd"] > 0 and report["teams"][1]["total_usd"] == 0
+    code, out = run("report", "spend", "--since", today)
+    assert code == 0 and "spend of every team" in out and "research" in out and "--team TEAM" in out, out
+    code, out = run("report", "spend", "--all", "--team", "ml", "--json")
+    assert code == 2 and json.loads(out)["error"]["message"] == "team: give --team or --all, not both"
+
+
 def test_cli_refuses_bad_tokens(remote: tuple[SchedulerService, str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUPLAN_TOKEN", "gpt_wrong")
     code, out = run("list", "--json")
@@ -222,14 +253,19 @@ def test_cli_team_limits_out_of_range_are_one_error_line(tmp_path: Path, monkeyp
 
 
 @pytest.mark.parametrize(("since", "expected"), [
-    ("3x", "since: '3x' is not a duration; write e.g. '24h', '90m' or '2d'"),
-    ("0d", "since: a duration must be positive, got '0d'; write e.g. '24h', '90m' or '2d'"),
-    ("99999999999d", "since: window '99999999999d' is too large; write e.g. 30d, 12h or 90m"),
+    ("3x", "since: '3x' is not a duration; write e.g. '24h', '90m' or '2d', or a date such as 2026-11-01"),
+    ("0d", "since: a duration must be positive, got '0d'; write e.g. '24h', '90m' or '2d', or a date such as "
+           "2026-11-01"),
+    ("99999999999d", "since: window '99999999999d' is too large; write a window (30d, 12h, 90m) or a UTC date or "
+                     "time (2026-11-01, 2026-11-01T08:00)"),
+    ("2026-13-01", "since: '2026-13-01' is not a date; write a window (30d, 12h, 90m) or a UTC date or time "
+                   "(2026-11-01, 2026-11-01T08:00)"),
+    ("2999-01-01", "since: '2999-01-01' is in the future (now is "),
 ])
 def test_cli_report_spend_bad_window_is_one_hint(remote: tuple[SchedulerService, str], since: str,
                                                  expected: str) -> None:
     code, out = run("report", "spend", "--since", since, "--json")
-    assert code == 2 and json.loads(out)["error"]["message"] == expected
+    assert code == 2 and json.loads(out)["error"]["message"].startswith(expected)
 
 
 def test_cli_report_spend_bad_window_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -238,7 +274,8 @@ def test_cli_report_spend_bad_window_in_process(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
     code, out = run("report", "spend", "--since", "3x", "--json")
     assert code == 2
-    assert json.loads(out)["error"]["message"] == "since: '3x' is not a duration; write e.g. '24h', '90m' or '2d'"
+    assert json.loads(out)["error"]["message"] == ("since: '3x' is not a duration; write e.g. '24h', '90m' or '2d', "
+                                                   "or a date such as 2026-11-01")
 
 
 def test_cli_logs_prints_each_line_whole(remote: tuple[SchedulerService, str], tmp_path: Path) -> None:

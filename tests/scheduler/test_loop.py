@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -332,3 +333,27 @@ def test_lowering_the_quota_under_a_queued_job_says_it_can_never_start(svc: Sche
     assert loop.tick().dispatched == []
     assert svc.status(ml, job.id).message == ("waiting: needs 16 GPUs, more than team ml's whole quota of 8; "
                                               "raise the quota (gpuplan team quota) or cancel the job")
+
+
+def test_spend_since_a_date_and_the_admins_report_of_every_team(svc: SchedulerService, store: Store,
+                                                                 clock: FakeClock) -> None:
+    from scheduler.ledger import since_start
+
+    ml = team(svc, budget=100)
+    svc.create_team(ADMIN, TeamCreate(name="research"))
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock)
+    job = svc.submit(ml, JobCreate(spec=spec_dict(spot="always")))
+    loop.tick()
+    clock.advance(hours=2)
+    ex.finish(ex.handle_of(job.id), RunState.SUCCEEDED)
+    loop.tick()  # $10/h x 2 h, recorded at 2026-01-01 02:00
+    assert since_start("2026-01-01", clock()) == since_start("2h", clock()) == datetime(2026, 1, 1, tzinfo=UTC)
+    clock.advance(hours=1)
+    for since, total in (("2026-01-01", 20.0), ("2026-01-01T02:00", 20.0), ("2026-01-01T02:00:01", 0.0),
+                         ("2026-01-01T03:00+01:00", 20.0), ("30d", 20.0)):
+        assert svc.spend_report(ml, since=since_start(since, clock())).total_usd == total, since
+    every = svc.spend_report(ADMIN, since=since_start("2026-01-01", clock()))
+    assert every.team is None and every.jobs == [] and every.total_usd == 20.0
+    assert [(t.team, t.total_usd, t.by_market, t.budget_usd, t.remaining_usd) for t in every.teams] == [
+        ("ml", 20.0, {"spot": 20.0}, 100.0, 80.0), ("research", 0.0, {}, None, None)]
