@@ -687,7 +687,8 @@ def submit_command(
     key: str | None = typer.Option(None, "--key", help="Idempotency key: resubmitting with it returns the same job."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Plan a job, check the team's budget and GPU quota, and queue it.
+    """Plan a job, reserve its estimate in the team's budget, and queue it; it starts once the
+    team's GPU quota has room (until then `status` says why it waits).
 
     Examples:
 

@@ -190,7 +190,7 @@ def spec_from_dict(data: Any, *, base_dir: Path | None = None) -> JobSpec:
         path = _format_loc(tuple(first["loc"]))
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            message = "unknown field; check the spelling (see the JobSpec in DESIGN.md)"
+            message = "unknown field; check the spelling (the fields are in the README's 'Job spec')"
         if first["type"] == "literal_error":
             message = f"{message}, got {first.get('input')!r}"
         more = len(exc.errors()) - 1

@@ -154,7 +154,7 @@ class JobBase(SQLModel):
 
 class JobCreate(JobBase):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
-    spec: dict[str, Any] = Field(description="a JobSpec (see DESIGN.md)")
+    spec: dict[str, Any] = Field(description="a job spec: the fields of the README's 'Job spec' (examples/*.yaml)")
 
 
 class Job(JobBase, table=True):
