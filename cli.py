@@ -830,11 +830,16 @@ def list_command(state: str | None = typer.Option(None, "--state", help="Only jo
 
     Example:  gpuplan list --state running
     """
+    from rich.markup import escape
+
     jobs = _backend().list_jobs(state=state, limit=limit)
     if as_json:
         print_json(jobs)
         return
     _jobs_table(jobs, f"{len(jobs)} job(s)")
+    for job in jobs:  # why a queued job has not started (the team's GPU quota)
+        if job.state == "queued" and job.message:
+            console.print(f"{job.id} {escape(job.message)}", highlight=False)
 
 
 report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend.\n\nExamples:\n\n"

@@ -310,8 +310,6 @@ class Scheduler:
                     report.finished[job.id] = "infeasible"
                     continue
                 job.attempts += 1
-                if job.message.startswith(quota.WAITING):
-                    job.message = ""  # it no longer waits
                 attempt = Attempt(job_id=job.id, number=job.attempts, market=market, usd_per_h=price,
                                   started_at=now, last_seen_at=now)
                 session.add(attempt)

@@ -30,6 +30,7 @@ from sqlmodel import Session, col, or_, select
 from catalog.errors import Conflict, ExternalServiceError, InvalidInput, NotFound
 from scheduler import logbook
 from scheduler.models import Event, Job, Team
+from scheduler.quota import WAITING
 from scheduler.states import JobState, check_transition
 
 DATABASE_URL_ENV = "GPUPLAN_DATABASE_URL"
@@ -274,6 +275,8 @@ def transition(session: Session, job: Job, to: JobState, at: datetime, reason: s
     check_transition(job.id, src, to)
     job.state = to.value
     job.updated_at = at
+    if to is not JobState.QUEUED and job.message.startswith(WAITING):
+        job.message = ""  # it no longer waits for the GPU quota
     if to is JobState.RUNNING and job.started_at is None:
         job.started_at = at
     if to.terminal:

@@ -110,6 +110,13 @@ def test_cli_submit_over_the_quota_is_queued_and_says_why_it_waits(remote: tuple
     assert code == 0 and out.startswith("queued j-"), out
     assert (f"waiting: 16 of 16 GPUs of team ml's quota in use by {json.loads(first)['id']}; needs 16, starts when "
             "16 are free") in " ".join(out.split())
+    waiting = out.split()[1]
+    code, out = run("list")
+    assert code == 0 and f"{waiting} waiting: 16 of 16 GPUs of team ml's quota" in " ".join(out.split()), out
+    code, out = run("status", waiting)
+    assert code == 0 and "waiting: 16 of 16 GPUs" in " ".join(out.split()), out
+    code, out = run("logs", waiting)
+    assert code == 0 and "waiting: 16 of 16 GPUs" in out, out
     code, out = run("submit", write_spec(tmp_path, tokens=1e6, gpus=32), "--json")
     assert code == 7 and json.loads(out)["error"]["message"].startswith(
         "the job needs 32 GPUs, more than team ml's whole quota of 16, so it could never start; "

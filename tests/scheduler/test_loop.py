@@ -321,6 +321,9 @@ def test_the_gpu_quota_admits_jobs_to_run_and_over_quota_jobs_wait_with_the_reas
     started = svc.status(ml, second.id)
     assert (started.state, started.message) == ("running", "")
     assert svc.get_team(ml).gpus_in_use == 9
+    late = svc.submit(ml, JobCreate(spec=spec_dict(gpus=8, name="late")))
+    assert late.message.startswith("waiting: 9 of 16 GPUs")
+    assert svc.cancel(ml, late.id).message == ""  # a cancelled job waits for nothing
 
 
 def test_lowering_the_quota_under_a_queued_job_says_it_can_never_start(svc: SchedulerService, store: Store,
