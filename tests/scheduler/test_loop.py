@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlmodel import select
+from sqlmodel import col, select
 
 from catalog.errors import ExternalServiceError, NotFound
 from scheduler.loop import Scheduler
-from scheduler.models import Attempt, JobCreate, Spend, TeamCreate, TeamUpdate
+from scheduler.models import Attempt, Job, JobCreate, Spend, TeamCreate, TeamUpdate
 from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.store import Store
 from tests.scheduler.conftest import spec_dict, toy_plan
@@ -360,3 +361,51 @@ def test_spend_since_a_date_and_the_admins_report_of_every_team(svc: SchedulerSe
     assert every.team is None and every.jobs == [] and every.total_usd == 20.0
     assert [(t.team, t.total_usd, t.by_market, t.budget_usd, t.remaining_usd) for t in every.teams] == [
         ("ml", 20.0, {"spot": 20.0}, 100.0, 80.0), ("research", 0.0, {}, None, None)]
+
+
+def test_concurrent_submits_while_the_loop_runs_never_run_more_than_the_quota(store: Store, tmp_path: Path,
+                                                                               clock: FakeClock) -> None:
+    # Separate service instances (separate engines) submit like separate API workers, while the
+    # loop dispatches in this thread; whatever the interleaving, running GPUs stay within the quota
+    # and every job runs in the end.
+    services = [SchedulerService(Store(store.url), toy_plan, clock=clock, checkpoint_root=str(tmp_path))
+                for _ in range(3)]
+    services[0].create_team(ADMIN, TeamCreate(name="ml", gpu_quota=8))
+    token = services[0].create_token(ADMIN, "ml").token
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock)
+
+    def submitter(i: int) -> None:
+        who = services[i].authenticate(token)
+        for j in range(6):
+            services[i].submit(who, JobCreate(spec=spec_dict(gpus=1 + (i + j) % 4, name=f"w{i}-{j}")))
+
+    threads = [threading.Thread(target=submitter, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+
+    def running_gpus() -> int:
+        with store.read() as session:
+            return sum(job.gpus for attempt, job in session.exec(
+                select(Attempt, Job).join(Job, col(Job.id) == col(Attempt.job_id)).where(
+                    col(Attempt.ended_at).is_(None))).all())
+
+    def settled() -> bool:
+        return not any(t.is_alive() for t in threads) and all(
+            j.state == "succeeded" for j in services[0].list_jobs(services[0].authenticate(token), limit=100))
+
+    ticks_after_submits = 0  # ticking goes on while submitters run, however slowly they are scheduled
+    while not settled():
+        loop.tick()
+        assert running_gpus() <= 8
+        running = ex.running()
+        if running:
+            ex.finish(running[0], RunState.SUCCEEDED)
+        ticks_after_submits += not any(t.is_alive() for t in threads)
+        assert ticks_after_submits <= 3 * 18, "jobs left queued with room to run"
+    for t in threads:
+        t.join()
+    jobs = services[0].list_jobs(services[0].authenticate(token), limit=100)
+    assert len(jobs) == 18 and all(j.state == "succeeded" and "waiting" not in j.message for j in jobs)
+    for s in services:
+        s.store.dispose()
