@@ -827,7 +827,7 @@ def _backend(*, admin: bool = False) -> Any:
     import os
     from pathlib import Path
 
-    from scheduler.client import HttpClient, local_client
+    from scheduler.client import DEFAULT_TEAM, HttpClient, local_client
     from scheduler.store import database_url, default_home
 
     url = os.environ.get("GPUPLAN_API_URL", "").strip()
@@ -845,7 +845,7 @@ def _backend(*, admin: bool = False) -> Any:
         return HttpClient(url, token)
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     return local_client(database_url(os.environ, home=home), checkpoint_root=str(home / "checkpoints"),
-                        team=os.environ.get("GPUPLAN_TEAM", "default"))
+                        team=os.environ.get("GPUPLAN_TEAM", "").strip() or DEFAULT_TEAM)
 
 
 def _usd(value: float | None) -> str:
@@ -945,7 +945,8 @@ def submit_command(
     key: str | None = typer.Option(None, "--key", help="Idempotency key: resubmitting with it returns the same job."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Plan a job, check the team's budget and GPU quota, and queue it.
+    """Plan a job, reserve its estimate in the team's budget, and queue it; it starts once the
+    team's GPU quota has room (until then `status` says why it waits).
 
     Examples:
 
@@ -961,7 +962,9 @@ def submit_command(
     body = JobCreate(spec=load_spec(spec).model_dump(mode="json"), priority=priority, idempotency_key=key)
     backend = _backend()
     job = backend.submit(body)
-    if not os.environ.get("GPUPLAN_API_URL", "").strip():
+    # A new job is always queued; any other state is the job this key already submitted.
+    again = job.state != "queued"
+    if not again and not os.environ.get("GPUPLAN_API_URL", "").strip():
         # In-process there is no scheduling loop: without this, `logs --follow` waits on a queued job forever.
         err_console.print(f"note: queued in the local database as team {backend.principal.team_name} "
                           "(GPUPLAN_TEAM picks another); a `gpuplan server` on this database runs it",
@@ -969,9 +972,16 @@ def submit_command(
     if as_json:
         print_json(job)
         return
+    if again:
+        console.print(styled((job.state, "bold"), f" {job.id} ({job.name}): submitted earlier with key {key!r} at "
+                             f"{job.created_at:%Y-%m-%d %H:%M} UTC, not queued again (use a new --key to submit it "
+                             "anew)"), highlight=False)
+        return
     console.print(styled(("queued", "bold green"), f" {job.id} ({job.name}): {job.gpus}x{job.gpu} {job.market} at "
                   f"{_usd(job.usd_per_h)}/h, estimated {_usd(job.estimated_usd)} over {job.estimated_hours:,.2f} h"),
                   highlight=False)
+    if job.message:  # why it waits for the team's GPU quota
+        console.print(job.message, highlight=False)
 
 
 @app.command("status")
@@ -1073,12 +1083,15 @@ def list_command(state: str | None = typer.Option(None, "--state", help="Only jo
         print_json(jobs)
         return
     _jobs_table(jobs, f"{len(jobs)} job(s)")
+    for job in jobs:  # why a queued job has not started (the team's GPU quota)
+        if job.state == "queued" and job.message:
+            console.print(f"{job.id} {job.message}", highlight=False)
 
 
 report_app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend; and how "
                          "close plans came (accuracy).\n\nExamples:\n\n"
                          "  gpuplan report dry-run examples/*.yaml --out report/\n\n"
-                         "  gpuplan report spend --team ml --since 30d\n\n"
+                         "  gpuplan report spend --team ml --since 2026-11-01\n\n"
                          "  gpuplan report accuracy --plot accuracy.png",
                          no_args_is_help=True)
 app.add_typer(report_app, name="report")
@@ -1087,7 +1100,10 @@ app.add_typer(report_app, name="report")
 @report_app.command("spend")
 @handle_errors
 def report_spend_command(team: str | None = typer.Option(None, "--team", help="Any team (admin); default: yours."),
-                         since: str = typer.Option("30d", "--since", help="Window: 30d, 12h, 90m."),
+                         all_teams: bool = typer.Option(False, "--all", help="Every team's totals, one row each "
+                                                        "(admin); the default with only GPUPLAN_ADMIN_TOKEN set."),
+                         since: str = typer.Option("30d", "--since", help="A window (30d, 12h, 90m) or a UTC date or "
+                                                   "time (2026-11-01, 2026-11-01T08:00)."),
                          as_json: bool = JSON_OPTION) -> None:
     """Actual spend per job: price at launch x hours of every attempt, spot and on-demand.
 
@@ -1095,14 +1111,31 @@ def report_spend_command(team: str | None = typer.Option(None, "--team", help="A
 
       gpuplan report spend --since 7d
 
-      gpuplan report spend --team ml --since 30d --json
-    """
-    from rich.table import Table
+      gpuplan report spend --team ml --since 2026-11-01 --json
 
-    report = _backend(admin=team is not None).spend_report(since=since, team=team)
+      gpuplan report spend --all
+    """
+    import os
+
+    if team is not None and all_teams:
+        raise InvalidInput("give --team or --all, not both", path="team")
+    # Over HTTP with only the admin token there is no team of "yours": the admin's report is every team.
+    admin_only = (bool(os.environ.get("GPUPLAN_API_URL", "").strip()) and not os.environ.get("GPUPLAN_TOKEN")
+                  and bool(os.environ.get("GPUPLAN_ADMIN_TOKEN")))
+    all_teams = all_teams or (team is None and admin_only)
+    report = _backend(admin=team is not None or all_teams).spend_report(since=since, team=team, all_teams=all_teams)
     if as_json:
         print_json(report)
         return
+    if report.team is None:
+        _print_teams_spend(report)
+        return
+    _print_team_spend(report)
+
+
+def _print_team_spend(report: Any) -> None:
+    from rich.table import Table
+
     table = Table(title=f"spend of team {report.team} since {report.since:%Y-%m-%d %H:%M} UTC")
     for col in ("job", "name", "market", "attempts", "hours", "USD"):
         table.add_column(col, justify="right" if col in ("attempts", "hours", "USD") else "left")
@@ -1184,6 +1217,21 @@ def report_accuracy_command(
         console.print(f"plot written to {plot}", highlight=False)
 
 
+def _print_teams_spend(report: Any) -> None:
+    from rich.table import Table
+
+    markets = sorted(report.by_market)
+    table = Table(title=f"spend of every team since {report.since:%Y-%m-%d %H:%M} UTC")
+    for col in ("team", *markets, "total", "budget", "remaining"):
+        table.add_column(col, justify="left" if col == "team" else "right")
+    for t in report.teams:
+        table.add_row(t.team, *(_usd(t.by_market.get(m, 0.0)) for m in markets), _usd(t.total_usd),
+                      _usd(t.budget_usd), _usd(t.remaining_usd))
+    console.print(table)
+    console.print(f"total {_usd(report.total_usd)} over {len(report.teams)} team(s); "
+                  "per job: gpuplan report spend --team TEAM", highlight=False)
+
+
 team_app = typer.Typer(help="Teams, budgets, GPU quotas and tokens (admin).\n\nExamples:\n\n"
                        "  gpuplan team create ml --budget 5000 --quota 16\n\n"
                        "  gpuplan team token ml\n\n"
@@ -1225,6 +1273,8 @@ def _team_body(model: type[BaseModel], **fields: Any) -> Any:
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""
+        if first["type"] == "value_error":  # our own validator: its message already names the value
+            raise InvalidInput(str(first["msg"]).removeprefix("Value error, "), path=name) from None
         raise InvalidInput(f"{first['msg']}, got {first.get('input')!r}",
                            path={"budget_usd": "budget", "gpu_quota": "quota"}.get(name, name)) from None
 
@@ -1274,17 +1324,23 @@ def team_quota_command(name: str = typer.Argument(...), gpus: str = typer.Argume
 @handle_errors
 def team_token_command(name: str = typer.Argument(...),
                        revoke: int | None = typer.Option(None, "--revoke", help="Revoke this token id instead."),
+                       list_them: bool = typer.Option(False, "--list", help="List the team's token ids instead."),
                        label: str = typer.Option("default", "--name", help="A label for the new token."),
                        as_json: bool = JSON_OPTION) -> None:
-    """Issue a team token (shown once) or revoke one.
+    """Issue a team token (shown once), list the team's tokens, or revoke one of them.
 
     Examples:
 
       gpuplan team token ml
 
+      gpuplan team token ml --list
+
       gpuplan team token ml --revoke 3
     """
     backend = _backend(admin=True)
+    if list_them:
+        _print_tokens(backend.list_tokens(name), name, as_json)
+        return
     if revoke is not None:
         row = backend.revoke_token(name, revoke)
         if as_json:
@@ -1298,6 +1354,21 @@ def team_token_command(name: str = typer.Argument(...),
         return
     console.print(f"token {created.id} for team {name} (shown once, store it now):", highlight=False)
     sys.stdout.write(created.token + "\n")
+
+
+def _print_tokens(tokens: list[Any], team: str, as_json: bool) -> None:
+    from rich.table import Table
+
+    if as_json:
+        print_json(tokens)
+        return
+    table = Table(title=f"tokens of team {team}")
+    for col in ("id", "name", "created", "revoked"):
+        table.add_column(col)
+    for t in tokens:
+        table.add_row(str(t.id), t.name, f"{t.created_at:%Y-%m-%d %H:%M}",
+                      f"{t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "-")
+    console.print(table)
 
 
 @team_app.command("list")

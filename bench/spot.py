@@ -233,7 +233,7 @@ def plot_ratios(res: dict[str, dict[str, np.ndarray]], path: Path, title: str) -
 
 
 def design_table(all_cases: list[Case]) -> list[str]:
-    """DESIGN.md's setting: 48 h job, deadlines 52/70/92 h, 0.2 h restart, every availability zone (all dates)."""
+    """The reference setting: 48 h job, deadlines 52/70/92 h, 0.2 h restart, every availability zone (all dates)."""
     lines = ["| zone | availability | greedy median x bound | gpuplan median x bound | gpuplan saving vs on-demand |",
              "|---|---|---|---|---|"]
     for path in sorted(AVAIL.glob("*.json")):
@@ -376,7 +376,7 @@ def benchmark(out_md: Path, img_dir: Path) -> None:
         f"gpuplan's median is within 1.10 x the bound in {ok_bound}/{n_cells} cells and at or below greedy's in "
         f"{ok_greedy}/{n_cells} cells.",
         "",
-        "## DESIGN.md's setting (48 h job, deadlines 52/70/92 h, 0.2 h restart; all 45 days, every zone)",
+        "## The reference setting (48 h job, deadlines 52/70/92 h, 0.2 h restart; all 45 days, every zone)",
         "",
         *design,
         "",

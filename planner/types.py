@@ -69,7 +69,7 @@ class Strategy(_Value):
 
 
 class MemoryEstimate(_Value):
-    """Per GPU, for the most loaded rank. See DESIGN.md 'Estimates: what a number means'."""
+    """Per GPU, for the most loaded rank; each field's description says what it counts."""
 
     peak_allocated_bytes: int
     peak_reserved_bytes: int

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import secrets
 import time
-from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from catalog.errors import ExternalServiceError, GpuplanError, InvalidInput
-from planner.spec import parse_hours
+from catalog.errors import ExternalServiceError, GpuplanError, InvalidInput, NotFound
 from planner.types import Plan
+from scheduler import ledger
 from scheduler.models import (
     ApiTokenCreated,
     ApiTokenPublic,
@@ -29,6 +28,7 @@ from scheduler.models import (
     TeamCreate,
     TeamPublic,
     TeamUpdate,
+    check_team_name,
 )
 from scheduler.service import Principal, SchedulerService
 
@@ -42,31 +42,39 @@ class Backend(Protocol):
     def cancel(self, job_id: str, reason: str = "") -> JobPublic: ...
     def logs(self, job_id: str, since: int = 0) -> JobLogs: ...
     def plan(self, spec: dict[str, Any]) -> Plan: ...
-    def spend_report(self, *, since: str = "30d", team: str | None = None) -> SpendReport: ...
+    def spend_report(self, *, since: str = "30d", team: str | None = None,
+                     all_teams: bool = False) -> SpendReport: ...
     def me(self) -> TeamPublic: ...
     def create_team(self, body: TeamCreate) -> TeamPublic: ...
     def update_team(self, name: str, body: TeamUpdate) -> TeamPublic: ...
     def list_teams(self) -> list[TeamPublic]: ...
     def create_token(self, team: str, name: str = "default") -> ApiTokenCreated: ...
     def revoke_token(self, team: str, token_id: int) -> ApiTokenPublic: ...
+    def list_tokens(self, team: str) -> list[ApiTokenPublic]: ...
 
 
-def _window(since: str) -> timedelta:
-    try:
-        return timedelta(hours=parse_hours(since))
-    except ValueError as exc:  # parse_hours' message already shows the form to write
-        raise InvalidInput(str(exc), path="since") from None
-    except OverflowError:
-        raise InvalidInput(f"window {since!r} is too large", path="since", hint="write e.g. 30d, 12h or 90m") from None
+DEFAULT_TEAM = "default"  # the one team the in-process CLI creates on first use
 
 
 class LocalClient:
-    """The service in this process, acting as ``principal`` (the embedded default)."""
+    """The service in this process, acting as team ``team`` (the embedded default) and as admin
+    for team commands. The team is looked up on the first job command, so team commands work
+    before it exists; only :data:`DEFAULT_TEAM` is created then, any other name must exist."""
 
-    def __init__(self, service: SchedulerService, principal: Principal, admin: Principal) -> None:
+    def __init__(self, service: SchedulerService, team: str, admin: Principal) -> None:
         self.service = service
-        self.principal = principal
+        self.team = team
         self.admin = admin
+        self._principal: Principal | None = None
+
+    @property
+    def principal(self) -> Principal:
+        if self._principal is None:
+            try:
+                self._principal = self.service.team_principal(self.team, create=self.team == DEFAULT_TEAM)
+            except (NotFound, InvalidInput) as exc:
+                raise type(exc)(f"GPUPLAN_TEAM={self.team}: {exc}") from None
+        return self._principal
 
     def submit(self, body: JobCreate) -> JobPublic:
         return self.service.submit(self.principal, body)
@@ -86,9 +94,9 @@ class LocalClient:
     def plan(self, spec: dict[str, Any]) -> Plan:
         return self.service.plan(spec)
 
-    def spend_report(self, *, since: str = "30d", team: str | None = None) -> SpendReport:
-        start = self.service.clock() - _window(since)
-        who = self.admin if team is not None else self.principal
+    def spend_report(self, *, since: str = "30d", team: str | None = None, all_teams: bool = False) -> SpendReport:
+        start = ledger.since_start(since, self.service.clock())
+        who = self.admin if team is not None or all_teams else self.principal
         return self.service.spend_report(who, since=start, team=team)
 
     def me(self) -> TeamPublic:
@@ -107,7 +115,15 @@ class LocalClient:
         return self.service.create_token(self.admin, team, name)
 
     def revoke_token(self, team: str, token_id: int) -> ApiTokenPublic:
-        return self.service.revoke_token(self.admin, token_id)
+        return self.service.revoke_token(self.admin, team, token_id)
+
+    def list_tokens(self, team: str) -> list[ApiTokenPublic]:
+        return self.service.list_tokens(self.admin, team)
+
+
+def _team_path(name: str) -> str:
+    """The team's URL, for a valid name only: another (``a/b``) would reach a different route."""
+    return f"/v1/teams/{check_team_name(name)}"
 
 
 def _error_classes() -> dict[str, type[GpuplanError]]:
@@ -199,8 +215,9 @@ class HttpClient:
     def plan(self, spec: dict[str, Any]) -> Plan:
         return Plan.model_validate(self._call("POST", "/v1/plans", json={"spec": spec}))
 
-    def spend_report(self, *, since: str = "30d", team: str | None = None) -> SpendReport:
-        params = {"since": since} | ({"team": team} if team else {})
+    def spend_report(self, *, since: str = "30d", team: str | None = None, all_teams: bool = False) -> SpendReport:
+        # all_teams: the server answers the admin token without a team with every team's totals.
+        params = {"since": since} | ({"team": check_team_name(team)} if team else {})
         return self._get(SpendReport, "/v1/reports/spend", params=params)
 
     def me(self) -> TeamPublic:
@@ -210,24 +227,27 @@ class HttpClient:
         return TeamPublic.model_validate(self._call("POST", "/v1/teams", json=body.model_dump(mode="json")))
 
     def update_team(self, name: str, body: TeamUpdate) -> TeamPublic:
-        return TeamPublic.model_validate(self._call("PATCH", f"/v1/teams/{name}", json=body.model_dump(mode="json")))
+        return TeamPublic.model_validate(self._call("PATCH", f"{_team_path(name)}", json=body.model_dump(mode="json")))
 
     def list_teams(self) -> list[TeamPublic]:
         return TypeAdapter(list[TeamPublic]).validate_python(self._call("GET", "/v1/teams"))
 
     def create_token(self, team: str, name: str = "default") -> ApiTokenCreated:
-        return ApiTokenCreated.model_validate(self._call("POST", f"/v1/teams/{team}/tokens", json={"name": name}))
+        return ApiTokenCreated.model_validate(self._call("POST", f"{_team_path(team)}/tokens", json={"name": name}))
 
     def revoke_token(self, team: str, token_id: int) -> ApiTokenPublic:
-        return ApiTokenPublic.model_validate(self._call("DELETE", f"/v1/teams/{team}/tokens/{token_id}"))
+        return ApiTokenPublic.model_validate(self._call("DELETE", f"{_team_path(team)}/tokens/{token_id}"))
+
+    def list_tokens(self, team: str) -> list[ApiTokenPublic]:
+        return TypeAdapter(list[ApiTokenPublic]).validate_python(self._call("GET", f"{_team_path(team)}/tokens"))
 
 
-def local_client(database_url: str, *, checkpoint_root: str, team: str = "default") -> LocalClient:
+def local_client(database_url: str, *, checkpoint_root: str, team: str = DEFAULT_TEAM) -> LocalClient:
     """The embedded default: the real planner and catalog, the local database, acting as ``team``
-    (created on first use, without limits) and as admin for team commands (you own the file)."""
+    (which must exist, except the default team, created on first use) and as admin for team
+    commands (you own the file)."""
     from scheduler.api.server import make_service
     from scheduler.service import ADMIN
 
     service = make_service(database_url, checkpoint_root=checkpoint_root)
-    info = service.ensure_team(team)
-    return LocalClient(service, Principal(team_id=info.id, team_name=info.name), ADMIN)
+    return LocalClient(service, team, ADMIN)

@@ -7,14 +7,41 @@ both written; it can never drop or double-count one.
 
 from __future__ import annotations
 
-from datetime import datetime
+import re
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import case, func
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
+from catalog.errors import InvalidInput
+from planner.spec import parse_hours
 from scheduler.models import Attempt, Job, Spend, SpendLine
-from scheduler.states import ACTIVE
+from scheduler.states import ACTIVE, JobState
+
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+SINCE_FORMS = "a window (30d, 12h, 90m) or a UTC date or time (2026-11-01, 2026-11-01T08:00)"
+
+
+def since_start(since: str, now: datetime) -> datetime:
+    """The start of a spend report: ``since`` is a window back from ``now`` (``30d``) or an ISO
+    date or date-time (UTC unless it names an offset)."""
+    text = since.strip()
+    if _ISO_DATE.match(text):
+        try:
+            start = datetime.fromisoformat(text)
+        except ValueError:
+            raise InvalidInput(f"{since!r} is not a date; write {SINCE_FORMS}", path="since") from None
+        start = start if start.tzinfo is not None else start.replace(tzinfo=UTC)
+        if start > now:
+            raise InvalidInput(f"{since!r} is in the future (now is {now:%Y-%m-%d %H:%M} UTC)", path="since")
+        return start
+    try:
+        return now - timedelta(hours=parse_hours(text))
+    except ValueError as exc:  # parse_hours' message shows the window forms; add the dates
+        raise InvalidInput(f"{exc}, or a date such as 2026-11-01", path="since") from None
+    except OverflowError:
+        raise InvalidInput(f"window {since!r} is too large", path="since", hint=f"write {SINCE_FORMS}") from None
 
 
 def close_attempt(session: Session, attempt: Attempt, job: Job, ended_at: datetime, outcome: str,
@@ -42,7 +69,7 @@ def team_spent(session: Session, team_id: int) -> float:
 
 
 def team_reserved(session: Session, team_id: int) -> tuple[float, int]:
-    """(USD still reserved by active jobs' estimates beyond what they spent, GPUs of active jobs)."""
+    """(USD still reserved by active jobs' estimates beyond what they spent, GPUs of queued jobs)."""
     per_job = (
         select(col(Spend.job_id).label("job_id"), func.sum(Spend.usd).label("usd"))
         .where(Spend.team_id == team_id)
@@ -51,7 +78,8 @@ def team_reserved(session: Session, team_id: int) -> tuple[float, int]:
     )
     left = col(Job.estimated_usd) - func.coalesce(per_job.c.usd, 0.0)
     stmt = (
-        select(func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0), func.coalesce(func.sum(Job.gpus), 0))
+        select(func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0),
+               func.coalesce(func.sum(case((col(Job.state) == JobState.QUEUED.value, Job.gpus), else_=0)), 0))
         .select_from(Job)
         .outerjoin(per_job, per_job.c.job_id == Job.id)
         .where(Job.team_id == team_id, col(Job.state).in_([s.value for s in ACTIVE]))

@@ -31,6 +31,11 @@ def event_line(at: datetime, from_state: str | None, to_state: str, reason: str)
     return f"{at:%Y-%m-%dT%H:%M:%SZ} {from_state or '-'} -> {to_state}: {reason}"
 
 
+def note_line(at: datetime, text: str) -> str:
+    """A line about the job that is not a state change (why a queued job waits)."""
+    return f"{at:%Y-%m-%dT%H:%M:%SZ} {text}"
+
+
 def attempt_header(number: int, market: str, usd_per_h: float, handle: str | None) -> str:
     return f"--- attempt {number} ({market}, ${usd_per_h:,.2f}/h, handle {handle or '-'}) ---"
 

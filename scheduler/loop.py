@@ -6,8 +6,10 @@ One ``tick()``:
    same transaction as the job's transition; PREEMPTED requeues the job at once (it resumes from
    its checkpoint: ``run_name`` is the job id), FAILED requeues with exponential backoff until the
    job's ``max_attempts`` failures, a cancelled job's live attempt is stopped;
-2. dispatch due queued jobs, highest priority first, claimed with ``FOR UPDATE SKIP LOCKED`` on
-   PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` makes the claim a single writer).
+2. dispatch due queued jobs, highest priority first, that their team's GPU quota admits
+   (scheduler.quota: a job that does not fit stays queued with the reason), claimed with
+   ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` makes the claim a
+   single writer).
 
 Dispatch is two-phase so a crash can never hide a running attempt: the Attempt row (no handle
 yet) and the job's move to RUNNING commit first, then ``executor.submit``, then the handle is
@@ -29,14 +31,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
 from catalog.errors import GpuplanError
 from planner.spec import spec_from_dict
 from planner.types import Candidate, Strategy
-from scheduler import ledger, logbook
+from scheduler import ledger, logbook, quota
 from scheduler.accuracy import attempt_metrics
 from scheduler.models import Attempt, Job
 from scheduler.service import Clock, utcnow
@@ -292,7 +295,7 @@ class Scheduler:
             if limit <= 0:
                 return
             claimed: list[tuple[Job, Attempt, RunRequest]] = []
-            for job in self.store.claim_due(session, now, limit):
+            for job in self.store.claim(session, self._admit(session, now, limit)):
                 open_attempt = session.exec(select(Attempt).where(
                     Attempt.job_id == job.id, col(Attempt.ended_at).is_(None))).first()
                 if open_attempt is not None:  # cannot happen while states hold; refuse a second attempt
@@ -321,6 +324,27 @@ class Scheduler:
             session.flush()
         for job, attempt, request in claimed:
             self._launch(job, attempt, request, report)
+
+    def _admit(self, session: Session, now: datetime, limit: int) -> list[str]:
+        """Ids of due jobs to start, within their teams' GPU quotas (scheduler.quota); a job the
+        quota holds back stays queued, its reason in its message and, when it changes, its log."""
+        queue = self.store.due_queue(session, now)
+        messages = {row.id: row.message for row in queue}
+        start, waits = quota.admit(
+            (quota.Queued(row.id, row.team_id, row.gpus) for row in queue),
+            quota.quotas(session, {row.team_id for row in queue}), quota.holders(session), limit)
+        for job_id, reason in waits.items():
+            if messages[job_id] != reason:
+                self._note_wait(session, job_id, reason, now)
+        return start
+
+    @staticmethod
+    def _note_wait(session: Session, job_id: str, reason: str, now: datetime) -> None:
+        table = Job.__table__  # type: ignore[attr-defined]
+        result: Any = session.execute(update(table).where(
+            table.c.id == job_id, table.c.state == JobState.QUEUED.value).values(message=reason[:2000]))
+        if result.rowcount:  # a cancel may have won the row since the queue was read
+            logbook.append(session, job_id, [logbook.note_line(now, reason)])
 
     @staticmethod
     def _request(job: Job, number: int, market: str) -> RunRequest:

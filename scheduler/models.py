@@ -7,14 +7,17 @@ Times are timezone-aware UTC everywhere; :class:`UTCDateTime` keeps them so on S
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator
 from sqlalchemy import JSON, Column, DateTime, Index, MetaData, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
+
+from catalog.errors import InvalidInput
 
 # Deterministic constraint names so Alembic migrations can refer to them on every backend.
 SQLModel.metadata.naming_convention = {
@@ -53,14 +56,46 @@ def _ts(nullable: bool = False, index: bool = False) -> Any:
 # ------------------------------------------------------------------ teams and tokens
 
 
+# One rule for team names on every path (API bodies and paths, CLI, GPUPLAN_TEAM): a name is a
+# URL path segment and a Prometheus label value, and lowercase only so "ML" and "ml" never differ.
+_TEAM_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+TEAM_NAME_RULE = "1 to 63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+
+
+def team_name_error(name: str) -> str | None:
+    """Why ``name`` is not a valid team name (with a valid spelling to use instead), or None."""
+    if _TEAM_NAME.fullmatch(name):
+        return None
+    fixed = re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-_")[:63]
+    instead = f", e.g. {fixed!r}" if fixed and _TEAM_NAME.fullmatch(fixed) else ""
+    return f"team name {name!r} is not valid: use {TEAM_NAME_RULE}{instead}"
+
+
+def check_team_name(name: str) -> str:
+    """``name``, or InvalidInput saying the rule."""
+    problem = team_name_error(name)
+    if problem is not None:
+        raise InvalidInput(problem, path="team")
+    return name
+
+
 class TeamBase(SQLModel):
-    name: str = Field(min_length=1, max_length=64, regex=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(description="team name: " + TEAM_NAME_RULE)  # checked by TeamCreate, one message
     budget_usd: float | None = Field(default=None, ge=0, le=1e12, description="None: no budget limit")
-    gpu_quota: int | None = Field(default=None, ge=0, le=1_000_000, description="GPUs of active jobs; None: no limit")
+    gpu_quota: int | None = Field(default=None, ge=0, le=1_000_000,
+                                  description="GPUs of running jobs (queued jobs wait for it); None: no limit")
 
 
 class TeamCreate(TeamBase):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        problem = team_name_error(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class TeamUpdate(SQLModel):
@@ -83,7 +118,8 @@ class TeamPublic(TeamBase):
     spent_usd: float = 0.0
     reserved_usd: float = Field(default=0.0, description="estimates of active jobs not yet spent")
     remaining_usd: float | None = None
-    gpus_in_use: int = 0
+    gpus_in_use: int = Field(default=0, description="GPUs of jobs running now: what the quota caps")
+    gpus_queued: int = Field(default=0, description="GPUs of queued jobs, waiting to start")
 
 
 class ApiToken(SQLModel, table=True):
@@ -118,7 +154,7 @@ class JobBase(SQLModel):
 
 class JobCreate(JobBase):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
-    spec: dict[str, Any] = Field(description="a JobSpec (see DESIGN.md)")
+    spec: dict[str, Any] = Field(description="a job spec: the fields of the README's 'Job spec' (examples/*.yaml)")
 
 
 class Job(JobBase, table=True):
@@ -280,12 +316,21 @@ class SpendLine(SQLModel):
     usd: float
 
 
-class SpendReport(SQLModel):
+class TeamSpend(SQLModel):
     team: str
+    total_usd: float
+    by_market: dict[str, float]
+    budget_usd: float | None
+    remaining_usd: float | None
+
+
+class SpendReport(SQLModel):
+    team: str | None = Field(description="None: every team (the admin's report without a team)")
     since: datetime
     until: datetime
     total_usd: float
     by_market: dict[str, float]
-    jobs: list[SpendLine]
+    jobs: list[SpendLine] = Field(description="per job and market, for one team's report")
     budget_usd: float | None
     remaining_usd: float | None
+    teams: list[TeamSpend] = Field(default_factory=list, description="per team, in the every-team report")

@@ -10,6 +10,8 @@ methods over HTTP.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import hashlib
 import hmac
 import json
@@ -17,7 +19,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +32,7 @@ from sqlmodel import Session, col, select
 from catalog.errors import AuthError, Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
-from scheduler import ledger, logbook
+from scheduler import ledger, logbook, quota
 from scheduler.models import (
     ApiToken,
     ApiTokenCreated,
@@ -50,7 +52,9 @@ from scheduler.models import (
     Team,
     TeamCreate,
     TeamPublic,
+    TeamSpend,
     TeamUpdate,
+    check_team_name,
 )
 from scheduler.states import TERMINAL, JobState, check_transition
 from scheduler.store import Store, transition
@@ -124,6 +128,22 @@ def _status_statements() -> tuple[Any, Any, Any]:
     events = (sa_select(*(event.c[name] for name in EventPublic.model_fields))
               .where(event.c.job_id == bindparam("job_id")).order_by(event.c.id))
     return job, attempts, events
+
+
+def _teams_hint(name: str, names: list[str]) -> str:
+    """Did-you-mean and the teams there are, or how to create the first one."""
+    if not names:
+        return f"there are no teams yet; create it with `gpuplan team create {name}`"
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    return (f"did you mean {close[0]!r}? " if close else "") + f"teams: {shown}"
+
+
+def _by_market(amounts: Iterable[tuple[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for market, amount in amounts:
+        out[market] = out.get(market, 0.0) + amount
+    return out
 
 
 class SchedulerService:
@@ -206,18 +226,19 @@ class SchedulerService:
     def _team_public(self, session: Session, team: Team) -> TeamPublic:
         assert team.id is not None
         spent = ledger.team_spent(session, team.id)
-        reserved, gpus = ledger.team_reserved(session, team.id)
+        reserved, queued = ledger.team_reserved(session, team.id)
+        running = sum(g for _, g in quota.holders(session, team.id).get(team.id, ()))
         remaining = None if team.budget_usd is None else team.budget_usd - spent - reserved
         return TeamPublic(id=team.id, name=team.name, budget_usd=team.budget_usd, gpu_quota=team.gpu_quota,
                           created_at=team.created_at, spent_usd=spent, reserved_usd=reserved,
-                          remaining_usd=remaining, gpus_in_use=gpus)
+                          remaining_usd=remaining, gpus_in_use=running, gpus_queued=queued)
 
     def _team_by_name(self, session: Session, name: str) -> Team:
         team = session.exec(select(Team).where(Team.name == name)).first()
         if team is None:
-            names = list(session.exec(select(Team.name)).all())
-            hint = ("teams: " + ", ".join(sorted(names)[:10])) if names else "create it with `gpuplan team create`"
-            raise NotFound(f"team {name!r} does not exist", hint=hint)
+            check_team_name(name)  # a name no team can have says the rule, not just "not found"
+            names = sorted(str(n) for n in session.exec(select(Team.name)).all())
+            raise NotFound(f"team {name!r} does not exist", hint=_teams_hint(name, names))
         return team
 
     def create_team(self, principal: Principal, body: TeamCreate) -> TeamPublic:
@@ -234,17 +255,21 @@ class SchedulerService:
         except IntegrityError:
             raise Conflict(f"team {body.name!r} already exists", hint="pick another name") from None
 
-    def ensure_team(self, name: str) -> TeamPublic:
-        """The embedded default: make ``name`` exist (no budget, no quota) and return it."""
+    def team_principal(self, name: str, *, create: bool = False) -> Principal:
+        """Act as team ``name`` without a token (the in-process CLI). It must exist; with
+        ``create`` (the one default team) it is made on first use, without limits."""
+        check_team_name(name)
         with self.store.read() as session:
             team = session.exec(select(Team).where(Team.name == name)).first()
-            if team is not None:
-                return self._team_public(session, team)
-        try:
-            return self.create_team(ADMIN, TeamCreate(name=name))
-        except Conflict:
+            if team is None and not create:
+                self._team_by_name(session, name)  # raises, listing the teams
+        if team is None:
+            with contextlib.suppress(Conflict):  # created meanwhile by another process: use it
+                self.create_team(ADMIN, TeamCreate(name=name))
             with self.store.read() as session:
-                return self._team_public(session, self._team_by_name(session, name))
+                team = self._team_by_name(session, name)
+        assert team.id is not None
+        return Principal(team_id=team.id, team_name=team.name)
 
     def update_team(self, principal: Principal, name: str, body: TeamUpdate) -> TeamPublic:
         self._require_admin(principal)
@@ -299,12 +324,15 @@ class SchedulerService:
             rows = session.exec(select(ApiToken).where(ApiToken.team_id == team.id).order_by(col(ApiToken.id))).all()
             return [ApiTokenPublic.model_validate(r, from_attributes=True) for r in rows]
 
-    def revoke_token(self, principal: Principal, token_id: int) -> ApiTokenPublic:
+    def revoke_token(self, principal: Principal, team_name: str, token_id: int) -> ApiTokenPublic:
+        """Revoke the team's token ``token_id``; another team's token is a NotFound and stays valid."""
         self._require_admin(principal)
         with self.store.write() as session:
-            row = session.get(ApiToken, token_id)
+            team = self._team_by_name(session, team_name)
+            row = session.exec(select(ApiToken).where(ApiToken.id == token_id, ApiToken.team_id == team.id)).first()
             if row is None:
-                raise NotFound(f"token {token_id} does not exist")
+                raise NotFound(f"team {team.name} has no token {token_id}",
+                               hint=f"list its tokens with `gpuplan team token {team.name} --list`")
             if row.revoked_at is None:
                 row.revoked_at = self.clock()
                 session.add(row)
@@ -392,7 +420,8 @@ class SchedulerService:
                  (JobState.PENDING, JobState.PLANNED,
                   f"plan: {strategy.label()} on {chosen.key}, est. {usd(estimate)} over "
                   f"{chosen.cost.hours:.2f} h at {usd(chosen.cost.usd_per_h)}/h"),
-                 (JobState.PLANNED, JobState.QUEUED, "reserved estimate within budget and quota")]
+                 (JobState.PLANNED, JobState.QUEUED, "reserved the estimate within the budget; the GPU quota "
+                  "admits it to run")]
         events = []
         for src, dst, reason in moves:
             if src is not None:
@@ -407,11 +436,15 @@ class SchedulerService:
                     existing_id = self._existing_id(session, team_id, body.idempotency_key, digest)
                 if existing_id is None:
                     self._check_limits(session, team, estimate, gpus)
+                    row["message"] = self._initial_wait(session, team, gpus)
                     session.execute(insert(Job.__table__), [row])  # type: ignore[attr-defined]
                     session.execute(insert(Event.__table__), events)  # type: ignore[attr-defined]
-                    session.execute(insert(JobLog.__table__), logbook.first_lines(  # type: ignore[attr-defined]
-                        job_id, [logbook.event_line(now, src.value if src else None, dst.value, reason)
-                                 for src, dst, reason in moves]))
+                    lines = [logbook.event_line(now, src.value if src else None, dst.value, reason)
+                             for src, dst, reason in moves]
+                    if row["message"]:
+                        lines.append(logbook.note_line(now, row["message"]))
+                    session.execute(insert(JobLog.__table__),  # type: ignore[attr-defined]
+                                    logbook.first_lines(job_id, lines))
         except IntegrityError:
             # Only a racing submit with the same idempotency key gets here; it won, return its job.
             if not body.idempotency_key:
@@ -440,12 +473,12 @@ class SchedulerService:
 
     @staticmethod
     def _check_limits(session: Session, team: Any, estimate: float, gpus: int) -> None:
-        """``team``: a Team or a row with its id, name, budget_usd and gpu_quota."""
+        """Budget: the estimate is reserved now, so it must fit what is left. GPU quota: it admits
+        jobs to run (scheduler.quota), so only a job larger than the whole quota is refused here.
+        ``team``: a Team or a row with its id, name, budget_usd and gpu_quota."""
         assert team.id is not None
-        if team.budget_usd is None and team.gpu_quota is None:
-            return
-        reserved, in_use = ledger.team_reserved(session, team.id)
         if team.budget_usd is not None:
+            reserved, _ = ledger.team_reserved(session, team.id)
             remaining = team.budget_usd - ledger.team_spent(session, team.id) - reserved
             if estimate > remaining + 1e-9:
                 raise LimitExceeded(
@@ -453,14 +486,21 @@ class SchedulerService:
                     f"{usd(max(remaining, 0.0))} by {usd(estimate - max(remaining, 0.0))}",
                     hint="raise the budget or lower tokens",
                 )
-        if team.gpu_quota is not None and in_use + gpus > team.gpu_quota:
+        big = None if team.gpu_quota is None else quota.too_large(quota.Quota(team.name, team.gpu_quota), gpus)
+        if big is not None:
             raise LimitExceeded(
-                f"job needs {gpus} GPUs but team {team.name} has {in_use} of its {team.gpu_quota}-GPU quota "
-                f"in use; that exceeds the quota by {in_use + gpus - team.gpu_quota}",
-                hint=(f"set resources.max_gpus: {team.gpu_quota - in_use} in the spec so the planner picks a plan "
-                      "that fits, " if team.gpu_quota > in_use else "")
-                + "wait for active jobs to finish, cancel some, or raise the quota",
+                f"the job {big}, so it could never start",
+                hint=(f"set resources.max_gpus: {team.gpu_quota} in the spec so the planner picks a plan that fits, "
+                      "or " if team.gpu_quota > 0 else "") + f"raise the quota (gpuplan team quota {team.name} {gpus})",
             )
+
+    @staticmethod
+    def _initial_wait(session: Session, team: Any, gpus: int) -> str:
+        """The new job's message: why it will wait, when its team's running jobs fill the quota."""
+        if team.gpu_quota is None:
+            return ""
+        running = quota.holders(session, team.id).get(team.id, [])
+        return quota.wait_reason(quota.Quota(team.name, team.gpu_quota), gpus, running) or ""
 
     def _own_job(self, session: Session, principal: Principal, job_id: str) -> Job:
         team_id = self._team_id(principal)
@@ -526,8 +566,12 @@ class SchedulerService:
     # -------------------------------------------------------------- reports and metrics
 
     def spend_report(self, principal: Principal, *, since: datetime, team: str | None = None) -> SpendReport:
+        """One team's spend per job (the caller's, or any team's for the admin); the admin without
+        a team gets every team's totals."""
         until = self.clock()
         with self.store.read() as session:
+            if team is None and principal.is_admin:
+                return self._all_teams_spend(session, since, until)
             if team is not None and (principal.is_admin or team != principal.team_name):
                 self._require_admin(principal)
                 row = self._team_by_name(session, team)
@@ -538,13 +582,22 @@ class SchedulerService:
                 row = row_or_none
             assert row.id is not None
             lines = ledger.spend_lines(session, row.id, since, until)
-            by_market: dict[str, float] = {}
-            for line in lines:
-                by_market[line.market] = by_market.get(line.market, 0.0) + line.usd
             info = self._team_public(session, row)
         return SpendReport(team=row.name, since=since, until=until, total_usd=sum(x.usd for x in lines),
-                           by_market=by_market, jobs=lines, budget_usd=row.budget_usd,
-                           remaining_usd=info.remaining_usd)
+                           by_market=_by_market((x.market, x.usd) for x in lines), jobs=lines,
+                           budget_usd=row.budget_usd, remaining_usd=info.remaining_usd)
+
+    def _all_teams_spend(self, session: Session, since: datetime, until: datetime) -> SpendReport:
+        teams = []
+        for row in session.exec(select(Team).order_by(col(Team.name))).all():
+            assert row.id is not None
+            lines = ledger.spend_lines(session, row.id, since, until)
+            teams.append(TeamSpend(team=row.name, total_usd=sum(x.usd for x in lines),
+                                   by_market=_by_market((x.market, x.usd) for x in lines), budget_usd=row.budget_usd,
+                                   remaining_usd=self._team_public(session, row).remaining_usd))
+        return SpendReport(team=None, since=since, until=until, total_usd=sum(t.total_usd for t in teams),
+                           by_market=_by_market(m for t in teams for m in t.by_market.items()), jobs=[],
+                           budget_usd=None, remaining_usd=None, teams=teams)
 
     def metrics_snapshot(self, principal: Principal) -> tuple[dict[tuple[str, str], int],
                                                                dict[tuple[str, str], float]]:

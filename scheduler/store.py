@@ -30,6 +30,7 @@ from sqlmodel import Session, col, or_, select
 from catalog.errors import Conflict, ExternalServiceError, InvalidInput, NotFound
 from scheduler import logbook
 from scheduler.models import Event, Job, Team
+from scheduler.quota import WAITING
 from scheduler.states import JobState, check_transition
 
 DATABASE_URL_ENV = "GPUPLAN_DATABASE_URL"
@@ -240,14 +241,28 @@ class Store:
             raise NotFound(f"team {team_id} does not exist")
         return row
 
-    def claim_due(self, session: Session, now: datetime, limit: int) -> list[Job]:
-        """Queued jobs due to run, highest priority first; rows other claimers hold are skipped."""
+    def due_queue(self, session: Session, now: datetime) -> list[Any]:
+        """(id, team_id, gpus, message) of queued jobs due to run, in dispatch order: highest
+        priority first, then oldest. Unlocked and light (no spec or plan): the loop reads it whole
+        to decide which jobs the GPU quotas admit, then claims those."""
+        table = Job.__table__  # type: ignore[attr-defined]
+        stmt = (
+            sa_select(table.c.id, table.c.team_id, table.c.gpus, table.c.message)
+            .where(table.c.state == JobState.QUEUED.value)
+            .where(or_(table.c.next_run_at.is_(None), table.c.next_run_at <= now))
+            .order_by(table.c.priority.desc(), table.c.created_at)
+        )
+        return list(session.execute(stmt).all())
+
+    def claim(self, session: Session, job_ids: list[str]) -> list[Job]:
+        """Those of ``job_ids`` still queued, in dispatch order; rows another transaction holds
+        (a cancel in flight) are skipped."""
+        if not job_ids:
+            return []
         stmt = (
             select(Job)
-            .where(Job.state == JobState.QUEUED.value)
-            .where(or_(col(Job.next_run_at).is_(None), col(Job.next_run_at) <= now))
+            .where(col(Job.id).in_(job_ids), Job.state == JobState.QUEUED.value)
             .order_by(col(Job.priority).desc(), col(Job.created_at))
-            .limit(limit)
         )
         if self.is_postgres:
             stmt = stmt.with_for_update(skip_locked=True)
@@ -260,6 +275,8 @@ def transition(session: Session, job: Job, to: JobState, at: datetime, reason: s
     check_transition(job.id, src, to)
     job.state = to.value
     job.updated_at = at
+    if to is not JobState.QUEUED and job.message.startswith(WAITING):
+        job.message = ""  # it no longer waits for the GPU quota
     if to is JobState.RUNNING and job.started_at is None:
         job.started_at = at
     if to.terminal:

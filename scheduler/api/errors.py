@@ -64,7 +64,8 @@ def install(app: FastAPI) -> None:
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
         path = _loc(tuple(first.get("loc", ())))
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        return _error(422, "invalid_input", f"{path}: {first.get('msg', 'invalid')}{more}", path)
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")  # our validators' own words
+        return _error(422, "invalid_input", f"{path}: {message}{more}", path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -115,6 +115,33 @@ def test_missing_wrong_and_revoked_tokens_are_refused_everywhere(api: Api) -> No
                 assert needle in err["message"], (method, path, err)
 
 
+def test_revoking_a_token_needs_the_team_that_owns_it(api: Api) -> None:
+    ml_token, research_token = api.team("ml"), api.team("research")
+    with api.client(ADMIN) as admin:
+        [ml_id] = [t["id"] for t in admin.get("/v1/teams/ml/tokens").json()]
+        [research_id] = [t["id"] for t in admin.get("/v1/teams/research/tokens").json()]
+        err = assert_error(admin.delete(f"/v1/teams/nosuch/tokens/{ml_id}"), 404, "not_found")
+        assert "team 'nosuch' does not exist" in err["message"] and "ml, research" in err["message"]
+        err = assert_error(admin.delete(f"/v1/teams/ml/tokens/{research_id}"), 404, "not_found")
+        assert f"team ml has no token {research_id}" in err["message"]
+        assert all(t["revoked_at"] is None for name in ("ml", "research")
+                   for t in admin.get(f"/v1/teams/{name}/tokens").json())
+    for token in (ml_token, research_token):
+        with api.client(token) as c:
+            assert c.get("/v1/jobs").status_code == 200
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_a_team_name_outside_the_rule_is_refused_not_created(api: Api) -> None:
+    with api.client(ADMIN) as admin:
+        for name in ("a/b", "bad name!", "ML"):
+            err = assert_error(admin.post("/v1/teams", json={"name": name}), 422, "invalid_input")
+            assert err["path"] == "name" and err["message"].startswith(f"name: team name {name!r} is not valid: use")
+        err = assert_error(admin.patch("/v1/teams/Bad!", json={"budget_usd": 1}), 422, "invalid_input")
+        assert err["message"].startswith("team: team name 'Bad!' is not valid")
+        assert admin.get("/v1/teams").json() == []
+
+
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 def test_errors_share_one_format(api: Api) -> None:
     token = api.team("ml", budget_usd=5)
@@ -151,8 +178,9 @@ print(ok, refused)
 
 
 def test_concurrent_submits_from_separate_processes_respect_budget_and_quota(api: Api) -> None:
-    # $1 and 2 GPUs per job: a $100 budget never binds, a 14-GPU quota admits exactly 7 jobs.
-    token = api.team("ml", budget_usd=100, gpu_quota=14)
+    # $1 and 2 GPUs per job: a $7 budget admits exactly 7 jobs to the queue (the 4-GPU quota
+    # admits jobs to run, so it refuses none of them at submit).
+    token = api.team("ml", budget_usd=7, gpu_quota=4)
     procs = [subprocess.Popen([sys.executable, "-c", _SUBMITTER, api.url, token, f"p{i}"],
                               stdout=subprocess.PIPE, text=True) for i in range(4)]
     outs = [p.communicate(timeout=120)[0].split() for p in procs]
@@ -160,4 +188,4 @@ def test_concurrent_submits_from_separate_processes_respect_budget_and_quota(api
     assert sum(int(o[0]) for o in outs) == 7 and sum(int(o[1]) for o in outs) == 17
     with api.client(token) as c:
         me = c.get("/v1/teams/me").json()
-        assert me["gpus_in_use"] == 14 and len(c.get("/v1/jobs").json()) == 7
+        assert (me["gpus_in_use"], me["gpus_queued"]) == (0, 14) and len(c.get("/v1/jobs").json()) == 7

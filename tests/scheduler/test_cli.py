@@ -14,7 +14,7 @@ from catalog.loader import load_catalog
 from cli import app
 from scheduler.api import create_app
 from scheduler.loop import Scheduler
-from scheduler.models import TeamCreate
+from scheduler.models import TeamCreate, TeamUpdate
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import Store
 from tests.scheduler.conftest import spec_dict, toy_plan
@@ -86,6 +86,74 @@ def test_cli_over_http(remote: tuple[SchedulerService, str], tmp_path: Path) -> 
     assert json.loads(out)["token"].startswith("gpt_")
 
 
+def test_cli_resubmit_with_a_key_prints_the_jobs_real_state(remote: tuple[SchedulerService, str],
+                                                             tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, tokens=1e6)
+    code, out = run("submit", spec, "--key", "nightly-42")
+    assert code == 0 and out.startswith("queued j-"), out
+    job_id = out.split()[1]
+    assert run("cancel", job_id)[0] == 0
+    code, out = run("submit", spec, "--key", "nightly-42")
+    assert code == 0 and out.startswith(f"cancelled {job_id} (job): submitted earlier with key 'nightly-42' at "), out
+    assert "queued" not in out.replace("not queued again", "")
+    code, out = run("submit", spec, "--key", "nightly-42", "--json")
+    assert (json.loads(out)["id"], json.loads(out)["state"]) == (job_id, "cancelled")
+
+
+def test_cli_submit_over_the_quota_is_queued_and_says_why_it_waits(remote: tuple[SchedulerService, str],
+                                                                     tmp_path: Path) -> None:
+    service, _ = remote
+    service.update_team(ADMIN, "ml", TeamUpdate(gpu_quota=16))
+    first = run("submit", write_spec(tmp_path, tokens=1e6, gpus=16), "--json")[1]
+    Scheduler(service.store, ScriptedExecutor()).tick()
+    code, out = run("submit", write_spec(tmp_path, tokens=1e6, gpus=16))
+    assert code == 0 and out.startswith("queued j-"), out
+    assert (f"waiting: 16 of 16 GPUs of team ml's quota in use by {json.loads(first)['id']}; needs 16, starts when "
+            "16 are free") in " ".join(out.split())
+    waiting = out.split()[1]
+    code, out = run("list")
+    assert code == 0 and f"{waiting} waiting: 16 of 16 GPUs of team ml's quota" in " ".join(out.split()), out
+    code, out = run("status", waiting)
+    assert code == 0 and "waiting: 16 of 16 GPUs" in " ".join(out.split()), out
+    code, out = run("logs", waiting)
+    assert code == 0 and "waiting: 16 of 16 GPUs" in out, out
+    code, out = run("submit", write_spec(tmp_path, tokens=1e6, gpus=32), "--json")
+    assert code == 7 and json.loads(out)["error"]["message"].startswith(
+        "the job needs 32 GPUs, more than team ml's whole quota of 16, so it could never start; "
+        "set resources.max_gpus: 16")
+
+
+def test_cli_report_spend_takes_dates_and_gives_the_admin_every_team(remote: tuple[SchedulerService, str],
+                                                                       tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    service, _ = remote
+    service.create_team(ADMIN, TeamCreate(name="research", budget_usd=50))
+    job = json.loads(run("submit", write_spec(tmp_path, tokens=1e6), "--json")[1])
+    ex = ScriptedExecutor()
+    loop = Scheduler(service.store, ex)
+    loop.tick()
+    ex.finish(ex.handle_of(job["id"]), RunState.SUCCEEDED)
+    loop.tick()
+    today = f"{service.clock():%Y-%m-%d}"
+    for since in (today, today + "T00:00", today + "T00:00:00+00:00", "1d"):
+        code, out = run("report", "spend", "--since", since, "--json")
+        assert code == 0, out
+        report = json.loads(out)
+        assert report["team"] == "ml" and [j["job_id"] for j in report["jobs"]] == [job["id"]], since
+        assert report["since"].startswith(today) or since == "1d"
+    monkeypatch.delenv("GPUPLAN_TOKEN")  # the admin alone: every team's totals, not "no team token"
+    code, out = run("report", "spend", "--since", today, "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["team"] is None and [(t["team"], t["budget_usd"]) for t in report["teams"]] == [
+        ("ml", 10), ("research", 50)]
+    assert report["teams"][0]["total_usd"] == report["total_usd"] > 0 and report["teams"][1]["total_usd"] == 0
+    code, out = run("report", "spend", "--since", today)
+    assert code == 0 and "spend of every team" in out and "research" in out and "--team TEAM" in out, out
+    code, out = run("report", "spend", "--all", "--team", "ml", "--json")
+    assert code == 2 and json.loads(out)["error"]["message"] == "team: give --team or --all, not both"
+
+
 def test_cli_refuses_bad_tokens(remote: tuple[SchedulerService, str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUPLAN_TOKEN", "gpt_wrong")
     code, out = run("list", "--json")
@@ -129,6 +197,48 @@ def test_cli_in_process_uses_the_local_database(tmp_path: Path, monkeypatch: pyt
     assert ml["reserved_usd"] == 0 and ml["gpus_in_use"] == 0
 
 
+def test_cli_in_process_refuses_an_unknown_team_instead_of_creating_it(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+    monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUPLAN_TEAM", "ml")
+    assert run("team", "create", "ml", "--budget", "10", "--quota", "16")[0] == 0  # before ml exists
+    monkeypatch.setenv("GPUPLAN_TEAM", "mll")
+    code, out = run("submit", write_spec(tmp_path, tokens=70e6, gpus=16), "--json")
+    assert code == 4, out
+    assert json.loads(out)["error"]["message"] == (
+        "GPUPLAN_TEAM=mll: team 'mll' does not exist; did you mean 'ml'? teams: ml")
+    monkeypatch.delenv("GPUPLAN_TEAM")
+    assert run("list", "--json")[0] == 0  # the default team is created on first use
+    code, out = run("team", "list", "--json")
+    assert [t["name"] for t in json.loads(out)] == ["default", "ml"]
+
+
+@pytest.mark.parametrize("where", ["in-process", "http"])
+def test_cli_team_names_are_checked_before_anything_is_created(where: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               request: pytest.FixtureRequest) -> None:
+    if where == "http":
+        request.getfixturevalue("remote")
+    else:
+        monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+        monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+        monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    rule = "is not valid: use 1 to 63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
+    for args, name, fixed in ((("team", "create", "a/b"), "a/b", "a-b"),
+                              (("team", "create", "bad name!"), "bad name!", "bad-name"),
+                              (("team", "budget", "a/b", "10"), "a/b", "a-b"),
+                              (("team", "token", "a/b"), "a/b", "a-b"),
+                              (("report", "spend", "--team", "a/b"), "a/b", "a-b")):
+        code, out = run(*args, "--json")
+        assert code == 2, (args, out)
+        message = json.loads(out)["error"]["message"]
+        assert message.endswith(f"team name {name!r} {rule}, e.g. {fixed!r}"), (args, message)
+    code, out = run("team", "list", "--json")
+    assert all(t["name"] in ("ml", "default") for t in json.loads(out))
+
+
 @pytest.mark.parametrize(("command", "value", "expected"), [
     ("budget", "-5", "budget: must be a number >= 0 or 'none', got '-5'"),
     ("budget", "nan", "budget: must be a number >= 0 or 'none', got 'nan'"),
@@ -150,14 +260,19 @@ def test_cli_team_limits_out_of_range_are_one_error_line(tmp_path: Path, monkeyp
 
 
 @pytest.mark.parametrize(("since", "expected"), [
-    ("3x", "since: '3x' is not a duration; write e.g. '24h', '90m' or '2d'"),
-    ("0d", "since: a duration must be positive, got '0d'; write e.g. '24h', '90m' or '2d'"),
-    ("99999999999d", "since: window '99999999999d' is too large; write e.g. 30d, 12h or 90m"),
+    ("3x", "since: '3x' is not a duration; write e.g. '24h', '90m' or '2d', or a date such as 2026-11-01"),
+    ("0d", "since: a duration must be positive, got '0d'; write e.g. '24h', '90m' or '2d', or a date such as "
+           "2026-11-01"),
+    ("99999999999d", "since: window '99999999999d' is too large; write a window (30d, 12h, 90m) or a UTC date or "
+                     "time (2026-11-01, 2026-11-01T08:00)"),
+    ("2026-13-01", "since: '2026-13-01' is not a date; write a window (30d, 12h, 90m) or a UTC date or time "
+                   "(2026-11-01, 2026-11-01T08:00)"),
+    ("2999-01-01", "since: '2999-01-01' is in the future (now is "),
 ])
 def test_cli_report_spend_bad_window_is_one_hint(remote: tuple[SchedulerService, str], since: str,
                                                  expected: str) -> None:
     code, out = run("report", "spend", "--since", since, "--json")
-    assert code == 2 and json.loads(out)["error"]["message"] == expected
+    assert code == 2 and json.loads(out)["error"]["message"].startswith(expected)
 
 
 def test_cli_report_spend_bad_window_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,7 +281,8 @@ def test_cli_report_spend_bad_window_in_process(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
     code, out = run("report", "spend", "--since", "3x", "--json")
     assert code == 2
-    assert json.loads(out)["error"]["message"] == "since: '3x' is not a duration; write e.g. '24h', '90m' or '2d'"
+    assert json.loads(out)["error"]["message"] == ("since: '3x' is not a duration; write e.g. '24h', '90m' or '2d', "
+                                                   "or a date such as 2026-11-01")
 
 
 def test_cli_logs_prints_each_line_whole(remote: tuple[SchedulerService, str], tmp_path: Path) -> None:

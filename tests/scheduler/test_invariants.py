@@ -17,7 +17,7 @@ from catalog.errors import Conflict, LimitExceeded
 from scheduler.loop import Scheduler
 from scheduler.models import Attempt, Event, Job, JobCreate, Spend, TeamCreate
 from scheduler.service import ADMIN, SchedulerService
-from scheduler.states import ACTIVE, JobState, allowed
+from scheduler.states import JobState, allowed
 from scheduler.store import Store
 from tests.scheduler.conftest import spec_dict, toy_plan
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
@@ -46,7 +46,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.store.dispose()
         self.dir.cleanup()
 
-    @rule(dollars=st.integers(1, 12), gpus=st.integers(1, 4), key=st.sampled_from([None, "a", "b"]))
+    @rule(dollars=st.integers(1, 12), gpus=st.integers(1, QUOTA + 2), key=st.sampled_from([None, "a", "b"]))
     def submit(self, dollars: int, gpus: int, key: str | None) -> None:
         try:
             job = self.svc.submit(self.me, JobCreate(spec=spec_dict(tokens=dollars * 1e6, gpus=gpus),
@@ -73,6 +73,20 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.ex.finish(running[0], outcome)
         self.clock.advance(minutes=minutes)
         self.loop.tick()
+        self.queue_moves()
+
+    def queue_moves(self) -> None:
+        """After a tick, a due job left queued is one the quota holds back, and it says so."""
+        now = self.clock()
+        with self.store.read() as s:
+            jobs = s.exec(select(Job)).all()
+            running = sum(j.gpus for j in jobs if j.id in {a.job_id for a in s.exec(select(Attempt)).all()
+                                                            if a.ended_at is None})
+        for job in jobs:
+            if job.state == JobState.QUEUED.value and (job.next_run_at is None or job.next_run_at <= now):
+                assert job.message.startswith("waiting: "), (job.id, job.message)
+                if "behind" not in job.message:
+                    assert running + job.gpus > QUOTA, (job.id, job.message, running)
 
     @rule()
     def restart(self) -> None:
@@ -87,8 +101,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             attempts = s.exec(select(Attempt)).all()
             spends = s.exec(select(Spend)).all()
             events = s.exec(select(Event).order_by(Event.id)).all()  # type: ignore[arg-type]
-        # GPU quota: active jobs never hold more than the quota.
-        assert sum(j.gpus for j in jobs.values() if JobState(j.state) in ACTIVE) <= QUOTA
+        # GPU quota: it admits jobs to run, so the jobs holding an attempt never hold more than it,
+        # and no job larger than it is ever accepted.
+        assert sum(jobs[a.job_id].gpus for a in attempts if a.ended_at is None) <= QUOTA
+        assert all(j.gpus <= QUOTA for j in jobs.values())
         # Budget: at admission the estimate fit; reserved (estimate not yet spent) + spent never
         # exceeds the budget by more than what attempts ran past their estimates.
         team = self.svc.get_team(self.me)

@@ -43,16 +43,40 @@ def test_budget_refusal_says_by_how_much(service: SchedulerService) -> None:
     assert len(service.list_jobs(ml)) == 1
 
 
-def test_quota_refusal_and_cancel_frees_it(service: SchedulerService) -> None:
+def test_quota_admits_to_run_so_a_job_over_it_is_queued_with_the_reason(service: SchedulerService) -> None:
+    ml = team(service, "ml", quota=16)
+    first = service.submit(ml, JobCreate(spec=spec_dict(gpus=16)))
+    # Nothing runs yet (no loop): the second job is queued too, not refused as "16 of 16 in use".
+    second = service.submit(ml, JobCreate(spec=spec_dict(gpus=16)))
+    assert (first.state, second.state, first.message, second.message) == ("queued", "queued", "", "")
+    info = service.get_team(ml)
+    assert (info.gpus_in_use, info.gpus_queued) == (0, 32)
+
+
+def test_a_job_larger_than_the_whole_quota_is_refused_with_advice(service: SchedulerService) -> None:
     ml = team(service, "ml", quota=8)
-    first = service.submit(ml, JobCreate(spec=spec_dict(gpus=6)))
-    with pytest.raises(LimitExceeded, match=r"needs 4 GPUs but team ml has 6 of its 8-GPU quota in use; that "
-                                            r"exceeds the quota by 2; set resources[.]max_gpus: 2 in the spec"):
-        service.submit(ml, JobCreate(spec=spec_dict(gpus=4)))
-    service.cancel(ml, first.id, "make room")
-    assert service.submit(ml, JobCreate(spec=spec_dict(gpus=4))).gpus == 4
-    with pytest.raises(Conflict, match="already cancelled"):
-        service.cancel(ml, first.id)
+    with pytest.raises(LimitExceeded) as info:
+        service.submit(ml, JobCreate(spec=spec_dict(gpus=16)))
+    assert str(info.value) == ("the job needs 16 GPUs, more than team ml's whole quota of 8, so it could never start; "
+                               "set resources.max_gpus: 8 in the spec so the planner picks a plan that fits, or raise "
+                               "the quota (gpuplan team quota ml 16)")
+    assert service.list_jobs(ml) == []
+
+
+def test_revoking_another_teams_token_is_not_found_and_changes_nothing(service: SchedulerService) -> None:
+    team(service, "ml")
+    research = service.create_team(ADMIN, TeamCreate(name="research"))
+    theirs = service.create_token(ADMIN, research.name)
+    ml_token = service.list_tokens(ADMIN, "ml")[0]
+    with pytest.raises(NotFound, match=f"^team ml has no token {theirs.id};"):
+        service.revoke_token(ADMIN, "ml", theirs.id)
+    with pytest.raises(NotFound, match="team 'nosuch' does not exist") as info:
+        service.revoke_token(ADMIN, "nosuch", ml_token.id)
+    assert "ml, research" in (info.value.hint or "")
+    assert service.authenticate(theirs.token).team_name == "research"
+    assert [t.revoked_at for t in service.list_tokens(ADMIN, "ml") + service.list_tokens(ADMIN, "research")] == [
+        None, None]
+    assert service.revoke_token(ADMIN, "research", theirs.id).revoked_at is not None
 
 
 def test_idempotency_key_returns_the_same_job(service: SchedulerService) -> None:
@@ -89,7 +113,7 @@ def test_tokens_are_hashed_and_revocable(service: SchedulerService, store: Store
         row = session.exec(select(ApiToken)).one()
     assert row.token_hash == hash_token(created.token) and created.token not in row.token_hash
     assert service.authenticate(created.token).team_name == "ml"
-    service.revoke_token(ADMIN, created.id)
+    service.revoke_token(ADMIN, "ml", created.id)
     with pytest.raises(AuthError, match="revoked"):
         service.authenticate(created.token)
     with pytest.raises(AuthError, match="invalid token"):
@@ -149,8 +173,32 @@ def test_concurrent_submits_never_exceed_budget_or_quota(store: Store, tmp_path:
     for t in threads:
         t.join()
     info = services[0].get_team(services[0].authenticate(token))
-    # $1 and 1 GPU each: the budget ($10) binds before the quota (12 GPUs).
+    # $1 and 1 GPU each: the budget ($10) binds; the quota (12 GPUs) admits to run, not to the queue.
     assert results.count("ok") == 10 and results.count("refused") == 30
-    assert info.reserved_usd == pytest.approx(10.0) and info.gpus_in_use == 10
+    assert info.reserved_usd == pytest.approx(10.0) and (info.gpus_in_use, info.gpus_queued) == (0, 10)
     for s in services:
         s.store.dispose()
+
+
+@pytest.mark.parametrize("name", ["a/b", "bad name!", "ML", "-ml", "x" * 64, ""])
+def test_team_names_follow_one_rule_on_every_path(service: SchedulerService, name: str) -> None:
+    with pytest.raises(ValueError, match="is not valid: use 1 to 63 lowercase letters"):
+        TeamCreate(name=name)
+    team(service, "ml")
+    for call in (lambda: service.update_team(ADMIN, name, TeamUpdate(budget_usd=10)),
+                 lambda: service.create_token(ADMIN, name), lambda: service.team_principal(name, create=True)):
+        with pytest.raises(InvalidInput, match=f"^team: team name {name!r} is not valid"):
+            call()
+    assert [t.name for t in service.list_teams(ADMIN)] == ["ml"]
+
+
+def test_an_unknown_team_is_not_created_and_the_error_lists_the_teams(service: SchedulerService) -> None:
+    team(service, "ml")
+    team(service, "research")
+    with pytest.raises(NotFound) as info:
+        service.team_principal("mll")
+    assert str(info.value) == "team 'mll' does not exist; did you mean 'ml'? teams: ml, research"
+    assert service.team_principal("ml").team_name == "ml"
+    # Only the default team is made on first use (the in-process CLI asks with create=True for it).
+    assert service.team_principal("default", create=True).team_name == "default"
+    assert [t.name for t in service.list_teams(ADMIN)] == ["default", "ml", "research"]

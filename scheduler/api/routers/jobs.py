@@ -25,7 +25,7 @@ class CancelBody(BaseModel):
 
 class PlanRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    spec: dict[str, Any] = Field(description="a JobSpec (see DESIGN.md)")
+    spec: dict[str, Any] = Field(description="a job spec: the fields of the README's 'Job spec' (examples/*.yaml)")
 
 
 # The hot endpoints are ``async`` and run their service call inline: a few short statements, with

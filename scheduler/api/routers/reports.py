@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse
 
-from catalog.errors import InvalidInput
-from planner.spec import parse_hours
+from scheduler import ledger
 from scheduler.api.deps import PrincipalDep, ServiceDep
 from scheduler.metrics import render_prometheus
 from scheduler.models import SpendReport
@@ -19,18 +17,12 @@ router = APIRouter(tags=["reports"])
 
 @router.get("/v1/reports/spend", response_model=SpendReport)
 def spend(principal: PrincipalDep, service: ServiceDep,
-          since: Annotated[str, Query(max_length=32, description="window, e.g. 30d, 12h")] = "30d",
-          team: Annotated[str | None, Query(max_length=64, description="admin only: any team")] = None,
+          since: Annotated[str, Query(max_length=32, description="a window (30d, 12h, 90m) or a UTC date or "
+                                                                  "time (2026-11-01, 2026-11-01T08:00)")] = "30d",
+          team: Annotated[str | None, Query(max_length=64, description="admin only: any team; the admin "
+                                                                       "without it gets every team's totals")] = None,
           ) -> SpendReport:
-    try:
-        hours = parse_hours(since)
-        window = timedelta(hours=hours)
-        start = service.clock() - window
-    except ValueError as exc:  # parse_hours' message already shows the form to write
-        raise InvalidInput(str(exc), path="since") from None
-    except OverflowError:
-        raise InvalidInput(f"window {since!r} is too large", path="since", hint="write e.g. 30d, 12h or 90m") from None
-    return service.spend_report(principal, since=start, team=team)
+    return service.spend_report(principal, since=ledger.since_start(since, service.clock()), team=team)
 
 
 @router.get("/healthz")

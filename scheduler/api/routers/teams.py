@@ -60,4 +60,4 @@ def list_tokens(name: str, principal: PrincipalDep, service: ServiceDep) -> list
 @router.delete("/{name}/tokens/{token_id}", response_model=ApiTokenPublic)
 def revoke_token(name: str, token_id: Annotated[int, Path(ge=1, le=2**62)], principal: PrincipalDep,
                  service: ServiceDep) -> ApiTokenPublic:
-    return service.revoke_token(principal, token_id)
+    return service.revoke_token(principal, name, token_id)
