@@ -16,6 +16,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
+from scheduler.inputs import JsonObject, Key, Name
+
 # Deterministic constraint names so Alembic migrations can refer to them on every backend.
 SQLModel.metadata.naming_convention = {
     "ix": "ix_%(column_0_label)s",
@@ -54,13 +56,14 @@ def _ts(nullable: bool = False, index: bool = False) -> Any:
 
 
 class TeamBase(SQLModel):
-    name: str = Field(min_length=1, max_length=64, regex=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(min_length=1, max_length=64)
     budget_usd: float | None = Field(default=None, ge=0, le=1e12, description="None: no budget limit")
     gpu_quota: int | None = Field(default=None, ge=0, le=1_000_000, description="GPUs of active jobs; None: no limit")
 
 
 class TeamCreate(TeamBase):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+    name: Name
 
 
 class TeamUpdate(SQLModel):
@@ -118,7 +121,8 @@ class JobBase(SQLModel):
 
 class JobCreate(JobBase):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
-    spec: dict[str, Any] = Field(description="a JobSpec (see DESIGN.md)")
+    idempotency_key: Key | None = None
+    spec: JsonObject = Field(description="a JobSpec (see DESIGN.md)")
 
 
 class Job(JobBase, table=True):

@@ -11,6 +11,7 @@ from fastapi.responses import PlainTextResponse
 from catalog.errors import InvalidInput
 from planner.spec import parse_hours
 from scheduler.api.deps import PrincipalDep, ServiceDep
+from scheduler.inputs import Name, Word
 from scheduler.metrics import render_prometheus
 from scheduler.models import SpendReport
 
@@ -19,8 +20,8 @@ router = APIRouter(tags=["reports"])
 
 @router.get("/v1/reports/spend", response_model=SpendReport)
 def spend(principal: PrincipalDep, service: ServiceDep,
-          since: Annotated[str, Query(max_length=32, description="window, e.g. 30d, 12h")] = "30d",
-          team: Annotated[str | None, Query(max_length=64, description="admin only: any team")] = None,
+          since: Annotated[Word, Query(description="window, e.g. 30d, 12h")] = "30d",
+          team: Annotated[Name | None, Query(description="admin only: any team")] = None,
           ) -> SpendReport:
     try:
         hours = parse_hours(since)
