@@ -14,6 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 
 from catalog.errors import GpuplanError, InvalidInput
 
@@ -60,7 +61,8 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
             if kwargs.get("as_json"):
                 print_json({"error": exc.to_dict()})
             else:
-                err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+                # One line however long, and a message quoting an input is not read as markup.
+                err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper

@@ -89,9 +89,12 @@ def install(app: FastAPI) -> None:
         return _error(422, "invalid_input", f"{path}: {_message(first)}{more}", path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):  # JSON parsing of the body failed
             return _error(422, "invalid_input", f"body: {_unparsable_body(exc.__cause__)}", "body")
+        if exc.status_code == 404 and exc.detail == "Not Found":  # no route matched (a '/' inside an id, a typo)
+            return _error(404, "not_found", f"no API route {req.method} {printable(req.url.path, 80)}; the "
+                          "routes are listed at /docs (a job id or team name holds no '/')")
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         return _error(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
 
