@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from annotated_types import Interval
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
@@ -149,3 +150,5 @@ Word = Annotated[str, TextRule(64)]
 """A short query value: a state, GPU, cloud or window."""
 Reason = Annotated[str, TextRule(500)]
 JsonObject = Annotated[dict[str, Any], JsonRule()]
+RowId = Annotated[int, Interval(ge=1, le=2**31 - 1)]
+"""A table's id (a token's): PostgreSQL's INTEGER, so a larger one is refused, not a 500 from the driver."""

@@ -176,3 +176,51 @@ def _body_probes(method: str, template: str, path: str, body: dict[str, Any], op
             yield Probe(method, path, raw_json(document), f"{method} {template} body {where}<key {name}>", True)
     for raw in (b'{"\xed\xa0\x80": 1}', b'{"x": "\xff"}'):  # a surrogate's bytes; a byte UTF-8 never has
         yield Probe(method, path, raw, f"{method} {template} body not UTF-8 {raw!r}", True)
+
+
+@dataclass
+class Outcome:
+    sent: int
+    problems: list[str]  # 5xx, no answer, a hostile value taken, an error out of the one format
+
+
+def check(base_url: str, openapi: Mapping[str, Any], *, token: str, admin_token: str,
+          path_values: Mapping[str, str], bodies: Mapping[tuple[str, str], dict[str, Any]]) -> Outcome:
+    """Send every probe (team routes and /metrics with the admin token) and collect what went wrong."""
+    outcome = Outcome(0, [])
+    clients = {who: httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+               for who, secret in (("team", token), ("admin", admin_token))}
+    try:
+        for probe in probes(openapi, path_values, bodies):
+            client = clients["admin" if probe.path.startswith(("/v1/teams", "/metrics")) else "team"]
+            outcome.sent += 1
+            try:
+                response = probe.send(client)
+            except httpx.TransportError as exc:
+                outcome.problems.append(f"{probe.what}: no answer ({exc!r})")
+                continue
+            problem = _problem(probe, response)
+            if problem:
+                outcome.problems.append(f"{probe.what}: {problem}")
+    finally:
+        for client in clients.values():
+            client.close()
+    return outcome
+
+
+def _problem(probe: Probe, response: httpx.Response) -> str | None:
+    status = response.status_code
+    if status >= 500 or (probe.must_refuse and status < 400):
+        return f"HTTP {status} {response.text[:300]}"
+    if status < 400:
+        return None
+    body = response.json()
+    error = body.get("error") if isinstance(body, dict) else None
+    if set(body) != {"error"} or not isinstance(error, dict) or not set(error) <= {"code", "message", "path"}:
+        return f"not the one error format: {response.text[:300]}"
+    message = error.get("message")
+    if not isinstance(message, str) or not message or len(message) > 1000 or message != message.strip():
+        return f"no clear message: {response.text[:300]}"
+    if any(ch < " " or "\ud800" <= ch <= "\udfff" for ch in message):
+        return f"the message carries a raw control character or surrogate: {message!r}"
+    return None

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, status
+from fastapi import APIRouter, Body, status
 from pydantic import BaseModel, ConfigDict
 
 from scheduler.api.deps import PrincipalDep, ServiceDep
-from scheduler.inputs import Label, Name
+from scheduler.inputs import Label, Name, RowId
 from scheduler.models import ApiTokenCreated, ApiTokenPublic, TeamCreate, TeamPublic, TeamUpdate
 
 router = APIRouter(prefix="/v1/teams", tags=["teams"])
@@ -59,6 +59,6 @@ def list_tokens(name: Name, principal: PrincipalDep, service: ServiceDep) -> lis
 
 
 @router.delete("/{name}/tokens/{token_id}", response_model=ApiTokenPublic)
-def revoke_token(name: Name, token_id: Annotated[int, Path(ge=1, le=2**62)], principal: PrincipalDep,
+def revoke_token(name: Name, token_id: RowId, principal: PrincipalDep,
                  service: ServiceDep) -> ApiTokenPublic:
     return service.revoke_token(principal, token_id)
