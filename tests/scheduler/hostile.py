@@ -10,7 +10,7 @@ travels as the JSON escape ``\\ud800`` and a number as the literal itself (``1e4
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -125,11 +125,12 @@ def _url(template: str, params: list[dict[str, Any]], path_values: Mapping[str, 
 
 
 def probes(openapi: Mapping[str, Any], path_values: Mapping[str, str],
-           bodies: Mapping[tuple[str, str], dict[str, Any]]) -> Iterator[Probe]:
+           bodies: Mapping[tuple[str, str], dict[str, Any]], spec_fields: Sequence[str] = SPEC_FIELDS
+           ) -> Iterator[Probe]:
     """Every hostile value in every parameter and body field of every operation in ``openapi``.
 
     ``path_values`` gives a valid value for each path parameter name and ``bodies`` a valid body
-    for each (METHOD, path template) that takes one.
+    for each (METHOD, path template) that takes one; ``spec_fields`` are probed inside a job spec.
     """
     for template, item in openapi["paths"].items():
         for method, op in item.items():
@@ -152,15 +153,16 @@ def probes(openapi: Mapping[str, Any], path_values: Mapping[str, str],
                            else _url(template, params, path_values, query=f"{p['name']}={raw}"))
                     yield Probe(method, url, encoded, where, refused)
             if body is not None:
-                yield from _body_probes(method, template, _url(template, params, path_values), body, op, openapi)
+                url = _url(template, params, path_values)
+                yield from _body_probes(method, template, url, body, op, openapi, spec_fields)
 
 
 def _body_probes(method: str, template: str, path: str, body: dict[str, Any], op: Mapping[str, Any],
-                 openapi: Mapping[str, Any]) -> Iterator[Probe]:
+                 openapi: Mapping[str, Any], spec_fields: Sequence[str]) -> Iterator[Probe]:
     schema = _resolve(op["requestBody"]["content"]["application/json"]["schema"], openapi)
     fields = {name: _kinds(s, openapi) for name, s in schema.get("properties", {}).items()}
     if "spec" in fields:
-        fields.update({f"spec.{f}": {"any"} for f in SPEC_FIELDS})
+        fields.update({f"spec.{f}": {"any"} for f in spec_fields})
     for field, kinds in fields.items():
         for name, text in TEXT.items():
             yield Probe(method, path, raw_json(_with(body, field, text)), f"{method} {template} body {field}={name}",
@@ -185,13 +187,14 @@ class Outcome:
 
 
 def check(base_url: str, openapi: Mapping[str, Any], *, token: str, admin_token: str,
-          path_values: Mapping[str, str], bodies: Mapping[tuple[str, str], dict[str, Any]]) -> Outcome:
+          path_values: Mapping[str, str], bodies: Mapping[tuple[str, str], dict[str, Any]],
+          spec_fields: Sequence[str] = SPEC_FIELDS) -> Outcome:
     """Send every probe (team routes and /metrics with the admin token) and collect what went wrong."""
     outcome = Outcome(0, [])
     clients = {who: httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {secret}"}, timeout=60)
                for who, secret in (("team", token), ("admin", admin_token))}
     try:
-        for probe in probes(openapi, path_values, bodies):
+        for probe in probes(openapi, path_values, bodies, spec_fields):
             client = clients["admin" if probe.path.startswith(("/v1/teams", "/metrics")) else "team"]
             outcome.sent += 1
             try:
