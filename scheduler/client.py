@@ -16,11 +16,12 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlencode
 
 import httpx
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from catalog.errors import ExternalServiceError, GpuplanError, InvalidInput
 from planner.spec import parse_hours
 from planner.types import Plan
+from scheduler.inputs import printable
 from scheduler.models import (
     ApiTokenCreated,
     ApiTokenPublic,
@@ -252,5 +253,9 @@ def local_client(database_url: str, *, checkpoint_root: str, team: str = "defaul
     from scheduler.service import ADMIN
 
     service = make_service(database_url, checkpoint_root=checkpoint_root)
-    info = service.ensure_team(team)
+    try:
+        info = service.ensure_team(team)
+    except ValidationError as exc:  # the name the server would refuse too
+        raise InvalidInput(f"team name '{printable(team, 40)}' {exc.errors()[0]['msg']}",
+                           hint="set GPUPLAN_TEAM to a name such as ml-research") from None
     return LocalClient(service, Principal(team_id=info.id, team_name=info.name), ADMIN)

@@ -178,6 +178,18 @@ def test_cli_report_spend_bad_window_is_one_hint(remote: tuple[SchedulerService,
     assert code == 2 and json.loads(out)["error"]["message"] == expected
 
 
+def test_cli_in_process_refuses_a_team_name_the_server_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+    monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUPLAN_TEAM", "my team")
+    code, out = run("list", "--json")
+    assert code == 2
+    assert json.loads(out)["error"]["message"] == ("team name 'my team' must be letters, digits, '.', '_' or '-', "
+                                                   "starting with a letter or digit; set GPUPLAN_TEAM to a name such "
+                                                   "as ml-research")
+
+
 def test_cli_report_spend_bad_window_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
     monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
