@@ -59,17 +59,18 @@ def _message(error: Mapping[str, Any]) -> str:
     if kind == "string_unicode":
         return "contains a lone surrogate (U+D800 to U+DFFF), which is not Unicode; send UTF-8 text"
     if kind == "json_invalid":
-        return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'syntax error')})"
+        where = error.get("loc", ("body", "?"))[-1]
+        return f"not valid JSON ({error.get('ctx', {}).get('error', 'syntax error')} at character {where})"
     return str(error.get("msg", "invalid"))
 
 
 def _unparsable_body(cause: BaseException) -> str:
     """What FastAPI's bare "error parsing the body" was: JSON parsing raised something else than a syntax error."""
     if isinstance(cause, UnicodeDecodeError):
-        return f"the body is not UTF-8 (byte 0x{cause.object[cause.start]:02X} at position {cause.start})"
+        return f"not UTF-8 (byte 0x{cause.object[cause.start]:02X} at position {cause.start})"
     if "digits" in str(cause):  # int() refuses a literal over 4300 digits
-        return "the body holds a number with thousands of digits; no field takes one that long"
-    return "the body is not valid JSON"
+        return "holds a number with thousands of digits; no field takes one that long"
+    return "not valid JSON"
 
 
 def install(app: FastAPI) -> None:
