@@ -180,7 +180,8 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
             if kwargs.get("as_json"):
                 print_json({"error": exc.to_dict()})
             else:
-                err_console.print(styled(("error:", "bold red"), f" {exc}"), highlight=False)
+                # One line however long; the consoles read no markup, so a quoted input prints as written.
+                err_console.print(styled(("error:", "bold red"), f" {exc}"), highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper

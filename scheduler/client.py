@@ -7,9 +7,12 @@ the in-process service raises, so messages and exit codes match.
 
 from __future__ import annotations
 
+import json as jsonlib
 import secrets
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
+from urllib.parse import quote, urlencode
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -156,6 +159,17 @@ def error_from_response(resp: httpx.Response) -> GpuplanError:
     return err
 
 
+def _utf8(value: object) -> bytes:
+    # surrogatepass: a lone surrogate (from an argv that was not UTF-8) still travels, and the
+    # server answers what is wrong with it instead of this process failing to encode it.
+    return str(value).encode("utf-8", "surrogatepass")
+
+
+def _segment(value: object) -> str:
+    """One URL path segment: a '/', '?' or NUL in a job id or team name stays inside it."""
+    return quote(_utf8(value), safe="")
+
+
 class HttpClient:
     """The same calls against ``gpuplan server``. Submits carry an idempotency key and are retried
     on connection errors and 5xx, so a flaky network never makes two jobs of one submit."""
@@ -170,11 +184,17 @@ class HttpClient:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, *, retry: bool = False, **kwargs: Any) -> Any:
+    def _call(self, method: str, path: str, *, retry: bool = False, json: Any = None,
+              params: Mapping[str, object] | None = None) -> Any:
         attempts = self.retries if retry else 1
+        if params:
+            path += "?" + urlencode({key: _utf8(value) for key, value in params.items()})
+        # ASCII JSON (\u0000, \ud800): any text reaches the server, which says what is wrong with it.
+        content = None if json is None else jsonlib.dumps(json).encode()
+        headers = {"Content-Type": "application/json"} if content is not None else None
         for i in range(attempts):
             try:
-                resp = self._http.request(method, path, **kwargs)
+                resp = self._http.request(method, path, content=content, headers=headers)
             except httpx.TransportError as exc:
                 if i + 1 < attempts:
                     time.sleep(0.2 * 2**i)
@@ -189,8 +209,8 @@ class HttpClient:
             return resp.json()
         raise AssertionError("unreachable")
 
-    def _get(self, model: type[M], path: str, **kwargs: Any) -> M:
-        return model.model_validate(self._call("GET", path, **kwargs))
+    def _get(self, model: type[M], path: str, params: Mapping[str, object] | None = None) -> M:
+        return model.model_validate(self._call("GET", path, params=params))
 
     def submit(self, body: JobCreate) -> JobPublic:
         if body.idempotency_key is None:
@@ -198,7 +218,7 @@ class HttpClient:
         return JobPublic.model_validate(self._call("POST", "/v1/jobs", json=body.model_dump(mode="json"), retry=True))
 
     def status(self, job_id: str) -> JobDetail:
-        return self._get(JobDetail, f"/v1/jobs/{job_id}")
+        return self._get(JobDetail, f"/v1/jobs/{_segment(job_id)}")
 
     def list_jobs(self, *, state: str | None = None, limit: int = 50) -> list[JobPublic]:
         params: dict[str, Any] = {"limit": limit}
@@ -207,10 +227,11 @@ class HttpClient:
         return TypeAdapter(list[JobPublic]).validate_python(self._call("GET", "/v1/jobs", params=params))
 
     def cancel(self, job_id: str, reason: str = "") -> JobPublic:
-        return JobPublic.model_validate(self._call("POST", f"/v1/jobs/{job_id}/cancel", json={"reason": reason}))
+        return JobPublic.model_validate(self._call("POST", f"/v1/jobs/{_segment(job_id)}/cancel",
+                                                   json={"reason": reason}))
 
     def logs(self, job_id: str, since: int = 0) -> JobLogs:
-        return self._get(JobLogs, f"/v1/jobs/{job_id}/logs", params={"since": since})
+        return self._get(JobLogs, f"/v1/jobs/{_segment(job_id)}/logs", params={"since": since})
 
     def plan(self, spec: dict[str, Any]) -> Plan:
         return Plan.model_validate(self._call("POST", "/v1/plans", json={"spec": spec}))

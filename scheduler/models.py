@@ -18,6 +18,7 @@ from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
 from catalog.errors import InvalidInput
+from scheduler.inputs import JsonObject, Key, Name
 
 # Deterministic constraint names so Alembic migrations can refer to them on every backend.
 SQLModel.metadata.naming_convention = {
@@ -88,6 +89,7 @@ class TeamBase(SQLModel):
 
 class TeamCreate(TeamBase):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
+    name: Name
 
     @field_validator("name")
     @classmethod
@@ -154,7 +156,8 @@ class JobBase(SQLModel):
 
 class JobCreate(JobBase):
     model_config = ConfigDict(extra="forbid")  # type: ignore[assignment]
-    spec: dict[str, Any] = Field(description="a job spec: the fields of the README's 'Job spec' (examples/*.yaml)")
+    idempotency_key: Key | None = None
+    spec: JsonObject = Field(description="a job spec: the fields of the README's 'Job spec' (examples/*.yaml)")
 
 
 class Job(JobBase, table=True):

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from catalog.loader import Catalog
-from scheduler.api import errors
+from scheduler.api import deps, errors
 from scheduler.api.routers import catalog as catalog_router
 from scheduler.api.routers import jobs, reports, teams
 from scheduler.service import SchedulerService
@@ -45,6 +45,7 @@ def create_app(service: SchedulerService, catalog: Catalog, *, loop: Loop | None
         'Every error is `{"error": {"code", "message", "path"?}}`.',
         lifespan=lifespan,
         responses=errors.ERROR_RESPONSES,
+        dependencies=[Depends(deps.utf8_url)],
     )
     app.state.service = service
     app.state.catalog = catalog

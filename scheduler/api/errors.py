@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +13,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from catalog.errors import GpuplanError
+from scheduler.inputs import printable
 
 log = logging.getLogger("gpuplan.api")
 
@@ -39,15 +41,36 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 def _error(status: int, code: str, message: str, path: str | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
-    body: dict[str, Any] = {"code": code, "message": message}
+    # Messages may quote an input: escape what a client's terminal or UTF-8 encoder would choke on.
+    body: dict[str, Any] = {"code": code, "message": printable(message)}
     if path:
-        body["path"] = path
+        body["path"] = printable(path)
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    parts = [printable(str(p), 40) for p in loc if p not in ("body", "query", "path", "header", "[key]")]
     return ".".join(parts) or ".".join(str(p) for p in loc)
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    """Pydantic's message, said plainly where it is not (a lone surrogate, a body that is not JSON)."""
+    kind = error.get("type")
+    if kind == "string_unicode":
+        return "contains a lone surrogate (U+D800 to U+DFFF), which is not Unicode; send UTF-8 text"
+    if kind == "json_invalid":
+        where = error.get("loc", ("body", "?"))[-1]
+        return f"not valid JSON ({error.get('ctx', {}).get('error', 'syntax error')} at character {where})"
+    return str(error.get("msg", "invalid"))
+
+
+def _unparsable_body(cause: BaseException) -> str:
+    """What FastAPI's bare "error parsing the body" was: JSON parsing raised something else than a syntax error."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"not UTF-8 (byte 0x{cause.object[cause.start]:02X} at position {cause.start})"
+    if "digits" in str(cause):  # int() refuses a literal over 4300 digits
+        return "holds a number with thousands of digits; no field takes one that long"
+    return "not valid JSON"
 
 
 def install(app: FastAPI) -> None:
@@ -62,13 +85,17 @@ def install(app: FastAPI) -> None:
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        path = _loc(tuple(first.get("loc", ())))
+        path = "body" if first.get("type") == "json_invalid" else _loc(tuple(first.get("loc", ())))
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")  # our validators' own words
-        return _error(422, "invalid_input", f"{path}: {message}{more}", path)
+        return _error(422, "invalid_input", f"{path}: {_message(first)}{more}", path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):  # JSON parsing of the body failed
+            return _error(422, "invalid_input", f"body: {_unparsable_body(exc.__cause__)}", "body")
+        if exc.status_code == 404 and exc.detail == "Not Found":  # no route matched (a '/' inside an id, a typo)
+            return _error(404, "not_found", f"no API route {req.method} {printable(req.url.path, 80)}; the "
+                          "routes are listed at /docs (a job id or team name holds no '/')")
         code = _HTTP_CODES.get(exc.status_code, "http_error")
         return _error(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -159,6 +160,60 @@ def test_errors_share_one_format(api: Api) -> None:
         assert_error(c.get("/v1/catalog/offers", params={"gpu": "H1OO-XYZ"}), 422, "unknown_name")
         assert c.get("/healthz").json()["status"] == "ok"
         assert c.get("/v1/catalog/gpus").status_code == 200
+
+
+def _spec_json(literal: str) -> str:
+    """A job request whose spec's train.seed is ``literal`` verbatim (json.dumps cannot write 1e400)."""
+    return json.dumps({"spec": spec_dict()}).replace('"train": {', f'"train": {{"seed": {literal}, ', 1)
+
+
+# (method, URL, raw JSON body or None, admin?, path, message): issue 9's inputs, each with what it says.
+HOSTILE = [
+    ("GET", "/v1/jobs/%00", None, False, "job_id", "job_id: contains a NUL byte (U+0000) at character 1; remove it"),
+    ("GET", "/v1/jobs/%ED%A0%80", None, False, None,
+     "the URL's path is not UTF-8 once its %-escapes are decoded (byte 0xED); percent-encode text as UTF-8"),
+    ("GET", "/v1/jobs/" + "j" * 10_000, None, False, "job_id",
+     "job_id: is 10000 characters long; at most 32 are allowed"),
+    ("GET", "/v1/jobs?state=queued%1B%5B2J", None, False, "state",
+     "state: contains the control character U+001B at character 7; remove it"),
+    ("GET", "/v1/jobs?limit=99999999999999999999999", None, False, "limit",
+     "limit: Input should be less than or equal to 1000"),
+    ("GET", "/v1/jobs/j-1/logs?since=1e400", None, False, "since",
+     "since: Input should be a valid integer, unable to parse string as an integer"),
+    ("POST", "/v1/jobs/j-1/cancel", '{"reason": "oops\\ud800"}', False, "reason",
+     "reason: contains a lone surrogate (U+D800) at character 5, which is not Unicode; send UTF-8 text"),
+    ("POST", "/v1/jobs", '{"priority": 1e400, "spec": {}}', False, "priority",
+     "priority: Input should be a finite number"),
+    ("POST", "/v1/jobs", _spec_json("99999999999999999999999"), False, "spec",
+     "spec: train.seed is an integer of 23 digits; at most ±9223372036854775807 is allowed"),
+    ("POST", "/v1/plans", _spec_json("1e400"), False, "spec",
+     "spec: train.seed is not a finite number; write one such as 1e6"),
+    ("POST", "/v1/jobs", '{"spec": {"name": "a\\u0000b"}}', False, "spec",
+     "spec: name contains a NUL byte (U+0000) at character 2; remove it"),
+    ("POST", "/v1/jobs", '{"priority": 1' + "0" * 5000 + ', "spec": {}}', False, "body",
+     "body: holds a number with thousands of digits; no field takes one that long"),
+    ("POST", "/v1/plans", '{"spec": {"name": "x"', False, "body",
+     "body: not valid JSON (Expecting ',' delimiter at character 21)"),
+    ("POST", "/v1/teams", '{"name": "a b"}', True, "name",
+     "name: must be letters, digits, '.', '_' or '-', starting with a letter or digit"),
+    ("GET", "/v1/teams/ml%00", None, True, "name", "name: contains a NUL byte (U+0000) at character 3; remove it"),
+    ("DELETE", "/v1/teams/ml/tokens/2147483648", None, True, "token_id",
+     "token_id: Input should be less than or equal to 2147483647"),
+]
+
+
+def test_hostile_inputs_are_refused_saying_what_was_wrong(api: Api) -> None:
+    """On SQLite and PostgreSQL alike (a NUL reached psycopg and was a 500 there)."""
+    token = api.team("ml")
+    answers = []
+    with api.client(token) as team, api.client(ADMIN) as admin:
+        for method, url, body, as_admin, _, _ in HOSTILE:
+            headers = {"Content-Type": "application/json"} if body is not None else {}
+            response = (admin if as_admin else team).request(method, url, content=body, headers=headers)
+            err = assert_error(response, 422, "invalid_input")
+            answers.append((url, err.get("path"), err["message"]))
+        assert team.get("/v1/jobs").json() == []  # nothing got in
+    assert answers == [(url, path, message) for _, url, _, _, path, message in HOSTILE]
 
 
 _SUBMITTER = """

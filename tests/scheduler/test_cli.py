@@ -154,6 +154,24 @@ def test_cli_report_spend_takes_dates_and_gives_the_admin_every_team(remote: tup
     assert code == 2 and json.loads(out)["error"]["message"] == "team: give --team or --all, not both"
 
 
+@pytest.mark.parametrize(("args", "code", "line"), [
+    (["status", "a\x00b"], 2, "job_id: contains a NUL byte (U+0000) at character 2; remove it"),
+    (["status", "\udced\udca0\udc80"], 2,  # an argv that was not UTF-8 (Python keeps its bytes as surrogates)
+     "the URL's path is not UTF-8 once its %-escapes are decoded (byte 0xED); percent-encode text as UTF-8"),
+    (["status", "j" * 10_000], 2, "job_id: is 10000 characters long; at most 32 are allowed"),
+    (["cancel", "j-1", "--reason", "stop\x1b[31m"], 2,
+     "reason: contains the control character U+001B at character 5; remove it"),
+    (["list", "--state", "queued\x00"], 2, "state: contains a NUL byte (U+0000) at character 7; remove it"),
+    (["logs", "[bold]a/../b"], 4,  # one path segment, and no markup read into the line
+     "no API route GET /v1/jobs/[bold]a/../b/logs; the routes are listed at /docs "
+     "(a job id or team name holds no '/')"),
+])
+def test_cli_over_http_prints_a_refused_input_as_one_line(remote: tuple[SchedulerService, str], args: list[str],
+                                                          code: int, line: str) -> None:
+    result = runner.invoke(app, args)
+    assert (result.exit_code, result.stderr) == (code, f"error: {line}\n")
+
+
 def test_cli_refuses_bad_tokens(remote: tuple[SchedulerService, str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUPLAN_TOKEN", "gpt_wrong")
     code, out = run("list", "--json")
@@ -273,6 +291,18 @@ def test_cli_report_spend_bad_window_is_one_hint(remote: tuple[SchedulerService,
                                                  expected: str) -> None:
     code, out = run("report", "spend", "--since", since, "--json")
     assert code == 2 and json.loads(out)["error"]["message"].startswith(expected)
+
+
+def test_cli_in_process_refuses_a_team_name_the_server_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+    monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUPLAN_TEAM", "my team")
+    code, out = run("list", "--json")
+    assert code == 2
+    assert json.loads(out)["error"]["message"] == ("team name 'my team' must be letters, digits, '.', '_' or '-', "
+                                                   "starting with a letter or digit; set GPUPLAN_TEAM to a name such "
+                                                   "as ml-research")
 
 
 def test_cli_report_spend_bad_window_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ from catalog.errors import ExecutionError, InvalidInput
 from catalog.loader import load_catalog
 from cli import app
 from scheduler.api.processes import ApiSettings, WorkerPool, api_workers
+from tests.scheduler import hostile
 from tests.scheduler.server import free_port, start_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +107,38 @@ def test_workers_serve_together_survive_a_killed_worker_and_stop_with_the_superv
              "the workers to exit with the supervisor")
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/healthz", timeout=2)
+
+
+@pytest.mark.slow
+def test_hostile_inputs_answer_4xx_from_two_workers(db_url: str, tmp_path: Path) -> None:
+    """Issue 9 against the real thing: `gpuplan server --workers 2`, the real planner, no 5xx."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(db_url, port, tmp_path, workers=2)
+    try:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60) as admin:
+            assert admin.post("/v1/teams", json={"name": "ml", "budget_usd": 1000}).status_code == 201
+            token = admin.post("/v1/teams/ml/tokens").json()["token"]
+            openapi = admin.get("/openapi.json").json()
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+            job_id = submit(client, "hostile")
+        bodies = {("POST", "/v1/jobs"): {"spec": SPEC, "idempotency_key": "hostile"},
+                  ("POST", "/v1/plans"): {"spec": SPEC},
+                  ("POST", "/v1/jobs/{job_id}/cancel"): {"reason": "no longer needed"},
+                  ("POST", "/v1/teams"): {"name": "other", "budget_usd": 10, "gpu_quota": 8},
+                  ("PATCH", "/v1/teams/{name}"): {"budget_usd": 1000},
+                  ("POST", "/v1/teams/{name}/tokens"): {"name": "ci"}}
+        # The job spec's fields once each kind (the in-process schema test probes them all).
+        outcome = hostile.check(url, openapi, token=token, admin_token=ADMIN, bodies=bodies,
+                                path_values={"job_id": job_id, "name": "ml", "token_id": "999999"},
+                                spec_fields=["name", "train.tokens", "resources.accelerators.0"])
+        assert len(children(proc.pid)) == 2  # no worker died on the way
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert outcome.sent > 500
+    assert outcome.problems == []
+    assert "unhandled error" not in (tmp_path / "server.log").read_text()
 
 
 def test_auto_takes_one_worker_on_sqlite_and_one_per_core_up_to_4_on_postgres() -> None:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from catalog.schema import GpuSpec, Offer
 from scheduler.api.deps import CatalogDep, PrincipalDep
+from scheduler.inputs import Word
 
 router = APIRouter(prefix="/v1/catalog", tags=["catalog"])
 
@@ -19,8 +20,8 @@ def gpus(_principal: PrincipalDep, catalog: CatalogDep) -> list[GpuSpec]:
 
 @router.get("/offers", response_model=list[Offer])
 def offers(_principal: PrincipalDep, catalog: CatalogDep,
-           gpu: Annotated[str | None, Query(max_length=64, description="GPU id or alias, e.g. H100")] = None,
-           cloud: Annotated[str | None, Query(max_length=32)] = None,
+           gpu: Annotated[Word | None, Query(description="GPU id or alias, e.g. H100")] = None,
+           cloud: Annotated[Word | None, Query()] = None,
            spot: Annotated[bool, Query(description="only offers with a spot price")] = False) -> list[Offer]:
     rows = catalog.offers_for(gpu) if gpu else list(catalog.offers)  # unknown GPU -> UnknownName (422)
     if cloud:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.types import Plan
 from scheduler.api.deps import PrincipalDep, ServiceDep
+from scheduler.inputs import JobId, JsonObject, Reason, Word
 from scheduler.models import JobCreate, JobDetail, JobLogs, JobPublic
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
@@ -20,12 +21,12 @@ T = TypeVar("T")
 
 class CancelBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    reason: str = Field(default="", max_length=500)
+    reason: Reason = ""
 
 
 class PlanRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    spec: dict[str, Any] = Field(description="a job spec: the fields of the README's 'Job spec' (examples/*.yaml)")
+    spec: JsonObject = Field(description="a job spec: the fields of the README's 'Job spec' (examples/*.yaml)")
 
 
 # The hot endpoints are ``async`` and run their service call inline: a few short statements, with
@@ -51,7 +52,7 @@ async def submit(body: JobCreate, principal: PrincipalDep, service: ServiceDep) 
 
 @router.get("/jobs", response_model=list[JobPublic])
 async def list_jobs(principal: PrincipalDep, service: ServiceDep,
-              state: Annotated[str | None, Query(max_length=16)] = None,
+              state: Annotated[Word | None, Query()] = None,
               limit: Annotated[int, Query(ge=1, le=1000)] = 50,
               offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> list[JobPublic]:
     return await _call(functools.partial(service.list_jobs, principal, state=state, limit=limit,
@@ -59,18 +60,18 @@ async def list_jobs(principal: PrincipalDep, service: ServiceDep,
 
 
 @router.get("/jobs/{job_id}", response_model=JobDetail)
-async def get_job(job_id: str, principal: PrincipalDep, service: ServiceDep) -> JobDetail:
+async def get_job(job_id: JobId, principal: PrincipalDep, service: ServiceDep) -> JobDetail:
     return await _call(service.status, principal, job_id)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic)
-async def cancel(job_id: str, principal: PrincipalDep, service: ServiceDep,
+async def cancel(job_id: JobId, principal: PrincipalDep, service: ServiceDep,
            body: Annotated[CancelBody | None, Body()] = None) -> JobPublic:
     return await _call(service.cancel, principal, job_id, body.reason if body else "")
 
 
 @router.get("/jobs/{job_id}/logs", response_model=JobLogs)
-def logs(job_id: str, principal: PrincipalDep, service: ServiceDep,
+def logs(job_id: JobId, principal: PrincipalDep, service: ServiceDep,
          since: Annotated[int, Query(ge=0, le=100_000_000)] = 0) -> JobLogs:
     return service.logs(principal, job_id, since)
 

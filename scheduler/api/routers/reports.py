@@ -9,6 +9,7 @@ from fastapi.responses import PlainTextResponse
 
 from scheduler import ledger
 from scheduler.api.deps import PrincipalDep, ServiceDep
+from scheduler.inputs import Name, Word
 from scheduler.metrics import render_prometheus
 from scheduler.models import SpendReport
 
@@ -17,10 +18,10 @@ router = APIRouter(tags=["reports"])
 
 @router.get("/v1/reports/spend", response_model=SpendReport)
 def spend(principal: PrincipalDep, service: ServiceDep,
-          since: Annotated[str, Query(max_length=32, description="a window (30d, 12h, 90m) or a UTC date or "
-                                                                  "time (2026-11-01, 2026-11-01T08:00)")] = "30d",
-          team: Annotated[str | None, Query(max_length=64, description="admin only: any team; the admin "
-                                                                       "without it gets every team's totals")] = None,
+          since: Annotated[Word, Query(description="a window (30d, 12h, 90m) or a UTC date or "
+                                                   "time (2026-11-01, 2026-11-01T08:00)")] = "30d",
+          team: Annotated[Name | None, Query(description="admin only: any team; the admin "
+                                                         "without it gets every team's totals")] = None,
           ) -> SpendReport:
     return service.spend_report(principal, since=ledger.since_start(since, service.clock()), team=team)
 

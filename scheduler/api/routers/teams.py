@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, status
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Body, status
+from pydantic import BaseModel, ConfigDict
 
 from scheduler.api.deps import PrincipalDep, ServiceDep
+from scheduler.inputs import Label, Name, RowId
 from scheduler.models import ApiTokenCreated, ApiTokenPublic, TeamCreate, TeamPublic, TeamUpdate
 
 router = APIRouter(prefix="/v1/teams", tags=["teams"])
@@ -15,7 +16,7 @@ router = APIRouter(prefix="/v1/teams", tags=["teams"])
 
 class TokenRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(default="default", min_length=1, max_length=64)
+    name: Label = "default"
 
 
 @router.get("/me", response_model=TeamPublic)
@@ -35,29 +36,29 @@ def list_teams(principal: PrincipalDep, service: ServiceDep) -> list[TeamPublic]
 
 
 @router.get("/{name}", response_model=TeamPublic)
-def get_team(name: str, principal: PrincipalDep, service: ServiceDep) -> TeamPublic:
+def get_team(name: Name, principal: PrincipalDep, service: ServiceDep) -> TeamPublic:
     return service.get_team(principal, name)
 
 
 @router.patch("/{name}", response_model=TeamPublic)
-def update_team(name: str, body: TeamUpdate, principal: PrincipalDep, service: ServiceDep) -> TeamPublic:
+def update_team(name: Name, body: TeamUpdate, principal: PrincipalDep, service: ServiceDep) -> TeamPublic:
     """Set or clear the budget (USD) and GPU quota."""
     return service.update_team(principal, name, body)
 
 
 @router.post("/{name}/tokens", status_code=status.HTTP_201_CREATED, response_model=ApiTokenCreated)
-def create_token(name: str, principal: PrincipalDep, service: ServiceDep,
+def create_token(name: Name, principal: PrincipalDep, service: ServiceDep,
                  body: Annotated[TokenRequest | None, Body()] = None) -> ApiTokenCreated:
     """Issue a token; the secret is in this response only (the server keeps its sha256)."""
     return service.create_token(principal, name, body.name if body else "default")
 
 
 @router.get("/{name}/tokens", response_model=list[ApiTokenPublic])
-def list_tokens(name: str, principal: PrincipalDep, service: ServiceDep) -> list[ApiTokenPublic]:
+def list_tokens(name: Name, principal: PrincipalDep, service: ServiceDep) -> list[ApiTokenPublic]:
     return service.list_tokens(principal, name)
 
 
 @router.delete("/{name}/tokens/{token_id}", response_model=ApiTokenPublic)
-def revoke_token(name: str, token_id: Annotated[int, Path(ge=1, le=2**62)], principal: PrincipalDep,
+def revoke_token(name: Name, token_id: RowId, principal: PrincipalDep,
                  service: ServiceDep) -> ApiTokenPublic:
     return service.revoke_token(principal, name, token_id)
