@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,6 +80,13 @@ def _cli(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str
     proc = subprocess.run([sys.executable, "-c", "import cli; cli.main()", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)
     return proc.returncode, proc.stdout, proc.stderr
+
+
+def _text(raw: str | bytes | None) -> str:
+    """What a timed-out subprocess had written (bytes, whatever text= said)."""
+    if raw is None:
+        return ""
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -184,7 +192,7 @@ def _simple(name: str, spec: dict[str, Any], work: Path, timeout: float, *, accu
     except subprocess.TimeoutExpired as exc:
         out.wall_s = time.perf_counter() - began
         out.reason = f"timed out after {timeout:.0f} s"
-        out.output_tail = str(exc.stdout or "")[-2000:]
+        out.output_tail = (_text(exc.stdout)[-2000:] + "\n" + _text(exc.stderr)[-2000:]).strip()
         return out
     out.wall_s = time.perf_counter() - began
     return _judge(out, rc, stdout, stderr, check_accuracy=accuracy)
@@ -330,7 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="JSON file for every case's numbers")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {', '.join(CASES)}")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per case (default 240)")
-    parser.add_argument("--workdir", default=None, help="keep specs, checkpoints and outputs here (default: temp)")
+    parser.add_argument("--workdir", default=None, help="keep specs, checkpoints and outputs here (default: temp, "
+                        "and each case's checkpoints are deleted once it is judged: a 64 GB disk fills otherwise)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no case after this many seconds, so the table is printed within a lease")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.cases.split(",") if n.strip()]
     unknown = [n for n in names if n not in CASES]
@@ -343,24 +354,45 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         outcomes: list[Outcome] = []
         for name in names:
+            elapsed = (datetime.now(UTC) - started).total_seconds()
+            if args.budget_s is not None and elapsed > args.budget_s:
+                outcomes.append(Outcome(case=name, result="SKIP", reason=f"--budget-s {args.budget_s:.0f} spent"))
+                continue
             print(f"== {name}", file=sys.stderr, flush=True)
             try:
                 outcome = CASES[name](work, args.timeout)
             except Exception as exc:  # one broken case must not hide the others' results
                 outcome = Outcome(case=name, result="FAIL", reason=f"the case itself crashed: "
                                   f"{type(exc).__name__}: {exc}")
-            print(f"   {outcome.result} {outcome.reason}", file=sys.stderr, flush=True)
+            print(f"   {outcome.result} {outcome.reason}\n   {_detail(outcome)}", file=sys.stderr, flush=True)
+            if outcome.result != "PASS":
+                print("   " + outcome.output_tail[-1500:].replace("\n", "\n   "), file=sys.stderr, flush=True)
             outcomes.append(outcome)
-    text = table(outcomes)
+            _write(args.out, started, outcomes)  # a lease that ends mid-run still leaves every judged case
+            if not args.workdir:
+                shutil.rmtree(work / name, ignore_errors=True)
     print(f"GPU acceptance, {started:%Y-%m-%d %H:%M} UTC\n")
-    print(text)
+    print(table(outcomes))
+    return 0 if all(o.result != "FAIL" for o in outcomes) else 1
+
+
+def _detail(o: Outcome) -> str:
+    run = o.run or {}
+    return (f"strategy {o.strategy or '-'}; alloc GiB {_gib(o.predicted_peak_allocated_bytes)} pred / "
+            f"{_gib(o.measured_peak_allocated_bytes)} meas; reserved {_gib(o.predicted_peak_reserved_bytes)} / "
+            f"{_gib(o.measured_peak_reserved_bytes)}; tok/s {_rate(o.predicted_tokens_per_s)} / "
+            f"{_rate(o.measured_tokens_per_s)}; wall {o.wall_s:.0f} s; steps {run.get('steps')}; "
+            f"checkpoint {json.dumps(run.get('checkpoint'), default=str)[:300]}")
+
+
+def _write(out: str, started: datetime, outcomes: list[Outcome]) -> None:
+    text = table(outcomes)
     doc = {"started": started.isoformat(), "environment": _environment(),
            "tolerances": {"peak_allocated": ALLOC_TOLERANCE, "tokens_per_s": TOKENS_TOLERANCE},
            "summary": {r: sum(o.result == r for o in outcomes) for r in ("PASS", "FAIL", "SKIP")},
            "table_markdown": text, "cases": [asdict(o) for o in outcomes]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1, default=str))
-    return 0 if all(o.result != "FAIL" for o in outcomes) else 1
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(doc, indent=1, default=str))
 
 
 if __name__ == "__main__":
