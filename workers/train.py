@@ -193,15 +193,18 @@ def _prepare_model(job: TrainJob, source: ModelSource, device: torch.device,
         from torchao.float8 import convert_to_float8_training
 
         convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: "lm_head" not in fqn)
-    sharded = strategy.sharding == "fsdp" and world > 1
+    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
     if sharded:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if strategy.precision == "amp-bf16" else MixedPrecisionPolicy()
+        # fsdp-grad-op (ZeRO-2): parameters stay gathered from forward to backward, so only gradients
+        # and optimizer states are sharded; it saves the backward all-gather at the cost of memory.
+        reshard = strategy.sharding == "fsdp"
         for layer in decoder_layers(model):
-            fully_shard(layer, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
     elif world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
