@@ -99,7 +99,7 @@ def knob_problem(support: StackSupport, gpu: GpuSpec, task: str, knob: str, valu
         record = support.platform(gpu.vendor, gpu.architecture)
         problem = record.problem(PLATFORM_KNOBS[knob], value) if record is not None \
             else gpu_support_problem(support, gpu)
-    return f"{gpu.id}: {problem}" if problem else None
+    return problem
 
 
 def degree_problem(support: StackSupport, task: str, knob: str, value: int) -> str | None:

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from catalog.errors import GpuplanError, InvalidInput
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
+from workers.capabilities import strategy_problem
 from workers.data import DataLayout, TokenSource
 from workers.hooks import TrainHooks
 from workers.model import (
@@ -114,9 +115,11 @@ def pick_device(requested: str) -> torch.device:
 
 
 def _check_supported(strategy: Strategy, device: torch.device) -> None:
-    if strategy.tensor_parallel > 1 or strategy.pipeline_parallel > 1:
-        raise InvalidInput("tensor and pipeline parallelism are planned but not run by the workers yet",
-                           path="train.tensor_parallel", hint="set tensor_parallel: 1 and pipeline_parallel: 1")
+    refused = strategy_problem(strategy)
+    if refused is not None:
+        path, why = refused
+        raise InvalidInput(why, path=path,
+                           hint="plan the job again with `gpuplan plan`; see README 'What the workers run'")
     if strategy.precision == "fp8":
         ok = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
         if not ok:
@@ -129,9 +132,6 @@ def _check_supported(strategy: Strategy, device: torch.device) -> None:
                            hint="use finetune: lora on CPU")
     if strategy.optimizer == "adamw-8bit" and device.type != "cuda":
         raise InvalidInput("adamw-8bit needs a CUDA GPU", path="train.optimizer", hint="use adamw on CPU")
-    if strategy.sharding in ("fsdp-grad-op", "zero1"):
-        raise InvalidInput(f"sharding {strategy.sharding!r} is not run by the workers yet", path="train.sharding",
-                           hint="use ddp or fsdp")
 
 
 def _weights_dtype(strategy: Strategy) -> torch.dtype:
