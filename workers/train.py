@@ -39,6 +39,7 @@ from workers.model import (
     build_model,
     decoder_layers,
     enable_activation_checkpointing,
+    quantize_base_nf4,
     resolve_model_source,
 )
 from workers.train_state import CheckpointWriter, load_state, save_state
@@ -127,9 +128,6 @@ def _check_supported(strategy: Strategy, device: torch.device) -> None:
             raise InvalidInput(f"fp8 training needs an NVIDIA GPU with compute capability 8.9 or newer "
                                f"(H100, H200, L40S, B200...); this run is on {where}", path="train.precision",
                                hint="use precision fp32, amp-bf16 or bf16 here")
-    if strategy.finetune == "qlora" and device.type != "cuda":
-        raise InvalidInput("qlora needs a CUDA GPU (4-bit weights through bitsandbytes)", path="train.finetune",
-                           hint="use finetune: lora on CPU")
     if strategy.optimizer == "adamw-8bit" and device.type != "cuda":
         raise InvalidInput("adamw-8bit needs a CUDA GPU", path="train.optimizer", hint="use adamw on CPU")
 
@@ -184,6 +182,8 @@ def _prepare_model(job: TrainJob, source: ModelSource, device: torch.device,
     strategy = job.strategy
     with _BUILD_LOCK:
         model = build_model(source, seed=job.train.seed, weights_dtype=_weights_dtype(strategy), device=device)
+    if strategy.finetune == "qlora":
+        quantize_base_nf4(model)
     if strategy.finetune in ("lora", "qlora"):
         model = apply_lora(model, strategy.lora_rank)
     if strategy.activation_checkpointing:
