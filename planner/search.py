@@ -612,7 +612,9 @@ def _explain(spec: JobSpec, funnel: _Funnel, priced: list[Candidate], model: Mod
         return (f"memory removed the last {len(mem)} placements of {model.id}; e.g. {mem[0].option}: {mem[0].reason}",
                 hint)
     if funnel.rejections:
-        last = funnel.rejections[-1]
+        # a GPU with no offer says little about why the offered ones were refused
+        telling = [r for r in funnel.rejections if r.constraint not in ("offers", "allow-list")]
+        last = (telling or funnel.rejections)[-1]
         return (f"{last.constraint} removed the last candidates: {last.option}: {last.reason}",
                 "relax resources.accelerators / clouds / regions / spot or the pinned train/infer fields")
     return ("no offer in the catalog matches the job's resources",

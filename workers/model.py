@@ -107,15 +107,16 @@ def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype,
 NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256
 
 
-def quantize_base_nf4(model: torch.nn.Module) -> int:
+def quantize_base_nf4(model: torch.nn.Module, shards: int = 1) -> int:
     """QLoRA's frozen base: the decoder's linear weights in 4-bit NF4 (torchao); the LM head and any
-    weight whose size does not fill whole NF4 blocks stay 16-bit. Returns how many were quantised."""
+    weight whose blocks do not split evenly over ``shards`` FSDP ranks stay 16-bit (on real models
+    that is none). Returns how many were quantised."""
     from torchao.prototype._nf4tensor_api import NF4WeightOnlyConfig
     from torchao.quantization import quantize_
 
     def nf4_able(module: torch.nn.Module, fqn: str) -> bool:
         return (isinstance(module, torch.nn.Linear) and "lm_head" not in fqn
-                and module.weight.numel() % (NF4_BLOCK * NF4_SCALER_BLOCK) == 0)
+                and module.weight.numel() % (NF4_BLOCK * NF4_SCALER_BLOCK * shards) == 0)
 
     count = sum(1 for fqn, module in model.named_modules() if nf4_able(module, fqn))
     quantize_(model, NF4WeightOnlyConfig(), filter_fn=nf4_able)

@@ -183,7 +183,7 @@ def _prepare_model(job: TrainJob, source: ModelSource, device: torch.device,
     with _BUILD_LOCK:
         model = build_model(source, seed=job.train.seed, weights_dtype=_weights_dtype(strategy), device=device)
     if strategy.finetune == "qlora":
-        quantize_base_nf4(model)
+        quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
     if strategy.finetune in ("lora", "qlora"):
         model = apply_lora(model, strategy.lora_rank)
     if strategy.activation_checkpointing:

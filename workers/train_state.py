@@ -96,7 +96,8 @@ def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Op
     )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state = get_model_state_dict(model, options=options)
+    rebuilt = {_clean(name) for name in rebuilt_keys(model)}
+    model_state = {k: v for k, v in get_model_state_dict(model, options=options).items() if k not in rebuilt}
     optim_state = get_optimizer_state_dict(model, optimizer, options=options)
     return model_state, optim_state
 
@@ -233,8 +234,9 @@ def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Opt
             set_optimizer_state_dict,
         )
 
+        rebuilt = rebuilt_keys(model)
+        set_model_state_dict(model, state["model"], options=StateDictOptions(full_state_dict=True, strict=not rebuilt))
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, state["model"], options=options)
         set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"], options=options)
     else:
         rebuilt = rebuilt_keys(model)

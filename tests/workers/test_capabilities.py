@@ -172,3 +172,22 @@ def test_qlora_is_not_planned_on_rocm_and_the_plan_says_why(cat: Catalog, source
         assert {cat.gpu(c.estimate.strategy.gpu).vendor for c in p.candidates} == {"nvidia"}
     amd = [r for r in p.rejections if "MI300X" in r.option]
     assert amd and all(r.constraint == "support" and "bitsandbytes" in r.reason for r in amd)
+
+
+def test_qlora_keeps_its_frozen_base_in_4_bit(tmp_path: Path) -> None:
+    """The planner counts QLoRA's base linear weights at NF4's ~0.5 byte each; the workers store them so."""
+    from torchao.quantization import NF4Tensor
+
+    from tests.workers.tiny import write_config
+    from workers.model import apply_lora, build_model, quantize_base_nf4, resolve_model_source
+
+    config = write_config(tmp_path / "m", hidden_size=128, intermediate_size=256)
+    spec = spec_from_dict({"name": "q", "task": "train", "model": {"config": str(config)},
+                           "train": {"tokens": 1e3, "finetune": "qlora"}})
+    model = build_model(resolve_model_source(spec), seed=0, weights_dtype=torch.bfloat16)
+    assert quantize_base_nf4(model) > 0
+    model = apply_lora(model, 4)
+    base = [p for n, p in model.named_parameters() if "base_layer" in n and isinstance(p, NF4Tensor)]
+    assert base and not any(p.requires_grad for p in base)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)

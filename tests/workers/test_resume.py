@@ -65,7 +65,8 @@ CONFIGS: dict[str, dict[str, int]] = {"qlora": {"hidden_size": 128, "intermediat
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_several_kills_at_random_points_give_the_uninterrupted_weights(tmp_path: Path, case: str) -> None:
     spec_args, strategy_args = CASES[case]
-    spec = tiny_spec(write_config(tmp_path / "m", **CONFIGS.get(case, {})), grad_accum=strategy_args.get("grad_accum", 1), **spec_args)
+    config = write_config(tmp_path / "m", **CONFIGS.get(case, {}))
+    spec = tiny_spec(config, grad_accum=strategy_args.get("grad_accum", 1), **spec_args)
     strategy = cpu_strategy(**strategy_args)
     reference = run_training(_job(spec, strategy, tmp_path / "ref"))
     assert reference.status == "succeeded" and reference.steps == spec_args["steps"]
