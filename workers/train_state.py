@@ -81,7 +81,9 @@ def rebuilt_keys(model: torch.nn.Module) -> set[str]:
         return set()
     from torchao.quantization import NF4Tensor
 
-    return {name for name, p in model.named_parameters() if name in odd and isinstance(p, NF4Tensor)}
+    # under FSDP2 the parameter is a DTensor whose local shard is the NF4 tensor
+    return {name for name, p in model.named_parameters()
+            if name in odd and isinstance(getattr(p, "_local_tensor", p), NF4Tensor)}
 
 
 def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
