@@ -5,6 +5,8 @@ strategy then runs through ``workers.train.run_training`` on N local GPUs (NCCL,
 GPU, no Ray), and the measured peak memory (most loaded rank) and tokens/s are set beside them.
 
     python bench/fsdp_run.py --gpus 2 --gpu H200 --model llama-3.2-1b --seq-len 2048 --micro-batch 4 --steps 20
+    python bench/fsdp_run.py --gpus 4 --gpu H200 --model llama-3-8b --sharding fsdp-grad-op --micro-batch 2
+    python bench/fsdp_run.py --gpus 2 --gpu H200 --model llama-3-8b --finetune qlora --precision bf16 --sharding ddp
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def main() -> int:
     parser.add_argument("--gpu", default="H200")
     parser.add_argument("--model", default="llama-3.2-1b")
     parser.add_argument("--precision", default="amp-bf16")
+    parser.add_argument("--sharding", default="fsdp", choices=["ddp", "fsdp", "fsdp-grad-op"])
+    parser.add_argument("--finetune", default="full", choices=["full", "lora", "qlora"])
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
@@ -65,7 +69,8 @@ def main() -> int:
     tokens = args.steps * args.micro_batch * args.seq_len * args.gpus
     spec = spec_from_dict({"name": "fsdp-bench", "task": "train", "model": args.model,
                            "train": {"tokens": tokens, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
-                                     "precision": args.precision, "sharding": "fsdp",
+                                     "precision": args.precision, "sharding": args.sharding,
+                                     "finetune": args.finetune,
                                      "activation_checkpointing": False, "checkpoint_interval_steps": args.steps}})
     est = estimate(spec, load_catalog(), args.gpu, args.gpus)
     strategy = est.strategy

@@ -5,6 +5,8 @@ Files (all under one data directory; the packaged one is ``catalog/data``):
 - ``gpus.yaml``: a list of :class:`GpuSpec` rows.
 - ``models.yaml``: a list of :class:`ModelConfig` rows (model presets, no weights).
 - ``offers/<cloud>.csv``: :class:`Offer` rows, one file per cloud (see :mod:`catalog.offers_io`).
+- ``support.yaml``: a :class:`StackSupport`: what the workers run, and per (vendor, architecture)
+  which precision and quantization paths run there (the planner offers nothing else).
 
 A user directory (``~/.gpuplan/catalog`` by default, see :func:`default_user_dir`) may hold the
 same files: ``offers/<cloud>.csv`` there *replaces* the packaged file of that cloud (that is where
@@ -14,6 +16,7 @@ replace packaged rows with the same id. Nothing is cached globally: callers keep
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +30,7 @@ from pydantic import ValidationError
 from catalog.errors import CatalogError, InvalidInput, UnknownName
 from catalog.hf_config import model_from_hf_config
 from catalog.offers_io import read_offers
-from catalog.schema import GpuSpec, ModelConfig, Offer
+from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 
 PACKAGED_DATA_DIR = Path(__file__).resolve().parent / "data"
 # libyaml's loader is ~10x faster than the pure-Python one; both are "safe" (no arbitrary objects).
@@ -39,6 +42,7 @@ __all__ = [
     "Catalog",
     "default_user_dir",
     "load_catalog",
+    "load_support",
     "model_from_hf_config",
     "resolve_model",
     "stale_offer_warning",
@@ -57,6 +61,7 @@ class Catalog:
     gpus: tuple[GpuSpec, ...]
     offers: tuple[Offer, ...]
     models: tuple[ModelConfig, ...]
+    support: StackSupport = field(default_factory=lambda: _packaged_support(), compare=False)
     _gpu_index: dict[str, GpuSpec] = field(init=False, repr=False, compare=False)
     _model_index: dict[str, ModelConfig] = field(init=False, repr=False, compare=False)
     _offers_by_gpu: dict[str, tuple[Offer, ...]] = field(init=False, repr=False, compare=False)
@@ -122,7 +127,7 @@ class Catalog:
 
     def with_offers(self, offers: Iterable[Offer]) -> Catalog:
         """A new catalog with these offers added (e.g. the local machine's zero-cost offer)."""
-        return Catalog(gpus=self.gpus, offers=(*self.offers, *offers), models=self.models)
+        return Catalog(gpus=self.gpus, offers=(*self.offers, *offers), models=self.models, support=self.support)
 
     def stale_offers(self, today: date, max_age_days: int = 30) -> list[Offer]:
         """Priced cloud offers whose source is older than ``max_age_days`` (the local offer never is)."""
@@ -151,6 +156,24 @@ def default_user_dir() -> Path:
     """Where user catalog overrides live: $GPUPLAN_CATALOG_DIR, else ~/.gpuplan/catalog."""
     env = os.environ.get(USER_DIR_ENV)
     return Path(env).expanduser() if env else Path.home() / ".gpuplan" / "catalog"
+
+
+def _packaged_support() -> StackSupport:
+    return load_support(PACKAGED_DATA_DIR)
+
+
+@functools.cache
+def load_support(data_dir: Path = PACKAGED_DATA_DIR) -> StackSupport:
+    """``support.yaml`` of ``data_dir``: what the workers run (read once; the value is immutable)."""
+    path = data_dir / "support.yaml"
+    try:
+        loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_YamlLoader)
+    except (OSError, yaml.YAMLError) as exc:
+        raise CatalogError(f"cannot read {path}: {exc}", hint="reinstall gpuplan") from None
+    try:
+        return StackSupport.model_validate(loaded)
+    except ValidationError as exc:
+        raise CatalogError(f"{path} is not a valid support record: {exc}", hint="fix the file") from None
 
 
 def _read_yaml_list(path: Path) -> list[Mapping[str, Any]]:
@@ -226,7 +249,8 @@ def load_catalog(data_dir: Path | None = None, *, user_dir: Path | None = None) 
     offers: list[Offer] = []
     for path in offer_files.values():
         offers.extend(read_offers(path))
-    return Catalog(gpus=tuple(gpus), offers=tuple(offers), models=tuple(models))
+    support = load_support(base_dir) if (base_dir / "support.yaml").is_file() else load_support()
+    return Catalog(gpus=tuple(gpus), offers=tuple(offers), models=tuple(models), support=support)
 
 
 def resolve_model(catalog: Catalog, ref: str | Path | Mapping[str, object]) -> ModelConfig:

@@ -95,3 +95,95 @@ class ModelConfig(_Record):
     @property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
+
+
+# ----------------------------------------------------------------------------- what the workers run
+
+TrainKnob = Literal["sharding", "precision", "optimizer", "finetune"]
+PlatformKnob = Literal["precision", "optimizer", "finetune", "weights"]
+
+
+class KnobSupport(_Record):
+    """The values of one knob the reference workers run, and why each other value is not run."""
+
+    run: list[str] = Field(min_length=1)
+    not_run: dict[str, str] = Field(default_factory=dict, description="value -> why the workers do not run it")
+
+    def problem(self, knob: str, value: str) -> str | None:
+        if value in self.run:
+            return None
+        why = self.not_run.get(value, "the workers have no code path for it")
+        return f"{knob} {value} is not run by the workers: {why}"
+
+
+class DegreeSupport(_Record):
+    """An integer knob (a parallel degree, a GPU count): the largest value the workers run."""
+
+    max: int = Field(ge=1)
+    why: str = Field(description="why a larger value is not run")
+
+    def problem(self, knob: str, value: int) -> str | None:
+        if value <= self.max:
+            return None
+        return f"{knob}={value} is not run by the workers (at most {self.max}): {self.why}"
+
+
+class TrainSupport(_Record):
+    sharding: KnobSupport
+    precision: KnobSupport
+    optimizer: KnobSupport
+    finetune: KnobSupport
+    tensor_parallel: DegreeSupport
+    pipeline_parallel: DegreeSupport
+
+
+class InferSupport(_Record):
+    weights: KnobSupport
+    tensor_parallel: DegreeSupport
+    gpus: DegreeSupport
+
+
+class WorkerSupport(_Record):
+    """What the workers run, independent of the GPU: the planner offers nothing outside it."""
+
+    train: TrainSupport
+    infer: InferSupport
+
+
+class PlatformSupport(_Record):
+    """Which precision and quantization paths the reference stack runs on one (vendor, architecture).
+
+    Every value the workers run is either listed (it runs here) or in ``not_run`` with the reason.
+    """
+
+    vendor: Vendor
+    architecture: str
+    unsupported: str = Field(default="", description="why the workers run nothing on this platform ('' if they do)")
+    precision: list[str]
+    optimizer: list[str]
+    finetune: list[str]
+    weights: list[str]
+    not_run: dict[str, str] = Field(default_factory=dict, description="'knob value' (e.g. 'finetune qlora') -> why")
+
+    def runs(self, knob: PlatformKnob, value: str) -> bool:
+        listed: list[str] = getattr(self, knob)
+        return value in listed
+
+    def problem(self, knob: PlatformKnob, value: str) -> str | None:
+        if self.runs(knob, value):
+            return None
+        why = self.not_run.get(f"{knob} {value}", "the reference stack has no path for it there")
+        return f"{knob} {value} does not run on {self.vendor} {self.architecture}: {why}"
+
+
+class StackSupport(_Record):
+    """catalog/data/support.yaml: the workers' capabilities and the per-platform record."""
+
+    workers: WorkerSupport
+    platforms: list[PlatformSupport]
+
+    def platform(self, vendor: str, architecture: str) -> PlatformSupport | None:
+        for p in self.platforms:
+            if p.vendor == vendor and p.architecture == architecture:
+                return p
+        return None

@@ -6,7 +6,7 @@ Apple part that lists it); fp16 needs Volta or newer; anything else trains in fp
 
 from __future__ import annotations
 
-from catalog.schema import GpuSpec
+from catalog.schema import DegreeSupport, GpuSpec, KnobSupport, PlatformKnob, StackSupport
 
 # what each precision needs from the part
 PRECISION_NEEDS: dict[str, str] = {
@@ -65,3 +65,44 @@ def multi_gpu_problem(gpu: GpuSpec, count: int) -> str | None:
     if count > 1 and gpu.vendor == "apple":
         return f"{gpu.id} is a single Apple SoC; it cannot be combined into a {count}-GPU job"
     return None
+
+
+# ----------------------------------------------------------------------------- what the workers run
+# The record comes from the catalog (support.yaml) as a value: the planner offers only what the
+# workers run there, and each refusal carries the record's reason into the plan's rejections.
+
+
+PLATFORM_KNOBS: dict[str, PlatformKnob] = {
+    "precision": "precision", "optimizer": "optimizer", "finetune": "finetune", "weights": "weights",
+}
+
+
+def gpu_support_problem(support: StackSupport, gpu: GpuSpec) -> str | None:
+    """Why the workers run nothing on ``gpu`` (None when they run something)."""
+    record = support.platform(gpu.vendor, gpu.architecture)
+    if record is None:
+        return (f"{gpu.id} ({gpu.vendor} {gpu.architecture}) has no record of what the workers run on it; "
+                "add one to the catalog's support.yaml (see README 'What the workers run')")
+    if record.unsupported:
+        return f"{gpu.id}: {record.unsupported}"
+    return None
+
+
+def knob_problem(support: StackSupport, gpu: GpuSpec, task: str, knob: str, value: str) -> str | None:
+    """Why the workers do not run ``knob = value`` for ``task`` on ``gpu`` (None when they do).
+
+    Checks the GPU-independent capability first, then the (vendor, architecture) record.
+    """
+    workers: KnobSupport = getattr(support.workers.train if task == "train" else support.workers.infer, knob)
+    problem = workers.problem(knob, value)
+    if problem is None and knob in PLATFORM_KNOBS:
+        record = support.platform(gpu.vendor, gpu.architecture)
+        problem = record.problem(PLATFORM_KNOBS[knob], value) if record is not None \
+            else gpu_support_problem(support, gpu)
+    return problem
+
+
+def degree_problem(support: StackSupport, task: str, knob: str, value: int) -> str | None:
+    """Why the workers do not run a parallel degree or GPU count of ``value`` (None when they do)."""
+    degree: DegreeSupport = getattr(support.workers.train if task == "train" else support.workers.infer, knob)
+    return degree.problem(knob, value)

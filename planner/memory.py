@@ -236,7 +236,7 @@ def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: Me
         trainable = lora_params_per_layer(model, strategy.lora_rank) * layers_here / tp
         t_bytes = 4  # peft upcasts bf16 adapters to fp32 (autocast_adapter_dtype=True)
         if ft == "qlora":
-            frozen_linear = layers_here * _linear_per_layer(model, pc) / tp
+            frozen_linear = layers_here * _nf4_linear_per_layer(model, pc) / tp
             weights = frozen_linear * QLORA_NF4_BYTES + (local_params - frozen_linear) * 2
         else:
             weights = local_params * pb.param
@@ -362,6 +362,15 @@ def max_micro_batch(lines: MemoryLines, gpu_count: int, gpu: GpuSpec, cal: Memor
     roomy = cap(limit)
     fitting = [mb for mb in candidates if mb <= roomy]
     return fitting[-1] if fitting else None
+
+
+def _nf4_linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:
+    """What QLoRA stores in NF4 per layer: the linear layers. A mixture of experts keeps its experts
+    in fused 3-D weights (transformers 5), which the workers' NF4 pass leaves in bf16."""
+    linear = _linear_per_layer(model, pc)
+    if model.num_experts > 1:
+        linear -= 3 * model.hidden_size * model.intermediate_size * model.num_experts
+    return max(0.0, linear)
 
 
 def _linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:

@@ -20,9 +20,18 @@ from pydantic import TypeAdapter
 from catalog.errors import InvalidInput, NoFeasiblePlan, UnknownName
 from catalog.loader import Catalog
 from catalog.params import count_params
-from catalog.schema import GpuSpec, ModelConfig, Offer
+from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 from planner.calibration import GIB, Calibration, load_calibration
-from planner.capability import auto_precisions, auto_weights, multi_gpu_problem, precision_problem, weights_problem
+from planner.capability import (
+    auto_precisions,
+    auto_weights,
+    degree_problem,
+    gpu_support_problem,
+    knob_problem,
+    multi_gpu_problem,
+    precision_problem,
+    weights_problem,
+)
 from planner.cost import on_demand_cost, spot_cost
 from planner.knobs import Knobs
 from planner.memory import PRECISION_BYTES, MemoryLines, infer_memory, max_micro_batch, memory_lines, train_memory
@@ -140,8 +149,25 @@ def _strategy(**kw: Any) -> Strategy:
     return Strategy.model_construct(**kw)
 
 
+def _train_support_problem(t: TrainSpec, gpu: GpuSpec, support: StackSupport) -> str | None:
+    """Why the workers cannot run the spec's pinned training knobs on ``gpu`` (None when they can)."""
+    for knob, value in (("optimizer", t.optimizer), ("finetune", t.finetune)):
+        problem = knob_problem(support, gpu, "train", knob, value)
+        if problem:
+            return problem
+    if t.precision != "auto" and (problem := knob_problem(support, gpu, "train", "precision", t.precision)):
+        return problem
+    if t.sharding != "auto" and (problem := knob_problem(support, gpu, "train", "sharding", t.sharding)):
+        return problem
+    for knob in ("tensor_parallel", "pipeline_parallel"):
+        value = getattr(t, knob)
+        if isinstance(value, int) and (problem := degree_problem(support, "train", knob, value)):
+            return problem
+    return None
+
+
 def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
-                    memo: Memo) -> Outcome:
+                    memo: Memo, support: StackSupport) -> Outcome:
     assert spec.train is not None
     t = spec.train
     gpu = p.gpu
@@ -152,6 +178,13 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
         if problem:
             return Outcome(None, problem, "dtype")
         precisions = [t.precision]
+    problem = _train_support_problem(t, gpu, support)
+    if problem:
+        return Outcome(None, problem, "support")
+    runnable = [x for x in precisions if knob_problem(support, gpu, "train", "precision", x) is None]
+    if not runnable:
+        return Outcome(None, knob_problem(support, gpu, "train", "precision", precisions[0]) or "", "support")
+    precisions = runnable
     if t.finetune == "qlora" and not any(x in ("bf16", "amp-bf16", "amp-fp16") for x in precisions):
         return Outcome(None, f"qlora needs 16-bit compute; {gpu.id} has neither bf16 nor fp16", "dtype")
     tp = t.tensor_parallel if isinstance(t.tensor_parallel, int) else 1
@@ -166,7 +199,8 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     if dp == 1:
         shardings = ["none"]
     elif t.sharding == "auto":
-        shardings = ["ddp", "fsdp-grad-op", "fsdp"]
+        shardings = [x for x in ("ddp", "fsdp-grad-op", "fsdp")
+                     if knob_problem(support, gpu, "train", "sharding", x) is None]
     else:
         shardings = [t.sharding]
     ckpts = [False, True] if t.activation_checkpointing == "auto" else [bool(t.activation_checkpointing)]
@@ -280,10 +314,14 @@ def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
             f"(smallest: {s.label()})")
 
 
-def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration) -> Outcome:
+def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
+                    support: StackSupport) -> Outcome:
     assert spec.infer is not None
     inf = spec.infer
     gpu = p.gpu
+    problem = degree_problem(support, "infer", "gpus", p.count)
+    if problem:
+        return Outcome(None, problem, "support")
     if inf.weights == "auto":
         ladder = auto_weights(gpu)
     else:
@@ -291,14 +329,22 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
         if problem:
             return Outcome(None, problem, "dtype")
         ladder = [inf.weights]
+    runnable = [w for w in ladder if knob_problem(support, gpu, "infer", "weights", w) is None]
+    if not runnable:
+        return Outcome(None, knob_problem(support, gpu, "infer", "weights", ladder[0]) or "", "support")
+    ladder = runnable
     tps: list[int]
     t = spec.train
     pinned_tp = t.tensor_parallel if t is not None and isinstance(t.tensor_parallel, int) else None
     if pinned_tp is not None and pinned_tp > 1:
+        problem = degree_problem(support, "infer", "tensor_parallel", pinned_tp)
+        if problem:
+            return Outcome(None, problem, "support")
         tps = [pinned_tp]
     else:
         tps = sorted({x for x in (1, 2, 4, 8, p.count) if x <= min(p.count, p.gpus_per_node)
-                      and p.count % x == 0 and model.num_attention_heads % x == 0})
+                      and p.count % x == 0 and model.num_attention_heads % x == 0
+                      and degree_problem(support, "infer", "tensor_parallel", x) is None})
     best: Estimate | None = None
     smallest: tuple[MemoryEstimate, Strategy] | None = None
     tried = 0
@@ -328,14 +374,17 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     return Outcome(best, tried=tried)
 
 
-def _estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
+def _estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration, support: StackSupport,
                         memo: Memo | None = None) -> Outcome:
     problem = multi_gpu_problem(p.gpu, p.count)
     if problem:
         return Outcome(None, problem, "count")
+    problem = gpu_support_problem(support, p.gpu)
+    if problem:
+        return Outcome(None, problem, "support")
     if spec.task == "train":
-        return _train_estimate(spec, model, p, cal, Memo() if memo is None else memo)
-    return _infer_estimate(spec, model, p, cal)
+        return _train_estimate(spec, model, p, cal, Memo() if memo is None else memo, support)
+    return _infer_estimate(spec, model, p, cal, support)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -355,7 +404,7 @@ def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, model: Mo
     mdl = resolve_spec_model(spec, catalog, model)
     g = catalog.gpu(gpu)
     p = Placement(g, count, gpus_per_node or min(count, 8), network_gbps)
-    out = _estimate_placement(spec, mdl, p, cal)
+    out = _estimate_placement(spec, mdl, p, cal, catalog.support)
     if out.estimate is not None:
         return out.estimate
     if out.constraint == "dtype":
@@ -497,7 +546,7 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
                 key = (gpu.id, count, o.gpu_count if multi else 0, o.network_gbps if multi else 0.0)
                 p = Placement(gpu, count, o.gpu_count if multi else max(count, o.gpu_count), o.network_gbps)
                 if key not in outcomes:
-                    outcomes[key] = _estimate_placement(spec, mdl, p, cal, memo)
+                    outcomes[key] = _estimate_placement(spec, mdl, p, cal, catalog.support, memo)
                     if outcomes[key].estimate is None:
                         funnel.reject(p.label(), outcomes[key].reason, outcomes[key].constraint)
                 out = outcomes[key]
@@ -539,8 +588,6 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
             oldest = min(o.source.as_of for o in stale)
             warnings.append(f"{len(stale)} offer price(s) used here are older than 30 days (oldest {oldest}); "
                             "refresh with `gpuplan catalog refresh aws`")
-    if ranked[0].estimate.strategy.weights == "int4":
-        warnings.append("int4 weights need torchao's extra kernel package (mslk); check your stack before running")
     return Plan(job=spec.name, objective=objective, chosen=ranked[0], candidates=ranked,
                 rejections=funnel.rejections, warnings=warnings)
 
@@ -611,7 +658,9 @@ def _explain(spec: JobSpec, funnel: _Funnel, priced: list[Candidate], model: Mod
         return (f"memory removed the last {len(mem)} placements of {model.id}; e.g. {mem[0].option}: {mem[0].reason}",
                 hint)
     if funnel.rejections:
-        last = funnel.rejections[-1]
+        # a GPU with no offer says little about why the offered ones were refused
+        telling = [r for r in funnel.rejections if r.constraint not in ("offers", "allow-list")]
+        last = (telling or funnel.rejections)[-1]
         return (f"{last.constraint} removed the last candidates: {last.option}: {last.reason}",
                 "relax resources.accelerators / clouds / regions / spot or the pinned train/infer fields")
     return ("no offer in the catalog matches the job's resources",

@@ -25,6 +25,7 @@ import torch
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
 from planner.spec import JobSpec
+from workers.capabilities import supported
 from workers.infer_io import (
     ByteTokenizer,
     HfTokenizer,
@@ -72,12 +73,9 @@ def _check_weights(weights: str, device: str) -> None:
         raise InvalidInput(
             f"unknown weights dtype {weights!r}", path="infer.weights", hint="use one of " + ", ".join(WEIGHT_DTYPES)
         )
-    if weights == "int4":
-        raise InvalidInput(
-            "int4 weights are not supported by this worker",
-            path="infer.weights",
-            hint="torchao's int4 path needs the extra mslk kernel package; use int8 or bf16",
-        )
+    refused = supported().workers.infer.weights.not_run.get(weights)
+    if refused is not None:
+        raise InvalidInput(f"{weights} weights are not run by this worker: {refused}", path="infer.weights")
     if weights == "fp8" and not device.startswith("cuda"):
         raise InvalidInput(
             "fp8 weights need a CUDA GPU with fp8 support (sm89+)",
@@ -282,8 +280,12 @@ def run_infer_spec(
     seed: int = 0,
     device: str | None = None,
     progress: Progress | None = None,
+    weights: str | None = None,
 ) -> InferenceResult:
     """Run an ``task: infer`` JobSpec: its model, batch, output tokens and weights dtype.
+
+    ``weights`` (the plan's resolved dtype) replaces the spec's ``weights: auto``: the planner may
+    have picked int8 or fp8 because bf16 does not fit.
 
     Without ``infer.prompts`` a seeded synthetic prompts file of ``requests`` x ``prompt_tokens``
     token ids is written to ``workdir`` once (and reused on resume, so the requests stay the same).
@@ -317,7 +319,7 @@ def run_infer_spec(
         outputs,
         batch=infer.batch,
         max_new_tokens=infer.output_tokens,
-        dtype=infer.weights,
+        dtype=weights if weights is not None and infer.weights == "auto" else infer.weights,
         seed=seed,
         device=device,
         weights_dir=source.weights_dir,

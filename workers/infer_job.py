@@ -59,7 +59,11 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
         on_progress({"event": "step", "step": done, "total_steps": total, "tokens": 0, "loss": None,
                      "tokens_per_s": None})
 
-    result = run_infer_spec(request.spec, outputs, workdir=folder, seed=seed, device=device, progress=progress)
+    planned = request.strategy
+    # a planned GPU strategy carries the weights dtype its memory estimate assumed
+    weights = planned.weights if planned.task == "infer" and planned.gpu != "cpu" else None
+    result = run_infer_spec(request.spec, outputs, workdir=folder, seed=seed, device=device, progress=progress,
+                            weights=weights)
     on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {outputs}, "
            f"{result.tokens_per_s:,.0f} tokens/s")
     finished = {"event": "finished", "status": "succeeded", "steps": result.requests_total,

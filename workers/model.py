@@ -102,6 +102,27 @@ def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype,
     return result
 
 
+# torchao NF4: blocks of 64 weights share an absmax, and those absmaxes are quantised again in
+# blocks of 256, so a weight quantises only when its size is a multiple of 64 * 256.
+NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256
+
+
+def quantize_base_nf4(model: torch.nn.Module, shards: int = 1) -> int:
+    """QLoRA's frozen base: the decoder's linear weights in 4-bit NF4 (torchao); the LM head and any
+    weight whose blocks do not split evenly over ``shards`` FSDP ranks stay 16-bit (on real models
+    that is none). Returns how many were quantised."""
+    from torchao.prototype._nf4tensor_api import NF4WeightOnlyConfig
+    from torchao.quantization import quantize_
+
+    def nf4_able(module: torch.nn.Module, fqn: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and "lm_head" not in fqn
+                and module.weight.numel() % (NF4_BLOCK * NF4_SCALER_BLOCK * shards) == 0)
+
+    count = sum(1 for fqn, module in model.named_modules() if nf4_able(module, fqn))
+    quantize_(model, NF4WeightOnlyConfig(), filter_fn=nf4_able)
+    return count
+
+
 def apply_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
     """Wrap with peft LoRA on every linear layer but the LM head; only the adapters train."""
     from peft import LoraConfig, get_peft_model

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from catalog.errors import GpuplanError, InvalidInput
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
+from workers.capabilities import strategy_problem
 from workers.cuda_env import configure_allocator
 from workers.data import DataLayout, TokenSource, tokenizer_dir
 from workers.hooks import TrainHooks
@@ -40,6 +41,7 @@ from workers.model import (
     build_model,
     decoder_layers,
     enable_activation_checkpointing,
+    quantize_base_nf4,
     resolve_model_source,
 )
 from workers.train_state import CheckpointWriter, load_state, save_state
@@ -121,9 +123,11 @@ def pick_device(requested: str) -> torch.device:
 
 
 def _check_supported(strategy: Strategy, device: torch.device) -> None:
-    if strategy.tensor_parallel > 1 or strategy.pipeline_parallel > 1:
-        raise InvalidInput("tensor and pipeline parallelism are planned but not run by the workers yet",
-                           path="train.tensor_parallel", hint="set tensor_parallel: 1 and pipeline_parallel: 1")
+    refused = strategy_problem(strategy)
+    if refused is not None:
+        path, why = refused
+        raise InvalidInput(why, path=path,
+                           hint="plan the job again with `gpuplan plan`; see README 'What the workers run'")
     if strategy.precision == "fp8":
         ok = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
         if not ok:
@@ -131,14 +135,8 @@ def _check_supported(strategy: Strategy, device: torch.device) -> None:
             raise InvalidInput(f"fp8 training needs an NVIDIA GPU with compute capability 8.9 or newer "
                                f"(H100, H200, L40S, B200...); this run is on {where}", path="train.precision",
                                hint="use precision fp32, amp-bf16 or bf16 here")
-    if strategy.finetune == "qlora" and device.type != "cuda":
-        raise InvalidInput("qlora needs a CUDA GPU (4-bit weights through bitsandbytes)", path="train.finetune",
-                           hint="use finetune: lora on CPU")
     if strategy.optimizer == "adamw-8bit" and device.type != "cuda":
         raise InvalidInput("adamw-8bit needs a CUDA GPU", path="train.optimizer", hint="use adamw on CPU")
-    if strategy.sharding in ("fsdp-grad-op", "zero1"):
-        raise InvalidInput(f"sharding {strategy.sharding!r} is not run by the workers yet", path="train.sharding",
-                           hint="use ddp or fsdp")
 
 
 def _weights_dtype(strategy: Strategy) -> torch.dtype:
@@ -191,6 +189,8 @@ def _prepare_model(job: TrainJob, source: ModelSource, device: torch.device,
     strategy = job.strategy
     with _BUILD_LOCK:
         model = build_model(source, seed=job.train.seed, weights_dtype=_weights_dtype(strategy), device=device)
+    if strategy.finetune == "qlora":
+        quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
     if strategy.finetune in ("lora", "qlora"):
         model = apply_lora(model, strategy.lora_rank)
     if strategy.activation_checkpointing:
@@ -200,15 +200,18 @@ def _prepare_model(job: TrainJob, source: ModelSource, device: torch.device,
         from torchao.float8 import convert_to_float8_training
 
         convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: "lm_head" not in fqn)
-    sharded = strategy.sharding == "fsdp" and world > 1
+    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
     if sharded:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if strategy.precision == "amp-bf16" else MixedPrecisionPolicy()
+        # fsdp-grad-op (ZeRO-2): parameters stay gathered from forward to backward, so only gradients
+        # and optimizer states are sharded; it saves the backward all-gather at the cost of memory.
+        reshard = strategy.sharding == "fsdp"
         for layer in decoder_layers(model):
-            fully_shard(layer, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
     elif world > 1:
         from torch.nn.parallel import DistributedDataParallel
 

@@ -72,10 +72,25 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def rebuilt_keys(model: torch.nn.Module) -> set[str]:
+    """State-dict keys of frozen 4-bit weights (QLoRA's NF4 base). They are rebuilt from the seed or
+    the weights file on every start, so checkpoints leave them out: they are most of a QLoRA
+    model's bytes, and torchao's copy into an NF4 tensor does not restore it exactly."""
+    odd = {name for name, p in model.named_parameters() if not p.requires_grad and type(p.data) is not torch.Tensor}
+    if not odd:
+        return set()
+    from torchao.quantization import NF4Tensor
+
+    # under FSDP2 the parameter is a DTensor whose local shard is the NF4 tensor
+    return {name for name, p in model.named_parameters()
+            if name in odd and isinstance(getattr(p, "_local_tensor", p), NF4Tensor)}
+
+
 def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                                sharded: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     if not _distributed():
-        return model.state_dict(), optimizer.state_dict()
+        rebuilt = rebuilt_keys(model)
+        return {k: v for k, v in model.state_dict().items() if k not in rebuilt}, optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -83,7 +98,8 @@ def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Op
     )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state = get_model_state_dict(model, options=options)
+    rebuilt = {_clean(name) for name in rebuilt_keys(model)}
+    model_state = {k: v for k, v in get_model_state_dict(model, options=options).items() if k not in rebuilt}
     optim_state = get_optimizer_state_dict(model, optimizer, options=options)
     return model_state, optim_state
 
@@ -139,7 +155,11 @@ class CheckpointWriter:
 def _snapshot(value: Any, copy: bool) -> Any:
     """Host-memory copies of every tensor, so training can go on while the copy is written."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True) if copy or value.device.type != "cpu" else value.detach()
+        # .to() then .clone(), not .to(copy=True): QLoRA's NF4 weights (a torchao tensor subclass) lack copy=
+        host = value.detach()
+        if host.device.type != "cpu":
+            return host.to("cpu")
+        return host.clone() if copy else host
     if isinstance(value, dict):
         return {k: _snapshot(v, copy) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -216,11 +236,18 @@ def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Opt
             set_optimizer_state_dict,
         )
 
+        rebuilt = rebuilt_keys(model)
+        set_model_state_dict(model, state["model"], options=StateDictOptions(full_state_dict=True, strict=not rebuilt))
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, state["model"], options=options)
         set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"], options=options)
     else:
-        model.load_state_dict(state["model"])
+        rebuilt = rebuilt_keys(model)
+        result = model.load_state_dict({k: v for k, v in state["model"].items() if k not in rebuilt},
+                                       strict=not rebuilt)
+        if set(result.missing_keys) - rebuilt or result.unexpected_keys:
+            raise CheckpointError(f"checkpoint of step {step} does not match the model: missing "
+                                  f"{sorted(set(result.missing_keys) - rebuilt)[:3]}, unexpected "
+                                  f"{result.unexpected_keys[:3]}")
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     rngs = state["rng"]

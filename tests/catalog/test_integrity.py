@@ -140,3 +140,24 @@ def test_torch_total_is_below_driver_total(cat: Catalog) -> None:
     assert measured, "at least the H200 measured in docs/MEASUREMENTS.md"
     for g in measured:
         assert g.torch_total_gib is not None and 0.97 * g.memory_gib < g.torch_total_gib <= g.memory_gib
+
+
+def test_the_platform_record_is_consistent_with_the_gpus(cat: Catalog) -> None:
+    """Every GPU's (vendor, architecture) has a record; it claims no precision the part lacks; and for
+    each value the workers run it either lists it or says why not."""
+    need = {"fp32": "fp32", "amp-bf16": "bf16", "bf16": "bf16", "amp-fp16": "fp16", "fp8": "fp8"}
+    w = cat.support.workers
+    for gpu in cat.gpus:
+        record = cat.support.platform(gpu.vendor, gpu.architecture)
+        assert record is not None, gpu.id
+        for precision in record.precision:
+            assert need[precision] in gpu.dtypes, f"{gpu.id}: {precision}"
+        if record.unsupported:
+            continue
+        for knob, values in (("precision", w.train.precision.run), ("optimizer", w.train.optimizer.run),
+                             ("finetune", w.train.finetune.run), ("weights", w.infer.weights.run)):
+            for value in values:
+                listed = value in getattr(record, knob)
+                assert listed != (f"{knob} {value}" in record.not_run), f"{gpu.id}: {knob} {value}"
+    keys = {(r.vendor, r.architecture) for r in cat.support.platforms}
+    assert len(keys) == len(cat.support.platforms)  # one record per platform

@@ -137,8 +137,8 @@ def test_inference_plan_prefers_full_precision_weights_when_they_fit() -> None:
     spec = spec_from_dict({"task": "infer", "model": "llama-3-8b",
                            "infer": {"batch": 16, "prompt_tokens": 2048, "output_tokens": 128, "requests": 1e4}})
     p = plan(spec, CAT)
-    h200 = [c for c in p.candidates if c.estimate.strategy.gpu == "H200"]
-    assert h200 and all(c.estimate.strategy.weights == "bf16" for c in h200)
+    h100 = [c for c in p.candidates if c.estimate.strategy.gpu == "H100-SXM"]  # the 1-GPU offer
+    assert h100 and all(c.estimate.strategy.weights == "bf16" for c in h100)
     l4 = [c for c in p.candidates if c.estimate.strategy.gpu == "L4" and c.estimate.strategy.gpu_count == 1]
     assert all(c.estimate.strategy.weights in ("fp8", "int8") for c in l4)
 

@@ -1,0 +1,193 @@
+"""The planner's strategy space against what the workers run: every strategy a plan can hold, for
+each task and every knob value a spec can pin, passes the workers' own refusal check, so the two
+cannot drift apart again. Both read catalog/data/support.yaml; these tests walk the search."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+import torch
+
+from catalog.errors import InvalidInput, NoFeasiblePlan
+from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog
+from planner.capability import knob_problem
+from planner.search import plan
+from planner.spec import Finetune, Optimizer, Precision, Sharding, Weights, load_spec, spec_from_dict
+from planner.types import Plan, ResolvedPrecision, ResolvedSharding, Strategy, WeightDtype
+from workers.capabilities import strategy_problem
+from workers.train import _check_supported
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def cat() -> Catalog:
+    return load_catalog(PACKAGED_DATA_DIR)
+
+
+@pytest.fixture(scope="module")
+def train_plans(cat: Catalog) -> list[Plan | NoFeasiblePlan]:
+    return _plans(cat, _train_variants())
+
+
+def _train(**train: Any) -> dict[str, Any]:
+    section = {"tokens": 2e8, "seq_len": 1024, **train}
+    return {"name": "space", "task": "train", "model": "llama-3.2-1b", "train": section,
+            "resources": {"max_gpus": 16}}
+
+
+def _infer(**infer: Any) -> dict[str, Any]:
+    section = {"batch": 8, "prompt_tokens": 512, "output_tokens": 64, "requests": 1e3, **infer}
+    return {"name": "space", "task": "infer", "model": "llama-3.2-1b", "infer": section}
+
+
+def _values(alias: Any) -> list[Any]:
+    return [v for v in get_args(alias) if v != "auto"]
+
+
+def _train_variants() -> list[dict[str, Any]]:
+    """Every pinnable value of every training knob (one knob at a time), 'auto' everywhere else, and
+    the finetune x sharding x parallel-degree grid the search combines."""
+    out = [_train()]
+    out += [_train(precision=p) for p in _values(Precision)]
+    out += [_train(optimizer=o) for o in _values(Optimizer)]
+    out += [_train(activation_checkpointing=c) for c in (True, False)]
+    for finetune, sharding, tp, pp in itertools.product(_values(Finetune), ["auto", *_values(Sharding)], (1, 2),
+                                                        (1, 2)):
+        out.append(_train(finetune=finetune, sharding=sharding, tensor_parallel=tp, pipeline_parallel=pp))
+    return out
+
+
+def _infer_variants() -> list[dict[str, Any]]:
+    return [_infer(), *(_infer(weights=w) for w in _values(Weights))]
+
+
+def _plans(cat: Catalog, specs: list[dict[str, Any]]) -> list[Plan | NoFeasiblePlan]:
+    out: list[Plan | NoFeasiblePlan] = []
+    for raw in specs:
+        for objective in ("cheapest", "fastest"):
+            try:
+                out.append(plan(spec_from_dict(raw), cat, objective=objective))  # type: ignore[arg-type]
+            except NoFeasiblePlan as exc:
+                out.append(exc)
+    return out
+
+
+def _mismatches(cat: Catalog, plans: list[Plan | NoFeasiblePlan]) -> list[str]:
+    bad: list[str] = []
+    for p in plans:
+        if not isinstance(p, Plan):
+            continue
+        for c in p.candidates:
+            s = c.estimate.strategy
+            refused = strategy_problem(s)
+            if refused is not None:
+                bad.append(f"{s.label()}: {refused[1]}")
+            gpu = cat.gpu(s.gpu)
+            knobs = [("weights", s.weights)] if s.task == "infer" else \
+                [("precision", s.precision), ("optimizer", s.optimizer), ("finetune", s.finetune)]
+            for knob, value in knobs:
+                problem = knob_problem(cat.support, gpu, s.task, knob, value)
+                if problem is not None:
+                    bad.append(f"{s.label()}: {problem}")
+    return bad
+
+
+@pytest.mark.parametrize("task", ["train", "infer"])
+def test_every_planned_strategy_is_one_the_workers_run(cat: Catalog, train_plans: list[Plan | NoFeasiblePlan],
+                                                       task: str) -> None:
+    plans = train_plans if task == "train" else _plans(cat, _infer_variants())
+    strategies = {c.estimate.strategy for p in plans if isinstance(p, Plan) for c in p.candidates}
+    assert len(strategies) > (100 if task == "train" else 10)  # the walk reached a real strategy space
+    assert _mismatches(cat, plans) == []
+
+
+def test_the_walk_covers_every_value_the_workers_run(cat: Catalog, train_plans: list[Plan | NoFeasiblePlan]) -> None:
+    """Each value the workers run is emitted by some plan, so the walk above is not vacuous."""
+    plans = train_plans
+    seen = {(k, str(getattr(c.estimate.strategy, k))) for p in plans if isinstance(p, Plan) for c in p.candidates
+            for k in ("sharding", "precision", "optimizer", "finetune")}
+    t = cat.support.workers.train
+    for knob in ("sharding", "precision", "optimizer", "finetune"):
+        for value in getattr(t, knob).run:
+            assert (knob, value) in seen, f"no plan holds {knob} {value}"
+
+
+def test_the_record_covers_every_value_a_plan_can_hold(cat: Catalog) -> None:
+    """Every value of the Strategy's domains is either run by the workers or refused with a reason."""
+    t, i = cat.support.workers.train, cat.support.workers.infer
+    domains = {"sharding": (t.sharding, get_args(ResolvedSharding)),
+               "precision": (t.precision, get_args(ResolvedPrecision)),
+               "optimizer": (t.optimizer, get_args(Optimizer)), "finetune": (t.finetune, get_args(Finetune)),
+               "weights": (i.weights, [w for w in get_args(WeightDtype) if w != "fp32"])}
+    for knob, (support, values) in domains.items():
+        for value in values:
+            assert (value in support.run) != (value in support.not_run), f"{knob} {value}"
+            assert set(support.run) | set(support.not_run) <= set(values), knob
+
+
+@pytest.mark.parametrize("knob,value,why", [("sharding", "zero1", "fsdp-grad-op"),
+                                            ("tensor_parallel", 2, "data parallelism only"),
+                                            ("pipeline_parallel", 2, "data parallelism only")])
+def test_a_pinned_knob_the_workers_do_not_run_is_refused_with_the_reason(cat: Catalog, knob: str, value: Any,
+                                                                         why: str) -> None:
+    with pytest.raises(NoFeasiblePlan) as caught:
+        plan(spec_from_dict(_train(**{"sharding": "fsdp", knob: value})), cat)
+    assert "support" in str(caught.value) and why in str(caught.value)
+    strategy = Strategy(gpu="H100-SXM", gpu_count=4, **{"sharding": "fsdp", knob: value})
+    with pytest.raises(InvalidInput, match=why):
+        _check_supported(strategy, torch.device("cpu"))
+
+
+def test_int4_weights_are_not_planned_and_not_run(cat: Catalog) -> None:
+    with pytest.raises(NoFeasiblePlan, match="mslk"):
+        plan(spec_from_dict(_infer(weights="int4")), cat)
+
+
+def test_workers_accept_fsdp_grad_op() -> None:
+    _check_supported(Strategy(gpu="cpu", gpu_count=2, precision="fp32", sharding="fsdp-grad-op"),
+                     torch.device("cpu"))
+
+
+def test_inference_plans_one_gpu_and_says_why_not_more(cat: Catalog) -> None:
+    p = plan(spec_from_dict(_infer()), cat)
+    assert {c.estimate.strategy.gpu_count for c in p.candidates} == {1}
+    assert {c.estimate.strategy.tensor_parallel for c in p.candidates} == {1}
+    assert any(r.constraint == "support" and "one GPU" in r.reason for r in p.rejections)
+
+
+@pytest.mark.parametrize("source", ["mixtral-qlora.yaml", "70b"])
+def test_qlora_is_not_planned_on_rocm_and_the_plan_says_why(cat: Catalog, source: str) -> None:
+    if source == "70b":
+        spec = spec_from_dict({"name": "q70", "task": "train", "model": "llama-3-70b",
+                               "train": {"tokens": 1e8, "seq_len": 2048, "finetune": "qlora"},
+                               "resources": {"spot": "never", "max_gpus": 8}})
+    else:
+        spec = load_spec(EXAMPLES / source)
+    for objective in ("cheapest", "fastest"):
+        p = plan(spec, cat, objective=objective)  # type: ignore[arg-type]
+        assert {cat.gpu(c.estimate.strategy.gpu).vendor for c in p.candidates} == {"nvidia"}
+    amd = [r for r in p.rejections if "MI300X" in r.option]
+    assert amd and all(r.constraint == "support" and "bitsandbytes" in r.reason for r in amd)
+
+
+def test_qlora_keeps_its_frozen_base_in_4_bit(tmp_path: Path) -> None:
+    """The planner counts QLoRA's base linear weights at NF4's ~0.5 byte each; the workers store them so."""
+    from torchao.quantization import NF4Tensor
+
+    from tests.workers.tiny import write_config
+    from workers.model import apply_lora, build_model, quantize_base_nf4, resolve_model_source
+
+    config = write_config(tmp_path / "m", hidden_size=128, intermediate_size=256)
+    spec = spec_from_dict({"name": "q", "task": "train", "model": {"config": str(config)},
+                           "train": {"tokens": 1e3, "finetune": "qlora"}})
+    model = build_model(resolve_model_source(spec), seed=0, weights_dtype=torch.bfloat16)
+    assert quantize_base_nf4(model) > 0
+    model = apply_lora(model, 4)
+    base = [p for n, p in model.named_parameters() if "base_layer" in n and isinstance(p, NF4Tensor)]
+    assert base and not any(p.requires_grad for p in base)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
