@@ -203,7 +203,8 @@ def _problem(error: Any) -> tuple[str, str]:
     path = _format_loc(tuple(error["loc"]))
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        message = "unknown field; check the spelling (examples/ has complete specs)"
+        message = ("unknown field; check the spelling (the fields are in the README's 'Job spec'; examples/ has "
+                   "complete specs)")
     if error["type"] == "literal_error":
         message = f"{message}, got {error.get('input')!r}"
     return path, message

@@ -139,8 +139,9 @@ class JsonRule:
         return f"{at} {problem}" if problem else None
 
 
-Name = Annotated[str, TextRule(64, min_length=1, pattern=NAME_PATTERN, form=NAME_FORM)]
-"""A team or token name."""
+Name = Annotated[str, TextRule(64)]
+"""A team name: printable text here; its spelling rule (scheduler.models.team_name_error) is checked by the
+service on every path, so the API and the CLI give one message with a valid spelling to use instead."""
 JobId = Annotated[str, TextRule(32, min_length=1, pattern=NAME_PATTERN, form="a job id such as j-1a2b3c4d5e6f7a8b")]
 Label = Annotated[str, TextRule(64, min_length=1)]
 """A token's name: any printable text."""

@@ -61,7 +61,7 @@ def _message(error: Mapping[str, Any]) -> str:
     if kind == "json_invalid":
         where = error.get("loc", ("body", "?"))[-1]
         return f"not valid JSON ({error.get('ctx', {}).get('error', 'syntax error')} at character {where})"
-    return str(error.get("msg", "invalid"))
+    return str(error.get("msg", "invalid")).removeprefix("Value error, ")  # our validators' own words
 
 
 def _unparsable_body(cause: BaseException) -> str:

@@ -195,7 +195,8 @@ HOSTILE = [
     ("POST", "/v1/plans", '{"spec": {"name": "x"', False, "body",
      "body: not valid JSON (Expecting ',' delimiter at character 21)"),
     ("POST", "/v1/teams", '{"name": "a b"}', True, "name",
-     "name: must be letters, digits, '.', '_' or '-', starting with a letter or digit"),
+     "name: team name 'a b' is not valid: use 1 to 63 lowercase letters, digits, '-' or '_', starting with a "
+     "letter or digit, e.g. 'a-b'"),
     ("GET", "/v1/teams/ml%00", None, True, "name", "name: contains a NUL byte (U+0000) at character 3; remove it"),
     ("DELETE", "/v1/teams/ml/tokens/2147483648", None, True, "token_id",
      "token_id: Input should be less than or equal to 2147483647"),

@@ -300,9 +300,9 @@ def test_cli_in_process_refuses_a_team_name_the_server_would(tmp_path: Path, mon
     monkeypatch.setenv("GPUPLAN_TEAM", "my team")
     code, out = run("list", "--json")
     assert code == 2
-    assert json.loads(out)["error"]["message"] == ("team name 'my team' must be letters, digits, '.', '_' or '-', "
-                                                   "starting with a letter or digit; set GPUPLAN_TEAM to a name such "
-                                                   "as ml-research")
+    assert json.loads(out)["error"]["message"] == (
+        "GPUPLAN_TEAM=my team: team: team name 'my team' is not valid: use 1 to 63 lowercase letters, digits, '-' "
+        "or '_', starting with a letter or digit, e.g. 'my-team'")
 
 
 def test_cli_report_spend_bad_window_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -76,12 +76,11 @@ def test_a_refused_json_document_names_the_field(document: dict[str, Any], messa
 
 
 def test_a_name_is_checked_for_characters_before_its_form() -> None:
+    """Characters and length here; the spelling rule is the service's (one message on every path)."""
     names = TypeAdapter(Name)
-    assert names.validate_python("ml-team_2.0") == "ml-team_2.0"
+    assert names.validate_python("ml team") == "ml team"
     for name, message in [("ml\x00", "contains a NUL byte (U+0000) at character 3; remove it"),
-                          ("ml team", "must be letters, digits, '.', '_' or '-', starting with a letter or digit"),
-                          ("m" * 65, "is 65 characters long; at most 64 are allowed"),
-                          ("", "must have at least 1 character(s)")]:
+                          ("m" * 65, "is 65 characters long; at most 64 are allowed")]:
         with pytest.raises(ValidationError) as err:
             names.validate_python(name)
         assert err.value.errors()[0]["msg"] == message
