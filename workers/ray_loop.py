@@ -72,6 +72,7 @@ class _RayHooks(TrainHooks):
     def fault(self, step: int, where: str) -> None:
         if self._step_hook is not None:
             self._step_hook(step, where)
+            self._last_cancel_poll = 0.0  # a test's hold may have outlasted a cancel: read the flag this step
 
     def poll(self) -> Signal | None:
         import ray.train

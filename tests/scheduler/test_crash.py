@@ -24,7 +24,7 @@ ADMIN = {"Authorization": "Bearer admin-secret"}
 
 def start(db_url: str, port: int, workdir: Path, n: int, workers: int = 1) -> subprocess.Popen[bytes]:
     return start_process([sys.executable, "-m", "tests.scheduler.serve_proc", db_url, str(port), str(workdir), "1.0",
-                          str(workers)], port, workdir / f"server-{n}.log", cwd=ROOT, timeout=60)
+                          str(workers)], port, workdir / f"server-{n}.log", cwd=ROOT, timeout=180)
 
 
 @pytest.mark.slow
