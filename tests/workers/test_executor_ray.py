@@ -191,6 +191,8 @@ def test_node_loss_then_spot_notice_both_resume_and_match_an_uninterrupted_run(
         gate.wait_held(22)
         snap = _wait_for(executor, handle, lambda s: s["progress"].step == 22)
         noticed = snap["node_id"]
+        # Never drain a node the test did not add (the head holds the drivers of every test).
+        assert noticed in [n.node_id for n in nodes], (noticed, [n.node_id for n in nodes])
         drain_ray_node(ray_cluster.address, noticed, time.time() + 8)
         snap = _wait_for(executor, handle, lambda s: any("spot notice" in line
                                                           for line in executor.logs(handle)))
