@@ -356,6 +356,8 @@ def test_an_inference_job_resumes_from_its_outputs_after_its_node_is_lost(ray_cl
         victim = next(n for n in nodes if n.node_id == snap["node_id"])
         ray_cluster.remove_node(victim, allow_graceful=False)
         nodes.remove(victim)
+        # Released only once the retry has started: the killed worker may outlive its raylet a moment.
+        _wait_for(executor, handle, lambda s: s["resumes"] >= 1)
         gate.release()
         status = executor.wait(handle, timeout=600)
         assert status.state is RunState.SUCCEEDED, (status.message, executor.logs(handle)[-5:])
