@@ -324,6 +324,6 @@ def test_watcher_actor_pinned_to_node_drains_it(ray_cluster: Any, metadata: tupl
             time.sleep(0.05)
         assert final["notice"]["deadline"] == deadline
         # The watcher actor itself keeps the node busy, so it stays up, draining, until the deadline.
-        assert _node_drain_state(node.node_id) == "draining"
+        assert _wait_drained(node.node_id) == "draining"
     finally:
         ray_cluster.remove_node(node)
