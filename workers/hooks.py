@@ -3,10 +3,17 @@ before the heavy libraries, so recovery time can be split at that point)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 StopReason = Literal["cancel", "preempt"]
+
+# Test hook an executor injects into its runs (default: none): called with (step, where) wherever a
+# training loop calls ``TrainHooks.fault``, and with (requests done, "batch") after each batch an
+# inference run writes. Tests pass one that blocks to hold a run at a known point, so that they
+# never race a fast job. Under Ray it is pickled to the workers: it must be importable there.
+StepHook = Callable[[int, str], None]
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,8 @@ class TrainHooks:
         return None
 
     def fault(self, step: int, where: str) -> None:
-        """Test hook: raise here to simulate the process dying at this point of the step."""
+        """Test hook: raise here to simulate the process dying at this point of the step, or block
+        to hold the run here."""
 
     def before_forward(self, step: int, micro_batch: int) -> None:
         """Test hook, before each micro-batch's forward pass: raise ``torch.OutOfMemoryError`` here to

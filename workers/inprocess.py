@@ -17,7 +17,7 @@ from typing import Any
 
 from catalog.errors import GpuplanError, Infeasible
 from workers.executor import RunRequest, RunState, RunStatus
-from workers.hooks import Signal, StopReason, TrainHooks
+from workers.hooks import Signal, StepHook, StopReason, TrainHooks
 from workers.placement import infeasibility
 from workers.progress import ProgressTracker, result_backoffs, result_metrics
 from workers.train import TrainJob, run_training
@@ -37,8 +37,9 @@ class _Attempt:
 
 
 class _Hooks(TrainHooks):
-    def __init__(self, attempt: _Attempt) -> None:
+    def __init__(self, attempt: _Attempt, step_hook: StepHook | None = None) -> None:
         self.attempt = attempt
+        self.step_hook = step_hook
 
     def on_log(self, line: str) -> None:
         self.attempt.tracker.log(line)
@@ -49,6 +50,16 @@ class _Hooks(TrainHooks):
     def poll(self) -> Signal | None:
         return Signal(self.attempt.stop) if self.attempt.stop is not None else None
 
+    def fault(self, step: int, where: str) -> None:
+        if self.step_hook is not None:
+            self.step_hook(step, where)
+
+    def on_batch(self, progress: dict[str, Any]) -> None:
+        """``on_progress`` of an inference run: the step hook runs after each batch."""
+        self.on_progress(progress)
+        if self.step_hook is not None and progress.get("event") == "step":
+            self.step_hook(int(progress["step"]), "batch")
+
 
 class InProcessExecutor:
     """Executor that trains in a background thread per attempt.
@@ -58,7 +69,8 @@ class InProcessExecutor:
     """
 
     def __init__(self, *, resources: Mapping[str, float] | None = None, device: str = "cpu",
-                 cpu_threads: int | None = 1, predict: Predictor | None = None, log_every_s: float = 1.0) -> None:
+                 cpu_threads: int | None = 1, predict: Predictor | None = None, log_every_s: float = 1.0,
+                 step_hook: StepHook | None = None) -> None:
         import os
 
         self._resources = dict(resources) if resources is not None else {"CPU": float(os.cpu_count() or 1)}
@@ -66,6 +78,7 @@ class InProcessExecutor:
         self._cpu_threads = cpu_threads
         self._predict = predict
         self._log_every_s = log_every_s
+        self._step_hook = step_hook  # tests only: see workers.hooks.StepHook
         self._attempts: dict[str, _Attempt] = {}
         self._lock = threading.Lock()
 
@@ -102,8 +115,8 @@ class InProcessExecutor:
             if request.spec.task == "infer":
                 from workers.infer_job import run_infer_attempt
 
-                hooks = _Hooks(attempt)
-                run_infer_attempt(request, device=self._device, on_progress=hooks.on_progress, on_log=hooks.on_log,
+                hooks = _Hooks(attempt, self._step_hook)
+                run_infer_attempt(request, device=self._device, on_progress=hooks.on_batch, on_log=hooks.on_log,
                                   cpu_threads=self._cpu_threads)
                 attempt.state = RunState.SUCCEEDED
                 attempt.message = f"generated {attempt.tracker.progress().step} requests"
@@ -112,7 +125,7 @@ class InProcessExecutor:
             job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
                            checkpoint_uri=request.checkpoint_uri, device=self._device,
                            cpu_threads=self._cpu_threads, log_every_s=self._log_every_s, predicted=predicted)
-            result = run_training(job, _Hooks(attempt))
+            result = run_training(job, _Hooks(attempt, self._step_hook))
             if result.status == "preempted":
                 attempt.state = RunState.PREEMPTED
                 attempt.message = (f"preempted at step {result.steps}; a just-in-time checkpoint was saved, "

@@ -42,6 +42,7 @@ from catalog.errors import GpuplanError
 from planner.types import Strategy
 from workers.cuda_env import allocator_env
 from workers.executor import RunProgress, RunRequest, RunState
+from workers.hooks import StepHook
 from workers.placement import infeasibility, node_labels, placement_for
 from workers.ray_loop import ProgressActor, ray_infer_task, ray_train_loop
 from workers.train import TrainJob
@@ -66,6 +67,7 @@ class DriverSettings:
     # worker group and looks at the cancel flag between tries: it bounds how long cancelling a
     # pending attempt takes.
     start_timeout_s: float = 10.0
+    step_hook: StepHook | None = None  # tests only: see workers.hooks.StepHook
 
 
 class AttemptDriver(ProgressActor):
@@ -184,7 +186,8 @@ class AttemptDriver(ProgressActor):
             task = ray.remote(ray_infer_task).options(
                 **infer_resources(request.strategy, placement.accelerator), max_retries=self._settings.max_failures,
                 retry_exceptions=False)
-            self._task = task.remote(request, self._self, placement.use_gpu, self._settings.cpu_threads)
+            self._task = task.remote(request, self._self, placement.use_gpu, self._settings.cpu_threads,
+                                     self._settings.step_hook)
         try:
             outcome: dict[str, Any] = ray.get(self._task)
         except Exception:
@@ -306,7 +309,7 @@ def build_trainer(request: RunRequest, settings: DriverSettings, driver: Any) ->
     backend = settings.backend or ("nccl" if placement.use_gpu else "gloo")
     return TorchTrainer(
         train_loop_per_worker=ray_train_loop,  # type: ignore[arg-type]
-        train_loop_config={"job": job, "progress": driver},
+        train_loop_config={"job": job, "progress": driver, "step_hook": settings.step_hook},
         scaling_config=scaling,
         torch_config=TorchConfig(backend=backend),
         run_config=RunConfig(  # type: ignore[arg-type]

@@ -54,6 +54,7 @@ import ray
 
 from catalog.errors import ExecutionError, Infeasible, NotFound
 from workers.executor import RunProgress, RunRequest, RunState, RunStatus
+from workers.hooks import StepHook
 from workers.progress import result_backoffs, result_metrics
 from workers.ray_attempt import (
     NAMESPACE,
@@ -77,7 +78,7 @@ class RayExecutor:
                  backend: str | None = None, cpu_threads: int | None = None, predict: Predictor | None = None,
                  log_every_s: float = 2.0, init_kwargs: dict[str, Any] | None = None,
                  keep_finished_s: float = 24 * 3600.0, start_timeout_s: float = 10.0,
-                 call_timeout_s: float = 30.0, namespace: str = NAMESPACE) -> None:
+                 call_timeout_s: float = 30.0, namespace: str = NAMESPACE, step_hook: StepHook | None = None) -> None:
         self._address = address
         self._namespace = namespace
         self._storage_path = storage_path or str(Path.home() / ".gpuplan" / "ray")
@@ -90,6 +91,7 @@ class RayExecutor:
         self._keep_finished_s = keep_finished_s
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
+        self._step_hook = step_hook  # tests only: see workers.hooks.StepHook
 
     def _connect(self) -> None:
         if not ray.is_initialized():
@@ -110,7 +112,7 @@ class RayExecutor:
             storage_path=self._storage_path, max_failures=self._max_failures, backend=self._backend,
             cpu_threads=self._cpu_threads, log_every_s=self._log_every_s,
             predicted=self._predict(request) if self._predict is not None else {},
-            keep_finished_s=self._keep_finished_s, start_timeout_s=self._start_timeout_s)
+            keep_finished_s=self._keep_finished_s, start_timeout_s=self._start_timeout_s, step_hook=self._step_hook)
         driver = attempt_driver(request, settings, handle, self._namespace)
         try:
             ray.get(driver.start.remote(), timeout=self._call_timeout_s * 4)  # the first actor may import a lot

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from catalog.errors import GpuplanError, InvalidInput
-from workers.hooks import Signal, TrainHooks
+from workers.hooks import Signal, StepHook, TrainHooks
 from workers.progress import ProgressTracker
 
 if TYPE_CHECKING:
@@ -53,9 +53,10 @@ class ProgressActor:
 class _RayHooks(TrainHooks):
     """Rank 0 reports; every rank polls the same two collectives once per step."""
 
-    def __init__(self, progress: Any, rank: int, cancel_poll_s: float = 1.0) -> None:
+    def __init__(self, progress: Any, rank: int, cancel_poll_s: float = 1.0, step_hook: StepHook | None = None) -> None:
         self._progress = progress
         self._rank = rank
+        self._step_hook = step_hook
         self._cancel_poll_s = cancel_poll_s
         self._last_cancel_poll = 0.0
         self._cancel = False
@@ -67,6 +68,11 @@ class _RayHooks(TrainHooks):
         if progress.get("event") == "started":  # where rank 0 runs: what a node loss would hit
             progress = {**progress, "node_id": ray.get_runtime_context().get_node_id()}
         self._progress.event.remote(progress)
+
+    def fault(self, step: int, where: str) -> None:
+        if self._step_hook is not None:
+            self._step_hook(step, where)
+            self._last_cancel_poll = 0.0  # a test's hold may have outlasted a cancel: read the flag this step
 
     def poll(self) -> Signal | None:
         import ray.train
@@ -97,7 +103,7 @@ def ray_train_loop(config: dict[str, Any]) -> dict[str, Any]:
     from workers.train import run_training
 
     job: TrainJob = config["job"]
-    hooks = _RayHooks(config["progress"], rank)
+    hooks = _RayHooks(config["progress"], rank, step_hook=config.get("step_hook"))
     try:
         return run_training(job, hooks).to_dict()
     except InvalidInput as exc:
@@ -108,7 +114,8 @@ def ray_train_loop(config: dict[str, Any]) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def ray_infer_task(request: RunRequest, progress: Any, use_gpu: bool, cpu_threads: int | None) -> dict[str, Any]:
+def ray_infer_task(request: RunRequest, progress: Any, use_gpu: bool, cpu_threads: int | None,
+                   step_hook: StepHook | None = None) -> dict[str, Any]:
     """An inference attempt as one Ray task holding the planned GPUs (or one CPU).
 
     Reports to ``progress`` like rank 0 of a training run. Bad input (a missing prompts file, an
@@ -126,7 +133,7 @@ def ray_infer_task(request: RunRequest, progress: Any, use_gpu: bool, cpu_thread
     device = "cuda" if use_gpu and torch.cuda.is_available() else "cpu"
     if device == "cpu" and cpu_threads:
         torch.set_num_threads(cpu_threads)
-    hooks = _InferHooks(progress)
+    hooks = _InferHooks(progress, step_hook)
     try:
         return run_infer_attempt(request, device=device, on_progress=hooks.on_progress, on_log=hooks.on_log)
     except GpuplanError as exc:
@@ -141,8 +148,9 @@ class _InferHooks:
     """Blocking calls (one per batch, not per step): the driver has every line and event before it
     sees the task's result, and the sink serves calls on several threads, in no set order."""
 
-    def __init__(self, progress: Any) -> None:
+    def __init__(self, progress: Any, step_hook: StepHook | None = None) -> None:
         self._progress = progress
+        self._step_hook = step_hook
 
     def on_log(self, line: str) -> None:
         ray.get(self._progress.log.remote(line))
@@ -151,3 +159,5 @@ class _InferHooks:
         if progress.get("event") == "started":  # where it runs: what a node loss would hit
             progress = {**progress, "node_id": ray.get_runtime_context().get_node_id()}
         ray.get(self._progress.event.remote(progress))
+        if self._step_hook is not None and progress.get("event") == "step":
+            self._step_hook(int(progress["step"]), "batch")

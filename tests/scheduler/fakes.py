@@ -84,11 +84,16 @@ class ScriptedExecutor:
 class SleepExecutor:
     """Runs each attempt as a thread that 'works' ``seconds`` of wall time and checkpoints its
     progress (seconds done) under the job's checkpoint_uri, so a later attempt resumes. Attempts
-    die with the process, as in-process runs do; each start is appended to ``journal``."""
+    die with the process, as in-process runs do; each start is appended to ``journal``.
 
-    def __init__(self, seconds: float, journal: str) -> None:
+    ``hold``: a file listing job names, one a line. An attempt of a job listed there, once it has
+    checkpointed ``seconds / 4``, waits while its name is listed, and appends its handle to
+    ``<hold>.held`` as it starts to wait: a test holds attempts mid-run instead of racing them."""
+
+    def __init__(self, seconds: float, journal: str, hold: str | None = None) -> None:
         self.seconds = seconds
         self.journal = journal
+        self.hold = hold
         self._runs: dict[str, tuple[RunRequest, threading.Thread, list[str]]] = {}
         self._states: dict[str, RunState] = {}
         self._stop: set[str] = set()
@@ -121,10 +126,18 @@ class SleepExecutor:
         marker = ckpt / "progress"
         done = float(marker.read_text()) if marker.exists() else 0.0
         logs.append(f"attempt {request.attempt} resumes at {done:.1f}s of {self.seconds}s")
+        announced = False
         while done < self.seconds:
             if handle in self._stop:
                 self._states[handle] = RunState.CANCELLED
                 return
+            if done >= self.seconds / 4 and self._held(request.spec.name):
+                if not announced:
+                    with open(f"{self.hold}.held", "a") as f:
+                        f.write(f"{handle}\n")
+                    announced = True
+                time.sleep(0.05)
+                continue
             time.sleep(0.1)
             done += 0.1
             tmp = ckpt / f"progress.{os.getpid()}"
@@ -132,6 +145,13 @@ class SleepExecutor:
             tmp.replace(marker)
         logs.append("done")
         self._states[handle] = RunState.SUCCEEDED
+
+    def _held(self, name: str) -> bool:
+        from pathlib import Path
+
+        if self.hold is None or not Path(self.hold).exists():
+            return False
+        return name in Path(self.hold).read_text().split()
 
     def status(self, handle: str) -> RunStatus:
         if handle not in self._states:

@@ -2,7 +2,8 @@
 
 Same assembly as ``gpuplan server`` (scheduler.api.server) with the test planner and a
 SleepExecutor whose attempts die with the process: S seconds per attempt, W API worker processes
-(W > 1: the loop runs in the supervising process, as with ``gpuplan server --workers W``).
+(W > 1: the loop runs in the supervising process, as with ``gpuplan server --workers W``). Attempts
+of the jobs named in ``DIR/hold`` wait mid-run while they are named there (``SleepExecutor``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.scheduler.fakes import SleepExecutor
 def main() -> None:
     db, port, workdir = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
     executor = SleepExecutor(seconds=float(sys.argv[4]) if len(sys.argv) > 4 else 2.0,
-                             journal=str(workdir / "journal"))
+                             journal=str(workdir / "journal"), hold=str(workdir / "hold"))
     catalog = load_catalog()
     service = make_service(db, checkpoint_root=workdir / "ckpt", admin_token="admin-secret", planner=toy_plan,
                            catalog=catalog)

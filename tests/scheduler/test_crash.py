@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -24,8 +23,8 @@ ADMIN = {"Authorization": "Bearer admin-secret"}
 
 
 def start(db_url: str, port: int, workdir: Path, n: int, workers: int = 1) -> subprocess.Popen[bytes]:
-    return start_process([sys.executable, "-m", "tests.scheduler.serve_proc", db_url, str(port), str(workdir), "2.0",
-                          str(workers)], port, workdir / f"server-{n}.log", cwd=ROOT, timeout=60)
+    return start_process([sys.executable, "-m", "tests.scheduler.serve_proc", db_url, str(port), str(workdir), "1.0",
+                          str(workers)], port, workdir / f"server-{n}.log", cwd=ROOT, timeout=180)
 
 
 @pytest.mark.slow
@@ -34,6 +33,9 @@ def test_kill_9_mid_run_then_restart_loses_and_duplicates_nothing(db_url: str, t
     """With api-workers the kill hits the supervisor (the loop's process); its API workers must go with it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    # job0 runs to the end; the attempts of the others wait mid-run, after their first checkpoint.
+    hold, held = tmp_path / "hold", tmp_path / "hold.held"
+    hold.write_text("\n".join(f"job{i}" for i in range(1, 6)))
     proc = start(db_url, port, tmp_path, 1, workers)
     try:
         admin = httpx.Client(base_url=url, headers=ADMIN, timeout=30)
@@ -42,12 +44,12 @@ def test_kill_9_mid_run_then_restart_loses_and_duplicates_nothing(db_url: str, t
         c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         bodies = [{"spec": spec_dict(name=f"job{i}"), "idempotency_key": f"k{i}"} for i in range(6)]
         ids = [c.post("/v1/jobs", json=b).json()["id"] for b in bodies]
-        # Kill once some attempts have been running for a while and some job has finished.
-        wait_for(lambda: len(c.get("/v1/jobs", params={"state": "succeeded"}).json()) >= 1
-                 and len(c.get("/v1/jobs", params={"state": "running"}).json()) >= 1, 60, "a mid-run moment")
-        time.sleep(0.5)
+        # Kill once job0 has finished and three attempts (max_running) wait mid-run.
+        wait_for(lambda: held.exists() and len(held.read_text().split()) == 3
+                 and len(c.get("/v1/jobs", params={"state": "succeeded"}).json()) == 1, 180, "a mid-run moment")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        hold.unlink()
         proc = start(db_url, port, tmp_path, 2, workers)
         # Clients retry their submits after the outage: the keys return the same jobs.
         assert [c.post("/v1/jobs", json=b).json()["id"] for b in bodies] == ids
@@ -68,7 +70,7 @@ def test_kill_9_mid_run_then_restart_loses_and_duplicates_nothing(db_url: str, t
     for a in attempts:
         by_job.setdefault(a.job_id, []).append(a)
     lost = [a for a in attempts if a.outcome == "lost"]
-    assert lost, "the kill should have caught at least one attempt mid-run"
+    assert len(lost) == 3, "the kill caught the three held attempts mid-run"
     for runs in by_job.values():
         assert [a.outcome for a in runs][-1] == "succeeded"
         assert all(a.outcome == "lost" for a in runs[:-1]), [a.outcome for a in runs]

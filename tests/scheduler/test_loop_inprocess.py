@@ -14,6 +14,7 @@ from scheduler.models import JobCreate, TeamCreate
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import Store
 from tests.scheduler.conftest import OFFER
+from tests.workers.tiny import Gate
 
 
 def cpu_plan(spec: JobSpec) -> Plan:
@@ -39,15 +40,16 @@ def test_real_training_is_preempted_requeued_and_resumes_from_its_checkpoint(sto
     spec = {"name": "tiny", "task": "train", "model": "tiny-llama",
             "train": {"tokens": 64 * 2 * 8, "seq_len": 64, "micro_batch": 2, "checkpoint_interval_steps": 2}}
     job = svc.submit(me, JobCreate(spec=spec))
-    ex = InProcessExecutor(log_every_s=0.1)
+    gate = Gate(str(tmp_path / "gate"))
+    ex = InProcessExecutor(log_every_s=0.1, step_hook=gate)
     loop = Scheduler(store, ex, poll_s=0.1)
+    gate.hold(3)  # preempt mid-run, after a checkpoint
     assert loop.tick().dispatched == [job.id]
     first = ex.active()[0]
-    deadline = time.monotonic() + 240
-    while ex.status(first).progress.step < 3:  # preempt mid-run, after a checkpoint
-        assert time.monotonic() < deadline and not ex.status(first).state.finished, ex.logs(first)
-        time.sleep(0.1)
+    gate.wait_held(3)
     ex.preempt(first)
+    gate.release()
+    deadline = time.monotonic() + 240
     while svc.status(me, job.id).state not in ("succeeded", "failed"):
         assert time.monotonic() < deadline, svc.logs(me, job.id).lines[-5:]
         loop.tick()
@@ -58,7 +60,7 @@ def test_real_training_is_preempted_requeued_and_resumes_from_its_checkpoint(sto
     second = detail.attempt_list[1].handle
     assert detail.attempt_list[0].handle == first and second is not None and second != first
     resumed = ex.status(second).progress.resumed_from_step
-    assert resumed is not None and resumed >= 2
+    assert resumed == 4  # the just-in-time checkpoint of the step after the notice
     assert any("attempt 2" in line for line in svc.logs(me, job.id).lines)
     # both attempts keep what they measured (the preempted one up to its checkpoint) next to the plan's prediction
     for attempt in detail.attempt_list:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from catalog.errors import Infeasible
 from planner.types import Strategy
-from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
+from tests.workers.tiny import Gate, assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.executor import Executor, RunRequest, RunState
 from workers.inprocess import InProcessExecutor
 
@@ -43,19 +42,21 @@ def test_runs_a_job_to_success_with_metrics_and_logs(tmp_path: Path) -> None:
 
 def test_preempt_then_resubmit_resumes_and_matches_an_uninterrupted_run(tmp_path: Path) -> None:
     config = write_config(tmp_path / "m")
-    executor = InProcessExecutor(log_every_s=0.0)
+    gate = Gate(str(tmp_path / "gate"))
+    executor = InProcessExecutor(log_every_s=0.0, step_hook=gate)
     reference = executor.wait(executor.submit(_request(config, tmp_path / "ref", steps=30, interval=10)), 120)
     assert reference.state is RunState.SUCCEEDED
 
+    gate.hold(3)
     first = executor.submit(_request(config, tmp_path / "ck", steps=30, interval=10))
-    while executor.status(first).progress.step < 3 and not executor.status(first).state.finished:
-        time.sleep(0.01)
+    gate.wait_held(3)
     executor.preempt(first)
+    gate.release()  # the notice is read at the end of the next step
     preempted = executor.wait(first, 120)
     assert preempted.state is RunState.PREEMPTED
     assert "just-in-time checkpoint" in preempted.message
     jit_step, _ = final_state(str(tmp_path / "ck"))
-    assert jit_step == preempted.progress.step  # the notice cost no step: the checkpoint is where it stopped
+    assert jit_step == preempted.progress.step == 4  # the notice cost no step: the checkpoint is where it stopped
 
     second = executor.wait(executor.submit(_request(config, tmp_path / "ck", attempt=2, steps=30, interval=10)), 120)
     assert second.state is RunState.SUCCEEDED, second.message
@@ -64,14 +65,17 @@ def test_preempt_then_resubmit_resumes_and_matches_an_uninterrupted_run(tmp_path
 
 
 def test_cancel_stops_the_run(tmp_path: Path) -> None:
-    executor = InProcessExecutor()
-    handle = executor.submit(_request(write_config(tmp_path / "m"), tmp_path / "ck", steps=100_000, interval=1000))
-    while executor.status(handle).state is RunState.PENDING:
-        time.sleep(0.01)
+    gate = Gate(str(tmp_path / "gate"))
+    executor = InProcessExecutor(step_hook=gate)
+    gate.hold(2)
+    handle = executor.submit(_request(write_config(tmp_path / "m"), tmp_path / "ck", steps=1000, interval=1000))
+    gate.wait_held(2)
+    assert executor.status(handle).state is RunState.RUNNING
     executor.cancel(handle)
+    gate.release()  # the cancel is read at the end of the next step
     status = executor.wait(handle, 120)
     assert status.state is RunState.CANCELLED
-    assert status.progress.step < 100_000
+    assert status.message == "cancelled at step 3"
 
 
 def test_a_job_no_node_can_run_fails_fast_with_the_reason(tmp_path: Path) -> None:

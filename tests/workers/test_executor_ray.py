@@ -11,7 +11,7 @@ import pytest
 
 from catalog.errors import Infeasible, NotFound
 from planner.types import Strategy
-from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
+from tests.workers.tiny import Gate, assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.executor import Executor, RunRequest, RunState
 from workers.inprocess import InProcessExecutor
 from workers.ray_executor import RayExecutor
@@ -24,19 +24,22 @@ def _request(config: Path, ckpt: Path, job: str, strategy: Strategy, **spec_args
                       checkpoint_uri=str(ckpt), run_name=job)
 
 
-def _executor(tmp_path: Path) -> RayExecutor:
+def _executor(tmp_path: Path, gate: Gate | None = None) -> RayExecutor:
     return RayExecutor(storage_path=str(tmp_path / "ray"), backend="gloo", cpu_threads=1, log_every_s=0.0,
-                       max_failures=2)
+                       max_failures=2, step_hook=gate)
 
 
 def test_runs_a_cpu_job_and_reports_progress(ray_cluster: Any, tmp_path: Path) -> None:
     import ray
 
-    executor = _executor(tmp_path)
+    gate = Gate(str(tmp_path / "gate"))
+    executor = _executor(tmp_path, gate)
     assert isinstance(executor, Executor)
+    gate.hold(3)  # still running when asked
     handle = executor.submit(_request(write_config(tmp_path / "m"), tmp_path / "ck", "ray-cpu", cpu_strategy(),
                                       steps=6, interval=3))
     assert executor.active() == [handle]
+    gate.release()
     status = executor.wait(handle, timeout=240)
     assert status.state is RunState.SUCCEEDED, (status.message, executor.logs(handle)[-5:])
     assert status.progress.step == 6 and status.progress.checkpoints == 2
@@ -150,46 +153,53 @@ def test_node_loss_then_spot_notice_both_resume_and_match_an_uninterrupted_run(
         ray_cluster: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Kill the node running the job with no warning: it resumes on another node from the last
     checkpoint. Then drain that node with a spot notice: a just-in-time checkpoint, and the resume
-    loses at most one step. The final weights equal an uninterrupted run's, bit for bit."""
+    loses at most one step. The final weights equal an uninterrupted run's, bit for bit.
+
+    A gate holds the run at each point the test acts on, so the run cannot end before the test acts."""
     from workers.preemption import drain_ray_node
 
     monkeypatch.setenv("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "1")
     config = write_config(tmp_path / "m")
-    spec_args: dict[str, Any] = {"steps": 80, "interval": 5}
+    spec_args: dict[str, Any] = {"steps": 40, "interval": 5}
     reference = InProcessExecutor()
     ref = reference.wait(reference.submit(_request(config, tmp_path / "ref", "ref", cpu_strategy(), **spec_args)), 600)
     assert ref.state is RunState.SUCCEEDED
 
     fake_gpu = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}}
     nodes = [ray_cluster.add_node(**fake_gpu) for _ in range(2)]
+    gate = Gate(str(tmp_path / "gate"), until_notice=True)
     try:
         ray_cluster.wait_for_nodes()
-        executor = _executor(tmp_path)
+        executor = _executor(tmp_path, gate)
         strategy = Strategy(gpu="H100-SXM", gpu_count=1, precision="fp32", micro_batch=2)
+        gate.hold(12)
         handle = executor.submit(_request(config, tmp_path / "ck", "ray-kill", strategy, **spec_args))
 
-        # 1. no warning: the node goes between checkpoints
-        snap = _wait_for(executor, handle, lambda s: s["progress"].checkpoints >= 2)
+        # 1. no warning: the node goes between checkpoints (held at step 12, after the one of step 10)
+        gate.wait_held(12)
+        snap = _wait_for(executor, handle, lambda s: s["progress"].checkpoints >= 2 and s["progress"].step == 12)
         victim = next(n for n in nodes if n.node_id == snap["node_id"])
-        killed_at = snap["progress"].step
         ray_cluster.remove_node(victim, allow_graceful=False)
         nodes.remove(victim)
         nodes.append(ray_cluster.add_node(**fake_gpu))  # the autoscaler's replacement
-        snap = _wait_for(executor, handle, lambda s: s["resumes"] >= 1 and s["progress"].step > killed_at)
-        first_resume = snap["progress"].resumed_from_step
-        # A periodic checkpoint at or after the one seen before the kill (the loop runs on while
-        # the node is being removed), never a step that no checkpoint recorded.
-        assert first_resume is not None and first_resume % 5 == 0 and 10 <= first_resume < 80
+        snap = _wait_for(executor, handle, lambda s: s["resumes"] >= 1)
+        assert snap["progress"].resumed_from_step == 10  # the newest checkpoint, never a step none recorded
         assert executor.status(handle).state is RunState.RUNNING
         assert "resumed 1 time(s)" in executor.status(handle).message
 
-        # 2. spot notice: drain the node now running it, deadline a few seconds out
-        snap = _wait_for(executor, handle, lambda s: s["progress"].step >= first_resume + 12)
+        # 2. spot notice: drain the node now running it, deadline a few seconds out. The gate holds
+        # the run at step 22 until the notice reaches it; the next step's poll acts on it.
+        gate.hold(22)
+        gate.wait_held(22)
+        snap = _wait_for(executor, handle, lambda s: s["progress"].step == 22)
         noticed = snap["node_id"]
+        # Never drain a node the test did not add (the head holds the drivers of every test).
+        assert noticed in [n.node_id for n in nodes], (noticed, [n.node_id for n in nodes])
         drain_ray_node(ray_cluster.address, noticed, time.time() + 8)
         snap = _wait_for(executor, handle, lambda s: any("spot notice" in line
                                                           for line in executor.logs(handle)))
         last_step_seen = snap["progress"].step
+        gate.release()  # the next node runs on to the end
         ray_cluster.remove_node(next(n for n in nodes if n.node_id == noticed), allow_graceful=False)
         status = executor.wait(handle, timeout=600)
         assert status.state is RunState.SUCCEEDED, (status.message, executor.logs(handle)[-8:])
@@ -200,6 +210,7 @@ def test_node_loss_then_spot_notice_both_resume_and_match_an_uninterrupted_run(
         assert_same_weights(final_state(str(tmp_path / "ref"))[1], final_state(str(tmp_path / "ck"))[1])
         executor.release(handle)
     finally:
+        gate.release()
         for node in nodes:
             if node in ray_cluster.worker_nodes:
                 ray_cluster.remove_node(node)
@@ -248,22 +259,24 @@ def test_runs_an_inference_job_and_a_new_attempt_redoes_nothing(ray_cluster: Any
 
 def test_cancel_stops_a_running_inference_job_and_the_next_attempt_finishes_it(
         ray_cluster: Any, tmp_path: Path) -> None:
-    executor = _executor(tmp_path)
-    request = _infer_request(tmp_path / "out", "ray-gen-cancel", cpu_strategy(), batch=1, requests=60)
+    gate = Gate(str(tmp_path / "gate"))
+    executor = _executor(tmp_path, gate)
+    request = _infer_request(tmp_path / "out", "ray-gen-cancel", cpu_strategy(), batch=1, requests=8)
+    gate.hold(2)  # the task waits after its second batch until cancelled
     handle = executor.submit(request)
-    _wait_for(executor, handle, lambda s: s["progress"].step >= 2)
+    gate.wait_held(2)
     executor.cancel(handle)
     status = executor.wait(handle, timeout=120)
     assert status.state is RunState.CANCELLED, (status.message, executor.logs(handle)[-5:])
-    assert status.message.startswith("cancelled after ") and status.message.endswith(" of 60 requests")
-    written = _output_ids(tmp_path / "out")  # whole batches only: the kill left no torn line to read
-    assert 2 <= len(written) < 60
+    assert status.message == "cancelled after 2 of 8 requests"
+    assert _output_ids(tmp_path / "out") == [0, 1]  # whole batches only: the kill left no torn line to read
     assert executor.active() == []
     executor.release(handle)
+    gate.release()
     resumed = executor.wait(executor.submit(dataclasses.replace(request, attempt=2)), timeout=600)
     assert resumed.state is RunState.SUCCEEDED, resumed.message
-    assert resumed.progress.resumed_from_step is not None and resumed.progress.resumed_from_step >= len(written)
-    assert sorted(_output_ids(tmp_path / "out")) == list(range(60))  # none redone, none missing
+    assert resumed.progress.resumed_from_step == 2
+    assert sorted(_output_ids(tmp_path / "out")) == list(range(8))  # none redone, none missing
     executor.release(resumed.handle)
 
 
@@ -333,23 +346,30 @@ def test_an_inference_job_resumes_from_its_outputs_after_its_node_is_lost(ray_cl
     the requests already written; every request is answered exactly once."""
     fake_gpu = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}}
     nodes = [ray_cluster.add_node(**fake_gpu) for _ in range(2)]
+    gate = Gate(str(tmp_path / "gate"))
     try:
         ray_cluster.wait_for_nodes()
-        executor = _executor(tmp_path)
+        executor = _executor(tmp_path, gate)
         strategy = Strategy(gpu="H100-SXM", gpu_count=1, precision="bf16")
-        handle = executor.submit(_infer_request(tmp_path / "out", "ray-gen-kill", strategy, batch=1, requests=150))
-        snap = _wait_for(executor, handle, lambda s: s["progress"].step >= 3)
+        gate.hold(3)  # the node goes while the task waits after its third request
+        handle = executor.submit(_infer_request(tmp_path / "out", "ray-gen-kill", strategy, batch=1, requests=10))
+        gate.wait_held(3)
+        snap = _wait_for(executor, handle, lambda s: s["progress"].step == 3)
         victim = next(n for n in nodes if n.node_id == snap["node_id"])
         ray_cluster.remove_node(victim, allow_graceful=False)
         nodes.remove(victim)
+        # Released only once the retry has started: the killed worker may outlive its raylet a moment.
+        _wait_for(executor, handle, lambda s: s["resumes"] >= 1)
+        gate.release()
         status = executor.wait(handle, timeout=600)
         assert status.state is RunState.SUCCEEDED, (status.message, executor.logs(handle)[-5:])
         assert status.metrics["resumes"] == 1 and "resumed 1 time(s)" in status.message
-        assert status.progress.resumed_from_step is not None and status.progress.resumed_from_step >= 3
+        assert status.progress.resumed_from_step == 3
         assert executor.snapshot(handle)["node_id"] == nodes[0].node_id
-        assert sorted(_output_ids(tmp_path / "out")) == list(range(150))  # none redone, none missing
+        assert sorted(_output_ids(tmp_path / "out")) == list(range(10))  # none redone, none missing
         executor.release(handle)
     finally:
+        gate.release()
         for node in nodes:
             if node in ray_cluster.worker_nodes:
                 ray_cluster.remove_node(node)
@@ -357,9 +377,13 @@ def test_an_inference_job_resumes_from_its_outputs_after_its_node_is_lost(ray_cl
 
 def test_executors_in_different_namespaces_do_not_see_each_others_attempts(ray_cluster: Any, tmp_path: Path) -> None:
     """Two servers of two databases on one cluster: neither may take the other's attempts for orphans."""
-    team_a = RayExecutor(storage_path=str(tmp_path / "ray"), cpu_threads=1, log_every_s=0.0, namespace="gpuplan-a")
-    team_b = RayExecutor(storage_path=str(tmp_path / "ray"), cpu_threads=1, log_every_s=0.0, namespace="gpuplan-b")
-    request = _infer_request(tmp_path / "out", "ray-gen-ns", cpu_strategy(), batch=1, requests=150)
+    gate = Gate(str(tmp_path / "gate"))  # both attempts wait after their first request until cancelled
+    gate.hold(1)
+    team_a = RayExecutor(storage_path=str(tmp_path / "ray"), cpu_threads=1, log_every_s=0.0, namespace="gpuplan-a",
+                         step_hook=gate)
+    team_b = RayExecutor(storage_path=str(tmp_path / "ray"), cpu_threads=1, log_every_s=0.0, namespace="gpuplan-b",
+                         step_hook=gate)
+    request = _infer_request(tmp_path / "out", "ray-gen-ns", cpu_strategy(), batch=1, requests=5)
     handle = team_a.submit(request)
     try:
         assert team_a.active() == [handle]
@@ -374,7 +398,9 @@ def test_executors_in_different_namespaces_do_not_see_each_others_attempts(ray_c
         team_b.cancel(other)
         assert team_b.wait(other, timeout=120).state is RunState.CANCELLED
         team_b.release(other)
+        assert not team_a.status(handle).state.finished
     finally:
         team_a.cancel(handle)
         assert team_a.wait(handle, timeout=120).state is RunState.CANCELLED
         team_a.release(handle)
+        gate.release()

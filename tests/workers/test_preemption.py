@@ -317,9 +317,13 @@ def test_watcher_actor_pinned_to_node_drains_it(ray_cluster: Any, metadata: tupl
             time.sleep(0.05)
         assert fake.aws_polls > 0 and _node_drain_state(node.node_id) == "alive"
         fake.aws_notice, deadline = _notice_in(120)
+        # The watcher says it drained only once Ray has the drain: wait on that, then look at the node.
+        end = time.monotonic() + 60
+        while not (final := ray.get(actor.status.remote(), timeout=30))["drained"]:
+            assert time.monotonic() < end, f"the watcher never drained its node: {final}"
+            time.sleep(0.05)
+        assert final["notice"]["deadline"] == deadline
         # The watcher actor itself keeps the node busy, so it stays up, draining, until the deadline.
         assert _wait_drained(node.node_id) == "draining"
-        final = ray.get(actor.status.remote(), timeout=30)
-        assert final["drained"] and final["notice"]["deadline"] == deadline
     finally:
         ray_cluster.remove_node(node)

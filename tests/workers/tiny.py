@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +92,69 @@ def write_tokenizer(folder: Path, *, vocab_size: int = 100, chat_template: str |
     folder.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(folder))
     return folder
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A step hook (``workers.hooks.StepHook``) that holds a run at a step the test chose, so a test
+    never races a fast job.
+
+    While the file at ``path`` names a step the run has reached, the run waits: a training run
+    before it computes the next step (its progress then reads that step), an inference run after
+    the batch that reached it. The test moves the hold with ``hold`` and lets the run go with
+    ``release``; a run that starts to wait writes the step to ``<path>.held`` (``held``). Files, not
+    memory: it is pickled to Ray workers, on any node of the local test cluster.
+    ``until_notice``: also let go once Ray Train tells this worker of a spot notice, so that the
+    next step's poll acts on it (only inside a single-worker Ray Train run).
+    """
+
+    path: str
+    until_notice: bool = False
+
+    def hold(self, step: int) -> None:
+        _write_atomically(Path(self.path), str(step))
+
+    def release(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
+
+    def held(self) -> int | None:
+        try:
+            return int(Path(f"{self.path}.held").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def wait_held(self, step: int, timeout: float = 300) -> None:
+        """Block until a run holds at ``step`` (the timeout only guards against a hang)."""
+        deadline = time.monotonic() + timeout
+        while self.held() != step:
+            assert time.monotonic() < deadline, f"no run held at step {step}; last held at {self.held()}"
+            time.sleep(0.02)
+
+    def __call__(self, step: int, where: str) -> None:
+        if where not in ("forward", "batch"):
+            return
+        announced = False
+        while (target := self._target()) is not None and step >= target and not self._noticed():
+            if not announced:
+                _write_atomically(Path(f"{self.path}.held"), str(step))
+                announced = True
+            time.sleep(0.02)
+
+    def _target(self) -> int | None:
+        try:
+            return int(Path(self.path).read_text())
+        except FileNotFoundError:
+            return None
+
+    def _noticed(self) -> bool:
+        if not self.until_notice:
+            return False
+        import ray.train
+
+        return ray.train.get_preemption_info() is not None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
