@@ -587,7 +587,7 @@ def _backend(*, admin: bool = False) -> Any:
         return HttpClient(url, token)
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     return local_client(database_url(os.environ, home=home), checkpoint_root=str(home / "checkpoints"),
-                        team=os.environ.get("GPUPLAN_TEAM", "default"))
+                        team=os.environ.get("GPUPLAN_TEAM", "default"), machine_home=home)
 
 
 def _usd(value: float | None) -> str:
@@ -655,14 +655,12 @@ def server_command(
     namespace = ray_namespace or ray_namespace_for(db_url)
     run = make_executor(executor, ray_namespace=namespace)
     catalog = load_catalog()
-    if executor != "none":  # this machine's GPUs, if any, as a $0/h offer the planner may pick
+    if executor != "none":  # this machine's GPUs, if any, and its CPU as $0/h placements the planner may pick
         from datetime import date
 
-        from catalog.local import detect_local_device, local_offer
+        from catalog.local_cpu import with_this_machine
 
-        offer = local_offer(catalog, detect_local_device(), today=date.today())
-        if offer is not None:
-            catalog = catalog.with_offers([offer])
+        catalog = with_this_machine(catalog, home, today=date.today())
     service = make_service(db_url, checkpoint_root=home / "checkpoints",
                            admin_token=admin_token, catalog=catalog)
     if not admin_token:

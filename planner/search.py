@@ -235,7 +235,8 @@ def _to_strategy(k: Knobs, gpu: GpuSpec, p: Placement) -> Strategy:
 
 
 def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
-    return f"needs {gib(m.required_bytes)} > {gib(m.usable_bytes)} usable on {gpu.id} (smallest: {s.label()})"
+    where = "RAM" if gpu.vendor == "cpu" else f"usable on {gpu.id}"
+    return f"needs {gib(m.required_bytes)} > {gib(m.usable_bytes)} {where} (smallest: {s.label()})"
 
 
 def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration) -> Outcome:
@@ -290,6 +291,7 @@ def _estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     problem = multi_gpu_problem(p.gpu, p.count)
     if problem:
         return Outcome(None, problem, "count")
+    cal = cal.for_vendor(p.gpu.vendor)
     if spec.task == "train":
         return _train_estimate(spec, model, p, cal, Memo() if memo is None else memo)
     return _infer_estimate(spec, model, p, cal)
@@ -323,6 +325,7 @@ def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, model: Mo
 def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration) -> Estimate:
     """The estimate of the least memory-hungry strategy (it does not fit)."""
     gpu = p.gpu
+    cal = cal.for_vendor(gpu.vendor)
     if spec.task == "train":
         assert spec.train is not None
         t = spec.train
@@ -518,7 +521,7 @@ def _deadline_problem(cost: CostEstimate, deadline: float | None, cal: Calibrati
                     f"(< {cal.cost.deadline_confidence:.0%}; expected {cost.hours:.1f} h)")
         return None
     if cost.hours > deadline:
-        return f"takes {cost.hours:.1f} h > deadline {deadline:g} h"
+        return f"takes {cost.hours:,.1f} h > deadline {deadline:g} h"
     return None
 
 

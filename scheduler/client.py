@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import httpx
@@ -222,12 +223,18 @@ class HttpClient:
         return ApiTokenPublic.model_validate(self._call("DELETE", f"/v1/teams/{team}/tokens/{token_id}"))
 
 
-def local_client(database_url: str, *, checkpoint_root: str, team: str = "default") -> LocalClient:
+def local_client(database_url: str, *, checkpoint_root: str, team: str = "default",
+                 machine_home: Path | None = None) -> LocalClient:
     """The embedded default: the real planner and catalog, the local database, acting as ``team``
-    (created on first use, without limits) and as admin for team commands (you own the file)."""
-    from scheduler.api.server import make_service
+    (created on first use, without limits) and as admin for team commands (you own the file).
+
+    With ``machine_home`` the catalog also holds this machine's $0/h placements (its GPUs and its
+    CPU, probed once and cached there): a `gpuplan server` on this database and machine runs the
+    jobs submitted here. They are detected at the first plan, not for every command."""
+    from scheduler.api.server import machine_planner, make_service
     from scheduler.service import ADMIN
 
-    service = make_service(database_url, checkpoint_root=checkpoint_root)
+    planner = machine_planner(machine_home) if machine_home is not None else None
+    service = make_service(database_url, checkpoint_root=checkpoint_root, planner=planner)
     info = service.ensure_team(team)
     return LocalClient(service, Principal(team_id=info.id, team_name=info.name), ADMIN)

@@ -23,6 +23,9 @@ from workers.progress import ProgressTracker, result_metrics
 from workers.train import TrainJob, run_training
 
 Predictor = Callable[[RunRequest], dict[str, float]]
+# Called at each point of each step (TrainHooks.fault): tests hold a real run mid-way here, e.g.
+# until the server that runs it is killed, instead of relying on how fast it trains.
+StepHook = Callable[[RunRequest, int, str], None]
 
 
 @dataclass
@@ -37,8 +40,13 @@ class _Attempt:
 
 
 class _Hooks(TrainHooks):
-    def __init__(self, attempt: _Attempt) -> None:
+    def __init__(self, attempt: _Attempt, step_hook: StepHook | None = None) -> None:
         self.attempt = attempt
+        self.step_hook = step_hook
+
+    def fault(self, step: int, where: str) -> None:
+        if self.step_hook is not None:
+            self.step_hook(self.attempt.request, step, where)
 
     def on_log(self, line: str) -> None:
         self.attempt.tracker.log(line)
@@ -58,7 +66,8 @@ class InProcessExecutor:
     """
 
     def __init__(self, *, resources: Mapping[str, float] | None = None, device: str = "cpu",
-                 cpu_threads: int | None = 1, predict: Predictor | None = None, log_every_s: float = 1.0) -> None:
+                 cpu_threads: int | None = 1, predict: Predictor | None = None, log_every_s: float = 1.0,
+                 step_hook: StepHook | None = None) -> None:
         import os
 
         self._resources = dict(resources) if resources is not None else {"CPU": float(os.cpu_count() or 1)}
@@ -66,6 +75,7 @@ class InProcessExecutor:
         self._cpu_threads = cpu_threads
         self._predict = predict
         self._log_every_s = log_every_s
+        self._step_hook = step_hook
         self._attempts: dict[str, _Attempt] = {}
         self._lock = threading.Lock()
 
@@ -111,7 +121,7 @@ class InProcessExecutor:
             job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
                            checkpoint_uri=request.checkpoint_uri, device=self._device,
                            cpu_threads=self._cpu_threads, log_every_s=self._log_every_s, predicted=predicted)
-            result = run_training(job, _Hooks(attempt))
+            result = run_training(job, _Hooks(attempt, self._step_hook))
             if result.status == "preempted":
                 attempt.state = RunState.PREEMPTED
                 attempt.message = (f"preempted at step {result.steps}; a just-in-time checkpoint was saved, "
