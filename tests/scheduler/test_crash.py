@@ -28,7 +28,7 @@ from workers.checkpoint import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": "Bearer admin-secret"}
-STEPS, INTERVAL, HOLD = 16, 4, 8  # held at the start of step 9, once the checkpoint of step 8 is committed
+STEPS, INTERVAL, HOLD = 8, 4, 4  # held in step 5, once the checkpoint of step 4 is committed
 SEQ = 16
 
 
@@ -76,14 +76,14 @@ def test_kill_9_mid_run_then_restart_resumes_real_training(db_url: str, tmp_path
         held_uri = created[1].json()["checkpoint_uri"]
         wait_for(lambda: c.get(f"/v1/jobs/{ids[0]}").json()["state"] == "succeeded"
                  and (gates / "held.held").exists() and committed_step(held_uri) == HOLD,
-                 180, "the free job done and the held job waiting after its checkpoint of step 8")
+                 300, "the free job done and the held job waiting after its checkpoint of step 4")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         (gates / "held").unlink()  # the restarted server runs it through
         proc = start(db_url, port, tmp_path, 2, workers)
         # Clients retry their submits after the outage: the keys return the same jobs.
         assert [c.post("/v1/jobs", json=b).json()["id"] for b in bodies] == ids
-        wait_for(lambda: all(c.get(f"/v1/jobs/{i}").json()["state"] == "succeeded" for i in ids), 180,
+        wait_for(lambda: all(c.get(f"/v1/jobs/{i}").json()["state"] == "succeeded" for i in ids), 300,
                  "both jobs done after the restart")
         held_logs = c.get(f"/v1/jobs/{ids[1]}/logs").json()["lines"]
     finally:
