@@ -357,25 +357,38 @@ def catalog_models(as_json: bool = JSON_OPTION) -> None:
 @catalog_app.command("local")
 @handle_errors
 def catalog_local(as_json: bool = JSON_OPTION) -> None:
-    """The accelerator of this machine (torch / NVML) and the catalog GPU it maps to.
+    """The accelerator of this machine (torch / NVML), the catalog GPU it maps to, and its CPU as measured.
+
+    The CPU is measured once (fp32 matmul GFLOP/s and memory GB/s, under a second) and cached in
+    ~/.gpuplan/cpu-probe.json; `gpuplan server` and `gpuplan submit` offer both at $0/h.
 
     Examples:
 
       gpuplan catalog local --json
     """
+    import os
     from datetime import date
+    from pathlib import Path
 
     from catalog.loader import load_catalog
     from catalog.local import detect_local_device, local_offer, match_device_name
+    from catalog.local_cpu import local_cpu
+    from scheduler.store import default_home
 
     catalog = load_catalog()
     device = detect_local_device()
     gpu = match_device_name(device.name, catalog, device.memory_bytes) if device else None
     offer = local_offer(catalog, device, today=date.today())
+    cpu, cpu_offer = local_cpu(Path(os.environ.get("GPUPLAN_HOME", "") or default_home()), today=date.today())
     if as_json:
-        print_json({"device": None if device is None else device.__dict__, "gpu": gpu, "offer": offer})
-    elif device is None:
-        console.print("No GPU found (CPU only): plans use cloud offers; runs use the CPU.")
+        print_json({"device": None if device is None else device.__dict__, "gpu": gpu, "offer": offer,
+                    "cpu": cpu, "cpu_offer": cpu_offer})
+        return
+    console.print(f"CPU: {cpu.architecture}, {cpu.memory_gib:.1f} GiB RAM ({cpu.torch_total_gib or 0:.1f} free), "
+                  f"{cpu.tflops['fp32'] * 1000:,.1f} fp32 GFLOP/s, {cpu.memory_bandwidth_gbps:,.1f} GB/s -> "
+                  "[bold]cpu[/], offered to the planner at $0/h as cloud 'local' (pin it with accelerators: [cpu]).")
+    if device is None:
+        console.print("No GPU found: plans weigh this CPU against the cloud offers; `gpuplan run` uses the CPU.")
     elif gpu is None:
         console.print(f"{device.count} x {device.name!r} found, but it is not in the catalog: plans ignore it.")
     else:
@@ -846,7 +859,7 @@ def _backend(*, admin: bool = False) -> Any:
         return HttpClient(url, token)
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     return local_client(database_url(os.environ, home=home), checkpoint_root=str(home / "checkpoints"),
-                        team=os.environ.get("GPUPLAN_TEAM", "").strip() or DEFAULT_TEAM)
+                        team=os.environ.get("GPUPLAN_TEAM", "").strip() or DEFAULT_TEAM, machine_home=home)
 
 
 def _usd(value: float | None) -> str:
@@ -914,14 +927,12 @@ def server_command(
     namespace = ray_namespace or ray_namespace_for(db_url)
     run = make_executor(executor, ray_namespace=namespace)
     catalog = load_catalog()
-    if executor != "none":  # this machine's GPUs, if any, as a $0/h offer the planner may pick
+    if executor != "none":  # this machine's GPUs, if any, and its CPU as $0/h placements the planner may pick
         from datetime import date
 
-        from catalog.local import detect_local_device, local_offer
+        from catalog.local_cpu import with_this_machine
 
-        offer = local_offer(catalog, detect_local_device(), today=date.today())
-        if offer is not None:
-            catalog = catalog.with_offers([offer])
+        catalog = with_this_machine(catalog, home, today=date.today())
     service = make_service(db_url, checkpoint_root=home / "checkpoints",
                            admin_token=admin_token, catalog=catalog)
     if not admin_token:

@@ -129,6 +129,10 @@ class Catalog:
         """A new catalog with these offers added (e.g. the local machine's zero-cost offer)."""
         return Catalog(gpus=self.gpus, offers=(*self.offers, *offers), models=self.models, support=self.support)
 
+    def with_gpus(self, gpus: Iterable[GpuSpec], offers: Iterable[Offer] = ()) -> Catalog:
+        """A new catalog with these parts (e.g. this machine's CPU) and their offers added."""
+        return Catalog(gpus=(*self.gpus, *gpus), offers=(*self.offers, *offers), models=self.models)
+
     def stale_offers(self, today: date, max_age_days: int = 30) -> list[Offer]:
         """Priced cloud offers whose source is older than ``max_age_days`` (the local offer never is)."""
         return [

@@ -20,6 +20,7 @@ MIB = 1 << 20
 GIB = 1 << 30
 
 DEFAULT_CALIBRATION_PATH = Path(__file__).resolve().parent / "calibration.json"
+CPU_CALIBRATION_NAME = "calibration_cpu.json"  # beside the calibration file it completes
 
 
 class _Cal(BaseModel):
@@ -124,12 +125,43 @@ class CostCalibration(_Cal):
     deadline_confidence: float = Field(default=0.9, ge=0, le=1, description="spot must meet the deadline this surely")
 
 
+def _cpu_memory() -> MemoryCalibration:
+    # No CUDA context, cuBLAS workspace or caching allocator: malloc returns what it frees, so
+    # reserved is allocated; "outside" is the interpreter with torch and transformers imported.
+    return MemoryCalibration(cuda_context_bytes=450 * MIB, nccl_bytes=0, workspace_bytes=0,
+                             reserved_overhead={"single": 0.0, "single-ckpt": 0.0, "infer": 0.0})
+
+
+def _cpu_throughput() -> ThroughputCalibration:
+    # The CPU's "peak" is its measured fp32 matmul rate (catalog.local_cpu), so mfu_max["fp32"] is
+    # the fraction of it a training step's matmuls reach; eager PyTorch on CPU pays more per op.
+    return ThroughputCalibration(mfu_max={"fp32": 0.6}, tokens_half=64.0, layer_overhead_s=2e-3,
+                                 traffic_factor=3.0, step_overhead_s=5e-3, optimizer_bw_efficiency=0.5)
+
+
+class CpuCalibration(_Cal):
+    """The constants of a CPU placement (vendor ``cpu``): fitted on measured CPU runs by
+    ``bench/cpu_accuracy.py --fit`` into ``planner/calibration_cpu.json``."""
+
+    source: str = "uncalibrated first-principles CPU defaults (planner/calibration.py)"
+    fitted_on: list[str] = Field(default_factory=list, description="case ids used for fitting")
+    memory: MemoryCalibration = Field(default_factory=_cpu_memory)
+    throughput: ThroughputCalibration = Field(default_factory=_cpu_throughput)
+
+
 class Calibration(_Cal):
     source: str = "uncalibrated first-principles defaults (planner/calibration.py)"
     fitted_on: list[str] = Field(default_factory=list, description="case ids used for fitting")
     memory: MemoryCalibration = Field(default_factory=MemoryCalibration)
     throughput: ThroughputCalibration = Field(default_factory=ThroughputCalibration)
     cost: CostCalibration = Field(default_factory=CostCalibration)
+    cpu: CpuCalibration = Field(default_factory=CpuCalibration)
+
+    def for_vendor(self, vendor: str) -> Calibration:
+        """The constants for a part of ``vendor``: a CPU's memory and throughput differ in kind."""
+        if vendor != "cpu":
+            return self
+        return self.model_copy(update={"memory": self.cpu.memory, "throughput": self.cpu.throughput})
 
 
 def load_calibration(path: Path | None = None) -> Calibration:
@@ -141,10 +173,23 @@ def load_calibration(path: Path | None = None) -> Calibration:
     if not target.is_file():
         if path is not None:
             raise CatalogError(f"calibration file {target} does not exist", hint="run bench/accuracy.py --fit")
-        return Calibration()
+        return Calibration(cpu=_load_cpu(target.with_name(CPU_CALIBRATION_NAME)))
     try:
-        return Calibration.model_validate(json.loads(target.read_text()))
+        cal = Calibration.model_validate(json.loads(target.read_text()))
     except (ValueError, OSError) as exc:
         raise CatalogError(
             f"calibration file {target} is invalid: {exc}", hint="regenerate it with bench/accuracy.py --fit"
         ) from exc
+    cpu_path = target.with_name(CPU_CALIBRATION_NAME)
+    return cal.model_copy(update={"cpu": _load_cpu(cpu_path)}) if cpu_path.is_file() else cal
+
+
+def _load_cpu(path: Path) -> CpuCalibration:
+    """The CPU constants kept beside the GPU file (fitted apart, on another machine than the GPUs)."""
+    if not path.is_file():
+        return CpuCalibration()
+    try:
+        return CpuCalibration.model_validate(json.loads(path.read_text()))
+    except (ValueError, OSError) as exc:
+        raise CatalogError(f"CPU calibration file {path} is invalid: {exc}",
+                           hint="regenerate it with bench/cpu_accuracy.py --fit") from exc

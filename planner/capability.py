@@ -62,6 +62,8 @@ def auto_weights(gpu: GpuSpec) -> list[str]:
 
 def multi_gpu_problem(gpu: GpuSpec, count: int) -> str | None:
     """Parts that cannot form a multi-GPU PyTorch job (Apple unified memory, TPU needs XLA)."""
+    if count > 1 and gpu.vendor == "cpu":
+        return f"{gpu.id} is this machine's CPU, one device; it cannot be combined into a {count}-device job"
     if count > 1 and gpu.vendor == "apple":
         return f"{gpu.id} is a single Apple SoC; it cannot be combined into a {count}-GPU job"
     return None

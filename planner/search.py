@@ -310,6 +310,8 @@ def headroom_note(m: MemoryEstimate) -> str:
 
 
 def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
+    if gpu.vendor == "cpu":
+        return f"needs {gib(m.required_bytes)} > {gib(m.limit_bytes)} RAM ({headroom_note(m)}) (smallest: {s.label()})"
     return (f"needs {gib(m.required_bytes)} > {gib(m.limit_bytes)} ({headroom_note(m)}) on {gpu.id} "
             f"(smallest: {s.label()})")
 
@@ -382,6 +384,7 @@ def _estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     problem = gpu_support_problem(support, p.gpu)
     if problem:
         return Outcome(None, problem, "support")
+    cal = cal.for_vendor(p.gpu.vendor)
     if spec.task == "train":
         return _train_estimate(spec, model, p, cal, Memo() if memo is None else memo, support)
     return _infer_estimate(spec, model, p, cal, support)
@@ -417,6 +420,7 @@ def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, model: Mo
 def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration) -> Estimate:
     """The estimate of the least memory-hungry strategy (it does not fit)."""
     gpu = p.gpu
+    cal = cal.for_vendor(gpu.vendor)
     if spec.task == "train":
         assert spec.train is not None
         t = spec.train
@@ -611,7 +615,7 @@ def _deadline_problem(cost: CostEstimate, deadline: float | None, cal: Calibrati
                     f"(< {cal.cost.deadline_confidence:.0%}; expected {cost.hours:.1f} h)")
         return None
     if cost.hours > deadline:
-        return f"takes {cost.hours:.1f} h > deadline {deadline:g} h"
+        return f"takes {cost.hours:,.1f} h > deadline {deadline:g} h"
     return None
 
 

@@ -11,6 +11,7 @@ import json as jsonlib
 import secrets
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlencode
 
@@ -263,12 +264,18 @@ class HttpClient:
         return TypeAdapter(list[ApiTokenPublic]).validate_python(self._call("GET", f"{_team_path(team)}/tokens"))
 
 
-def local_client(database_url: str, *, checkpoint_root: str, team: str = DEFAULT_TEAM) -> LocalClient:
+def local_client(database_url: str, *, checkpoint_root: str, team: str = DEFAULT_TEAM,
+                 machine_home: Path | None = None) -> LocalClient:
     """The embedded default: the real planner and catalog, the local database, acting as ``team``
     (which must exist, except the default team, created on first use) and as admin for team
-    commands (you own the file)."""
-    from scheduler.api.server import make_service
+    commands (you own the file).
+
+    With ``machine_home`` the catalog also holds this machine's $0/h placements (its GPUs and its
+    CPU, probed once and cached there): a `gpuplan server` on this database and machine runs the
+    jobs submitted here. They are detected at the first plan, not for every command."""
+    from scheduler.api.server import machine_planner, make_service
     from scheduler.service import ADMIN
 
-    service = make_service(database_url, checkpoint_root=checkpoint_root)
+    planner = machine_planner(machine_home) if machine_home is not None else None
+    service = make_service(database_url, checkpoint_root=checkpoint_root, planner=planner)
     return LocalClient(service, team, ADMIN)

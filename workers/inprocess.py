@@ -97,7 +97,9 @@ class InProcessExecutor:
             raise Infeasible(f"job {request.job_id} can never run here: {reason}")
         handle = f"{request.job_id}.{request.attempt}.{uuid.uuid4().hex[:8]}"
         attempt = _Attempt(request=request)
-        thread = threading.Thread(target=self._run, args=(attempt,), name=f"gpuplan-{handle}", daemon=True)
+        # the job's name first: a thread dump (and a test's step hook) tells attempts apart by it
+        thread = threading.Thread(target=self._run, args=(attempt,), name=f"gpuplan-{request.spec.name}-{handle}",
+                                  daemon=True)
         attempt.thread = thread
         with self._lock:
             self._attempts[handle] = attempt

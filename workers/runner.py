@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from catalog.errors import Conflict, GpuplanError, InvalidInput
+from catalog.local_cpu import training_threads
 from catalog.schema import ModelConfig
 from planner.spec import JobSpec
 from planner.types import Strategy
@@ -50,11 +51,13 @@ def available_ram_bytes() -> int | None:
     return None
 
 
-def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = available_ram_bytes) -> LocalPlan:
+def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = available_ram_bytes,
+                 home: Path | None = None) -> LocalPlan:
     """The strategy for this machine: the planner's for the local GPU, or a plain one on CPU.
 
     On CPU a model whose weights alone exceed the available memory is refused here: building it
-    would swap or be OOM-killed (an 8B model is 30 GiB in fp32) long before the first step.
+    would swap or be OOM-killed (an 8B model is 30 GiB in fp32) long before the first step. The
+    planner's prediction for this CPU (measured once, cached under ``home``) goes with the run.
     """
     from catalog.loader import load_catalog
     from catalog.local import detect_local_device, match_device_name
@@ -88,7 +91,29 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
     strategy = cpu_strategy(spec)
     _check_fits_in_ram(source.config, strategy, ram_bytes())
     doing = "training" if spec.task == "train" else "generating"
-    return LocalPlan(strategy=strategy, device="cpu", note=f"no supported GPU here: {doing} on the CPU")
+    predicted = predict_on_cpu(spec, source.config, strategy, home) if spec.task == "train" else {}
+    return LocalPlan(strategy=strategy, device="cpu", predicted=predicted,
+                     note=f"no supported GPU here: {doing} on the CPU")
+
+
+def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: Path | None = None,
+                   probe: Any = None) -> dict[str, float]:
+    """The planner's peak memory, tokens/s and hours for ``strategy`` on this machine's CPU."""
+    from datetime import date
+
+    from catalog.local_cpu import local_cpu
+    from planner.calibration import load_calibration
+    from planner.memory import train_memory
+    from planner.throughput import train_throughput
+
+    assert spec.train is not None
+    cpu, _ = local_cpu(home or default_home(), today=date.today(), probe=probe)
+    cal = load_calibration().for_vendor(cpu.vendor)
+    memory = train_memory(model, strategy, spec.train.seq_len, cpu, cal.memory)
+    thr = train_throughput(model, strategy, spec.train.seq_len, cpu, cal.throughput)
+    return {"peak_allocated_bytes": float(memory.peak_allocated_bytes),
+            "peak_reserved_bytes": float(memory.peak_reserved_bytes), "tokens_per_s": thr.tokens_per_s,
+            "hours": spec.train.tokens / thr.tokens_per_s / 3600}
 
 
 def check_inputs(spec: JobSpec, source: Any) -> None:
@@ -203,10 +228,10 @@ def run_local(spec: JobSpec, *, checkpoint_dir: Path | None = None, resume: bool
     job_id = spec.name
     ckpt = (checkpoint_dir or home / "checkpoints" / job_id).expanduser().resolve()
     _check_resume(ckpt, resume)
-    plan = plan_locally(spec)
+    plan = plan_locally(spec, home=home)
     if spec.infer is not None and spec.infer.weights == "auto":  # the worker reads the spec: give it the plan's
         spec = spec.model_copy(update={"infer": spec.infer.model_copy(update={"weights": plan.strategy.weights})})
-    threads = max(1, (os.cpu_count() or 2) // 2)
+    threads = training_threads()
     started = time.perf_counter()
     request = RunRequest(job_id=job_id, attempt=1, spec=spec, strategy=plan.strategy, checkpoint_uri=str(ckpt),
                          run_name=f"{job_id}-{datetime.now(UTC):%Y%m%d%H%M%S}")

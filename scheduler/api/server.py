@@ -40,6 +40,24 @@ def catalog_planner(catalog: Catalog) -> Planner:
     return run
 
 
+def machine_planner(home: Path, catalog: Catalog | None = None) -> Planner:
+    """The real planner on ``catalog`` (default: the packaged one) plus this machine's $0/h GPUs
+    and CPU, detected at the first plan (it imports torch: seconds a `gpuplan list` need not pay)."""
+    from datetime import date
+
+    from catalog.local_cpu import with_this_machine
+    from planner.search import plan
+
+    built: list[Catalog] = []
+
+    def run(spec: JobSpec) -> Plan:
+        if not built:
+            built.append(with_this_machine(catalog or load_catalog(), home, today=date.today()))
+        return plan(spec, built[0])
+
+    return run
+
+
 def ray_namespace_for(database_url: str) -> str:
     """The Ray namespace of one database's attempts: ``gpuplan-`` and 8 hex digits of its URL.
 
@@ -72,9 +90,10 @@ def make_executor(kind: str, *, ray_namespace: str | None = None) -> Executor | 
     """The executor ``gpuplan server --executor KIND`` runs; ``ray_namespace`` only for ``ray``
     (None: RayExecutor's default, ``gpuplan``)."""
     if kind == "inprocess":
+        from catalog.local_cpu import training_threads
         from workers.inprocess import InProcessExecutor
 
-        return InProcessExecutor()
+        return InProcessExecutor(cpu_threads=training_threads())  # the threads the CPU probe measured
     if kind == "ray":
         from workers.ray_executor import RayExecutor
 
