@@ -609,7 +609,7 @@ class _LocalStaged:
 
 def _write_shard(path: Path, shard: Shard) -> tuple[str, int]:
     with path.open("wb", buffering=0) as fh:
-        sink = HashingSink(fh)  # type: ignore[arg-type]  # a raw FileIO writes bytes and memoryviews
+        sink = HashingSink(fh)
         shard.write(sink)
         os.fsync(fh.fileno())
     return sink.hexdigest(), sink.size

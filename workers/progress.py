@@ -126,6 +126,10 @@ def result_metrics(result: dict[str, Any] | None, resumes: int) -> dict[str, flo
         "measured_peak_reserved_bytes": result.get("peak_reserved_bytes"),
         "measured_peak_rss_bytes": result.get("peak_rss_bytes"),
         "checkpoint_save_s": result.get("checkpoint_save_s"),
+        "checkpoint_interval_steps": result.get("checkpoint_interval_steps"),
+        "checkpoint_interval_s": result.get("checkpoint_interval_s"),
+        "checkpoint_stall_s": result.get("checkpoint_stall_s"),
+        "checkpoint_durable_s": result.get("checkpoint_durable_s"),
         "wall_s": result.get("wall_s"),
         "world_size": result.get("world_size"),
     }

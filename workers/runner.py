@@ -153,6 +153,10 @@ class LocalRun:
                 "tokens_per_s": num("measured_tokens_per_s"),
                 "wall_tokens_per_s": num("measured_wall_tokens_per_s"),
                 "checkpoint_save_s": num("checkpoint_save_s"),
+                "checkpoint_interval_steps": num("checkpoint_interval_steps"),
+                "checkpoint_interval_s": num("checkpoint_interval_s"),
+                "checkpoint_stall_s": num("checkpoint_stall_s"),
+                "checkpoint_durable_s": num("checkpoint_durable_s"),
             },
             "predicted": {
                 "peak_allocated_bytes": num("predicted_peak_allocated_bytes"),

@@ -246,9 +246,15 @@ def _shard_name(prefix: str, index: int, count: int) -> str:
     return f"{prefix}shard-{index:02d}-of-{count:02d}.bin"
 
 
+def _bytes_view(buffer: torch.Tensor) -> memoryview:
+    """A uint8 CPU tensor's bytes, shared (no copy)."""
+    array: Any = buffer.numpy()
+    return memoryview(array).cast("B")
+
+
 def _bytes_writer(buffer: torch.Tensor, size: int) -> Callable[[Sink], None]:
     def write(sink: Sink) -> None:
-        view = memoryview(buffer.numpy()).cast("B")[:size]
+        view = _bytes_view(buffer)[:size]
         for start in range(0, size, CHUNK):
             sink.write(view[start : start + CHUNK])
 
@@ -421,7 +427,7 @@ def read_sharded(store: Any, info: CheckpointInfo, prefix: str = "") -> tuple[di
     entries = meta["tensors"]
     files = sorted({entry[0] for entry in entries})
     buffers = {rel: torch.empty(max(info.sizes.get(rel, 0), 1), dtype=torch.uint8) for rel in files}
-    parallel_map(lambda rel: store.read_into(info, rel, memoryview(buffers[rel].numpy())[: info.sizes[rel]]),
+    parallel_map(lambda rel: store.read_into(info, rel, _bytes_view(buffers[rel])[: info.sizes[rel]]),
                  files, threads=SHARD_THREADS)
     tensors = [buffers[rel][offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
                for rel, offset, nbytes, dtype, shape in entries]
@@ -518,8 +524,8 @@ def _apply(meta: dict[str, Any], tensors: list[torch.Tensor], *, model: torch.nn
 
 
 def read_checkpoint_state(store: Any) -> tuple[int, dict[str, torch.Tensor]] | None:
-    """(step, model tensors) of the newest verified checkpoint, either layout, unsharded ones only
-    (tests and tools compare weights with it)."""
+    """(step, full model tensors) of the newest verified checkpoint, any layout (FSDP ranks' shards
+    are put together): what tests and tools compare weights with."""
     for info in reversed(store.list()):
         try:
             if checkpoint_layout(info) == "legacy":
@@ -527,12 +533,27 @@ def read_checkpoint_state(store: Any) -> tuple[int, dict[str, torch.Tensor]] | N
                     store.restore(info, Path(tmp))
                     state = torch.load(Path(tmp) / STATE_FILE, map_location="cpu", weights_only=False)
                 return int(info.step), state["model"]
-            meta, tensors = read_sharded(store, info)
+            ranks = sorted(rel.split("/")[0] + "/" for rel in info.sha256 if rel.endswith("/" + META_FILE))
+            parts = [read_sharded(store, info, prefix) for prefix in ranks or [""]]
         except CheckpointError as exc:
             logger.warning("skipping checkpoint step %d: %s", info.step, exc)
             continue
-        return int(info.step), _unflatten(meta["state"], tensors, None)["model"]
+        return int(info.step), _full_model(parts)
     return None
+
+
+def _full_model(parts: list[tuple[dict[str, Any], list[torch.Tensor]]]) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import Shard as ShardPlacement
+
+    out: dict[str, torch.Tensor] = {}
+    for name, ref in parts[0][0]["state"]["model"].items():
+        locals_ = [tensors[meta["state"]["model"][name][_REF]] for meta, tensors in parts]
+        placement = ref.get("placements", (None,))[0]
+        if isinstance(placement, ShardPlacement):
+            out[name] = torch.cat(locals_, dim=placement.dim)
+        else:
+            out[name] = locals_[0]
+    return out
 
 
 def _load_legacy(store: Any, info: CheckpointInfo, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
