@@ -276,13 +276,13 @@ def test_s3_sharded_save_with_multipart_shards_resumes_exactly(s3_client: Any, m
     bucket = f"ck-{uuid.uuid4().hex[:10]}"
     s3_client.create_bucket(Bucket=bucket)
     store = open_store(f"s3://{bucket}/job", s3_client=s3_client)
-    model, optimizer, scheduler = _parts(width=1100)  # 5 x 4.8 MB weights + moments: several shards > 5 MiB
+    model, optimizer, scheduler = _parts(width=1200)  # 5.8 MB per weight or moment: shards > 5 MiB
     _train(model, optimizer, scheduler, 1)
     writer = CheckpointWriter(store)
     _save(writer, 1, model, optimizer, scheduler)
     info = store.latest()
     assert info is not None and max(info.sizes.values()) > 5 * 1024 * 1024
-    fresh, fresh_opt, fresh_sched = _parts(seed=4, width=1100)
+    fresh, fresh_opt, fresh_sched = _parts(seed=4, width=1200)
     loaded = load_state(store, model=fresh, optimizer=fresh_opt, scheduler=fresh_sched, sharded=False)
     assert loaded is not None and loaded.step == 1
     _same(fresh.state_dict(), model.state_dict())
