@@ -116,10 +116,14 @@ def main() -> None:
     parser.add_argument("--precision", default="amp-bf16", choices=["fp32", "amp-bf16", "bf16"])
     parser.add_argument("--repeats", type=int, default=3, help="periodic checkpoints measured")
     parser.add_argument("--shards", type=int, default=16, help="files of the plain torch.save baseline")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: 1 on CPU, where OpenMP spinning fights the writer threads)")
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.threads or device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
     shutil.rmtree(args.dir, ignore_errors=True)
     model, optimizer, scheduler = _parts(args.model, args.precision, device)
     _step(model, optimizer, device)
