@@ -295,3 +295,15 @@ def test_s3_sharded_save_with_multipart_shards_resumes_exactly(s3_client: Any, m
     with pytest.raises(CheckpointError, match="corrupted"):
         store.read_into(info, "shard-03-of-16.bin", memoryview(bytearray(info.sizes["shard-03-of-16.bin"])))
     assert load_state(store, model=fresh, optimizer=fresh_opt, scheduler=fresh_sched, sharded=False) is None
+
+
+def test_fsdp_checkpoint_of_another_world_size_is_refused(tmp_path: Path) -> None:
+    from workers.checkpoint import Shard, new_token
+
+    store = LocalStore(tmp_path / "ck")
+    staged = store.stage(3, new_token())
+    files = staged.write([Shard(f"rank-{r:04d}/{META_FILE}", lambda sink: None) for r in range(2)])
+    staged.commit(files, {"step": 3})
+    model, optimizer, scheduler = _parts()
+    with pytest.raises(InvalidInput, match="written by 2 FSDP ranks; this run has 1"):
+        load_state(store, model=model, optimizer=optimizer, scheduler=scheduler, sharded=False)
