@@ -33,7 +33,7 @@ def write_config(folder: Path, **overrides: Any) -> Path:
 
 
 def tiny_spec(config: Path, *, steps: int = 12, seq_len: int = 16, micro_batch: int = 2, grad_accum: int = 1,
-              world: int = 1, interval: int = 4, seed: int = 0, **train: Any) -> JobSpec:
+              world: int = 1, interval: int | None = 4, seed: int = 0, **train: Any) -> JobSpec:
     tokens = steps * seq_len * micro_batch * grad_accum * world
     section = {"tokens": tokens, "seq_len": seq_len, "checkpoint_interval_steps": interval, "seed": seed,
                "learning_rate": 1e-2, **train}
