@@ -138,9 +138,9 @@ def main() -> None:
         began = time.perf_counter()
         _save(writer, step, model, optimizer, scheduler, device, blocking=False)
         stalls.append(time.perf_counter() - began)
-        _step(model, optimizer, device)  # training goes on while the write runs
-        writer.wait()
+        writer.wait()  # nothing else runs meanwhile: the write's own time, as the baseline's
         durables.append(stalls[-1] + (writer.last_write_s or 0.0))
+        _step(model, optimizer, device)
         print(f"checkpoint {step}: stall {stalls[-1]:.3f} s, durable {durables[-1]:.3f} s", flush=True)
 
     baseline = []
