@@ -140,8 +140,12 @@ def _state_shapes(model_state: dict[str, Any]) -> dict[str, list[int]]:
 
 
 # -- flattening: a nested state with its plain tensors pulled out (to shards) ----------------------
-def _flatten(value: Any, out: list[torch.Tensor]) -> Any:
+def _flatten(value: Any, out: list[torch.Tensor], seen: dict[tuple[Any, ...], int] | None = None) -> Any:
+    """``value`` with plain tensors replaced by references into ``out``; a tensor reached twice (tied
+    embeddings) is stored once."""
     from torch.distributed.tensor import DTensor
+
+    seen = {} if seen is None else seen
 
     if isinstance(value, DTensor):
         out.append(value.to_local().detach())
@@ -149,13 +153,16 @@ def _flatten(value: Any, out: list[torch.Tensor]) -> Any:
                 "stride": tuple(value.stride())}
     if isinstance(value, torch.Tensor):
         if type(value) in (torch.Tensor, torch.nn.Parameter) and value.layout == torch.strided:
-            out.append(value.detach())
-            return {_REF: len(out) - 1}
+            key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+            if key not in seen:
+                out.append(value.detach())
+                seen[key] = len(out) - 1
+            return {_REF: seen[key]}
         return value.detach().to("cpu", copy=True)  # a tensor subclass (8-bit optimizer state): pickled as is
     if isinstance(value, dict):
-        return {k: _flatten(v, out) for k, v in value.items()}
+        return {k: _flatten(v, out, seen) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_flatten(v, out) for v in value)
+        return type(value)(_flatten(v, out, seen) for v in value)
     return copy_module.deepcopy(value)
 
 
@@ -377,7 +384,8 @@ def save_state(writer: CheckpointWriter, *, step: int, data_position: int, token
     model_state, optim_state = _model_and_optimizer_state(model, optimizer, sharded)
     writer.wait()  # the host buffer is the previous checkpoint's until its write is done
     tensors: list[torch.Tensor] = []
-    skeleton = {"model": _flatten(model_state, tensors), "optimizer": _flatten(optim_state, tensors)}
+    seen: dict[tuple[Any, ...], int] = {}
+    skeleton = {"model": _flatten(model_state, tensors, seen), "optimizer": _flatten(optim_state, tensors, seen)}
     layout = writer.buffer.fill(tensors)
     trainable_only = _has_frozen(model)
     meta = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss, "state": skeleton,

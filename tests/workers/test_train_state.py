@@ -28,6 +28,7 @@ from workers.train_state import (
     load_state,
     plan_layout,
     read_checkpoint_state,
+    read_sharded,
     rng_state,
     save_state,
     shape_signature,
@@ -307,3 +308,21 @@ def test_fsdp_checkpoint_of_another_world_size_is_refused(tmp_path: Path) -> Non
     model, optimizer, scheduler = _parts()
     with pytest.raises(InvalidInput, match="written by 2 FSDP ranks; this run has 1"):
         load_state(store, model=model, optimizer=optimizer, scheduler=scheduler, sharded=False)
+
+
+def test_tied_weights_are_stored_once_and_stay_tied(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "ck")
+    model, optimizer, scheduler = _parts(width=48)
+    model.extra = torch.nn.Linear(48, 3, bias=False)
+    model.extra.weight = model.head.weight  # tied, as llama-3.2-1b ties embeddings and lm_head
+    _train(model, optimizer, scheduler, 1)
+    _save(CheckpointWriter(store), 1, model, optimizer, scheduler)
+    info = store.latest()
+    assert info is not None
+    meta, tensors = read_sharded(store, info)
+    refs = meta["state"]["model"]
+    assert refs["extra.weight"] == refs["head.weight"]  # one copy in the shards, two names
+    assert len(tensors) == len(model.state_dict()) - 1 + 2 * len(list(model.parameters())) + len(
+        list(model.parameters()))  # unique weights and buffers; AdamW's two moments and step per parameter
+    found = read_checkpoint_state(store)
+    assert found is not None and torch.equal(found[1]["extra.weight"], found[1]["head.weight"])
