@@ -71,3 +71,13 @@ class IntervalPlanner:
 def default_write_gbps() -> float:
     """The calibrated checkpoint write speed (GB/s) that plans use too."""
     return float(load_calibration().cost.checkpoint_write_gbps)
+
+
+def preemption_inputs(market: str, predicted: dict[str, float]) -> dict[str, float]:
+    """``predicted`` with the mean time to preemption a spot attempt checkpoints for: the scheduler's
+    (zone history) when it passed one, else the catalog's default spot hazard. On-demand: unchanged
+    (the worker uses ON_DEMAND_MTTP_H)."""
+    if market != "spot" or predicted.get("mean_time_to_preemption_h"):
+        return predicted
+    hazard = load_calibration().cost.spot_hazard_per_h.get("default", 0.0)
+    return {**predicted, "mean_time_to_preemption_h": 1.0 / hazard} if hazard > 0 else predicted

@@ -3,12 +3,12 @@
 
 It builds the model from the JobSpec, applies the Strategy (precision, DDP/FSDP2, activation
 checkpointing, micro-batch and gradient accumulation, LoRA), reads tokens by sample index, and
-checkpoints the full training state through the checkpoint store every
-``train.checkpoint_interval_steps`` steps. On start it resumes from the newest complete
-checkpoint, so a rerun after a crash or preemption continues exactly where the checkpoint left
-off: the final weights equal, bit for bit, those of an uninterrupted run (deterministic algorithms
-on CPU). Steps after the last checkpoint are simply repeated, which is safe because every batch
-is a pure function of its index.
+checkpoints the training state through the checkpoint store (workers.train_state) every
+``train.checkpoint_interval_steps`` steps, else at the Young/Daly interval (workers.checkpoint_interval).
+On start it resumes from the newest complete checkpoint, so a rerun after a crash or preemption
+continues exactly where the checkpoint left off: the final weights equal, bit for bit, those of an
+uninterrupted run (deterministic algorithms on CPU). Steps after the last checkpoint are simply
+repeated, which is safe because every batch is a pure function of its index.
 
 Nothing here imports Ray: the Ray glue passes hooks in.
 """

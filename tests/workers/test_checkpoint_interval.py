@@ -54,3 +54,14 @@ def test_a_run_without_a_pinned_interval_reports_the_one_it_used(tmp_path: Path)
     assert result.checkpoint_interval_s is not None
     assert result.checkpoint_interval_s >= young_daly_s(1e-3, ON_DEMAND_MTTP_H * 3600)
     assert result.checkpoint_durable_s is not None and result.checkpoint_durable_s > 0
+
+
+def test_spot_attempts_get_a_mean_time_to_preemption() -> None:
+    from planner.calibration import load_calibration
+    from workers.checkpoint_interval import preemption_inputs
+
+    hazard = load_calibration().cost.spot_hazard_per_h["default"]
+    assert preemption_inputs("spot", {"tokens_per_s": 5.0}) == {"tokens_per_s": 5.0,
+                                                                 "mean_time_to_preemption_h": 1 / hazard}
+    assert preemption_inputs("spot", {"mean_time_to_preemption_h": 3.0}) == {"mean_time_to_preemption_h": 3.0}
+    assert preemption_inputs("on-demand", {}) == {}
