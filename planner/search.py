@@ -489,7 +489,10 @@ def _checkpoint_hours(model: ModelConfig, s: Strategy, cal: Calibration) -> floa
     pc = count_params(model)  # cheap; called once per priced candidate
     pb = PRECISION_BYTES.get(s.precision, PRECISION_BYTES["bf16"])
     state = pc.total * (pb.param + 2 * pb.state) if s.finetune == "full" else pc.total * 0.02
-    return max(cal.cost.min_checkpoint_h, state / (cal.cost.checkpoint_write_gbps * 1e9) / 3600)
+    # Checkpoints are written in the background: the loop pays only the snapshot into host memory
+    # (the workers keep the interval above twice the write time, so no snapshot waits for a write).
+    snapshot_h = state / (cal.cost.checkpoint_snapshot_gbps * 1e9) / 3600
+    return max(cal.cost.min_checkpoint_h, snapshot_h)
 
 
 def _markets(offer: Offer, spot_mode: str) -> list[tuple[str, float | None]]:

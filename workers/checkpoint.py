@@ -10,10 +10,13 @@ is present with the listed size and content hash. Anything else (a save killed m
 corrupted later) is *torn*: ``latest()`` skips it with a warning and it is never loaded.
 
 Local saves are written into a hidden temp directory next to the final one, fsynced, and renamed
-into place, so a crash leaves either the old state or the new one. S3 saves upload every object,
-check each one, and put the marker last (S3 has no rename). Pruning keeps the newest ``keep``
-complete checkpoints and only ever removes checkpoints *older* than the one just saved, so the
-newest complete checkpoint is never deleted.
+into place, so a crash leaves either the old state or the new one. Sharded saves (``stage``) have
+each file produced straight into the store by a writer callback and hashed as its bytes go by (no
+second read); several processes may write into one staged step (FSDP ranks), and one commits it
+after all of them are durable. ``read_into`` reads one file into memory, hashing as it reads.
+S3 saves upload every object, check each one, and put the marker last (S3 has no rename).
+Pruning keeps the newest ``keep`` complete checkpoints and only ever removes checkpoints *older*
+than the one just saved, so the newest complete checkpoint is never deleted.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, BinaryIO, Protocol, TypeVar, runtime_checkable
 
 from catalog.errors import CheckpointError, InvalidInput
 
@@ -42,6 +45,8 @@ MARKER = "COMMIT"
 MANIFEST_FORMAT = 1
 CHUNK = 8 * 1024 * 1024
 IO_THREADS = 8  # files copied/hashed at once: one sha256 stream is ~1 GB/s, a disk or S3 takes more
+# Shards written/read at once: each thread hashes its own file as it goes, so more threads = more hashing.
+SHARD_THREADS = max(IO_THREADS, min(16, os.cpu_count() or 1))
 _STEP_RE = re.compile(r"^step-(\d{9,})$")
 
 FileHook = Callable[[str], None]
@@ -56,6 +61,53 @@ class CheckpointInfo:
     created_at: float  # unix seconds, when the marker was written
     size_bytes: int  # total of the files (marker excluded)
     sha256: dict[str, str]  # relative path ('/'-separated) -> hex digest
+    sizes: dict[str, int] = field(default_factory=dict)  # relative path -> bytes
+
+
+class Sink(Protocol):
+    def write(self, data: bytes | memoryview, /) -> int: ...
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One file of a sharded save: ``write`` produces its bytes into the sink it is given."""
+
+    rel: str
+    write: Callable[[Sink], None]
+
+
+FileDigests = dict[str, tuple[str, int]]
+"""relative path -> (sha256 hex, size) of files written by a staged save."""
+
+
+class HashingSink:
+    """Writes through to a file while hashing the same bytes: the file is verified as it is written."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self._fh = fh
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | memoryview, /) -> int:
+        self._digest.update(data)
+        self.size += len(data)
+        self._fh.write(data)
+        return len(data)
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+@runtime_checkable
+class StagedSave(Protocol):
+    def write(self, shards: Sequence[Shard]) -> FileDigests:
+        """Write, hash and make durable these files of the step (any process of the save may call it)."""
+
+    def commit(self, files: FileDigests, metadata: Mapping[str, object] | None) -> CheckpointInfo:
+        """Commit the step with exactly ``files`` (every writer's, once all are durable), then prune."""
+
+    def abort(self) -> None:
+        """Drop what was written (never touches committed checkpoints)."""
 
 
 @runtime_checkable
@@ -86,6 +138,22 @@ class CheckpointStore(Protocol):
 
     def restore_latest(self, dest_dir: Path) -> tuple[CheckpointInfo, dict[str, object]] | None:
         """Restore the newest checkpoint that verifies, falling back to older ones; None if none."""
+
+    def stage(self, step: int, token: str, *, primary: bool = True) -> StagedSave:
+        """Begin a sharded save of ``step``. Every process writing into it passes the same ``token``
+        (from ``new_token()``, made once and shared); the ``primary`` one commits."""
+
+    def read_into(self, info: CheckpointInfo, rel: str, out: memoryview) -> None:
+        """Read one file of ``info`` into ``out`` (exactly its size), verifying its sha256 as it reads;
+        CheckpointError if the bytes are not the committed ones."""
+
+    def metadata(self, info: CheckpointInfo) -> dict[str, object]:
+        """The metadata committed with ``info``."""
+
+
+def new_token() -> str:
+    """Names one staged save: host, pid and a random part (a dead writer's leftovers are recognised)."""
+    return f"{socket.gethostname().replace('-', '_')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def step_dirname(step: int) -> str:
@@ -167,6 +235,7 @@ class Manifest:
             created_at=self.created_at,
             size_bytes=sum(size for _, size in self.files.values()),
             sha256={rel: sha for rel, (sha, _) in self.files.items()},
+            sizes={rel: size for rel, (_, size) in self.files.items()},
         )
 
 
@@ -455,6 +524,108 @@ class LocalStore:
     def restore_latest(self, dest_dir: Path) -> tuple[CheckpointInfo, dict[str, object]] | None:
         return restore_newest_valid(self, dest_dir)
 
+    # -- sharded saves ----------------------------------------------------------------------
+    def stage(self, step: int, token: str, *, primary: bool = True) -> StagedSave:
+        check_step(step)
+        tmp = self.root / f".tmp-{step_dirname(step)}-{token}"
+        tmp.mkdir(exist_ok=True)
+        return _LocalStaged(self, step, tmp)
+
+    def read_into(self, info: CheckpointInfo, rel: str, out: memoryview) -> None:
+        path = self.root / step_dirname(info.step) / rel
+        digest = hashlib.sha256()
+        try:
+            with path.open("rb", buffering=0) as fh:
+                done = 0
+                while done < len(out):
+                    got = fh.readinto(out[done : done + CHUNK])
+                    if not got:
+                        break
+                    digest.update(out[done : done + got])
+                    done += got
+                extra = fh.read(1)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint step {info.step}: cannot read {rel}: {exc}",
+                                  hint="restore an older checkpoint") from exc
+        check_read(info, rel, digest.hexdigest(), done == len(out) and not extra)
+
+    def metadata(self, info: CheckpointInfo) -> dict[str, object]:
+        path = self.root / step_dirname(info.step)
+        try:
+            return dict(self._read_manifest(info.step, path).metadata)
+        except (ValueError, KeyError, OSError) as exc:
+            raise CheckpointError(f"checkpoint step {info.step} at {path} is not complete: {exc}") from exc
+
+
+class _LocalStaged:
+    def __init__(self, store: LocalStore, step: int, tmp: Path) -> None:
+        self._store, self._step, self._tmp = store, step, tmp
+
+    def write(self, shards: Sequence[Shard]) -> FileDigests:
+        for shard in shards:
+            (self._tmp / shard.rel).parent.mkdir(parents=True, exist_ok=True)
+        hook = self._store._on_file
+        on_done = None if hook is None else (lambda i: hook(shards[i].rel))
+        try:
+            written = parallel_map(lambda shard: _write_shard(self._tmp / shard.rel, shard), shards, on_done,
+                                   threads=SHARD_THREADS)
+        except OSError as exc:
+            raise CheckpointError(
+                f"could not write checkpoint step {self._step} to {self._store.root}: {exc}",
+                hint="check free disk space and permissions; the previous checkpoint is untouched",
+            ) from exc
+        return {shard.rel: digest for shard, digest in zip(shards, written, strict=True)}
+
+    def commit(self, files: FileDigests, metadata: Mapping[str, object] | None) -> CheckpointInfo:
+        final = self._store.root / step_dirname(self._step)
+        try:
+            for rel, (_, size) in files.items():
+                if (self._tmp / rel).stat().st_size != size:
+                    raise CheckpointError(f"checkpoint step {self._step}: {rel} is not the file that was written",
+                                          hint="give each job its own checkpoint_uri")
+            manifest = build_manifest(self._step, files, metadata, time.time())
+            with (self._tmp / MARKER).open("wb") as fh:
+                fh.write(manifest)
+                fh.flush()
+                os.fsync(fh.fileno())
+            for dirpath, _, _ in os.walk(self._tmp):
+                _fsync_dir(Path(dirpath))
+            self._store._publish(self._tmp, final)
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, OSError):
+                raise CheckpointError(
+                    f"could not write checkpoint step {self._step} to {self._store.root}: {exc}",
+                    hint="check free disk space and permissions; the previous checkpoint is untouched",
+                ) from exc
+            raise
+        info = parse_manifest(manifest, self._step).info(str(final))
+        self._store._prune(self._step)
+        return info
+
+    def abort(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _write_shard(path: Path, shard: Shard) -> tuple[str, int]:
+    with path.open("wb", buffering=0) as fh:
+        sink = HashingSink(fh)
+        shard.write(sink)
+        os.fsync(fh.fileno())
+    return sink.hexdigest(), sink.size
+
+
+def check_read(info: CheckpointInfo, rel: str, got: str, complete: bool) -> None:
+    want = info.sha256.get(rel)
+    if want is None:
+        raise CheckpointError(f"checkpoint step {info.step} has no file {rel}")
+    if not complete or got != want:
+        raise CheckpointError(
+            f"checkpoint step {info.step}: {rel} is corrupted (sha256 {got[:12]}..., manifest {want[:12]}...)"
+            if complete else f"checkpoint step {info.step}: {rel} does not have the size its manifest records",
+            hint="restore an older checkpoint (a resume falls back to one automatically)",
+        )
+
 
 def _check_same(info: CheckpointInfo, manifest: Manifest) -> None:
     if {rel: sha for rel, (sha, _) in manifest.files.items()} != info.sha256:
@@ -468,8 +639,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def parallel_map(fn: Callable[[T], R], items: Sequence[T], on_done: Callable[[int], None] | None = None) -> list[R]:
-    """``[fn(i) for i in items]`` on up to IO_THREADS threads (hashlib and file I/O release the GIL).
+def parallel_map(fn: Callable[[T], R], items: Sequence[T], on_done: Callable[[int], None] | None = None,
+                 threads: int = IO_THREADS) -> list[R]:
+    """``[fn(i) for i in items]`` on up to ``threads`` threads (hashlib and file I/O release the GIL).
 
     ``on_done(index)`` runs in the calling thread as each item finishes. The first error is raised
     after the items not yet started are cancelled.
@@ -482,7 +654,7 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], on_done: Callable[[in
                 on_done(index)
         return out
     results: dict[int, R] = {}
-    with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(items))) as pool:
+    with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
         futures = {pool.submit(fn, item): index for index, item in enumerate(items)}
         try:
             for future in as_completed(futures):

@@ -13,8 +13,9 @@ import base64
 import hashlib
 import logging
 import shutil
+import tempfile
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,16 @@ from catalog.errors import CheckpointError, InvalidInput
 from workers.checkpoint import (
     CHUNK,
     MARKER,
+    SHARD_THREADS,
     CheckpointInfo,
+    FileDigests,
     FileHook,
+    HashingSink,
     Manifest,
+    Shard,
+    StagedSave,
     build_manifest,
+    check_read,
     check_step,
     parallel_map,
     parse_manifest,
@@ -40,6 +47,8 @@ from workers.checkpoint import (
 logger = logging.getLogger(__name__)
 
 SINGLE_PUT_MAX = 256 * 1024 * 1024  # above this, multipart upload (per-part checksums)
+PART_BYTES = 64 * 1024 * 1024  # multipart part size of sharded saves: parts of one shard upload in parallel
+PART_THREADS = 4  # parts of one shard in flight at once (times SHARD_THREADS shards)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -363,3 +372,106 @@ class S3Store:
 
     def restore_latest(self, dest_dir: Path) -> tuple[CheckpointInfo, dict[str, object]] | None:
         return restore_newest_valid(self, dest_dir)
+
+    # -- sharded saves ----------------------------------------------------------------------
+    def stage(self, step: int, token: str, *, primary: bool = True) -> StagedSave:
+        check_step(step)
+        if primary:
+            # Re-saving a step (repeated after a resume): un-commit it before new bytes land under it.
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=f"{self._base(step)}/{MARKER}")
+            except Exception as exc:
+                raise _explain(exc, self.bucket) from exc
+        return _S3Staged(self, step)
+
+    def read_into(self, info: CheckpointInfo, rel: str, out: memoryview) -> None:
+        key = f"{self._base(info.step)}/{rel}"
+        digest = hashlib.sha256()
+        done = 0
+        complete = True
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            for chunk in body.iter_chunks(CHUNK):
+                if done + len(chunk) > len(out):
+                    complete = False
+                    break
+                out[done : done + len(chunk)] = chunk
+                digest.update(chunk)
+                done += len(chunk)
+        except Exception as exc:
+            raise _explain(exc, self.bucket) from exc
+        check_read(info, rel, digest.hexdigest(), complete and done == len(out))
+
+    def metadata(self, info: CheckpointInfo) -> dict[str, object]:
+        try:
+            return dict(self._manifest(info.step, self._listing().get(info.step, {})).metadata)
+        except (ValueError, KeyError) as exc:
+            raise CheckpointError(f"checkpoint step {info.step} under {self.uri} is not complete: {exc}") from exc
+        except Exception as exc:
+            raise _explain(exc, self.bucket) from exc
+
+
+class _S3Staged:
+    """Each shard is spooled to a local temp file while it is hashed, then uploaded (multipart, parts in
+    parallel, for big shards) and checked with HEAD; the marker goes last in ``commit``."""
+
+    def __init__(self, store: S3Store, step: int) -> None:
+        self._store, self._step = store, step
+
+    def write(self, shards: Sequence[Shard]) -> FileDigests:
+        hook = self._store._on_file
+        on_done = None if hook is None else (lambda i: hook(shards[i].rel))
+        with tempfile.TemporaryDirectory(prefix="gpuplan-s3-spool-") as spool:
+            written = parallel_map(lambda shard: self._put(Path(spool), shard), shards, on_done,
+                                   threads=SHARD_THREADS)
+        return {shard.rel: digest for shard, digest in zip(shards, written, strict=True)}
+
+    def _put(self, spool: Path, shard: Shard) -> tuple[str, int]:
+        from boto3.s3.transfer import TransferConfig
+
+        store = self._store
+        path = spool / uuid.uuid4().hex
+        with path.open("wb") as fh:
+            sink = HashingSink(fh)
+            shard.write(sink)
+        sha, size = sink.hexdigest(), sink.size
+        key = f"{store._base(self._step)}/{shard.rel}"
+        try:
+            if size <= PART_BYTES:
+                store._upload(path, key, sha, size)
+            else:
+                config = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES,
+                                        max_concurrency=PART_THREADS)
+                store.client.upload_file(str(path), store.bucket, key, Config=config,
+                                         ExtraArgs={"Metadata": {"sha256": sha}, "ChecksumAlgorithm": "SHA256"})
+            head = store.client.head_object(Bucket=store.bucket, Key=key)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            raise _explain(exc, store.bucket) from exc
+        finally:
+            path.unlink(missing_ok=True)
+        if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha:
+            raise CheckpointError(
+                f"checkpoint step {self._step}: s3://{store.bucket}/{key} does not match what was uploaded",
+                hint="give each job its own checkpoint_uri",
+            )
+        return sha, size
+
+    def commit(self, files: FileDigests, metadata: Mapping[str, object] | None) -> CheckpointInfo:
+        import time
+
+        store = self._store
+        base = store._base(self._step)
+        manifest = build_manifest(self._step, files, metadata, time.time())
+        try:
+            store.client.put_object(Bucket=store.bucket, Key=f"{base}/{MARKER}", Body=manifest,
+                                    ChecksumSHA256=base64.b64encode(hashlib.sha256(manifest).digest()).decode())
+        except Exception as exc:
+            raise _explain(exc, store.bucket) from exc
+        info = parse_manifest(manifest, self._step).info(f"s3://{store.bucket}/{base}")
+        store._prune(self._step)
+        return info
+
+    def abort(self) -> None:
+        """Uploaded objects without a marker are torn; the next save's prune removes them."""

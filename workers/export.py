@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +53,7 @@ class _Restored:
     strategy: Strategy
     config: ModelConfig
     state: dict[str, torch.Tensor]
+    trainable_only: bool = False  # a LoRA checkpoint: the adapters; the base comes back from its source
 
 
 def export_checkpoint(uri: str, out: Path, *, merge: bool = False) -> ExportResult:
@@ -91,29 +91,30 @@ def _check_out(out: Path) -> None:
 
 def _restore(uri: str) -> _Restored:
     from workers.checkpoint import open_store
-    from workers.train_state import STATE_FILE
+    from workers.train_state import read_checkpoint_state
 
     if "://" not in uri and not Path(uri).expanduser().is_dir():
         raise NotFound(f"checkpoint directory {uri!r} does not exist",
                        hint="give the --checkpoint-dir of a `gpuplan run`, or a job id")
     store = open_store(uri)
-    with tempfile.TemporaryDirectory(prefix="gpuplan-export-") as tmp:
-        found = store.restore_latest(Path(tmp))
-        if found is None:
-            raise NotFound(f"{uri} holds no checkpoint to export",
-                           hint="a job has one once it has saved a step; see train.checkpoint_interval_steps")
-        info, metadata = found
-        state = torch.load(Path(tmp) / STATE_FILE, map_location="cpu", weights_only=False)
+    info = store.latest()
+    found = read_checkpoint_state(store) if info is not None else None
+    if info is None or found is None:
+        raise NotFound(f"{uri} holds no checkpoint to export",
+                       hint="a job has one once it has saved a step; see train.checkpoint_interval_steps")
+    step, state = found
+    metadata: dict[str, Any] = next((dict(store.metadata(i)) for i in store.list() if i.step == step), {})
     missing = [key for key in ("spec", "strategy", "model_config") if key not in metadata]
     if missing:
-        raise InvalidInput(f"the checkpoint of step {info.step} in {uri} does not record the job's model "
+        raise InvalidInput(f"the checkpoint of step {step} in {uri} does not record the job's model "
                            f"({', '.join(missing)} missing): it was written by an older gpuplan",
                            hint="resume the job with this gpuplan (`gpuplan run SPEC --resume`) to write a new one")
-    return _Restored(step=int(info.step), job=str(metadata.get("job_id", "")),
+    return _Restored(step=int(step), job=str(metadata.get("job_id", "")),
                      spec=JobSpec.model_validate(metadata["spec"]),
                      strategy=Strategy.model_validate(metadata["strategy"]),
                      config=ModelConfig.model_validate(metadata["model_config"]),
-                     state={_clean(k): v for k, v in state["model"].items()})
+                     state={_clean(k): v for k, v in state.items()},
+                     trainable_only=bool(metadata.get("trainable_only", False)))
 
 
 def _clean(name: str) -> str:
@@ -123,19 +124,29 @@ def _clean(name: str) -> str:
 
 
 def _rebuild(restored: _Restored) -> torch.nn.Module:
-    """The trained model: the job's architecture (random init, no weights read) with the checkpoint's state."""
-    from workers.model import ModelSource, apply_lora, build_model
+    """The trained model: the job's architecture with the checkpoint's state. A LoRA checkpoint holds the
+    adapters only, so its frozen base is rebuilt exactly as training built it (weights folder, or the
+    spec's seed); a full checkpoint holds every weight, so nothing random is drawn first."""
+    from workers.model import ModelSource, apply_lora, build_model, resolve_model_source
 
     dtype = torch.bfloat16 if restored.strategy.precision in ("bf16", "fp8") else torch.float32
-    with _skip_init():  # every weight comes from the checkpoint: drawing random ones first is wasted minutes at 8B
-        model = build_model(ModelSource(config=restored.config, weights_dir=None), seed=0, weights_dtype=dtype)
+    if restored.trainable_only:
+        source = resolve_model_source(restored.spec)
+        seed = restored.spec.train.seed if restored.spec.train is not None else 0
+        model = build_model(source, seed=seed, weights_dtype=dtype)
+    else:
+        with _skip_init():  # every weight comes from the checkpoint: drawing random ones first is wasted minutes
+            model = build_model(ModelSource(config=restored.config, weights_dir=None), seed=0, weights_dtype=dtype)
     if restored.strategy.finetune in ("lora", "qlora"):
         model = apply_lora(model, restored.strategy.lora_rank)
     try:
-        model.load_state_dict(restored.state)
+        result = model.load_state_dict(restored.state, strict=not restored.trainable_only)
     except RuntimeError as exc:
         raise InvalidInput(f"the checkpoint does not match the model it records: {str(exc).splitlines()[0]}",
                            hint="export a checkpoint written by this gpuplan") from None
+    if restored.trainable_only and result.unexpected_keys:
+        raise InvalidInput(f"the checkpoint holds weights the model lacks: {', '.join(result.unexpected_keys[:3])}",
+                           hint="export a checkpoint written by this gpuplan")
     model.eval()
     return model
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from catalog.errors import GpuplanError, Infeasible
+from workers.checkpoint_interval import preemption_inputs
 from workers.executor import RunRequest, RunState, RunStatus
 from workers.hooks import Signal, StepHook, StopReason, TrainHooks
 from workers.placement import infeasibility
@@ -123,7 +124,7 @@ class InProcessExecutor:
                 attempt.state = RunState.SUCCEEDED
                 attempt.message = f"generated {attempt.tracker.progress().step} requests"
                 return
-            predicted = self._predict(request) if self._predict is not None else {}
+            predicted = preemption_inputs(request.market, self._predict(request) if self._predict is not None else {})
             job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
                            checkpoint_uri=request.checkpoint_uri, device=self._device,
                            cpu_threads=self._cpu_threads, log_every_s=self._log_every_s, predicted=predicted)

@@ -53,6 +53,7 @@ from typing import Any
 import ray
 
 from catalog.errors import ExecutionError, Infeasible, NotFound
+from workers.checkpoint_interval import preemption_inputs
 from workers.executor import RunProgress, RunRequest, RunState, RunStatus
 from workers.hooks import StepHook
 from workers.progress import result_backoffs, result_metrics
@@ -111,7 +112,7 @@ class RayExecutor:
         settings = DriverSettings(
             storage_path=self._storage_path, max_failures=self._max_failures, backend=self._backend,
             cpu_threads=self._cpu_threads, log_every_s=self._log_every_s,
-            predicted=self._predict(request) if self._predict is not None else {},
+            predicted=preemption_inputs(request.market, self._predict(request) if self._predict is not None else {}),
             keep_finished_s=self._keep_finished_s, start_timeout_s=self._start_timeout_s, step_hook=self._step_hook)
         driver = attempt_driver(request, settings, handle, self._namespace)
         try:

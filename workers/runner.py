@@ -204,6 +204,10 @@ class LocalRun:
                 "checkpoint_save_s": num("checkpoint_save_s"),
                 "micro_batch": num("micro_batch"),
                 "grad_accum": num("grad_accum"),
+                "checkpoint_interval_steps": num("checkpoint_interval_steps"),
+                "checkpoint_interval_s": num("checkpoint_interval_s"),
+                "checkpoint_stall_s": num("checkpoint_stall_s"),
+                "checkpoint_durable_s": num("checkpoint_durable_s"),
             },
             "oom_backoffs": self.status.oom_backoffs,
             "predicted": {

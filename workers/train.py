@@ -3,12 +3,12 @@
 
 It builds the model from the JobSpec, applies the Strategy (precision, DDP/FSDP2, activation
 checkpointing, micro-batch and gradient accumulation, LoRA), reads tokens by sample index, and
-checkpoints the full training state through the checkpoint store every
-``train.checkpoint_interval_steps`` steps. On start it resumes from the newest complete
-checkpoint, so a rerun after a crash or preemption continues exactly where the checkpoint left
-off: the final weights equal, bit for bit, those of an uninterrupted run (deterministic algorithms
-on CPU). Steps after the last checkpoint are simply repeated, which is safe because every batch
-is a pure function of its index.
+checkpoints the training state through the checkpoint store (workers.train_state) every
+``train.checkpoint_interval_steps`` steps, else at the Young/Daly interval (workers.checkpoint_interval).
+On start it resumes from the newest complete checkpoint, so a rerun after a crash or preemption
+continues exactly where the checkpoint left off: the final weights equal, bit for bit, those of an
+uninterrupted run (deterministic algorithms on CPU). Steps after the last checkpoint are simply
+repeated, which is safe because every batch is a pure function of its index.
 
 Nothing here imports Ray: the Ray glue passes hooks in.
 """
@@ -32,6 +32,7 @@ from catalog.errors import GpuplanError, InvalidInput
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
+from workers.checkpoint_interval import ON_DEMAND_MTTP_H, IntervalPlanner, default_write_gbps
 from workers.cuda_env import configure_allocator
 from workers.data import DataLayout, TokenSource, tokenizer_dir
 from workers.hooks import TrainHooks
@@ -86,6 +87,10 @@ class TrainResult:
     wall_s: float
     checkpoint_save_s: float  # writing checkpoints (in the background, except the last and just-in-time ones)
     checkpoint_blocking_s: float  # what checkpoints cost the training loop: snapshots and waits
+    checkpoint_interval_steps: int  # the interval used last (pinned by the spec, or Young/Daly)
+    checkpoint_interval_s: float | None  # Young/Daly's tau behind it; None when the spec pinned the steps
+    checkpoint_stall_s: float | None  # loop stall of the last periodic checkpoint (snapshot into host memory)
+    checkpoint_durable_s: float | None  # snapshot handed over -> committed, of the last checkpoint
     peak_allocated_bytes: int | None  # torch.cuda.max_memory_allocated on the most loaded rank
     peak_reserved_bytes: int | None
     peak_rss_bytes: int | None  # CPU runs: the process's peak resident set
@@ -108,8 +113,8 @@ def total_steps(train: TrainSpec, strategy: Strategy) -> int:
 
 
 def checkpoint_interval(train: TrainSpec, steps: int) -> int:
-    """The spec's interval, else about ten checkpoints per run."""
-    return train.checkpoint_interval_steps or max(1, steps // 10)
+    """The spec's interval; else none before the step time is known (Young/Daly needs it)."""
+    return train.checkpoint_interval_steps or steps
 
 
 def pick_device(requested: str) -> torch.device:
@@ -262,6 +267,7 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
     steps = total_steps(train, strategy)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(steps))
     interval = checkpoint_interval(train, steps)
+    planner = interval_planner(job, model, optimizer)
     layout = DataLayout(micro_batch=strategy.micro_batch, grad_accum=strategy.grad_accum, world_size=world)
     autocast_dtype = _autocast_dtype(strategy, sharded)
     scaler = torch.amp.GradScaler(device.type) if strategy.precision == "amp-fp16" else None
@@ -307,18 +313,25 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
     per_step_tokens = layout.sequences_per_step * train.seq_len
 
     def checkpoint(at: int, blocking: bool = False) -> None:
-        nonlocal save_s, last_saved
+        nonlocal save_s, last_saved, interval
         if last_saved == at:
             if blocking:
                 writer.wait()
             return
         began = time.perf_counter()
         hooks.fault(at, "checkpoint")
+        durable_before = writer.last_write_s
         save_state(writer, step=at, data_position=position, tokens=tokens, loss=loss_value, model=model,
                    optimizer=optimizer, scheduler=scheduler, sharded=sharded, extra_metadata=meta,
                    blocking=blocking, on_cpu=device.type == "cpu")
-        save_s += time.perf_counter() - began
+        took = time.perf_counter() - began
+        save_s += took
         last_saved = at
+        if not blocking:
+            planner.observe(stall_s=took, durable_s=durable_before)
+            if not planner.pinned and steady_s > 0:
+                interval = agree_interval(planner.steps(steady_s / max(1, steady_tokens // per_step_tokens)),
+                                          device, world)
 
     noticed = False
     micro, accum = strategy.micro_batch, strategy.grad_accum
@@ -367,6 +380,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
             steady_tokens_per_s=steady_tokens / steady_s if steady_s > 0 else None,
             loop_tokens_per_s=loop_tokens / loop_s if loop_tokens and loop_s > 0 else None,
             wall_s=wall, checkpoint_save_s=writer.write_s, checkpoint_blocking_s=save_s,
+            checkpoint_interval_steps=interval, checkpoint_interval_s=planner.interval_s,
+            checkpoint_stall_s=planner.measured_stall_s, checkpoint_durable_s=writer.last_write_s,
             peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved,
             peak_rss_bytes=peak_rss, predicted=dict(job.predicted), device=str(device.type), world_size=world,
             micro_batch=micro, grad_accum=accum, oom_backoffs=list(backoffs), cuda_alloc_conf=alloc_conf,
@@ -431,6 +446,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
                 loop_tokens += per_step_tokens
             else:
                 loop_began = time.perf_counter()
+            if not planner.pinned and step == (resumed_from or 0) + 3:  # two steady steps: their time is known
+                interval = agree_interval(planner.steps(steady_s / 2), device, world)
             now = time.perf_counter()
             if rank == 0 and (now - last_report >= job.log_every_s or step == steps):
                 last_report = now
@@ -438,7 +455,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
                 hooks.on_progress({"event": "step", "step": step, "total_steps": steps, "tokens": tokens,
                                    "loss": loss_value, "tokens_per_s": rate})
                 log(f"step {step}/{steps} loss {loss_value:.4f}" + (f" {rate:,.0f} tokens/s" if rate else ""))
-            if step % interval == 0 or step == steps:
+            due = step % interval == 0 if planner.pinned else step - (last_saved or 0) >= interval
+            if due or step == steps:
                 checkpoint(step, blocking=step == steps)
             signal = hooks.poll()
             if signal is None or step >= steps:
@@ -496,6 +514,28 @@ def _free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def interval_planner(job: TrainJob, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> IntervalPlanner:
+    """Young/Daly inputs of this run: its state's bytes, the calibrated write speed, and the mean time
+    to preemption the scheduler passed for a spot placement (else the on-demand default)."""
+    state_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    state_bytes += sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                       if isinstance(t, torch.Tensor))
+    if not optimizer.state:  # moments appear at the first step: AdamW keeps two per parameter
+        state_bytes *= 3 if job.strategy.optimizer.startswith("adamw") else 2
+    return IntervalPlanner(override_steps=job.train.checkpoint_interval_steps,
+                           mttp_h=job.predicted.get("mean_time_to_preemption_h") or ON_DEMAND_MTTP_H,
+                           state_bytes=state_bytes, write_gbps=default_write_gbps())
+
+
+def agree_interval(steps: int, device: torch.device, world: int) -> int:
+    """Every rank must checkpoint at the same steps: the longest interval any rank computed."""
+    if world == 1:
+        return steps
+    value = torch.tensor([steps], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
 
 
 def _wait_for_teardown(deadline: float) -> None:

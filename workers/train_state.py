@@ -1,20 +1,36 @@
 """Save and restore everything a training run needs to continue exactly: weights, optimizer, LR
 schedule, every rank's RNG states and the data position, through the checkpoint store.
 
-Rank 0 writes one file, ``train_state.pt``, holding the full (unsharded) state: with FSDP2 the
-ranks gather it collectively first (``torch.distributed.checkpoint.state_dict``, which works over
-gloo on CPU as well as NCCL), and each rank takes its own shard back on load. A full state dict
-costs a gather at save time but keeps checkpoints independent of the world size and readable bare.
+A checkpoint is ``state-meta.pt`` (the structure of the state, its small values, and where each
+tensor lies) plus ~16 shard files of raw tensor bytes, balanced by size. A periodic checkpoint stops
+the loop only for the snapshot: the tensors are copied into host buffers that are allocated once and
+reused (pinned on CUDA, so the copy runs at the device's speed), and a background thread writes the
+shards from a pool of threads, each file hashed as it is written, then commits the step. The next
+snapshot waits only if that write has not finished. Final and just-in-time checkpoints take the same
+path and wait for it.
+
+What is saved: with frozen parameters (LoRA, QLoRA) only the trainable ones and their optimizer
+state; the frozen base is rebuilt from its source (preset or config and seed, or the weights
+directory), as at the first start. Under FSDP2 every rank writes its own local shards
+(``rank-NNNN/``), nothing is gathered, and rank 0 commits once every rank's files are durable;
+such a checkpoint resumes on the same number of ranks. Under DDP rank 0 writes the (replicated)
+state and every rank's RNG.
+
+Checkpoints of the earlier single-file layout (``train_state.pt``) still load; a layout this version
+does not know is refused, never guessed at.
 """
 
 from __future__ import annotations
 
 import copy as copy_module
+import heapq
+import io
+import logging
 import random
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +40,24 @@ import torch
 import torch.distributed as dist
 
 from catalog.errors import CheckpointError, InvalidInput
+from workers.checkpoint import (
+    CHUNK,
+    SHARD_THREADS,
+    CheckpointInfo,
+    Shard,
+    Sink,
+    new_token,
+    parallel_map,
+)
 
-STATE_FILE = "train_state.pt"
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "train_state.pt"  # the earlier single-file layout: loaded, no longer written
+META_FILE = "state-meta.pt"
+FORMAT = 2
+SHARDS = 16  # files per rank: enough to keep SHARD_THREADS writers busy, few enough to list cheaply
+ALIGN = 64  # byte alignment of each tensor in a shard (any dtype can be viewed in place)
+_REF = "__gpuplan_tensor__"
 
 
 @dataclass
@@ -72,76 +104,259 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def rebuilt_keys(model: torch.nn.Module) -> set[str]:
-    """State-dict keys of frozen 4-bit weights (QLoRA's NF4 base). They are rebuilt from the seed or
-    the weights file on every start, so checkpoints leave them out: they are most of a QLoRA
-    model's bytes, and torchao's copy into an NF4 tensor does not restore it exactly."""
-    odd = {name for name, p in model.named_parameters() if not p.requires_grad and type(p.data) is not torch.Tensor}
-    if not odd:
-        return set()
-    from torchao.quantization import NF4Tensor
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
 
-    # under FSDP2 the parameter is a DTensor whose local shard is the NF4 tensor
-    return {name for name, p in model.named_parameters()
-            if name in odd and isinstance(getattr(p, "_local_tensor", p), NF4Tensor)}
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _has_frozen(model: torch.nn.Module) -> bool:
+    return any(not p.requires_grad for p in model.parameters())
 
 
 def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                                sharded: bool) -> tuple[dict[str, Any], dict[str, Any]]:
-    if not _distributed():
-        rebuilt = rebuilt_keys(model)
-        return {k: v for k, v in model.state_dict().items() if k not in rebuilt}, optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    """The live state (tensors alias the parameters): trainable parameters only when some are frozen."""
+    frozen = _has_frozen(model)
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    rebuilt = {_clean(name) for name in rebuilt_keys(model)}
-    model_state = {k: v for k, v in get_model_state_dict(model, options=options).items() if k not in rebuilt}
-    optim_state = get_optimizer_state_dict(model, optimizer, options=options)
-    return model_state, optim_state
+        options = StateDictOptions(full_state_dict=False, ignore_frozen_params=frozen)
+        return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer,
+                                                                                      options=options)
+    target = _unwrap(model)
+    state = target.state_dict(keep_vars=True)
+    if frozen:
+        state = {k: v for k, v in state.items() if isinstance(v, torch.nn.Parameter) and v.requires_grad}
+    return {k: v.detach() for k, v in state.items()}, optimizer.state_dict()
+
+
+def _state_shapes(model_state: dict[str, Any]) -> dict[str, list[int]]:
+    return {name: list(value.shape) for name, value in model_state.items() if isinstance(value, torch.Tensor)}
+
+
+# -- flattening: a nested state with its plain tensors pulled out (to shards) ----------------------
+def _flatten(value: Any, out: list[torch.Tensor], seen: dict[tuple[Any, ...], int] | None = None) -> Any:
+    """``value`` with plain tensors replaced by references into ``out``; a tensor reached twice (tied
+    embeddings) is stored once."""
+    from torch.distributed.tensor import DTensor
+
+    seen = {} if seen is None else seen
+
+    if isinstance(value, DTensor):
+        out.append(value.to_local().detach())
+        return {_REF: len(out) - 1, "placements": tuple(value.placements), "shape": tuple(value.shape),
+                "stride": tuple(value.stride())}
+    if isinstance(value, torch.Tensor):
+        if type(value) in (torch.Tensor, torch.nn.Parameter) and value.layout == torch.strided:
+            key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+            if key not in seen:
+                out.append(value.detach())
+                seen[key] = len(out) - 1
+            return {_REF: seen[key]}
+        return value.detach().to("cpu", copy=True)  # a tensor subclass (8-bit optimizer state): pickled as is
+    if isinstance(value, dict):
+        return {k: _flatten(v, out, seen) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_flatten(v, out, seen) for v in value)
+    return copy_module.deepcopy(value)
+
+
+def _unflatten(value: Any, tensors: Sequence[torch.Tensor], mesh: Any) -> Any:
+    if isinstance(value, dict):
+        if _REF in value:
+            local = tensors[value[_REF]]
+            if "placements" not in value:
+                return local
+            from torch.distributed.tensor import DTensor
+
+            return DTensor.from_local(local.to(mesh.device_type), mesh, value["placements"], run_check=False,
+                                      shape=torch.Size(value["shape"]), stride=value["stride"])
+        return {k: _unflatten(v, tensors, mesh) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_unflatten(v, tensors, mesh) for v in value)
+    return value
+
+
+# -- layout: which shard and offset each tensor goes to --------------------------------------------
+@dataclass(frozen=True)
+class Slot:
+    shard: int
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    slots: tuple[Slot, ...]
+    shard_bytes: tuple[int, ...]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def plan_layout(tensors: Sequence[torch.Tensor], shards: int = SHARDS) -> Layout:
+    """Tensors into at most ``shards`` files, balanced by bytes (largest first into the lightest)."""
+    count = max(1, min(shards, len(tensors)))
+    heap = [(0, i) for i in range(count)]
+    placed: dict[int, tuple[int, int]] = {}
+    for index in sorted(range(len(tensors)), key=lambda i: -_nbytes(tensors[i])):
+        used, shard = heapq.heappop(heap)
+        offset = -(-used // ALIGN) * ALIGN
+        placed[index] = (shard, offset)
+        heapq.heappush(heap, (offset + _nbytes(tensors[index]), shard))
+    sizes = [0] * count
+    for used, shard in heap:
+        sizes[shard] = used
+    slots = tuple(Slot(shard=placed[i][0], offset=placed[i][1], nbytes=_nbytes(t), dtype=t.dtype,
+                       shape=tuple(t.shape)) for i, t in enumerate(tensors))
+    return Layout(slots=slots, shard_bytes=tuple(sizes))
+
+
+def _view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
+    return buffer[slot.offset : slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape)
+
+
+class HostBuffer:
+    """Host memory for the shards of one state layout, allocated on first use and reused while the
+    layout stays the same (pinned when the state is on a GPU: fresh pageable memory is ~30x slower)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self.layout: Layout | None = None
+        self.buffers: list[torch.Tensor] = []
+
+    def fill(self, tensors: Sequence[torch.Tensor]) -> Layout:
+        pinned = any(t.is_cuda for t in tensors)
+        key = (pinned, *((t.dtype, tuple(t.shape)) for t in tensors))
+        if key != self._key or self.layout is None:
+            self.buffers = []  # release the old buffers before taking new ones
+            self.layout = plan_layout(tensors)
+            self.buffers = [torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=pinned)
+                            for size in self.layout.shard_bytes]
+            self._key = key
+        for tensor, slot in zip(tensors, self.layout.slots, strict=True):
+            _view(self.buffers[slot.shard], slot).copy_(tensor, non_blocking=pinned)
+        if pinned:
+            torch.cuda.synchronize()
+        return self.layout
+
+
+def _shard_name(prefix: str, index: int, count: int) -> str:
+    return f"{prefix}shard-{index:02d}-of-{count:02d}.bin"
+
+
+def _bytes_view(buffer: torch.Tensor) -> memoryview:
+    """A uint8 CPU tensor's bytes, shared (no copy)."""
+    array: Any = buffer.numpy()
+    return memoryview(array).cast("B")
+
+
+def _bytes_writer(buffer: torch.Tensor, size: int) -> Callable[[Sink], None]:
+    def write(sink: Sink) -> None:
+        view = _bytes_view(buffer)[:size]
+        for start in range(0, size, CHUNK):
+            sink.write(view[start : start + CHUNK])
+
+    return write
+
+
+def _shards(buffer: HostBuffer, layout: Layout, meta: dict[str, Any], prefix: str) -> list[Shard]:
+    count = len(layout.shard_bytes)
+    meta = {**meta, "format": FORMAT,
+            "tensors": [(_shard_name(prefix, s.shard, count), s.offset, s.nbytes, str(s.dtype).removeprefix("torch."),
+                         s.shape) for s in layout.slots]}
+    raw = io.BytesIO()
+    torch.save(meta, raw)
+    encoded = raw.getvalue()
+
+    def write_meta(sink: Sink) -> None:
+        sink.write(encoded)
+
+    shards = [Shard(_shard_name(prefix, i, count), _bytes_writer(buffer.buffers[i], size))
+              for i, size in enumerate(layout.shard_bytes)]
+    return [Shard(prefix + META_FILE, write_meta), *shards]
 
 
 class CheckpointWriter:
-    """Writes rank 0's checkpoints in a background thread, one at a time, so training only stops
+    """Writes this rank's checkpoints in a background thread, one at a time, so training only stops
     for the snapshot into host memory. ``wait`` makes every submitted checkpoint durable (and
-    raises the write's error, if any)."""
+    raises the write's error, if any). Under FSDP the ranks' writer threads agree on the commit
+    over a process group of their own, so they never interleave with the training collectives."""
 
     def __init__(self, store: Any, on_saved: Callable[[int, float], None] | None = None) -> None:
         self._store = store
         self._on_saved = on_saved
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self.buffer = HostBuffer()
         self.write_s = 0.0
+        self.last_write_s: float | None = None  # snapshot handed over -> durable, of the newest save
+        self._group = dist.new_group(backend="gloo") if _distributed() else None
 
-    def submit(self, step: int, state: dict[str, Any], metadata: dict[str, Any], *, blocking: bool) -> None:
+    def submit(self, step: int, shards: list[Shard], metadata: dict[str, Any], *, collective: bool,
+               blocking: bool) -> None:
         self.wait()
-        self._thread = threading.Thread(target=self._write, args=(step, state, metadata), daemon=True,
-                                        name=f"gpuplan-checkpoint-{step}")
+        self._thread = threading.Thread(target=self._write, args=(step, shards, metadata, collective),
+                                        daemon=True, name=f"gpuplan-checkpoint-{step}")
         self._thread.start()
         if blocking:
             self.wait()
 
-    def _write(self, step: int, state: dict[str, Any], metadata: dict[str, Any]) -> None:
+    def _write(self, step: int, shards: list[Shard], metadata: dict[str, Any], collective: bool) -> None:
         began = time.perf_counter()
         try:
-            with tempfile.TemporaryDirectory(prefix="gpuplan-ckpt-") as tmp:
-                torch.save(state, Path(tmp) / STATE_FILE)
-                try:
-                    self._store.save(step, Path(tmp), metadata=metadata)
-                except CheckpointError:
-                    raise
-                except Exception as exc:  # a store failure must name the checkpoint, not leak a boto3 trace
-                    raise CheckpointError(f"could not save the checkpoint of step {step}: {exc}") from exc
+            self._write_and_commit(step, shards, metadata, collective)
         except BaseException as exc:
             self._error = exc
             return
         took = time.perf_counter() - began
         self.write_s += took
-        if self._on_saved is not None:
+        self.last_write_s = took
+        if self._on_saved is not None and (not collective or dist.get_rank() == 0):
             self._on_saved(step, took)
+
+    def _write_and_commit(self, step: int, shards: list[Shard], metadata: dict[str, Any], collective: bool) -> None:
+        rank = dist.get_rank() if collective else 0
+        token: list[Any] = [new_token() if rank == 0 else None]
+        if collective:
+            dist.broadcast_object_list(token, src=0, group=self._group)
+        staged = self._store.stage(step, token[0], primary=rank == 0)
+        files: dict[str, tuple[str, int]] | None = None
+        error: BaseException | None = None
+        try:
+            files = staged.write(shards)
+        except BaseException as exc:
+            error = exc
+        everyone: list[Any] = [files]
+        if collective:
+            everyone = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, files, group=self._group)
+        if rank == 0:
+            if any(part is None for part in everyone):
+                staged.abort()
+            else:
+                merged = {rel: digest for part in everyone for rel, digest in part.items()}
+                try:
+                    staged.commit(merged, metadata)
+                except CheckpointError:
+                    raise
+                except Exception as exc:  # a store failure must name the checkpoint, not leak a boto3 trace
+                    raise CheckpointError(f"could not save the checkpoint of step {step}: {exc}") from exc
+        if error is not None:
+            if isinstance(error, CheckpointError | KeyboardInterrupt | SystemExit):
+                raise error
+            raise CheckpointError(f"could not save the checkpoint of step {step}: {error}") from error
+        if collective and rank == 0 and any(part is None for part in everyone):
+            raise CheckpointError(f"the checkpoint of step {step} was not committed: another rank failed to write"
+                                  " its shards (its error is in that rank's log)")
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -152,78 +367,210 @@ class CheckpointWriter:
             raise error
 
 
-def _snapshot(value: Any, copy: bool) -> Any:
-    """Host-memory copies of every tensor, so training can go on while the copy is written."""
-    if isinstance(value, torch.Tensor):
-        # .to() then .clone(), not .to(copy=True): QLoRA's NF4 weights (a torchao tensor subclass) lack copy=
-        host = value.detach()
-        if host.device.type != "cpu":
-            return host.to("cpu")
-        return host.clone() if copy else host
-    if isinstance(value, dict):
-        return {k: _snapshot(v, copy) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_snapshot(v, copy) for v in value)
-    return value
-
-
 def save_state(writer: CheckpointWriter, *, step: int, data_position: int, tokens: int, loss: float | None,
                model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                sharded: bool, extra_metadata: dict[str, Any], blocking: bool, on_cpu: bool) -> int | None:
-    """Collective: every rank calls it. Rank 0 snapshots and hands the write to ``writer``."""
+    """Collective: every rank calls it. Snapshots the state into the writer's host buffer (after the
+    previous write has finished with it) and hands the write to the background thread."""
     rank = dist.get_rank() if _distributed() else 0
-    model_state, optim_state = _model_and_optimizer_state(model, optimizer, sharded)
+    writes = sharded or rank == 0
     rngs: list[Any] = [rng_state()]
-    if _distributed():
+    if _distributed() and not sharded:
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, rngs[0])
         rngs = gathered
-    saved: int | None = None
-    if rank == 0:
-        # On CPU a state dict may alias the live parameters (even DDP's "offloaded" one): copy. On
-        # GPU, tensors still on the device are copied to the host; offloaded ones are fresh already.
-        copy = on_cpu
-        state = {
-            "step": step,
-            "data_position": data_position,
-            "tokens": tokens,
-            "loss": loss,
-            "model": _snapshot(model_state, copy),
-            "optimizer": _snapshot(optim_state, copy),
-            "scheduler": copy_module.deepcopy(scheduler.state_dict()),
-            "rng": rngs,
-            "shapes": shape_signature(model),
-        }
-        metadata = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss, **extra_metadata}
-        writer.submit(step, state, metadata, blocking=blocking)
-        saved = step
-    if _distributed() and blocking:
-        dist.barrier()
-    return saved
+    if not writes:
+        return None
+    model_state, optim_state = _model_and_optimizer_state(model, optimizer, sharded)
+    writer.wait()  # the host buffer is the previous checkpoint's until its write is done
+    tensors: list[torch.Tensor] = []
+    seen: dict[tuple[Any, ...], int] = {}
+    skeleton = {"model": _flatten(model_state, tensors, seen), "optimizer": _flatten(optim_state, tensors, seen)}
+    layout = writer.buffer.fill(tensors)
+    trainable_only = _has_frozen(model)
+    meta = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss, "state": skeleton,
+            "scheduler": copy_module.deepcopy(scheduler.state_dict()), "rng": rngs,
+            "shapes": _state_shapes(model_state), "trainable_only": trainable_only,
+            "world_size": dist.get_world_size() if _distributed() else 1, "fsdp": sharded}
+    prefix = f"rank-{rank:04d}/" if sharded else ""
+    shards = _shards(writer.buffer, layout, meta, prefix)
+    metadata = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss,
+                "layout": "sharded-v2", "fsdp_ranks": dist.get_world_size() if sharded else 0,
+                "trainable_only": trainable_only, **extra_metadata}
+    writer.submit(step, shards, metadata, collective=sharded, blocking=blocking)
+    return step if rank == 0 else None
+
+
+# -- load ---------------------------------------------------------------------------------------
+def checkpoint_layout(info: CheckpointInfo) -> str:
+    """'sharded' | 'legacy'; InvalidInput for a layout this version cannot read (never guessed at)."""
+    if META_FILE in info.sha256 or f"rank-{0:04d}/{META_FILE}" in info.sha256:
+        return "sharded"
+    if STATE_FILE in info.sha256:
+        return "legacy"
+    raise InvalidInput(
+        f"the checkpoint of step {info.step} at {info.uri} is in a layout this version of gpuplan cannot read"
+        f" (files: {', '.join(sorted(info.sha256)[:4])})",
+        path="checkpoint_uri",
+        hint="resume it with the gpuplan version that wrote it, or point checkpoint_uri at a new directory",
+    )
+
+
+def read_sharded(store: Any, info: CheckpointInfo, prefix: str = "") -> tuple[dict[str, Any], list[torch.Tensor]]:
+    """(meta, tensors) of one rank's part of a sharded checkpoint, every file read in parallel and
+    verified against the manifest as it is read."""
+    meta_rel = prefix + META_FILE
+    if meta_rel not in info.sizes:
+        raise CheckpointError(f"the checkpoint of step {info.step} has no {meta_rel}",
+                              hint="resume on the number of ranks that wrote it")
+    raw = bytearray(info.sizes[meta_rel])
+    store.read_into(info, meta_rel, memoryview(raw))
+    meta = torch.load(io.BytesIO(bytes(raw)), map_location="cpu", weights_only=False)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise InvalidInput(path="checkpoint_uri",
+                           message=f"the checkpoint of step {info.step} has state format {found!r}; this version"
+                           f" reads format {FORMAT}",
+                           hint="resume it with the gpuplan version that wrote it")
+    entries = meta["tensors"]
+    files = sorted({entry[0] for entry in entries})
+    buffers = {rel: torch.empty(max(info.sizes.get(rel, 0), 1), dtype=torch.uint8) for rel in files}
+    parallel_map(lambda rel: store.read_into(info, rel, _bytes_view(buffers[rel])[: info.sizes[rel]]),
+                 files, threads=SHARD_THREADS)
+    tensors = [buffers[rel][offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
+               for rel, offset, nbytes, dtype, shape in entries]
+    return meta, tensors
 
 
 def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                sharded: bool) -> LoadedState | None:
-    """Collective: load the newest complete checkpoint into every rank, or None when there is none."""
+    """Collective: load the newest complete checkpoint into every rank, or None when there is none.
+    A checkpoint whose files do not verify is skipped (with a warning) for the one before it."""
+    rank = dist.get_rank() if _distributed() else 0
+    infos = {int(i.step): i for i in store.list()}
+    steps: list[Any] = [sorted(infos) if rank == 0 else None]
+    if _distributed():
+        dist.broadcast_object_list(steps, src=0)
+    for step in reversed(steps[0]):
+        info = infos.get(step)
+        loaded: Any = None
+        problem: Exception | None = None
+        try:
+            if info is None:
+                raise CheckpointError(f"checkpoint of step {step} vanished while loading it")
+            if checkpoint_layout(info) == "legacy":
+                loaded = "legacy"
+            else:
+                loaded = read_sharded(store, info, f"rank-{rank:04d}/" if _fsdp_checkpoint(info) else "")
+        except CheckpointError as exc:  # torn or corrupt: the one before it is tried
+            problem = exc
+        oks: list[Any] = [problem is None]
+        if _distributed():
+            oks = [None] * dist.get_world_size()
+            dist.all_gather_object(oks, problem is None)
+        if not all(oks):
+            logger.warning("skipping checkpoint step %d: %s", step, problem or "another rank could not read it")
+            continue
+        assert info is not None
+        if loaded == "legacy":
+            return _load_legacy(store, info, model=model, optimizer=optimizer, scheduler=scheduler)
+        return _apply(loaded[0], loaded[1], model=model, optimizer=optimizer, scheduler=scheduler, sharded=sharded)
+    return None
+
+
+def _fsdp_checkpoint(info: CheckpointInfo) -> bool:
+    ranks = sum(1 for rel in info.sha256 if rel.endswith("/" + META_FILE) and rel.startswith("rank-"))
+    if not ranks:
+        return False
+    world = dist.get_world_size() if _distributed() else 1
+    if ranks != world:
+        raise InvalidInput(
+            f"the checkpoint of step {info.step} was written by {ranks} FSDP ranks; this run has {world}",
+            path="checkpoint_uri",
+            hint=f"resume with {ranks} workers (sharded checkpoints resume on the world size that wrote them)",
+        )
+    return True
+
+
+def _apply(meta: dict[str, Any], tensors: list[torch.Tensor], *, model: torch.nn.Module,
+           optimizer: torch.optim.Optimizer, scheduler: Any, sharded: bool) -> LoadedState:
+    step = int(meta["step"])
+    if bool(meta.get("fsdp")) != sharded:
+        how = "with" if meta.get("fsdp") else "without"
+        raise InvalidInput(path="checkpoint_uri",
+                           message=f"the checkpoint of step {step} was written {how} FSDP sharding; this run is not",
+                           hint="resume with the sharding that wrote it, or point checkpoint_uri at a new directory")
+    live_model, _ = _model_and_optimizer_state(model, optimizer, sharded)
+    _check_shapes(meta["shapes"], _state_shapes(live_model), step)
+    mesh = None
+    if sharded:
+        from torch.distributed.tensor import DTensor
+
+        mesh = next(v.device_mesh for v in live_model.values() if isinstance(v, DTensor))
+    state = _unflatten(meta["state"], tensors, mesh)
+    frozen = bool(meta.get("trainable_only"))
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=False, ignore_frozen_params=frozen, strict=not frozen)
+        set_model_state_dict(model, state["model"], options=options)
+        set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"], options=options)
+    else:
+        _unwrap(model).load_state_dict(state["model"], strict=not frozen)
+        optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(meta["scheduler"])
+    rank, world = (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
+    rngs = meta["rng"]
+    # Same world size: every rank continues its own RNG stream; otherwise rank 0's is the best guess.
+    set_rng_state(rngs[0] if sharded else (rngs[rank] if len(rngs) == world else rngs[0]))
+    return LoadedState(step=step, data_position=int(meta["data_position"]), tokens=int(meta["tokens"]),
+                       loss=meta.get("loss"))
+
+
+def read_checkpoint_state(store: Any) -> tuple[int, dict[str, torch.Tensor]] | None:
+    """(step, full model tensors) of the newest verified checkpoint, any layout (FSDP ranks' shards
+    are put together): what tests and tools compare weights with."""
+    for info in reversed(store.list()):
+        try:
+            if checkpoint_layout(info) == "legacy":
+                with tempfile.TemporaryDirectory() as tmp:
+                    store.restore(info, Path(tmp))
+                    state = torch.load(Path(tmp) / STATE_FILE, map_location="cpu", weights_only=False)
+                return int(info.step), state["model"]
+            ranks = sorted(rel.split("/")[0] + "/" for rel in info.sha256 if rel.endswith("/" + META_FILE))
+            parts = [read_sharded(store, info, prefix) for prefix in ranks or [""]]
+        except CheckpointError as exc:
+            logger.warning("skipping checkpoint step %d: %s", info.step, exc)
+            continue
+        return int(info.step), _full_model(parts)
+    return None
+
+
+def _full_model(parts: list[tuple[dict[str, Any], list[torch.Tensor]]]) -> dict[str, torch.Tensor]:
+    from torch.distributed.tensor import Shard as ShardPlacement
+
+    out: dict[str, torch.Tensor] = {}
+    for name, ref in parts[0][0]["state"]["model"].items():
+        locals_ = [tensors[meta["state"]["model"][name][_REF]] for meta, tensors in parts]
+        placement = ref.get("placements", (None,))[0]
+        if isinstance(placement, ShardPlacement):
+            out[name] = torch.cat(locals_, dim=placement.dim)
+        else:
+            out[name] = locals_[0]
+    return out
+
+
+def _load_legacy(store: Any, info: CheckpointInfo, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: Any) -> LoadedState:
+    """A checkpoint of the single-file layout: the full state, gathered to rank 0 when it was written."""
     rank = dist.get_rank() if _distributed() else 0
     with tempfile.TemporaryDirectory(prefix="gpuplan-restore-") as tmp:
-        step: int | None = None
-        if rank == 0:
-            # Newest checkpoint that verifies; torn or corrupt ones are skipped with a warning.
-            found = store.restore_latest(Path(tmp))
-            step = None if found is None else int(found[0].step)
-        if _distributed():
-            chosen: list[Any] = [step]
-            dist.broadcast_object_list(chosen, src=0)
-            step = chosen[0]
-        if step is None:
-            return None
-        if rank != 0:
-            info = next((i for i in store.list() if int(i.step) == step), None)
-            if info is None:
-                raise CheckpointError(f"checkpoint of step {step} vanished while loading it",
-                                      hint="another run may be writing the same checkpoint directory")
-            store.restore(info, Path(tmp))
+        store.restore(info, Path(tmp))
+        step = int(info.step)
         try:
             state = torch.load(Path(tmp) / STATE_FILE, map_location="cpu", weights_only=False)
         except (OSError, RuntimeError, EOFError) as exc:
@@ -236,23 +583,15 @@ def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Opt
             set_optimizer_state_dict,
         )
 
-        rebuilt = rebuilt_keys(model)
-        set_model_state_dict(model, state["model"], options=StateDictOptions(full_state_dict=True, strict=not rebuilt))
         options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, state["model"], options=options)
         set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"], options=options)
     else:
-        rebuilt = rebuilt_keys(model)
-        result = model.load_state_dict({k: v for k, v in state["model"].items() if k not in rebuilt},
-                                       strict=not rebuilt)
-        if set(result.missing_keys) - rebuilt or result.unexpected_keys:
-            raise CheckpointError(f"checkpoint of step {step} does not match the model: missing "
-                                  f"{sorted(set(result.missing_keys) - rebuilt)[:3]}, unexpected "
-                                  f"{result.unexpected_keys[:3]}")
+        model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     rngs = state["rng"]
     world = dist.get_world_size() if _distributed() else 1
-    # Same world size: every rank continues its own RNG stream; otherwise rank 0's is the best guess.
     set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
     return LoadedState(step=int(state["step"]), data_position=int(state["data_position"]),
                        tokens=int(state["tokens"]), loss=state.get("loss"))

@@ -95,8 +95,9 @@ def _train_and_die_in_second_save(spec_json: str, strategy_json: str, uri: str) 
         saves = 0
 
         def checkpoint_file(self, relpath: str) -> None:
-            DieInSave.saves += 1
-            if DieInSave.saves == 2:  # the second checkpoint's file has landed; its marker has not
+            if relpath.endswith("state-meta.pt"):  # one per save
+                DieInSave.saves += 1
+            if DieInSave.saves == 2:  # a file of the second checkpoint has landed; its marker has not
                 os._exit(137)
 
     job = _job(JobSpec.model_validate_json(spec_json), Strategy.model_validate_json(strategy_json), Path(uri))

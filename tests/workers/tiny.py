@@ -14,7 +14,7 @@ import torch
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Strategy
 from workers.checkpoint import open_store
-from workers.train_state import STATE_FILE
+from workers.train_state import read_checkpoint_state
 
 TINY_CONFIG: dict[str, Any] = {
     "model_type": "llama",
@@ -36,7 +36,7 @@ def write_config(folder: Path, **overrides: Any) -> Path:
 
 
 def tiny_spec(config: Path, *, steps: int = 12, seq_len: int = 16, micro_batch: int = 2, grad_accum: int = 1,
-              world: int = 1, interval: int = 4, seed: int = 0, **train: Any) -> JobSpec:
+              world: int = 1, interval: int | None = 4, seed: int = 0, **train: Any) -> JobSpec:
     tokens = steps * seq_len * micro_batch * grad_accum * world
     section = {"tokens": tokens, "seq_len": seq_len, "checkpoint_interval_steps": interval, "seed": seed,
                "learning_rate": 1e-2, **train}
@@ -52,14 +52,9 @@ def cpu_strategy(*, micro_batch: int = 2, grad_accum: int = 1, workers: int = 1,
 
 def final_state(uri: str) -> tuple[int, dict[str, torch.Tensor]]:
     """(step, model weights) of the newest checkpoint in the store at ``uri``."""
-    import tempfile
-
-    store = open_store(uri)
-    with tempfile.TemporaryDirectory() as tmp:
-        found = store.restore_latest(Path(tmp))
-        assert found is not None, f"no checkpoint in {uri}"
-        state = torch.load(Path(tmp) / STATE_FILE, map_location="cpu", weights_only=False)
-    return int(found[0].step), state["model"]
+    found = read_checkpoint_state(open_store(uri))
+    assert found is not None, f"no checkpoint in {uri}"
+    return found
 
 
 def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
