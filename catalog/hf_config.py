@@ -42,7 +42,7 @@ _SHAPE_KEY = re.compile(r"expert|moe|lora_rank|nextn|shared|sparse|dense|router|
 _READ_OR_SHAPELESS = frozenset({
     "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok", "moe_top_k",
     "top_k_experts", "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size",
-    "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers", "kv_lora_rank",
+    "first_k_dense_replace", "decoder_sparse_step", "mlp_only_layers", "kv_lora_rank",
     "q_lora_rank", "output_router_logits", "router_aux_loss_coef", "norm_topk_prob", "routed_scaling_factor",
     "topk_method", "n_group", "topk_group", "scoring_func", "aux_loss_alpha", "seq_aux", "ep_size",
     "router_jitter_noise", "num_nextn_predict_layers",
@@ -88,10 +88,9 @@ def _opt_int(cfg: Mapping[str, object], key: str, where: str, minimum: int = 1) 
 
 
 def _dense_layer_count(cfg: Mapping[str, object], layers: int, where: str) -> int:
-    """Layers that keep a dense MLP in an MoE model: DeepSeek's first_k_dense_replace / moe_layer_freq,
-    Qwen-MoE's mlp_only_layers / decoder_sparse_step (the same rules the transformers classes apply)."""
+    """Layers that keep a dense MLP in an MoE model: DeepSeek's first_k_dense_replace, Qwen-MoE's
+    mlp_only_layers / decoder_sparse_step (the rules the transformers classes apply; they ignore moe_layer_freq)."""
     first_dense = _opt_int(cfg, "first_k_dense_replace", where, minimum=0) or 0
-    freq = _opt_int(cfg, "moe_layer_freq", where) or 1
     step = _opt_int(cfg, "decoder_sparse_step", where) or 1
     only = cfg.get("mlp_only_layers") or []
     if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
@@ -99,7 +98,7 @@ def _dense_layer_count(cfg: Mapping[str, object], layers: int, where: str) -> in
                            path=f"{where}.mlp_only_layers")
     dense_set = set(only)
     sparse = [i for i in range(layers)
-              if i >= first_dense and i % freq == 0 and (i + 1) % step == 0 and i not in dense_set]
+              if i >= first_dense and (i + 1) % step == 0 and i not in dense_set]
     return layers - len(sparse)
 
 
@@ -137,7 +136,7 @@ def _assumptions(cfg: Mapping[str, object], family: str) -> list[str]:
                      "(q/k/v/o projections, SwiGLU MLP of intermediate_size, RMSNorm), so parameters, memory and "
                      "speed are estimates")
     unread = sorted(k for k in cfg if _SHAPE_KEY.search(k) and k not in _READ_OR_SHAPELESS
-                    and cfg[k] not in (None, 0, False, [], {}))
+                    and cfg[k] not in (None, 0, False, [], {}) and not (k == "moe_layer_freq" and cfg[k] == 1))
     if unread:
         notes.append(f"config keys {', '.join(unread)} are not modeled and were ignored; "
                      "parameters, memory and speed may be off")
