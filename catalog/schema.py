@@ -97,7 +97,7 @@ class ModelConfig(_Record):
     """A decoder-only transformer's shape: enough to count bytes and FLOPs and to build it."""
 
     id: str
-    family: str = Field(description="HF model_type: llama, mistral, mixtral, qwen2, gpt2")
+    family: str = Field(description="HF model_type: llama, mistral, mixtral, qwen2, qwen3(_moe), deepseek_v3, gpt2...")
     hidden_size: int = Field(gt=0)
     num_layers: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
