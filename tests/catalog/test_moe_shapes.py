@@ -143,3 +143,39 @@ def test_count_equals_a_real_transformers_model(name: str, extra: dict[str, obje
         model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     real = sum(p.numel() for p in model.parameters())
     assert count_params(model_from_hf_config(cfg)).total == real
+
+
+# Published configs written inline (the keys that shape the model).
+DEEPSEEK_V2_LITE = {
+    "model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 64,
+    "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+    "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "vocab_size": 102400, "max_position_embeddings": 163840, "tie_word_embeddings": False, "topk_method": "greedy",
+}
+QWEN2_57B_A14B = {
+    "model_type": "qwen2_moe", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+    "num_key_value_heads": 4, "intermediate_size": 18944, "moe_intermediate_size": 2560,
+    "shared_expert_intermediate_size": 20480, "num_experts": 64, "num_experts_per_tok": 8, "vocab_size": 151936,
+    "max_position_embeddings": 131072, "tie_word_embeddings": False,
+}
+
+
+def test_deepseek_v2_lite_full_rank_q_and_two_shared_experts() -> None:
+    m = model_from_hf_config(DEEPSEEK_V2_LITE)
+    assert m.moe is not None and m.mla is not None and m.mla.q_lora_rank is None
+    assert (m.moe.shared_intermediate_size, m.moe.dense_layers) == (2 * 1408, 1)
+    pc = count_params(m)
+    assert pc.total == pytest.approx(15.7e9, rel=0.02)
+    # DeepSeek's "2.4B activated" leaves out the input embedding lookup
+    assert pc.active - pc.embedding == pytest.approx(2.4e9, rel=0.03)
+
+
+def test_qwen2_57b_a14b() -> None:
+    pc = count_params(model_from_hf_config(QWEN2_57B_A14B))
+    assert pc.total == pytest.approx(57.4e9, rel=0.02) and pc.active == pytest.approx(14.2e9, rel=0.02)
+
+
+def test_moe_layer_freq_other_than_one_is_named_as_ignored() -> None:
+    (note,) = model_from_hf_config({**DEEPSEEK_V2_LITE, "moe_layer_freq": 2}).assumptions
+    assert "moe_layer_freq" in note
