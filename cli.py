@@ -589,6 +589,8 @@ def estimate_command(
         print_json(result if fits else {**to_jsonable(result), "hours": None})
     else:
         _print_estimate(result, calibration.memory.pressure_slack)
+    for warning in result.warnings:
+        err_console.print(styled(("warning:", "yellow"), f" {warning}"), highlight=False)
     if not fits:
         raise typer.Exit(DOES_NOT_FIT_EXIT)
 

@@ -1,4 +1,5 @@
-"""Turn any Hugging Face ``config.json`` (llama, mistral, mixtral, qwen2, gpt2 key names) into a ModelConfig.
+"""Turn any Hugging Face ``config.json`` (llama, mistral, mixtral, qwen2/3, their MoEs, DeepSeek, gpt2 key names)
+into a ModelConfig.
 
 Different model families name the same shape differently (``n_embd`` vs ``hidden_size``,
 ``num_local_experts`` vs ``num_experts``); this module is the one place that knows the synonyms.
@@ -7,13 +8,14 @@ Different model families name the same shape differently (``n_embd`` vs ``hidden
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from catalog.errors import InvalidInput
-from catalog.schema import ModelConfig, Source
+from catalog.schema import MlaShape, ModelConfig, MoeShape, Source
 
 # First key present wins. Order matters: the HF-standard name first.
 _SYNONYMS: dict[str, tuple[str, ...]] = {
@@ -30,6 +32,21 @@ _SYNONYMS: dict[str, tuple[str, ...]] = {
 
 # Defaults of the transformers config classes where a config.json may omit the key.
 _FAMILY_TIE_DEFAULT = {"gpt2": True, "llama": False, "mistral": False, "mixtral": False, "qwen2": False}
+# Families whose every parameter the counter models; others are counted as a llama-style decoder, with a warning.
+MODELED_FAMILIES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                              "deepseek_v2", "deepseek_v3", "gpt2"})
+# Keys that would change the shape if the reader ignored them (experts, low-rank attention, extra layers)...
+_SHAPE_KEY = re.compile(r"expert|moe|lora_rank|nextn|shared|sparse|dense|router|altup|laurel|mamba|ssm")
+# ...minus those it reads, and routing/loss knobs that change no weight. num_nextn_predict_layers: transformers
+# does not build DeepSeek's multi-token-prediction layer (its weights are skipped on load), so neither do we.
+_READ_OR_SHAPELESS = frozenset({
+    "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok", "moe_top_k",
+    "top_k_experts", "moe_intermediate_size", "n_shared_experts", "shared_expert_intermediate_size",
+    "first_k_dense_replace", "decoder_sparse_step", "mlp_only_layers", "kv_lora_rank",
+    "q_lora_rank", "output_router_logits", "router_aux_loss_coef", "norm_topk_prob", "routed_scaling_factor",
+    "topk_method", "n_group", "topk_group", "scoring_func", "aux_loss_alpha", "seq_aux", "ep_size",
+    "router_jitter_noise", "num_nextn_predict_layers",
+})
 _ARCH_TO_FAMILY = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -57,6 +74,73 @@ def _pos_int(cfg: Mapping[str, object], canonical: str, where: str, default: int
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidInput(f"{key} must be a positive integer, got {value!r}", path=f"{where}.{key}")
     return value
+
+
+def _opt_int(cfg: Mapping[str, object], key: str, where: str, minimum: int = 1) -> int | None:
+    """An optional integer key; absent or null -> None."""
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        kind = "a positive integer" if minimum > 0 else "a non-negative integer"
+        raise InvalidInput(f"{key} must be {kind}, got {value!r}", path=f"{where}.{key}")
+    return value
+
+
+def _dense_layer_count(cfg: Mapping[str, object], layers: int, where: str) -> int:
+    """Layers that keep a dense MLP in an MoE model: DeepSeek's first_k_dense_replace, Qwen-MoE's
+    mlp_only_layers / decoder_sparse_step (the rules the transformers classes apply; they ignore moe_layer_freq)."""
+    first_dense = _opt_int(cfg, "first_k_dense_replace", where, minimum=0) or 0
+    step = _opt_int(cfg, "decoder_sparse_step", where) or 1
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise InvalidInput(f"mlp_only_layers must be a list of layer indices, got {only!r}",
+                           path=f"{where}.mlp_only_layers")
+    dense_set = set(only)
+    sparse = [i for i in range(layers)
+              if i >= first_dense and (i + 1) % step == 0 and i not in dense_set]
+    return layers - len(sparse)
+
+
+def _moe_shape(cfg: Mapping[str, object], family: str, intermediate: int, layers: int, where: str) -> MoeShape | None:
+    """None for Mixtral-style MoE (every layer sparse, experts as wide as intermediate_size, nothing shared)."""
+    expert = _opt_int(cfg, "moe_intermediate_size", where) or intermediate
+    n_shared = _opt_int(cfg, "n_shared_experts", where, minimum=0) or 0
+    shared = n_shared * expert + (_opt_int(cfg, "shared_expert_intermediate_size", where, minimum=0) or 0)
+    dense = _dense_layer_count(cfg, layers, where)
+    if expert == intermediate and shared == 0 and dense == 0:
+        return None
+    return MoeShape(expert_intermediate_size=expert, shared_intermediate_size=shared,
+                    shared_expert_gate=family == "qwen2_moe" and shared > 0, dense_layers=dense)
+
+
+def _mla_shape(cfg: Mapping[str, object], where: str) -> MlaShape | None:
+    kv_rank = _opt_int(cfg, "kv_lora_rank", where)
+    if kv_rank is None:
+        return None
+    dims = {}
+    for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        dim = _opt_int(cfg, key, where)
+        if dim is None:
+            raise InvalidInput(f"config has kv_lora_rank (latent attention) but no {key}", path=f"{where}.{key}",
+                               hint="copy the key from the model's published config.json")
+        dims[key] = dim
+    return MlaShape(q_lora_rank=_opt_int(cfg, "q_lora_rank", where), kv_lora_rank=kv_rank, **dims)
+
+
+def _assumptions(cfg: Mapping[str, object], family: str) -> list[str]:
+    """What a count of this config guesses, in words a user can check; empty for modeled families."""
+    notes = []
+    if family not in MODELED_FAMILIES:
+        notes.append(f"model_type {family!r} is not one gpuplan models exactly; counted as a llama-style decoder "
+                     "(q/k/v/o projections, SwiGLU MLP of intermediate_size, RMSNorm), so parameters, memory and "
+                     "speed are estimates")
+    unread = sorted(k for k in cfg if _SHAPE_KEY.search(k) and k not in _READ_OR_SHAPELESS
+                    and cfg[k] not in (None, 0, False, [], {}) and not (k == "moe_layer_freq" and cfg[k] == 1))
+    if unread:
+        notes.append(f"config keys {', '.join(unread)} are not modeled and were ignored; "
+                     "parameters, memory and speed may be off")
+    return notes
 
 
 def _family(cfg: Mapping[str, object], where: str) -> str:
@@ -132,6 +216,8 @@ def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | No
     if not isinstance(tie_raw, bool):
         raise InvalidInput(f"tie_word_embeddings must be true or false, got {tie_raw!r}",
                            path=f"{where}.tie_word_embeddings")
+    moe = _moe_shape(cfg, family, intermediate, layers, where) if experts > 1 else None
+    mla = _mla_shape(cfg, where)
     hf = dict(cfg)
     hf.setdefault("model_type", family)
     try:
@@ -149,6 +235,9 @@ def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | No
             num_experts=experts,
             experts_per_token=per_token,
             head_dim=head_dim,
+            moe=moe,
+            mla=mla,
+            assumptions=_assumptions(cfg, family),
             hf_config=hf,
             source=source,
         )

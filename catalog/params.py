@@ -19,7 +19,7 @@ class ParamCount:
     active: int
     embedding: int  # input embedding (+ learned positions); the lm_head when untied is in lm_head
     lm_head: int  # 0 when tied to the input embedding
-    per_layer: int  # one decoder layer, all experts
+    per_layer: int  # the mean decoder layer, all experts
     per_layer_active: int
 
     @property
@@ -48,21 +48,60 @@ def count_params(model: ModelConfig) -> ParamCount:
         total = embedding + model.num_layers * per_layer + 2 * h  # ln_f
         return ParamCount(total, total, embedding, lm_head, per_layer, per_layer)
 
-    hd = model.head_size
-    q = h * model.num_attention_heads * hd
-    kv = 2 * h * model.num_kv_heads * hd
-    o = model.num_attention_heads * hd * h
-    attn = q + kv + o
-    if _has_qkv_bias(model):
-        attn += model.num_attention_heads * hd + 2 * model.num_kv_heads * hd
-    expert = 3 * h * model.intermediate_size  # gate, up, down (SwiGLU)
-    router = h * model.num_experts if model.num_experts > 1 else 0
+    attn = _attention_params(model)
     norms = 2 * h  # RMSNorm weights, no bias
-    per_layer = attn + model.num_experts * expert + router + norms
-    per_layer_active = attn + model.experts_per_token * expert + router + norms
+    dense_layer = attn + _mlp(h, model.intermediate_size) + norms
+    sparse_total, sparse_active = _moe_mlp_params(model)
+    dense_layers = model.moe.dense_layers if model.moe else (0 if model.num_experts > 1 else model.num_layers)
+    sparse_layers = model.num_layers - dense_layers
+    layers_total = dense_layers * dense_layer + sparse_layers * (attn + sparse_total + norms)
+    layers_active = dense_layers * dense_layer + sparse_layers * (attn + sparse_active + norms)
     embedding = v * h
     lm_head = 0 if model.tie_word_embeddings else v * h
     rest = embedding + lm_head + h  # final norm
-    total = rest + model.num_layers * per_layer
-    active = rest + model.num_layers * per_layer_active
-    return ParamCount(total, active, embedding, lm_head, per_layer, per_layer_active)
+    # per-layer figures are the mean layer: DeepSeek's and Qwen-MoE's dense layers differ from sparse ones
+    per_layer = layers_total // model.num_layers
+    per_layer_active = layers_active // model.num_layers
+    return ParamCount(rest + layers_total, rest + layers_active, embedding, lm_head, per_layer, per_layer_active)
+
+
+def _mlp(h: int, width: int) -> int:
+    return 3 * h * width  # gate, up, down (SwiGLU)
+
+
+def _attention_params(model: ModelConfig) -> int:
+    h = model.hidden_size
+    heads = model.num_attention_heads
+    bias = model.hf_config.get("attention_bias") is True
+    mla = model.mla
+    if mla is not None:
+        qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        if mla.q_lora_rank is None:
+            q = h * heads * qk
+        else:  # q_a_proj, q_a_layernorm, q_b_proj
+            q = h * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * heads * qk + (mla.q_lora_rank if bias else 0)
+        # kv_a_proj_with_mqa (latent + the shared RoPE key), kv_a_layernorm, kv_b_proj (per-head k_nope and v)
+        kv = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
+        kv += mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        kv += (mla.kv_lora_rank + mla.qk_rope_head_dim) if bias else 0
+        return q + kv + heads * mla.v_head_dim * h + (h if bias else 0)
+    hd = model.head_size
+    attn = h * heads * hd + 2 * h * model.num_kv_heads * hd + heads * hd * h
+    if _has_qkv_bias(model):
+        attn += heads * hd + 2 * model.num_kv_heads * hd
+    if model.family in ("qwen3", "qwen3_moe"):
+        attn += 2 * hd  # q_norm and k_norm over each head
+    return attn
+
+
+def _moe_mlp_params(model: ModelConfig) -> tuple[int, int]:
+    """(all, per token) parameters of one sparse layer's MLP: routed experts, shared experts, router."""
+    h = model.hidden_size
+    if model.num_experts <= 1:
+        return 0, 0
+    moe = model.moe
+    expert = _mlp(h, moe.expert_intermediate_size if moe else model.intermediate_size)
+    always = h * model.num_experts  # the router
+    if moe is not None and moe.shared_intermediate_size:
+        always += _mlp(h, moe.shared_intermediate_size) + (h if moe.shared_expert_gate else 0)
+    return model.num_experts * expert + always, model.experts_per_token * expert + always

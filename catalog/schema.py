@@ -73,11 +73,31 @@ class Offer(_Record):
     source: Source
 
 
+class MoeShape(_Record):
+    """Fine-grained MoE (Qwen2/3-MoE, DeepSeek): experts narrower than the dense MLP, shared experts,
+    and dense layers. Mixtral-style models (experts as wide as ``intermediate_size``) leave it None."""
+
+    expert_intermediate_size: int = Field(gt=0, description="moe_intermediate_size: one routed expert's width")
+    shared_intermediate_size: int = Field(default=0, ge=0, description="total width of the always-on shared experts")
+    shared_expert_gate: bool = Field(default=False, description="Qwen2-MoE's gate (hidden -> 1) on the shared expert")
+    dense_layers: int = Field(default=0, ge=0, description="layers with a dense MLP of intermediate_size instead")
+
+
+class MlaShape(_Record):
+    """DeepSeek-V2/V3 multi-head latent attention: low-rank q and kv projections."""
+
+    q_lora_rank: int | None = Field(default=None, gt=0, description="None: a full-rank q_proj")
+    kv_lora_rank: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+
 class ModelConfig(_Record):
     """A decoder-only transformer's shape: enough to count bytes and FLOPs and to build it."""
 
     id: str
-    family: str = Field(description="HF model_type: llama, mistral, mixtral, qwen2, gpt2")
+    family: str = Field(description="HF model_type: llama, mistral, mixtral, qwen2, qwen3(_moe), deepseek_v3, gpt2...")
     hidden_size: int = Field(gt=0)
     num_layers: int = Field(gt=0)
     num_attention_heads: int = Field(gt=0)
@@ -89,11 +109,19 @@ class ModelConfig(_Record):
     num_experts: int = Field(default=1, ge=1)
     experts_per_token: int = Field(default=1, ge=1)
     head_dim: int | None = None
+    moe: MoeShape | None = None
+    mla: MlaShape | None = None
+    assumptions: list[str] = Field(
+        default_factory=list,
+        description="what was guessed reading a config the planner does not model exactly; shown as warnings")
     hf_config: dict[str, object] = Field(default_factory=dict, description="the HF config.json keys")
     source: Source | None = None
 
     @property
     def head_size(self) -> int:
+        """Width of one query/key head (MLA: the no-RoPE part plus the RoPE part)."""
+        if self.mla is not None:
+            return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
 

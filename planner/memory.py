@@ -79,8 +79,20 @@ def lora_params_per_layer(model: ModelConfig, rank: int) -> int:
     if model.family == "gpt2":
         return rank * ((h + 3 * h) + (h + h) + (h + inter) + (inter + h))
     attn = rank * ((h + hq) + 2 * (h + kvd) + (hq + h))
-    mlp = rank * (2 * (h + inter) + (inter + h)) * model.num_experts
-    return attn + mlp
+    moe = model.moe
+    if moe is None:
+        return attn + _lora_mlp(h, inter, rank) * model.num_experts
+    # fine-grained MoE: the mean layer over dense layers and sparse ones (narrow experts + shared experts)
+    sparse = _lora_mlp(h, moe.expert_intermediate_size, rank) * model.num_experts
+    if moe.shared_intermediate_size:
+        sparse += _lora_mlp(h, moe.shared_intermediate_size, rank)
+    dense = _lora_mlp(h, inter, rank)
+    layers = model.num_layers
+    return attn + (moe.dense_layers * dense + (layers - moe.dense_layers) * sparse) // layers
+
+
+def _lora_mlp(h: int, width: int, rank: int) -> int:
+    return rank * (2 * (h + width) + (width + h))  # gate, up, down
 
 
 def _dims(model: ModelConfig) -> tuple[int, int, int, int]:
@@ -381,8 +393,21 @@ def _linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:
 
 
 def kv_cache_bytes(model: ModelConfig, batch: int, context: int, bytes_per: int = 2) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x context x batch x bytes."""
+    """2 (K and V) x layers x kv_heads x head_dim x context x batch x bytes. MLA caches the compressed
+    latent and the shared RoPE key instead: (kv_lora_rank + qk_rope_head_dim) per layer."""
+    if model.mla is not None:
+        return model.num_layers * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * context * batch * bytes_per
     return 2 * model.num_layers * model.num_kv_heads * model.head_size * context * batch * bytes_per
+
+
+def mla_expanded_kv_bytes(model: ModelConfig, batch: int, context: int, bytes_per: int = 2) -> int:
+    """Per-head keys and values of one layer that transformers' MLA expands from its latent cache on every
+    forward (heads x (qk_nope + qk_rope + v_head_dim) per token); 0 for other attention."""
+    if model.mla is None:
+        return 0
+    mla = model.mla
+    width = model.num_attention_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
+    return width * context * batch * bytes_per
 
 
 def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int, gpu: GpuSpec,
@@ -399,7 +424,9 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     ctx = prompt_tokens + output_tokens
     kv_full = kv_cache_bytes(model, b, ctx) / tp
     kv_prompt = kv_cache_bytes(model, b, prompt_tokens) / tp
-    kv_layer = kv_full / model.num_layers
+    # one layer's torch.cat copy of the cache, and (MLA) the per-head K/V expanded for the layer being run
+    kv_layer = kv_full / model.num_layers + mla_expanded_kv_bytes(model, b, ctx) / tp
+    kv_prefill = kv_prompt + mla_expanded_kv_bytes(model, b, prompt_tokens) / tp
     t = b * prompt_tokens
     # prefill transients of one layer: MLP (act, up, product) or the norm's fp32 temporaries, plus
     # the hidden states alive meanwhile (the caller's layer input, the residual, the norm output)
@@ -411,7 +438,7 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     prefill_work = t * max(mlp_bytes * inter / tp, 14 * h) + t * 2 * h * 3
     logits = b * model.vocab_size * (2 + 4 + 4)
     moments = [
-        _Moment("prefill", {"weights": weights, "kv_cache": kv_prompt, "prefill_activations": prefill_work,
+        _Moment("prefill", {"weights": weights, "kv_cache": kv_prefill, "prefill_activations": prefill_work,
                             "logits": logits}),
         _Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits}),
     ]

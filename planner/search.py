@@ -409,12 +409,17 @@ def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, model: Mo
     p = Placement(g, count, gpus_per_node or min(count, 8), network_gbps)
     out = _estimate_placement(spec, mdl, p, cal, catalog.support)
     if out.estimate is not None:
-        return out.estimate
+        return _with_model_warnings(out.estimate, mdl)
     if out.constraint == "dtype":
         raise InvalidInput(out.reason, hint="pin a precision/weights the GPU supports or pick another GPU")
     if out.constraint != "memory":
         raise InvalidInput(out.reason)  # the reason says what to change (the count, the batch...)
-    return _smallest_unfitting(spec, mdl, p, cal)
+    return _with_model_warnings(_smallest_unfitting(spec, mdl, p, cal), mdl)
+
+
+def _with_model_warnings(est: Estimate, model: ModelConfig) -> Estimate:
+    """A model read from a config gpuplan does not model exactly carries its guesses into the answer."""
+    return est.model_copy(update={"warnings": [*est.warnings, *model.assumptions]}) if model.assumptions else est
 
 
 def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration) -> Estimate:
@@ -588,7 +593,7 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
         message, hint = _explain(spec, funnel, priced, mdl, cal)
         raise NoFeasiblePlan(message, hint=hint)
     ranked = _rank(candidates, objective)
-    warnings: list[str] = []
+    warnings: list[str] = list(mdl.assumptions)
     if today is not None:
         stale = [o for o in catalog.stale_offers(today) if o in {c.offer for c in ranked[:10]}]
         if stale:

@@ -16,7 +16,7 @@ from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import ThroughputCalibration
 from planner.knobs import KnobsLike
-from planner.memory import WEIGHT_BYTES, kv_cache_bytes, layer_activation_bytes_per_token
+from planner.memory import WEIGHT_BYTES, kv_cache_bytes, layer_activation_bytes_per_token, mla_expanded_kv_bytes
 from planner.types import Strategy, ThroughputEstimate
 
 PEAK_DTYPE = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
@@ -37,6 +37,30 @@ def matmul_params(model: ModelConfig, pc: ParamCount | None = None) -> tuple[flo
     lm = float(model.vocab_size * model.hidden_size)
     per_layer = pc.per_layer_active - (2 * model.hidden_size)
     return model.num_layers * per_layer + lm, lm
+
+
+def decode_weight_params(model: ModelConfig, batch: int, pc: ParamCount | None = None) -> float:
+    """Params a decode step reads, lm_head excluded. Each MoE layer runs only the experts some token of the
+    batch picked: with uniform routing, E x (1 - (1 - k/E)^batch) distinct experts, not k."""
+    n, lm = matmul_params(model, pc)
+    e, k = model.num_experts, model.experts_per_token
+    if e <= 1 or batch <= 1:
+        return n - lm
+    width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+    sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)
+    touched = e * (1 - (1 - k / e) ** batch)
+    return n - lm + sparse_layers * (touched - k) * 3 * model.hidden_size * width
+
+
+def mla_decode_expand(model: ModelConfig, batch: int, context: int) -> tuple[float, float]:
+    """(bytes, flops) per decode step of transformers' MLA re-expanding every layer's latent cache to
+    per-head K/V (kv_b_proj over the whole context), written once and read by attention."""
+    mla = model.mla
+    if mla is None:
+        return 0.0, 0.0
+    expanded = mla_expanded_kv_bytes(model, batch, context)
+    flops_per_token = 2.0 * mla.kv_lora_rank * model.num_attention_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return model.num_layers * 2.0 * expanded, model.num_layers * flops_per_token * context * batch
 
 
 def attention_flops_per_token(model: ModelConfig, seq_len: int) -> float:
@@ -206,15 +230,17 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
     prefill = prefill_flops / (peak * prefill_eff)
     wb = WEIGHT_BYTES[strategy.weights]
-    weight_bytes = ((n - lm) * wb + lm * 2) / tp
+    weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
     avg_ctx = prompt_tokens + output_tokens / 2
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
+    expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
     bw = gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
     speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
     # HF's DynamicCache grows by torch.cat: every step re-reads and re-writes the cache besides
     # attention reading it, hence kv_traffic_factor passes
-    mem_time = (weight_bytes / speed + kv * cal.kv_traffic_factor) / bw
-    compute_time = b * (2 * n + attention_flops_per_token(model, int(avg_ctx))) / tp / (peak * cal.prefill_mfu)
+    mem_time = (weight_bytes / speed + kv * cal.kv_traffic_factor + expand_bytes / tp) / bw
+    compute_time = (b * (2 * n + attention_flops_per_token(model, int(avg_ctx))) + expand_flops) / tp / (
+        peak * cal.prefill_mfu)
     overhead = ((cal.decode_layer_overhead_s * model.num_layers + cal.decode_step_overhead_s)
                 * cal.quant_layer_overhead.get(strategy.weights, 1.0))
     decode_step = max(mem_time, compute_time) + overhead

@@ -101,6 +101,7 @@ class Estimate(_Value):
     memory: MemoryEstimate
     throughput: ThroughputEstimate
     hours: float = Field(description="wall-clock hours to finish the job's tokens or requests")
+    warnings: list[str] = Field(default_factory=list, description="what the estimate had to assume")
 
 
 class CostEstimate(_Value):

@@ -22,6 +22,9 @@ PUBLISHED = {
     "llama-2-13b": (13.0e9, None), "llama-2-70b": (69.0e9, None), "mistral-7b": (7.24e9, None),
     "mixtral-8x7b": (46.7e9, 12.9e9), "qwen2.5-7b": (7.61e9, None), "qwen2.5-72b": (72.7e9, None),
     "gpt2": (124e6, None), "gpt2-medium": (355e6, None), "gpt2-large": (774e6, None), "gpt2-xl": (1.558e9, None),
+    "llama-3.1-8b": (8.03e9, None), "llama-3.1-70b": (70.6e9, None), "llama-3.1-405b": (405.9e9, None),
+    "qwen3-0.6b": (0.6e9, None), "qwen3-8b": (8.2e9, None), "qwen3-32b": (32.8e9, None),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9), "qwen3-235b-a22b": (235e9, 22e9), "deepseek-v3": (671e9, 37e9),
 }
 ORDER = ("fp32", "tf32", "bf16", "fp8")  # each at least the one before, where the part has both
 

@@ -1,0 +1,96 @@
+"""Fine-grained MoE and MLA models in the planner: sized by their real parameters, MLA's compressed cache,
+and the assumptions behind a config gpuplan does not model exactly shown as warnings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from catalog.hf_config import model_from_hf_config
+from catalog.params import count_params
+from catalog.schema import ModelConfig
+from planner.calibration import MemoryCalibration
+from planner.memory import infer_memory, kv_cache_bytes, lora_params_per_layer, mla_expanded_kv_bytes, train_memory
+from planner.search import estimate, plan
+from planner.spec import spec_from_dict
+from planner.throughput import decode_weight_params, matmul_params, train_flops_per_token
+from planner.types import Strategy
+from tests.planner.factory import small_catalog
+
+CAT = small_catalog()
+H200 = CAT.gpu("H200")
+CONFIGS = Path(__file__).parent.parent / "data" / "hf_configs"
+
+
+def model(name: str, **over: object) -> ModelConfig:
+    cfg = json.loads((CONFIGS / f"{name}.json").read_text())
+    return model_from_hf_config({**cfg, **over}, model_id=name)
+
+
+def test_deepseek_v3_caches_the_compressed_latent_per_layer() -> None:
+    m = model("deepseek-v3")
+    assert kv_cache_bytes(m, batch=2, context=1000) == 61 * (512 + 64) * 1000 * 2 * 2
+    # the layer being run expands it to 128 heads x (128 + 64 + 128)
+    assert mla_expanded_kv_bytes(m, 2, 1000) == 128 * 320 * 1000 * 2 * 2
+    assert mla_expanded_kv_bytes(model("qwen3-30b-a3b"), 2, 1000) == 0
+
+
+def test_qwen3_30b_a3b_bf16_inference_fits_one_h200() -> None:
+    m = model("qwen3-30b-a3b")
+    s = Strategy.model_validate({"gpu": "H200", "gpu_count": 1, "weights": "bf16", "batch": 1})
+    est = infer_memory(m, s, 1000, 200, H200, MemoryCalibration())
+    assert est.breakdown["weights"] == pytest.approx(2 * 30.5e9, rel=0.02)
+    assert est.fits
+
+
+def test_full_finetune_weights_are_the_real_parameter_count() -> None:
+    m = model("qwen3-235b-a22b")
+    s = Strategy.model_validate({"gpu": "H200", "gpu_count": 1, "precision": "bf16", "micro_batch": 1})
+    est = train_memory(m, s, 1024, H200, MemoryCalibration())
+    assert est.breakdown["weights"] == pytest.approx(2 * 235e9, rel=0.02)
+
+
+def test_training_flops_follow_active_parameters() -> None:
+    for name in ("qwen3-30b-a3b", "deepseek-v3"):
+        m = model(name)
+        n, _ = matmul_params(m)
+        pc = count_params(m)
+        assert n == pytest.approx(pc.active - pc.embedding, rel=0.01)  # lm_head does matmuls, the lookup does not
+        flops = train_flops_per_token(m, 128, "full", False)
+        assert flops == pytest.approx(6 * n, rel=0.05)  # short sequences: attention is small
+
+
+def test_decode_reads_only_the_experts_the_batch_picks() -> None:
+    m = model("qwen3-30b-a3b")
+    n, lm = matmul_params(m)
+    one = decode_weight_params(m, 1)
+    assert one == n - lm
+    many = [decode_weight_params(m, b) for b in (2, 8, 64, 1024)]
+    assert many == sorted(many) and one < many[0]
+    assert many[-1] == pytest.approx(count_params(m).non_embedding, rel=0.01)  # every expert is hit
+
+
+def test_lora_adapters_use_the_expert_width() -> None:
+    m = model("qwen3-30b-a3b")
+    per_layer = lora_params_per_layer(m, 16)
+    attn = 16 * ((2048 + 4096) + 2 * (2048 + 512) + (4096 + 2048))
+    assert per_layer == attn + 128 * 16 * 3 * (2048 + 768)
+
+
+def test_unknown_model_type_warns_in_estimate_and_plan() -> None:
+    m = model("qwen3-0.6b", model_type="fancy_lm")
+    spec = spec_from_dict({"name": "t", "task": "train", "model": "qwen3-0.6b",
+                           "train": {"tokens": 1e7, "seq_len": 1024}})
+    e = estimate(spec, CAT, "H200", 1, model=m)
+    assert any("'fancy_lm'" in w and "llama-style" in w for w in e.warnings)
+    p = plan(spec, CAT, model=m, calibration=None)
+    assert any("'fancy_lm'" in w for w in p.warnings)
+
+
+def test_modeled_config_brings_no_warning() -> None:
+    spec = spec_from_dict({"name": "t", "task": "train", "model": "qwen3-0.6b",
+                           "train": {"tokens": 1e7, "seq_len": 1024}})
+    assert estimate(spec, CAT, "H200", 1, model=model("qwen3-0.6b")).warnings == []
+
