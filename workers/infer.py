@@ -51,7 +51,8 @@ class InferenceResult:
     requests_skipped: int  # already in the outputs file
     tokens_generated: int  # new tokens this run (up to and including EOS)
     seconds: float  # generation wall time (model load excluded)
-    tokens_per_s: float
+    tokens_per_s: float  # every batch, the first (warm-up: kernel selection, allocator growth) included
+    steady_tokens_per_s: float | None  # after the first batch, as the planner predicts; None with one batch
     load_seconds: float
     peak_memory_bytes: int | None  # torch.cuda.max_memory_allocated on CUDA; None on CPU
     weights: str  # the dtype actually used
@@ -215,7 +216,7 @@ def run_inference(
     weights = "bf16" if dtype == "auto" and device.startswith("cuda") else ("fp32" if dtype == "auto" else dtype)
     if skipped == total:
         logger.info("all %d requests of %s are already in %s", total, prompts, outputs)
-        return InferenceResult(total, 0, skipped, 0, 0.0, 0.0, 0.0, None, weights, str(outputs))
+        return InferenceResult(total, 0, skipped, 0, 0.0, 0.0, None, 0.0, None, weights, str(outputs))
 
     t0 = time.perf_counter()
     model = load_model(model_cfg, weights=dtype, seed=seed, device=device, weights_dir=weights_dir)
@@ -227,6 +228,7 @@ def run_inference(
     writer = OutputWriter(outputs)
     done = tokens = 0
     t1 = time.perf_counter()
+    warm: tuple[float, int] | None = None  # (time, tokens) once the first batch is done: kernels chosen, caches warm
     try:
         for start in range(0, total, batch):
             todo = [r for r in requests[start : start + batch] if r.key not in finished]
@@ -252,11 +254,17 @@ def run_inference(
             writer.write(records)
             finished.update(r.key for r in todo)
             done += len(todo)
+            if warm is None:
+                warm = (time.perf_counter(), tokens)
             if progress is not None:
                 progress(len(finished), total)
     finally:
         writer.close()
-    seconds = time.perf_counter() - t1
+    ended = time.perf_counter()
+    seconds = ended - t1
+    steady = None
+    if warm is not None and ended > warm[0] and tokens > warm[1]:
+        steady = (tokens - warm[1]) / (ended - warm[0])
     peak = int(torch.cuda.max_memory_allocated(device)) if on_cuda else None
     return InferenceResult(
         requests_total=total,
@@ -265,6 +273,7 @@ def run_inference(
         tokens_generated=tokens,
         seconds=seconds,
         tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+        steady_tokens_per_s=steady,
         load_seconds=load_seconds,
         peak_memory_bytes=peak,
         weights=weights,

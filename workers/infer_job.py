@@ -69,7 +69,8 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
     finished = {"event": "finished", "status": "succeeded", "steps": result.requests_total,
                 "total_steps": result.requests_total, "tokens": result.tokens_generated, "final_loss": None,
                 "checkpoints_written": 0, "resumed_from_step": result.requests_skipped or None,
-                "steady_tokens_per_s": result.tokens_per_s, "tokens_per_s": result.tokens_per_s,
+                "steady_tokens_per_s": result.steady_tokens_per_s or result.tokens_per_s,
+                "tokens_per_s": result.tokens_per_s,
                 "peak_allocated_bytes": result.peak_memory_bytes, "wall_s": result.seconds + result.load_seconds,
                 "predicted": {}}
     on_progress(finished)
