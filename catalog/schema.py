@@ -211,7 +211,8 @@ class StackSupport(_Record):
     platforms: list[PlatformSupport]
 
     def platform(self, vendor: str, architecture: str) -> PlatformSupport | None:
+        """The record of (vendor, architecture), else the vendor's "*" record (any architecture)."""
         for p in self.platforms:
             if p.vendor == vendor and p.architecture == architecture:
                 return p
-        return None
+        return next((p for p in self.platforms if p.vendor == vendor and p.architecture == "*"), None)

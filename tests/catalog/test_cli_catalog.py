@@ -88,7 +88,7 @@ def test_local_on_this_machine(runner: CliRunner) -> None:
     result = runner.invoke(app, ["catalog", "local", "--json"])
     assert result.exit_code == 0
     body = json.loads(result.stdout)
-    assert set(body) == {"device", "gpu", "offer"}
+    assert set(body) == {"device", "gpu", "offer", "cpu", "cpu_offer"}
 
 
 def test_help_has_examples(runner: CliRunner) -> None:

@@ -99,7 +99,8 @@ def _load(project: Path, model: Any) -> Any:
 
 def test_infer_writes_outputs_and_a_rerun_only_answers_what_is_missing(project: Path) -> None:
     spec = _spec(project, "gen", task="infer", model={"config": "model/config.json"},
-                 infer={"prompts": "prompts.jsonl", "tokenizer": "tok", "batch": 2, "output_tokens": 4})
+                 infer={"prompts": "prompts.jsonl", "tokenizer": "tok", "batch": 2, "prompt_tokens": 16,
+                        "output_tokens": 4})  # within the tiny model's 64-token context
     first = _invoke("run", str(spec), "--checkpoint-dir", str(project / "answers"))
     assert first["status"] == "succeeded" and first["task"] == "infer" and first["steps"] == 3
     outputs = Path(first["outputs"])
@@ -123,7 +124,7 @@ def test_bad_inputs_get_clear_errors_that_name_no_internals(project: Path) -> No
                   train=_train(data="empty.jsonl", tokenizer="tok"))
     assert "has no records" in _error("run", str(empty), code=2)
     prompts = _spec(project, "m4", task="infer", model={"config": "model/config.json"},
-                    infer={"prompts": "missing.jsonl"})
+                    infer={"prompts": "missing.jsonl", "prompt_tokens": 16, "output_tokens": 4})
     assert "does not exist" in _error("run", str(prompts), code=2)
     assert "not a checkpoint directory" in _error("export", "no-such-job", "--out", str(project / "o"), code=4)
     (project / "empty-ck").mkdir()

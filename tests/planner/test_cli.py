@@ -115,7 +115,7 @@ def test_estimate_explains_needs_reserved_and_total(monkeypatch: pytest.MonkeyPa
     assert f"= peak reserved │ {gib(mem['peak_reserved_bytes'])} │ torch.cuda.max_memory_reserved()" in text
     assert f"= total │ {gib(mem['total_bytes'])} │ what nvidia-smi shows" in text
     assert f"needs │ {gib(mem['required_bytes'])} │ peak allocated + 2% slack + context" in text
-    assert "compared with usable" in text
+    assert "compared with limit" in text
 
 
 def test_no_deadline_no_chance_to_meet_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,4 +126,4 @@ def test_no_deadline_no_chance_to_meet_it(tmp_path: Path, monkeypatch: pytest.Mo
     assert result.exit_code == 0, result.output
     assert "chosen:" in result.stdout and "chance" not in result.stdout and "P(deadline)" not in result.stdout
     with_deadline = runner.invoke(app, ["plan", EXAMPLE, "--top", "3"])
-    assert "chance to meet the deadline" in with_deadline.stdout  # the example's chosen plan is on spot
+    assert "chance to meet the deadline" in " ".join(with_deadline.stdout.split())  # the line wraps between words

@@ -34,6 +34,8 @@ class ScriptedExecutor:
         self.states: dict[str, RunState] = {}
         self.cancelled: list[str] = []
         self.infeasible = infeasible
+        self.metrics: dict[str, dict[str, float]] = {}
+        self.backoffs: dict[str, list[dict[str, int]]] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -52,7 +54,8 @@ class ScriptedExecutor:
     def status(self, handle: str) -> RunStatus:
         if handle not in self.states:
             raise NotFound(f"unknown handle {handle}")
-        return RunStatus(handle=handle, state=self.states[handle], message=f"scripted {self.states[handle]}")
+        return RunStatus(handle=handle, state=self.states[handle], message=f"scripted {self.states[handle]}",
+                         metrics=self.metrics.get(handle, {}), oom_backoffs=self.backoffs.get(handle, []))
 
     def logs(self, handle: str, since: int = 0) -> list[str]:
         return [f"{handle} line {i}" for i in range(3)][since:]
@@ -65,7 +68,10 @@ class ScriptedExecutor:
     def active(self) -> list[str]:
         return [h for h, s in self.states.items() if not s.finished]
 
-    def finish(self, handle: str, state: RunState) -> None:
+    def finish(self, handle: str, state: RunState, metrics: dict[str, float] | None = None,
+               oom_backoffs: list[dict[str, int]] | None = None) -> None:
+        self.metrics[handle] = metrics or {}
+        self.backoffs[handle] = oom_backoffs or []
         self.states[handle] = state
 
     def running(self) -> list[str]:
