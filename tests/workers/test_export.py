@@ -31,10 +31,12 @@ def _train(tmp_path: Path, *, model: Path, steps: int = 4, **train: Any) -> tupl
 def _trained_logits(uri: str, spec: Any, *, lora_rank: int | None = None) -> torch.Tensor:
     """The trained model's logits, rebuilt independently of the exporter from the checkpoint's weights."""
     source = resolve_model_source(spec)
-    model = build_model(ModelSource(source.config, None), seed=0, weights_dtype=torch.float32)
-    if lora_rank is not None:
-        model = apply_lora(model, lora_rank)
-    model.load_state_dict(final_state(uri)[1])
+    if lora_rank is None:  # a full checkpoint holds every weight
+        model = build_model(ModelSource(source.config, None), seed=0, weights_dtype=torch.float32)
+        model.load_state_dict(final_state(uri)[1])
+    else:  # a LoRA checkpoint holds the adapters; the frozen base is rebuilt as training built it
+        model = apply_lora(build_model(source, seed=spec.train.seed, weights_dtype=torch.float32), lora_rank)
+        assert not model.load_state_dict(final_state(uri)[1], strict=False).unexpected_keys
     model.eval()
     with torch.no_grad():
         logits: torch.Tensor = model(input_ids=IDS).logits
