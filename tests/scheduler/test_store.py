@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import Connection, inspect, text
 from sqlmodel import select
 
 from catalog.errors import Conflict, ExternalServiceError, InvalidInput
@@ -31,17 +31,22 @@ def test_schema_at_head_matches_the_models(store: Store) -> None:
     store.migrate()  # a second start is a no-op
 
 
+def _insert_old_job(conn: Connection, now: datetime) -> None:
+    """Job j-1 of team 1 as the baseline schema stores it (every column an older revision had)."""
+    conn.execute(text(
+        "INSERT INTO job (id, team_id, name, spec, spec_hash, plan, state, priority, estimated_usd, "
+        "estimated_hours, gpus, gpu, market, usd_per_h, attempts, max_attempts, checkpoint_uri, message, "
+        "created_at, updated_at) VALUES ('j-1', 1, 'old', '{}', 'h', '{}', 'succeeded', 0, 1, 1, 1, 'H100', "
+        "'spot', 2.5, 1, 3, '/c', '', :t, :t)"), {"t": now})
+
+
 def test_upgrade_keeps_existing_data(db_url: str) -> None:
     old = Store(db_url)
     old.migrate("0001")
     now = datetime(2026, 1, 1, tzinfo=UTC)
     with old.engine.begin() as conn:
         conn.execute(text("INSERT INTO team (id, name, budget_usd, created_at) VALUES (1, 'ml', 500, :t)"), {"t": now})
-        conn.execute(text(
-            "INSERT INTO job (id, team_id, name, spec, spec_hash, plan, state, priority, estimated_usd, "
-            "estimated_hours, gpus, gpu, market, usd_per_h, attempts, max_attempts, checkpoint_uri, message, "
-            "created_at, updated_at) VALUES ('j-1', 1, 'old', '{}', 'h', '{}', 'succeeded', 0, 1, 1, 1, 'H100', "
-            "'spot', 2.5, 1, 3, '/c', '', :t, :t)"), {"t": now})
+        _insert_old_job(conn, now)
         conn.execute(text("INSERT INTO attempt (id, job_id, number, market, usd_per_h, started_at, message) "
                           "VALUES (1, 'j-1', 1, 'spot', 2.5, :t, '')"), {"t": now})
         conn.execute(text("INSERT INTO spend (team_id, job_id, attempt_id, market, usd_per_h, hours, usd, "
@@ -75,11 +80,7 @@ def test_upgrade_to_attempt_metrics_keeps_old_attempts_without_metrics(db_url: s
     now = datetime(2026, 1, 1, tzinfo=UTC)
     with old.engine.begin() as conn:
         conn.execute(text("INSERT INTO team (id, name, created_at) VALUES (1, 'ml', :t)"), {"t": now})
-        conn.execute(text(
-            "INSERT INTO job (id, team_id, name, spec, spec_hash, plan, state, priority, estimated_usd, "
-            "estimated_hours, gpus, gpu, market, usd_per_h, attempts, max_attempts, checkpoint_uri, message, "
-            "created_at, updated_at) VALUES ('j-1', 1, 'old', '{}', 'h', '{}', 'succeeded', 0, 1, 1, 1, 'H100', "
-            "'spot', 2.5, 1, 3, '/c', '', :t, :t)"), {"t": now})
+        _insert_old_job(conn, now)
         conn.execute(text("INSERT INTO attempt (id, job_id, number, market, usd_per_h, started_at, outcome, message) "
                           "VALUES (1, 'j-1', 1, 'spot', 2.5, :t, 'succeeded', 'done')"), {"t": now})
     old.dispose()
