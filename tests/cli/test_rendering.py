@@ -13,17 +13,20 @@ import yaml
 from rich.cells import cell_len
 from typer.testing import CliRunner
 
-import cli
 from cli import app
+from commands import output
+from commands.jobs import JOB_COLS
+from commands.plan import PLAN_COLS
+from commands.simulate import SIM_COLS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "llama3-8b-sft.yaml")
 TRACES = ROOT / "tests" / "data" / "traces"
 runner = CliRunner()
 POLICIES = {"uniform-progress", "on-demand", "spot-only", "greedy", "omniscient", "gpuplan"}
 # Columns of free text, which may wrap between words; every other cell stays on one line.
-WRAPPING = {c.header for c in cli._PLAN_COLS + cli._JOB_COLS + cli._SIM_COLS if c.wrap} | {"example", "reason"}
-HEADERS = {c.header for c in cli._PLAN_COLS + cli._JOB_COLS + cli._SIM_COLS} | {
+WRAPPING = {c.header for c in PLAN_COLS + JOB_COLS + SIM_COLS if c.wrap} | {"example", "reason"}
+HEADERS = {c.header for c in PLAN_COLS + JOB_COLS + SIM_COLS} | {
     "constraint", "count", "example", "time", "from", "to", "reason",  # rejections, events
     "deadlines met", "finished", "unfinished", "median $", "median x bound", "median finish h"}  # a stream
 
@@ -32,8 +35,8 @@ HEADERS = {c.header for c in cli._PLAN_COLS + cli._JOB_COLS + cli._SIM_COLS} | {
 def width(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """The terminal width: the CLI's consoles as `gpuplan` builds them, at that many columns."""
     columns = int(request.param)
-    monkeypatch.setattr(cli, "console", cli.make_console(width=columns))
-    monkeypatch.setattr(cli, "err_console", cli.make_console(stderr=True, width=columns))
+    monkeypatch.setattr(output, "console", output.make_console(width=columns))
+    monkeypatch.setattr(output, "err_console", output.make_console(stderr=True, width=columns))
     return columns
 
 
@@ -87,7 +90,7 @@ def test_plan_at_80_and_160_columns(width: int) -> None:
     assert [row[headers.index("hours")] for row in firsts] == [f"{c['cost']['hours']:,.1f}"
                                                                for c in plan["candidates"][:5]]
     if width >= 160:
-        assert set(headers) == {c.header for c in cli._PLAN_COLS}  # nothing hidden on a wide terminal
+        assert set(headers) == {c.header for c in PLAN_COLS}  # nothing hidden on a wide terminal
     else:
         assert "hidden at 80 columns" in result.stdout  # and it says what a narrow one leaves out
 
@@ -115,7 +118,7 @@ def test_list_and_status_keep_the_whole_job_id(two_jobs: list[str], width: int) 
     (headers, body), = check_rendering(listed.stdout, width)
     assert headers[0] == "id" and sorted(row[0] for row in body if row[0]) == sorted(two_jobs)
     if width >= 160:
-        assert set(headers) == {c.header for c in cli._JOB_COLS}
+        assert set(headers) == {c.header for c in JOB_COLS}
     status = runner.invoke(app, ["status", two_jobs[0]])
     assert status.exit_code == 0, status.output
     jobs, events = check_rendering(status.stdout, width)

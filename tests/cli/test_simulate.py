@@ -100,9 +100,9 @@ def _rows(out: str) -> dict[str, list[str]]:
 
 
 def test_a_trace_that_ends_first_leaves_jobs_unfinished_not_missed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cli
+    from commands import output
 
-    monkeypatch.setattr(cli, "console", cli.make_console(width=160))
+    monkeypatch.setattr(output, "console", output.make_console(width=160))
     # halves-a: spot for 30 h, then none; the trace ends at 60 h, before the 70 h deadline.
     args = ["simulate", "--trace", str(DATA / "halves-a.json"), "--job-hours", "50", "--deadline-hours", "70"]
     result = runner.invoke(app, args)
@@ -118,9 +118,9 @@ def test_a_trace_that_ends_first_leaves_jobs_unfinished_not_missed(monkeypatch: 
 
 
 def test_no_deadline_says_so_and_a_stream_ratio_counts_finished_jobs_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    import cli
+    from commands import output
 
-    monkeypatch.setattr(cli, "console", cli.make_console(width=160))
+    monkeypatch.setattr(output, "console", output.make_console(width=160))
     single = runner.invoke(app, ["simulate", "--trace", str(DATA / "always.json"), "--job-hours", "48",
                                  "--start-hour", "20"])
     assert "48 h job, no deadline," in single.stdout and "deadline none" not in single.stdout

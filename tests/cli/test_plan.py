@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import cli
 from cli import app
+from commands import output
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3-8b-sft.yaml")
 runner = CliRunner()
@@ -104,7 +104,7 @@ def test_estimate_that_does_not_fit_exits_3_without_hours() -> None:
 
 
 def test_estimate_explains_needs_reserved_and_total(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "console", cli.make_console(width=160))
+    monkeypatch.setattr(output, "console", output.make_console(width=160))
     result = runner.invoke(app, ["estimate", EXAMPLE, "--gpu", "H200", "--count", "2"])
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
@@ -119,7 +119,7 @@ def test_estimate_explains_needs_reserved_and_total(monkeypatch: pytest.MonkeyPa
 
 
 def test_no_deadline_no_chance_to_meet_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "console", cli.make_console(width=200))
+    monkeypatch.setattr(output, "console", output.make_console(width=200))
     spec = tmp_path / "nodeadline.yaml"
     spec.write_text(Path(EXAMPLE).read_text().replace("  deadline: 48h\n", ""))
     result = runner.invoke(app, ["plan", str(spec), "--top", "3"])

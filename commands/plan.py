@@ -1,0 +1,271 @@
+"""`gpuplan plan`, `gpuplan estimate` and `gpuplan cluster config`: what fits, how fast, what it costs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+from rich.text import Text
+
+from catalog.errors import InvalidInput, NoFeasiblePlan
+from commands import output
+from commands.output import JSON_OPTION, Col, gib, handle_errors, print_json, print_table, styled, to_jsonable, warn
+
+app = typer.Typer()  # plan and estimate: top-level commands
+
+
+def load_planning_inputs(spec_path: str) -> tuple[Any, Any, Any, Any]:
+    """(spec, catalog, model, calibration) for the commands that plan (plan, estimate, cluster, report)."""
+    from catalog.loader import load_catalog, resolve_model
+    from planner.calibration import load_calibration
+    from planner.spec import ModelRef, load_spec
+
+    spec = load_spec(spec_path)
+    catalog = load_catalog()
+    model = resolve_model(catalog, spec.model.config if isinstance(spec.model, ModelRef) else spec.model)
+    return spec, catalog, model, load_calibration()
+
+
+def check_objective(objective: str) -> None:
+    if objective not in ("cheapest", "fastest"):
+        raise InvalidInput(f"must be cheapest or fastest, got {objective!r}", path="--objective")
+
+
+@app.command("plan")
+@handle_errors
+def plan_command(
+    spec: str = typer.Argument(..., help="Job spec, YAML or JSON (see examples/)."),
+    objective: str = typer.Option("cheapest", "--objective", help="cheapest (meeting the deadline) or fastest."),
+    top: int = typer.Option(10, "--top", min=1, help="How many ranked candidates to show."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Every way to run the job: GPU x count x strategy x offer x spot/on-demand, ranked, with rejections.
+
+    Examples:
+
+      gpuplan plan examples/llama3-8b-sft.yaml
+
+      gpuplan plan examples/llama3-8b-sft.yaml --objective fastest --top 5 --json
+    """
+    from datetime import date
+
+    from planner.search import plan, summarize_rejections
+
+    check_objective(objective)
+    job, catalog, model, calibration = load_planning_inputs(spec)
+    result = plan(job, catalog, objective=objective, calibration=calibration, model=model,  # type: ignore[arg-type]
+                  today=date.today())
+    if as_json:
+        print_json(result)
+        return
+    _print_plan_table(result, objective, top, deadline=job.resources.deadline)
+    chosen = result.chosen
+    if chosen is not None:
+        output.console.print(styled(("chosen:", "bold"), " " + _chosen_line(chosen)), highlight=False)
+    groups = summarize_rejections(result.rejections)
+    if groups:
+        print_table(f"{len(result.rejections)} rejected options (all in --json)",
+                    [Col("constraint"), Col("count", right=True), Col("example", wrap=True)],
+                    [[constraint, str(count), example] for constraint, count, example in groups])
+    for warning in result.warnings:
+        warn(warning)
+
+
+# Plan table columns, most important first; ``drop`` says which go first on a narrow terminal.
+PLAN_COLS = [
+    Col("#", right=True), Col("GPUs / strategy", wrap=True), Col("cloud instance region", wrap=True),
+    Col("market"), Col("GiB need/limit", right=True, drop=1), Col("tok/s", right=True, drop=4),
+    Col("hours", right=True), Col("preempt h", right=True, drop=5), Col("P(deadline)", right=True, drop=6),
+    Col("$/h", right=True, drop=3), Col("total $", right=True),
+]
+
+
+def _print_plan_table(result: Any, objective: str, top: int, *, deadline: float | None) -> None:
+    # hours and total $ are expected values: on spot they include the preemption overhead column
+    cols = [c for c in PLAN_COLS if deadline is not None or c.header != "P(deadline)"]
+    rows: list[list[str | Text]] = []
+    for i, c in enumerate(result.candidates[:top], 1):
+        e = c.estimate
+        row: list[str | Text] = [
+            f"{i}*" if c.pareto else str(i), e.strategy.label(),
+            f"{c.offer.cloud} {c.offer.instance_type} {c.offer.region}", c.cost.market,
+            f"{gib(e.memory.required_bytes)}/{gib(e.memory.limit_bytes)}", f"{e.throughput.tokens_per_s:,.0f}",
+            f"{c.cost.hours:,.1f}", f"{c.cost.preemption_overhead_h:,.2f}" if c.cost.market == "spot" else "-"]
+        if deadline is not None:
+            row.append("-" if c.cost.deadline_probability is None else f"{c.cost.deadline_probability:.0%}")
+        rows.append([*row, f"{c.cost.usd_per_h:,.2f}", f"{c.cost.usd:,.0f}"])
+    headroom = result.candidates[0].estimate.memory.headroom if result.candidates else 0.0
+    print_table(f"{result.job}: {len(result.candidates)} candidates ({objective}; * = cost/time Pareto front; "
+                f"limit = usable memory less {headroom:.0%} headroom)", cols, rows)
+
+
+def _chosen_line(chosen: Any) -> str:
+    e = chosen.estimate
+    extra = ""
+    if chosen.cost.market == "spot" and chosen.cost.checkpoint_interval_h:
+        extra = f", checkpoint every {chosen.cost.checkpoint_interval_h * 60:.0f} min"
+    if chosen.cost.deadline_probability is not None:  # None: the job has no deadline
+        extra += f", {chosen.cost.deadline_probability:.0%} chance to meet the deadline"
+    return (f"{e.strategy.label()} on {chosen.offer.cloud} {chosen.offer.instance_type} ({chosen.offer.region}, "
+            f"{chosen.cost.market}): {chosen.cost.hours:,.1f} h, ${chosen.cost.usd:,.0f}, needs "
+            f"{gib(e.memory.required_bytes)} of {gib(e.memory.limit_bytes)} GiB "
+            f"({gib(e.memory.usable_bytes)} GiB usable less {e.memory.headroom:.0%} headroom){extra}")
+
+
+DOES_NOT_FIT_EXIT = NoFeasiblePlan.exit_code  # `estimate` when the placement does not fit: 3, as `plan` with no plan
+
+
+@app.command("estimate")
+@handle_errors
+def estimate_command(
+    spec: str = typer.Argument(..., help="Job spec, YAML or JSON."),
+    gpu: str = typer.Option(..., "--gpu", help="GPU id or alias, e.g. H200, H100, A100-80GB."),
+    count: int = typer.Option(1, "--count", min=1, help="Number of GPUs."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Memory, throughput and time of the job on a pinned placement ('auto' fields resolved).
+
+    Exit codes: 0 it fits; 3 it does not fit in memory (the least memory-hungry strategy is shown, with
+    how much it needs, and no time: it would not run; in --json "hours" is null); 2 a bad spec or option.
+
+    Memory (per GPU, most loaded rank): "peak allocated" is what torch.cuda.max_memory_allocated()
+    reports; "peak reserved" adds the caching allocator's cached blocks when memory is ample;
+    "total" adds the CUDA context (what nvidia-smi shows). "needs" is the least the run needs under
+    memory pressure (allocated + a small slack + context, since the allocator frees its cache before an
+    out-of-memory error): it is what is compared with "usable", so it can be below "total".
+
+    Examples:
+
+      gpuplan estimate examples/llama3-8b-sft.yaml --gpu H200 --count 1 --json
+
+      gpuplan estimate examples/llama3-8b-sft.yaml --gpu H100 --count 8
+    """
+    from planner.search import estimate
+
+    job, catalog, model, calibration = load_planning_inputs(spec)
+    result = estimate(job, catalog, gpu, count, model=model, calibration=calibration)
+    fits = result.memory.fits
+    if as_json:
+        print_json(result if fits else {**to_jsonable(result), "hours": None})
+    else:
+        _print_estimate(result, calibration.memory.pressure_slack)
+    for warning in result.warnings:
+        warn(warning)
+    if not fits:
+        raise typer.Exit(DOES_NOT_FIT_EXIT)
+
+
+# Memory rows outside the allocator's peak, and the allocator's cache, come after its components.
+_OUTSIDE_ALLOCATOR = ("allocator_cache", "cuda_context", "nccl")
+
+
+def _print_estimate(result: Any, slack: float) -> None:
+    mem, thr = result.memory, result.throughput
+    verdict = ("fits", "green") if mem.fits else ("does not fit", "bold red")
+    output.console.print(styled((result.strategy.label(), "bold"), ": ", verdict,
+                                f" — needs {gib(mem.required_bytes)} GiB of {gib(mem.limit_bytes)} GiB "
+                                f"({gib(mem.usable_bytes)} GiB usable less {mem.headroom:.0%} headroom; "
+                                f"peak at {mem.peak_moment})"), highlight=False)
+    parts = sorted(((k, v) for k, v in mem.breakdown.items() if k not in _OUTSIDE_ALLOCATOR), key=lambda kv: -kv[1])
+    bold = "bold"
+    rows: list[list[str | Text]] = [[name, gib(value), ""] for name, value in parts]
+    rows.append([Text("= peak allocated", bold), gib(mem.peak_allocated_bytes), "torch.cuda.max_memory_allocated()"])
+    rows.append(["allocator_cache", gib(mem.breakdown.get("allocator_cache", 0)),
+                 "cached blocks, freed under pressure"])
+    rows.append([Text("= peak reserved", bold), gib(mem.peak_reserved_bytes),
+                 "torch.cuda.max_memory_reserved() when memory is ample"])
+    for name in ("cuda_context", "nccl"):
+        if name in mem.breakdown:
+            rows.append([name, gib(mem.breakdown[name]), "outside the allocator"])
+    rows.append([Text("= total", bold), gib(mem.total_bytes), "what nvidia-smi shows when memory is ample"])
+    rows.append([Text("needs", bold), gib(mem.required_bytes),
+                 f"peak allocated + {slack:.0%} slack + context: the least it runs in; compared with limit"])
+    rows.append([Text("usable", bold), gib(mem.usable_bytes), "what the GPU offers the job"])
+    rows.append([Text("limit", bold), gib(mem.limit_bytes), f"usable less {mem.headroom:.0%} headroom"])
+    print_table("memory per GPU (most loaded rank)",
+                [Col("component"), Col("GiB", right=True), Col("meaning", wrap=True, drop=1)], rows)
+    if not mem.fits:
+        short = mem.required_bytes - mem.limit_bytes
+        fix = ("lora/qlora, activation_checkpointing, fsdp over more GPUs (--count), a smaller micro_batch or "
+               "seq_len, or a GPU with more memory" if result.strategy.task == "train" else
+               "int8/int4 weights, tensor parallel over more GPUs (--count), a smaller batch or context, or a GPU "
+               "with more memory")
+        output.console.print(styled(("does not fit:", "bold red"), f" {gib(short)} GiB short, so no time "
+                                    f"estimate (exit code {DOES_NOT_FIT_EXIT}). To fit: {fix}; `gpuplan plan` "
+                                    "searches them all."), highlight=False)
+        return
+    line = f"throughput: {thr.tokens_per_s:,.0f} tokens/s"
+    if thr.mfu:
+        line += f" (MFU {thr.mfu:.0%})"
+    if thr.requests_per_s is not None:
+        line += f", {thr.requests_per_s:,.2f} requests/s"
+    output.console.print(f"{line}; {result.hours:,.1f} h for the job", highlight=False)
+
+
+cluster_app = typer.Typer(help="Ray cluster configs for running plans on spot instances.\n\nExample:\n\n"
+                          "  gpuplan cluster config examples/llama3-8b-sft.yaml --out cluster.yaml",
+                          no_args_is_help=True)
+
+
+def _plan_from_file(path: str) -> Any:
+    """A Plan from `gpuplan plan --json` output, or planned now from a job spec."""
+    import json as _json
+    from pathlib import Path
+
+    from planner.types import Plan
+
+    file = Path(path)
+    if not file.is_file():
+        raise InvalidInput(f"{path!r} does not exist",
+                           hint="give a job spec (YAML/JSON) or a `gpuplan plan --json` file")
+    if file.suffix == ".json":
+        try:
+            doc = _json.loads(file.read_text())
+        except _json.JSONDecodeError as exc:
+            raise InvalidInput(f"not valid JSON ({exc})", path=path) from None
+        if isinstance(doc, dict) and "candidates" in doc and "chosen" in doc:
+            try:
+                return Plan.model_validate(doc)
+            except ValueError as exc:
+                raise InvalidInput(f"not a gpuplan plan: {exc}", path=path) from None
+    from planner.search import plan
+
+    job, catalog, model, calibration = load_planning_inputs(path)
+    return plan(job, catalog, calibration=calibration, model=model)
+
+
+@cluster_app.command("config")
+@handle_errors
+def cluster_config_command(
+    plan_or_spec: str = typer.Argument(..., help="A job spec, or the output of `gpuplan plan --json`."),
+    out: str | None = typer.Option(None, "--out", help="Write the YAML here (default: print it)."),
+    source_dir: str | None = typer.Option(None, "--source-dir", help="Sync this gpuplan checkout to the nodes."),
+    alternatives: int = typer.Option(2, "--alternatives", min=0, help="Extra spot instance types to fall back on."),
+    head_instance: str = typer.Option("m5.2xlarge", "--head-instance", help="On-demand head node type."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """A Ray cluster-launcher YAML for AWS: on-demand head, spot GPU workers with the preemption watcher.
+
+    Examples:
+
+      gpuplan cluster config examples/llama3-8b-sft.yaml --out cluster.yaml && ray up cluster.yaml
+
+      gpuplan plan job.yaml --json > plan.json && gpuplan cluster config plan.json --json
+    """
+    from pathlib import Path
+
+    from workers.cluster import ClusterOptions, cluster_config, to_yaml
+
+    opts = ClusterOptions(source_dir=source_dir, alternatives=alternatives, head_instance=head_instance)
+    config = cluster_config(_plan_from_file(plan_or_spec), opts)
+    text = to_yaml(config)
+    if out:
+        Path(out).write_text(text)
+    if as_json:
+        print_json({"path": out, "config": config})
+    elif out:
+        output.console.print(f"wrote {out}: {len(config['available_node_types']) - 1} worker type(s); start with "
+                             f"`ray up {out}`", highlight=False)
+    else:
+        sys.stdout.write(text)

@@ -1,0 +1,201 @@
+"""`gpuplan run` and `gpuplan export`: run a job on this machine, and take its trained model out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from commands import output
+from commands.backend import open_backend
+from commands.output import JSON_OPTION, handle_errors, print_json, styled
+
+app = typer.Typer()  # run and export: top-level commands
+
+
+@app.command("run")
+@handle_errors
+def run_command(
+    spec_path: str = typer.Argument(..., metavar="SPEC", help="Job spec (YAML or JSON), task train or infer."),
+    checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Where checkpoints (train) or "
+                                              "outputs.jsonl (infer) go (default ~/.gpuplan/checkpoints/<job name>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the directory."),
+    use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run through a local Ray started on demand "
+                                 "(Ray Train, like a cluster) instead of bare in this process (the default: "
+                                 "one local device needs no Ray and starts in seconds)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Run a job on this machine: the local GPU, else the CPU; checkpoints in a local directory.
+
+    The model is a preset, {config: path/to/config.json} (random init), or a folder written by
+    save_pretrained (training starts from its weights); paths are relative to the spec file.
+    Training data is synthetic, or train.data: token ids (.npy/.bin) or JSONL text/chat with
+    train.tokenizer. task: infer reads infer.prompts (JSONL) and appends to <checkpoint-dir>/outputs.jsonl;
+    a rerun skips the prompts already answered. The local GPU's strategy comes from the planner; on
+    a CPU-only machine the run is fp32 on one worker. Ctrl-C cancels (the last checkpoint stays;
+    --resume continues from it). `gpuplan export` takes the trained model out.
+
+    Examples:
+
+      gpuplan run examples/tiny-train.yaml
+
+      gpuplan run examples/tiny-train.yaml --json --checkpoint-dir /tmp/ck
+
+      gpuplan run examples/tiny-train.yaml --resume --ray
+
+      gpuplan run examples/tiny-infer.yaml --checkpoint-dir /tmp/answers
+    """
+    from pathlib import Path
+
+    from planner.spec import load_spec
+    from workers.runner import run_local
+
+    spec = load_spec(spec_path)
+    ckpt = Path(checkpoint_dir) if checkpoint_dir else None
+    if as_json:
+        run = run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray)
+    else:
+        run = _run_with_progress(spec, ckpt, resume, use_ray)
+    result = run.to_dict()
+    if as_json:
+        print_json(result)
+    else:
+        _print_run_summary(result)
+    if result["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+def _run_with_progress(spec: Any, ckpt: Any, resume: bool, use_ray: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from workers.executor import RunStatus
+    from workers.runner import run_local
+
+    if spec.task == "infer":
+        columns: tuple[Any, ...] = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                    TextColumn("prompts"), TextColumn("ETA"), TimeRemainingColumn(),
+                                    TextColumn("cost $0.00 (local)"))
+    else:
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} tok/s"),
+                   TextColumn("ETA"), TimeRemainingColumn(), TextColumn("cost $0.00 (local)"))
+    with Progress(*columns, console=output.err_console, transient=False) as bar:
+        task = bar.add_task(f"{spec.name}: starting", total=None, loss="-", rate="-")
+
+        def show(status: RunStatus) -> None:
+            p = status.progress
+            bar.update(task, description=f"{spec.name}: {status.state.value}", completed=p.step,
+                       total=p.total_steps or None, loss=f"{p.loss:.4f}" if p.loss is not None else "-",
+                       rate=f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-")
+
+        return run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray, on_status=show)
+
+
+def _print_run_summary(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    def gib(value: float | None) -> str:
+        return f"{value / 2**30:.2f} GiB" if value else "-"
+
+    def rate(value: float | None) -> str:
+        return f"{value:,.0f}" if value else "-"
+
+    table = Table(title=f"{result['job']}: {result['status']}", show_header=False)
+    measured, predicted = result["measured"], result["predicted"]
+    if result.get("task") == "infer":
+        rows = [("message", result["message"]),
+                ("strategy", f"{result['strategy_label']} ({result['engine']}, {result['device']})"),
+                ("prompts answered", f"{result['steps']} / {result['total_steps']}"),
+                ("outputs", result["outputs"]),
+                ("wall time", f"{result['wall_s']:.1f} s"),
+                ("cost", "$0.00 (local machine)")]
+        for key, value in rows:
+            table.add_row(key, str(value))
+        output.console.print(table)
+        return
+    rows = [
+        ("message", result["message"]),
+        ("strategy", f"{result['strategy_label']} ({result['engine']}, {result['device']})"),
+        ("steps", f"{result['steps']} / {result['total_steps']}"),
+        ("final loss", f"{result['final_loss']:.4f}" if result["final_loss"] is not None else "-"),
+        ("checkpoints", f"{result['checkpoints_written']} written to {result['checkpoint_dir']}"),
+        ("resumes", str(result["resumes"]) + (f" (from step {result['resumed_from_step']})"
+                                              if result["resumed_from_step"] is not None else "")),
+        ("tokens/s measured / predicted", f"{rate(measured['tokens_per_s'])} / {rate(predicted['tokens_per_s'])}"),
+        ("peak memory measured / predicted",
+         f"{gib(measured['peak_allocated_bytes'] or measured['peak_rss_bytes'])}"
+         f"{' (RSS)' if not measured['peak_allocated_bytes'] else ''} / {gib(predicted['peak_allocated_bytes'])}"),
+        ("wall time", f"{result['wall_s']:.1f} s"),
+        ("cost", "$0.00 (local machine)"),
+    ]
+    for key, value in rows:
+        table.add_row(key, str(value))
+    output.console.print(table)
+
+
+@app.command("export")
+@handle_errors
+def export_command(
+    source: str = typer.Argument(..., metavar="SOURCE", help="A checkpoint directory, the name of a "
+                                 "`gpuplan run` job, or a job id in the database (`gpuplan list`)."),
+    out: str = typer.Option(..., "--out", "-o", help="New folder for the model (must not exist or be empty)."),
+    merge: bool = typer.Option(False, "--merge", help="LoRA/QLoRA: fold the adapters into the weights and write "
+                               "a plain model folder instead of a peft adapter."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Write a job's trained model as a Hugging Face folder (from its newest checkpoint).
+
+    A full fine-tune gives a folder AutoModelForCausalLM.from_pretrained loads. LoRA/QLoRA gives a
+    peft adapter folder on its base model (the weights folder it was trained from, or a copy in
+    OUT/base); --merge gives merged weights. The run's tokenizer, if any, is saved beside them.
+
+    Examples:
+
+      gpuplan export tiny-train --out ./tiny-model
+
+      gpuplan export ~/.gpuplan/checkpoints/my-lora --out ./adapter
+
+      gpuplan export j-0123456789abcdef --out ./merged --merge --json
+    """
+    from pathlib import Path
+
+    from workers.export import export_checkpoint
+
+    uri, note = _export_source(source)
+    if note and not as_json:
+        output.err_console.print(f"note: {note}", highlight=False)
+    result = export_checkpoint(uri, Path(out).expanduser(), merge=merge).to_dict()
+    if as_json:
+        print_json({**result, "note": note})
+        return
+    what = {"model": "model", "adapter": f"peft adapter on {result['base']}", "merged": "merged model"}
+    output.console.print(styled(("exported", "bold green"), f" step {result['step']} of {result['job'] or source} as a "
+                                f"{what[result['kind']]} to {result['out']}"
+                                + (" (with its tokenizer)" if result["tokenizer"] else "")), highlight=False)
+
+
+def _export_source(source: str) -> tuple[str, str | None]:
+    """(checkpoint uri, a note for the user) for a directory, a local run's name or a database job id."""
+    from pathlib import Path
+
+    from catalog.errors import NotFound
+    from workers.runner import default_home
+
+    if "://" in source or Path(source).expanduser().is_dir():
+        return source, None
+    local = default_home() / "runs" / source / "result.json"
+    if local.is_file():
+        run = json.loads(local.read_text())
+        return str(run["checkpoint_dir"]), None
+    try:
+        job = open_backend().status(source)
+    except NotFound:
+        raise NotFound(f"{source!r} is not a checkpoint directory, a `gpuplan run` job or a job id in the database",
+                       hint="give the directory of its checkpoints, or see `gpuplan list`") from None
+    uri = job.checkpoint_uri
+    if not uri or ("://" not in uri and not Path(uri).expanduser().is_dir()):
+        raise NotFound(f"job {job.id} ({job.state}) has no checkpoint to export",
+                       hint=f"a job has one once it has saved a step; see `gpuplan status {job.id}`")
+    note = None if job.state == "succeeded" else f"job {job.id} is {job.state}: exporting its newest checkpoint"
+    return uri, note

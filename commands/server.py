@@ -1,0 +1,83 @@
+"""`gpuplan server`: the REST API and the scheduling loop."""
+
+from __future__ import annotations
+
+import typer
+
+from commands import output
+from commands.output import handle_errors
+
+app = typer.Typer()  # server: a top-level command
+
+
+@app.command("server")
+@handle_errors
+def server_command(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    executor: str = typer.Option("inprocess", "--executor", help="inprocess | ray | none (API only, no loop)."),
+    admin_token: str = typer.Option(None, "--admin-token", envvar="GPUPLAN_ADMIN_TOKEN",
+                                    help="Token for /v1/teams (budgets, quotas, tokens)."),
+    poll: float = typer.Option(1.0, "--poll", min=0.05, help="Seconds between scheduling ticks."),
+    max_running: int | None = typer.Option(None, "--max-running", min=1, help="Cap on concurrent attempts."),
+    workers: str = typer.Option("auto", "--workers",
+                                help="API processes, or auto: 1 on SQLite (one writer at a time), up to 4 (one per "
+                                "core) on PostgreSQL. With more than 1 the scheduling loop runs in the supervising "
+                                "process."),
+    ray_namespace: str | None = typer.Option(
+        None, "--ray-namespace", help="Ray namespace of this server's attempts (with --executor ray). Default: "
+        "gpuplan- and a hash of the database URL, so servers of different databases can share one Ray cluster."),
+) -> None:
+    """Run the REST API and the scheduling loop (uvicorn). Upgrades the database schema first.
+
+    Examples:
+
+      GPUPLAN_ADMIN_TOKEN=s3cret gpuplan server --port 8000
+
+      GPUPLAN_DATABASE_URL=postgresql://gpuplan@db/gpuplan gpuplan server --host 0.0.0.0 --executor ray --workers 4
+    """
+    import os
+    from pathlib import Path
+
+    from catalog.loader import load_catalog
+    from scheduler.api.processes import ApiSettings, api_workers, serve_workers
+    from scheduler.api.server import (
+        listen,
+        make_app,
+        make_executor,
+        make_loop,
+        make_service,
+        ray_namespace_for,
+        serve,
+    )
+    from scheduler.store import database_url, default_home
+
+    home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
+    db_url = database_url(os.environ, home=home)
+    count = api_workers(workers, db_url, os.cpu_count())
+    sock = listen(host, port)  # before the executor and the loop: a taken port must touch nothing
+    namespace = ray_namespace or ray_namespace_for(db_url)
+    run = make_executor(executor, ray_namespace=namespace)
+    catalog = load_catalog()
+    if executor != "none":  # this machine's GPUs, if any, and its CPU as $0/h placements the planner may pick
+        from datetime import date
+
+        from catalog.local_cpu import with_this_machine
+
+        catalog = with_this_machine(catalog, home, today=date.today())
+    service = make_service(db_url, checkpoint_root=home / "checkpoints",
+                           admin_token=admin_token, catalog=catalog)
+    if not admin_token:
+        output.err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled",
+                                 style="yellow")
+    where = f" (Ray namespace {namespace})" if executor == "ray" else ""
+    output.err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database "
+                             f"{service.store.dialect}, executor {executor}{where}, "
+                             f"{count} API worker{'s' if count > 1 else ''}")
+    if count == 1:
+        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port, sock=sock)
+        return
+    settings = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
+                           admin_token=admin_token)
+    serve_workers(settings, host, port, count, loop=make_loop(service, run, poll_s=poll, max_running=max_running),
+                  sock=sock)
