@@ -6,17 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from commands.settings import Settings
 
-def open_backend(*, admin: bool = False) -> Any:
-    import os
-    from pathlib import Path
 
-    from scheduler.client import DEFAULT_TEAM, HttpClient, local_client
-    from scheduler.store import database_url, default_home
+def open_backend(*, admin: bool = False, settings: Settings | None = None) -> Any:
+    from scheduler.client import HttpClient, local_client
 
-    url = os.environ.get("GPUPLAN_API_URL", "").strip()
-    if url:
-        token = (os.environ.get("GPUPLAN_ADMIN_TOKEN") if admin else None) or os.environ.get("GPUPLAN_TOKEN")
+    s = settings or Settings.from_env()
+    if s.remote:
+        token = (s.admin_token if admin else "") or s.token
         if not token:
             # Said here, in the user's terms (environment variables), not as the server's HTTP header hint.
             from catalog.errors import AuthError
@@ -26,7 +24,5 @@ def open_backend(*, admin: bool = False) -> Any:
                                 hint="the token `gpuplan server` was started with (its GPUPLAN_ADMIN_TOKEN)")
             raise AuthError("no team token: set GPUPLAN_TOKEN",
                             hint="an admin issues one with `gpuplan team token TEAM`")
-        return HttpClient(url, token)
-    home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
-    return local_client(database_url(os.environ, home=home), checkpoint_root=str(home / "checkpoints"),
-                        team=os.environ.get("GPUPLAN_TEAM", "").strip() or DEFAULT_TEAM, machine_home=home)
+        return HttpClient(s.api_url, token)
+    return local_client(s.database_url, checkpoint_root=str(s.home / "checkpoints"), team=s.team, machine_home=s.home)

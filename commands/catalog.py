@@ -9,6 +9,7 @@ import typer
 from catalog.errors import InvalidInput
 from commands import output
 from commands.output import JSON_OPTION, handle_errors, money, print_json, styled, warn
+from commands.settings import Settings
 
 app = typer.Typer(
     help="GPU specs, priced cloud offers and model presets (like `sky show-gpus`).\n\nExamples:\n\n"
@@ -180,20 +181,17 @@ def catalog_local(as_json: bool = JSON_OPTION) -> None:
 
       gpuplan catalog local --json
     """
-    import os
     from datetime import date
-    from pathlib import Path
 
     from catalog.loader import load_catalog
     from catalog.local import detect_local_device, local_offer, match_device_name
     from catalog.local_cpu import local_cpu
-    from scheduler.store import default_home
 
     catalog = load_catalog()
     device = detect_local_device()
     gpu = match_device_name(device.name, catalog, device.memory_bytes) if device else None
     offer = local_offer(catalog, device, today=date.today())
-    cpu, cpu_offer = local_cpu(Path(os.environ.get("GPUPLAN_HOME", "") or default_home()), today=date.today())
+    cpu, cpu_offer = local_cpu(Settings.from_env().home, today=date.today())
     if as_json:
         print_json({"device": None if device is None else device.__dict__, "gpu": gpu, "offer": offer,
                     "cpu": cpu, "cpu_offer": cpu_offer})

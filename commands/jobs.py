@@ -11,6 +11,7 @@ import typer
 from commands import output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, styled, usd
+from commands.settings import Settings
 
 app = typer.Typer()  # the job commands are top-level commands
 
@@ -44,17 +45,16 @@ def submit_command(
 
       GPUPLAN_API_URL=http://127.0.0.1:8000 GPUPLAN_TOKEN=gpt_... gpuplan submit job.yaml --key nightly-42 --json
     """
-    import os
-
     from planner.spec import load_spec
     from scheduler.models import JobCreate
 
     body = JobCreate(spec=load_spec(spec).model_dump(mode="json"), priority=priority, idempotency_key=key)
-    backend = open_backend()
+    settings = Settings.from_env()
+    backend = open_backend(settings=settings)
     job = backend.submit(body)
     # A new job is always queued; any other state is the job this key already submitted.
     again = job.state != "queued"
-    if not again and not os.environ.get("GPUPLAN_API_URL", "").strip():
+    if not again and not settings.remote:
         # In-process there is no scheduling loop: without this, `logs --follow` waits on a queued job forever.
         output.err_console.print(f"note: queued in the local database as team {backend.principal.team_name} "
                                  "(GPUPLAN_TEAM picks another); a `gpuplan server` on this database runs it",

@@ -11,6 +11,7 @@ from commands import output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, handle_errors, print_json, usd
 from commands.plan import check_objective, load_planning_inputs
+from commands.settings import Settings
 
 app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend; and how "
                          "close plans came (accuracy).\n\nExamples:\n\n"
@@ -38,15 +39,14 @@ def report_spend_command(team: str | None = typer.Option(None, "--team", help="A
 
       gpuplan report spend --all
     """
-    import os
-
     if team is not None and all_teams:
         raise InvalidInput("give --team or --all, not both", path="team")
     # Over HTTP with only the admin token there is no team of "yours": the admin's report is every team.
-    admin_only = (bool(os.environ.get("GPUPLAN_API_URL", "").strip()) and not os.environ.get("GPUPLAN_TOKEN")
-                  and bool(os.environ.get("GPUPLAN_ADMIN_TOKEN")))
+    settings = Settings.from_env()
+    admin_only = settings.remote and not settings.token and bool(settings.admin_token)
     all_teams = all_teams or (team is None and admin_only)
-    report = open_backend(admin=team is not None or all_teams).spend_report(since=since, team=team, all_teams=all_teams)
+    backend = open_backend(admin=team is not None or all_teams, settings=settings)
+    report = backend.spend_report(since=since, team=team, all_teams=all_teams)
     if as_json:
         print_json(report)
         return
@@ -89,17 +89,14 @@ def report_accuracy_command(
 
       gpuplan report accuracy --source team --plot accuracy.png --json
     """
-    import os
     from pathlib import Path
 
     from rich.table import Table
 
     from scheduler.accuracy import accuracy_png, accuracy_rows, local_records, summarize, team_records
-    from scheduler.store import default_home
 
     if source == "local":
-        home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
-        records = local_records(home)
+        records = local_records(Settings.from_env().home)
     elif source == "team":
         backend = open_backend()
         records = team_records(backend.status(j.id) for j in backend.list_jobs(limit=limit))

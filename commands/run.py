@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -10,6 +11,7 @@ import typer
 from commands import output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, handle_errors, print_json, styled
+from commands.settings import Settings
 
 app = typer.Typer()  # run and export: top-level commands
 
@@ -46,17 +48,16 @@ def run_command(
 
       gpuplan run examples/tiny-infer.yaml --checkpoint-dir /tmp/answers
     """
-    from pathlib import Path
-
     from planner.spec import load_spec
     from workers.runner import run_local
 
     spec = load_spec(spec_path)
     ckpt = Path(checkpoint_dir) if checkpoint_dir else None
+    home = Settings.from_env().home
     if as_json:
-        run = run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray)
+        run = run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray, home=home)
     else:
-        run = _run_with_progress(spec, ckpt, resume, use_ray)
+        run = _run_with_progress(spec, ckpt, resume, use_ray, home)
     result = run.to_dict()
     if as_json:
         print_json(result)
@@ -66,7 +67,7 @@ def run_command(
         raise typer.Exit(1)
 
 
-def _run_with_progress(spec: Any, ckpt: Any, resume: bool, use_ray: bool) -> Any:
+def _run_with_progress(spec: Any, ckpt: Any, resume: bool, use_ray: bool, home: Path) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from workers.executor import RunStatus
@@ -89,7 +90,7 @@ def _run_with_progress(spec: Any, ckpt: Any, resume: bool, use_ray: bool) -> Any
                        total=p.total_steps or None, loss=f"{p.loss:.4f}" if p.loss is not None else "-",
                        rate=f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-")
 
-        return run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray, on_status=show)
+        return run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray, on_status=show, home=home)
 
 
 def _print_run_summary(result: dict[str, Any]) -> None:
@@ -158,8 +159,6 @@ def export_command(
 
       gpuplan export j-0123456789abcdef --out ./merged --merge --json
     """
-    from pathlib import Path
-
     from workers.export import export_checkpoint
 
     uri, note = _export_source(source)
@@ -177,14 +176,11 @@ def export_command(
 
 def _export_source(source: str) -> tuple[str, str | None]:
     """(checkpoint uri, a note for the user) for a directory, a local run's name or a database job id."""
-    from pathlib import Path
-
     from catalog.errors import NotFound
-    from workers.runner import default_home
 
     if "://" in source or Path(source).expanduser().is_dir():
         return source, None
-    local = default_home() / "runs" / source / "result.json"
+    local = Settings.from_env().home / "runs" / source / "result.json"
     if local.is_file():
         run = json.loads(local.read_text())
         return str(run["checkpoint_dir"]), None

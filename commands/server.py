@@ -6,6 +6,7 @@ import typer
 
 from commands import output
 from commands.output import handle_errors
+from commands.settings import Settings
 
 app = typer.Typer()  # server: a top-level command
 
@@ -37,7 +38,6 @@ def server_command(
       GPUPLAN_DATABASE_URL=postgresql://gpuplan@db/gpuplan gpuplan server --host 0.0.0.0 --executor ray --workers 4
     """
     import os
-    from pathlib import Path
 
     from catalog.loader import load_catalog
     from scheduler.api.processes import ApiSettings, api_workers, serve_workers
@@ -50,10 +50,9 @@ def server_command(
         ray_namespace_for,
         serve,
     )
-    from scheduler.store import database_url, default_home
 
-    home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
-    db_url = database_url(os.environ, home=home)
+    settings = Settings.from_env()
+    home, db_url = settings.home, settings.database_url
     count = api_workers(workers, db_url, os.cpu_count())
     sock = listen(host, port)  # before the executor and the loop: a taken port must touch nothing
     namespace = ray_namespace or ray_namespace_for(db_url)
@@ -77,7 +76,7 @@ def server_command(
     if count == 1:
         serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port, sock=sock)
         return
-    settings = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
-                           admin_token=admin_token)
-    serve_workers(settings, host, port, count, loop=make_loop(service, run, poll_s=poll, max_running=max_running),
+    api = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
+                      admin_token=admin_token)
+    serve_workers(api, host, port, count, loop=make_loop(service, run, poll_s=poll, max_running=max_running),
                   sock=sock)

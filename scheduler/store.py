@@ -5,14 +5,14 @@ transaction, writes ``BEGIN IMMEDIATE`` so concurrent writers queue on SQLite's 
 instead of failing on upgrade. PostgreSQL uses one engine; writers that check a team's budget
 lock the team row (``SELECT ... FOR UPDATE``) and the loop claims jobs with ``SKIP LOCKED``.
 
-The database URL is read at the edge (cli / app factory) and passed in; see :func:`database_url`.
+The database URL is read at the edge (commands/settings.py) and passed in.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -33,12 +33,7 @@ from scheduler.models import Event, Job, Team
 from scheduler.quota import WAITING
 from scheduler.states import JobState, check_transition
 
-DATABASE_URL_ENV = "GPUPLAN_DATABASE_URL"
 _HERE = Path(__file__).resolve().parent
-
-
-def default_home() -> Path:
-    return Path.home() / ".gpuplan"
 
 
 class LoopLock:
@@ -51,15 +46,6 @@ class LoopLock:
         if self._release is not None:
             release, self._release = self._release, None
             release()
-
-
-def database_url(env: Mapping[str, str], home: Path | None = None) -> str:
-    """``GPUPLAN_DATABASE_URL`` if set, else a SQLite file under ``~/.gpuplan``."""
-    url = env.get(DATABASE_URL_ENV, "").strip()
-    if url:
-        return url
-    home = home or default_home()
-    return f"sqlite:///{home / 'gpuplan.db'}"
 
 
 def _normalise(url: str) -> str:

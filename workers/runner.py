@@ -27,10 +27,6 @@ from planner.types import Strategy
 from workers.executor import RunRequest, RunState, RunStatus
 
 
-def default_home() -> Path:
-    return Path(os.environ.get("GPUPLAN_HOME", str(Path.home() / ".gpuplan")))
-
-
 @dataclass
 class LocalPlan:
     strategy: Strategy
@@ -51,8 +47,8 @@ def available_ram_bytes() -> int | None:
     return None
 
 
-def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = available_ram_bytes,
-                 home: Path | None = None) -> LocalPlan:
+def plan_locally(spec: JobSpec, *, home: Path,
+                 ram_bytes: Callable[[], int | None] = available_ram_bytes) -> LocalPlan:
     """The strategy for this machine: the planner's for the local GPU, or a plain one on CPU.
 
     On CPU a model whose weights alone exceed the available memory is refused here: building it
@@ -96,7 +92,7 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
                      note=f"no supported GPU here: {doing} on the CPU")
 
 
-def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: Path | None = None,
+def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: Path,
                    probe: Any = None) -> dict[str, float]:
     """The planner's peak memory, tokens/s and hours for ``strategy`` on this machine's CPU."""
     from datetime import date
@@ -107,7 +103,7 @@ def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: 
     from planner.throughput import train_throughput
 
     assert spec.train is not None
-    cpu, _ = local_cpu(home or default_home(), today=date.today(), probe=probe)
+    cpu, _ = local_cpu(home, today=date.today(), probe=probe)
     cal = load_calibration().for_vendor(cpu.vendor)
     memory = train_memory(model, strategy, spec.train.seq_len, cpu, cal.memory)
     thr = train_throughput(model, strategy, spec.train.seq_len, cpu, cal.throughput)
@@ -223,12 +219,11 @@ class LocalRun:
 
 def run_local(spec: JobSpec, *, checkpoint_dir: Path | None = None, resume: bool = False, use_ray: bool = False,
               on_status: Callable[[RunStatus], None] | None = None, poll_s: float = 0.5,
-              home: Path | None = None) -> LocalRun:
+              home: Path) -> LocalRun:
     """Run ``spec`` here to the end; ``on_status`` sees every poll (the CLI draws its progress bar)."""
     from workers.cuda_env import configure_allocator
 
     configure_allocator()  # before detecting the local GPU initialises CUDA in this process
-    home = home or default_home()
     job_id = spec.name
     ckpt = (checkpoint_dir or home / "checkpoints" / job_id).expanduser().resolve()
     _check_resume(ckpt, resume)

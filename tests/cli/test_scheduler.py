@@ -330,13 +330,13 @@ def test_cli_server_on_a_taken_port_fails_before_touching_running_attempts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
+    from commands.settings import Settings
     from scheduler.models import JobCreate
-    from scheduler.store import database_url
 
     monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
     monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)
     monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path))
-    store = Store(database_url({}, home=tmp_path))
+    store = Store(Settings.from_env().database_url)
     store.migrate()
     service = SchedulerService(store, toy_plan, checkpoint_root=str(tmp_path / "ckpt"))
     service.create_team(ADMIN, TeamCreate(name="ml"))
