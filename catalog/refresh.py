@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from catalog.errors import UnknownName
-from catalog.loader import default_user_dir
 
 REFRESHABLE_CLOUDS = ("aws",)
+AWS_DEFAULT_REGIONS = ("us-east-1", "us-east-2", "us-west-2")  # `gpuplan catalog refresh aws` without --regions
 
 
 def check_cloud(cloud: str) -> str:
@@ -22,4 +22,6 @@ def check_cloud(cloud: str) -> str:
 
 
 def default_offers_path(cloud: str, user_dir: Path | None = None) -> Path:
+    from catalog.loader import default_user_dir  # yaml and the schema: only when a refresh writes
+
     return (user_dir or default_user_dir()) / "offers" / f"{check_cloud(cloud)}.csv"

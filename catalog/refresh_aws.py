@@ -30,7 +30,6 @@ from catalog.offers_io import write_offers
 from catalog.schema import GpuSpec, Offer, Source
 
 PRICE_LIST_URL = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/{region}/index.json"
-DEFAULT_REGIONS = ("us-east-1", "us-east-2", "us-west-2")
 # Every NVIDIA GPU family on EC2 is p* or g*; filtering server-side keeps the answer small.
 GPU_FAMILY_PATTERNS = ("p*", "g*")
 # A GPU whose reported memory is far below the catalog's is a fractional slice (g6f): not the same offer.

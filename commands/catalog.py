@@ -7,6 +7,7 @@ from typing import Any
 import typer
 
 from catalog.errors import InvalidInput
+from catalog.refresh import AWS_DEFAULT_REGIONS
 from commands import output
 from commands.output import JSON_OPTION, handle_errors, money, print_json, styled, warn
 from commands.settings import Settings
@@ -213,7 +214,7 @@ def catalog_local(as_json: bool = JSON_OPTION) -> None:
 @handle_errors
 def catalog_refresh(
     cloud: str = typer.Argument(..., help="Cloud to refresh (aws)."),
-    regions: str = typer.Option("us-east-1,us-east-2,us-west-2", "--regions", help="Comma-separated regions."),
+    regions: str = typer.Option(",".join(AWS_DEFAULT_REGIONS), "--regions", help="Comma-separated regions."),
     out: str | None = typer.Option(
         None, "--out",
         help="Offers file to write [default: ~/.gpuplan/catalog/offers/<cloud>.csv, which overrides the packaged one].",

@@ -203,12 +203,6 @@ def start_watcher_actor(
     return actor_cls.options(**options).remote(provider, metadata_url, poll_interval_s)
 
 
-def start_watchers_on_all_nodes(**kwargs: Any) -> dict[str, Any]:
-    """One watcher actor per alive node of the connected cluster; node id -> handle."""
-    ray: Any = importlib.import_module("ray")
-    return {n["NodeID"]: start_watcher_actor(n["NodeID"], **kwargs) for n in ray.nodes() if n["Alive"]}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m workers.preemption",

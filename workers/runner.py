@@ -24,7 +24,7 @@ from catalog.local_cpu import training_threads
 from catalog.schema import ModelConfig
 from planner.spec import JobSpec
 from planner.types import Strategy
-from workers.executor import RunRequest, RunState, RunStatus
+from workers.executor import RunRequest, RunStatus
 
 
 @dataclass
@@ -296,6 +296,3 @@ def _write_result(home: Path, run: LocalRun, logs: list[str]) -> None:
     except OSError as exc:
         raise GpuplanError(f"the run finished but its result could not be written to {folder}: {exc}") from exc
 
-
-def is_success(run: LocalRun) -> bool:
-    return run.status.state is RunState.SUCCEEDED
