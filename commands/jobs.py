@@ -116,8 +116,6 @@ def logs_command(
     """
     import time
 
-    from scheduler.states import JobState
-
     backend = open_backend()
     since = 0
     ended_at: float | None = None  # when the job's state turned terminal with its attempt still open
@@ -132,7 +130,7 @@ def logs_command(
         since = page.next
         if not follow or page.complete:
             return
-        if JobState(page.state).terminal:
+        if page.state.terminal:
             # The loop closes a cancelled job's attempt (and copies its last lines) on its next tick;
             # without a running loop that never happens, so wait a while, not forever.
             ended_at = ended_at if ended_at is not None else time.monotonic()

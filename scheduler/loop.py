@@ -26,6 +26,7 @@ so spend is never under-counted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -37,19 +38,20 @@ from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
 from catalog.errors import GpuplanError
+from planner.calibration import CostCalibration
 from planner.spec import spec_from_dict
 from planner.types import Candidate, Strategy
 from scheduler import ledger, logbook, quota
 from scheduler.accuracy import attempt_metrics
 from scheduler.models import Attempt, Job
 from scheduler.service import Clock, utcnow
-from scheduler.states import JobState
+from scheduler.states import JobState, Market
 from scheduler.store import LoopLock, Store, transition
 from workers.executor import Executor, ReleasesAttempts, RunRequest, RunState, RunStatus
 
 log = logging.getLogger("gpuplan.loop")
 
-MarketChooser = Callable[[Job, datetime], tuple[str, float]]
+MarketChooser = Callable[[Job, datetime], tuple[Market, float]]
 
 
 @dataclass
@@ -62,30 +64,38 @@ class TickReport:
     released: list[str] = field(default_factory=list)  # finished attempts released at reconcile
 
 
-def plan_market(job: Job, now: datetime) -> tuple[str, float]:
+def plan_market(job: Job, now: datetime, *, restart_h: float) -> tuple[Market, float]:
     """(market, $/h at launch) for the next attempt.
 
     When the spec allows both markets and the planned offer has both prices, the spot policy
-    decides (scheduler.policy, pure); otherwise the plan's own market and price stand.
+    decides (scheduler.policy, pure), given the delay of a (re)start (``restart_h``, the
+    calibration's); otherwise the plan's own market and price stand.
     """
     chosen = Candidate.model_validate(job.plan["chosen"])
     offer = chosen.offer
+    planned = Market(chosen.cost.market)
     spot_mode = (job.spec.get("resources") or {}).get("spot", "auto")
     if spot_mode != "auto" or offer.spot_usd_per_h is None or offer.on_demand_usd_per_h is None:
-        return chosen.cost.market, chosen.cost.usd_per_h
-    from scheduler.policy import JobProgress, decide
+        return planned, chosen.cost.usd_per_h
+    from scheduler.policy import Decision, JobProgress, decide
 
     deadline = spec_from_dict(job.spec).resources.deadline
     elapsed_h = (now - job.created_at).total_seconds() / 3600.0
     decision = decide("gpuplan", JobProgress(
         work_done_h=0.0, work_total_h=max(chosen.estimate.hours, 1e-6), now_h=elapsed_h,
-        deadline_h=deadline, restart_h=0.2, current="none", start_h=0.0,
+        deadline_h=deadline, restart_h=restart_h, current="none", start_h=0.0,
     ), spot_available=True)
-    market = "on-demand" if decision.value == "on-demand" else "spot"
-    if market == chosen.cost.market:
+    # Waiting is not a market: an attempt is being launched now, so anything but on-demand is spot.
+    market = Market.ON_DEMAND if decision is Decision.ON_DEMAND else Market.SPOT
+    if market is planned:
         return market, chosen.cost.usd_per_h
-    per_instance = offer.on_demand_usd_per_h if market == "on-demand" else offer.spot_usd_per_h
+    per_instance = offer.on_demand_usd_per_h if market is Market.ON_DEMAND else offer.spot_usd_per_h
     return market, per_instance * max(chosen.nodes, 1)
+
+
+def market_chooser(cost: CostCalibration) -> MarketChooser:
+    """:func:`plan_market` with the calibration's restart delay."""
+    return functools.partial(plan_market, restart_h=cost.restart_h)
 
 
 class Scheduler:
@@ -95,7 +105,7 @@ class Scheduler:
         executor: Executor,
         *,
         clock: Clock = utcnow,
-        choose_market: MarketChooser = plan_market,
+        choose_market: MarketChooser | None = None,
         poll_s: float = 1.0,
         batch: int = 16,
         max_running: int | None = None,
@@ -106,7 +116,8 @@ class Scheduler:
         self.store = store
         self.executor = executor
         self.clock = clock
-        self.choose_market = choose_market
+        # default: the spot policy with the calibration model's default restart delay (make_loop passes the file's)
+        self.choose_market = choose_market or market_chooser(CostCalibration())
         self.poll_s = poll_s
         self.batch = batch
         self.max_running = max_running
@@ -237,7 +248,7 @@ class Scheduler:
                 attempt.metrics = attempt_metrics(status, job.plan)
             ledger.close_attempt(session, attempt, job, now, outcome, message)
             report.finished[job.id] = outcome
-            state = JobState(job.state)
+            state = job.state
             if state.terminal:
                 return
             note = f"attempt {attempt.number} {outcome}" + (f": {message}" if message else "")
@@ -347,7 +358,7 @@ class Scheduler:
             logbook.append(session, job_id, [logbook.note_line(now, reason)])
 
     @staticmethod
-    def _request(job: Job, number: int, market: str) -> RunRequest:
+    def _request(job: Job, number: int, market: Market) -> RunRequest:
         return RunRequest(
             job_id=job.id, attempt=number, spec=spec_from_dict(job.spec),
             strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),

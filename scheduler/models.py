@@ -7,18 +7,20 @@ Times are timezone-aware UTC everywhere; :class:`UTCDateTime` keeps them so on S
 
 from __future__ import annotations
 
+import enum
 import re
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ConfigDict, field_validator
-from sqlalchemy import JSON, Column, DateTime, Index, MetaData, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
 from catalog.errors import InvalidInput
 from scheduler.inputs import JsonObject, Key, Name
+from scheduler.states import JobState, Market
 
 # Deterministic constraint names so Alembic migrations can refer to them on every backend.
 SQLModel.metadata.naming_convention = {
@@ -48,6 +50,29 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class EnumText(TypeDecorator[Any]):
+    """A StrEnum stored as its text (a VARCHAR, as a plain str column): rows read back hold members, and a
+    value that is not one is refused on the way in."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, enum_type: type[enum.StrEnum], length: int = 16) -> None:
+        super().__init__(length)
+        self.enum_type = enum_type
+        self.length = length
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum_type(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> enum.StrEnum | None:
+        return None if value is None else self.enum_type(value)
+
+
+def _enum(enum_type: type[enum.StrEnum], default: Any = None) -> Any:
+    return Field(default=default, sa_column=Column(EnumText(enum_type), nullable=False))
 
 
 def _ts(nullable: bool = False, index: bool = False) -> Any:
@@ -173,12 +198,12 @@ class Job(JobBase, table=True):
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     spec_hash: str = Field(max_length=64)
     plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
-    state: str = Field(max_length=16)
+    state: JobState = _enum(JobState)
     estimated_usd: float = 0.0
     estimated_hours: float = 0.0
     gpus: int = 0
     gpu: str = Field(default="", max_length=64)
-    market: str = Field(default="on-demand", max_length=16)
+    market: Market = _enum(Market, Market.ON_DEMAND)
     usd_per_h: float = 0.0
     attempts: int = 0
     max_attempts: int = 3
@@ -195,12 +220,12 @@ class JobPublic(JobBase):
     id: str
     team_id: int
     name: str
-    state: str
+    state: JobState
     estimated_usd: float
     estimated_hours: float
     gpus: int
     gpu: str
-    market: str
+    market: Market
     usd_per_h: float
     attempts: int
     max_attempts: int
@@ -286,7 +311,7 @@ class JobLogs(SQLModel):
     job_id: str
     lines: list[str]
     next: int = Field(description="pass as ?since= to continue")
-    state: str
+    state: JobState
     complete: bool = Field(default=False, description="the job has ended and its last attempt is closed: no line "
                            "will be added (a follower stops here; the state alone can end before the last lines)")
 

@@ -56,7 +56,7 @@ from scheduler.models import (
     TeamUpdate,
     check_team_name,
 )
-from scheduler.states import TERMINAL, JobState, check_transition
+from scheduler.states import TERMINAL, JobState, Market, check_transition
 from scheduler.store import Store, transition
 
 Clock = Callable[[], datetime]
@@ -408,9 +408,10 @@ class SchedulerService:
         stored_plan["alternatives"] = [c.model_dump(mode="json") for c in plan.candidates[:4]]
         row: dict[str, Any] = {
             "id": job_id, "team_id": team_id, "name": job_spec.name, "spec": job_spec.model_dump(mode="json"),
-            "spec_hash": digest, "plan": stored_plan, "state": JobState.QUEUED.value, "priority": body.priority,
+            "spec_hash": digest, "plan": stored_plan, "state": JobState.QUEUED, "priority": body.priority,
             "idempotency_key": body.idempotency_key, "estimated_usd": estimate,
-            "estimated_hours": chosen.cost.hours, "gpus": gpus, "gpu": strategy.gpu, "market": chosen.cost.market,
+            "estimated_hours": chosen.cost.hours, "gpus": gpus, "gpu": strategy.gpu,
+            "market": Market(chosen.cost.market),
             "usd_per_h": chosen.cost.usd_per_h, "attempts": 0, "max_attempts": self.max_attempts,
             "checkpoint_uri": f"{self.checkpoint_root}/{job_id}", "message": "", "next_run_at": None,
             "created_at": now, "updated_at": now, "started_at": None, "finished_at": None,
@@ -541,7 +542,7 @@ class SchedulerService:
         """Mark the job cancelled; the loop stops a live attempt and charges it up to now."""
         with self.store.write() as session:
             job = self._own_job(session, principal, job_id)
-            if JobState(job.state) in TERMINAL:
+            if job.state in TERMINAL:
                 raise Conflict(f"job {job_id} already {job.state}; nothing to cancel")
             transition(session, job, JobState.CANCELLED, self.clock(),
                        f"cancelled by team {principal.team_name}" + (f": {reason}" if reason else ""))
@@ -560,7 +561,7 @@ class SchedulerService:
             # last lines; only then is the log complete.
             open_attempts = session.execute(sa_select(func.count()).select_from(Attempt).where(
                 col(Attempt.job_id) == job.id, col(Attempt.ended_at).is_(None))).scalar_one()
-        complete = JobState(job.state).terminal and open_attempts == 0
+        complete = job.state.terminal and open_attempts == 0
         return JobLogs(job_id=job.id, lines=lines, next=since + len(lines), state=job.state, complete=complete)
 
     # -------------------------------------------------------------- reports and metrics

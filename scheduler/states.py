@@ -27,6 +27,14 @@ class JobState(enum.StrEnum):
         return self in TERMINAL
 
 
+class Market(enum.StrEnum):
+    """Where a job's attempt runs: a spot instance, an on-demand one, or this machine ($0/h)."""
+
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+    LOCAL = "local"
+
+
 TERMINAL: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 ACTIVE: frozenset[JobState] = frozenset(set(JobState) - TERMINAL)
 

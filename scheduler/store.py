@@ -257,9 +257,9 @@ class Store:
 
 def transition(session: Session, job: Job, to: JobState, at: datetime, reason: str) -> None:
     """Move ``job`` to ``to`` (or raise Conflict) and record the Event, in the caller's transaction."""
-    src = JobState(job.state)
+    src = JobState(job.state)  # a member once read back; a Job built in memory may still hold its text
     check_transition(job.id, src, to)
-    job.state = to.value
+    job.state = to
     job.updated_at = at
     if to is not JobState.QUEUED and job.message.startswith(WAITING):
         job.message = ""  # it no longer waits for the GPU quota

@@ -19,10 +19,11 @@ from fastapi import FastAPI
 
 from catalog.errors import Conflict, InvalidInput
 from catalog.loader import Catalog, load_catalog
+from planner.calibration import load_calibration
 from planner.spec import JobSpec
 from planner.types import Plan
 from scheduler.api.app import create_app
-from scheduler.loop import Scheduler
+from scheduler.loop import Scheduler, market_chooser
 from scheduler.service import Clock, Planner, SchedulerService, utcnow
 from scheduler.store import Store
 from workers.executor import Executor
@@ -123,7 +124,8 @@ def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: f
     if executor is None:
         return None
     return Scheduler(service.store, executor, clock=service.clock, poll_s=poll_s, max_running=max_running,
-                     backoff_base_s=backoff_base_s, lock=service.store.loop_lock())
+                     backoff_base_s=backoff_base_s, lock=service.store.loop_lock(),
+                     choose_market=market_chooser(load_calibration().cost))
 
 
 def make_app(service: SchedulerService, catalog: Catalog, executor: Executor | None, *, poll_s: float = 1.0,
