@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -12,6 +12,9 @@ from commands import output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, handle_errors, print_json, styled
 from commands.settings import Settings
+
+if TYPE_CHECKING:
+    from workers.runner import RunSummary
 
 app = typer.Typer()  # run and export: top-level commands
 
@@ -93,7 +96,7 @@ def _run_with_progress(spec: Any, ckpt: Any, resume: bool, use_ray: bool, home: 
         return run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray, on_status=show, home=home)
 
 
-def _print_run_summary(result: dict[str, Any]) -> None:
+def _print_run_summary(result: RunSummary) -> None:
     from rich.table import Table
 
     def gib(value: float | None) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from catalog.errors import Conflict, GpuplanError, InvalidInput
 from catalog.local_cpu import training_threads
@@ -154,6 +154,55 @@ def cpu_strategy(spec: JobSpec) -> Strategy:
                     grad_accum=accum, finetune=train.finetune, lora_rank=train.lora_rank)
 
 
+class MeasuredSummary(TypedDict):
+    peak_allocated_bytes: float | None
+    peak_reserved_bytes: float | None
+    peak_rss_bytes: float | None
+    tokens_per_s: float | None
+    wall_tokens_per_s: float | None
+    checkpoint_save_s: float | None
+    micro_batch: float | None
+    grad_accum: float | None
+    checkpoint_interval_steps: float | None
+    checkpoint_interval_s: float | None
+    checkpoint_stall_s: float | None
+    checkpoint_durable_s: float | None
+
+
+class PredictedSummary(TypedDict):
+    peak_allocated_bytes: float | None
+    peak_reserved_bytes: float | None
+    tokens_per_s: float | None
+
+
+class RunSummary(TypedDict):
+    """A finished local run: what `gpuplan run` prints (and --json shows), and runs/<job>/result.json holds."""
+
+    job: str
+    status: str  # a RunState value
+    message: str
+    steps: int  # train: optimizer steps; infer: prompts answered
+    total_steps: int
+    tokens: int
+    final_loss: float | None
+    checkpoints_written: int
+    checkpoint_dir: str
+    resumes: int
+    resumed_from_step: int | None
+    strategy: dict[str, Any]
+    strategy_label: str
+    device: str
+    engine: str
+    wall_s: float
+    cost_usd: float
+    measured: MeasuredSummary
+    oom_backoffs: list[dict[str, int]]
+    predicted: PredictedSummary
+    note: str
+    task: str
+    outputs: str | None  # infer: the answers file
+
+
 @dataclass
 class LocalRun:
     job_id: str
@@ -163,7 +212,7 @@ class LocalRun:
     wall_s: float
     engine: str  # "in-process" | "ray"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RunSummary:
         m = self.status.metrics
         p = self.status.progress
 
