@@ -21,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter
 from catalog.errors import ExternalServiceError, GpuplanError, InvalidInput, NotFound
 from planner.types import Plan
 from scheduler import ledger
+from scheduler.auth import Principal
 from scheduler.models import (
     ApiTokenCreated,
     ApiTokenPublic,
@@ -34,7 +35,7 @@ from scheduler.models import (
     TeamUpdate,
     check_team_name,
 )
-from scheduler.service import Principal, SchedulerService
+from scheduler.service import SchedulerService
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -274,7 +275,7 @@ def local_client(database_url: str, *, checkpoint_root: str, team: str = DEFAULT
     CPU, probed once and cached there): a `gpuplan server` on this database and machine runs the
     jobs submitted here. They are detected at the first plan, not for every command."""
     from scheduler.api.server import machine_planner, make_service
-    from scheduler.service import ADMIN
+    from scheduler.auth import ADMIN
 
     planner = machine_planner(machine_home) if machine_home is not None else None
     service = make_service(database_url, checkpoint_root=checkpoint_root, planner=planner)

@@ -15,7 +15,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from catalog.errors import InvalidInput
 from catalog.loader import Catalog
-from scheduler.service import Principal, SchedulerService
+from scheduler.auth import Principal
+from scheduler.service import SchedulerService
 
 _bearer = HTTPBearer(auto_error=False, description="a team token, or the admin token for /v1/teams")
 
