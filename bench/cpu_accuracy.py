@@ -42,13 +42,14 @@ from catalog.local_cpu import (  # noqa: E402
     ram_bytes,
     training_threads,
 )
+from commands.specfile import load_spec  # noqa: E402
 from planner.calibration import (  # noqa: E402
     CPU_CALIBRATION_NAME,
     DEFAULT_CALIBRATION_PATH,
     CpuCalibration,
     load_calibration,
 )
-from planner.spec import JobSpec, load_spec, spec_from_dict  # noqa: E402
+from planner.spec import JobSpec, spec_from_dict  # noqa: E402
 
 CASES = ROOT / "bench" / "cpu_cases.yaml"
 SECTION = "<!-- cpu-accuracy: written by bench/cpu_accuracy.py -->"

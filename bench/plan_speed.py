@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from catalog.loader import Catalog, load_catalog  # noqa: E402
+from commands.specfile import load_spec  # noqa: E402
 from planner.calibration import load_calibration  # noqa: E402
 from planner.search import plan  # noqa: E402
-from planner.spec import JobSpec, load_spec, spec_from_dict  # noqa: E402
+from planner.spec import JobSpec, spec_from_dict  # noqa: E402
 
 SECTION = "## Planner speed"
 

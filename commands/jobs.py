@@ -45,7 +45,7 @@ def submit_command(
 
       GPUPLAN_API_URL=http://127.0.0.1:8000 GPUPLAN_TOKEN=gpt_... gpuplan submit job.yaml --key nightly-42 --json
     """
-    from planner.spec import load_spec
+    from commands.specfile import load_spec
     from scheduler.models import JobCreate
 
     body = JobCreate(spec=load_spec(spec).model_dump(mode="json"), priority=priority, idempotency_key=key)

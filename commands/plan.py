@@ -18,8 +18,9 @@ app = typer.Typer()  # plan and estimate: top-level commands
 def load_planning_inputs(spec_path: str) -> tuple[Any, Any, Any, Any]:
     """(spec, catalog, model, calibration) for the commands that plan (plan, estimate, cluster, report)."""
     from catalog.loader import load_catalog, resolve_model
+    from commands.specfile import load_spec
     from planner.calibration import load_calibration
-    from planner.spec import ModelRef, load_spec
+    from planner.spec import ModelRef
 
     spec = load_spec(spec_path)
     catalog = load_catalog()

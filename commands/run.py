@@ -51,7 +51,7 @@ def run_command(
 
       gpuplan run examples/tiny-infer.yaml --checkpoint-dir /tmp/answers
     """
-    from planner.spec import load_spec
+    from commands.specfile import load_spec
     from workers.runner import run_local
 
     spec = load_spec(spec_path)

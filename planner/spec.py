@@ -7,12 +7,9 @@ planner, which knows the catalog, and suggest the closest valid names.
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -244,53 +241,13 @@ def check_model(spec: JobSpec, model: ModelConfig) -> None:
         raise _invalid(problems)
 
 
-def spec_from_dict(data: Any, *, base_dir: Path | None = None) -> JobSpec:
-    """Validate a parsed document; errors name the field path and what to write instead."""
+def spec_from_dict(data: Any) -> JobSpec:
+    """Validate a parsed document; errors name the field path and what to write instead.
+
+    Reading a spec file (and making its paths relative to it) is the edge's: commands.specfile."""
     if not isinstance(data, dict):
         raise InvalidInput("a job spec must be a mapping with at least 'task' and 'model'")
     try:
-        spec = JobSpec.model_validate(data)
+        return JobSpec.model_validate(data)
     except ValidationError as exc:
         raise _invalid([_problem(e) for e in exc.errors()]) from None
-    return _rebase_paths(spec, base_dir) if base_dir is not None else spec
-
-
-def _rebase(path: str, base_dir: Path) -> str:
-    return path if Path(path).expanduser().is_absolute() or path.startswith("~") else str(base_dir / path)
-
-
-def _rebase_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
-    """Relative paths in a spec file are relative to that file, as a user reading it expects."""
-    update: dict[str, Any] = {}
-    if isinstance(spec.model, ModelRef):
-        update["model"] = ModelRef(config=_rebase(spec.model.config, base_dir))
-    elif "/" in spec.model and (base_dir / spec.model).exists():  # a weights folder; preset ids have no '/'
-        update["model"] = _rebase(spec.model, base_dir)
-    for section, fields in (("train", ("data", "tokenizer")), ("infer", ("prompts", "tokenizer"))):
-        value = getattr(spec, section)
-        changed = {f: _rebase(getattr(value, f), base_dir) for f in fields
-                   if value is not None and getattr(value, f)}
-        if changed:
-            update[section] = value.model_copy(update=changed)
-    return spec.model_copy(update=update) if update else spec
-
-
-def load_spec(path: str | Path) -> JobSpec:
-    """Read a JobSpec from a YAML or JSON file."""
-    path = Path(path)
-    if not path.is_file():
-        raise InvalidInput(f"spec file {str(path)!r} does not exist", hint="give the path of a YAML or JSON job spec")
-    text = path.read_text()
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
-                           hint="fix the file; see examples/ for well-formed specs") from None
-    except yaml.YAMLError as exc:
-        # str(exc) spans several lines with a source excerpt; the error must stay one line.
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise InvalidInput(f"{path} is not valid YAML: {problem}{where}",
-                           hint="fix the file; see examples/ for well-formed specs") from None
-    return spec_from_dict(data, base_dir=path.parent)

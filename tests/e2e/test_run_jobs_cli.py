@@ -92,7 +92,7 @@ def test_training_starts_from_a_save_pretrained_folder(project: Path) -> None:
 
 
 def _load(project: Path, model: Any) -> Any:
-    from planner.spec import load_spec
+    from commands.specfile import load_spec
 
     return load_spec(_spec(project, "probe", task="train", model=model, train=_train()))
 

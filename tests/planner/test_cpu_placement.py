@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from catalog.errors import NoFeasiblePlan
 from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog
 from catalog.local_cpu import CpuProbe, cpu_offer, cpu_spec
+from commands.specfile import load_spec
 from planner.calibration import load_calibration
 from planner.search import estimate, plan
-from planner.spec import load_spec, spec_from_dict
+from planner.spec import spec_from_dict
 
 GIB = 2**30
 TODAY = date(2026, 12, 1)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput
-from planner.spec import JobSpec, ModelRef, load_spec, parse_hours, spec_from_dict
+from planner.spec import JobSpec, parse_hours, spec_from_dict
 
 BASE = {"name": "j", "task": "train", "model": "llama-3-8b", "train": {"tokens": 1e9}}
 
@@ -95,51 +93,6 @@ def test_parse_hours_round_trips_units(amount: float, unit: str) -> None:
 def test_parse_hours_rejects_nonsense(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_hours(bad)
-
-
-def test_load_spec_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(InvalidInput, match="does not exist"):
-        load_spec(tmp_path / "nope.yaml")
-
-
-def test_load_spec_bad_yaml(tmp_path: Path) -> None:
-    path = tmp_path / "bad.yaml"
-    path.write_text("task: train\nmodel: [unclosed\n")
-    with pytest.raises(InvalidInput, match="not valid YAML") as info:
-        load_spec(path)
-    message = str(info.value)
-    assert "\n" not in message  # one line: the CLI prints it as one error line
-    assert "line 3, column 1" in message and "expected ',' or ']'" in message
-
-
-def test_load_spec_bad_json_names_line_and_column(tmp_path: Path) -> None:
-    path = tmp_path / "bad.json"
-    path.write_text('{"task": "train",\n "model": }\n')
-    with pytest.raises(InvalidInput, match="not valid JSON") as info:
-        load_spec(path)
-    assert "\n" not in str(info.value) and "line 2, column 11" in str(info.value)
-
-
-def test_model_config_path_is_resolved_relative_to_the_spec(tmp_path: Path) -> None:
-    path = tmp_path / "job.yaml"
-    path.write_text("task: infer\nmodel: {config: cfg/config.json}\n")
-    spec = load_spec(path)
-    assert isinstance(spec.model, ModelRef)
-    assert spec.model.config == str(tmp_path / "cfg/config.json")
-
-
-def test_data_tokenizer_prompts_and_weights_paths_are_relative_to_the_spec(tmp_path: Path) -> None:
-    (tmp_path / "weights").mkdir()
-    train = tmp_path / "train.yaml"
-    train.write_text("task: train\nmodel: ./weights\ntrain: {tokens: 100, data: d.jsonl, tokenizer: /abs/tok}\n")
-    spec = load_spec(train)
-    assert spec.model == str(tmp_path / "./weights") and spec.train is not None
-    assert spec.train.data == str(tmp_path / "d.jsonl") and spec.train.tokenizer == "/abs/tok"
-    infer = tmp_path / "infer.yaml"
-    infer.write_text("task: infer\nmodel: llama-3-8b\ninfer: {prompts: p.jsonl, tokenizer: tok}\n")
-    spec = load_spec(infer)
-    assert spec.model == "llama-3-8b" and spec.infer is not None  # a preset id is not a path
-    assert spec.infer.prompts == str(tmp_path / "p.jsonl") and spec.infer.tokenizer == str(tmp_path / "tok")
 
 
 def test_spec_is_frozen() -> None:

@@ -13,9 +13,10 @@ import torch
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog
+from commands.specfile import load_spec
 from planner.capability import knob_problem
 from planner.search import plan
-from planner.spec import Finetune, Optimizer, Precision, Sharding, Weights, load_spec, spec_from_dict
+from planner.spec import Finetune, Optimizer, Precision, Sharding, Weights, spec_from_dict
 from planner.types import Plan, ResolvedPrecision, ResolvedSharding, Strategy, WeightDtype
 from workers.capabilities import strategy_problem
 from workers.train import _check_supported
