@@ -62,6 +62,7 @@ def main() -> int:
     import torch.multiprocessing as mp
 
     from catalog.loader import load_catalog
+    from planner.calibration import load_calibration
     from planner.search import estimate
     from planner.spec import spec_from_dict
     from workers.train import TrainJob
@@ -72,7 +73,7 @@ def main() -> int:
                                      "precision": args.precision, "sharding": args.sharding,
                                      "finetune": args.finetune,
                                      "activation_checkpointing": False, "checkpoint_interval_steps": args.steps}})
-    est = estimate(spec, load_catalog(), args.gpu, args.gpus)
+    est = estimate(spec, load_catalog(), args.gpu, args.gpus, calibration=load_calibration())
     strategy = est.strategy
     with tempfile.TemporaryDirectory(prefix="gpuplan-fsdp-", dir=args.checkpoint_dir) as tmp:
         job = TrainJob(job_id="fsdp-bench", spec=spec, strategy=strategy, checkpoint_uri=str(Path(tmp) / "ck"),

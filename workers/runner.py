@@ -70,9 +70,10 @@ def plan_locally(spec: JobSpec, *, home: Path,
     if device is not None and device.backend == "cuda":
         gpu = match_device_name(device.name, catalog, device.memory_bytes)
         if gpu is not None:
+            from planner.calibration import load_calibration
             from planner.search import estimate
 
-            est = estimate(spec, catalog, gpu.id, 1, model=source.config)
+            est = estimate(spec, catalog, gpu.id, 1, model=source.config, calibration=load_calibration())
             predicted = {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
                          "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
                          "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours}

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 from catalog.errors import Conflict, InvalidInput
 from catalog.loader import Catalog, load_catalog
-from planner.calibration import load_calibration
+from planner.calibration import Calibration, load_calibration
 from planner.spec import JobSpec
 from planner.types import Plan
 from scheduler.api.app import create_app
@@ -31,17 +31,20 @@ from workers.executor import Executor
 EXECUTORS = ("inprocess", "ray", "none")
 
 
-def catalog_planner(catalog: Catalog) -> Planner:
-    """The real planner bound to one catalog (the service caches its plans by spec hash)."""
+def catalog_planner(catalog: Catalog, calibration: Calibration | None = None) -> Planner:
+    """The real planner bound to one catalog and calibration (default: the packaged file, read here once);
+    the service caches its plans by spec hash."""
     from planner.search import plan
 
+    cal = calibration or load_calibration()
+
     def run(spec: JobSpec) -> Plan:
-        return plan(spec, catalog)
+        return plan(spec, catalog, calibration=cal)
 
     return run
 
 
-def machine_planner(home: Path, catalog: Catalog | None = None) -> Planner:
+def machine_planner(home: Path, catalog: Catalog | None = None, calibration: Calibration | None = None) -> Planner:
     """The real planner on ``catalog`` (default: the packaged one) plus this machine's $0/h GPUs
     and CPU, detected at the first plan (it imports torch: seconds a `gpuplan list` need not pay)."""
     from datetime import date
@@ -49,12 +52,13 @@ def machine_planner(home: Path, catalog: Catalog | None = None) -> Planner:
     from catalog.local_cpu import with_this_machine
     from planner.search import plan
 
-    built: list[Catalog] = []
+    built: list[tuple[Catalog, Calibration]] = []
 
     def run(spec: JobSpec) -> Plan:
         if not built:
-            built.append(with_this_machine(catalog or load_catalog(), home, today=date.today()))
-        return plan(spec, built[0])
+            built.append((with_this_machine(catalog or load_catalog(), home, today=date.today()),
+                          calibration or load_calibration()))
+        return plan(spec, built[0][0], calibration=built[0][1])
 
     return run
 
