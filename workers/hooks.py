@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 StopReason = Literal["cancel", "preempt"]
 
@@ -14,6 +14,62 @@ StopReason = Literal["cancel", "preempt"]
 # inference run writes. Tests pass one that blocks to hold a run at a known point, so that they
 # never race a fast job. Under Ray it is pickled to the workers: it must be importable there.
 StepHook = Callable[[int, str], None]
+
+
+# Progress events: what a running loop reports (rank 0 only), to the executor's ProgressTracker.
+class BootingEvent(TypedDict):
+    """A Ray worker has started and is about to import the heavy libraries."""
+
+    event: Literal["booting"]
+
+
+class StartedEvent(TypedDict):
+    event: Literal["started"]
+    step: int  # train: the step it starts from; infer: requests already written
+    total_steps: int  # infer: 0 until the first batch says
+    tokens: int
+    resumed_from_step: int | None
+    world_size: NotRequired[int]
+    node_id: NotRequired[str]  # added by the Ray executor: where rank 0 runs
+
+
+class StepEvent(TypedDict):
+    event: Literal["step"]
+    step: int  # infer: requests done
+    total_steps: int
+    tokens: int
+    loss: float | None
+    tokens_per_s: float | None
+
+
+class CheckpointEvent(TypedDict):
+    """A checkpoint is durable."""
+
+    event: Literal["checkpoint"]
+    step: int
+    checkpoints: int  # written so far in this attempt
+
+
+class OomBackoffEvent(TypedDict):
+    """A CUDA OOM survived by halving the micro-batch (same global batch)."""
+
+    event: Literal["oom_backoff"]
+    step: int
+    from_micro_batch: int
+    to_micro_batch: int
+    from_grad_accum: int
+    to_grad_accum: int
+
+
+class ResultEvent(TypedDict):
+    """The run ended: what it measured (workers.train.TrainResult.to_dict(), or the inference run's), next
+    to the prediction. "failed" carries what it measured up to the failure."""
+
+    event: Literal["finished", "failed"]
+    result: dict[str, Any]
+
+
+ProgressEvent = BootingEvent | StartedEvent | StepEvent | CheckpointEvent | OomBackoffEvent | ResultEvent
 
 
 @dataclass(frozen=True)
@@ -36,7 +92,7 @@ class TrainHooks:
     def on_log(self, line: str) -> None:
         pass
 
-    def on_progress(self, progress: dict[str, Any]) -> None:
+    def on_progress(self, progress: ProgressEvent) -> None:
         pass
 
     def poll(self) -> Signal | None:

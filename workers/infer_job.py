@@ -13,6 +13,7 @@ from typing import Any
 
 from catalog.errors import InvalidInput
 from workers.executor import RunRequest
+from workers.hooks import ProgressEvent
 
 OUTPUTS_FILE = "outputs.jsonl"
 
@@ -33,7 +34,7 @@ def _lines_written(outputs: Path) -> int:
     return outputs.read_bytes().count(b"\n")
 
 
-def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: Callable[[dict[str, Any]], None],
+def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: Callable[[ProgressEvent], None],
                       on_log: Callable[[str], None], cpu_threads: int | None = None) -> dict[str, Any]:
     from workers.cuda_env import configure_allocator
 
@@ -66,12 +67,12 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
                             weights=weights)
     on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {outputs}, "
            f"{result.tokens_per_s:,.0f} tokens/s")
-    finished = {"event": "finished", "status": "succeeded", "steps": result.requests_total,
+    finished: dict[str, Any] = {"status": "succeeded", "steps": result.requests_total,
                 "total_steps": result.requests_total, "tokens": result.tokens_generated, "final_loss": None,
                 "checkpoints_written": 0, "resumed_from_step": result.requests_skipped or None,
                 "steady_tokens_per_s": result.steady_tokens_per_s or result.tokens_per_s,
                 "tokens_per_s": result.tokens_per_s,
                 "peak_allocated_bytes": result.peak_memory_bytes, "wall_s": result.seconds + result.load_seconds,
                 "predicted": {}}
-    on_progress(finished)
+    on_progress({"event": "finished", "result": finished})
     return finished

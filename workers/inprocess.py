@@ -13,12 +13,11 @@ import traceback
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from catalog.errors import GpuplanError, Infeasible
 from workers.checkpoint_interval import preemption_inputs
 from workers.executor import RunRequest, RunState, RunStatus
-from workers.hooks import Signal, StepHook, StopReason, TrainHooks
+from workers.hooks import ProgressEvent, Signal, StepHook, StopReason, TrainHooks
 from workers.placement import infeasibility
 from workers.progress import ProgressTracker, result_backoffs, result_metrics
 from workers.train import TrainJob, run_training
@@ -45,7 +44,7 @@ class _Hooks(TrainHooks):
     def on_log(self, line: str) -> None:
         self.attempt.tracker.log(line)
 
-    def on_progress(self, progress: dict[str, Any]) -> None:
+    def on_progress(self, progress: ProgressEvent) -> None:
         self.attempt.tracker.event(progress)
 
     def poll(self) -> Signal | None:
@@ -55,11 +54,11 @@ class _Hooks(TrainHooks):
         if self.step_hook is not None:
             self.step_hook(step, where)
 
-    def on_batch(self, progress: dict[str, Any]) -> None:
+    def on_batch(self, progress: ProgressEvent) -> None:
         """``on_progress`` of an inference run: the step hook runs after each batch."""
         self.on_progress(progress)
-        if self.step_hook is not None and progress.get("event") == "step":
-            self.step_hook(int(progress["step"]), "batch")
+        if self.step_hook is not None and progress["event"] == "step":
+            self.step_hook(progress["step"], "batch")
 
 
 class InProcessExecutor:

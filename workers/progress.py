@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from workers.executor import RunProgress
+from workers.hooks import ProgressEvent
 
 _MAX_LOG_LINES = 20_000
 
@@ -29,39 +30,35 @@ class ProgressTracker:
         self._node_id: str | None = None
         self._booting_at: list[float] = []
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: ProgressEvent) -> None:
         with self._lock:
-            kind = event.get("event")
             p = self._progress
-            if kind == "booting":
+            if event["event"] == "booting":
                 self._booting_at.append(time.time())
-            elif kind == "started":
+            elif event["event"] == "started":
                 self._starts += 1
                 self._started_at.append(time.time())
-                p.total_steps = int(event.get("total_steps", p.total_steps))
-                p.step = int(event.get("step", p.step))
-                p.tokens = int(event.get("tokens", p.tokens))
+                p.total_steps, p.step, p.tokens = event["total_steps"], event["step"], event["tokens"]
                 self._node_id = event.get("node_id") or self._node_id
-                if event.get("resumed_from_step") is not None:
+                resumed = event["resumed_from_step"]
+                if resumed is not None:
                     self._resumes += 1
-                    p.resumed_from_step = int(event["resumed_from_step"])
-            elif kind == "step":
-                p.step = int(event["step"])
-                p.total_steps = int(event.get("total_steps", p.total_steps))
-                p.tokens = int(event.get("tokens", p.tokens))
-                p.loss = event.get("loss")
-                p.tokens_per_s = event.get("tokens_per_s") or p.tokens_per_s
+                    p.resumed_from_step = int(resumed)
+            elif event["event"] == "step":
+                p.step, p.total_steps, p.tokens = event["step"], event["total_steps"], event["tokens"]
+                p.loss = event["loss"]
+                p.tokens_per_s = event["tokens_per_s"] or p.tokens_per_s
                 self._first_step_after_start.setdefault(self._starts, time.time())
-            elif kind == "checkpoint":
+            elif event["event"] == "checkpoint":
                 p.checkpoints += 1
-            elif kind in ("finished", "failed"):  # a failed run reports what it measured up to the failure
-                self._result = dict(event)
-                p.step = int(event.get("steps", p.step))
-                p.tokens = int(event.get("tokens", p.tokens))
-                if event.get("final_loss") is not None:
-                    p.loss = float(event["final_loss"])
-                if event.get("steady_tokens_per_s") is not None:
-                    p.tokens_per_s = float(event["steady_tokens_per_s"])
+            elif event["event"] in ("finished", "failed"):  # a failed run reports what it measured up to the failure
+                result = self._result = dict(event["result"])
+                p.step = int(result.get("steps", p.step))
+                p.tokens = int(result.get("tokens", p.tokens))
+                if result.get("final_loss") is not None:
+                    p.loss = float(result["final_loss"])
+                if result.get("steady_tokens_per_s") is not None:
+                    p.tokens_per_s = float(result["steady_tokens_per_s"])
 
     def log(self, line: str) -> None:
         with self._lock:

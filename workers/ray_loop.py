@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from catalog.errors import GpuplanError, InvalidInput
-from workers.hooks import Signal, StepHook, TrainHooks
+from workers.hooks import ProgressEvent, Signal, StepHook, TrainHooks
 from workers.progress import ProgressTracker
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class ProgressActor:
         self._tracker = ProgressTracker()
         self._cancel = False
 
-    def event(self, event: dict[str, Any]) -> None:
+    def event(self, event: ProgressEvent) -> None:
         self._tracker.event(event)
 
     def log(self, line: str) -> None:
@@ -64,8 +64,8 @@ class _RayHooks(TrainHooks):
     def on_log(self, line: str) -> None:
         self._progress.log.remote(line)
 
-    def on_progress(self, progress: dict[str, Any]) -> None:
-        if progress.get("event") == "started":  # where rank 0 runs: what a node loss would hit
+    def on_progress(self, progress: ProgressEvent) -> None:
+        if progress["event"] == "started":  # where rank 0 runs: what a node loss would hit
             progress = {**progress, "node_id": ray.get_runtime_context().get_node_id()}
         self._progress.event.remote(progress)
 
@@ -155,9 +155,9 @@ class _InferHooks:
     def on_log(self, line: str) -> None:
         ray.get(self._progress.log.remote(line))
 
-    def on_progress(self, progress: dict[str, Any]) -> None:
-        if progress.get("event") == "started":  # where it runs: what a node loss would hit
+    def on_progress(self, progress: ProgressEvent) -> None:
+        if progress["event"] == "started":  # where it runs: what a node loss would hit
             progress = {**progress, "node_id": ray.get_runtime_context().get_node_id()}
         ray.get(self._progress.event.remote(progress))
-        if self._step_hook is not None and progress.get("event") == "step":
-            self._step_hook(int(progress["step"]), "batch")
+        if self._step_hook is not None and progress["event"] == "step":
+            self._step_hook(progress["step"], "batch")

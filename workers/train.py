@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,7 @@ from workers.capabilities import strategy_problem
 from workers.checkpoint_interval import ON_DEMAND_MTTP_H, IntervalPlanner, default_write_gbps
 from workers.cuda_env import configure_allocator
 from workers.data import DataLayout, TokenSource, tokenizer_dir
-from workers.hooks import TrainHooks
+from workers.hooks import OomBackoffEvent, TrainHooks
 from workers.model import (
     ModelSource,
     apply_lora,
@@ -407,7 +407,7 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
                     f"micro-batch {micro} x {accum} accumulation steps (same global batch: "
                     f"{micro * accum * world} sequences)")
                 if rank == 0:
-                    hooks.on_progress({"event": "oom_backoff", **backoffs[-1]})
+                    hooks.on_progress(cast(OomBackoffEvent, {"event": "oom_backoff", **backoffs[-1]}))
                 continue
             hooks.fault(step, "backward")
             try:
@@ -482,12 +482,13 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
             writer.wait()
         if rank == 0 and isinstance(exc, Exception):
             with contextlib.suppress(Exception):  # what it measured up to the failure, next to the prediction
-                hooks.on_progress({"event": "failed", **measure("failed", str(exc) or type(exc).__name__).to_dict()})
+                failed = measure("failed", str(exc) or type(exc).__name__)
+                hooks.on_progress({"event": "failed", "result": failed.to_dict()})
         raise
 
     result = measure(status)
     if rank == 0:
-        hooks.on_progress({"event": "finished", **result.to_dict()})
+        hooks.on_progress({"event": "finished", "result": result.to_dict()})
     return result
 
 
