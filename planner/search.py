@@ -35,7 +35,7 @@ from planner.capability import (
 from planner.cost import on_demand_cost, spot_cost
 from planner.knobs import Knobs
 from planner.memory import PRECISION_BYTES, MemoryLines, infer_memory, max_micro_batch, memory_lines, train_memory
-from planner.spec import JobSpec, TrainSpec, check_model
+from planner.spec import JobSpec, Resources, TrainSpec, check_model
 from planner.throughput import infer_throughput, train_step_parts, train_throughput
 from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Plan, Rejection, Strategy
 
@@ -525,83 +525,104 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
     mdl = resolve_spec_model(spec, catalog, model)
     _check_names(spec, catalog)
     gpus, pinned_counts = _allowed_gpus(spec, catalog)
-    res = spec.resources
-    clouds = {c.lower() for c in res.clouds} if res.clouds else None
-    regions = set(res.regions) if res.regions else None
-    hazards = {**cal.cost.spot_hazard_per_h, **(hazard_per_h or {})}
-    funnel = _Funnel()
-    allowed_ids = {g.id for g in gpus}
+    search = _Search(spec, mdl, cal, catalog.support, {**cal.cost.spot_hazard_per_h, **(hazard_per_h or {})})
+    _reject_outside_allow_list(catalog, {g.id for g in gpus}, search.funnel)
+    for gpu in gpus:
+        for o in _offers_in_scope(catalog, gpu, spec.resources, search.funnel):
+            for count in _counts_for(o.gpu_count, pinned_counts.get(gpu.id), spec.resources.max_gpus):
+                out = search.placement(gpu, count, o)
+                if out.estimate is not None:
+                    search.price(out, o, count)
+    if not search.candidates:
+        message, hint = _explain(spec, search.funnel, search.priced, mdl, cal)
+        raise NoFeasiblePlan(message, hint=hint)
+    ranked = _rank(search.candidates, objective)
+    warnings: list[str] = list(mdl.assumptions)
+    stale = _stale_prices_warning(catalog, ranked[:10], today) if today is not None else None
+    if stale:
+        warnings.append(stale)
+    return Plan(job=spec.name, objective=objective, chosen=ranked[0], candidates=ranked,
+                rejections=search.funnel.rejections, warnings=warnings)
+
+
+def _reject_outside_allow_list(catalog: Catalog, allowed_ids: set[str], funnel: _Funnel) -> None:
     for g in catalog.gpus:
         if g.id not in allowed_ids and catalog.offers_for(g.id):
             funnel.reject(f"{g.id} (any count)", f"{g.id} is not in resources.accelerators", "allow-list", 0)
 
-    outcomes: dict[tuple[str, int, int, float], Outcome] = {}
-    memo = Memo()
-    candidates: list[Candidate] = []
-    priced: list[Candidate] = []  # fit in memory, before deadline/budget
-    for gpu in gpus:
-        offers = catalog.offers_for(gpu.id)
-        kept: list[Offer] = []
-        for o in offers:
-            if clouds is not None and o.cloud.lower() not in clouds:
+
+def _offers_in_scope(catalog: Catalog, gpu: GpuSpec, res: Resources, funnel: _Funnel) -> list[Offer]:
+    """The GPU's offers in the allowed clouds and regions (a zone counts as its region's)."""
+    clouds = {c.lower() for c in res.clouds} if res.clouds else None
+    regions = set(res.regions) if res.regions else None
+    offers = catalog.offers_for(gpu.id)
+    kept = [o for o in offers if (clouds is None or o.cloud.lower() in clouds)
+            and (regions is None or o.region in regions or (o.zone or "") in regions)]
+    if not kept:
+        why = "no offer in the catalog" if not offers else "no offer in the allowed clouds/regions"
+        funnel.reject(f"{gpu.id} (any count)", f"{why} for {gpu.id}", "offers")
+    return kept
+
+
+def _stale_prices_warning(catalog: Catalog, top: list[Candidate], today: date) -> str | None:
+    stale = [o for o in catalog.stale_offers(today) if o in {c.offer for c in top}]
+    if not stale:
+        return None
+    oldest = min(o.source.as_of for o in stale)
+    return (f"{len(stale)} offer price(s) used here are older than 30 days (oldest {oldest}); "
+            "refresh with `gpuplan catalog refresh aws`")
+
+
+class _Search:
+    """One plan's search state: each placement estimated once, each offer x market priced and kept or
+    rejected with its reason."""
+
+    def __init__(self, spec: JobSpec, mdl: ModelConfig, cal: Calibration, support: StackSupport,
+                 hazards: dict[str, float]) -> None:
+        self.spec, self.mdl, self.cal, self.support, self.hazards = spec, mdl, cal, support, hazards
+        self.funnel = _Funnel()
+        self.memo = Memo()
+        self.outcomes: dict[tuple[str, int, int, float], Outcome] = {}
+        self.candidates: list[Candidate] = []
+        self.priced: list[Candidate] = []  # fit in memory, before deadline/budget
+
+    def placement(self, gpu: GpuSpec, count: int, o: Offer) -> Outcome:
+        """The best strategy for ``count`` x ``gpu`` laid out as offer ``o``'s nodes (estimated once per layout)."""
+        multi = count > o.gpu_count
+        key = (gpu.id, count, o.gpu_count if multi else 0, o.network_gbps if multi else 0.0)
+        if key not in self.outcomes:
+            p = Placement(gpu, count, o.gpu_count if multi else max(count, o.gpu_count), o.network_gbps)
+            self.outcomes[key] = _estimate_placement(self.spec, self.mdl, p, self.cal, self.support, self.memo)
+            if self.outcomes[key].estimate is None:
+                self.funnel.reject(p.label(), self.outcomes[key].reason, self.outcomes[key].constraint)
+        out = self.outcomes[key]
+        if out.estimate is not None and not out.label:
+            out.label = out.estimate.strategy.label()
+            out.checkpoint_h = _checkpoint_hours(self.mdl, out.estimate.strategy, self.cal)
+        return out
+
+    def price(self, out: Outcome, o: Offer, count: int) -> None:
+        """Offer ``o`` in each allowed market: a candidate, or a rejection (no price, deadline, budget)."""
+        assert out.estimate is not None
+        res = self.spec.resources
+        nodes = math.ceil(count / o.gpu_count)
+        for market, price in _markets(o, res.spot):
+            where = f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}"
+            if price is None:
+                if res.spot == "always" and market == "spot":
+                    self.funnel.reject(where, f"{o.cloud} {o.instance_type} has no spot price", "price")
                 continue
-            if regions is not None and o.region not in regions and (o.zone or "") not in regions:
-                continue
-            kept.append(o)
-        if not kept:
-            why = "no offer in the catalog" if not offers else "no offer in the allowed clouds/regions"
-            funnel.reject(f"{gpu.id} (any count)", f"{why} for {gpu.id}", "offers")
-            continue
-        for o in kept:
-            for count in _counts_for(o.gpu_count, pinned_counts.get(gpu.id), res.max_gpus):
-                multi = count > o.gpu_count
-                key = (gpu.id, count, o.gpu_count if multi else 0, o.network_gbps if multi else 0.0)
-                p = Placement(gpu, count, o.gpu_count if multi else max(count, o.gpu_count), o.network_gbps)
-                if key not in outcomes:
-                    outcomes[key] = _estimate_placement(spec, mdl, p, cal, catalog.support, memo)
-                    if outcomes[key].estimate is None:
-                        funnel.reject(p.label(), outcomes[key].reason, outcomes[key].constraint)
-                out = outcomes[key]
-                if out.estimate is None:
-                    continue
-                if not out.label:
-                    out.label = out.estimate.strategy.label()
-                    out.checkpoint_h = _checkpoint_hours(mdl, out.estimate.strategy, cal)
-                nodes = math.ceil(count / o.gpu_count)
-                for market, price in _markets(o, res.spot):
-                    if price is None:
-                        if res.spot == "always" and market == "spot":
-                            funnel.reject(f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}",
-                                          f"{o.cloud} {o.instance_type} has no spot price", "price")
-                        continue
-                    cost = _cost(out.estimate, out.checkpoint_h, market, price * nodes, nodes, o.cloud, hazards,
-                                 res.deadline, cal)
-                    cand = Candidate.model_construct(estimate=out.estimate, offer=o, cost=cost, nodes=nodes,
-                                                     pareto=False)
-                    priced.append(cand)
-                    problem = _deadline_problem(cost, res.deadline, cal)
-                    if problem:
-                        funnel.reject(f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}", problem,
-                                      "deadline")
-                        continue
-                    if res.budget_usd is not None and cost.usd > res.budget_usd:
-                        funnel.reject(f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}",
-                                      f"costs ${cost.usd:,.0f} > budget ${res.budget_usd:,.0f}", "budget")
-                        continue
-                    candidates.append(cand)
-    if not candidates:
-        message, hint = _explain(spec, funnel, priced, mdl, cal)
-        raise NoFeasiblePlan(message, hint=hint)
-    ranked = _rank(candidates, objective)
-    warnings: list[str] = list(mdl.assumptions)
-    if today is not None:
-        stale = [o for o in catalog.stale_offers(today) if o in {c.offer for c in ranked[:10]}]
-        if stale:
-            oldest = min(o.source.as_of for o in stale)
-            warnings.append(f"{len(stale)} offer price(s) used here are older than 30 days (oldest {oldest}); "
-                            "refresh with `gpuplan catalog refresh aws`")
-    return Plan(job=spec.name, objective=objective, chosen=ranked[0], candidates=ranked,
-                rejections=funnel.rejections, warnings=warnings)
+            cost = _cost(out.estimate, out.checkpoint_h, market, price * nodes, nodes, o.cloud, self.hazards,
+                         res.deadline, self.cal)
+            cand = Candidate.model_construct(estimate=out.estimate, offer=o, cost=cost, nodes=nodes, pareto=False)
+            self.priced.append(cand)
+            problem = _deadline_problem(cost, res.deadline, self.cal)
+            if problem:
+                self.funnel.reject(where, problem, "deadline")
+            elif res.budget_usd is not None and cost.usd > res.budget_usd:
+                self.funnel.reject(where, f"costs ${cost.usd:,.0f} > budget ${res.budget_usd:,.0f}", "budget")
+            else:
+                self.candidates.append(cand)
 
 
 def _cost(est: Estimate, checkpoint_h: float, market: str, usd_per_h: float, nodes: int, cloud: str,
