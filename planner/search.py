@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 
 from catalog.errors import InvalidInput, NoFeasiblePlan, UnknownName
 from catalog.loader import Catalog
-from catalog.params import count_params
+from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 from planner.calibration import GIB, Calibration, load_calibration
 from planner.capability import (
@@ -166,10 +166,59 @@ def _train_support_problem(t: TrainSpec, gpu: GpuSpec, support: StackSupport) ->
     return None
 
 
+@dataclass(frozen=True)
+class _TrainSpace:
+    """What a training placement may try: knob values the spec, the GPU and the stack allow."""
+
+    precisions: list[str]
+    shardings: list[str]
+    ckpts: list[bool]
+    micro_batches: list[int]
+    tp: int
+    pp: int
+    dp: int
+
+
+@dataclass
+class _TrainBest:
+    """The fastest knobs found (and the fastest mixed-precision ones), or the least memory-hungry miss."""
+
+    best: tuple[float, Knobs] | None = None
+    best_amp: tuple[float, Knobs] | None = None
+    smallest: tuple[float, Knobs] | None = None
+    tried: int = 0
+
+
 def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
                     memo: Memo, support: StackSupport) -> Outcome:
     assert spec.train is not None
     t = spec.train
+    space = _train_space(t, p, support)
+    if isinstance(space, Outcome):
+        return space
+    pc = count_params(model)
+    headroom = memory_headroom(spec, cal)
+    found = _search_train_knobs(t, model, p, space, cal, memo, pc, headroom)
+    gpu, mem_cal = p.gpu, cal.memory
+    if found.best is None:
+        assert found.smallest is not None
+        s0 = _to_strategy(found.smallest[1], gpu, p)
+        m0 = train_memory(model, s0, t.seq_len, gpu, mem_cal, pc, headroom)
+        return Outcome(None, _memory_reason(m0, gpu, s0), "memory", found.tried)
+    best = found.best
+    if found.best_amp is not None and found.best_amp[0] >= AMP_PREFERENCE * best[0]:
+        best = found.best_amp
+    strategy = _to_strategy(best[1], gpu, p)
+    memory = train_memory(model, strategy, t.seq_len, gpu, mem_cal, pc, headroom)
+    thr = train_throughput(model, strategy, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
+                           network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)
+    hours = t.tokens / thr.tokens_per_s / 3600
+    return Outcome(Estimate.model_construct(strategy=strategy, memory=memory, throughput=thr, hours=hours),
+                   tried=found.tried)
+
+
+def _train_space(t: TrainSpec, p: Placement, support: StackSupport) -> _TrainSpace | Outcome:
+    """The knob values to try on this placement, or the Outcome saying why none can run."""
     gpu = p.gpu
     if t.precision == "auto":
         precisions = auto_precisions(gpu, t.finetune)
@@ -207,25 +256,28 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     mbs = _micro_batches(t, dp)
     if isinstance(mbs, str):
         return Outcome(None, mbs, "count")
+    return _TrainSpace(list(precisions), shardings, ckpts, mbs, tp, pp, dp)
 
-    pc = count_params(model)
-    mem_cal, thr_cal = cal.memory, cal.throughput
-    headroom = memory_headroom(spec, cal)
-    best: tuple[float, Knobs] | None = None
-    best_amp: tuple[float, Knobs] | None = None
-    smallest: tuple[float, Knobs] | None = None
-    tried = 0
-    for precision in precisions:
+
+def _search_train_knobs(t: TrainSpec, model: ModelConfig, p: Placement, space: _TrainSpace, cal: Calibration,
+                        memo: Memo, pc: ParamCount, headroom: float) -> _TrainBest:
+    """Precision x sharding x checkpointing, each at the largest micro-batch that fits; lighter options first,
+    and a heavier one only where it buys a larger micro-batch."""
+    gpu, mem_cal, thr_cal = p.gpu, cal.memory, cal.throughput
+    mbs, dp = space.micro_batches, space.dp
+    found = _TrainBest()
+    for precision in space.precisions:
         lighter_mb: dict[bool, int] = {}  # best micro-batch of a lighter sharding, per checkpointing
-        for sharding in shardings:
+        for sharding in space.shardings:
             reached_top = False
             mb_without_ckpt = 0
-            for ckpt in ckpts:
+            for ckpt in space.ckpts:
                 accum1 = 1 if t.global_batch is None else max(1, math.ceil(t.global_batch / (mbs[0] * dp)))
-                knobs = Knobs(precision=precision, optimizer=t.optimizer, sharding=sharding, tensor_parallel=tp,
-                              pipeline_parallel=pp, gpu_count=p.count, activation_checkpointing=ckpt,
-                              micro_batch=mbs[0], grad_accum=accum1, finetune=t.finetune, lora_rank=t.lora_rank)
-                tried += 1
+                knobs = Knobs(precision=precision, optimizer=t.optimizer, sharding=sharding,
+                              tensor_parallel=space.tp, pipeline_parallel=space.pp, gpu_count=p.count,
+                              activation_checkpointing=ckpt, micro_batch=mbs[0], grad_accum=accum1,
+                              finetune=t.finetune, lora_rank=t.lora_rank)
+                found.tried += 1
                 key = (knobs, t.seq_len)
                 lines = memo.lines.get(key)
                 if lines is None:
@@ -233,8 +285,8 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                 mb = max_micro_batch(lines, p.count, gpu, mem_cal, mbs, headroom)
                 if mb is None:
                     need = max(c for c, _ in lines)
-                    if smallest is None or need < smallest[0]:
-                        smallest = (need, knobs)
+                    if found.smallest is None or need < found.smallest[0]:
+                        found.smallest = (need, knobs)
                     continue
                 if ckpt and mb <= mb_without_ckpt:
                     continue  # recomputation at no larger a micro-batch is only slower
@@ -247,29 +299,16 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                 knobs = knobs.with_micro_batch(mb, accum)
                 tps = train_step_parts(model, knobs, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
                                        network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)[0]
-                if best is None or tps > best[0]:
-                    best = (tps, knobs)
-                if precision.startswith("amp") and (best_amp is None or tps > best_amp[0]):
-                    best_amp = (tps, knobs)
+                if found.best is None or tps > found.best[0]:
+                    found.best = (tps, knobs)
+                if precision.startswith("amp") and (found.best_amp is None or tps > found.best_amp[0]):
+                    found.best_amp = (tps, knobs)
                 if not ckpt and mb == mbs[-1]:
                     reached_top = True
                     break  # checkpointing cannot beat a configuration that already runs the largest micro-batch
             if reached_top:
                 break  # heavier sharding only adds communication once replicas already run the largest micro-batch
-    if best is None:
-        assert smallest is not None
-        s0 = _to_strategy(smallest[1], gpu, p)
-        m0 = train_memory(model, s0, t.seq_len, gpu, mem_cal, pc, headroom)
-        return Outcome(None, _memory_reason(m0, gpu, s0), "memory", tried)
-    if best_amp is not None and best_amp[0] >= AMP_PREFERENCE * best[0]:
-        best = best_amp
-    strategy = _to_strategy(best[1], gpu, p)
-    memory = train_memory(model, strategy, t.seq_len, gpu, mem_cal, pc, headroom)
-    thr = train_throughput(model, strategy, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
-                           network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)
-    hours = t.tokens / thr.tokens_per_s / 3600
-    return Outcome(Estimate.model_construct(strategy=strategy, memory=memory, throughput=thr, hours=hours),
-                   tried=tried)
+    return found
 
 
 def _micro_batches(t: TrainSpec, dp: int) -> list[int] | str:
