@@ -1,0 +1,428 @@
+"""One placement (GPU type x count x node shape): the best strategy on it, with its memory, throughput and
+hours, or why none fits. ``estimate`` is the public entry for a pinned placement; planner.search prices
+and ranks the placements ``plan`` enumerates.
+
+Memory and throughput depend only on the placement, so each strategy is estimated once per placement
+(memory first, micro-batch by bisection)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from catalog.errors import InvalidInput
+from catalog.loader import Catalog
+from catalog.params import ParamCount, count_params
+from catalog.schema import GpuSpec, ModelConfig, StackSupport
+from planner.calibration import GIB, Calibration, load_calibration
+from planner.capability import (
+    auto_precisions,
+    auto_weights,
+    degree_problem,
+    gpu_support_problem,
+    knob_problem,
+    multi_gpu_problem,
+    precision_problem,
+    weights_problem,
+)
+from planner.knobs import Knobs
+from planner.memory import MemoryLines, infer_memory, max_micro_batch, memory_lines, train_memory
+from planner.resolve import memory_headroom, resolve_spec_model
+from planner.spec import JobSpec, TrainSpec
+from planner.throughput import infer_throughput, train_step_parts, train_throughput
+from planner.types import Estimate, MemoryEstimate, Strategy
+
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+AMP_PREFERENCE = 0.9  # keep fp32 master weights unless pure bf16 is >10% faster
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpu: GpuSpec
+    count: int
+    gpus_per_node: int
+    network_gbps: float
+
+    @property
+    def nodes(self) -> int:
+        return max(1, math.ceil(self.count / self.gpus_per_node))
+
+    def label(self) -> str:
+        return f"{self.count}x{self.gpu.id}" + (f" ({self.nodes} nodes)" if self.nodes > 1 else "")
+
+
+@dataclass
+class Memo:
+    """Per-plan caches: memory depends on the knobs, not on the GPU; per-token counts on the model."""
+
+    lines: dict[tuple[Knobs, int], MemoryLines] = field(default_factory=dict)
+    per_token: dict[tuple[object, ...], float] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    """The best strategy for one placement, or why none works."""
+
+    estimate: Estimate | None
+    reason: str = ""
+    constraint: str = ""
+    tried: int = 0
+    label: str = ""  # filled once the placement is priced
+    checkpoint_h: float = 0.0
+
+
+# ----------------------------------------------------------------------------- strategies
+
+
+def _strategy(**kw: Any) -> Strategy:
+    # model_construct: the search builds thousands of these from already-valid values
+    return Strategy.model_construct(**kw)
+
+
+def _train_support_problem(t: TrainSpec, gpu: GpuSpec, support: StackSupport) -> str | None:
+    """Why the workers cannot run the spec's pinned training knobs on ``gpu`` (None when they can)."""
+    for knob, value in (("optimizer", t.optimizer), ("finetune", t.finetune)):
+        problem = knob_problem(support, gpu, "train", knob, value)
+        if problem:
+            return problem
+    if t.precision != "auto" and (problem := knob_problem(support, gpu, "train", "precision", t.precision)):
+        return problem
+    if t.sharding != "auto" and (problem := knob_problem(support, gpu, "train", "sharding", t.sharding)):
+        return problem
+    for knob in ("tensor_parallel", "pipeline_parallel"):
+        value = getattr(t, knob)
+        if isinstance(value, int) and (problem := degree_problem(support, "train", knob, value)):
+            return problem
+    return None
+
+
+@dataclass(frozen=True)
+class _TrainSpace:
+    """What a training placement may try: knob values the spec, the GPU and the stack allow."""
+
+    precisions: list[str]
+    shardings: list[str]
+    ckpts: list[bool]
+    micro_batches: list[int]
+    tp: int
+    pp: int
+    dp: int
+
+
+@dataclass
+class _TrainBest:
+    """The fastest knobs found (and the fastest mixed-precision ones), or the least memory-hungry miss."""
+
+    best: tuple[float, Knobs] | None = None
+    best_amp: tuple[float, Knobs] | None = None
+    smallest: tuple[float, Knobs] | None = None
+    tried: int = 0
+
+
+def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
+                    memo: Memo, support: StackSupport) -> Outcome:
+    assert spec.train is not None
+    t = spec.train
+    space = _train_space(t, p, support)
+    if isinstance(space, Outcome):
+        return space
+    pc = count_params(model)
+    headroom = memory_headroom(spec, cal)
+    found = _search_train_knobs(t, model, p, space, cal, memo, pc, headroom)
+    gpu, mem_cal = p.gpu, cal.memory
+    if found.best is None:
+        assert found.smallest is not None
+        s0 = _to_strategy(found.smallest[1], gpu, p)
+        m0 = train_memory(model, s0, t.seq_len, gpu, mem_cal, pc, headroom)
+        return Outcome(None, _memory_reason(m0, gpu, s0), "memory", found.tried)
+    best = found.best
+    if found.best_amp is not None and found.best_amp[0] >= AMP_PREFERENCE * best[0]:
+        best = found.best_amp
+    strategy = _to_strategy(best[1], gpu, p)
+    memory = train_memory(model, strategy, t.seq_len, gpu, mem_cal, pc, headroom)
+    thr = train_throughput(model, strategy, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
+                           network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)
+    hours = t.tokens / thr.tokens_per_s / 3600
+    return Outcome(Estimate.model_construct(strategy=strategy, memory=memory, throughput=thr, hours=hours),
+                   tried=found.tried)
+
+
+def _train_space(t: TrainSpec, p: Placement, support: StackSupport) -> _TrainSpace | Outcome:
+    """The knob values to try on this placement, or the Outcome saying why none can run."""
+    gpu = p.gpu
+    if t.precision == "auto":
+        precisions = auto_precisions(gpu, t.finetune)
+    else:
+        problem = precision_problem(gpu, t.precision)
+        if problem:
+            return Outcome(None, problem, "dtype")
+        precisions = [t.precision]
+    problem = _train_support_problem(t, gpu, support)
+    if problem:
+        return Outcome(None, problem, "support")
+    runnable = [x for x in precisions if knob_problem(support, gpu, "train", "precision", x) is None]
+    if not runnable:
+        return Outcome(None, knob_problem(support, gpu, "train", "precision", precisions[0]) or "", "support")
+    precisions = runnable
+    if t.finetune == "qlora" and not any(x in ("bf16", "amp-bf16", "amp-fp16") for x in precisions):
+        return Outcome(None, f"qlora needs 16-bit compute; {gpu.id} has neither bf16 nor fp16", "dtype")
+    tp = t.tensor_parallel if isinstance(t.tensor_parallel, int) else 1
+    pp = t.pipeline_parallel if isinstance(t.pipeline_parallel, int) else 1
+    if p.count % (tp * pp):
+        return Outcome(None, f"{p.count} GPUs cannot be split into tensor_parallel={tp} x pipeline_parallel={pp}",
+                       "count")
+    if tp > p.gpus_per_node:
+        return Outcome(None, f"tensor_parallel={tp} needs {tp} GPUs on one node; this node has {p.gpus_per_node}",
+                       "count")
+    dp = p.count // (tp * pp)
+    if dp == 1:
+        shardings = ["none"]
+    elif t.sharding == "auto":
+        shardings = [x for x in ("ddp", "fsdp-grad-op", "fsdp")
+                     if knob_problem(support, gpu, "train", "sharding", x) is None]
+    else:
+        shardings = [t.sharding]
+    ckpts = [False, True] if t.activation_checkpointing == "auto" else [bool(t.activation_checkpointing)]
+    mbs = _micro_batches(t, dp)
+    if isinstance(mbs, str):
+        return Outcome(None, mbs, "count")
+    return _TrainSpace(list(precisions), shardings, ckpts, mbs, tp, pp, dp)
+
+
+def _search_train_knobs(t: TrainSpec, model: ModelConfig, p: Placement, space: _TrainSpace, cal: Calibration,
+                        memo: Memo, pc: ParamCount, headroom: float) -> _TrainBest:
+    """Precision x sharding x checkpointing, each at the largest micro-batch that fits; lighter options first,
+    and a heavier one only where it buys a larger micro-batch."""
+    gpu, mem_cal, thr_cal = p.gpu, cal.memory, cal.throughput
+    mbs, dp = space.micro_batches, space.dp
+    found = _TrainBest()
+    for precision in space.precisions:
+        lighter_mb: dict[bool, int] = {}  # best micro-batch of a lighter sharding, per checkpointing
+        for sharding in space.shardings:
+            reached_top = False
+            mb_without_ckpt = 0
+            for ckpt in space.ckpts:
+                accum1 = 1 if t.global_batch is None else max(1, math.ceil(t.global_batch / (mbs[0] * dp)))
+                knobs = Knobs(precision=precision, optimizer=t.optimizer, sharding=sharding,
+                              tensor_parallel=space.tp, pipeline_parallel=space.pp, gpu_count=p.count,
+                              activation_checkpointing=ckpt, micro_batch=mbs[0], grad_accum=accum1,
+                              finetune=t.finetune, lora_rank=t.lora_rank)
+                found.tried += 1
+                key = (knobs, t.seq_len)
+                lines = memo.lines.get(key)
+                if lines is None:
+                    lines = memo.lines[key] = memory_lines(model, knobs, t.seq_len, mem_cal, pc)
+                mb = max_micro_batch(lines, p.count, gpu, mem_cal, mbs, headroom)
+                if mb is None:
+                    need = max(c for c, _ in lines)
+                    if found.smallest is None or need < found.smallest[0]:
+                        found.smallest = (need, knobs)
+                    continue
+                if ckpt and mb <= mb_without_ckpt:
+                    continue  # recomputation at no larger a micro-batch is only slower
+                if mb <= lighter_mb.get(ckpt, 0):
+                    continue  # heavier sharding only adds communication unless it buys a larger micro-batch
+                lighter_mb[ckpt] = mb
+                if not ckpt:
+                    mb_without_ckpt = mb
+                accum = 1 if t.global_batch is None else max(1, math.ceil(t.global_batch / (mb * dp)))
+                knobs = knobs.with_micro_batch(mb, accum)
+                tps = train_step_parts(model, knobs, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
+                                       network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)[0]
+                if found.best is None or tps > found.best[0]:
+                    found.best = (tps, knobs)
+                if precision.startswith("amp") and (found.best_amp is None or tps > found.best_amp[0]):
+                    found.best_amp = (tps, knobs)
+                if not ckpt and mb == mbs[-1]:
+                    reached_top = True
+                    break  # checkpointing cannot beat a configuration that already runs the largest micro-batch
+            if reached_top:
+                break  # heavier sharding only adds communication once replicas already run the largest micro-batch
+    return found
+
+
+def _micro_batches(t: TrainSpec, dp: int) -> list[int] | str:
+    """Micro-batches that run exactly ``global_batch`` sequences per step on ``dp`` ranks (whole
+    accumulation steps), or why none can: the batch is the user's, never rounded."""
+    gb = t.global_batch
+    if gb is None:
+        return [t.micro_batch] if t.micro_batch else list(MICRO_BATCHES)
+    if gb < dp:
+        return (f"global_batch {gb} is smaller than the {dp} data-parallel ranks (each needs at least one "
+                f"sequence per step); use at most {gb} GPUs or a global_batch of at least {dp}")
+    if gb % dp:
+        below = max(n for n in range(1, dp) if gb % n == 0)
+        above = next((n for n in range(dp + 1, gb + 1) if gb % n == 0), gb)
+        return (f"global_batch {gb} does not split evenly over {dp} data-parallel ranks (it would run "
+                f"{math.ceil(gb / dp) * dp}); use {below} or {above} data-parallel ranks (divisors of {gb}) or a "
+                f"global_batch that is a multiple of {dp}, e.g. {gb - gb % dp} or {gb - gb % dp + dp}")
+    per_rank = gb // dp
+    if t.micro_batch:
+        if per_rank % t.micro_batch:
+            return (f"micro_batch {t.micro_batch} does not divide the {per_rank} sequences each of the {dp} "
+                    f"data-parallel ranks gets per step (global_batch {gb}); pin a micro_batch that divides "
+                    f"{per_rank} or leave it to the planner")
+        return [t.micro_batch]
+    return [m for m in MICRO_BATCHES if per_rank % m == 0]
+
+
+def _to_strategy(k: Knobs, gpu: GpuSpec, p: Placement) -> Strategy:
+    return Strategy(gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision=k.precision,
+                    optimizer=k.optimizer, sharding=k.sharding, tensor_parallel=k.tensor_parallel,
+                    pipeline_parallel=k.pipeline_parallel, activation_checkpointing=k.activation_checkpointing,
+                    micro_batch=k.micro_batch, grad_accum=k.grad_accum, finetune=k.finetune, lora_rank=k.lora_rank)
+
+
+def headroom_note(m: MemoryEstimate) -> str:
+    """'136.0 GiB usable less 5% headroom': the limit a fit verdict was judged against."""
+    return f"{gib(m.usable_bytes)} usable less {m.headroom:.0%} headroom"
+
+
+def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
+    if gpu.vendor == "cpu":
+        return f"needs {gib(m.required_bytes)} > {gib(m.limit_bytes)} RAM ({headroom_note(m)}) (smallest: {s.label()})"
+    return (f"needs {gib(m.required_bytes)} > {gib(m.limit_bytes)} ({headroom_note(m)}) on {gpu.id} "
+            f"(smallest: {s.label()})")
+
+
+def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
+                    support: StackSupport) -> Outcome:
+    assert spec.infer is not None
+    inf = spec.infer
+    gpu = p.gpu
+    problem = degree_problem(support, "infer", "gpus", p.count)
+    if problem:
+        return Outcome(None, problem, "support")
+    if inf.weights == "auto":
+        ladder = auto_weights(gpu)
+    else:
+        problem = weights_problem(gpu, inf.weights)
+        if problem:
+            return Outcome(None, problem, "dtype")
+        ladder = [inf.weights]
+    runnable = [w for w in ladder if knob_problem(support, gpu, "infer", "weights", w) is None]
+    if not runnable:
+        return Outcome(None, knob_problem(support, gpu, "infer", "weights", ladder[0]) or "", "support")
+    ladder = runnable
+    tps: list[int]
+    t = spec.train
+    pinned_tp = t.tensor_parallel if t is not None and isinstance(t.tensor_parallel, int) else None
+    if pinned_tp is not None and pinned_tp > 1:
+        problem = degree_problem(support, "infer", "tensor_parallel", pinned_tp)
+        if problem:
+            return Outcome(None, problem, "support")
+        tps = [pinned_tp]
+    else:
+        tps = sorted({x for x in (1, 2, 4, 8, p.count) if x <= min(p.count, p.gpus_per_node)
+                      and p.count % x == 0 and model.num_attention_heads % x == 0
+                      and degree_problem(support, "infer", "tensor_parallel", x) is None})
+    best: Estimate | None = None
+    smallest: tuple[MemoryEstimate, Strategy] | None = None
+    tried = 0
+    pc = count_params(model)
+    headroom = memory_headroom(spec, cal)
+    base = Strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision="bf16", batch=inf.batch)
+    for weights in ladder:
+        for tp in tps:
+            s = base.model_copy(update={"tensor_parallel": tp, "weights": weights})
+            m = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory, pc, headroom)
+            tried += 1
+            if not m.fits:
+                if smallest is None or m.required_bytes < smallest[0].required_bytes:
+                    smallest = (m, s)
+                continue
+            thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
+            assert thr.requests_per_s is not None
+            hours = inf.requests / thr.requests_per_s / 3600
+            est = Estimate.model_construct(strategy=s, memory=m, throughput=thr, hours=hours)
+            if best is None or thr.tokens_per_s > best.throughput.tokens_per_s * 1.02:
+                best = est
+        if best is not None:
+            break  # the most accurate weights that fit win; lower precision only when needed
+    if best is None:
+        assert smallest is not None
+        return Outcome(None, _memory_reason(smallest[0], gpu, smallest[1]), "memory", tried)
+    return Outcome(best, tried=tried)
+
+
+def estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration, support: StackSupport,
+                        memo: Memo | None = None) -> Outcome:
+    problem = multi_gpu_problem(p.gpu, p.count)
+    if problem:
+        return Outcome(None, problem, "count")
+    problem = gpu_support_problem(support, p.gpu)
+    if problem:
+        return Outcome(None, problem, "support")
+    cal = cal.for_vendor(p.gpu.vendor)
+    if spec.task == "train":
+        return _train_estimate(spec, model, p, cal, Memo() if memo is None else memo, support)
+    return _infer_estimate(spec, model, p, cal, support)
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, model: ModelConfig | None = None,
+             calibration: Calibration | None = None, gpus_per_node: int | None = None,
+             network_gbps: float = 100.0) -> Estimate:
+    """The estimate for a pinned placement; 'auto' fields resolved as ``plan`` does.
+
+    When nothing fits, the smallest configuration is returned with ``memory.fits = False`` so the
+    user sees by how much; a dtype the part lacks raises InvalidInput.
+    """
+    if count < 1:
+        raise InvalidInput(f"count must be at least 1, got {count}", path="count")
+    cal = calibration or load_calibration()  # the packaged fitted constants, read at call time
+    mdl = resolve_spec_model(spec, catalog, model)
+    g = catalog.gpu(gpu)
+    p = Placement(g, count, gpus_per_node or min(count, 8), network_gbps)
+    out = estimate_placement(spec, mdl, p, cal, catalog.support)
+    if out.estimate is not None:
+        return _with_model_warnings(out.estimate, mdl)
+    if out.constraint == "dtype":
+        raise InvalidInput(out.reason, hint="pin a precision/weights the GPU supports or pick another GPU")
+    if out.constraint != "memory":
+        raise InvalidInput(out.reason)  # the reason says what to change (the count, the batch...)
+    return _with_model_warnings(_smallest_unfitting(spec, mdl, p, cal), mdl)
+
+
+def _with_model_warnings(est: Estimate, model: ModelConfig) -> Estimate:
+    """A model read from a config gpuplan does not model exactly carries its guesses into the answer."""
+    return est.model_copy(update={"warnings": [*est.warnings, *model.assumptions]}) if model.assumptions else est
+
+
+def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration) -> Estimate:
+    """The estimate of the least memory-hungry strategy (it does not fit)."""
+    gpu = p.gpu
+    cal = cal.for_vendor(gpu.vendor)
+    if spec.task == "train":
+        assert spec.train is not None
+        t = spec.train
+        precision = t.precision if t.precision != "auto" else auto_precisions(gpu, t.finetune)[-1]
+        tp = t.tensor_parallel if isinstance(t.tensor_parallel, int) else 1
+        pp = t.pipeline_parallel if isinstance(t.pipeline_parallel, int) else 1
+        dp = max(1, p.count // (tp * pp))
+        sharding = "none" if dp == 1 else ("fsdp" if t.sharding == "auto" else t.sharding)
+        ckpt = True if t.activation_checkpointing == "auto" else bool(t.activation_checkpointing)
+        s = _strategy(gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision=precision, optimizer=t.optimizer,
+                      sharding=sharding, tensor_parallel=tp, pipeline_parallel=pp, activation_checkpointing=ckpt,
+                      micro_batch=t.micro_batch or 1, finetune=t.finetune, lora_rank=t.lora_rank)
+        mem = train_memory(model, s, t.seq_len, gpu, cal.memory, headroom=memory_headroom(spec, cal))
+        thr = train_throughput(model, s, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
+                               network_gbps=p.network_gbps)
+        return Estimate(strategy=s, memory=mem, throughput=thr, hours=t.tokens / thr.tokens_per_s / 3600)
+    assert spec.infer is not None
+    inf = spec.infer
+    weights = inf.weights if inf.weights != "auto" else auto_weights(gpu)[-1]
+    s = _strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes,
+                  tensor_parallel=p.count if p.count <= 8 else 8, weights=weights, batch=inf.batch)
+    mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory,
+                       headroom=memory_headroom(spec, cal))
+    thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
+    assert thr.requests_per_s is not None
+    return Estimate(strategy=s, memory=mem, throughput=thr, hours=inf.requests / thr.requests_per_s / 3600)

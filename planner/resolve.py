@@ -1,0 +1,65 @@
+"""Resolving a spec against the catalog: its model, the GPUs it allows (and pinned counts), the names it
+uses, and the memory headroom it asks for."""
+
+from __future__ import annotations
+
+from catalog.errors import InvalidInput, UnknownName
+from catalog.loader import Catalog
+from catalog.schema import GpuSpec, ModelConfig
+from planner.calibration import Calibration
+from planner.spec import JobSpec, check_model
+
+
+def resolve_spec_model(spec: JobSpec, catalog: Catalog, model: ModelConfig | None) -> ModelConfig:
+    """The spec's model, refused if the spec asks more of it than it can do (a context too long)."""
+    if model is None:
+        model = _catalog_model(spec, catalog)
+    check_model(spec, model)
+    return model
+
+
+def _catalog_model(spec: JobSpec, catalog: Catalog) -> ModelConfig:
+    if not isinstance(spec.model, str):
+        # Reading the config.json is I/O, which the planner leaves to its callers (the CLI, the service).
+        raise InvalidInput(f"the model is given as a config file ({spec.model.config}), which is not read here",
+                           path="model", hint="use a preset (gpuplan catalog models), or plan and run the spec file "
+                           "on this machine: gpuplan plan SPEC, gpuplan run SPEC")
+    try:
+        return catalog.model(spec.model)
+    except UnknownName as exc:
+        raise UnknownName("model", spec.model, [m.id for m in catalog.models], path="model") from exc
+
+
+def memory_headroom(spec: JobSpec, cal: Calibration) -> float:
+    """The fraction of usable memory a plan of ``spec`` must leave free: the spec's, else the default."""
+    chosen = spec.resources.memory_headroom
+    return cal.memory.plan_headroom if chosen is None else chosen
+
+
+def allowed_gpus(spec: JobSpec, catalog: Catalog) -> tuple[list[GpuSpec], dict[str, int | None]]:
+    pins = spec.resources.accelerator_pins()
+    if not pins:
+        return list(catalog.gpus), {}
+    gpus: list[GpuSpec] = []
+    counts: dict[str, int | None] = {}
+    choices = [n for g in catalog.gpus for n in (g.id, *g.aliases)]
+    for i, (name, count) in enumerate(pins.items()):
+        try:
+            gpu = catalog.gpu(name)
+        except UnknownName:
+            raise UnknownName("GPU", name, choices, path=f"resources.accelerators[{i}]") from None
+        if gpu.id not in counts:
+            gpus.append(gpu)
+        counts[gpu.id] = count
+    return gpus, counts
+
+
+def check_names(spec: JobSpec, catalog: Catalog) -> None:
+    clouds = sorted({o.cloud for o in catalog.offers})
+    for i, cloud in enumerate(spec.resources.clouds or []):
+        if cloud.lower() not in {c.lower() for c in clouds}:
+            raise UnknownName("cloud", cloud, clouds, path=f"resources.clouds[{i}]")
+    regions = sorted({o.region for o in catalog.offers} | {o.zone for o in catalog.offers if o.zone})
+    for i, region in enumerate(spec.resources.regions or []):
+        if region not in regions:
+            raise UnknownName("region", region, regions, path=f"resources.regions[{i}]")
