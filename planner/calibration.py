@@ -9,8 +9,9 @@ NON-holdout measured cases only, with where they came from). Pure functions take
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -168,24 +169,68 @@ class Calibration(_Cal):
         return self.model_copy(update={"memory": self.cpu.memory, "throughput": self.cpu.throughput})
 
 
-def load_calibration(path: Path | None = None) -> Calibration:
+def load_calibration(path: Path | None = None, *, overlay: Path | None = None) -> Calibration:
     """Read a calibration file (an edge helper: the CLI, scheduler and bench call it, not the planner).
 
-    A missing default file yields the first-principles defaults.
+    A missing default file yields the first-principles defaults. ``overlay``: a user's refit
+    (``gpuplan calibrate`` writes ``~/.gpuplan/calibration.json``, see :func:`user_calibration_path`)
+    whose ``overrides`` replace single constants of the shipped file; a missing overlay is no overlay.
     """
     target = path or DEFAULT_CALIBRATION_PATH
     if not target.is_file():
         if path is not None:
             raise CatalogError(f"calibration file {target} does not exist", hint="run bench/accuracy.py --fit")
-        return Calibration(cpu=_load_cpu(target.with_name(CPU_CALIBRATION_NAME)))
+        cal = Calibration(cpu=_load_cpu(target.with_name(CPU_CALIBRATION_NAME)))
+    else:
+        try:
+            cal = Calibration.model_validate(json.loads(target.read_text()))
+        except (ValueError, OSError) as exc:
+            raise CatalogError(
+                f"calibration file {target} is invalid: {exc}", hint="regenerate it with bench/accuracy.py --fit"
+            ) from exc
+        cpu_path = target.with_name(CPU_CALIBRATION_NAME)
+        if cpu_path.is_file():
+            cal = cal.model_copy(update={"cpu": _load_cpu(cpu_path)})
+    if overlay is None or not overlay.is_file():
+        return cal
     try:
-        cal = Calibration.model_validate(json.loads(target.read_text()))
-    except (ValueError, OSError) as exc:
-        raise CatalogError(
-            f"calibration file {target} is invalid: {exc}", hint="regenerate it with bench/accuracy.py --fit"
-        ) from exc
-    cpu_path = target.with_name(CPU_CALIBRATION_NAME)
-    return cal.model_copy(update={"cpu": _load_cpu(cpu_path)}) if cpu_path.is_file() else cal
+        doc = json.loads(overlay.read_text())
+        overrides = doc["overrides"] if isinstance(doc, dict) else None
+        if not isinstance(overrides, dict):
+            raise ValueError("it has no 'overrides' mapping")
+        return apply_overrides(cal, overrides, source=f"{doc.get('source', 'a user refit')} ({overlay})")
+    except (ValueError, OSError, KeyError) as exc:
+        raise CatalogError(f"your calibration file {overlay} is invalid: {exc}",
+                           hint="refit it with `gpuplan calibrate`, or delete it (`gpuplan calibrate --reset`) to "
+                           "plan with the shipped calibration") from exc
+
+
+USER_CALIBRATION_NAME = "calibration.json"
+
+
+def user_calibration_path(home: Path) -> Path:
+    """Where ``gpuplan calibrate`` keeps a user's refit: ``<gpuplan home>/calibration.json``."""
+    return home / USER_CALIBRATION_NAME
+
+
+def apply_overrides(cal: Calibration, overrides: Mapping[str, Any], *, source: str | None = None) -> Calibration:
+    """``cal`` with the constants named in ``overrides`` replaced (a nested mapping in the file's
+    layout: ``{"throughput": {"mfu_max": {"bf16": 0.7}}, "cpu": {"throughput": {...}}}``; a
+    dict-valued constant is merged key by key). Unknown names are refused (ValueError), as in the file."""
+    merged = _merge(cal.model_dump(mode="json"), overrides)
+    if source is not None:
+        merged["source"] = f"{cal.source}; overlaid by {source}"
+    return Calibration.model_validate(merged)
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _load_cpu(path: Path) -> CpuCalibration:
