@@ -94,5 +94,5 @@ def test_the_user_file_overlays_single_constants_and_a_bad_one_is_refused(tmp_pa
     assert cal.cpu.throughput.mfu_max == SHIPPED.cpu.throughput.mfu_max
     assert "gpuplan calibrate test" in cal.source and SHIPPED.source in cal.source
     path.write_text(json.dumps({"overrides": {"throughput": {"mfu_maxx": 1}}}))
-    with pytest.raises(CatalogError, match="(?s)calibration file .* is invalid.*mfu_maxx"):
+    with pytest.raises(CatalogError, match=r"(?s)calibration file .* is invalid.*mfu_maxx"):
         load_calibration(overlay=path)
