@@ -227,7 +227,9 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration) -> Calibration:
     thr = _fit_fsdp(train_rows, gpu, thr)
     return Calibration(
         source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
-               f"({datetime.now(UTC).date().isoformat()}); results bench/results/h200.json",
+               f"({datetime.now(UTC).date().isoformat()}); results bench/results/h200.json; "
+               "memory.expandable_overhead: planner/calibration.py's defaults (measured by bench/gpu_acceptance.py "
+               "with the workers' allocator, which these cases did not run)",
         fitted_on=fitted_ids, memory=mem, throughput=thr, cost=base.cost,
     )
 

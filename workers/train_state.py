@@ -66,6 +66,9 @@ class LoadedState:
     data_position: int
     tokens: int
     loss: float | None
+    # (micro_batch, grad_accum) the run was at when it saved: smaller than the plan's after an OOM
+    # back-off, which a resume keeps instead of running out of memory again (None: not recorded)
+    split: tuple[int, int] | None = None
 
 
 def shape_signature(model: torch.nn.Module) -> dict[str, list[int]]:
@@ -391,7 +394,8 @@ def save_state(writer: CheckpointWriter, *, step: int, data_position: int, token
     meta = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss, "state": skeleton,
             "scheduler": copy_module.deepcopy(scheduler.state_dict()), "rng": rngs,
             "shapes": _state_shapes(model_state), "trainable_only": trainable_only,
-            "world_size": dist.get_world_size() if _distributed() else 1, "fsdp": sharded}
+            "world_size": dist.get_world_size() if _distributed() else 1, "fsdp": sharded,
+            "run_split": extra_metadata.get("run_split")}  # what a resume reads back (LoadedState.split)
     prefix = f"rank-{rank:04d}/" if sharded else ""
     shards = _shards(writer.buffer, layout, meta, prefix)
     metadata = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss,
@@ -527,8 +531,10 @@ def _apply(meta: dict[str, Any], tensors: list[torch.Tensor], *, model: torch.nn
     rngs = meta["rng"]
     # Same world size: every rank continues its own RNG stream; otherwise rank 0's is the best guess.
     set_rng_state(rngs[0] if sharded else (rngs[rank] if len(rngs) == world else rngs[0]))
+    split = meta.get("run_split")
     return LoadedState(step=step, data_position=int(meta["data_position"]), tokens=int(meta["tokens"]),
-                       loss=meta.get("loss"))
+                       loss=meta.get("loss"),
+                       split=(int(split[0]), int(split[1])) if isinstance(split, list) and len(split) == 2 else None)
 
 
 def read_checkpoint_state(store: Any) -> tuple[int, dict[str, torch.Tensor]] | None:
