@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from catalog.errors import CheckpointError, InvalidInput
-from workers.checkpoint import (
+from workers.checkpoint_format import (
     CHUNK,
     SHARD_THREADS,
     CheckpointInfo,
