@@ -40,15 +40,8 @@ import torch
 import torch.distributed as dist
 
 from catalog.errors import CheckpointError, InvalidInput
-from workers.checkpoint_format import (
-    CHUNK,
-    SHARD_THREADS,
-    CheckpointInfo,
-    Shard,
-    Sink,
-    new_token,
-    parallel_map,
-)
+from workers.checkpoint_format import CHUNK, CheckpointInfo, Shard, Sink, new_token
+from workers.checkpoint_read import host_bytes, read_tensors, target_devices
 
 logger = logging.getLogger(__name__)
 
@@ -225,17 +218,71 @@ def _view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
 
 
 class HostBuffer:
-    """Host memory for the shards of one state layout, allocated on first use and reused while the
-    layout stays the same (pinned when the state is on a GPU: fresh pageable memory is ~30x slower)."""
+    """Host memory for the shards of one state layout, allocated once and reused while the layout
+    stays the same (pinned when the state is on a GPU: fresh pageable memory is ~30x slower).
+
+    Pinning ~15 GB takes seconds; ``prepare`` does it in a background thread, one shard's buffer at
+    a time, as soon as the state exists (after the first optimizer step), so the first checkpoint's
+    snapshot costs what the later ones do. ``fill`` waits for a preparation still running and
+    allocates itself only when nothing was prepared for this layout."""
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
         self.layout: Layout | None = None
         self.buffers: list[torch.Tensor] = []
+        self._preparing: threading.Thread | None = None
+        self._prepare_error: BaseException | None = None
+        self.prepare_s: float | None = None  # how long the last background allocation took
+
+    @staticmethod
+    def _key_of(tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+        return (any(t.is_cuda for t in tensors), *((t.dtype, tuple(t.shape)) for t in tensors))
+
+    def prepare(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Start allocating the buffers for ``tensors``' layout in the background (no-op if they exist)."""
+        self.wait_prepared()
+        key = self._key_of(tensors)
+        if key == self._key:
+            return
+        layout = plan_layout(tensors)
+        pinned = bool(key[0])
+        device = next((t.device for t in tensors if t.is_cuda), None)
+        self.buffers, self.layout, self._key = [], None, None  # release the old buffers before taking new ones
+
+        def allocate() -> None:
+            began = time.perf_counter()
+            try:
+                if device is not None:
+                    torch.cuda.set_device(device)  # the thread's CUDA context is the run's device's
+                buffers = [torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=pinned)
+                           for size in layout.shard_bytes]
+            except BaseException as exc:  # fill() allocates itself and reports a real failure
+                self._prepare_error = exc
+                return
+            self.buffers, self.layout, self._key = buffers, layout, key
+            self.prepare_s = time.perf_counter() - began
+
+        self._preparing = threading.Thread(target=allocate, daemon=True, name="gpuplan-checkpoint-buffer")
+        self._preparing.start()
+
+    def wait_prepared(self) -> None:
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
+        if self._prepare_error is not None:
+            logger.warning("allocating the checkpoint buffer in the background failed (%s); the first"
+                           " checkpoint allocates it", self._prepare_error)
+            self._prepare_error = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether a background allocation has finished (or none is running)."""
+        return self._preparing is None or not self._preparing.is_alive()
 
     def fill(self, tensors: Sequence[torch.Tensor]) -> Layout:
-        pinned = any(t.is_cuda for t in tensors)
-        key = (pinned, *((t.dtype, tuple(t.shape)) for t in tensors))
+        self.wait_prepared()
+        key = self._key_of(tensors)
+        pinned = bool(key[0])
         if key != self._key or self.layout is None:
             self.buffers = []  # release the old buffers before taking new ones
             self.layout = plan_layout(tensors)
@@ -253,24 +300,19 @@ def _shard_name(prefix: str, index: int, count: int) -> str:
     return f"{prefix}shard-{index:02d}-of-{count:02d}.bin"
 
 
-def _bytes_view(buffer: torch.Tensor) -> memoryview:
-    """A uint8 CPU tensor's bytes, shared (no copy)."""
-    array: Any = buffer.numpy()
-    return memoryview(array).cast("B")
-
-
 def _bytes_writer(buffer: torch.Tensor, size: int) -> Callable[[Sink], None]:
     def write(sink: Sink) -> None:
-        view = _bytes_view(buffer)[:size]
+        view = host_bytes(buffer)[:size]
         for start in range(0, size, CHUNK):
             sink.write(view[start : start + CHUNK])
 
     return write
 
 
-def _shards(buffer: HostBuffer, layout: Layout, meta: dict[str, Any], prefix: str) -> list[Shard]:
+def _shards(buffer: HostBuffer, layout: Layout, meta: dict[str, Any], prefix: str,
+            devices: list[str]) -> list[Shard]:
     count = len(layout.shard_bytes)
-    meta = {**meta, "format": FORMAT,
+    meta = {**meta, "format": FORMAT, "devices": devices,
             "tensors": [(_shard_name(prefix, s.shard, count), s.offset, s.nbytes, str(s.dtype).removeprefix("torch."),
                          s.shape) for s in layout.slots]}
     raw = io.BytesIO()
@@ -393,12 +435,25 @@ def save_state(writer: CheckpointWriter, *, step: int, data_position: int, token
             "shapes": _state_shapes(model_state), "trainable_only": trainable_only,
             "world_size": dist.get_world_size() if _distributed() else 1, "fsdp": sharded}
     prefix = f"rank-{rank:04d}/" if sharded else ""
-    shards = _shards(writer.buffer, layout, meta, prefix)
+    shards = _shards(writer.buffer, layout, meta, prefix, [t.device.type for t in tensors])
     metadata = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss,
                 "layout": "sharded-v2", "fsdp_ranks": dist.get_world_size() if sharded else 0,
                 "trainable_only": trainable_only, **extra_metadata}
     writer.submit(step, shards, metadata, collective=sharded, blocking=blocking)
     return step if rank == 0 else None
+
+
+def prepare_state(writer: CheckpointWriter, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  sharded: bool) -> None:
+    """Start allocating the host buffer of this rank's checkpoints in the background. Call it once the
+    optimizer state exists (after the first step), on every rank that writes."""
+    if not sharded and _distributed() and dist.get_rank() != 0:
+        return
+    model_state, optim_state = _model_and_optimizer_state(model, optimizer, sharded)
+    tensors: list[torch.Tensor] = []
+    seen: dict[tuple[Any, ...], int] = {}
+    _flatten({"model": model_state, "optimizer": optim_state}, tensors, seen)
+    writer.buffer.prepare(tensors)
 
 
 # -- load ---------------------------------------------------------------------------------------
@@ -416,9 +471,11 @@ def checkpoint_layout(info: CheckpointInfo) -> str:
     )
 
 
-def read_sharded(store: Any, info: CheckpointInfo, prefix: str = "") -> tuple[dict[str, Any], list[torch.Tensor]]:
+def read_sharded(store: Any, info: CheckpointInfo, prefix: str = "",
+                 device: torch.device | None = None) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """(meta, tensors) of one rank's part of a sharded checkpoint, every file read in parallel and
-    verified against the manifest as it is read."""
+    verified against the manifest as it is read; tensors that were on an accelerator go to ``device``
+    when one is given (workers.checkpoint_read), the rest to the CPU."""
     meta_rel = prefix + META_FILE
     if meta_rel not in info.sizes:
         raise CheckpointError(f"the checkpoint of step {info.step} has no {meta_rel}",
@@ -432,14 +489,8 @@ def read_sharded(store: Any, info: CheckpointInfo, prefix: str = "") -> tuple[di
                            message=f"the checkpoint of step {info.step} has state format {found!r}; this version"
                            f" reads format {FORMAT}",
                            hint="resume it with the gpuplan version that wrote it")
-    entries = meta["tensors"]
-    files = sorted({entry[0] for entry in entries})
-    buffers = {rel: torch.empty(max(info.sizes.get(rel, 0), 1), dtype=torch.uint8) for rel in files}
-    parallel_map(lambda rel: store.read_into(info, rel, _bytes_view(buffers[rel])[: info.sizes[rel]]),
-                 files, threads=SHARD_THREADS)
-    tensors = [buffers[rel][offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
-               for rel, offset, nbytes, dtype, shape in entries]
-    return meta, tensors
+    entries = [(rel, offset, nbytes, dtype, tuple(shape)) for rel, offset, nbytes, dtype, shape in meta["tensors"]]
+    return meta, read_tensors(store, info, entries, target_devices(meta.get("devices"), len(entries), device))
 
 
 def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -461,7 +512,8 @@ def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Opt
             if checkpoint_layout(info) == "legacy":
                 loaded = "legacy"
             else:
-                loaded = read_sharded(store, info, f"rank-{rank:04d}/" if _fsdp_checkpoint(info) else "")
+                loaded = read_sharded(store, info, f"rank-{rank:04d}/" if _fsdp_checkpoint(info) else "",
+                                      _device_of(model))
         except CheckpointError as exc:  # torn or corrupt: the one before it is tried
             problem = exc
         oks: list[Any] = [problem is None]
@@ -475,6 +527,16 @@ def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Opt
         if loaded == "legacy":
             return _load_legacy(store, info, model=model, optimizer=optimizer, scheduler=scheduler)
         return _apply(loaded[0], loaded[1], model=model, optimizer=optimizer, scheduler=scheduler, sharded=sharded)
+    return None
+
+
+def _device_of(model: torch.nn.Module) -> torch.device | None:
+    """The accelerator the model trains on (None on the CPU): where its checkpoint's tensors load to."""
+    from torch.distributed.tensor import DTensor
+
+    for param in model.parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        return local.device if local.device.type != "cpu" else None
     return None
 
 
