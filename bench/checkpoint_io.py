@@ -46,7 +46,8 @@ from planner.spec import spec_from_dict
 from workers.checkpoint import LocalStore
 from workers.checkpoint_format import SHARD_THREADS
 from workers.model import build_model, resolve_model_source
-from workers.train_state import CheckpointWriter, _flatten, load_state, plan_layout, prepare_state, save_state
+from workers.train_state import CheckpointWriter, flatten, plan_layout, prepare_state, save_state
+from workers.train_state_load import load_state
 
 GB = 1e9
 
@@ -227,7 +228,7 @@ def _mean(values: list[float]) -> float:
 
 def _live_tensors(model: torch.nn.Module, optimizer: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    _flatten({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, out)
+    flatten({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, out)
     return out
 
 

@@ -137,7 +137,7 @@ def load_time(job: TrainJob) -> float:
     """Seconds to restore the newest checkpoint into a fresh model and optimizer."""
     from workers.checkpoint import open_store
     from workers.train import _lr_lambda, _make_optimizer, _prepare_model
-    from workers.train_state import load_state
+    from workers.train_state_load import load_state
 
     device = pick_device(job.device)
     model, sharded = _prepare_model(job, resolve_model_source(job.spec), device, 1)

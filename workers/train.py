@@ -45,7 +45,8 @@ from workers.model import (
     quantize_base_nf4,
     resolve_model_source,
 )
-from workers.train_state import CheckpointWriter, load_state, prepare_state, save_state
+from workers.train_state import CheckpointWriter, prepare_state, save_state
+from workers.train_state_load import load_state
 
 # Seeding the global RNG and building a model must not interleave between two in-process runs.
 _BUILD_LOCK = threading.Lock()

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tests.workers.test_train_state import _parts, _same, _save, _train
 from workers.checkpoint import LocalStore
 from workers.checkpoint_read import spans, target_devices
-from workers.train_state import CheckpointWriter, load_state, prepare_state, read_sharded
+from workers.train_state import CheckpointWriter, prepare_state
+from workers.train_state_load import load_state, read_sharded
 
 
 @settings(max_examples=100, deadline=None)
