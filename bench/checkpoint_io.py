@@ -44,7 +44,7 @@ import torch
 
 from planner.spec import spec_from_dict
 from workers.checkpoint import LocalStore
-from workers.checkpoint_format import SHARD_THREADS
+from workers.checkpoint_threads import SHARD_THREADS
 from workers.model import build_model, resolve_model_source
 from workers.train_state import CheckpointWriter, flatten, plan_layout, prepare_state, save_state
 from workers.train_state_load import load_state

@@ -30,7 +30,6 @@ from catalog.errors import CheckpointError, InvalidInput
 from workers.checkpoint_format import (
     CHUNK,
     MARKER,
-    SHARD_THREADS,
     CheckpointInfo,
     CheckpointStore,
     FileDigests,
@@ -44,7 +43,6 @@ from workers.checkpoint_format import (
     check_present,
     check_step,
     new_token,
-    parallel_map,
     parse_manifest,
     parse_step_dirname,
     prune_targets,
@@ -56,6 +54,7 @@ from workers.checkpoint_format import (
     step_dirname,
     verify_content,
 )
+from workers.checkpoint_threads import SHARD_THREADS, parallel_map
 
 __all__ = ["CheckpointInfo", "CheckpointStore", "LocalStore", "Shard", "StagedSave", "new_token", "open_store",
            "step_dirname"]

@@ -25,12 +25,11 @@ import torch
 
 from workers.checkpoint_format import (
     CHUNK,
-    SHARD_THREADS,
     CheckpointInfo,
     CheckpointStore,
-    parallel_map,
     stream_verified,
 )
+from workers.checkpoint_threads import SHARD_THREADS, parallel_map
 
 Entry = tuple[str, int, int, str, tuple[int, ...]]
 """One tensor of a checkpoint: (file, byte offset, bytes, dtype name, shape)."""
@@ -109,6 +108,7 @@ def _to_device(store: CheckpointStore, info: CheckpointInfo, entries: Sequence[E
         try:
             _read_file(store, info, rel, [(entries[i][1], out[i]) for i in by_file[rel]], staging, allocated)
         finally:
+            staging.stream.synchronize()  # after a failure too: no copy still reads the buffers handed back
             pool.put(staging)
 
     parallel_map(read, files, threads=SHARD_THREADS)
@@ -155,4 +155,3 @@ def _read_file(store: CheckpointStore, info: CheckpointInfo, rel: str, slots: li
             staging.events[which].record(staging.stream)
             # The next piece is read into the other buffer: its copies (two pieces ago) must be done.
             staging.events[1 - which].synchronize()
-        staging.stream.synchronize()

@@ -23,7 +23,6 @@ from typing import Any
 from catalog.errors import CheckpointError, InvalidInput
 from workers.checkpoint_format import (
     MARKER,
-    SHARD_THREADS,
     CheckpointInfo,
     FileDigests,
     FileHook,
@@ -35,7 +34,6 @@ from workers.checkpoint_format import (
     check_keep,
     check_present,
     check_step,
-    parallel_map,
     parse_manifest,
     parse_step_dirname,
     prune_targets,
@@ -47,6 +45,7 @@ from workers.checkpoint_format import (
     step_dirname,
     verify_content,
 )
+from workers.checkpoint_threads import SHARD_THREADS, parallel_map
 
 logger = logging.getLogger(__name__)
 
