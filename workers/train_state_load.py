@@ -5,7 +5,8 @@ An FSDP checkpoint resumes on the world size that wrote it with each rank readin
 files. On another world size (more or fewer GPUs, or one GPU without FSDP) every rank reads every
 rank's files to the host, puts each tensor back together, and loads the full state through
 ``torch.distributed.checkpoint``'s full-state API, which gives each rank its part: slower and
-host-memory hungry (the whole state per process), but the run continues where it stopped.
+host-memory hungry (the whole state per process), but the run continues where it stopped. A
+checkpoint of a run without FSDP resumes under FSDP the same way.
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Opt
             return _load_legacy(store, info, model=model, optimizer=optimizer, scheduler=scheduler)
         if isinstance(loaded, list):
             return _reshard(loaded, model=model, optimizer=optimizer, scheduler=scheduler)
+        if sharded and not loaded[0].get("fsdp"):
+            return _reshard([loaded], model=model, optimizer=optimizer, scheduler=scheduler)
         return _apply(loaded[0], loaded[1], model=model, optimizer=optimizer, scheduler=scheduler, sharded=sharded)
     return None
 
@@ -168,8 +171,8 @@ def _read(store: Any, info: CheckpointInfo, rank: int, sharded: bool,
     if checkpoint_layout(info) == "legacy":
         return "legacy"
     ranks = fsdp_ranks(info)
-    if not ranks:
-        return read_sharded(store, info, "", device)
+    if not ranks:  # one full state: an FSDP run reads it to the host and keeps only its part
+        return read_sharded(store, info, "", None if sharded else device)
     world = dist.get_world_size() if distributed() else 1
     if sharded and ranks == world:
         return read_sharded(store, info, f"rank-{rank:04d}/", device)
@@ -182,10 +185,9 @@ def _read(store: Any, info: CheckpointInfo, rank: int, sharded: bool,
 def _apply(meta: dict[str, Any], tensors: list[torch.Tensor], *, model: torch.nn.Module,
            optimizer: torch.optim.Optimizer, scheduler: Any, sharded: bool) -> LoadedState:
     step = int(meta["step"])
-    if bool(meta.get("fsdp")) != sharded:
-        how = "with" if meta.get("fsdp") else "without"
+    if bool(meta.get("fsdp")) != sharded:  # load_state routes every other combination through _reshard
         raise InvalidInput(path="checkpoint_uri",
-                           message=f"the checkpoint of step {step} was written {how} FSDP sharding; this run is not",
+                           message=f"the checkpoint of step {step} does not match this run's FSDP sharding",
                            hint="resume with the sharding that wrote it, or point checkpoint_uri at a new directory")
     live_model, _ = model_and_optimizer_state(model, optimizer, sharded)
     _check_shapes(meta["shapes"], state_shapes(live_model), step)
@@ -280,6 +282,8 @@ def _reshard(parts: list[Part], *, model: torch.nn.Module, optimizer: torch.opti
     live_model, _ = model_and_optimizer_state(model, optimizer, sharded)
     _check_shapes(meta["shapes"], state_shapes(live_model), step)
     state = _merge([_locals(m["state"], tensors) for m, tensors in parts], step)
+    if not meta.get("fsdp"):  # a plain optimizer state, keyed by parameter index
+        state["optimizer"] = _keyed_by_name(state["optimizer"], model, optimizer)
     frozen = bool(meta.get("trainable_only"))
     options = StateDictOptions(full_state_dict=True, ignore_frozen_params=frozen, strict=not frozen)
     set_model_state_dict(model, state["model"], options=options)
@@ -288,6 +292,26 @@ def _reshard(parts: list[Part], *, model: torch.nn.Module, optimizer: torch.opti
     set_rng_state(meta["rng"][0])  # another world size: rank 0's stream is the best guess for every rank
     return LoadedState(step=step, data_position=int(meta["data_position"]), tokens=int(meta["tokens"]),
                        loss=meta.get("loss"))
+
+
+def _keyed_by_name(saved: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``optimizer.state_dict()`` of a run without FSDP (parameters by index) keyed by parameter name,
+    as torch.distributed.checkpoint loads it: the names come from this run's optimizer, group by
+    group, in the same order (both optimizers take the trainable parameters in model order)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    template: Any = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
+    names: dict[int, str] = {}
+    for group, named in zip(saved["param_groups"], template["param_groups"], strict=True):
+        if len(group["params"]) != len(named["params"]):
+            raise InvalidInput(
+                f"the checkpoint's optimizer has {len(group['params'])} parameters in a group where this run has"
+                f" {len(named['params'])}", path="checkpoint_uri",
+                hint="resume with the model and fine-tuning method that wrote it")
+        names.update(zip(group["params"], named["params"], strict=True))
+    return {"state": {names[int(index)]: value for index, value in saved["state"].items()},
+            "param_groups": [{**group, "params": named["params"]}
+                             for group, named in zip(saved["param_groups"], template["param_groups"], strict=True)]}
 
 
 def _is_dtensor(value: Any) -> bool:
