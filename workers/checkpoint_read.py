@@ -53,9 +53,10 @@ def target_devices(saved: Sequence[str] | None, count: int, device: torch.device
 def read_tensors(store: CheckpointStore, info: CheckpointInfo, entries: Sequence[Entry],
                  devices: Sequence[torch.device]) -> list[torch.Tensor]:
     """The tensors of ``entries``, each on its device, every file read in parallel and verified."""
-    if any(d.type == "cuda" for d in devices):
+    accelerator = next((d for d in devices if d.type == "cuda"), None)
+    if accelerator is not None:
         try:
-            return _to_device(store, info, entries, devices)
+            return _to_device(store, info, entries, devices, accelerator)
         except torch.OutOfMemoryError:  # the device is too full for a second copy: stage on the host
             torch.cuda.empty_cache()
     return _to_host(store, info, entries)
@@ -79,21 +80,23 @@ class _Staging:
     stream: Any
 
 
+def _pinned(nbytes: int) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
 def _staging(device: torch.device, count: int) -> queue.Queue[_Staging]:
     # Made in the caller's thread: it has the run's device current (a worker thread would open a
     # context on GPU 0).
     pool: queue.Queue[_Staging] = queue.Queue()
     for _ in range(count):
-        pieces = (torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True),
-                  torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True))
+        pieces = (_pinned(CHUNK), _pinned(CHUNK))
         events = (torch.cuda.Event(), torch.cuda.Event())  # type: ignore[no-untyped-call]
         pool.put(_Staging(pieces, events, torch.cuda.Stream(device)))  # type: ignore[no-untyped-call]
     return pool
 
 
 def _to_device(store: CheckpointStore, info: CheckpointInfo, entries: Sequence[Entry],
-               devices: Sequence[torch.device]) -> list[torch.Tensor]:
-    device = next(d for d in devices if d.type == "cuda")
+               devices: Sequence[torch.device], device: torch.device) -> list[torch.Tensor]:
     out = [torch.empty(shape, dtype=getattr(torch, dtype), device=dev)
            for (_, _, _, dtype, shape), dev in zip(entries, devices, strict=True)]
     by_file: dict[str, list[int]] = defaultdict(list)  # file -> its entries, by offset

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from catalog.errors import CheckpointError
 from tests.workers.test_train_state import _parts, _same, _save, _train
+from workers import checkpoint_read
 from workers.checkpoint import LocalStore
 from workers.checkpoint_read import spans, target_devices
 from workers.train_state import CheckpointWriter, prepare_state
@@ -66,3 +72,64 @@ def test_a_prepared_buffer_is_the_one_the_first_snapshot_uses(tmp_path: Path) ->
     fresh, fresh_opt, fresh_sched = _parts(seed=5)
     assert load_state(store, model=fresh, optimizer=fresh_opt, scheduler=fresh_sched, sharded=False) is not None
     _same(fresh.state_dict(), model.state_dict())
+
+
+class _Stream:
+    """CUDA stream stand-in: on the CPU every copy is done when it returns."""
+
+    device = torch.device("cpu")
+
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _Event:
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+@pytest.fixture
+def cpu_as_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run the device read path (pinned staging pieces, streams, events) with CPU stand-ins, and
+    pieces of 1 KiB so that tensors straddle many pieces."""
+    monkeypatch.setattr(checkpoint_read, "CHUNK", 1024)
+    monkeypatch.setattr(checkpoint_read, "_pinned", lambda n: torch.empty(n, dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    yield
+
+
+def _entries(meta: dict[str, Any]) -> list[checkpoint_read.Entry]:
+    return [(rel, offset, nbytes, dtype, tuple(shape)) for rel, offset, nbytes, dtype, shape in meta["tensors"]]
+
+
+def test_the_device_path_puts_every_byte_where_the_host_path_does(tmp_path: Path, cpu_as_device: None) -> None:
+    store = LocalStore(tmp_path / "ck")
+    model, optimizer, scheduler = _parts(width=40)
+    _train(model, optimizer, scheduler, 2)
+    _save(CheckpointWriter(store), 2, model, optimizer, scheduler)
+    info = store.latest()
+    assert info is not None
+    meta, host = read_sharded(store, info)
+    cpu = torch.device("cpu")
+    entries = _entries(meta)
+    staged = checkpoint_read._to_device(store, info, entries, [cpu] * len(entries), cpu)
+    assert len(staged) == len(host)
+    for a, b in zip(staged, host, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+    shard = tmp_path / "ck" / "step-000000002" / "shard-00-of-16.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="corrupted"):
+        checkpoint_read._to_device(store, info, entries, [cpu] * len(entries), cpu)
