@@ -45,7 +45,8 @@ from workers.model import (
     quantize_base_nf4,
     resolve_model_source,
 )
-from workers.train_state import CheckpointWriter, load_state, save_state
+from workers.train_state import CheckpointWriter, prepare_state, save_state
+from workers.train_state_load import load_state
 
 # Seeding the global RNG and building a model must not interleave between two in-process runs.
 _BUILD_LOCK = threading.Lock()
@@ -452,6 +453,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
                 loop_tokens += per_step_tokens
             else:
                 loop_began = time.perf_counter()
+                # the optimizer state exists now: pin the checkpoint buffer while training goes on
+                prepare_state(writer, model=model, optimizer=optimizer, sharded=sharded)
             if not planner.pinned and step == (resumed_from or 0) + 3:  # two steady steps: their time is known
                 interval = agree_interval(planner.steps(steady_s / 2), device, world)
             now = time.perf_counter()
