@@ -38,7 +38,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 GIB = 1024**3
 
 # Tiny stand-in shapes for the CPU dry run: same model types, so every code path is exercised.
-TINY = {
+TINY: dict[str, dict[str, Any]] = {
     "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512},
     "llama": {
         "hidden_size": 64,
