@@ -68,7 +68,8 @@ TINY.update({
     "gemma3_text": {**_TINY_DECODER, "num_hidden_layers": 6, "sliding_window": 16},
     "qwen3_moe": {**_TINY_DECODER, "num_hidden_layers": 2, "num_experts": 8, "moe_intermediate_size": 32},
     "gpt_oss": {**_TINY_DECODER, "intermediate_size": 32, "num_hidden_layers": 2, "num_local_experts": 4,
-                "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]},
+                "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
+                "eos_token_id": 1},
 })
 # Architectures transformers has no SDPA path for (catalog.hf_config.EAGER_ONLY_FAMILIES; this script runs
 # without the repository on its path)
