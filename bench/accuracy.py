@@ -752,7 +752,8 @@ docs/MEASUREMENTS.md); the planner predicts steady-state batches, not a process'
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", default=str(ROOT / "bench" / "cases.yaml"))
+    ap.add_argument("--cases", nargs="+", default=[str(ROOT / "bench" / "cases.yaml")],
+                    help="case files (e.g. bench/cases.yaml bench/cases_models.yaml); ids must be unique across them")
     ap.add_argument("--results", nargs="+", default=[str(ROOT / "bench" / "results" / "h200.json")])
     ap.add_argument("--annotations", default=str(ROOT / "bench" / "results" / "annotations.yaml"),
                     help="measurement notes; throughput_suspect: true keeps a run's tokens/s out of fits and stats")
@@ -760,7 +761,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", default=str(DEFAULT_CALIBRATION_PATH))
     ap.add_argument("--out", default=str(ROOT / "docs" / "ACCURACY.md"))
     args = ap.parse_args(argv)
-    rows, env = load_rows(Path(args.cases), [Path(p) for p in args.results], Path(args.annotations))
+    rows: list[Row] = []
+    env: dict[str, Any] = {}
+    for cases_path in args.cases:
+        more, found = load_rows(Path(cases_path), [Path(p) for p in args.results], Path(args.annotations))
+        rows += more
+        env = env or found
+    ids = [r.id for r in rows]
+    if len(ids) != len(set(ids)):
+        print(f"case ids repeat across {args.cases}", file=sys.stderr)
+        return 1
     if not rows:
         print("no measured cases found", file=sys.stderr)
         return 1
@@ -773,6 +783,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cal = load_calibration(cal_path)
     command = "python bench/accuracy.py" + (" --fit" if args.fit else "")
+    if args.cases != [str(ROOT / "bench" / "cases.yaml")]:
+        command += " --cases " + " ".join(str(Path(p).relative_to(ROOT)) if Path(p).is_relative_to(ROOT) else p
+                                            for p in args.cases)
     if args.results != [str(ROOT / "bench" / "results" / "h200.json")]:
         command += " --results " + " ".join(str(Path(p).relative_to(ROOT)) if Path(p).is_relative_to(ROOT) else p
                                               for p in args.results)
