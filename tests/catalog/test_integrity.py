@@ -31,7 +31,7 @@ PUBLISHED = {
     # Gemma 3 4B-27B: the text decoder the preset builds (the published total less the 0.42B vision tower)
     "gemma-3-1b": (1.0e9, None), "gemma-3-4b": (4.30e9 - 0.42e9, None), "gemma-3-12b": (12.19e9 - 0.42e9, None),
     "gemma-3-27b": (27.43e9 - 0.42e9, None), "mistral-small-3-24b": (23.57e9, None), "phi-4": (14.66e9, None),
-    "olmo-2-7b": (7.30e9, None),
+    "olmo-2-7b": (7.30e9, None), "qwen3-1.7b": (1.72e9, None), "qwen3-4b": (4.02e9, None), "qwen3-14b": (14.77e9, None),
 }
 ORDER = ("fp32", "tf32", "bf16", "fp8")  # each at least the one before, where the part has both
 
