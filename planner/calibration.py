@@ -108,6 +108,13 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
+    # ASSUMED (not yet measured; bench/cases_models.yaml measures it): transformers' per-expert Python loop
+    # (gpt-oss) syncs the host on every expert it visits (`for expert_idx in expert_hit`) and launches about
+    # a dozen small kernels for it: ~12 x 10 us + a 30 us sync
+    expert_loop_s: float = Field(
+        default=1.5e-4, ge=0.0,
+        description="seconds per expert visited, per MoE layer, per forward pass, when transformers loops over "
+        "the experts in Python (MoeShape.expert_loop); backward replays the kernels without the syncs")
     optimizer_passes: dict[str, float] = Field(
         default_factory=lambda: {"adamw": 10.0, "adamw-8bit": 6.0, "sgd": 5.0, "adafactor": 8.0},
         description="memory passes over (trainable params x state bytes) per optimizer step",
