@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from commands import catalog, jobs, plan, reports, run, server, simulate, teams
+from commands import calibrate, catalog, jobs, plan, reports, run, server, simulate, teams
 from commands.output import escape_help
 
 app = typer.Typer(
@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # Top-level commands (a Typer added without a name lends its commands), then the groups, in the order --help lists them.
-for module in (plan, run, server, jobs, simulate):
+for module in (plan, run, server, jobs, calibrate, simulate):
     app.add_typer(module.app)
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(reports.app, name="report")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -11,6 +12,7 @@ from rich.text import Text
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from commands import output
 from commands.output import JSON_OPTION, Col, gib, handle_errors, print_json, print_table, styled, to_jsonable, warn
+from commands.settings import Settings
 
 app = typer.Typer()  # plan and estimate: top-level commands
 
@@ -25,7 +27,14 @@ def load_planning_inputs(spec_path: str) -> tuple[Any, Any, Any, Any]:
     spec = load_spec(spec_path)
     catalog = load_catalog()
     model = resolve_model(catalog, spec.model.config if isinstance(spec.model, ModelRef) else spec.model)
-    return spec, catalog, model, load_calibration()
+    return spec, catalog, model, load_calibration(overlay=user_calibration())
+
+
+def user_calibration() -> Path:
+    """``gpuplan calibrate``'s file under the gpuplan home, laid over the shipped calibration if present."""
+    from planner.calibration import user_calibration_path
+
+    return user_calibration_path(Settings.from_env().home)
 
 
 def check_objective(objective: str) -> None:

@@ -6,6 +6,7 @@ import typer
 
 from commands import output
 from commands.output import handle_errors
+from commands.plan import user_calibration
 from commands.settings import Settings
 
 app = typer.Typer()  # server: a top-level command
@@ -64,8 +65,11 @@ def server_command(
         from catalog.local_cpu import with_this_machine
 
         catalog = with_this_machine(catalog, home, today=date.today())
+    from planner.calibration import load_calibration
+
+    calibration = load_calibration(overlay=user_calibration())  # gpuplan calibrate's refit, if any
     service = make_service(db_url, checkpoint_root=home / "checkpoints",
-                           admin_token=admin_token, catalog=catalog)
+                           admin_token=admin_token, catalog=catalog, calibration=calibration)
     if not admin_token:
         output.err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled",
                                  style="yellow")
@@ -74,9 +78,10 @@ def server_command(
                              f"{service.store.dialect}, executor {executor}{where}, "
                              f"{count} API worker{'s' if count > 1 else ''}")
     if count == 1:
-        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port, sock=sock)
+        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running, calibration=calibration), host,
+              port, sock=sock)
         return
     api = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
-                      admin_token=admin_token)
-    serve_workers(api, host, port, count, loop=make_loop(service, run, poll_s=poll, max_running=max_running),
-                  sock=sock)
+                      admin_token=admin_token, calibration=calibration)
+    loop = make_loop(service, run, poll_s=poll, max_running=max_running, calibration=calibration)
+    serve_workers(api, host, port, count, loop=loop, sock=sock)

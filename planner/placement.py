@@ -74,6 +74,7 @@ class Outcome:
     tried: int = 0
     label: str = ""  # filled once the placement is priced
     checkpoint_h: float = 0.0
+    durable_h: float = 0.0
 
 
 # ----------------------------------------------------------------------------- strategies

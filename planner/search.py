@@ -76,14 +76,16 @@ def _counts_for(g_per_node: int, pinned: int | None, max_gpus: int) -> list[int]
     return out
 
 
-def _checkpoint_hours(model: ModelConfig, s: Strategy, cal: Calibration) -> float:
+def _checkpoint_hours(model: ModelConfig, s: Strategy, cal: Calibration) -> tuple[float, float]:
+    """(what one checkpoint stops the loop for, snapshot to durable), in hours."""
     pc = count_params(model)  # cheap; called once per priced candidate
     pb = PRECISION_BYTES.get(s.precision, PRECISION_BYTES["bf16"])
     state = pc.total * (pb.param + 2 * pb.state) if s.finetune == "full" else pc.total * 0.02
     # Checkpoints are written in the background: the loop pays only the snapshot into host memory
     # (the workers keep the interval above twice the write time, so no snapshot waits for a write).
     snapshot_h = state / (cal.cost.checkpoint_snapshot_gbps * 1e9) / 3600
-    return max(cal.cost.min_checkpoint_h, snapshot_h)
+    durable_h = state / (cal.cost.checkpoint_write_gbps * 1e9) / 3600
+    return max(cal.cost.min_checkpoint_h, snapshot_h), durable_h
 
 
 def _markets(offer: Offer, spot_mode: str) -> list[tuple[str, float | None]]:
@@ -184,7 +186,7 @@ class _Search:
         out = self.outcomes[key]
         if out.estimate is not None and not out.label:
             out.label = out.estimate.strategy.label()
-            out.checkpoint_h = _checkpoint_hours(self.mdl, out.estimate.strategy, self.cal)
+            out.checkpoint_h, out.durable_h = _checkpoint_hours(self.mdl, out.estimate.strategy, self.cal)
         return out
 
     def price(self, out: Outcome, o: Offer, count: int) -> None:
@@ -198,8 +200,8 @@ class _Search:
                 if res.spot == "always" and market == "spot":
                     self.funnel.reject(where, f"{o.cloud} {o.instance_type} has no spot price", "price")
                 continue
-            cost = _cost(out.estimate, out.checkpoint_h, market, price * nodes, nodes, o.cloud, self.hazards,
-                         res.deadline, self.cal)
+            cost = _cost(out.estimate, (out.checkpoint_h, out.durable_h), market, price * nodes, nodes, o.cloud,
+                         self.hazards, res.deadline, self.cal)
             cand = Candidate.model_construct(estimate=out.estimate, offer=o, cost=cost, nodes=nodes, pareto=False)
             self.priced.append(cand)
             problem = _deadline_problem(cost, res.deadline, self.cal)
@@ -211,12 +213,12 @@ class _Search:
                 self.candidates.append(cand)
 
 
-def _cost(est: Estimate, checkpoint_h: float, market: str, usd_per_h: float, nodes: int, cloud: str,
+def _cost(est: Estimate, checkpoint_h: tuple[float, float], market: str, usd_per_h: float, nodes: int, cloud: str,
           hazards: dict[str, float], deadline: float | None, cal: Calibration) -> CostEstimate:
     if market == "spot":
         hazard = hazards.get(cloud, hazards.get("default", 0.1)) * nodes
-        return spot_cost(est.hours, usd_per_h, hazard_per_h=hazard, checkpoint_h=checkpoint_h,
-                         restart_h=cal.cost.restart_h, deadline_h=deadline)
+        return spot_cost(est.hours, usd_per_h, hazard_per_h=hazard, checkpoint_h=checkpoint_h[0],
+                         durable_h=checkpoint_h[1], restart_h=cal.cost.restart_h, deadline_h=deadline)
     return on_demand_cost(est.hours, usd_per_h, deadline, market="local" if market == "local" else "on-demand")
 
 

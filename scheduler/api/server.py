@@ -32,8 +32,8 @@ EXECUTORS = ("inprocess", "ray", "none")
 
 
 def catalog_planner(catalog: Catalog, calibration: Calibration | None = None) -> Planner:
-    """The real planner bound to one catalog and calibration (default: the packaged file, read here once);
-    the service caches its plans by spec hash."""
+    """The real planner bound to one catalog (the service caches its plans by spec hash) and to
+    ``calibration`` (default: the shipped one, read here once)."""
     from planner.search import plan
 
     cal = calibration or load_calibration()
@@ -46,10 +46,12 @@ def catalog_planner(catalog: Catalog, calibration: Calibration | None = None) ->
 
 def machine_planner(home: Path, catalog: Catalog | None = None, calibration: Calibration | None = None) -> Planner:
     """The real planner on ``catalog`` (default: the packaged one) plus this machine's $0/h GPUs
-    and CPU, detected at the first plan (it imports torch: seconds a `gpuplan list` need not pay)."""
+    and CPU, detected at the first plan (it imports torch: seconds a `gpuplan list` need not pay).
+    ``calibration`` None: the shipped one with ``gpuplan calibrate``'s refit under ``home`` over it."""
     from datetime import date
 
     from catalog.local_cpu import with_this_machine
+    from planner.calibration import user_calibration_path
     from planner.search import plan
 
     built: list[tuple[Catalog, Calibration]] = []
@@ -57,7 +59,7 @@ def machine_planner(home: Path, catalog: Catalog | None = None, calibration: Cal
     def run(spec: JobSpec) -> Plan:
         if not built:
             built.append((with_this_machine(catalog or load_catalog(), home, today=date.today()),
-                          calibration or load_calibration()))
+                          calibration or load_calibration(overlay=user_calibration_path(home))))
         return plan(spec, built[0][0], calibration=built[0][1])
 
     return run
@@ -110,18 +112,22 @@ def make_executor(kind: str, *, ray_namespace: str | None = None) -> Executor | 
 
 def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token: str | None = None,
                  planner: Planner | None = None, catalog: Catalog | None = None,
-                 clock: Clock = utcnow, migrate: bool = True) -> SchedulerService:
+                 clock: Clock = utcnow, migrate: bool = True,
+                 calibration: Calibration | None = None) -> SchedulerService:
+    """``calibration``: the planner's constants when no ``planner`` is given (None: the shipped ones)."""
     store = Store(database_url)
     if migrate:
         store.migrate()
     catalog = catalog if catalog is not None else load_catalog()
-    return SchedulerService(store, planner or catalog_planner(catalog), clock=clock,
+    return SchedulerService(store, planner or catalog_planner(catalog, calibration), clock=clock,
                             checkpoint_root=str(checkpoint_root), admin_token=admin_token)
 
 
 def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: float = 1.0,
-              max_running: int | None = None, backoff_base_s: float = 30.0) -> Scheduler | None:
-    """The scheduling loop over the service's store, or None without an executor (API only).
+              max_running: int | None = None, backoff_base_s: float = 30.0,
+              calibration: Calibration | None = None) -> Scheduler | None:
+    """The scheduling loop over the service's store, or None without an executor (API only); the spot
+    policy takes its restart delay from ``calibration`` (default: the shipped one).
 
     Takes the database's loop lock first (Conflict if another server runs a loop on it), so two
     servers can never reconcile away each other's running attempts."""
@@ -129,13 +135,15 @@ def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: f
         return None
     return Scheduler(service.store, executor, clock=service.clock, poll_s=poll_s, max_running=max_running,
                      backoff_base_s=backoff_base_s, lock=service.store.loop_lock(),
-                     choose_market=market_chooser(load_calibration().cost))
+                     choose_market=market_chooser((calibration or load_calibration()).cost))
 
 
 def make_app(service: SchedulerService, catalog: Catalog, executor: Executor | None, *, poll_s: float = 1.0,
-             max_running: int | None = None, backoff_base_s: float = 30.0) -> FastAPI:
+             max_running: int | None = None, backoff_base_s: float = 30.0,
+             calibration: Calibration | None = None) -> FastAPI:
     """The API; with an executor it also runs the scheduling loop (reconcile first) while serving."""
-    loop = make_loop(service, executor, poll_s=poll_s, max_running=max_running, backoff_base_s=backoff_base_s)
+    loop = make_loop(service, executor, poll_s=poll_s, max_running=max_running, backoff_base_s=backoff_base_s,
+                     calibration=calibration)
     return create_app(service, catalog, loop=loop)
 
 
