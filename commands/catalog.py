@@ -197,10 +197,12 @@ def catalog_local(as_json: bool = JSON_OPTION) -> None:
         print_json({"device": None if device is None else device.__dict__, "gpu": gpu, "offer": offer,
                     "cpu": cpu, "cpu_offer": cpu_offer})
         return
-    output.console.print(f"CPU: {cpu.architecture}, {cpu.memory_gib:.1f} GiB RAM ({cpu.torch_total_gib or 0:.1f} "
-                         f"free), {cpu.tflops['fp32'] * 1000:,.1f} fp32 GFLOP/s, {cpu.memory_bandwidth_gbps:,.1f} GB/s "
-                         "-> [bold]cpu[/], offered to the planner at $0/h as cloud 'local' (pin it with "
-                         "accelerators: [cpu]).")
+    # Styled as Text: the console reads no markup, so "[bold]" in the string would print as written.
+    free = cpu.torch_total_gib or 0
+    output.console.print(styled(f"CPU: {cpu.architecture}, {cpu.memory_gib:.1f} GiB RAM ({free:.1f} free), "
+                                f"{cpu.tflops['fp32'] * 1000:,.1f} fp32 GFLOP/s, "
+                                f"{cpu.memory_bandwidth_gbps:,.1f} GB/s -> ", ("cpu", "bold"),
+                                ", offered to the planner at $0/h as cloud 'local' (pin it with accelerators: [cpu])."))
     if device is None:
         output.console.print("No GPU found: plans weigh this CPU against the cloud offers; `gpuplan run` uses the CPU.")
     elif gpu is None:
