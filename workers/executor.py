@@ -39,6 +39,7 @@ class RunRequest:
     checkpoint_uri: str  # local directory or s3://bucket/prefix, shared by all attempts of the job
     run_name: str  # Ray Train RunConfig name: the job id, never reused for another job
     market: str = "on-demand"
+    zone: str | None = None  # spot: the zone's node type to run on (Ray resource "zone:<name>"); None: any
 
 
 @dataclass
