@@ -31,20 +31,29 @@ feasible. Leaving on-demand for spot pays one more changeover, so it needs ``res
 top. Hence: any job whose initial slack covers one changeover meets its deadline under these
 policies, whatever the spot trace does.
 
-``gpuplan`` has no knob fitted to traces. It prices slack with what it has seen of the zone:
+``gpuplan`` has no knob fitted to traces. It prices slack with what it has seen of the zone, in
+spot dollars (``ratio`` = on-demand $/h over spot $/h; ``c`` = a changeover: restart + the checkpoint
+it waits for; ``loss`` = the work a preemption loses):
 
-- **Reserve (hedging on the slack that remains).** Once the slack is gone a job can still use spot
-  by alternating: spot while there is capacity, on-demand through each outage. Every such cycle
-  costs two changeovers and the work a preemption loses. The reserve is the slack those cycles need
-  for the work left: ``(n + z*sqrt(n)) * (2*restart + loss)`` with ``n = work_left / mean spot run``
-  (the expected preemptions; ``z*sqrt(n)`` hedges the Poisson spread at the planner's deadline
-  confidence). Spot gone: wait while the slack is above the reserve (waiting is free), on-demand
-  below it, so the slack left keeps paying for returns to spot until the end.
-- **Return to spot only when it pays**: from on-demand, go back to spot when the expected run
-  (the zone's observed mean run of capacity) saves more than the two changeovers it costs.
-- **Rates online**: ``mean spot run = (hours up + prior) / (preemptions + 1)``, counted from what the
+- **Alternating pays?** Once the slack is short a job can still use spot by alternating: spot while
+  capacity lasts, on-demand through each outage. A return to spot for a run of the zone's mean length
+  ``R`` saves ``(ratio - 1) R`` and costs two changeovers of on-demand time plus the lost work, and
+  burns that much slack, worth ``ratio - 1`` an hour when slack is short. Where that does not pay
+  (runs too short for the restart) the job never alternates: it waits, as greedy does.
+- **Reserve (hedging on the slack that remains).** Where alternating pays, the reserve is the slack
+  it needs for the work left: ``(n + z sqrt(n)) (2c + loss)`` with ``n = work left / mean run`` (the
+  expected preemptions; ``z sqrt(n)`` hedges their Poisson spread at the planner's 90% deadline
+  confidence). Above the reserve the job waits out outages (waiting is free).
+- **Below the reserve, ski rental.** The job bridges an outage on on-demand only once waiting (which
+  burns slack worth ``ratio - 1`` an hour) has cost what the bridge costs (a changeover billed on
+  on-demand, one back on spot, and their slack): never worse than twice the better choice in
+  hindsight, whatever the outage lengths; short outages are waited out. A bridge lasts until
+  capacity returns (leaving mid-outage would only buy the same bridge again).
+- **Return to spot** from on-demand when the expected run pays for its two changeovers (and, when
+  the slack is short, for the slack they burn).
+- **Rates online**: ``mean run = (hours up + prior) / (preemptions + 1)``, counted from what the
   caller has watched (:class:`ZoneSeen`); the prior is one preemption per ``1 / spot_hazard`` hours
-  (planner/calibration.py's cloud hazard), so a zone never seen starts at the planner's estimate.
+  (planner/calibration.py's AWS hazard), so a zone never seen starts at the planner's estimate.
 
 A job without a deadline (``deadline_h=None``) takes the cheapest expected cost: spot when
 available, otherwise wait for it.
@@ -218,7 +227,8 @@ def decide_arrays(
 
     ``deadline_h`` may hold ``inf`` for jobs without a deadline. ``current`` holds NONE/SPOT/ON_DEMAND
     codes; a job whose spot instance was just preempted must be passed as NONE. ``mean_run_h``,
-    ``outage_age_h`` (inf: unknown), ``loss_h``, ``switch_h``: the zone's :class:`ZoneRates` (per job or one for all);
+    ``outage_age_h`` (inf: unknown), ``loss_h``, ``switch_h``: the zone's
+    :class:`ZoneRates` (per job or one for all);
     ``price_ratio``: on-demand $/h over spot $/h.
     """
     check_policy(policy)
@@ -242,25 +252,30 @@ def decide_arrays(
 
     if policy == "gpuplan":
         runs = np.maximum(np.asarray(mean_run_h, dtype=np.float64), 1e-9)
+        change = np.asarray(restart_h) + np.asarray(switch_h)
+        loss = np.asarray(loss_h)
+        # Returning to spot for a run of R hours instead of staying on on-demand for the same work
+        # (in spot-$): saves (ratio - 1) R, pays two changeovers of on-demand time (the one now
+        # delays the work, the one back when the run ends) and the work the preemption loses, and
+        # burns that much slack, worth (ratio - 1) an hour once slack is short (an hour of slack
+        # less is an hour more on on-demand at the end).
+        cycle_h = 2.0 * change + loss
+        run_gain = (price_ratio - 1.0) * np.minimum(runs, work_left)
+        pays_short = run_gain > cycle_h * (2.0 * price_ratio - 1.0)
+        # Reserve: the slack that alternating (spot while capacity lasts, on-demand through each
+        # outage) needs for the work left, if alternating pays at all in this zone; n = expected
+        # preemptions, hedged by z sqrt(n). Where it does not pay, the reserve is the safety net.
         expected = work_left / runs
         cycles = expected + params.hedge_z * np.sqrt(expected)
-        cycle_h = 2.0 * (np.asarray(restart_h) + np.asarray(switch_h)) + np.asarray(loss_h)
-        reserve = need + cycles * cycle_h
-        # A return to spot for a run of R hours, against staying on on-demand for the same work (in
-        # spot-price units): saves (ratio - 1) R but pays two changeovers of on-demand time (the one
-        # now delays the work, the one back when the run ends), the work the preemption loses, and
-        # the slack those burn, worth (ratio - 1) per hour once the slack is below the reserve (an
-        # hour of slack less is an hour more on on-demand at the end).
-        change = np.asarray(restart_h) + np.asarray(switch_h)
-        slack_value = np.where(slack < reserve + 2.0 * change, price_ratio - 1.0, 0.0)
-        run_gain = (price_ratio - 1.0) * np.minimum(runs, work_left)
-        return_cost = (2.0 * change + np.asarray(loss_h)) * (price_ratio + slack_value)
-        may_return = may_leave & (run_gain > return_cost)
-        # Below the reserve, bridge an outage on on-demand only once it has lasted as long as the two
-        # changeovers the bridge costs (ski rental: rent (wait) until renting has cost what buying
-        # would, then buy; never worse than twice the best choice in hindsight, whatever the
-        # outage lengths). Shorter outages are waited out.
-        bridge = np.asarray(outage_age_h) >= 2.0 * change + np.asarray(loss_h)
+        reserve = need + np.where(pays_short, cycles * cycle_h, 0.0)
+        short = slack < reserve + 2.0 * change
+        may_return = may_leave & np.where(short, pays_short, run_gain > cycle_h * price_ratio)
+        # Below the reserve, bridge an outage on on-demand only once waiting has cost what the
+        # bridge costs (ski rental: never worse than twice the better choice in hindsight, whatever
+        # the outage lengths). A bridge bills a changeover on on-demand and one back on spot and
+        # burns 2 changeovers (+ lost work) of slack; waiting burns (ratio - 1) of slack an hour.
+        bridge_price = change * (1.0 + price_ratio) + cycle_h * (price_ratio - 1.0)
+        bridge = np.asarray(outage_age_h) * (price_ratio - 1.0) >= bridge_price
     else:
         p = GREEDY_PARAMS if policy == "greedy" else UNIFORM_PARAMS
         span = np.where(has_deadline, deadline_h - start_h, 1.0)
@@ -278,7 +293,9 @@ def decide_arrays(
     keep_reserve = reserve + np.where(on_od, restart_h, 0.0)
     without_spot = np.where(slack >= keep_reserve, WAIT, ON_DEMAND)
     if policy == "gpuplan":
-        without_spot = np.where(on_od | bridge, without_spot, WAIT)
+        # A bridge lasts until capacity returns: leaving on-demand mid-outage would only buy the same
+        # bridge again (the outage is as old as ever) and pay another changeover.
+        without_spot = np.where(on_od, ON_DEMAND, np.where(bridge, without_spot, WAIT))
     if policy == "greedy":
         without_spot = np.where(on_od, ON_DEMAND, without_spot)
     deadline_rule = np.where(~safe, ON_DEMAND, np.where(spot_available, with_spot, without_spot))

@@ -253,7 +253,9 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
     runs = run_lengths(zones.available)
     mean_run = _mean_runs(zones, opts)
     # Age of the outage of spot capacity in every zone (what a job without spot waits through).
-    all_down = run_lengths(np.asarray(~zones.available.any(axis=0, keepdims=True), dtype=bool))[0] * gap
+    down_all = np.asarray(~zones.available.any(axis=0), dtype=bool)
+    # (the tick that shows an outage starts it: it has lasted 0 h when first seen)
+    all_down = np.maximum(run_lengths(down_all[None, :])[0] - 1.0, 0.0) * gap
     tau_all = young_daly_array(c, mean_run)  # hours of spot work between periodic checkpoints
     jit = opts.just_in_time
     write, move = opts.checkpoint_write_h, opts.move_h

@@ -148,15 +148,21 @@ def test_gpuplan_returns_to_spot_only_when_the_expected_run_pays_for_two_changeo
 
 
 def test_gpuplan_waits_out_young_outages_and_bridges_old_ones_below_the_reserve() -> None:
-    # 10 h of slack; a zone preempting every 0.5 h: the reserve (alternating through 38 h) exceeds it.
-    flaky = progress(10.0, 12.0)
-    young = ZoneRates(mean_run_h=0.5, outage_age_h=0.1)
-    old = ZoneRates(mean_run_h=0.5, outage_age_h=0.4)  # >= two changeovers of 0.2 h: ski rental buys
+    # 10 h of slack; a zone preempting every 1.5 h: alternating pays, and its reserve for the 38 h
+    # left (about 33 cycles of two changeovers) exceeds the slack.
+    flaky = progress(10.0, 22.0)
+    young = ZoneRates(mean_run_h=1.5, outage_age_h=0.1)
+    # Ski rental: buy (on-demand) once waiting, at (ratio - 1) of slack an hour, has cost what a
+    # bridge costs: 0.2 h changeovers at (ratio + 1) and 0.4 h of slack at (ratio - 1): 0.77 h here.
+    old = ZoneRates(mean_run_h=1.5, outage_age_h=0.8)
     assert decide("gpuplan", flaky, False, tick_h=TICK, rates=young) is Decision.WAIT
     assert decide("gpuplan", flaky, False, tick_h=TICK, rates=old) is Decision.ON_DEMAND
     # A zone that rarely preempts needs little reserve: the same slack waits through any outage.
     steady = ZoneRates(mean_run_h=40.0, outage_age_h=5.0)
     assert decide("gpuplan", flaky, False, tick_h=TICK, rates=steady) is Decision.WAIT
+    # Nor does one whose runs are too short for a return to pay: alternating there never happens.
+    hopeless = ZoneRates(mean_run_h=0.3, outage_age_h=5.0)
+    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=hopeless) is Decision.WAIT
 
 
 def test_zone_seen_counts_what_was_watched_and_estimates_with_the_planner_prior() -> None:

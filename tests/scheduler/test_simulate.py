@@ -180,7 +180,7 @@ def test_honest_costs_keep_the_guarantees_in_one_zone_and_across_two(
         out: list[int] = []
         for i, length in enumerate(rs):
             out += [int(up) if i % 2 == 0 else int(not up)] * length
-        return (out + [0] * 400)[:400]
+        return (out + [0] * 470)[:470]  # room for the latest deadline (50 + 406 ticks)
 
     a, b = trace(runs, first_up), trace(runs_b, not first_up)
     one = zones_from(a)
@@ -209,15 +209,17 @@ def test_a_voluntary_changeover_waits_for_its_checkpoint_on_the_old_instance() -
     z = zones_from([0] * 20 + [1] * 400, gap_s=360.0)  # no spot for 2 h, then spot for good
     jobs = Jobs.make([0], 10.0, 13.0, 0.2)
     # A zone that runs 2 h between preemptions: the 3 h of slack are below the reserve, so the job
-    # bridges the outage on on-demand once it has lasted two changeovers (0.5 h), then goes back.
+    # bridges the outage on on-demand once waiting has cost what a bridge costs (here 1 h: two
+    # changeovers of 0.25 h billed at 3 + 1, plus their slack at 3 - 1, over a rent of 3 - 1 an hour),
+    # then goes back to spot when it returns (a voluntary changeover).
     out = run_policy(z, jobs, "gpuplan", PRICES, SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05))
     assert out.preemptions[0] == 0
-    # On-demand from 0.4 h to 2 h (0.2 h of it the restart), then 0.05 h more for the checkpoint.
-    assert out.on_demand_h[0] == pytest.approx(1.6 + 0.05)
-    # Spot boots meanwhile: restart 0.2 h, then the 10 - 1.4 h of work left; no extra delay.
-    assert out.spot_h[0] == pytest.approx(0.2 + 8.6)
-    assert out.finish_h[0] == pytest.approx(2.0 + 0.2 + 8.6)
-    assert out.cost_usd[0] == pytest.approx(1.65 * PRICES.on_demand + 8.8 * PRICES.spot)
+    # On-demand from 1 h to 2 h (0.2 h of it the restart), then 0.05 h more for the checkpoint.
+    assert out.on_demand_h[0] == pytest.approx(1.0 + 0.05)
+    # Spot boots meanwhile: restart 0.2 h, then the 10 - 0.8 h of work left; no extra delay.
+    assert out.spot_h[0] == pytest.approx(0.2 + 9.2)
+    assert out.finish_h[0] == pytest.approx(2.0 + 0.2 + 9.2)
+    assert out.cost_usd[0] == pytest.approx(1.05 * PRICES.on_demand + 9.4 * PRICES.spot)
 
 
 def test_a_preemption_loses_the_notice_window_with_a_just_in_time_checkpoint_else_the_interval() -> None:
