@@ -90,6 +90,14 @@ def plan_market(job: Job, now: datetime) -> tuple[str, float]:
     return market, per_instance * max(chosen.nodes, 1)
 
 
+def planned_mttp_h(plan: dict[str, Any] | None) -> float | None:
+    """The mean time to preemption the job's plan priced spot at (None when it priced on-demand): the
+    workers checkpoint for it, so the interval that runs is the plan's."""
+    cost = ((plan or {}).get("chosen") or {}).get("cost") or {}
+    value = cost.get("mean_time_to_preemption_h")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
 class Scheduler:
     def __init__(
         self,
@@ -310,7 +318,7 @@ class Scheduler:
                     continue
                 market, price = place.market, place.usd_per_h
                 try:
-                    request = self._request(job, job.attempts + 1, market, place.zone)
+                    request = self._request(job, job.attempts + 1, market, place.zone, place.mttp_h)
                     reason = self.executor.feasibility(request)
                 except (GpuplanError, ValueError) as exc:  # a stored spec/plan that no longer validates
                     reason = f"cannot build the run request: {exc}"
@@ -365,11 +373,13 @@ class Scheduler:
         session.add(job)
 
     @staticmethod
-    def _request(job: Job, number: int, market: str, zone: str | None = None) -> RunRequest:
+    def _request(job: Job, number: int, market: str, zone: str | None = None,
+                 mttp_h: float | None = None) -> RunRequest:
         return RunRequest(
             job_id=job.id, attempt=number, spec=spec_from_dict(job.spec),
             strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),
             checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=market, zone=zone,
+            mean_time_to_preemption_h=(mttp_h or planned_mttp_h(job.plan)) if market == "spot" else None,
         )
 
     def _launch(self, job: Job, attempt: Attempt, request: RunRequest, report: TickReport) -> None:

@@ -45,6 +45,7 @@ class Placement:
     usd_per_h: float
     zone: str | None = None
     wait_s: float | None = None
+    mttp_h: float | None = None  # spot: the zone's online mean time to preemption (checkpoint interval)
 
 
 class ZoneFeed(Protocol):
@@ -106,7 +107,7 @@ class SpotChooser:
         if resources.spot == "always" or od_price is None:
             if zone is None:
                 return Placement("spot", spot_price * nodes, None, wait_s=self.recheck_s)
-            return Placement("spot", spot_price * nodes, zone)
+            return Placement("spot", spot_price * nodes, zone, mttp_h=seen[zone].rates().mean_run_h)
         if zone is not None:
             rates = seen[zone].rates(loss_h=self.loss_h, switch_h=self.switch_h)
         elif names:  # no capacity anywhere: the zone a start would take once it comes back
@@ -123,7 +124,7 @@ class SpotChooser:
         ), zone is not None, tick_h=self.recheck_s / 3600.0, rates=rates,
             prices=PriceRatio(on_demand=od_price, spot=spot_price))
         if decision is Decision.SPOT and zone is not None:
-            return Placement("spot", spot_price * nodes, zone)
+            return Placement("spot", spot_price * nodes, zone, mttp_h=rates.mean_run_h)
         if decision is Decision.WAIT:
             return Placement("spot", spot_price * nodes, None, wait_s=self.recheck_s)
         return Placement("on-demand", od_price * nodes)

@@ -16,7 +16,7 @@ from scheduler.placement import SpotChooser, StaticZones
 from scheduler.policy import ZoneSeen
 from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.store import Store
-from tests.scheduler.conftest import spec_dict, toy_plan
+from tests.scheduler.conftest import TOY_MTTP_H, spec_dict, toy_plan
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
 from workers.executor import RunState
 
@@ -51,6 +51,7 @@ def test_runs_a_job_and_charges_price_at_launch_times_duration(svc: SchedulerSer
     handle = ex.handle_of(job.id)
     request = ex.requests[handle]
     assert request.run_name == job.id and request.checkpoint_uri == job.checkpoint_uri and request.market == "spot"
+    assert request.mean_time_to_preemption_h == TOY_MTTP_H  # the workers checkpoint for what the plan priced
     assert svc.status(ml, job.id).state == "running"
     clock.advance(hours=1.5)
     ex.finish(handle, RunState.SUCCEEDED)
@@ -466,6 +467,8 @@ def test_spot_chooser_starts_in_a_zone_with_capacity_waits_while_none_and_moves_
     assert loop.tick().dispatched == [job.id]
     first = ex.requests[ex.handle_of(job.id)]
     assert (first.market, first.zone) == ("spot", "us-east-1b")
+    # Checkpoints for the zone's online mean time to preemption: (20 h up + 12.5 h prior) / (2 + 1).
+    assert first.mean_time_to_preemption_h == pytest.approx(32.5 / 3)
     assert svc.status(ml, job.id).usd_per_h == pytest.approx(14.25)  # the offer's spot price, one node
     # Preempted; no zone has capacity and the slack affords waiting: the job stays queued.
     clock.advance(hours=1)
@@ -509,3 +512,13 @@ def test_the_loop_still_takes_plain_market_and_price_pairs(svc: SchedulerService
     loop = Scheduler(store, ex, clock=clock, choose_market=lambda j, now: ("on-demand", 7.0))
     assert loop.tick().dispatched == [job.id]
     assert ex.requests[ex.handle_of(job.id)].zone is None and svc.status(ml, job.id).usd_per_h == 7.0
+
+
+def test_only_spot_attempts_carry_the_planned_mean_time_to_preemption() -> None:
+    from planner.spec import spec_from_dict
+    from scheduler.loop import planned_mttp_h
+
+    plan = toy_plan(spec_from_dict(spec_dict(spot="always"))).model_dump(mode="json")
+    assert planned_mttp_h(plan) == TOY_MTTP_H
+    assert planned_mttp_h(toy_plan(spec_from_dict(spec_dict())).model_dump(mode="json")) is None  # on-demand plan
+    assert planned_mttp_h(None) is None and planned_mttp_h({"chosen": {"cost": {}}}) is None
