@@ -235,6 +235,13 @@ def merge(results: list[Result]) -> Result:
     return {p: {k: np.concatenate([r[p][k] for r in results]) for k in results[0][p]} for p in results[0]}
 
 
+def short_name(family: str) -> str:
+    """"aws-02-15-2023 1-node availability" -> "aws 02-15-2023 1-node avail"."""
+    label, nodes, kind = family.split(" ")
+    cloud, date = label.split("-", 1)
+    return f"{cloud} {date} {nodes} {kind[:5] if kind.startswith('avail') else 'preempt'}"
+
+
 def plot(per_family: dict[str, Result], allres: Result, path: Path) -> None:
     import matplotlib
 
@@ -258,7 +265,7 @@ def plot(per_family: dict[str, Result], allres: Result, path: Path) -> None:
         meds = [float(np.median(per_family[n][policy]["ratio"])) for n in names]
         b.bar(x + (i - 1) * 0.27, meds, 0.27, label=policy, color=color)
     b.set_xticks(x)
-    b.set_xticklabels([n.replace(" ", "\n", 1) for n in names], fontsize=6)
+    b.set_xticklabels([short_name(n) for n in names], fontsize=7, rotation=30, ha="right")
     b.set_ylim(0.95, max(1.3, b.get_ylim()[1]))
     b.axhline(1.02, color="grey", linestyle=":", linewidth=1)
     b.set_ylabel("median cost / bound")
