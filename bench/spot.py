@@ -97,7 +97,6 @@ def load_family(folder: Path) -> Family:
                               float(doc["metadata"]["gap_seconds"]), nodes)
         traces.append((path.stem, avail, gap))
     gap = traces[0][2]
-    names = tuple(t[0] for t in traces)
 
     def zones_of(items: list[tuple[str, np.ndarray, float]]) -> Zones:
         ticks = min(len(t[1]) for t in items)
@@ -106,7 +105,7 @@ def load_family(folder: Path) -> Family:
                      prices=np.full(av.shape, np.nan))
 
     return Family(name=f"{label} {node_dir} {kind}", cloud=label.split("-")[0], nodes=nodes,
-                  zones=zones_of(traces), singles=tuple(zones_of([t]) for t in traces)) if names else None  # type: ignore[return-value]
+                  zones=zones_of(traces), singles=tuple(zones_of([t]) for t in traces))
 
 
 def families(root: Path) -> list[Family]:
