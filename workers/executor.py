@@ -42,6 +42,7 @@ class RunRequest:
     # spot: the mean time to preemption the plan priced this placement at; the checkpoint interval
     # is chosen for it (workers.checkpoint_interval). None: the catalog's default hazard.
     mean_time_to_preemption_h: float | None = None
+    zone: str | None = None  # spot: the zone's node type to run on (Ray resource "zone:<name>"); None: any
 
 
 @dataclass
