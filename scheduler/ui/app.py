@@ -404,7 +404,7 @@ def create_ui(service: SchedulerService, catalog: Catalog, secret: bytes | None 
     def admin_page(ctx: CtxDep) -> Response:
         teams = service.list_teams(ctx.principal)  # Forbidden for a team
         tokens = {t.name: service.list_tokens(ctx.principal, t.name) for t in teams}
-        return render(ctx, "admin.html", teams=teams, tokens=tokens, created=None)
+        return render(ctx, "admin.html", team_rows=teams, tokens=tokens, created=None)
 
     @ui.post("/admin/teams")
     def create_team(ctx: CtxDep, csrf: Annotated[str, Form()] = "", name: Annotated[Name, Form()] = "",
@@ -431,7 +431,7 @@ def create_ui(service: SchedulerService, catalog: Catalog, secret: bytes | None 
         created = service.create_token(ctx.principal, name, label)
         teams = service.list_teams(ctx.principal)
         tokens = {t.name: service.list_tokens(ctx.principal, t.name) for t in teams}
-        return render(ctx, "admin.html", 201, teams=teams, tokens=tokens, created=created, created_team=name)
+        return render(ctx, "admin.html", 201, team_rows=teams, tokens=tokens, created=created, created_team=name)
 
     @ui.get("/admin/teams/{name}/tokens/{token_id}/revoke")
     def revoke_confirm(ctx: CtxDep, name: Name, token_id: RowId) -> Response:
