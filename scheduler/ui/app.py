@@ -317,7 +317,7 @@ def create_ui(service: SchedulerService, catalog: Catalog, secret: bytes | None 
                                    report.remaining_usd, now.date(), report.team)
         return render(ctx, "spend.html", report=report, series=series, plot=Markup(series.plot),
                       burn=burn, burn_plot=Markup(burn.plot) if burn else "", top=views.top_jobs(report),
-                      since=since, period=period, team=report.team or "", teams=teams,
+                      since=since, period=period, team=report.team or "", spend_teams=teams,
                       markets=sorted(report.by_market.items()))
 
     # ------------------------------------------------------------ plan

@@ -156,9 +156,10 @@ def stacked_bars_svg(periods: Sequence[str], series: Mapping[str, Sequence[float
 
 
 def burndown_svg(days: Sequence[date], remaining: Sequence[float], projection: Sequence[tuple[date, float]],
-                 budget: float, title: str) -> str:
-    """Budget left at the end of each day (solid) and, dashed, where the current rate takes it."""
-    every = [*days, *(d for d, _ in projection)]
+                 budget: float, title: str, reserved: tuple[date, float, float] | None = None) -> str:
+    """Budget left at the end of each day (solid), what active jobs reserve today (a drop from
+    ``reserved[1]`` to ``reserved[2]`` on day ``reserved[0]``) and, dashed, where the current rate takes it."""
+    every = [*days, *(d for d, _ in projection), *([reserved[0]] if reserved else [])]
     if not every:
         every = [date.today()]
     origin = min(every)
@@ -173,11 +174,18 @@ def burndown_svg(days: Sequence[date], remaining: Sequence[float], projection: S
     if days:
         pts = " ".join(f"{cv.px((d - origin).days)},{cv.py(v)}" for d, v in zip(days, remaining, strict=True))
         cv.parts.append(f'<polyline points="{pts}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
+    if reserved is not None and reserved[1] > reserved[2]:
+        x = cv.px((reserved[0] - origin).days)
+        held = reserved[1] - reserved[2]
+        cv.parts.append(f'<line x1="{x}" y1="{cv.py(reserved[1])}" x2="{x}" y2="{cv.py(reserved[2])}" '
+                        f'stroke="#ff7f0e" stroke-width="3"><title>reserved by active jobs: ${held:,.2f}</title>'
+                        '</line>')
     if projection:
         pts = " ".join(f"{cv.px((d - origin).days)},{cv.py(v)}" for d, v in projection)
         cv.parts.append(f'<polyline points="{pts}" fill="none" stroke="#d62728" stroke-width="1.5" '
                         f'stroke-dasharray="6 4"/>')
-    cv.legend([("budget left", "#1f77b4"), ("projected at the current rate", "#d62728")])
+    cv.legend([("budget less spend", "#1f77b4"), ("reserved by active jobs", "#ff7f0e"),
+               ("projected at the current rate", "#d62728")])
     return cv.svg()
 
 

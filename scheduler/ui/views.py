@@ -26,7 +26,9 @@ def gib(n: float | None) -> str:
 
 
 def money(x: float | None) -> str:
-    return "-" if x is None else f"${x:,.2f}"
+    if x is None:
+        return "-"
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
 
 
 # ------------------------------------------------------------------ specs
@@ -207,19 +209,24 @@ def burn_down(daily: Iterable[tuple[date, str, str, float]], budget: float, rema
     runs_out = None
     projection: list[tuple[date, float]] = []
     if remaining <= 0:
-        words = f"the budget is used up: {money(remaining)} left after what active jobs reserve"
+        words = f"The budget is used up: {money(remaining)} left after what active jobs reserve"
         runs_out = today
     elif rate > 0:
         days_left = remaining / rate
         runs_out = today + timedelta(days=min(days_left, 3650))
-        projection = [(today, remaining), (runs_out, 0.0)]
-        words = (f"at the last {RATE_DAYS} days' rate ({money(rate)}/day) the remaining {money(remaining)} runs out "
+        # The plot shows as far ahead as it shows back (at least 30 days), so a run-out years away
+        # does not squash the history into a sliver; the sentence gives the date.
+        history = (today - days[0]).days if days else 0
+        horizon = min(days_left, max(30.0, float(history)))
+        projection = [(today, remaining), (today + timedelta(days=horizon), remaining - rate * horizon)]
+        words = (f"At the last {RATE_DAYS} days' rate ({money(rate)}/day) the remaining {money(remaining)} runs out "
                  f"on {runs_out:%Y-%m-%d} (in {days_left:,.1f} days)")
     else:
-        words = f"nothing was spent in the last {RATE_DAYS} days: no run-out date at the current rate"
+        words = f"Nothing was spent in the last {RATE_DAYS} days: no run-out date at the current rate"
     spent = cum
     reserved = max(budget - spent - remaining, 0.0)
-    plot = svg.burndown_svg(days, left, projection, budget, f"team {team}: budget {money(budget)}")
+    plot = svg.burndown_svg(days, left, projection, budget, f"team {team}: budget {money(budget)}",
+                            reserved=(today, budget - spent, remaining))
     return BurnDown(budget, spent, reserved, remaining, rate, runs_out, plot, words)
 
 

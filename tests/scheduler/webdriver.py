@@ -77,7 +77,7 @@ class Browser:
         if full_page:  # grow the window to the page so one PNG shows all of it
             height = int(self.script("return document.documentElement.scrollHeight"))
             width = int(self.script("return window.outerWidth"))
-            self.set_window(width, min(max(height + 140, 600), 4000))
+            self.set_window(width, min(max(height + 140, 600), 2200))
         path.write_bytes(base64.b64decode(self._call("GET", "/screenshot")))
 
     def wait_for(self, predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
