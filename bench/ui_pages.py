@@ -155,6 +155,11 @@ def seed(service: SchedulerService, n_jobs: int, n_spend: int, rng: random.Rando
     for name, budget in TEAMS.items():
         if budget is not None:
             service.update_team(ADMIN, name, TeamUpdate(budget_usd=budget))
+    if service.store.dialect == "postgresql":  # fresh statistics, as autovacuum keeps them on a live database
+        from sqlalchemy import text
+
+        with service.store.engine.begin() as conn:
+            conn.execute(text("ANALYZE"))
     print(f"seeded {len(jobs)} jobs, {len(attempts)} attempts, {len(spend)} spend rows, {len(logs)} log lines",
           file=sys.stderr)
     return tokens

@@ -121,7 +121,7 @@ def create_ui(service: SchedulerService, catalog: Catalog, secret: bytes | None 
         """(the team principal a page shows, the team names an admin may pick from)."""
         if not ctx.is_admin:
             return ctx.principal, []
-        names = [t.name for t in service.list_teams(ADMIN)]
+        names = queries.team_names(service.store)
         if team:
             return service.team_principal(team), names
         return (service.team_principal(names[0]) if names else None), names
@@ -300,7 +300,7 @@ def create_ui(service: SchedulerService, catalog: Catalog, secret: bytes | None 
         start = ledger.since_start(since, now)
         teams: list[str] = []
         if ctx.is_admin:
-            teams = [t.name for t in service.list_teams(ADMIN)]
+            teams = queries.team_names(service.store)
             report = service.spend_report(ADMIN, since=start, team=team or None)
         else:
             report = service.spend_report(ctx.principal, since=start)

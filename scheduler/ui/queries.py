@@ -14,12 +14,13 @@ from sqlalchemy import String, cast, func, or_
 from sqlalchemy import select as sa_select
 from sqlalchemy.sql.elements import ColumnElement
 
-from scheduler.models import Attempt, Job, JobPublic, Spend
+from scheduler.models import Attempt, Job, JobPublic, Spend, Team
 from scheduler.store import Store
 
 _job = Job.__table__  # type: ignore[attr-defined]
 _spend = Spend.__table__  # type: ignore[attr-defined]
 _attempt = Attempt.__table__  # type: ignore[attr-defined]
+_team = Team.__table__  # type: ignore[attr-defined]
 
 
 def _like_escape(text: str) -> str:
@@ -40,6 +41,13 @@ def search_jobs(store: Store, team_id: int, *, text: str, state: str | None, lim
     stmt = stmt.order_by(_job.c.created_at.desc(), _job.c.id).limit(limit).offset(offset)
     with store.read() as session:
         return [JobPublic.model_validate(dict(r)) for r in session.execute(stmt).mappings().all()]
+
+
+def team_names(store: Store) -> list[str]:
+    """Every team's name, for the admin's team picker (the service's list_teams also sums each team's
+    spend and reservations, which a picker does not need)."""
+    with store.read() as session:
+        return [str(n) for n in session.execute(sa_select(_team.c.name).order_by(_team.c.name)).scalars()]
 
 
 def _day(store: Store) -> ColumnElement[Any]:

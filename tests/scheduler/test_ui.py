@@ -338,3 +338,17 @@ def test_admin_sees_every_team_and_manages_tokens(world: World) -> None:
                       follow_redirects=False).status_code == 303
     team = world.service.get_team(ADMIN, "gamma")
     assert team.budget_usd is None and team.gpu_quota == 8
+
+
+def test_the_ui_secret_is_one_file_for_every_api_process(tmp_path: Path) -> None:
+    import stat
+
+    from scheduler.ui.session import SECRET_ENV, Signer, load_or_create_secret, new_session
+
+    first = load_or_create_secret(tmp_path / "home", env={})
+    assert first == load_or_create_secret(tmp_path / "home", env={})  # a second process reads the same
+    assert stat.S_IMODE((tmp_path / "home" / "ui-secret").stat().st_mode) == 0o600
+    assert load_or_create_secret(tmp_path / "home", env={SECRET_ENV: "from-the-environment"}) == b"from-the-environment"
+    cookie = Signer(first).dump(new_session("ab" * 32))
+    assert Signer(first).load(cookie) is not None  # another worker with the same secret accepts it
+    assert Signer(b"another-secret-0123456789").load(cookie) is None
