@@ -318,6 +318,7 @@ def test_admin_sees_every_team_and_manages_tokens(world: World) -> None:
     spend = admin.get("/ui/spend").text
     assert "every team" in spend and "alpha" in spend and "beta" in spend
     assert world.jobs["beta-job"] in admin.get("/ui/jobs?team=beta").text
+    assert f"/ui/jobs/{world.jobs['finetune-a']}?team=alpha" in admin.get("/ui/spend?team=alpha").text
     page = admin.get("/ui/admin")
     csrf = csrf_of(page.text)
     assert admin.post("/ui/admin/teams", data={"csrf": csrf, "name": "gamma", "budget": "100", "quota": "4"},
