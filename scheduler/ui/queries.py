@@ -7,7 +7,7 @@ the service, whose ``_team_id`` decides the team these are asked for.
 
 from __future__ import annotations
 
-from datetime import date, datetime
+from datetime import UTC, date, datetime, time
 from typing import Any
 
 from sqlalchemy import String, cast, func, or_
@@ -58,14 +58,15 @@ def _day(store: Store) -> ColumnElement[Any]:
 
 def spend_by_day(store: Store, team_id: int | None, since: datetime | None = None,
                  until: datetime | None = None) -> list[tuple[date, str, str, float]]:
-    """(UTC day, GPU type, market, USD) for one team (None: every team), oldest first."""
+    """(UTC day, GPU type, market, USD) for one team (None: every team), oldest first; ``since``
+    counts whole days from its own (the chart's bars are days)."""
     day = _day(store).label("day")
     stmt = (sa_select(day, _job.c.gpu, _spend.c.market, func.sum(_spend.c.usd))
             .join(_job, _job.c.id == _spend.c.job_id))
     if team_id is not None:
         stmt = stmt.where(_spend.c.team_id == team_id)
     if since is not None:
-        stmt = stmt.where(_spend.c.recorded_at >= since)
+        stmt = stmt.where(_spend.c.recorded_at >= datetime.combine(since.date(), time(), tzinfo=UTC))
     if until is not None:
         stmt = stmt.where(_spend.c.recorded_at <= until)
     stmt = stmt.group_by(day, _job.c.gpu, _spend.c.market).order_by(day)
