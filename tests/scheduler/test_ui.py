@@ -189,6 +189,23 @@ def test_a_script_in_a_job_name_renders_as_text(world: World) -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 
+def test_a_job_named_like_a_script_renders_as_text_on_every_page(world: World) -> None:
+    # The spec's name pattern refuses '<'; a row written another way (an older version, a manual
+    # fix) must still render as text: set it in the database.
+    from sqlalchemy import update
+
+    from scheduler.models import Job
+
+    evil = "<script>alert(1)</script>"
+    with world.service.store.write() as session:
+        session.execute(update(Job).where(Job.id == world.jobs["finetune-a"]).values(name=evil))
+    client = world.signed_in(world.tokens["alpha"])
+    for page in ("/ui/jobs", f"/ui/jobs/{world.jobs['finetune-a']}", "/ui/spend", "/ui/jobs?q=script"):
+        html = client.get(page).text
+        assert evil not in html, page
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, page
+
+
 def test_search_and_state_filter_and_pagination(world: World) -> None:
     client = world.signed_in(world.tokens["alpha"])
     alpha = world.service.team_principal("alpha")
