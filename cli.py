@@ -932,6 +932,7 @@ def server_command(
         serve,
     )
     from scheduler.store import database_url, default_home
+    from scheduler.ui.session import load_or_create_secret
 
     home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
     db_url = database_url(os.environ, home=home)
@@ -953,14 +954,17 @@ def server_command(
                            admin_token=admin_token, catalog=catalog, calibration=calibration)
     if not admin_token:
         err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled", style="yellow")
-    err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database {service.store.dialect}, "
+    err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs, dashboard at /ui), "
+                      f"database {service.store.dialect}, "
                       f"executor {executor}{f' (Ray namespace {namespace})' if executor == 'ray' else ''}, "
                       f"{count} API worker{'s' if count > 1 else ''}")
+    ui_secret = load_or_create_secret(home)  # dashboard sessions at /ui: one secret for every API process
     if count == 1:
-        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port, sock=sock)
+        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running, ui_secret=ui_secret), host, port,
+              sock=sock)
         return
     settings = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
-                           admin_token=admin_token, calibration=calibration)
+                           admin_token=admin_token, calibration=calibration, ui_secret=ui_secret)
     serve_workers(settings, host, port, count, loop=make_loop(service, run, poll_s=poll, max_running=max_running),
                   sock=sock)
 

@@ -134,10 +134,10 @@ def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: f
 
 
 def make_app(service: SchedulerService, catalog: Catalog, executor: Executor | None, *, poll_s: float = 1.0,
-             max_running: int | None = None, backoff_base_s: float = 30.0) -> FastAPI:
+             max_running: int | None = None, backoff_base_s: float = 30.0, ui_secret: bytes | None = None) -> FastAPI:
     """The API; with an executor it also runs the scheduling loop (reconcile first) while serving."""
     loop = make_loop(service, executor, poll_s=poll_s, max_running=max_running, backoff_base_s=backoff_base_s)
-    return create_app(service, catalog, loop=loop)
+    return create_app(service, catalog, loop=loop, ui_secret=ui_secret)
 
 
 def listen(host: str, port: int) -> socket.socket:
