@@ -352,6 +352,7 @@ class Scheduler:
             job_id=job.id, attempt=number, spec=spec_from_dict(job.spec),
             strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),
             checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=market,
+            zone=(job.plan["chosen"].get("offer") or {}).get("zone"),
         )
 
     def _launch(self, job: Job, attempt: Attempt, request: RunRequest, report: TickReport) -> None:
