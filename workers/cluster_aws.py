@@ -79,7 +79,7 @@ def _images(session: Any, ec2: Any, arch: dict[str, str], opts: ClusterOptions, 
             raise InvalidInput(f"AMI {opts.ami} does not exist in {region}", path="ami",
                                hint="AMIs are per region: give one of this region, or leave --ami out for the "
                                "Deep Learning Base AMI")
-        image_arch = images[0].get("Architecture", "x86_64")
+        image_arch = images[0].get("Architecture") or "x86_64"
         wrong = sorted(t for t, a in arch.items() if a != image_arch)
         if wrong:
             raise InvalidInput(f"AMI {opts.ami} is {image_arch}, but {', '.join(wrong)} need {arch[wrong[0]]}",
