@@ -131,6 +131,25 @@ def _ray_picks(config: dict[str, Any], bundles: list[dict[str, float]]) -> dict[
     return dict(picked)
 
 
+def _ray_v2_picks(config: dict[str, Any], bundles: list[dict[str, float]]) -> dict[str, int]:
+    """What autoscaler v2 (``ray up``'s default in Ray 2.60) launches for one placement group of ``bundles``."""
+    from ray.autoscaler.v2.instance_manager.config import AutoscalingConfig
+    from ray.autoscaler.v2.scheduler import ResourceDemandScheduler, SchedulingRequest
+    from ray.autoscaler.v2.utils import ResourceRequestUtil
+    from ray.core.generated.autoscaler_pb2 import GangResourceRequest
+
+    auto = AutoscalingConfig(prepare_config(copy.deepcopy(config)), skip_content_hash=True)
+    gang = GangResourceRequest(requests=[ResourceRequestUtil.make(b) for b in bundles], details="train")
+    reply = ResourceDemandScheduler().schedule(SchedulingRequest(
+        disable_launch_config_check=True, node_type_configs=auto.get_node_type_configs(),
+        max_num_nodes=auto.get_max_num_nodes(), gang_resource_requests=[gang]))
+    assert not reply.infeasible_gang_resource_requests
+    picked: dict[str, int] = {}
+    for launch in reply.to_launch:
+        picked[launch.instance_type] = picked.get(launch.instance_type, 0) + launch.count
+    return picked
+
+
 def test_config_passes_ray_validation_and_bootstrap_on_moto(aws: Any, plans: dict[str, Plan],
                                                               tmp_path: Path) -> None:
     from ray.autoscaler._private.aws.config import bootstrap_aws
@@ -172,6 +191,7 @@ def test_every_planned_kind_is_launched_as_exactly_its_node_type(aws: Any, plans
             fitting = [name for name, t in config["available_node_types"].items() if _fits(t["resources"], bundles[0])]
             assert fitting == [expected], (key, bundles[0])
             assert _ray_picks(config, bundles) == {expected: kind.candidate.nodes}, key
+            assert _ray_v2_picks(config, bundles) == {expected: kind.candidate.nodes}, key
 
 
 def test_markets_follow_the_spec(aws: Any, plans: dict[str, Plan]) -> None:
