@@ -197,7 +197,7 @@ def _profile_ref(profile: str) -> dict[str, str]:
     return {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
 
 
-def _install_commands(opts: ClusterOptions) -> tuple[dict[str, str], list[str]]:
+def install_commands(opts: ClusterOptions) -> tuple[dict[str, str], list[str]]:
     """File mounts and setup commands: Python >= 3.11 in a venv, Ray pinned, gpuplan from a wheel or checkout."""
     if opts.wheel:
         name = opts.wheel.rstrip("/").rsplit("/", 1)[-1]
@@ -273,7 +273,7 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
     for kind in needs.kinds:
         zone = facts.zones[kind_key(kind)]
         types[node_type_name(kind.instance_type, kind.market, zone)] = _worker_type(kind, zone, opts, facts)
-    mounts, install = _install_commands(opts)
+    mounts, install = install_commands(opts)
     return {
         "cluster_name": name,
         "max_workers": sum(int(t.get("max_workers", 0)) for k, t in types.items() if k != "head"),

@@ -217,8 +217,10 @@ def _check_bucket(session: Any, root: str, sources: dict[str, str]) -> None:
 
 def generate(plan: Any, opts: ClusterOptions, session: Any | None = None) -> tuple[dict[str, Any], str]:
     """The cluster config of ``plan`` and its YAML text (with notes), after every lookup succeeded."""
-    from workers.cluster import cluster_config, cluster_needs, notes, to_yaml
+    from workers.cluster import cluster_config, cluster_needs, install_commands, notes, to_yaml
 
-    facts = resolve_aws(cluster_needs(plan, opts), opts, session)
+    needs = cluster_needs(plan, opts)
+    install_commands(opts)  # a missing --wheel / --source-dir is refused before AWS is asked anything
+    facts = resolve_aws(needs, opts, session)
     config = cluster_config(plan, opts, facts)
     return config, to_yaml(config, notes(opts, facts))

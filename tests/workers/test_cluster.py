@@ -218,7 +218,7 @@ def test_markets_follow_the_spec(aws: Any, plans: dict[str, Plan]) -> None:
 def test_an_on_demand_attempt_of_a_spot_always_plan_is_infeasible(aws: Any, plans: dict[str, Plan],
                                                                    tmp_path: Path) -> None:
     p = plans["8b-always"]
-    config, text = generate(aws, p, _opts())
+    _, text = generate(aws, p, _opts())
     (tmp_path / "c.yaml").write_text(text)
     node_types = autoscaler_node_types(tmp_path / "c.yaml")
     chosen = p.chosen
