@@ -261,7 +261,7 @@ def test_bad_input_is_refused_before_any_yaml(aws: Any, plans: dict[str, Plan]) 
     chosen = p.chosen
     assert chosen is not None
     moved = chosen.model_copy(update={"offer": chosen.offer.model_copy(update={"zone": "eun1-az9"})})
-    with pytest.raises(InvalidInput, match="zone eun1-az9 .* has no usable subnet"):
+    with pytest.raises(InvalidInput, match=r"zone eun1-az9 .* has no usable subnet"):
         generate(aws, p.model_copy(update={"chosen": moved}), _opts())
     gcp = chosen.model_copy(update={"offer": chosen.offer.model_copy(update={"cloud": "gcp"})})
     with pytest.raises(InvalidInput, match="AWS only"):
