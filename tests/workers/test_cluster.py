@@ -284,3 +284,58 @@ def test_explicit_subnet_and_ami(aws: Any, plans: dict[str, Plan]) -> None:
     assert f"{image} (--ami" in text
     with pytest.raises(InvalidInput, match="is in zone"):
         generate(aws, p, _opts(subnets={"use1-az2": subnet["SubnetId"]}))
+
+
+def _stub(path: Path, body: str) -> None:
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+
+
+def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dict[str, Plan], tmp_path: Path) -> None:
+    """Each command as Ray's updater sends it (RAY_HEAD_IP and resource exports, then `bash --login -c -i
+    'source ~/.bashrc; ... (cmd)'`), run by bash as sshd would, with recording stubs for the programs."""
+    import subprocess
+
+    from ray.autoscaler._private.command_runner import _with_environment_variables, _with_interactive
+    from ray.autoscaler._private.util import with_head_node_ip
+
+    url = "postgresql://gpuplan:p@ss'w$rd@db:5432/gpuplan"
+    config, _ = generate(aws, plans["8b-auto"], _opts(database_url=url))
+    home, stubs = tmp_path / "home", tmp_path / "bin"
+    venv = home / "gpuplan-venv" / "bin"
+    for folder in (home, stubs, venv):
+        folder.mkdir(parents=True)
+    # Ubuntu's ~/.bashrc stops early in a non-interactive shell: the venv line must come before that. (The
+    # stubs stand in for the system's programs; a login shell's /etc/profile resets PATH, so they go here.)
+    (home / ".bashrc").write_text(f"export PATH={stubs}:$PATH\ncase $- in *i*) ;; *) return;; esac\n")
+    record = 'printf "%s\\n" "--- $(basename $0)" "$@" >> "$HOME/calls"'
+    for name in ("apt-get", "systemctl", "systemd-run"):
+        _stub(stubs / name, record)
+    _stub(stubs / "sudo", 'exec "$@"')
+    for name in ("python", "pip", "ray"):
+        _stub(venv / name, record)
+    env = {"HOME": str(home), "PATH": f"{stubs}:/usr/bin:/bin"}
+    commands = config["setup_commands"] + config["head_start_ray_commands"] + config["worker_start_ray_commands"]
+    for cmd in commands:
+        wrapped = with_head_node_ip([cmd], "10.0.0.7")[0]
+        wrapped = _with_environment_variables(wrapped, {"RAY_OVERRIDE_RESOURCES": {"CPU": 8}})
+        remote = " ".join(_with_interactive(wrapped))  # ssh hands the remote shell one string
+        done = subprocess.run(["bash", "-c", remote], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (cmd, done.stderr)
+    calls = [block.strip().split("\n") for block in (home / "calls").read_text().split("--- ")[1:]]
+    ray_calls = [c[1:] for c in calls if c[0] == "ray"]
+    assert ray_calls[:2] == [["stop"], ["start", "--head", "--port=6379", "--object-manager-port=8076",
+                                        "--autoscaling-config=~/ray_bootstrap_config.yaml", "--dashboard-host=0.0.0.0"]]
+    assert ["start", "--address=10.0.0.7:6379", "--object-manager-port=8076"] in ray_calls  # the venv's ray, via PATH
+    runs = {c[2]: c[1:] for c in calls if c[0] == "systemd-run"}
+    assert runs["gpuplan-server"][-13:] == [
+        f"--setenv=GPUPLAN_DATABASE_URL={url}", "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server",
+        "--executor", "ray", "--host", "0.0.0.0", "--port", "8000", "--ray-cluster-config",
+        "/home/ubuntu/ray_bootstrap_config.yaml", "--checkpoint-root", f"s3://{BUCKET}/runs"]
+    assert runs["gpuplan-preemption"][-6:] == ["/home/ubuntu/gpuplan-venv/bin/python", "-m", "workers.cluster",
+                                               "watch", "--gcs-address", "10.0.0.7:6379"]
+    assert runs["gpuplan-server"][:8] == ["--unit", "gpuplan-server", "--uid", "ubuntu", "-p", "Restart=always", "-p",
+                                          "RestartSec=5"]
+    pip = [c[1:] for c in calls if c[0] == "pip"]
+    assert ["install", "-q", "ray[default,train]==2.60.0",
+            f"{home}/gpuplan-dist/gpuplan-0.1.0-py3-none-any.whl"] in pip
