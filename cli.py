@@ -1670,6 +1670,8 @@ def cluster_config_command(
     database_url: str | None = typer.Option(None, "--database-url", help="The head server's database "
                                             "(default: SQLite on the head)."),
     alternatives: int = typer.Option(2, "--alternatives", min=0, help="Extra offers to give node types."),
+    every_zone: bool = typer.Option(False, "--every-zone", help="Node types for the chosen instance type in every "
+                                    "zone of the region the plan priced it in (for zone switching)."),
     head_instance: str = typer.Option("m5.2xlarge", "--head-instance", help="On-demand head node type."),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -1696,7 +1698,7 @@ def cluster_config_command(
         raise InvalidInput("--subnet takes ZONE_ID=SUBNET_ID", path="subnet", hint="e.g. --subnet use1-az1=subnet-0abc")
     opts = ClusterOptions(wheel=wheel, source_dir=source_dir, checkpoint_root=checkpoint_root, ami=ami,
                           subnets=subnets, instance_profile=instance_profile, database_url=database_url,
-                          alternatives=alternatives, head_instance=head_instance)
+                          alternatives=alternatives, every_zone=every_zone, head_instance=head_instance)
     config, text = generate(_plan_from_file(plan_or_spec), opts)
     if out:
         Path(out).write_text(text)

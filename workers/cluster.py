@@ -63,6 +63,9 @@ class ClusterOptions:
     wheel: str | None = None  # a gpuplan wheel built from this repo (pip wheel --no-deps -w dist .)
     source_dir: str | None = None  # or a gpuplan checkout, synced and installed on every node
     alternatives: int = 2  # extra offers (other GPUs / instance types) to give node types
+    # also the chosen instance type in every other zone of the region the plan priced it in, so a
+    # zone-switching policy can move the run there (RunRequest.zone); not counted in ``alternatives``
+    every_zone: bool = False
     disk_gib: int = 500
     min_workers: int = 0
     idle_timeout_minutes: int = 10
@@ -151,8 +154,15 @@ def cluster_needs(plan: Plan, opts: ClusterOptions) -> ClusterNeeds:
 
     add(chosen)
     offers = {(chosen.offer.instance_type, chosen.offer.zone)}
+    if opts.every_zone:
+        for cand in same_region:
+            place = (cand.offer.instance_type, cand.offer.zone)
+            if cand.offer.instance_type == chosen.offer.instance_type and place not in offers:
+                offers.add(place)
+                add(cand.model_copy(update={"nodes": chosen.nodes}))  # the chosen run, moved
+    moved = len(offers) - 1
     for cand in same_region:
-        if len(offers) > opts.alternatives:
+        if len(offers) - moved > opts.alternatives:
             break
         place = (cand.offer.instance_type, cand.offer.zone)
         if place not in offers:

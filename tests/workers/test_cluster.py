@@ -215,6 +215,24 @@ def test_markets_follow_the_spec(aws: Any, plans: dict[str, Plan]) -> None:
         assert auto["available_node_types"][name]["resources"][ZONE_PREFIX + "use1-az1"] == 8
 
 
+def test_every_zone_gives_the_chosen_run_a_node_type_in_each_priced_zone(aws: Any, plans: dict[str, Plan],
+                                                                          tmp_path: Path) -> None:
+    """For zone switching: the chosen p4d also in use1-az2 (priced there too), in both markets; an attempt
+    moved there (RunRequest.zone) launches exactly that zone's node type, with the run's node count."""
+    p = plans["8b-auto"]
+    chosen = p.chosen
+    assert chosen is not None
+    config, text = generate(aws, p, _opts(every_zone=True, alternatives=0))
+    names = sorted(k for k in config["available_node_types"] if k != "head")
+    assert names == sorted(node_type_name("p4d.24xlarge", m, z) for m in ("spot", "on-demand")
+                           for z in ("use1-az1", "use1-az2"))
+    (tmp_path / "c.yaml").write_text(text)
+    node_types = autoscaler_node_types(tmp_path / "c.yaml")
+    for zone in ("use1-az1", "use1-az2"):
+        bundles = _bundles(_request(p, "spot", zone), node_types)
+        assert _ray_v2_picks(config, bundles) == {node_type_name("p4d.24xlarge", "spot", zone): chosen.nodes}
+
+
 def test_an_on_demand_attempt_of_a_spot_always_plan_is_infeasible(aws: Any, plans: dict[str, Plan],
                                                                    tmp_path: Path) -> None:
     p = plans["8b-always"]
