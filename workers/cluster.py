@@ -337,10 +337,16 @@ def iam_policy(opts: ClusterOptions, account: str = "ACCOUNT") -> dict[str, Any]
     return {"Version": "2012-10-17", "Statement": statements}
 
 
-def notes(opts: ClusterOptions, facts: AwsFacts) -> list[str]:
-    """What the YAML's header says: where the values came from, and what to set up once."""
+def notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None = None) -> list[str]:
+    """What the YAML's header says: where the values came from, what to set up once, what is missing."""
     profile = facts.instance_profile
     lines = [f"{key}: {value}" for key, value in sorted(facts.sources.items())]
+    multi = sorted({(k.instance_type, k.candidate.nodes, k.candidate.offer.network_gbps)
+                    for k in (needs.kinds if needs else ()) if k.candidate.nodes > 1})
+    if multi:
+        lines += ["", "Multi-node node types have no EFA interfaces or cluster placement group yet: NCCL runs over",
+                  "TCP on the primary interface, slower than the link speed the plan assumed for:"]
+        lines += [f"  {itype}: {nodes} nodes at {gbps:g} Gbit/s" for itype, nodes, gbps in multi]
     lines += [
         "",
         f"Head and workers run with the IAM instance profile {profile!r}. Its role needs the policy below:",

@@ -223,4 +223,4 @@ def generate(plan: Any, opts: ClusterOptions, session: Any | None = None) -> tup
     install_commands(opts)  # a missing --wheel / --source-dir is refused before AWS is asked anything
     facts = resolve_aws(needs, opts, session)
     config = cluster_config(plan, opts, facts)
-    return config, to_yaml(config, notes(opts, facts))
+    return config, to_yaml(config, notes(opts, facts, needs))

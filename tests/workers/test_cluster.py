@@ -300,6 +300,7 @@ def test_explicit_subnet_and_ami(aws: Any, plans: dict[str, Plan]) -> None:
     name = node_type_name(chosen.offer.instance_type, "spot", "use1-az1")
     assert config["available_node_types"][name]["node_config"]["SubnetIds"] == [subnet["SubnetId"]]
     assert f"{image} (--ami" in text
+    assert "p4d.24xlarge: 2 nodes at 400 Gbit/s" in text  # the header says the plan's link speed is not met
     with pytest.raises(InvalidInput, match="is in zone"):
         generate(aws, p, _opts(subnets={"use1-az2": subnet["SubnetId"]}))
 
