@@ -115,6 +115,7 @@ class AwsFacts:
     zones: Mapping[str, str]  # WorkerKind key (instance/market/zone-or-none) -> zone id it runs in
     instance_profile: str  # name or ARN
     sources: Mapping[str, str] = field(default_factory=dict)  # what each value came from, for the notes
+    bucket_region: str | None = None  # of the checkpoint bucket: every node's S3 client must use it
 
 
 def kind_key(kind: WorkerKind) -> str:
@@ -207,7 +208,7 @@ def _profile_ref(profile: str) -> dict[str, str]:
     return {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
 
 
-def install_commands(opts: ClusterOptions) -> tuple[dict[str, str], list[str]]:
+def install_commands(opts: ClusterOptions, bucket_region: str | None = None) -> tuple[dict[str, str], list[str]]:
     """File mounts and setup commands: Python >= 3.11 in a venv, Ray pinned, gpuplan from a wheel or checkout."""
     if opts.wheel:
         name = opts.wheel.rstrip("/").rsplit("/", 1)[-1]
@@ -233,19 +234,21 @@ def install_commands(opts: ClusterOptions) -> tuple[dict[str, str], list[str]]:
         f"test -x {venv}/bin/python || python3 -m venv {venv}",
         # Ray runs every command in `bash -i` after `source ~/.bashrc`: the venv first on PATH everywhere
         f"grep -q gpuplan-venv ~/.bashrc || sed -i '1i export PATH={venv}/bin:$PATH' ~/.bashrc",
+        *([f"grep -q AWS_DEFAULT_REGION ~/.bashrc || sed -i '1i export AWS_DEFAULT_REGION={bucket_region}' ~/.bashrc"]
+          if bucket_region else []),  # boto3 and Ray Train's pyarrow reach the bucket in its region
         f"{venv}/bin/pip install -q -U pip",
         f'{venv}/bin/pip install -q "{RAY_PIN}" {package}',
     ]
     return mounts, commands
 
 
-def _server_command(opts: ClusterOptions) -> str:
+def _server_command(opts: ClusterOptions, bucket_region: str | None) -> str:
     """The head's gpuplan server, as a transient systemd service that restarts when it dies."""
     args = ["--executor", "ray", "--host", "0.0.0.0", "--port", str(opts.server_port),
             "--ray-cluster-config", "/home/ubuntu/ray_bootstrap_config.yaml"]
     if opts.checkpoint_root:
         args += ["--checkpoint-root", opts.checkpoint_root]
-    env = ["--setenv=RAY_ADDRESS=auto"]
+    env = ["--setenv=RAY_ADDRESS=auto", *([f"--setenv=AWS_DEFAULT_REGION={bucket_region}"] if bucket_region else [])]
     if opts.database_url:
         env.append(f"--setenv=GPUPLAN_DATABASE_URL={opts.database_url}")
     return _supervised("gpuplan-server", [*env, "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server", *args])
@@ -283,7 +286,7 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
     for kind in needs.kinds:
         zone = facts.zones[kind_key(kind)]
         types[node_type_name(kind.instance_type, kind.market, zone)] = _worker_type(kind, zone, opts, facts)
-    mounts, install = install_commands(opts)
+    mounts, install = install_commands(opts, facts.bucket_region)
     return {
         "cluster_name": name,
         "max_workers": sum(int(t.get("max_workers", 0)) for k, t in types.items() if k != "head"),
@@ -306,7 +309,7 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
             "ray stop",
             f"ray start --head --port={RAY_PORT} --object-manager-port=8076"
             " --autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=0.0.0.0",
-            _server_command(opts),
+            _server_command(opts, facts.bucket_region),
         ],
         "worker_start_ray_commands": [
             "ray stop",

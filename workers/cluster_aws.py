@@ -41,10 +41,9 @@ def resolve_aws(needs: ClusterNeeds, opts: ClusterOptions, session: Any | None =
         zone = zones[kind_key(kind)]
         sources[f"subnet {zone}"] = subnets[zone]
     profile = _instance_profile(session, opts, sources)
-    if opts.checkpoint_root:
-        _check_bucket(session, opts.checkpoint_root, sources)
+    bucket_region = _check_bucket(session, opts.checkpoint_root, sources) if opts.checkpoint_root else None
     return AwsFacts(images=images, subnets={z: subnets[z] for z in set(zones.values())}, zones=zones,
-                    instance_profile=profile, sources=sources)
+                    instance_profile=profile, sources=sources, bucket_region=bucket_region)
 
 
 def _architectures(ec2: Any, instance_types: list[str], region: str) -> dict[str, str]:
@@ -192,7 +191,8 @@ def _instance_profile(session: Any, opts: ClusterOptions, sources: dict[str, str
     return profile
 
 
-def _check_bucket(session: Any, root: str, sources: dict[str, str]) -> None:
+def _check_bucket(session: Any, root: str, sources: dict[str, str]) -> str | None:
+    """The bucket's region (the nodes' S3 clients must use it, or S3 answers with a redirect)."""
     if not root.startswith("s3://"):
         raise InvalidInput(f"checkpoint root {root!r} is not on S3", path="checkpoint_root",
                            hint="the nodes of a cluster share checkpoints through S3: give s3://bucket/prefix")
@@ -201,7 +201,7 @@ def _check_bucket(session: Any, root: str, sources: dict[str, str]) -> None:
         raise InvalidInput(f"checkpoint root {root!r} names no bucket", path="checkpoint_root",
                            hint="use s3://bucket/prefix")
     try:
-        session.client("s3").head_bucket(Bucket=bucket)
+        found = session.client("s3").head_bucket(Bucket=bucket)
     except Exception as exc:
         code = _code(exc)
         if code in ("404", "NoSuchBucket"):
@@ -212,7 +212,10 @@ def _check_bucket(session: Any, root: str, sources: dict[str, str]) -> None:
             raise InvalidInput(f"access to S3 bucket {bucket!r} was denied", path="checkpoint_root",
                                hint="use credentials that can read the bucket") from None
         raise
-    sources["checkpoints"] = root
+    region = found.get("BucketRegion") or found.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
+        "x-amz-bucket-region")
+    sources["checkpoints"] = f"{root} (bucket in {region or 'an unknown region'})"
+    return str(region) if region else None
 
 
 def generate(plan: Any, opts: ClusterOptions, session: Any | None = None) -> tuple[dict[str, Any], str]:

@@ -355,6 +355,9 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
                                                "watch", "--gcs-address", "10.0.0.7:6379"]
     assert runs["gpuplan-server"][:8] == ["--unit", "gpuplan-server", "--uid", "ubuntu", "-p", "Restart=always", "-p",
                                           "RestartSec=5"]
+    assert "--setenv=AWS_DEFAULT_REGION=us-east-1" in runs["gpuplan-server"]  # the bucket's region
+    assert (home / ".bashrc").read_text().splitlines()[:2] == [
+        "export AWS_DEFAULT_REGION=us-east-1", "export PATH=$HOME/gpuplan-venv/bin:$PATH"]
     pip = [c[1:] for c in calls if c[0] == "pip"]
     assert ["install", "-q", "ray[default,train]==2.60.0",
             f"{home}/gpuplan-dist/gpuplan-0.1.0-py3-none-any.whl"] in pip
