@@ -14,6 +14,7 @@ from typing import Any
 import boto3
 import pytest
 import yaml
+from ray._private.label_utils import validate_label_key, validate_label_value, validate_node_labels
 from ray.autoscaler._private.node_provider_availability_tracker import NodeAvailabilitySummary
 from ray.autoscaler._private.resource_demand_scheduler import _default_utilization_scorer, _fits, get_nodes_for
 from ray.autoscaler._private.util import prepare_config, validate_config
@@ -161,6 +162,12 @@ def test_config_passes_ray_validation_and_bootstrap_on_moto(aws: Any, plans: dic
         validate_config(loaded)
         filled = prepare_config(copy.deepcopy(loaded))
         validate_config(filled)
+        for node_type in loaded["available_node_types"].values():  # what `ray start` checks on each node
+            labels = node_type.get("labels", {})
+            validate_node_labels(labels)
+            assert all(validate_label_key(k) is None for k in labels), labels
+            for value in labels.values():
+                validate_label_value(value)
         booted = bootstrap_aws(filled)  # Ray's real code: key pair, subnets, security groups, AMI check
         for name, node_type in booted["available_node_types"].items():
             node = node_type["node_config"]
