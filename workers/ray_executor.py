@@ -205,7 +205,8 @@ class RayExecutor:
             started = progress.total_steps > 0 or bool(snapshot.get("started_at"))
             state = RunState.RUNNING if started else RunState.PENDING
             message = "running" + resume_note(snapshot, task) if started else "waiting for workers to start"
-            reason = attempt_infeasibility(info["request"], live_nodes(), self._node_types)
+            request = info.get("request")  # None from a driver of an older gpuplan: no reason then
+            reason = attempt_infeasibility(request, live_nodes(), self._node_types) if request is not None else None
             if reason is not None:
                 message = f"{message}; waiting for resources: {reason}"
         metrics = result_metrics(snapshot.get("result"), int(snapshot.get("resumes", 0))) if state.finished else {}
