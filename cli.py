@@ -461,7 +461,18 @@ def _load_planning_inputs(spec_path: str) -> tuple[Any, Any, Any, Any]:
     spec = load_spec(spec_path)
     catalog = load_catalog()
     model = resolve_model(catalog, spec.model.config if isinstance(spec.model, ModelRef) else spec.model)
-    return spec, catalog, model, load_calibration()
+    return spec, catalog, model, load_calibration(overlay=_user_calibration())
+
+
+def _user_calibration() -> Any:
+    """``gpuplan calibrate``'s file under the gpuplan home, laid over the shipped calibration if present."""
+    import os
+    from pathlib import Path
+
+    from planner.calibration import user_calibration_path
+    from scheduler.store import default_home
+
+    return user_calibration_path(Path(os.environ.get("GPUPLAN_HOME", "") or default_home()))
 
 
 def _gib(n: int) -> str:
@@ -955,7 +966,11 @@ def server_command(
         from catalog.local_cpu import with_this_machine
 
         catalog = with_this_machine(catalog, home, today=date.today())
-    service = make_service(db_url, checkpoint_root=root, admin_token=admin_token, catalog=catalog)
+    from planner.calibration import load_calibration
+
+    calibration = load_calibration(overlay=_user_calibration())  # gpuplan calibrate's refit, if any
+    service = make_service(db_url, checkpoint_root=root, admin_token=admin_token, catalog=catalog,
+                           calibration=calibration)
     if not admin_token:
         err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled", style="yellow")
     err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database {service.store.dialect}, "
@@ -965,7 +980,7 @@ def server_command(
         serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running), host, port, sock=sock)
         return
     settings = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
-                           admin_token=admin_token)
+                           admin_token=admin_token, calibration=calibration)
     serve_workers(settings, host, port, count, loop=make_loop(service, run, poll_s=poll, max_running=max_running),
                   sock=sock)
 
@@ -1248,6 +1263,100 @@ def report_accuracy_command(
                           f"worst {s['max_abs_error']:.1%}", highlight=False)
     if plot:
         console.print(f"plot written to {plot}", highlight=False)
+
+
+@app.command("calibrate")
+@handle_errors
+def calibrate_command(
+    source: str = typer.Option("local", "--source", help="local: this machine's `gpuplan run` results; team: your "
+                               "team's finished attempts (the server, or the local database); all: both."),
+    holdout: float = typer.Option(1 / 3, "--holdout", min=0.1, max=0.5,
+                                  help="Share of the records held out to judge the refit on (never fitted on)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the refit and its held-out effect; write nothing."),
+    reset: bool = typer.Option(False, "--reset", help="Delete your calibration file: plan with the shipped one again."),
+    limit: int = typer.Option(200, "--limit", min=1, max=1000, help="team: how many recent jobs to read."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Refit the planner's calibration from your finished runs (predicted vs measured).
+
+    The constants are fitted on part of the records and judged on the held-out rest; a quantity
+    whose held-out error would grow keeps the shipped constants. The result goes to
+    ~/.gpuplan/calibration.json (GPUPLAN_HOME), which plan, estimate, run and server then use.
+
+    Examples:
+
+      gpuplan calibrate --dry-run
+
+      gpuplan calibrate --source all --json
+
+      gpuplan calibrate --reset
+    """
+    import os
+    from pathlib import Path
+
+    from scheduler import calibrate as calib
+    from scheduler.store import default_home
+
+    home = Path(os.environ.get("GPUPLAN_HOME", "") or default_home())
+    if reset:
+        removed = calib.reset(home)
+        if as_json:
+            print_json({"reset": removed, "path": str(_user_calibration())})
+        else:
+            console.print(f"removed {_user_calibration()}: plans use the shipped calibration" if removed
+                          else "no calibration file to remove: plans already use the shipped calibration",
+                          highlight=False)
+        return
+
+    def team_jobs() -> list[Any]:
+        backend = _backend()
+        return [backend.status(j.id) for j in backend.list_jobs(limit=limit)]
+
+    out = calib.calibrate(home, source=source, holdout=holdout, write=not dry_run,
+                          team_jobs=team_jobs if source in ("team", "all") else None)
+    if as_json:
+        print_json(out)
+        return
+    _print_calibration(out)
+
+
+def _print_calibration(out: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    def err(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    def num(v: float) -> str:
+        return f"{v:.4g}"
+
+    console.print(f"{out['records']} recorded runs: fitted on {out['fit']}, judged on {out['held_out']} held out",
+                  highlight=False)
+    table = Table(title="held-out error, |predicted - measured| / measured", title_justify="left")
+    for col in ("quantity", "runs", "median before", "after", "worst before", "after", "refit"):
+        table.add_column(col, justify="left" if col in ("quantity", "refit") else "right")
+    for r in out["report"]:
+        table.add_row(r["quantity"], str(r["held_out"]), err(r["median_before"]), err(r["median_after"]),
+                      err(r["max_before"]), err(r["max_after"]), "kept" if r["kept"] else (r["note"] or "-"))
+    console.print(table)
+    if out["changes"] or out["reverted"]:
+        changes = Table(title="constants", title_justify="left")
+        for col in ("constant", "shipped", "refit", "fit runs", ""):
+            changes.add_column(col, justify="left" if col in ("constant", "") else "right")
+        for c in out["changes"]:
+            changes.add_row(c["name"], num(c["before"]), num(c["after"]), str(c["records"]), "kept")
+        for c in out["reverted"]:
+            changes.add_row(c["name"], num(c["before"]), num(c["after"]), str(c["records"]), "dropped")
+        console.print(changes)
+    if out["skipped_records"]:
+        console.print(f"{len(out['skipped_records'])} records not usable (see --json: skipped_records)",
+                      highlight=False)
+    if out["written"]:
+        console.print(f"wrote {out['path']}: plan, estimate, run and server now use it "
+                      "(gpuplan calibrate --reset goes back to the shipped calibration)", highlight=False)
+    elif not out["changes"]:
+        console.print("nothing to change: the shipped calibration stays", highlight=False)
+    else:
+        console.print(f"--dry-run: {out['path']} not written", highlight=False)
 
 
 def _print_teams_spend(report: Any) -> None:

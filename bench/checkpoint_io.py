@@ -3,14 +3,18 @@
 Builds the model of ``--model`` (a catalog preset) with ``--precision`` weights and AdamW moments
 on ``--device``, then measures, in one run:
 
+  prepare    the host buffer (pinned on CUDA) allocated in the background after the first step, as
+             the training loop does, with the loop's step time while it runs next to the step time after
   stall      what a periodic checkpoint stops the loop for: the snapshot into the reused host buffer
-             (the first one also allocates it, pinned on CUDA; reported apart)
+             (the first one included: the buffer was prepared in the background)
   durable    snapshot start -> committed (shards written by a thread pool, hashed while written,
              fsynced, marker, rename)
   baseline   plain ``torch.save`` of the same state as --shards files from 8 threads, from host memory
              (the device-to-host copy not counted: the floor for any host-side writer)
-  load       ``load_state`` into the model: read every shard in parallel, verify, copy to the device
-  read       plain parallel read of the same checkpoint files (no hashing): the floor for a load
+  load       ``load_state`` into the model: every shard read in parallel through pinned staging, verified,
+             copied to the device (workers.checkpoint_read), then into the model and optimizer
+  read       plain parallel read of the same checkpoint files (no hashing, the same thread count, into
+             fresh host memory, nothing copied to the device): the floor for a load
 
 GB/s next to each. On the H200 (issue 11: 1.24B llama-3.2-1b, amp-bf16, AdamW = 14.8 GB):
 
@@ -40,8 +44,10 @@ import torch
 
 from planner.spec import spec_from_dict
 from workers.checkpoint import LocalStore
+from workers.checkpoint_threads import SHARD_THREADS
 from workers.model import build_model, resolve_model_source
-from workers.train_state import CheckpointWriter, _flatten, load_state, plan_layout, save_state
+from workers.train_state import CheckpointWriter, flatten, plan_layout, prepare_state, save_state
+from workers.train_state_load import load_state
 
 GB = 1e9
 
@@ -104,7 +110,7 @@ def _baseline_save(writer: CheckpointWriter, folder: Path, shards: int) -> float
 def _plain_read(folder: Path) -> float:
     files = sorted(f for f in folder.rglob("*") if f.is_file())
     began = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
+    with ThreadPoolExecutor(SHARD_THREADS) as pool:
         list(pool.map(lambda f: len(f.read_bytes()), files))
     return time.perf_counter() - began
 
@@ -132,6 +138,23 @@ def main() -> None:
 
     store = LocalStore(args.dir / "store", keep=1)
     writer = CheckpointWriter(store)
+    # As the loop does after its first step: the buffer is pinned in the background while steps run.
+    began = time.perf_counter()
+    prepare_state(writer, model=model, optimizer=optimizer, sharded=False)
+    during: list[float] = []
+    while not writer.buffer.ready:
+        step_began = time.perf_counter()
+        _step(model, optimizer, device)
+        during.append(time.perf_counter() - step_began)
+    writer.buffer.wait_prepared()
+    prepare_wall = time.perf_counter() - began
+    after: list[float] = []
+    for _ in range(max(3, min(len(during), 10))):
+        step_began = time.perf_counter()
+        _step(model, optimizer, device)
+        after.append(time.perf_counter() - step_began)
+    print(f"buffer prepared in the background: {writer.buffer.prepare_s or 0:.3f} s; {len(during)} steps ran"
+          f" meanwhile ({_mean(during):.3f} s each; {_mean(after):.3f} s after)", flush=True)
     stalls: list[float] = []
     durables: list[float] = []
     for step in range(1, args.repeats + 2):
@@ -140,6 +163,7 @@ def main() -> None:
         stalls.append(time.perf_counter() - began)
         writer.wait()  # nothing else runs meanwhile: the write's own time, as the baseline's
         durables.append(stalls[-1] + (writer.last_write_s or 0.0))
+        saved_print = _fingerprint(model, optimizer)  # what a load must give back, bit for bit
         _step(model, optimizer, device)
         print(f"checkpoint {step}: stall {stalls[-1]:.3f} s, durable {durables[-1]:.3f} s", flush=True)
 
@@ -154,28 +178,34 @@ def main() -> None:
     ckpt_dir = Path(latest.uri)
     reads = [_plain_read(ckpt_dir) for _ in range(2)]
     loads = []
+    exact = True
     for _ in range(2):
         began = time.perf_counter()
         loaded = load_state(store, model=model, optimizer=optimizer, scheduler=scheduler, sharded=False)
         _sync(device)
         loads.append(time.perf_counter() - began)
         assert loaded is not None
+        exact = exact and _fingerprint(model, optimizer) == saved_print
         print(f"load {loads[-1]:.3f} s (plain parallel read {min(reads):.3f} s)", flush=True)
 
-    periodic = stalls[1:]  # the first one also allocated the host buffer
+    periodic = stalls[1:]
     durable = sorted(durables[1:])[len(durables[1:]) // 2]
     base = min(baseline)
     result = {
         "model": args.model, "precision": args.precision, "device": torch.cuda.get_device_name()
         if device.type == "cuda" else "cpu", "cpu_count": os.cpu_count(), "state_bytes": state_bytes,
         "files": len(latest.sha256), "dir": str(args.dir),
-        "stall_s": {"first_incl_buffer_alloc": round(stalls[0], 3), "periodic_max": round(max(periodic), 3),
+        "prepare": {"background_alloc_s": round(writer.buffer.prepare_s or 0.0, 3),
+                    "wall_s": round(prepare_wall, 3), "steps_meanwhile": len(during),
+                    "step_s_meanwhile": round(_mean(during), 4), "step_s_after": round(_mean(after), 4)},
+        "stall_s": {"first": round(stalls[0], 3), "periodic_max": round(max(periodic), 3),
                     "periodic": [round(s, 3) for s in periodic]},
+        "read_threads": SHARD_THREADS,
         "durable_s_median": round(durable, 3),
         "baseline_torch_save_s": round(base, 3),
         "durable_over_baseline": round(durable / base, 2),
         "load_s": round(min(loads), 3), "plain_read_s": round(min(reads), 3),
-        "load_over_read": round(min(loads) / min(reads), 2),
+        "load_over_read": round(min(loads) / min(reads), 2), "load_bit_exact": exact,
         "gb_per_s": {"snapshot": round(state_bytes / GB / max(periodic), 2),
                      "durable": round(state_bytes / GB / durable, 2),
                      "baseline_torch_save": round(state_bytes / GB / base, 2),
@@ -188,9 +218,18 @@ def main() -> None:
     print(json.dumps(result, indent=1))
 
 
+def _fingerprint(model: torch.nn.Module, optimizer: Any) -> list[float]:
+    """A float64 sum per tensor of the weights and optimizer state: a misplaced byte changes it."""
+    return [float(t.double().sum()) for t in _live_tensors(model, optimizer)]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
 def _live_tensors(model: torch.nn.Module, optimizer: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    _flatten({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, out)
+    flatten({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, out)
     return out
 
 

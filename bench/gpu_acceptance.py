@@ -195,7 +195,11 @@ def _simple(name: str, spec: dict[str, Any], work: Path, timeout: float, *, accu
         out.output_tail = (_text(exc.stdout)[-2000:] + "\n" + _text(exc.stderr)[-2000:]).strip()
         return out
     out.wall_s = time.perf_counter() - began
-    return _judge(out, rc, stdout, stderr, check_accuracy=accuracy)
+    out = _judge(out, rc, stdout, stderr, check_accuracy=accuracy)
+    log = work / "home" / "runs" / str(spec["name"]) / "train.log"
+    if log.is_file():  # the worker's own account (e.g. inference: model load, share of time inside generate())
+        out.extra["log_tail"] = log.read_text(errors="replace").strip().splitlines()[-4:]
+    return out
 
 
 def case_1b(work: Path, timeout: float) -> Outcome:

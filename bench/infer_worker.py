@@ -38,7 +38,7 @@ from planner.throughput import infer_throughput
 from planner.types import Strategy
 from workers.infer import quantize_weights, run_inference
 from workers.infer_io import write_synthetic_prompts
-from workers.model import hf_config
+from workers.model import attn_implementation, hf_config
 
 
 def bare(cfg: Any, *, batch: int, prompt: int, output: int, weights: str, batches: int) -> dict[str, float]:
@@ -50,7 +50,7 @@ def bare(cfg: Any, *, batch: int, prompt: int, output: int, weights: str, batche
     torch.manual_seed(0)
     with torch.device("cuda"):
         model: Any = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-            config, dtype=dtype, attn_implementation="sdpa"
+            config, dtype=dtype, attn_implementation=attn_implementation(cfg)
         )
     quantize_weights(model, weights)
     model.eval()

@@ -38,7 +38,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 GIB = 1024**3
 
 # Tiny stand-in shapes for the CPU dry run: same model types, so every code path is exercised.
-TINY = {
+TINY: dict[str, dict[str, Any]] = {
     "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512},
     "llama": {
         "hidden_size": 64,
@@ -58,6 +58,22 @@ TINY = {
         "vocab_size": 512,
     },
 }
+# The architectures of bench/cases_models.yaml (issue 12), shrunk the same way; windows and MoE kept.
+_TINY_DECODER = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "head_dim": 16, "vocab_size": 512}
+TINY.update({
+    "qwen3": {**_TINY_DECODER, "num_hidden_layers": 2},
+    "olmo2": {**_TINY_DECODER, "num_hidden_layers": 2},
+    "phi3": {**_TINY_DECODER, "num_hidden_layers": 2},
+    "gemma3_text": {**_TINY_DECODER, "num_hidden_layers": 6, "sliding_window": 16},
+    "qwen3_moe": {**_TINY_DECODER, "num_hidden_layers": 2, "num_experts": 8, "moe_intermediate_size": 32},
+    "gpt_oss": {**_TINY_DECODER, "intermediate_size": 32, "num_hidden_layers": 2, "num_local_experts": 4,
+                "sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"], "pad_token_id": 0,
+                "eos_token_id": 1},
+})
+# Architectures transformers has no SDPA path for (catalog.hf_config.EAGER_ONLY_FAMILIES; this script runs
+# without the repository on its path)
+EAGER_ONLY = frozenset({"gpt_oss"})
 
 
 # ----------------------------------------------------------------------------- cases
@@ -151,8 +167,13 @@ def hf_config(models: dict[str, dict[str, Any]], case: dict[str, Any], tiny: boo
     if tiny:
         raw.update(TINY[model_type])
     cfg = AutoConfig.for_model(model_type, **raw)
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attn_for(model_type)
     return cfg
+
+
+def attn_for(model_type: str) -> str:
+    """The attention the workers run: eager where transformers has no SDPA path (gpt-oss)."""
+    return "eager" if model_type in EAGER_ONLY else "sdpa"
 
 
 def build_model(cfg: Any, dtype: Any, device: str, train: bool) -> Any:
@@ -161,7 +182,7 @@ def build_model(cfg: Any, dtype: Any, device: str, train: bool) -> Any:
 
     cfg.use_cache = not train
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")  # type: ignore[no-untyped-call]
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=cfg._attn_implementation)  # type: ignore[no-untyped-call]
     model.to(device)
     model.train(train)
     return model

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from catalog.errors import InvalidInput
-from catalog.schema import MlaShape, ModelConfig, MoeShape, Source
+from catalog.schema import AttentionShape, MlaShape, ModelConfig, MoeShape, QkNorm, Source
 
 # First key present wins. Order matters: the HF-standard name first.
 _SYNONYMS: dict[str, tuple[str, ...]] = {
@@ -27,14 +27,37 @@ _SYNONYMS: dict[str, tuple[str, ...]] = {
     "vocab_size": ("vocab_size", "padded_vocab_size"),
     "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length"),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
-    "experts_per_token": ("num_experts_per_tok", "moe_top_k", "top_k_experts"),
+    "experts_per_token": ("num_experts_per_tok", "moe_top_k", "top_k_experts", "experts_per_token"),
 }
 
 # Defaults of the transformers config classes where a config.json may omit the key.
-_FAMILY_TIE_DEFAULT = {"gpt2": True, "llama": False, "mistral": False, "mixtral": False, "qwen2": False}
+_FAMILY_TIE_DEFAULT = {"gpt2": True, "llama": False, "mistral": False, "mixtral": False, "qwen2": False,
+                       "gemma3_text": True, "gpt_oss": False, "phi3": False, "olmo2": False}
 # Families whose every parameter the counter models; others are counted as a llama-style decoder, with a warning.
 MODELED_FAMILIES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
-                              "deepseek_v2", "deepseek_v3", "gpt2"})
+                              "deepseek_v2", "deepseek_v3", "gpt2", "gpt_oss", "gemma3_text", "phi3", "olmo2"})
+# How transformers builds each family's layers beyond the Llama default (the modeling_*.py files of
+# transformers 5): which apply sliding_window to every layer, which gate it by use_sliding_window
+# (layers >= max_window_layers), their q/k norms and norms per layer.
+_WINDOW_ALL_LAYERS = frozenset({"mistral", "mixtral", "phi3", "starcoder2"})
+_WINDOW_GATED = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+_QK_NORM: dict[str, QkNorm] = {"qwen3": "head", "qwen3_moe": "head", "gemma3_text": "head", "olmo2": "full"}
+_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4}
+# Architectures whose transformers class has no SDPA path (_supports_sdpa = False): the workers build them
+# with attn_implementation="eager", which materialises the attention scores.
+EAGER_ONLY_FAMILIES = frozenset({"gpt_oss"})
+_SINKS = frozenset({"gpt_oss"})
+# MoE classes that loop over the experts in Python in the reference stack (measured: gpt-oss, issue 12).
+_EXPERT_LOOP = frozenset({"gpt_oss"})
+# Multimodal configs whose text decoder gpuplan plans (transformers builds it from text_config).
+_TEXT_CONFIG_FAMILIES = {"gemma3": "gemma3_text"}
+# Defaults of the transformers config class where published configs omit the key (Gemma 3's text_config
+# lists only what differs from Gemma3TextConfig()).
+_FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
+    "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131072, "sliding_window": 4096},
+}
 # Keys that would change the shape if the reader ignored them (experts, low-rank attention, extra layers)...
 _SHAPE_KEY = re.compile(r"expert|moe|lora_rank|nextn|shared|sparse|dense|router|altup|laurel|mamba|ssm")
 # ...minus those it reads, and routing/loss knobs that change no weight. num_nextn_predict_layers: transformers
@@ -45,7 +68,7 @@ _READ_OR_SHAPELESS = frozenset({
     "first_k_dense_replace", "decoder_sparse_step", "mlp_only_layers", "kv_lora_rank",
     "q_lora_rank", "output_router_logits", "router_aux_loss_coef", "norm_topk_prob", "routed_scaling_factor",
     "topk_method", "n_group", "topk_group", "scoring_func", "aux_loss_alpha", "seq_aux", "ep_size",
-    "router_jitter_noise", "num_nextn_predict_layers",
+    "router_jitter_noise", "num_nextn_predict_layers", "experts_per_token",
 })
 _ARCH_TO_FAMILY = {
     "LlamaForCausalLM": "llama",
@@ -53,6 +76,10 @@ _ARCH_TO_FAMILY = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2ForCausalLM": "qwen2",
     "GPT2LMHeadModel": "gpt2",
+    "GptOssForCausalLM": "gpt_oss",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3",
+    "Olmo2ForCausalLM": "olmo2",
 }
 
 
@@ -108,10 +135,49 @@ def _moe_shape(cfg: Mapping[str, object], family: str, intermediate: int, layers
     n_shared = _opt_int(cfg, "n_shared_experts", where, minimum=0) or 0
     shared = n_shared * expert + (_opt_int(cfg, "shared_expert_intermediate_size", where, minimum=0) or 0)
     dense = _dense_layer_count(cfg, layers, where)
-    if expert == intermediate and shared == 0 and dense == 0:
+    biased = family == "gpt_oss"
+    loop = family in _EXPERT_LOOP
+    if expert == intermediate and shared == 0 and dense == 0 and not biased and not loop:
         return None
     return MoeShape(expert_intermediate_size=expert, shared_intermediate_size=shared,
-                    shared_expert_gate=family == "qwen2_moe" and shared > 0, dense_layers=dense)
+                    shared_expert_gate=family == "qwen2_moe" and shared > 0, dense_layers=dense,
+                    expert_bias=biased, router_bias=biased, expert_loop=loop)
+
+
+def _sliding_layers(cfg: Mapping[str, object], family: str, layers: int, where: str) -> int:
+    """How many layers attend through the window, by the rule transformers' config class applies."""
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or not all(isinstance(t, str) for t in types):
+            raise InvalidInput(f"layer_types must list one attention type per layer ({layers}), got {types!r}",
+                               path=f"{where}.layer_types")
+        return sum(t == "sliding_attention" for t in types)
+    if family == "gemma3_text":
+        pattern = _opt_int(cfg, "sliding_window_pattern", where) or 6
+        return sum(1 for i in range(layers) if (i + 1) % pattern)
+    if family == "gemma2":
+        return sum(1 for i in range(layers) if (i + 1) % 2)
+    if family in _WINDOW_GATED:
+        if cfg.get("use_sliding_window") is not True:
+            return 0
+        first = _opt_int(cfg, "max_window_layers", where, minimum=0) or 0
+        return max(0, layers - first)
+    if family in _WINDOW_ALL_LAYERS:
+        return layers
+    return 0
+
+
+def _attention_shape(cfg: Mapping[str, object], family: str, layers: int, max_pos: int,
+                     where: str) -> AttentionShape | None:
+    """None when the model is plain causal attention (the Llama layout)."""
+    window = _opt_int(cfg, "sliding_window", where)
+    sliding = _sliding_layers(cfg, family, layers, where) if window is not None else 0
+    if window is not None and (sliding == 0 or window >= max_pos):
+        window, sliding = None, 0  # a window no sequence reaches is full attention
+    shape = AttentionShape(sliding_window=window, sliding_layers=sliding, sinks=family in _SINKS,
+                           eager=family in EAGER_ONLY_FAMILIES, qk_norm=_QK_NORM.get(family, "none"),
+                           norms_per_layer=_NORMS_PER_LAYER.get(family, 2))
+    return None if shape == AttentionShape() else shape
 
 
 def _mla_shape(cfg: Mapping[str, object], where: str) -> MlaShape | None:
@@ -140,6 +206,12 @@ def _assumptions(cfg: Mapping[str, object], family: str) -> list[str]:
     if unread:
         notes.append(f"config keys {', '.join(unread)} are not modeled and were ignored; "
                      "parameters, memory and speed may be off")
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        odd = sorted({t for t in types if t not in ("sliding_attention", "full_attention")}, key=str)
+        if odd:
+            notes.append(f"layer_types {', '.join(map(str, odd))} are not modeled; those layers are counted as "
+                         "full attention")
     return notes
 
 
@@ -182,6 +254,16 @@ def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | No
     else:
         cfg = config
     family = _family(cfg, where)
+    vision_note: list[str] = []
+    text = cfg.get("text_config")
+    if family in _TEXT_CONFIG_FAMILIES and isinstance(text, Mapping):
+        # e.g. Gemma3ForConditionalGeneration: plan its text decoder (Gemma3ForCausalLM on text_config)
+        vision_note.append(f"config is a multimodal {family!r} model: gpuplan plans its text decoder only "
+                           f"({_TEXT_CONFIG_FAMILIES[family]}); the vision tower and projector are not counted")
+        family = _TEXT_CONFIG_FAMILIES[family]
+        cfg = {**{k: v for k, v in text.items()}, "model_type": family}
+    if family in _FAMILY_DEFAULTS:
+        cfg = {**_FAMILY_DEFAULTS[family], **cfg}
     hidden = _pos_int(cfg, "hidden_size", where)
     layers = _pos_int(cfg, "num_layers", where)
     heads = _pos_int(cfg, "num_attention_heads", where)
@@ -218,6 +300,7 @@ def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | No
                            path=f"{where}.tie_word_embeddings")
     moe = _moe_shape(cfg, family, intermediate, layers, where) if experts > 1 else None
     mla = _mla_shape(cfg, where)
+    attention = _attention_shape(cfg, family, layers, max_pos, where)
     hf = dict(cfg)
     hf.setdefault("model_type", family)
     try:
@@ -237,7 +320,8 @@ def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | No
             head_dim=head_dim,
             moe=moe,
             mla=mla,
-            assumptions=_assumptions(cfg, family),
+            attention=attention,
+            assumptions=vision_note + _assumptions(cfg, family),
             hf_config=hf,
             source=source,
         )

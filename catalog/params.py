@@ -49,7 +49,7 @@ def count_params(model: ModelConfig) -> ParamCount:
         return ParamCount(total, total, embedding, lm_head, per_layer, per_layer)
 
     attn = _attention_params(model)
-    norms = 2 * h  # RMSNorm weights, no bias
+    norms = model.attn.norms_per_layer * h  # RMSNorm weights, no bias (Gemma: pre and post each block)
     dense_layer = attn + _mlp(h, model.intermediate_size) + norms
     sparse_total, sparse_active = _moe_mlp_params(model)
     dense_layers = model.moe.dense_layers if model.moe else (0 if model.num_experts > 1 else model.num_layers)
@@ -86,11 +86,19 @@ def _attention_params(model: ModelConfig) -> int:
         kv += (mla.kv_lora_rank + mla.qk_rope_head_dim) if bias else 0
         return q + kv + heads * mla.v_head_dim * h + (h if bias else 0)
     hd = model.head_size
-    attn = h * heads * hd + 2 * h * model.num_kv_heads * hd + heads * hd * h
+    kvd = model.num_kv_heads * hd
+    attn = h * heads * hd + 2 * h * kvd + heads * hd * h
     if _has_qkv_bias(model):
-        attn += heads * hd + 2 * model.num_kv_heads * hd
-    if model.family in ("qwen3", "qwen3_moe"):
-        attn += 2 * hd  # q_norm and k_norm over each head
+        attn += heads * hd + 2 * kvd
+    if bias and model.family not in ("qwen2", "qwen2_moe"):
+        attn += h  # an explicit attention_bias puts a bias on o_proj too (Llama, Qwen3, gpt-oss)
+    shape = model.attn
+    if shape.qk_norm == "head":
+        attn += 2 * hd  # q_norm and k_norm over each head (Qwen3, Gemma 3)
+    elif shape.qk_norm == "full":
+        attn += heads * hd + kvd  # over the whole projection (OLMo 2)
+    if shape.sinks:
+        attn += heads  # gpt-oss: one sink logit per head
     return attn
 
 
@@ -100,8 +108,9 @@ def _moe_mlp_params(model: ModelConfig) -> tuple[int, int]:
     if model.num_experts <= 1:
         return 0, 0
     moe = model.moe
-    expert = _mlp(h, moe.expert_intermediate_size if moe else model.intermediate_size)
-    always = h * model.num_experts  # the router
+    width = moe.expert_intermediate_size if moe else model.intermediate_size
+    expert = _mlp(h, width) + (2 * width + h if moe and moe.expert_bias else 0)  # gate_up and down biases
+    always = h * model.num_experts + (model.num_experts if moe and moe.router_bias else 0)  # the router
     if moe is not None and moe.shared_intermediate_size:
         always += _mlp(h, moe.shared_intermediate_size) + (h if moe.shared_expert_gate else 0)
     return model.num_experts * expert + always, model.experts_per_token * expert + always

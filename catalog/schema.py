@@ -81,6 +81,12 @@ class MoeShape(_Record):
     shared_intermediate_size: int = Field(default=0, ge=0, description="total width of the always-on shared experts")
     shared_expert_gate: bool = Field(default=False, description="Qwen2-MoE's gate (hidden -> 1) on the shared expert")
     dense_layers: int = Field(default=0, ge=0, description="layers with a dense MLP of intermediate_size instead")
+    expert_bias: bool = Field(default=False, description="gpt-oss: biases on every expert's gate_up and down")
+    router_bias: bool = Field(default=False, description="gpt-oss: a bias on the router")
+    expert_loop: bool = Field(
+        default=False,
+        description="transformers runs the experts one by one in a Python loop (gpt-oss), not as grouped GEMMs: "
+        "a fixed cost per expert hit, per layer and step")
 
 
 class MlaShape(_Record):
@@ -91,6 +97,27 @@ class MlaShape(_Record):
     qk_nope_head_dim: int = Field(gt=0)
     qk_rope_head_dim: int = Field(gt=0)
     v_head_dim: int = Field(gt=0)
+
+
+QkNorm = Literal["none", "head", "full"]
+
+
+class AttentionShape(_Record):
+    """Attention beyond plain causal SDPA over every layer: sliding-window layers, attention sinks,
+    q/k norms, and architectures transformers runs only with eager attention."""
+
+    sliding_window: int | None = Field(default=None, gt=0, description="tokens a sliding-window layer attends to")
+    sliding_layers: int = Field(default=0, ge=0, description="layers that use the window (the rest attend to all)")
+    sinks: bool = Field(default=False, description="gpt-oss: a learned sink logit per head, one extra score column")
+    eager: bool = Field(
+        default=False,
+        description="transformers has no SDPA path for the architecture, so it runs eager attention: the "
+        "scores (batch x heads x seq x seq) are materialised and saved for backward")
+    qk_norm: QkNorm = Field(
+        default="none",
+        description="RMSNorm on q and k: 'head' over each head (Qwen3, Gemma 3), 'full' over the whole "
+        "projection (OLMo 2)")
+    norms_per_layer: int = Field(default=2, ge=1, le=4, description="RMSNorms of width hidden per layer (Gemma: 4)")
 
 
 class ModelConfig(_Record):
@@ -111,6 +138,8 @@ class ModelConfig(_Record):
     head_dim: int | None = None
     moe: MoeShape | None = None
     mla: MlaShape | None = None
+    attention: AttentionShape | None = Field(
+        default=None, description="None: causal SDPA on every layer, no q/k norm, two norms per layer")
     assumptions: list[str] = Field(
         default_factory=list,
         description="what was guessed reading a config the planner does not model exactly; shown as warnings")
@@ -124,6 +153,13 @@ class ModelConfig(_Record):
             return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
+    @property
+    def attn(self) -> AttentionShape:
+        """The attention record, the plain default when the model has none."""
+        return self.attention or _PLAIN_ATTENTION
+
+
+_PLAIN_ATTENTION = AttentionShape()
 
 # ----------------------------------------------------------------------------- what the workers run
 

@@ -9,8 +9,9 @@ NON-holdout measured cases only, with where they came from). Pure functions take
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,14 +44,20 @@ class MemoryCalibration(_Cal):
                                  "infer": 0.12}
     )
     # expandable segments: one segment per stream grows by mapping pages, a large block needs no
-    # contiguous free cached block, and free pages are unmapped before an OOM is raised. Reserved is
-    # then allocated rounded up to the 20 MiB large-pool page plus the free holes cached at the peak.
-    # ASSUMED (not yet measured on the stock workers): 1% of allocated, 5% under FSDP, whose
-    # all-gather stream keeps its own segment. bench/gpu_acceptance.py measures it.
+    # contiguous free cached block, and free pages are unmapped before an OOM is raised (so the fit
+    # verdict rests on allocated + pressure_slack; reserved is reported, not judged). Freed pages stay
+    # mapped until then, so reserved is allocated plus the pages cached at the peak.
+    # MEASURED for "single" on one H200 with the stock workers (bench/gpu_acceptance.py, 2026-12-01,
+    # bench/results/acceptance/2026-12-01_run2.json and _run3.json; reserved / allocated - 1):
+    # llama-3.2-1b full amp-bf16 mb=16 +6.4%, llama-3-8b LoRA bf16 mb=4 +2.6%, Qwen3-0.6B (config
+    # path) bf16 mb=16 +7.9%. 0.053 keeps the worst of the three within 2.7%. ASSUMED (unmeasured):
+    # single-ckpt and ddp as single (one compute stream); FSDP 4 points more (its all-gather stream
+    # keeps its own segment, as first assumed); inference 1% (generate() frees little at its peak).
     expandable_overhead: dict[str, float] = Field(
-        default_factory=lambda: {"single": 0.01, "single-ckpt": 0.01, "ddp": 0.01, "fsdp": 0.05,
-                                 "fsdp-grad-op": 0.05, "infer": 0.01},
-        description="reserved / allocated - 1 under expandable segments, by execution mode (assumed, see comment)")
+        default_factory=lambda: {"single": 0.053, "single-ckpt": 0.053, "ddp": 0.053, "fsdp": 0.093,
+                                 "fsdp-grad-op": 0.093, "infer": 0.01},
+        description="reserved / allocated - 1 under expandable segments, by execution mode (single measured, "
+        "the rest assumed; see comment)")
     # under memory pressure the allocator frees cached blocks and retries: a run needs at least
     # allocated * (1 + pressure_slack) + context to survive
     pressure_slack: float = 0.02
@@ -101,6 +108,13 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
+    # ASSUMED (not yet measured; bench/cases_models.yaml measures it): transformers' per-expert Python loop
+    # (gpt-oss) syncs the host on every expert it visits (`for expert_idx in expert_hit`) and launches about
+    # a dozen small kernels for it: ~12 x 10 us + a 30 us sync
+    expert_loop_s: float = Field(
+        default=1.5e-4, ge=0.0,
+        description="seconds per expert visited, per MoE layer, per forward pass, when transformers loops over "
+        "the experts in Python (MoeShape.expert_loop); backward replays the kernels without the syncs")
     optimizer_passes: dict[str, float] = Field(
         default_factory=lambda: {"adamw": 10.0, "adamw-8bit": 6.0, "sgd": 5.0, "adafactor": 8.0},
         description="memory passes over (trainable params x state bytes) per optimizer step",
@@ -168,24 +182,68 @@ class Calibration(_Cal):
         return self.model_copy(update={"memory": self.cpu.memory, "throughput": self.cpu.throughput})
 
 
-def load_calibration(path: Path | None = None) -> Calibration:
+def load_calibration(path: Path | None = None, *, overlay: Path | None = None) -> Calibration:
     """Read a calibration file (an edge helper: the CLI, scheduler and bench call it, not the planner).
 
-    A missing default file yields the first-principles defaults.
+    A missing default file yields the first-principles defaults. ``overlay``: a user's refit
+    (``gpuplan calibrate`` writes ``~/.gpuplan/calibration.json``, see :func:`user_calibration_path`)
+    whose ``overrides`` replace single constants of the shipped file; a missing overlay is no overlay.
     """
     target = path or DEFAULT_CALIBRATION_PATH
     if not target.is_file():
         if path is not None:
             raise CatalogError(f"calibration file {target} does not exist", hint="run bench/accuracy.py --fit")
-        return Calibration(cpu=_load_cpu(target.with_name(CPU_CALIBRATION_NAME)))
+        cal = Calibration(cpu=_load_cpu(target.with_name(CPU_CALIBRATION_NAME)))
+    else:
+        try:
+            cal = Calibration.model_validate(json.loads(target.read_text()))
+        except (ValueError, OSError) as exc:
+            raise CatalogError(
+                f"calibration file {target} is invalid: {exc}", hint="regenerate it with bench/accuracy.py --fit"
+            ) from exc
+        cpu_path = target.with_name(CPU_CALIBRATION_NAME)
+        if cpu_path.is_file():
+            cal = cal.model_copy(update={"cpu": _load_cpu(cpu_path)})
+    if overlay is None or not overlay.is_file():
+        return cal
     try:
-        cal = Calibration.model_validate(json.loads(target.read_text()))
-    except (ValueError, OSError) as exc:
-        raise CatalogError(
-            f"calibration file {target} is invalid: {exc}", hint="regenerate it with bench/accuracy.py --fit"
-        ) from exc
-    cpu_path = target.with_name(CPU_CALIBRATION_NAME)
-    return cal.model_copy(update={"cpu": _load_cpu(cpu_path)}) if cpu_path.is_file() else cal
+        doc = json.loads(overlay.read_text())
+        overrides = doc["overrides"] if isinstance(doc, dict) else None
+        if not isinstance(overrides, dict):
+            raise ValueError("it has no 'overrides' mapping")
+        return apply_overrides(cal, overrides, source=f"{doc.get('source', 'a user refit')} ({overlay})")
+    except (ValueError, OSError, KeyError) as exc:
+        raise CatalogError(f"your calibration file {overlay} is invalid: {exc}",
+                           hint="refit it with `gpuplan calibrate`, or delete it (`gpuplan calibrate --reset`) to "
+                           "plan with the shipped calibration") from exc
+
+
+USER_CALIBRATION_NAME = "calibration.json"
+
+
+def user_calibration_path(home: Path) -> Path:
+    """Where ``gpuplan calibrate`` keeps a user's refit: ``<gpuplan home>/calibration.json``."""
+    return home / USER_CALIBRATION_NAME
+
+
+def apply_overrides(cal: Calibration, overrides: Mapping[str, Any], *, source: str | None = None) -> Calibration:
+    """``cal`` with the constants named in ``overrides`` replaced (a nested mapping in the file's
+    layout: ``{"throughput": {"mfu_max": {"bf16": 0.7}}, "cpu": {"throughput": {...}}}``; a
+    dict-valued constant is merged key by key). Unknown names are refused (ValueError), as in the file."""
+    merged = _merge(cal.model_dump(mode="json"), overrides)
+    if source is not None:
+        merged["source"] = f"{cal.source}; overlaid by {source}"
+    return Calibration.model_validate(merged)
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _load_cpu(path: Path) -> CpuCalibration:

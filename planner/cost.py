@@ -1,9 +1,10 @@
 """What a placement costs: price x time, with spot preemptions priced in.
 
 Spot: preemptions arrive as a Poisson process with a per-instance-hour hazard (per cloud, from the
-calibration file; the scheduler may pass trace statistics instead). The job checkpoints every
-tau = sqrt(2 C MTBF) hours (Young/Daly, C = time to write a checkpoint); each preemption costs a
-restart plus, on average, half an interval of lost work.
+calibration file; the scheduler may pass trace statistics instead). The job checkpoints at the
+interval the workers use (``checkpoint_interval_h``): Young/Daly's sqrt(2 C MTBF) on what a
+checkpoint stops the loop for, never below twice the time to make one durable, nor below
+MIN_CHECKPOINT_INTERVAL_H. Each preemption costs a restart plus, on average, half an interval of lost work.
 """
 
 from __future__ import annotations
@@ -12,10 +13,21 @@ import math
 
 from planner.types import CostEstimate, Market
 
+MIN_CHECKPOINT_INTERVAL_H = 30 / 3600  # never checkpoint more often than this, whatever the arithmetic says
+
 
 def young_daly_interval_h(checkpoint_h: float, mtbf_h: float) -> float:
     """Optimal checkpoint interval sqrt(2 C MTBF), in hours."""
     return math.sqrt(2 * checkpoint_h * mtbf_h)
+
+
+def checkpoint_interval_h(stall_h: float, durable_h: float, mtbf_h: float) -> float:
+    """The interval a run checkpoints at (the workers use this same rule, workers.checkpoint_interval):
+    Young/Daly on the loop's stall, but at least twice the time to durable (the write runs in the
+    background; a snapshot that had to wait for the previous write would stall for the rest of it)
+    and at least MIN_CHECKPOINT_INTERVAL_H."""
+    return max(young_daly_interval_h(max(stall_h, 0.0), mtbf_h), 2.0 * max(durable_h, 0.0),
+               MIN_CHECKPOINT_INTERVAL_H)
 
 
 def poisson_cdf(k: int, mean: float) -> float:
@@ -44,12 +56,13 @@ def on_demand_cost(
 
 
 def spot_cost(hours: float, usd_per_h: float, *, hazard_per_h: float, checkpoint_h: float, restart_h: float,
-              deadline_h: float | None) -> CostEstimate:
-    """Expected hours and dollars on spot, and the chance to finish by the deadline."""
+              deadline_h: float | None, durable_h: float = 0.0) -> CostEstimate:
+    """Expected hours and dollars on spot, and the chance to finish by the deadline. ``checkpoint_h``:
+    what one checkpoint stops the loop for; ``durable_h``: snapshot to durable (the interval's floor)."""
     if hazard_per_h <= 0:
         return on_demand_cost(hours, usd_per_h, deadline_h, market="spot")
     mtbf = 1 / hazard_per_h
-    tau = min(young_daly_interval_h(checkpoint_h, mtbf), max(hours, checkpoint_h))
+    tau = min(checkpoint_interval_h(checkpoint_h, durable_h, mtbf), max(hours, checkpoint_h))
     writing = hours * checkpoint_h / tau
     base = hours + writing
     per_preemption = restart_h + tau / 2
@@ -59,4 +72,5 @@ def spot_cost(hours: float, usd_per_h: float, *, hazard_per_h: float, checkpoint
         slack = deadline_h - base
         prob = 0.0 if slack < 0 else poisson_cdf(int(slack // per_preemption), hazard_per_h * base)
     return CostEstimate.model_construct(market="spot", usd_per_h=usd_per_h, hours=expected, usd=expected * usd_per_h,
-                        preemption_overhead_h=expected - hours, checkpoint_interval_h=tau, deadline_probability=prob)
+                        preemption_overhead_h=expected - hours, checkpoint_interval_h=tau, deadline_probability=prob,
+                        mean_time_to_preemption_h=mtbf)

@@ -109,13 +109,35 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
     hq, kvd, inter = hq_i / tp, kvd_i / tp, inter_i / tp
     c, r = pb.compute, pb.residual
     heads = model.num_attention_heads / tp
+    shape = model.attn
     lse = 4 * heads
     adapters = finetune in ("lora", "qlora")
-    # Qwen3's per-head RMSNorm on q and k (before RoPE): pow() saves an fp32 copy of each projection's
-    # output, and the weight mul saves its input cast back to the compute dtype (nothing more when the
-    # norm weight is frozen). Measured on one H200, Qwen3-0.6B amp-bf16 mb=16 s=2048: 15.9 GiB over the
-    # model without it; this term gives 15.75 GiB.
-    qk_norm = (4 + (0 if adapters else c)) * (hq + kvd) if model.family in ("qwen3", "qwen3_moe") else 0.0
+    fp32_weight_norm = model.family in FP32_WEIGHT_NORM_FAMILIES
+    # RMSNorm on q and k (before RoPE; Qwen3 and Gemma 3 per head, OLMo 2 over the whole projection): pow()
+    # saves an fp32 copy of each projection's output, and the weight mul saves its input, cast back to the
+    # compute dtype (Qwen3) or still fp32 (Gemma, OLMo: the weight multiplies in fp32); nothing more when the
+    # norm weight is frozen. Measured on one H200, Qwen3-0.6B amp-bf16 mb=16 s=2048: 15.9 GiB over the model
+    # without it; this term gives 15.75 GiB. The Gemma/OLMo bytes follow the autograd graph (CPU probe).
+    qk_norm = 0.0
+    if shape.qk_norm != "none":
+        qk_norm = (4 + (0 if adapters else (4 if fp32_weight_norm else c))) * (hq + kvd)
+    # Beyond two pre-norms: Gemma's post-attention and post-feedforward norms each save an fp32 copy of
+    # their input and the fp32 normed tensor; norms that multiply their weight in fp32 (Gemma, gpt-oss, OLMo)
+    # save the fp32 normed tensor instead of a compute-dtype one; OLMo 2 normalises after each block, so the
+    # projections save the residual stream itself besides the norm's tensors.
+    extra_norms = (shape.norms_per_layer - 2) * 8 * h
+    if model.family == "olmo2":
+        extra_norms += 2 * c * h
+    elif fp32_weight_norm and not pb.autocast and r == 2:
+        extra_norms += 2 * 2 * h  # the two pre-norms' fp32 normed tensors (the post-norms' are counted above)
+    # attention: SDPA saves q, k, v, out and the logsumexp; eager attention (gpt-oss) saves q, the
+    # repeated k and v, out, and the softmax probabilities (one extra column for the sinks) per token;
+    # a sliding-window layer longer than its window gets an explicit mask, which SDPA converts to a
+    # compute-dtype bias of seq x seq per sequence and saves for backward (mean over the layers)
+    window_mask = 0.0
+    if shape.sliding_window is not None and not shape.eager and seq_len >= shape.sliding_window:
+        window_mask = c * seq_len * shape.sliding_layers / model.num_layers
+    mlp_width = moe_mlp_width(model) / tp
     if model.family == "gpt2":
         ln_out = 2 * h if pb.autocast else c * h
         # python gelu_new saves its input (pow), tanh out, 0.5*x, 1+tanh, and its output (c_proj);
@@ -131,9 +153,12 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
         attn_in = 3 * 4 * h
         mlp_in = 2 * 4 * h
         attn = c * hq + 2 * c * kvd + c * hq + 4 * hq
-        mlp = 3 * c * inter + 4 * inter
+        if shape.eager:
+            attn = 4 * c * hq + 4 * hq + heads * (seq_len + shape.sinks) * c
+            lse = 8 * heads if shape.sinks else 0.0
+        mlp = 3 * c * mlp_width + 4 * mlp_width + moe_dispatch_bytes(model, c) / tp
         small = 7 * 4 * rank
-        return 2 * norm + attn_in + mlp_in + attn + mlp + small + lse + qk_norm
+        return 2 * norm + attn_in + mlp_in + attn + mlp + small + lse + qk_norm + extra_norms + window_mask
     if pb.autocast:
         # residual fp32 (saved by pow), fp32 normed (saved by weight mul), one bf16 cast per consumer linear
         norm1 = 4 * h + 4 * h + 3 * 2 * h
@@ -143,12 +168,50 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
         fp32_copy = 4 * h if r == 2 else 0
         norm1 = norm2 = (fp32_copy + r * h + c * h) if r == 2 else (r * h + r * h + c * h)
     attn = 2 * c * hq + 2 * c * kvd  # q, k (after RoPE), v, out (flash output is already BSHD)
-    if precision == "fp32" and model.num_kv_heads != model.num_attention_heads:
+    if shape.eager:
+        # q, repeated k and v, out; the probabilities (+ the sink column); max()'s int64 indices (sinks)
+        attn = 4 * c * hq + heads * (seq_len + shape.sinks) * c
+        lse = 8 * heads if shape.sinks else 0.0
+    elif precision == "fp32" and model.num_kv_heads != model.num_attention_heads:
         # fp32 + GQA: flash lacks fp32, efficient lacks GQA -> SDPA math: scaled q/k, repeated k/v,
         # the softmax probabilities (seq^2) and a contiguous copy of the output
         attn = 4 * c * hq + c * hq + 4 * heads * seq_len
-    mlp = 4 * c * inter  # gate out, silu out, up out, product
-    return norm1 + norm2 + attn + mlp + lse + qk_norm
+    # gate out, silu out, up out, product (of every routed expert a token visits), plus an MoE's dispatch
+    mlp = _mlp_act_factor(model) * c * mlp_width + moe_dispatch_bytes(model, c) / tp
+    return norm1 + norm2 + attn + mlp + lse + qk_norm + extra_norms + window_mask
+
+
+# Families whose RMSNorm multiplies its weight in fp32 and casts after (transformers' Gemma, gpt-oss, OLMo 2)
+FP32_WEIGHT_NORM_FAMILIES = frozenset({"gemma2", "gemma3_text", "gpt_oss", "olmo2"})
+
+
+def moe_mlp_width(model: ModelConfig) -> float:
+    """MLP intermediate elements one token produces in the mean layer: intermediate_size in a dense layer;
+    in a sparse layer the experts it visits (top-k x expert width) plus the shared experts."""
+    if model.num_experts <= 1:
+        return float(model.intermediate_size)
+    moe = model.moe
+    expert = moe.expert_intermediate_size if moe else model.intermediate_size
+    sparse = model.experts_per_token * expert + (moe.shared_intermediate_size if moe else 0)
+    dense_layers = moe.dense_layers if moe else 0
+    return (dense_layers * model.intermediate_size + (model.num_layers - dense_layers) * sparse) / model.num_layers
+
+
+def moe_dispatch_bytes(model: ModelConfig, c: int) -> float:
+    """Bytes per token (mean layer) an MoE saves besides the expert MLPs: each routed copy of the token's
+    hidden state and its weighted output, and the router's logits and probabilities (CPU probe of
+    transformers' grouped and looped experts: 2 x compute bytes x hidden per routed copy)."""
+    if model.num_experts <= 1:
+        return 0.0
+    dense_layers = model.moe.dense_layers if model.moe else 0
+    per_sparse = model.experts_per_token * 2 * c * model.hidden_size + 2 * c * model.num_experts
+    return per_sparse * (model.num_layers - dense_layers) / model.num_layers
+
+
+def _mlp_act_factor(model: ModelConfig) -> float:
+    """Compute-dtype tensors saved per MLP-intermediate element: 4 for SwiGLU (gate, act, up, product);
+    7 for gpt-oss's clamped SwiGLU (gate_up, both clamps, sigmoid, glu, up + 1, product), per a CPU probe."""
+    return 7.0 if model.family == "gpt_oss" else 4.0
 
 
 def _optimizer_bytes(optimizer: str, trainable: float, state_bytes: int,
@@ -397,12 +460,24 @@ def _linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:
     return pc.per_layer - 2 * h
 
 
+def cached_layer_tokens(model: ModelConfig, context: int) -> int:
+    """Tokens the cache holds summed over layers: a sliding-window layer keeps only its last window - 1
+    (transformers' DynamicSlidingWindowLayer), the others the whole context."""
+    shape = model.attn
+    if shape.sliding_window is None:
+        return model.num_layers * context
+    kept = min(context, shape.sliding_window - 1)
+    return (model.num_layers - shape.sliding_layers) * context + shape.sliding_layers * kept
+
+
 def kv_cache_bytes(model: ModelConfig, batch: int, context: int, bytes_per: int = 2) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x context x batch x bytes. MLA caches the compressed
-    latent and the shared RoPE key instead: (kv_lora_rank + qk_rope_head_dim) per layer."""
+    """2 (K and V) x layers x kv_heads x head_dim x context x batch x bytes (sliding-window layers: the
+    window, not the context). MLA caches the compressed latent and the shared RoPE key instead:
+    (kv_lora_rank + qk_rope_head_dim) per layer."""
+    tokens = cached_layer_tokens(model, context)
     if model.mla is not None:
-        return model.num_layers * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * context * batch * bytes_per
-    return 2 * model.num_layers * model.num_kv_heads * model.head_size * context * batch * bytes_per
+        return (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * tokens * batch * bytes_per
+    return 2 * model.num_kv_heads * model.head_size * tokens * batch * bytes_per
 
 
 def mla_expanded_kv_bytes(model: ModelConfig, batch: int, context: int, bytes_per: int = 2) -> int:
@@ -413,6 +488,21 @@ def mla_expanded_kv_bytes(model: ModelConfig, batch: int, context: int, bytes_pe
     mla = model.mla
     width = model.num_attention_heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim)
     return width * context * batch * bytes_per
+
+
+def prefill_attention_bytes(model: ModelConfig, batch: int, prompt: int, c: int = 2) -> float:
+    """Transient seq^2 tensors of one prefill forward. Eager attention (gpt-oss): the masked scores, the
+    scores with the sink column and their softmax are alive at once, beside the float masks transformers
+    builds (one per attention type). SDPA with a sliding window the prompt reaches: the boolean mask and
+    the compute-dtype bias SDPA converts it to. Plain causal SDPA (flash): none."""
+    shape = model.attn
+    square = batch * prompt * prompt
+    if shape.eager:
+        masks = 2 if shape.sliding_window is not None else 1
+        return 3 * model.num_attention_heads * batch * prompt * (prompt + 1) * c + masks * square * c
+    if shape.sliding_window is not None and prompt >= shape.sliding_window:
+        return square * (1 + c)
+    return 0.0
 
 
 def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int, gpu: GpuSpec,
@@ -440,7 +530,21 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     mlp_bytes = cal.prefill_mlp_bytes.get(strategy.weights, 6.0)
     if model.family == "gpt2":
         mlp_bytes += 2.0  # python gelu_new keeps c_fc's output, 0.5*x and two chain temporaries alive
-    prefill_work = t * max(mlp_bytes * inter / tp, 14 * h) + t * 2 * h * 3
+    mlp_work = mlp_bytes * inter / tp
+    if model.num_experts > 1:
+        # routed experts: each routed copy of the hidden state, the experts' gate_up / act / product, the
+        # weighted output (grouped GEMMs hold them for all routed copies at once; a per-expert loop holds one
+        # expert's share, and its one_hot mask of int64 over (experts x top-k) per token)
+        moe = model.moe
+        width = moe.expert_intermediate_size if moe else model.intermediate_size
+        k = model.experts_per_token
+        if moe is not None and moe.expert_loop:
+            mlp_work = k * model.num_experts * 8 + 2 * h + 2 * k * (2 * h + 4 * width) / model.num_experts
+        else:
+            mlp_work = k * 2 * (2 * h + 3 * width) / tp
+        if moe is not None and moe.shared_intermediate_size:
+            mlp_work += mlp_bytes * moe.shared_intermediate_size / tp
+    prefill_work = t * max(mlp_work, 14 * h) + t * 2 * h * 3 + prefill_attention_bytes(model, b, prompt_tokens) / tp
     logits = b * model.vocab_size * (2 + 4 + 4)
     moments = [
         _Moment("prefill", {"weights": weights, "kv_cache": kv_prefill, "prefill_activations": prefill_work,

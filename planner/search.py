@@ -81,6 +81,7 @@ class Outcome:
     tried: int = 0
     label: str = ""  # filled once the placement is priced
     checkpoint_h: float = 0.0
+    durable_h: float = 0.0
 
 
 # ----------------------------------------------------------------------------- resolution
@@ -490,14 +491,16 @@ def _counts_for(g_per_node: int, pinned: int | None, max_gpus: int) -> list[int]
     return out
 
 
-def _checkpoint_hours(model: ModelConfig, s: Strategy, cal: Calibration) -> float:
+def _checkpoint_hours(model: ModelConfig, s: Strategy, cal: Calibration) -> tuple[float, float]:
+    """(what one checkpoint stops the loop for, snapshot to durable), in hours."""
     pc = count_params(model)  # cheap; called once per priced candidate
     pb = PRECISION_BYTES.get(s.precision, PRECISION_BYTES["bf16"])
     state = pc.total * (pb.param + 2 * pb.state) if s.finetune == "full" else pc.total * 0.02
     # Checkpoints are written in the background: the loop pays only the snapshot into host memory
     # (the workers keep the interval above twice the write time, so no snapshot waits for a write).
     snapshot_h = state / (cal.cost.checkpoint_snapshot_gbps * 1e9) / 3600
-    return max(cal.cost.min_checkpoint_h, snapshot_h)
+    durable_h = state / (cal.cost.checkpoint_write_gbps * 1e9) / 3600
+    return max(cal.cost.min_checkpoint_h, snapshot_h), durable_h
 
 
 def _markets(offer: Offer, spot_mode: str) -> list[tuple[str, float | None]]:
@@ -566,7 +569,7 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
                     continue
                 if not out.label:
                     out.label = out.estimate.strategy.label()
-                    out.checkpoint_h = _checkpoint_hours(mdl, out.estimate.strategy, cal)
+                    out.checkpoint_h, out.durable_h = _checkpoint_hours(mdl, out.estimate.strategy, cal)
                 nodes = math.ceil(count / o.gpu_count)
                 for market, price in _markets(o, res.spot):
                     if price is None:
@@ -574,8 +577,8 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
                             funnel.reject(f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}",
                                           f"{o.cloud} {o.instance_type} has no spot price", "price")
                         continue
-                    cost = _cost(out.estimate, out.checkpoint_h, market, price * nodes, nodes, o.cloud, hazards,
-                                 res.deadline, cal)
+                    cost = _cost(out.estimate, (out.checkpoint_h, out.durable_h), market, price * nodes, nodes,
+                                 o.cloud, hazards, res.deadline, cal)
                     cand = Candidate.model_construct(estimate=out.estimate, offer=o, cost=cost, nodes=nodes,
                                                      pareto=False)
                     priced.append(cand)
@@ -604,12 +607,12 @@ def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", 
                 rejections=funnel.rejections, warnings=warnings)
 
 
-def _cost(est: Estimate, checkpoint_h: float, market: str, usd_per_h: float, nodes: int, cloud: str,
+def _cost(est: Estimate, checkpoint_h: tuple[float, float], market: str, usd_per_h: float, nodes: int, cloud: str,
           hazards: dict[str, float], deadline: float | None, cal: Calibration) -> CostEstimate:
     if market == "spot":
         hazard = hazards.get(cloud, hazards.get("default", 0.1)) * nodes
-        return spot_cost(est.hours, usd_per_h, hazard_per_h=hazard, checkpoint_h=checkpoint_h,
-                         restart_h=cal.cost.restart_h, deadline_h=deadline)
+        return spot_cost(est.hours, usd_per_h, hazard_per_h=hazard, checkpoint_h=checkpoint_h[0],
+                         durable_h=checkpoint_h[1], restart_h=cal.cost.restart_h, deadline_h=deadline)
     return on_demand_cost(est.hours, usd_per_h, deadline, market="local" if market == "local" else "on-demand")
 
 

@@ -112,6 +112,8 @@ class CostEstimate(_Value):
     preemption_overhead_h: float = 0.0
     checkpoint_interval_h: float | None = None
     deadline_probability: float | None = Field(default=None, ge=0, le=1)
+    mean_time_to_preemption_h: float | None = Field(
+        default=None, description="spot: the MTTP this cost was priced at (the workers' interval uses the same)")
 
 
 class Candidate(_Value):

@@ -21,6 +21,7 @@ from pydantic import BaseModel, TypeAdapter
 from catalog.errors import ExternalServiceError, GpuplanError, InvalidInput, NotFound
 from planner.types import Plan
 from scheduler import ledger
+from scheduler.inputs import JobId, Label, Reason, RowId, Word, accept
 from scheduler.models import (
     ApiTokenCreated,
     ApiTokenPublic,
@@ -84,16 +85,17 @@ class LocalClient:
         return self.service.submit(self.principal, body)
 
     def status(self, job_id: str) -> JobDetail:
-        return self.service.status(self.principal, job_id)
+        return self.service.status(self.principal, accept(JobId, job_id, "job_id"))
 
     def list_jobs(self, *, state: str | None = None, limit: int = 50) -> list[JobPublic]:
+        state = None if state is None else accept(Word, state, "state")
         return self.service.list_jobs(self.principal, state=state, limit=limit)
 
     def cancel(self, job_id: str, reason: str = "") -> JobPublic:
-        return self.service.cancel(self.principal, job_id, reason)
+        return self.service.cancel(self.principal, accept(JobId, job_id, "job_id"), accept(Reason, reason, "reason"))
 
     def logs(self, job_id: str, since: int = 0) -> JobLogs:
-        return self.service.logs(self.principal, job_id, since)
+        return self.service.logs(self.principal, accept(JobId, job_id, "job_id"), since)
 
     def plan(self, spec: dict[str, Any]) -> Plan:
         return self.service.plan(spec)
@@ -116,10 +118,10 @@ class LocalClient:
         return self.service.list_teams(self.admin)
 
     def create_token(self, team: str, name: str = "default") -> ApiTokenCreated:
-        return self.service.create_token(self.admin, team, name)
+        return self.service.create_token(self.admin, team, accept(Label, name, "name"))
 
     def revoke_token(self, team: str, token_id: int) -> ApiTokenPublic:
-        return self.service.revoke_token(self.admin, team, token_id)
+        return self.service.revoke_token(self.admin, team, accept(RowId, token_id, "token_id"))
 
     def list_tokens(self, team: str) -> list[ApiTokenPublic]:
         return self.service.list_tokens(self.admin, team)

@@ -153,3 +153,18 @@ Reason = Annotated[str, TextRule(500)]
 JsonObject = Annotated[dict[str, Any], JsonRule()]
 RowId = Annotated[int, Interval(ge=1, le=2**31 - 1)]
 """A table's id (a token's): PostgreSQL's INTEGER, so a larger one is refused, not a 500 from the driver."""
+
+
+def accept(kind: Any, value: Any, where: str) -> Any:
+    """``value`` checked against one of the types above, for an edge that takes input without the
+    API's request validation (the in-process CLI): the same rule and the same message as the API
+    (``where`` is the API's parameter name), so a NUL byte typed at the terminal never reaches the
+    database there either."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from catalog.errors import InvalidInput
+
+    try:
+        return TypeAdapter(kind).validate_python(value)
+    except ValidationError as exc:
+        raise InvalidInput(exc.errors()[0]["msg"], path=where) from None

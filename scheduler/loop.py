@@ -88,6 +88,14 @@ def plan_market(job: Job, now: datetime) -> tuple[str, float]:
     return market, per_instance * max(chosen.nodes, 1)
 
 
+def planned_mttp_h(plan: dict[str, Any] | None) -> float | None:
+    """The mean time to preemption the job's plan priced spot at (None when it priced on-demand): the
+    workers checkpoint for it, so the interval that runs is the plan's."""
+    cost = ((plan or {}).get("chosen") or {}).get("cost") or {}
+    value = cost.get("mean_time_to_preemption_h")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
 class Scheduler:
     def __init__(
         self,
@@ -353,6 +361,7 @@ class Scheduler:
             strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),
             checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=market,
             zone=(job.plan["chosen"].get("offer") or {}).get("zone"),
+            mean_time_to_preemption_h=planned_mttp_h(job.plan) if market == "spot" else None,
         )
 
     def _launch(self, job: Job, attempt: Attempt, request: RunRequest, report: TickReport) -> None:

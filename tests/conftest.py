@@ -11,6 +11,10 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# pytest-xdist exports its terminal size to the workers; the CLI's consoles must size themselves as on a
+# user's pipe (80 columns unless a test sets COLUMNS), the same under -n 2 as in one process.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 
 @pytest.fixture(scope="session")

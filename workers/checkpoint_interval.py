@@ -13,10 +13,10 @@ scheduler; for on-demand, ON_DEMAND_MTTP_H.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from planner.calibration import load_calibration
+from planner.cost import MIN_CHECKPOINT_INTERVAL_H, checkpoint_interval_h, young_daly_interval_h
 
 # On-demand machines are not reclaimed, but runs still end early: host, GPU or driver faults, OOM,
 # maintenance, a cancel. Large fleets see roughly one such interruption per GPU host per few weeks of
@@ -24,11 +24,11 @@ from planner.calibration import load_calibration
 # measured costs it gives intervals of minutes (0.3 s stall: ~4 min; 3 s: ~12 min), which cost the
 # loop < 0.5% and bound the work a crash throws away.
 ON_DEMAND_MTTP_H = 24.0
-MIN_INTERVAL_S = 30.0  # never checkpoint more often than this, whatever the arithmetic says
+MIN_INTERVAL_S = MIN_CHECKPOINT_INTERVAL_H * 3600.0
 
 
 def young_daly_s(cost_s: float, mttp_s: float) -> float:
-    return math.sqrt(2.0 * cost_s * mttp_s)
+    return young_daly_interval_h(cost_s / 3600.0, mttp_s / 3600.0) * 3600.0
 
 
 @dataclass
@@ -62,8 +62,9 @@ class IntervalPlanner:
         """Steps between checkpoints for steps of ``step_s`` seconds."""
         if self.override_steps is not None:
             return self.override_steps
-        tau = max(young_daly_s(max(self.cost_s, 1e-3), self.mttp_h * 3600.0), MIN_INTERVAL_S,
-                  2.0 * (self.measured_durable_s or 0.0))
+        # the planner prices spot with this same rule (planner.cost.checkpoint_interval_h)
+        tau = checkpoint_interval_h(max(self.cost_s, 1e-3) / 3600.0, (self.measured_durable_s or 0.0) / 3600.0,
+                                    self.mttp_h) * 3600.0
         self.interval_s = tau
         return max(1, round(tau / max(step_s, 1e-6)))
 
@@ -73,11 +74,17 @@ def default_write_gbps() -> float:
     return float(load_calibration().cost.checkpoint_write_gbps)
 
 
-def preemption_inputs(market: str, predicted: dict[str, float]) -> dict[str, float]:
+def preemption_inputs(market: str, predicted: dict[str, float],
+                      mttp_h: float | None = None) -> dict[str, float]:
     """``predicted`` with the mean time to preemption a spot attempt checkpoints for: the scheduler's
-    (zone history) when it passed one, else the catalog's default spot hazard. On-demand: unchanged
-    (the worker uses ON_DEMAND_MTTP_H)."""
-    if market != "spot" or predicted.get("mean_time_to_preemption_h"):
+    (``mttp_h``: the placement's, which its plan was priced at) when it passed one, else one already in
+    ``predicted``, else the catalog's default spot hazard. On-demand: unchanged (the worker uses
+    ON_DEMAND_MTTP_H)."""
+    if market != "spot":
+        return predicted
+    if mttp_h is not None and mttp_h > 0:
+        return {**predicted, "mean_time_to_preemption_h": mttp_h}
+    if predicted.get("mean_time_to_preemption_h"):
         return predicted
     hazard = load_calibration().cost.spot_hazard_per_h.get("default", 0.0)
     return {**predicted, "mean_time_to_preemption_h": 1.0 / hazard} if hazard > 0 else predicted

@@ -1,4 +1,4 @@
-"""The S3 backend of the checkpoint store (see workers.checkpoint for the layout and guarantees).
+"""The S3 backend of the checkpoint store (the format and its guarantees: workers.checkpoint_format).
 
 S3 has no rename, so a save uploads every object (each carrying its sha256 as object metadata and,
 on real S3, a server-verified ``ChecksumSHA256``), checks each one with HEAD, and only then puts
@@ -14,16 +14,15 @@ import hashlib
 import logging
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from catalog.errors import CheckpointError, InvalidInput
-from workers.checkpoint import (
-    CHUNK,
+from workers.checkpoint_format import (
     MARKER,
-    SHARD_THREADS,
     CheckpointInfo,
     FileDigests,
     FileHook,
@@ -32,17 +31,21 @@ from workers.checkpoint import (
     Shard,
     StagedSave,
     build_manifest,
-    check_read,
+    check_keep,
+    check_present,
     check_step,
-    parallel_map,
     parse_manifest,
     parse_step_dirname,
-    plan_prune,
+    prune_targets,
+    read_into,
+    restore_files,
     restore_newest_valid,
     sha256_file,
     source_files,
     step_dirname,
+    verify_content,
 )
+from workers.checkpoint_threads import SHARD_THREADS, parallel_map
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +106,7 @@ class S3Store:
     """Checkpoints under ``s3://bucket/prefix``."""
 
     def __init__(self, uri: str, *, keep: int = 3, client: Any | None = None, on_file: FileHook | None = None) -> None:
-        if keep < 1:
-            raise InvalidInput(f"keep must be at least 1 (got {keep}): the newest checkpoint is always kept")
+        check_keep(keep)
         self.bucket, self.prefix = parse_s3_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self.keep = keep
@@ -160,8 +162,6 @@ class S3Store:
     ) -> CheckpointInfo:
         """Upload ``source_dir`` as step ``step`` (files in parallel, marker last); ``move`` deletes the
         local directory once the checkpoint is committed."""
-        import time
-
         check_step(step)
         source_dir = Path(source_dir)
         files = source_files(source_dir)
@@ -253,9 +253,7 @@ class S3Store:
     def _prune(self, saved_step: int) -> None:
         try:
             listing = self._listing()
-            with_marker = [s for s, rels in listing.items() if MARKER in rels]
-            torn_older = [s for s, rels in listing.items() if MARKER not in rels and s < saved_step]
-            for step in [*plan_prune(with_marker, saved_step, self.keep), *torn_older]:
+            for step in prune_targets({s: MARKER in rels for s, rels in listing.items()}, saved_step, self.keep):
                 self._delete_step(step, listing[step])
         except Exception as exc:  # the save itself succeeded; pruning is retried after the next one
             logger.warning("could not prune old checkpoints under %s: %s", self.uri, exc)
@@ -266,13 +264,7 @@ class S3Store:
         if MARKER not in rels:
             raise ValueError("no COMMIT marker (the save did not finish)")
         body = self.client.get_object(Bucket=self.bucket, Key=f"{self._base(step)}/{MARKER}")["Body"].read()
-        manifest = parse_manifest(body, step)
-        for rel, (_, size) in manifest.files.items():
-            if rel not in rels:
-                raise ValueError(f"{rel} is missing")
-            if rels[rel] != size:
-                raise ValueError(f"{rel} has {rels[rel]} bytes, manifest says {size}")
-        return manifest
+        return check_present(parse_manifest(body, step), rels.get)
 
     def list(self) -> list[CheckpointInfo]:
         out = []
@@ -288,20 +280,16 @@ class S3Store:
     def _verify(self, step: int, rels: Mapping[str, int], *, deep: bool) -> Manifest:
         manifest = self._manifest(step, rels)
         base = self._base(step)
+        if deep:
+            return verify_content(self, manifest, f"s3://{self.bucket}/{base}")
 
-        def actual_sha(rel: str) -> str:
-            if deep:
-                got = hashlib.sha256()
-                body = self.client.get_object(Bucket=self.bucket, Key=f"{base}/{rel}")["Body"]
-                for chunk in body.iter_chunks(CHUNK):
-                    got.update(chunk)
-                return got.hexdigest()
+        def recorded_sha(rel: str) -> str:
             head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
             return str(head.get("Metadata", {}).get("sha256", "<none>"))
 
         names = list(manifest.files)
-        for rel, actual in zip(names, parallel_map(actual_sha, names), strict=True):
-            if actual != manifest.files[rel][0]:
+        for rel, recorded in zip(names, parallel_map(recorded_sha, names), strict=True):
+            if recorded != manifest.files[rel][0]:
                 raise ValueError(f"{rel}: sha256 does not match the manifest (overwritten or corrupted)")
         return manifest
 
@@ -331,44 +319,7 @@ class S3Store:
             ) from exc
         except Exception as exc:
             raise _explain(exc, self.bucket) from exc
-        if {rel: sha for rel, (sha, _) in manifest.files.items()} != info.sha256:
-            raise CheckpointError(
-                f"checkpoint step {info.step} was replaced after it was listed",
-                hint="call latest() again and restore what it returns",
-            )
-        dest_dir = Path(dest_dir)
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        rels = list(manifest.files)
-        for rel in rels:
-            (dest_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-        parallel_map(lambda rel: self._download(info.step, rel, dest_dir / rel, manifest.files[rel][0]), rels)
-        return dict(manifest.metadata)
-
-    def _download(self, step: int, rel: str, dst: Path, sha: str) -> None:
-        """Stream one object to ``dst`` through a .part file, hashing as it comes; verify, then rename."""
-        key = f"{self._base(step)}/{rel}"
-        part = dst.with_name(f".{dst.name}.{uuid.uuid4().hex[:8]}.part")
-        digest = hashlib.sha256()
-        try:
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
-            with part.open("wb") as fh:
-                for chunk in body.iter_chunks(CHUNK):
-                    digest.update(chunk)
-                    fh.write(chunk)
-        except OSError:
-            part.unlink(missing_ok=True)
-            raise
-        except Exception as exc:
-            part.unlink(missing_ok=True)
-            raise _explain(exc, self.bucket) from exc
-        if digest.hexdigest() != sha:
-            part.unlink(missing_ok=True)
-            raise CheckpointError(
-                f"checkpoint step {step}: s3://{self.bucket}/{key} is corrupted (sha256"
-                f" {digest.hexdigest()[:12]}..., manifest {sha[:12]}...)",
-                hint="restore an older checkpoint (restore_latest() does this automatically)",
-            )
-        shutil.move(part, dst)
+        return restore_files(self, info, manifest, dest_dir)
 
     def restore_latest(self, dest_dir: Path) -> tuple[CheckpointInfo, dict[str, object]] | None:
         return restore_newest_valid(self, dest_dir)
@@ -384,23 +335,15 @@ class S3Store:
                 raise _explain(exc, self.bucket) from exc
         return _S3Staged(self, step)
 
-    def read_into(self, info: CheckpointInfo, rel: str, out: memoryview) -> None:
-        key = f"{self._base(info.step)}/{rel}"
-        digest = hashlib.sha256()
-        done = 0
-        complete = True
+    def open_file(self, info: CheckpointInfo, rel: str) -> _BodyReader:
         try:
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
-            for chunk in body.iter_chunks(CHUNK):
-                if done + len(chunk) > len(out):
-                    complete = False
-                    break
-                out[done : done + len(chunk)] = chunk
-                digest.update(chunk)
-                done += len(chunk)
+            body = self.client.get_object(Bucket=self.bucket, Key=f"{self._base(info.step)}/{rel}")["Body"]
         except Exception as exc:
             raise _explain(exc, self.bucket) from exc
-        check_read(info, rel, digest.hexdigest(), complete and done == len(out))
+        return _BodyReader(body, self.bucket)
+
+    def read_into(self, info: CheckpointInfo, rel: str, out: memoryview) -> None:
+        read_into(self, info, rel, out)
 
     def metadata(self, info: CheckpointInfo) -> dict[str, object]:
         try:
@@ -409,6 +352,24 @@ class S3Store:
             raise CheckpointError(f"checkpoint step {info.step} under {self.uri} is not complete: {exc}") from exc
         except Exception as exc:
             raise _explain(exc, self.bucket) from exc
+
+
+class _BodyReader:
+    """An object's body as a Reader (``readinto``), its failures explained."""
+
+    def __init__(self, body: Any, bucket: str) -> None:
+        self._body, self._bucket = body, bucket
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        try:
+            data = self._body.read(len(buffer))
+        except Exception as exc:
+            raise _explain(exc, self._bucket) from exc
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._body.close()
 
 
 class _S3Staged:
@@ -459,8 +420,6 @@ class _S3Staged:
         return sha, size
 
     def commit(self, files: FileDigests, metadata: Mapping[str, object] | None) -> CheckpointInfo:
-        import time
-
         store = self._store
         base = store._base(self._step)
         manifest = build_manifest(self._step, files, metadata, time.time())

@@ -91,7 +91,7 @@ def _check_out(out: Path) -> None:
 
 def _restore(uri: str) -> _Restored:
     from workers.checkpoint import open_store
-    from workers.train_state import read_checkpoint_state
+    from workers.train_state_load import read_checkpoint_state
 
     if "://" not in uri and not Path(uri).expanduser().is_dir():
         raise NotFound(f"checkpoint directory {uri!r} does not exist",

@@ -12,7 +12,6 @@ Finished requests (already in the outputs file) are skipped; see workers.infer_i
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +56,9 @@ class InferenceResult:
     peak_memory_bytes: int | None  # torch.cuda.max_memory_allocated on CUDA; None on CPU
     weights: str  # the dtype actually used
     outputs: str
+    # of the steady time (after the first batch), the share spent inside generate(): the rest is the
+    # worker's own per-batch cost (padding, moving ids, trimming, JSONL append + fsync, progress)
+    steady_generate_share: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -119,9 +121,9 @@ def load_model(
     _check_weights(weights, device)
     source = ModelSource(config=model_cfg, weights_dir=weights_dir)
     # Random init directly on the target device: initialising an 8B model on CPU first takes minutes.
-    init_on = torch.device(device) if weights_dir is None else contextlib.nullcontext()
-    with init_on:
-        model = build_model(source, seed=seed, weights_dtype=_base_dtype(weights, device))
+    # (build_model's own device wins over an enclosing `with torch.device(...)`, so it is passed.)
+    model = build_model(source, seed=seed, weights_dtype=_base_dtype(weights, device),
+                        device=torch.device(device) if weights_dir is None else None)
     config: Any = getattr(model, "config", None)
     if config is not None:
         config.use_cache = True  # the builder turns the KV cache off for training
@@ -229,14 +231,18 @@ def run_inference(
     done = tokens = 0
     t1 = time.perf_counter()
     warm: tuple[float, int] | None = None  # (time, tokens) once the first batch is done: kernels chosen, caches warm
+    in_generate = 0.0  # seconds inside generate() after the first batch
     try:
         for start in range(0, total, batch):
             todo = [r for r in requests[start : start + batch] if r.key not in finished]
             if not todo:
                 continue
+            began = time.perf_counter()
             results = generate_batch(
                 model, todo, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id, eos=eos, device=device
             )
+            if warm is not None:  # generate_batch ends in a host copy of the tokens: the GPU is done here
+                in_generate += time.perf_counter() - began
             records: list[dict[str, object]] = []
             for req, (new_ids, reason) in zip(todo, results, strict=True):
                 records.append(
@@ -262,9 +268,10 @@ def run_inference(
         writer.close()
     ended = time.perf_counter()
     seconds = ended - t1
-    steady = None
+    steady = share = None
     if warm is not None and ended > warm[0] and tokens > warm[1]:
         steady = (tokens - warm[1]) / (ended - warm[0])
+        share = in_generate / (ended - warm[0])
     peak = int(torch.cuda.max_memory_allocated(device)) if on_cuda else None
     return InferenceResult(
         requests_total=total,
@@ -278,6 +285,7 @@ def run_inference(
         peak_memory_bytes=peak,
         weights=weights,
         outputs=str(outputs),
+        steady_generate_share=share,
     )
 
 

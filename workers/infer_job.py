@@ -64,8 +64,10 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
     weights = planned.weights if planned.task == "infer" and planned.gpu != "cpu" else None
     result = run_infer_spec(request.spec, outputs, workdir=folder, seed=seed, device=device, progress=progress,
                             weights=weights)
+    steady = (f"; after the first batch {result.steady_tokens_per_s:,.0f} tokens/s, {result.steady_generate_share:.1%} "
+              "of it inside generate()" if result.steady_tokens_per_s and result.steady_generate_share else "")
     on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {outputs}, "
-           f"{result.tokens_per_s:,.0f} tokens/s")
+           f"{result.tokens_per_s:,.0f} tokens/s (model load {result.load_seconds:.1f} s){steady}")
     finished = {"event": "finished", "status": "succeeded", "steps": result.requests_total,
                 "total_steps": result.requests_total, "tokens": result.tokens_generated, "final_loss": None,
                 "checkpoints_written": 0, "resumed_from_step": result.requests_skipped or None,

@@ -124,7 +124,8 @@ class InProcessExecutor:
                 attempt.state = RunState.SUCCEEDED
                 attempt.message = f"generated {attempt.tracker.progress().step} requests"
                 return
-            predicted = preemption_inputs(request.market, self._predict(request) if self._predict is not None else {})
+            predicted = preemption_inputs(request.market, self._predict(request) if self._predict is not None else {},
+                                          request.mean_time_to_preemption_h)
             job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
                            checkpoint_uri=request.checkpoint_uri, device=self._device,
                            cpu_threads=self._cpu_threads, log_every_s=self._log_every_s, predicted=predicted)

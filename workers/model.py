@@ -72,6 +72,12 @@ def hf_config(config: ModelConfig) -> Any:
                            hint="use a transformers model_type such as llama, mistral, qwen2 or gpt2") from None
 
 
+def attn_implementation(config: ModelConfig) -> str:
+    """SDPA, except for architectures transformers has no SDPA path for (gpt-oss's attention sinks): eager.
+    The planner prices the same choice (AttentionShape.eager)."""
+    return "eager" if config.attn.eager else "sdpa"
+
+
 def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype,
                 device: torch.device | None = None) -> torch.nn.Module:
     """A causal LM with seeded random weights (or the local weights), in ``weights_dtype``.
@@ -84,8 +90,8 @@ def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype,
     config = hf_config(source.config)
     if source.weights_dir is not None:
         try:
-            model = AutoModelForCausalLM.from_pretrained(source.weights_dir, config=config,
-                                                         dtype=weights_dtype, attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_pretrained(source.weights_dir, config=config, dtype=weights_dtype,
+                                                         attn_implementation=attn_implementation(source.config))
         except (OSError, ValueError, RuntimeError) as exc:
             raise InvalidInput(f"cannot load weights from {source.weights_dir}: {exc}", path="model",
                                hint="the folder must hold save_pretrained output matching its config.json") from None
@@ -94,7 +100,7 @@ def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype,
         try:
             with torch.device(device or "cpu"):
                 model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-                    config, dtype=weights_dtype, attn_implementation="sdpa")
+                    config, dtype=weights_dtype, attn_implementation=attn_implementation(source.config))
         except (ValueError, RuntimeError, TypeError) as exc:
             raise InvalidInput(f"cannot build model {source.config.id!r}: {exc}", path="model") from None
     model.config.use_cache = False

@@ -116,7 +116,8 @@ class RayExecutor:
         settings = DriverSettings(
             storage_path=self._storage_path, max_failures=self._max_failures, backend=self._backend,
             cpu_threads=self._cpu_threads, log_every_s=self._log_every_s,
-            predicted=preemption_inputs(request.market, self._predict(request) if self._predict is not None else {}),
+            predicted=preemption_inputs(request.market, self._predict(request) if self._predict is not None else {},
+                                        request.mean_time_to_preemption_h),
             keep_finished_s=self._keep_finished_s, start_timeout_s=self._start_timeout_s, step_hook=self._step_hook,
             node_types=self._node_types)
         driver = attempt_driver(request, settings, handle, self._namespace)

@@ -31,12 +31,33 @@ def default_home() -> Path:
     return Path(os.environ.get("GPUPLAN_HOME", str(Path.home() / ".gpuplan")))
 
 
+def calibration(home: Path | None = None) -> Any:
+    """The planner's constants on this machine: the shipped calibration with the user's refit
+    (``gpuplan calibrate``, kept in ``<home>/calibration.json``) over it, if there is one."""
+    from planner.calibration import load_calibration, user_calibration_path
+
+    return load_calibration(overlay=user_calibration_path(home or default_home()))
+
+
 @dataclass
 class LocalPlan:
     strategy: Strategy
     device: str  # "cuda" or "cpu"
     predicted: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    # what the planner predicted from (the part, the model, the sequence lengths): kept with the
+    # result so `gpuplan calibrate` can predict the run again under refitted constants
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+def planner_inputs(spec: JobSpec, model: ModelConfig, gpu: Any) -> dict[str, Any]:
+    """The planner's inputs for one run besides its strategy, as JSON (see ``LocalPlan.inputs``)."""
+    out: dict[str, Any] = {"gpu": gpu.model_dump(mode="json"), "model": model.model_dump(mode="json")}
+    if spec.train is not None:
+        out["seq_len"] = spec.train.seq_len
+    if spec.infer is not None and spec.task == "infer":
+        out["prompt_tokens"], out["output_tokens"] = spec.infer.prompt_tokens, spec.infer.output_tokens
+    return out
 
 
 def available_ram_bytes() -> int | None:
@@ -76,7 +97,7 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
         if gpu is not None:
             from planner.search import estimate
 
-            est = estimate(spec, catalog, gpu.id, 1, model=source.config)
+            est = estimate(spec, catalog, gpu.id, 1, model=source.config, calibration=calibration(home))
             predicted = {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
                          "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
                          "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours}
@@ -87,28 +108,35 @@ def plan_locally(spec: JobSpec, *, ram_bytes: Callable[[], int | None] = availab
                                    f"({m.usable_bytes / 2**30:.1f} GiB usable less {m.headroom:.0%} headroom)",
                                    hint="see gpuplan plan for placements that fit, or lower resources.memory_headroom")
             return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
-                             note=f"planned for the local {gpu.id}")
+                             note=f"planned for the local {gpu.id}", inputs=planner_inputs(spec, source.config, gpu))
     strategy = cpu_strategy(spec)
     _check_fits_in_ram(source.config, strategy, ram_bytes())
     doing = "training" if spec.task == "train" else "generating"
-    predicted = predict_on_cpu(spec, source.config, strategy, home) if spec.task == "train" else {}
+    predicted, inputs = {}, {}
+    if spec.task == "train":  # the planner does not predict inference on a CPU
+        predicted = predict_on_cpu(spec, source.config, strategy, home)
+        inputs = planner_inputs(spec, source.config, _this_cpu(home))
     return LocalPlan(strategy=strategy, device="cpu", predicted=predicted,
-                     note=f"no supported GPU here: {doing} on the CPU")
+                     note=f"no supported GPU here: {doing} on the CPU", inputs=inputs)
+
+
+def _this_cpu(home: Path | None, probe: Any = None) -> Any:
+    from datetime import date
+
+    from catalog.local_cpu import local_cpu
+
+    return local_cpu(home or default_home(), today=date.today(), probe=probe)[0]
 
 
 def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: Path | None = None,
                    probe: Any = None) -> dict[str, float]:
     """The planner's peak memory, tokens/s and hours for ``strategy`` on this machine's CPU."""
-    from datetime import date
-
-    from catalog.local_cpu import local_cpu
-    from planner.calibration import load_calibration
     from planner.memory import train_memory
     from planner.throughput import train_throughput
 
     assert spec.train is not None
-    cpu, _ = local_cpu(home or default_home(), today=date.today(), probe=probe)
-    cal = load_calibration().for_vendor(cpu.vendor)
+    cpu = _this_cpu(home, probe)
+    cal = calibration(home).for_vendor(cpu.vendor)
     memory = train_memory(model, strategy, spec.train.seq_len, cpu, cal.memory)
     thr = train_throughput(model, strategy, spec.train.seq_len, cpu, cal.throughput)
     return {"peak_allocated_bytes": float(memory.peak_allocated_bytes),
@@ -216,6 +244,7 @@ class LocalRun:
                 "tokens_per_s": predicted("tokens_per_s"),
             },
             "note": self.plan.note,
+            "planner_inputs": self.plan.inputs,
             "task": self.plan.strategy.task,
             "outputs": str(self.checkpoint_dir / "outputs.jsonl") if self.plan.strategy.task == "infer" else None,
         }

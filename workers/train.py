@@ -45,7 +45,8 @@ from workers.model import (
     quantize_base_nf4,
     resolve_model_source,
 )
-from workers.train_state import CheckpointWriter, load_state, save_state
+from workers.train_state import CheckpointWriter, prepare_state, save_state
+from workers.train_state_load import load_state
 
 # Seeding the global RNG and building a model must not interleave between two in-process runs.
 _BUILD_LOCK = threading.Lock()
@@ -334,7 +335,12 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
                                           device, world)
 
     noticed = False
-    micro, accum = strategy.micro_batch, strategy.grad_accum
+    micro, accum = resume_split(strategy, loaded.split if loaded is not None else None)
+    if (micro, accum) != (strategy.micro_batch, strategy.grad_accum):
+        log(f"resuming at micro-batch {micro} x {accum} accumulation steps, where an earlier attempt backed off "
+            f"after a CUDA OOM (the plan's {strategy.micro_batch} x {strategy.grad_accum} would run out of "
+            "memory again; same global batch)")
+    meta["run_split"] = [micro, accum]  # saved with every checkpoint, so a resume starts where this run is
     backoffs: list[dict[str, int]] = []
 
     def accumulate() -> torch.Tensor:
@@ -403,6 +409,7 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
                 _free_memory(device)
                 backoffs.append({"step": step + 1, "from_micro_batch": before[0], "to_micro_batch": micro,
                                  "from_grad_accum": before[1], "to_grad_accum": accum})
+                meta["run_split"] = [micro, accum]
                 log(f"step {step + 1}: CUDA out of memory at micro-batch {before[0]}; retrying the step at "
                     f"micro-batch {micro} x {accum} accumulation steps (same global batch: "
                     f"{micro * accum * world} sequences)")
@@ -446,6 +453,8 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
                 loop_tokens += per_step_tokens
             else:
                 loop_began = time.perf_counter()
+                # the optimizer state exists now: pin the checkpoint buffer while training goes on
+                prepare_state(writer, model=model, optimizer=optimizer, sharded=sharded)
             if not planner.pinned and step == (resumed_from or 0) + 3:  # two steady steps: their time is known
                 interval = agree_interval(planner.steps(steady_s / 2), device, world)
             now = time.perf_counter()
@@ -489,6 +498,18 @@ def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
     if rank == 0:
         hooks.on_progress({"event": "finished", **result.to_dict()})
     return result
+
+
+def resume_split(strategy: Strategy, saved: tuple[int, int] | None) -> tuple[int, int]:
+    """The (micro_batch, grad_accum) a run starts at: the plan's, or the smaller one its checkpoint
+    was saved at after an OOM back-off, when that split keeps the plan's global batch."""
+    planned = (strategy.micro_batch, strategy.grad_accum)
+    if saved is None or saved == planned:
+        return planned
+    micro, accum = saved
+    if 1 <= micro < planned[0] and micro * accum == planned[0] * planned[1]:
+        return micro, accum
+    return planned  # another plan (a pinned micro-batch changed): the new plan's split
 
 
 def _back_off(step: int, micro: int, accum: int, world: int, why: str) -> tuple[int, int]:

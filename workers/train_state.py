@@ -1,5 +1,6 @@
-"""Save and restore everything a training run needs to continue exactly: weights, optimizer, LR
-schedule, every rank's RNG states and the data position, through the checkpoint store.
+"""Save everything a training run needs to continue exactly: weights, optimizer, LR schedule, every
+rank's RNG states and the data position, through the checkpoint store (loading it back:
+workers.train_state_load).
 
 A checkpoint is ``state-meta.pt`` (the structure of the state, its small values, and where each
 tensor lies) plus ~16 shard files of raw tensor bytes, balanced by size. A periodic checkpoint stops
@@ -12,12 +13,8 @@ path and wait for it.
 What is saved: with frozen parameters (LoRA, QLoRA) only the trainable ones and their optimizer
 state; the frozen base is rebuilt from its source (preset or config and seed, or the weights
 directory), as at the first start. Under FSDP2 every rank writes its own local shards
-(``rank-NNNN/``), nothing is gathered, and rank 0 commits once every rank's files are durable;
-such a checkpoint resumes on the same number of ranks. Under DDP rank 0 writes the (replicated)
-state and every rank's RNG.
-
-Checkpoints of the earlier single-file layout (``train_state.pt``) still load; a layout this version
-does not know is refused, never guessed at.
+(``rank-NNNN/``), nothing is gathered, and rank 0 commits once every rank's files are durable.
+Under DDP rank 0 writes the (replicated) state and every rank's RNG.
 """
 
 from __future__ import annotations
@@ -27,28 +24,19 @@ import heapq
 import io
 import logging
 import random
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from catalog.errors import CheckpointError, InvalidInput
-from workers.checkpoint import (
-    CHUNK,
-    SHARD_THREADS,
-    CheckpointInfo,
-    Shard,
-    Sink,
-    new_token,
-    parallel_map,
-)
+from catalog.errors import CheckpointError
+from workers.checkpoint_format import CHUNK, Shard, Sink, new_token
+from workers.checkpoint_read import host_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -57,15 +45,7 @@ META_FILE = "state-meta.pt"
 FORMAT = 2
 SHARDS = 16  # files per rank: enough to keep SHARD_THREADS writers busy, few enough to list cheaply
 ALIGN = 64  # byte alignment of each tensor in a shard (any dtype can be viewed in place)
-_REF = "__gpuplan_tensor__"
-
-
-@dataclass
-class LoadedState:
-    step: int
-    data_position: int
-    tokens: int
-    loss: float | None
+REF = "__gpuplan_tensor__"
 
 
 def shape_signature(model: torch.nn.Module) -> dict[str, list[int]]:
@@ -100,24 +80,24 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _distributed() -> bool:
+def distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
-def _has_frozen(model: torch.nn.Module) -> bool:
+def has_frozen(model: torch.nn.Module) -> bool:
     return any(not p.requires_grad for p in model.parameters())
 
 
-def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                                sharded: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The live state (tensors alias the parameters): trainable parameters only when some are frozen."""
-    frozen = _has_frozen(model)
+    frozen = has_frozen(model)
     if sharded:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -128,19 +108,19 @@ def _model_and_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Op
         options = StateDictOptions(full_state_dict=False, ignore_frozen_params=frozen)
         return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer,
                                                                                       options=options)
-    target = _unwrap(model)
+    target = unwrap(model)
     state = target.state_dict(keep_vars=True)
     if frozen:
         state = {k: v for k, v in state.items() if isinstance(v, torch.nn.Parameter) and v.requires_grad}
     return {k: v.detach() for k, v in state.items()}, optimizer.state_dict()
 
 
-def _state_shapes(model_state: dict[str, Any]) -> dict[str, list[int]]:
+def state_shapes(model_state: dict[str, Any]) -> dict[str, list[int]]:
     return {name: list(value.shape) for name, value in model_state.items() if isinstance(value, torch.Tensor)}
 
 
 # -- flattening: a nested state with its plain tensors pulled out (to shards) ----------------------
-def _flatten(value: Any, out: list[torch.Tensor], seen: dict[tuple[Any, ...], int] | None = None) -> Any:
+def flatten(value: Any, out: list[torch.Tensor], seen: dict[tuple[Any, ...], int] | None = None) -> Any:
     """``value`` with plain tensors replaced by references into ``out``; a tensor reached twice (tied
     embeddings) is stored once."""
     from torch.distributed.tensor import DTensor
@@ -149,7 +129,7 @@ def _flatten(value: Any, out: list[torch.Tensor], seen: dict[tuple[Any, ...], in
 
     if isinstance(value, DTensor):
         out.append(value.to_local().detach())
-        return {_REF: len(out) - 1, "placements": tuple(value.placements), "shape": tuple(value.shape),
+        return {REF: len(out) - 1, "placements": tuple(value.placements), "shape": tuple(value.shape),
                 "stride": tuple(value.stride())}
     if isinstance(value, torch.Tensor):
         if type(value) in (torch.Tensor, torch.nn.Parameter) and value.layout == torch.strided:
@@ -157,29 +137,13 @@ def _flatten(value: Any, out: list[torch.Tensor], seen: dict[tuple[Any, ...], in
             if key not in seen:
                 out.append(value.detach())
                 seen[key] = len(out) - 1
-            return {_REF: seen[key]}
+            return {REF: seen[key]}
         return value.detach().to("cpu", copy=True)  # a tensor subclass (8-bit optimizer state): pickled as is
     if isinstance(value, dict):
-        return {k: _flatten(v, out, seen) for k, v in value.items()}
+        return {k: flatten(v, out, seen) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_flatten(v, out, seen) for v in value)
+        return type(value)(flatten(v, out, seen) for v in value)
     return copy_module.deepcopy(value)
-
-
-def _unflatten(value: Any, tensors: Sequence[torch.Tensor], mesh: Any) -> Any:
-    if isinstance(value, dict):
-        if _REF in value:
-            local = tensors[value[_REF]]
-            if "placements" not in value:
-                return local
-            from torch.distributed.tensor import DTensor
-
-            return DTensor.from_local(local.to(mesh.device_type), mesh, value["placements"], run_check=False,
-                                      shape=torch.Size(value["shape"]), stride=value["stride"])
-        return {k: _unflatten(v, tensors, mesh) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_unflatten(v, tensors, mesh) for v in value)
-    return value
 
 
 # -- layout: which shard and offset each tensor goes to --------------------------------------------
@@ -225,17 +189,71 @@ def _view(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
 
 
 class HostBuffer:
-    """Host memory for the shards of one state layout, allocated on first use and reused while the
-    layout stays the same (pinned when the state is on a GPU: fresh pageable memory is ~30x slower)."""
+    """Host memory for the shards of one state layout, allocated once and reused while the layout
+    stays the same (pinned when the state is on a GPU: fresh pageable memory is ~30x slower).
+
+    Pinning ~15 GB takes seconds; ``prepare`` does it in a background thread, one shard's buffer at
+    a time, as soon as the state exists (after the first optimizer step), so the first checkpoint's
+    snapshot costs what the later ones do. ``fill`` waits for a preparation still running and
+    allocates itself only when nothing was prepared for this layout."""
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
         self.layout: Layout | None = None
         self.buffers: list[torch.Tensor] = []
+        self._preparing: threading.Thread | None = None
+        self._prepare_error: BaseException | None = None
+        self.prepare_s: float | None = None  # how long the last background allocation took
+
+    @staticmethod
+    def _key_of(tensors: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+        return (any(t.is_cuda for t in tensors), *((t.dtype, tuple(t.shape)) for t in tensors))
+
+    def prepare(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Start allocating the buffers for ``tensors``' layout in the background (no-op if they exist)."""
+        self.wait_prepared()
+        key = self._key_of(tensors)
+        if key == self._key:
+            return
+        layout = plan_layout(tensors)
+        pinned = bool(key[0])
+        device = next((t.device for t in tensors if t.is_cuda), None)
+        self.buffers, self.layout, self._key = [], None, None  # release the old buffers before taking new ones
+
+        def allocate() -> None:
+            began = time.perf_counter()
+            try:
+                if device is not None:
+                    torch.cuda.set_device(device)  # the thread's CUDA context is the run's device's
+                buffers = [torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=pinned)
+                           for size in layout.shard_bytes]
+            except BaseException as exc:  # fill() allocates itself and reports a real failure
+                self._prepare_error = exc
+                return
+            self.buffers, self.layout, self._key = buffers, layout, key
+            self.prepare_s = time.perf_counter() - began
+
+        self._preparing = threading.Thread(target=allocate, daemon=True, name="gpuplan-checkpoint-buffer")
+        self._preparing.start()
+
+    def wait_prepared(self) -> None:
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
+        if self._prepare_error is not None:
+            logger.warning("allocating the checkpoint buffer in the background failed (%s); the first"
+                           " checkpoint allocates it", self._prepare_error)
+            self._prepare_error = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether a background allocation has finished (or none is running)."""
+        return self._preparing is None or not self._preparing.is_alive()
 
     def fill(self, tensors: Sequence[torch.Tensor]) -> Layout:
-        pinned = any(t.is_cuda for t in tensors)
-        key = (pinned, *((t.dtype, tuple(t.shape)) for t in tensors))
+        self.wait_prepared()
+        key = self._key_of(tensors)
+        pinned = bool(key[0])
         if key != self._key or self.layout is None:
             self.buffers = []  # release the old buffers before taking new ones
             self.layout = plan_layout(tensors)
@@ -253,24 +271,19 @@ def _shard_name(prefix: str, index: int, count: int) -> str:
     return f"{prefix}shard-{index:02d}-of-{count:02d}.bin"
 
 
-def _bytes_view(buffer: torch.Tensor) -> memoryview:
-    """A uint8 CPU tensor's bytes, shared (no copy)."""
-    array: Any = buffer.numpy()
-    return memoryview(array).cast("B")
-
-
 def _bytes_writer(buffer: torch.Tensor, size: int) -> Callable[[Sink], None]:
     def write(sink: Sink) -> None:
-        view = _bytes_view(buffer)[:size]
+        view = host_bytes(buffer)[:size]
         for start in range(0, size, CHUNK):
             sink.write(view[start : start + CHUNK])
 
     return write
 
 
-def _shards(buffer: HostBuffer, layout: Layout, meta: dict[str, Any], prefix: str) -> list[Shard]:
+def _shards(buffer: HostBuffer, layout: Layout, meta: dict[str, Any], prefix: str,
+            devices: list[str]) -> list[Shard]:
     count = len(layout.shard_bytes)
-    meta = {**meta, "format": FORMAT,
+    meta = {**meta, "format": FORMAT, "devices": devices,
             "tensors": [(_shard_name(prefix, s.shard, count), s.offset, s.nbytes, str(s.dtype).removeprefix("torch."),
                          s.shape) for s in layout.slots]}
     raw = io.BytesIO()
@@ -299,7 +312,7 @@ class CheckpointWriter:
         self.buffer = HostBuffer()
         self.write_s = 0.0
         self.last_write_s: float | None = None  # snapshot handed over -> durable, of the newest save
-        self._group = dist.new_group(backend="gloo") if _distributed() else None
+        self._group = dist.new_group(backend="gloo") if distributed() else None
 
     def submit(self, step: int, shards: list[Shard], metadata: dict[str, Any], *, collective: bool,
                blocking: bool) -> None:
@@ -372,28 +385,29 @@ def save_state(writer: CheckpointWriter, *, step: int, data_position: int, token
                sharded: bool, extra_metadata: dict[str, Any], blocking: bool, on_cpu: bool) -> int | None:
     """Collective: every rank calls it. Snapshots the state into the writer's host buffer (after the
     previous write has finished with it) and hands the write to the background thread."""
-    rank = dist.get_rank() if _distributed() else 0
+    rank = dist.get_rank() if distributed() else 0
     writes = sharded or rank == 0
     rngs: list[Any] = [rng_state()]
-    if _distributed() and not sharded:
+    if distributed() and not sharded:
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, rngs[0])
         rngs = gathered
     if not writes:
         return None
-    model_state, optim_state = _model_and_optimizer_state(model, optimizer, sharded)
+    model_state, optim_state = model_and_optimizer_state(model, optimizer, sharded)
     writer.wait()  # the host buffer is the previous checkpoint's until its write is done
     tensors: list[torch.Tensor] = []
     seen: dict[tuple[Any, ...], int] = {}
-    skeleton = {"model": _flatten(model_state, tensors, seen), "optimizer": _flatten(optim_state, tensors, seen)}
+    skeleton = {"model": flatten(model_state, tensors, seen), "optimizer": flatten(optim_state, tensors, seen)}
     layout = writer.buffer.fill(tensors)
-    trainable_only = _has_frozen(model)
+    trainable_only = has_frozen(model)
     meta = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss, "state": skeleton,
             "scheduler": copy_module.deepcopy(scheduler.state_dict()), "rng": rngs,
-            "shapes": _state_shapes(model_state), "trainable_only": trainable_only,
-            "world_size": dist.get_world_size() if _distributed() else 1, "fsdp": sharded}
+            "shapes": state_shapes(model_state), "trainable_only": trainable_only,
+            "world_size": dist.get_world_size() if distributed() else 1, "fsdp": sharded,
+            "run_split": extra_metadata.get("run_split")}  # what a resume reads back (LoadedState.split)
     prefix = f"rank-{rank:04d}/" if sharded else ""
-    shards = _shards(writer.buffer, layout, meta, prefix)
+    shards = _shards(writer.buffer, layout, meta, prefix, [t.device.type for t in tensors])
     metadata = {"step": step, "data_position": data_position, "tokens": tokens, "loss": loss,
                 "layout": "sharded-v2", "fsdp_ranks": dist.get_world_size() if sharded else 0,
                 "trainable_only": trainable_only, **extra_metadata}
@@ -401,218 +415,16 @@ def save_state(writer: CheckpointWriter, *, step: int, data_position: int, token
     return step if rank == 0 else None
 
 
-# -- load ---------------------------------------------------------------------------------------
-def checkpoint_layout(info: CheckpointInfo) -> str:
-    """'sharded' | 'legacy'; InvalidInput for a layout this version cannot read (never guessed at)."""
-    if META_FILE in info.sha256 or f"rank-{0:04d}/{META_FILE}" in info.sha256:
-        return "sharded"
-    if STATE_FILE in info.sha256:
-        return "legacy"
-    raise InvalidInput(
-        f"the checkpoint of step {info.step} at {info.uri} is in a layout this version of gpuplan cannot read"
-        f" (files: {', '.join(sorted(info.sha256)[:4])})",
-        path="checkpoint_uri",
-        hint="resume it with the gpuplan version that wrote it, or point checkpoint_uri at a new directory",
-    )
-
-
-def read_sharded(store: Any, info: CheckpointInfo, prefix: str = "") -> tuple[dict[str, Any], list[torch.Tensor]]:
-    """(meta, tensors) of one rank's part of a sharded checkpoint, every file read in parallel and
-    verified against the manifest as it is read."""
-    meta_rel = prefix + META_FILE
-    if meta_rel not in info.sizes:
-        raise CheckpointError(f"the checkpoint of step {info.step} has no {meta_rel}",
-                              hint="resume on the number of ranks that wrote it")
-    raw = bytearray(info.sizes[meta_rel])
-    store.read_into(info, meta_rel, memoryview(raw))
-    meta = torch.load(io.BytesIO(bytes(raw)), map_location="cpu", weights_only=False)
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        found = meta.get("format") if isinstance(meta, dict) else None
-        raise InvalidInput(path="checkpoint_uri",
-                           message=f"the checkpoint of step {info.step} has state format {found!r}; this version"
-                           f" reads format {FORMAT}",
-                           hint="resume it with the gpuplan version that wrote it")
-    entries = meta["tensors"]
-    files = sorted({entry[0] for entry in entries})
-    buffers = {rel: torch.empty(max(info.sizes.get(rel, 0), 1), dtype=torch.uint8) for rel in files}
-    parallel_map(lambda rel: store.read_into(info, rel, _bytes_view(buffers[rel])[: info.sizes[rel]]),
-                 files, threads=SHARD_THREADS)
-    tensors = [buffers[rel][offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
-               for rel, offset, nbytes, dtype, shape in entries]
-    return meta, tensors
-
-
-def load_state(store: Any, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-               sharded: bool) -> LoadedState | None:
-    """Collective: load the newest complete checkpoint into every rank, or None when there is none.
-    A checkpoint whose files do not verify is skipped (with a warning) for the one before it."""
-    rank = dist.get_rank() if _distributed() else 0
-    infos = {int(i.step): i for i in store.list()}
-    steps: list[Any] = [sorted(infos) if rank == 0 else None]
-    if _distributed():
-        dist.broadcast_object_list(steps, src=0)
-    for step in reversed(steps[0]):
-        info = infos.get(step)
-        loaded: Any = None
-        problem: Exception | None = None
-        try:
-            if info is None:
-                raise CheckpointError(f"checkpoint of step {step} vanished while loading it")
-            if checkpoint_layout(info) == "legacy":
-                loaded = "legacy"
-            else:
-                loaded = read_sharded(store, info, f"rank-{rank:04d}/" if _fsdp_checkpoint(info) else "")
-        except CheckpointError as exc:  # torn or corrupt: the one before it is tried
-            problem = exc
-        oks: list[Any] = [problem is None]
-        if _distributed():
-            oks = [None] * dist.get_world_size()
-            dist.all_gather_object(oks, problem is None)
-        if not all(oks):
-            logger.warning("skipping checkpoint step %d: %s", step, problem or "another rank could not read it")
-            continue
-        assert info is not None
-        if loaded == "legacy":
-            return _load_legacy(store, info, model=model, optimizer=optimizer, scheduler=scheduler)
-        return _apply(loaded[0], loaded[1], model=model, optimizer=optimizer, scheduler=scheduler, sharded=sharded)
-    return None
-
-
-def _fsdp_checkpoint(info: CheckpointInfo) -> bool:
-    ranks = sum(1 for rel in info.sha256 if rel.endswith("/" + META_FILE) and rel.startswith("rank-"))
-    if not ranks:
-        return False
-    world = dist.get_world_size() if _distributed() else 1
-    if ranks != world:
-        raise InvalidInput(
-            f"the checkpoint of step {info.step} was written by {ranks} FSDP ranks; this run has {world}",
-            path="checkpoint_uri",
-            hint=f"resume with {ranks} workers (sharded checkpoints resume on the world size that wrote them)",
-        )
-    return True
-
-
-def _apply(meta: dict[str, Any], tensors: list[torch.Tensor], *, model: torch.nn.Module,
-           optimizer: torch.optim.Optimizer, scheduler: Any, sharded: bool) -> LoadedState:
-    step = int(meta["step"])
-    if bool(meta.get("fsdp")) != sharded:
-        how = "with" if meta.get("fsdp") else "without"
-        raise InvalidInput(path="checkpoint_uri",
-                           message=f"the checkpoint of step {step} was written {how} FSDP sharding; this run is not",
-                           hint="resume with the sharding that wrote it, or point checkpoint_uri at a new directory")
-    live_model, _ = _model_and_optimizer_state(model, optimizer, sharded)
-    _check_shapes(meta["shapes"], _state_shapes(live_model), step)
-    mesh = None
-    if sharded:
-        from torch.distributed.tensor import DTensor
-
-        mesh = next(v.device_mesh for v in live_model.values() if isinstance(v, DTensor))
-    state = _unflatten(meta["state"], tensors, mesh)
-    frozen = bool(meta.get("trainable_only"))
-    if sharded:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=False, ignore_frozen_params=frozen, strict=not frozen)
-        set_model_state_dict(model, state["model"], options=options)
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"], options=options)
-    else:
-        _unwrap(model).load_state_dict(state["model"], strict=not frozen)
-        optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(meta["scheduler"])
-    rank, world = (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
-    rngs = meta["rng"]
-    # Same world size: every rank continues its own RNG stream; otherwise rank 0's is the best guess.
-    set_rng_state(rngs[0] if sharded else (rngs[rank] if len(rngs) == world else rngs[0]))
-    return LoadedState(step=step, data_position=int(meta["data_position"]), tokens=int(meta["tokens"]),
-                       loss=meta.get("loss"))
-
-
-def read_checkpoint_state(store: Any) -> tuple[int, dict[str, torch.Tensor]] | None:
-    """(step, full model tensors) of the newest verified checkpoint, any layout (FSDP ranks' shards
-    are put together): what tests and tools compare weights with."""
-    for info in reversed(store.list()):
-        try:
-            if checkpoint_layout(info) == "legacy":
-                with tempfile.TemporaryDirectory() as tmp:
-                    store.restore(info, Path(tmp))
-                    state = torch.load(Path(tmp) / STATE_FILE, map_location="cpu", weights_only=False)
-                return int(info.step), state["model"]
-            ranks = sorted(rel.split("/")[0] + "/" for rel in info.sha256 if rel.endswith("/" + META_FILE))
-            parts = [read_sharded(store, info, prefix) for prefix in ranks or [""]]
-        except CheckpointError as exc:
-            logger.warning("skipping checkpoint step %d: %s", info.step, exc)
-            continue
-        return int(info.step), _full_model(parts)
-    return None
-
-
-def _full_model(parts: list[tuple[dict[str, Any], list[torch.Tensor]]]) -> dict[str, torch.Tensor]:
-    from torch.distributed.tensor import Shard as ShardPlacement
-
-    out: dict[str, torch.Tensor] = {}
-    for name, ref in parts[0][0]["state"]["model"].items():
-        locals_ = [tensors[meta["state"]["model"][name][_REF]] for meta, tensors in parts]
-        placement = ref.get("placements", (None,))[0]
-        if isinstance(placement, ShardPlacement):
-            out[name] = torch.cat(locals_, dim=placement.dim)
-        else:
-            out[name] = locals_[0]
-    return out
-
-
-def _load_legacy(store: Any, info: CheckpointInfo, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any) -> LoadedState:
-    """A checkpoint of the single-file layout: the full state, gathered to rank 0 when it was written."""
-    rank = dist.get_rank() if _distributed() else 0
-    with tempfile.TemporaryDirectory(prefix="gpuplan-restore-") as tmp:
-        store.restore(info, Path(tmp))
-        step = int(info.step)
-        try:
-            state = torch.load(Path(tmp) / STATE_FILE, map_location="cpu", weights_only=False)
-        except (OSError, RuntimeError, EOFError) as exc:
-            raise CheckpointError(f"checkpoint of step {step} cannot be read: {exc}") from exc
-    _check_shapes(state.get("shapes", {}), shape_signature(model), step)
-    if _distributed():
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, state["model"], options=options)
-        set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"], options=options)
-    else:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    rngs = state["rng"]
-    world = dist.get_world_size() if _distributed() else 1
-    set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
-    return LoadedState(step=int(state["step"]), data_position=int(state["data_position"]),
-                       tokens=int(state["tokens"]), loss=state.get("loss"))
-
-
-def _check_shapes(saved: dict[str, list[int]], current: dict[str, list[int]], step: int) -> None:
-    if saved == current:
+def prepare_state(writer: CheckpointWriter, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  sharded: bool) -> None:
+    """Start allocating the host buffer of this rank's checkpoints in the background. Call it once the
+    optimizer state exists (after the first step), on every rank that writes."""
+    if not sharded and distributed() and dist.get_rank() != 0:
         return
-    missing = sorted(set(current) - set(saved))
-    extra = sorted(set(saved) - set(current))
-    differing = [name for name in current if name in saved and saved[name] != current[name]]
-    if differing:
-        name = differing[0]
-        detail = f"{name} is {saved[name]} in the checkpoint but {current[name]} in this model"
-    elif missing:
-        detail = f"the checkpoint has no {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-    else:
-        detail = f"the checkpoint has {extra[0]}, which this model lacks"
-    raise InvalidInput(
-        f"the checkpoint of step {step} was written by a model of a different shape: {detail}",
-        path="checkpoint_uri",
-        hint="train with the model that wrote it, or point checkpoint_uri at a new directory "
-        "(the existing checkpoints were left untouched)",
-    )
+    model_state, optim_state = model_and_optimizer_state(model, optimizer, sharded)
+    tensors: list[torch.Tensor] = []
+    seen: dict[tuple[Any, ...], int] = {}
+    flatten({"model": model_state, "optimizer": optim_state}, tensors, seen)
+    writer.buffer.prepare(tensors)
+
+

@@ -25,6 +25,7 @@ import uvicorn
 
 from catalog.errors import ExecutionError, InvalidInput
 from catalog.loader import Catalog
+from planner.calibration import Calibration
 from scheduler.api.app import Loop, create_app
 from scheduler.api.server import listen, make_service
 from scheduler.service import Planner
@@ -47,6 +48,7 @@ class ApiSettings:
     admin_token: str | None = None
     planner: Planner | None = None
     log_level: str = "info"
+    calibration: Calibration | None = None  # the real planner's constants (None: the shipped ones)
 
 
 def api_workers(requested: str, database_url: str, cpus: int | None) -> int:
@@ -98,7 +100,7 @@ def _api_worker(settings: ApiSettings, sock: socket.socket, parent_pid: int) -> 
     # database (scheduler.logbook).
     service = make_service(settings.database_url, checkpoint_root=settings.checkpoint_root,
                            admin_token=settings.admin_token, planner=settings.planner, catalog=settings.catalog,
-                           migrate=False)
+                           migrate=False, calibration=settings.calibration)
     app = create_app(service, settings.catalog)
     server = uvicorn.Server(uvicorn.Config(app, log_level=settings.log_level, access_log=False))
     server.run(sockets=[sock])

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from catalog.errors import Conflict, InvalidInput
 from catalog.loader import Catalog, load_catalog
+from planner.calibration import Calibration
 from planner.spec import JobSpec
 from planner.types import Plan
 from scheduler.api.app import create_app
@@ -31,30 +32,34 @@ from workers.executor import Executor
 EXECUTORS = ("inprocess", "ray", "none")
 
 
-def catalog_planner(catalog: Catalog) -> Planner:
-    """The real planner bound to one catalog (the service caches its plans by spec hash)."""
+def catalog_planner(catalog: Catalog, calibration: Calibration | None = None) -> Planner:
+    """The real planner bound to one catalog (the service caches its plans by spec hash) and to
+    ``calibration`` (None: the shipped one)."""
     from planner.search import plan
 
     def run(spec: JobSpec) -> Plan:
-        return plan(spec, catalog)
+        return plan(spec, catalog, calibration=calibration)
 
     return run
 
 
-def machine_planner(home: Path, catalog: Catalog | None = None) -> Planner:
+def machine_planner(home: Path, catalog: Catalog | None = None, calibration: Calibration | None = None) -> Planner:
     """The real planner on ``catalog`` (default: the packaged one) plus this machine's $0/h GPUs
-    and CPU, detected at the first plan (it imports torch: seconds a `gpuplan list` need not pay)."""
+    and CPU, detected at the first plan (it imports torch: seconds a `gpuplan list` need not pay).
+    ``calibration`` None: the shipped one with ``gpuplan calibrate``'s refit under ``home`` over it."""
     from datetime import date
 
     from catalog.local_cpu import with_this_machine
+    from planner.calibration import load_calibration, user_calibration_path
     from planner.search import plan
 
-    built: list[Catalog] = []
+    built: list[tuple[Catalog, Calibration]] = []
 
     def run(spec: JobSpec) -> Plan:
         if not built:
-            built.append(with_this_machine(catalog or load_catalog(), home, today=date.today()))
-        return plan(spec, built[0])
+            built.append((with_this_machine(catalog or load_catalog(), home, today=date.today()),
+                          calibration or load_calibration(overlay=user_calibration_path(home))))
+        return plan(spec, built[0][0], calibration=built[0][1])
 
     return run
 
@@ -144,12 +149,14 @@ def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: 
 
 def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token: str | None = None,
                  planner: Planner | None = None, catalog: Catalog | None = None,
-                 clock: Clock = utcnow, migrate: bool = True) -> SchedulerService:
+                 clock: Clock = utcnow, migrate: bool = True,
+                 calibration: Calibration | None = None) -> SchedulerService:
+    """``calibration``: the planner's constants when no ``planner`` is given (None: the shipped ones)."""
     store = Store(database_url)
     if migrate:
         store.migrate()
     catalog = catalog if catalog is not None else load_catalog()
-    return SchedulerService(store, planner or catalog_planner(catalog), clock=clock,
+    return SchedulerService(store, planner or catalog_planner(catalog, calibration), clock=clock,
                             checkpoint_root=str(checkpoint_root), admin_token=admin_token)
 
 

@@ -43,7 +43,8 @@ def test_refresh_writes_offers_the_loader_reads(
     assert by_type["g6e.xlarge"].gpu == "L40S" and by_type["g6e.xlarge"].on_demand_usd_per_h == pytest.approx(1.861)
     assert {o.zone for o in result.offers if o.instance_type == "p5.48xlarge"} >= {"us-east-1a"}
     assert any(o.spot_usd_per_h is not None for o in result.offers)  # moto's spot history
-    assert "p6-b300.48xlarge" in result.skipped  # B300 is not in the catalog: said why, not guessed
+    assert by_type["p6-b300.48xlarge"].gpu == "B300"  # in the catalog since issue 12 (275040 MiB = its 268.6 GiB)
+    assert result.skipped["g5g.2xlarge"] == "GPU T4g (16384 MiB) is not in the catalog"  # said why, not guessed
     assert all(o.source.as_of == TODAY and o.source.url.endswith("us-east-1/index.json") for o in result.offers)
 
     assert read_offers(out) == result.offers
@@ -88,7 +89,7 @@ def test_unreachable_ec2_endpoint_is_actionable(
     ("H100", 81920, "H100-SXM"), ("A100", 40960, "A100-40GB"), ("A100", 81920, "A100-80GB"),
     ("V100", 16384, "V100-16GB"), ("V100", 32768, "V100-32GB"), ("L4", 22888, "L4"), ("L40S", 45776, "L40S"),
     ("A10G", 22888, "A10G"), ("T4", 16384, "T4"), ("H200", 144384, "H200"), ("B200", 183359, "B200"),
-    ("L4", 2861, None), ("B300", 275040, None), ("Radeon Pro V520", 8192, None),
+    ("L4", 2861, None), ("B300", 275040, "B300"), ("Radeon Pro V520", 8192, None),
 ])
 def test_aws_gpu_names_map_to_catalog(catalog: Catalog, name: str, mib: int, expected: str | None) -> None:
     found = aws_gpu_to_catalog(name, mib, catalog)

@@ -166,16 +166,19 @@ def test_max_micro_batch_agrees_with_the_full_estimate(model: str, precision: st
         assert bigger.required_bytes > bigger.usable_bytes * (1 - headroom)
 
 
-def test_expandable_segments_keep_reserved_close_to_allocated() -> None:
-    """The workers' allocator (expandable segments) caches little; the stock one's fitted overhead is larger."""
+def test_expandable_segments_predict_reserved_from_their_own_overhead() -> None:
+    """The workers' allocator (expandable segments) has its own measured overhead (5.3% on one GPU);
+    the stock allocator's table applies only when the calibration says the stock allocator runs."""
     m = CAT.model("llama-3.2-1b")
     s = strat(precision="amp-bf16", micro_batch=4)
     expandable = train_memory(m, s, 2048, H200, CAL)
-    stock = train_memory(m, s, 2048, H200, CAL.model_copy(update={"allocator": "default"}))
+    stock = train_memory(m, s, 2048, H200, CAL.model_copy(update={"allocator": "default",
+                                                                  "reserved_overhead": {"single": 0.2}}))
     assert expandable.peak_allocated_bytes == stock.peak_allocated_bytes
-    assert expandable.peak_allocated_bytes <= expandable.peak_reserved_bytes
-    assert expandable.peak_reserved_bytes <= expandable.peak_allocated_bytes * 1.011 + (2 << 20)
-    assert stock.peak_reserved_bytes > expandable.peak_reserved_bytes
+    assert CAL.expandable_overhead["single"] == 0.053
+    assert expandable.peak_reserved_bytes == pytest.approx(expandable.peak_allocated_bytes * 1.053, abs=2 << 20)
+    assert stock.peak_reserved_bytes == pytest.approx(stock.peak_allocated_bytes * 1.2, abs=2 << 20)
+    assert expandable.required_bytes == stock.required_bytes  # the fit verdict rests on allocated + slack
 
 
 def test_apple_unified_memory_offers_only_the_metal_working_set() -> None:

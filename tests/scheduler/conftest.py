@@ -123,6 +123,9 @@ OFFER = Offer(
 )
 
 
+TOY_MTTP_H = 8.0  # the mean time to preemption toy_plan prices spot at
+
+
 def toy_plan(spec: JobSpec) -> Plan:
     """A real Plan whose cost the test controls: $ = tokens/1e6 (or requests/1e3); GPUs from 'X:N'."""
     pins = spec.resources.accelerator_pins()
@@ -139,7 +142,8 @@ def toy_plan(spec: JobSpec) -> Plan:
         hours=amount / per_h,
     )
     cand = Candidate(estimate=estimate, offer=OFFER,
-                     cost=CostEstimate(market=market, usd_per_h=per_h, hours=amount / per_h, usd=amount))
+                     cost=CostEstimate(market=market, usd_per_h=per_h, hours=amount / per_h, usd=amount,
+                                       mean_time_to_preemption_h=TOY_MTTP_H if market == "spot" else None))
     return Plan(job=spec.name, objective="cheapest", chosen=cand, candidates=[cand], rejections=[])
 
 

@@ -14,7 +14,7 @@ from scheduler.loop import Scheduler
 from scheduler.models import Attempt, Job, JobCreate, Spend, TeamCreate, TeamUpdate
 from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.store import Store
-from tests.scheduler.conftest import spec_dict, toy_plan
+from tests.scheduler.conftest import TOY_MTTP_H, spec_dict, toy_plan
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
 from workers.executor import RunState
 
@@ -50,6 +50,7 @@ def test_runs_a_job_and_charges_price_at_launch_times_duration(svc: SchedulerSer
     request = ex.requests[handle]
     assert request.run_name == job.id and request.checkpoint_uri == job.checkpoint_uri and request.market == "spot"
     assert request.zone == "use1-az6"  # the plan's zone: on a gpuplan cluster the workers ask for its node type
+    assert request.mean_time_to_preemption_h == TOY_MTTP_H  # the workers checkpoint for what the plan priced
     assert svc.status(ml, job.id).state == "running"
     clock.advance(hours=1.5)
     ex.finish(handle, RunState.SUCCEEDED)
@@ -438,3 +439,13 @@ def test_concurrent_submits_while_the_loop_runs_never_run_more_than_the_quota(st
     assert len(jobs) == 18 and all(j.state == "succeeded" and "waiting" not in j.message for j in jobs)
     for s in services:
         s.store.dispose()
+
+
+def test_only_spot_attempts_carry_the_planned_mean_time_to_preemption() -> None:
+    from planner.spec import spec_from_dict
+    from scheduler.loop import planned_mttp_h
+
+    plan = toy_plan(spec_from_dict(spec_dict(spot="always"))).model_dump(mode="json")
+    assert planned_mttp_h(plan) == TOY_MTTP_H
+    assert planned_mttp_h(toy_plan(spec_from_dict(spec_dict())).model_dump(mode="json")) is None  # on-demand plan
+    assert planned_mttp_h(None) is None and planned_mttp_h({"chosen": {"cost": {}}}) is None

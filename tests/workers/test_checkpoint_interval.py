@@ -65,3 +65,34 @@ def test_spot_attempts_get_a_mean_time_to_preemption() -> None:
                                                                  "mean_time_to_preemption_h": 1 / hazard}
     assert preemption_inputs("spot", {"mean_time_to_preemption_h": 3.0}) == {"mean_time_to_preemption_h": 3.0}
     assert preemption_inputs("on-demand", {}) == {}
+    # the scheduler's (the plan's) mean time to preemption wins over a prediction's and the default
+    assert preemption_inputs("spot", {"mean_time_to_preemption_h": 3.0}, 7.5) == {"mean_time_to_preemption_h": 7.5}
+    assert preemption_inputs("on-demand", {}, 7.5) == {}
+
+
+@given(stall_s=st.floats(1e-3, 60), durable_s=st.floats(0.0, 3600), mttp_h=st.floats(0.05, 500))
+def test_the_plan_prices_the_interval_the_workers_use(stall_s: float, durable_s: float, mttp_h: float) -> None:
+    from planner.cost import spot_cost
+
+    planner = IntervalPlanner(override_steps=None, mttp_h=mttp_h, state_bytes=1, write_gbps=1.0)
+    planner.observe(stall_s=stall_s, durable_s=durable_s)
+    planner.steps(1.0)
+    hours = 1e4  # long enough that the job's length does not cap the interval
+    cost = spot_cost(hours, 1.0, hazard_per_h=1 / mttp_h, checkpoint_h=stall_s / 3600, durable_h=durable_s / 3600,
+                     restart_h=0.1, deadline_h=None)
+    assert cost.checkpoint_interval_h is not None and planner.interval_s is not None
+    assert math.isclose(cost.checkpoint_interval_h * 3600, planner.interval_s, rel_tol=1e-9)
+    assert cost.mean_time_to_preemption_h is not None and math.isclose(cost.mean_time_to_preemption_h, mttp_h)
+
+
+def test_a_slow_store_stretches_the_planned_interval_and_its_lost_work() -> None:
+    from planner.cost import spot_cost
+
+    fast = spot_cost(100.0, 1.0, hazard_per_h=2.0, checkpoint_h=0.5 / 3600, durable_h=2 / 3600, restart_h=0.1,
+                     deadline_h=None)
+    slow = spot_cost(100.0, 1.0, hazard_per_h=2.0, checkpoint_h=0.5 / 3600, durable_h=150 / 3600, restart_h=0.1,
+                     deadline_h=None)
+    assert fast.checkpoint_interval_h is not None and slow.checkpoint_interval_h is not None
+    assert math.isclose(fast.checkpoint_interval_h * 3600, math.sqrt(2 * 0.5 * 1800))  # Young/Daly: 42 s
+    assert math.isclose(slow.checkpoint_interval_h * 3600, 300.0)  # twice the 150 s write
+    assert slow.preemption_overhead_h > fast.preemption_overhead_h  # half an interval lost per preemption

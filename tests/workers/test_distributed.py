@@ -137,3 +137,101 @@ def test_fsdp_grad_op_trains_like_fsdp(tmp_path: Path) -> None:
     assert ref.keys() == got.keys()
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-6)
+
+
+def _fsdp_reference_main(rank: int, port: int, folder: str) -> None:
+    """Two FSDP ranks, micro-batch 2: 8 steps, a checkpoint every 4."""
+    import torch.distributed as dist
+
+    from workers.train import TrainJob, run_training
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        root = Path(folder)
+        spec = tiny_spec(root / "m" / "config.json", steps=8, interval=4, world=2)
+        run_training(TrainJob(job_id="reshard", spec=spec, strategy=cpu_strategy(workers=2, sharding="fsdp"),
+                              checkpoint_uri=str(root / "ref"), device="cpu", cpu_threads=1, log_every_s=60.0))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_fsdp_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> None:
+    """Two FSDP ranks write their own shards; one process without FSDP resumes from them (each tensor
+    put back together) and, with the same global batch (grad_accum 2 instead of 2 ranks: the same
+    sequences per step), ends where the two ranks did."""
+    import shutil
+
+    import torch
+
+    from workers.checkpoint import step_dirname
+    from workers.train import TrainJob, run_training
+
+    write_config(tmp_path / "m")
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_fsdp_reference_main, args=(rank, port, str(tmp_path))) for rank in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=600)
+    assert [p.exitcode for p in procs] == [0, 0]
+    shutil.copytree(tmp_path / "ref", tmp_path / "ck")
+    shutil.rmtree(tmp_path / "ck" / step_dirname(8))  # as if the two ranks had stopped after step 4
+
+    spec = tiny_spec(tmp_path / "m" / "config.json", steps=8, interval=4, world=2)  # the same tokens
+    one = TrainJob(job_id="reshard", spec=spec, strategy=cpu_strategy(workers=1, grad_accum=2),
+                   checkpoint_uri=str(tmp_path / "ck"), device="cpu", cpu_threads=1, log_every_s=60.0)
+    result = run_training(one)
+    assert (result.resumed_from_step, result.steps, result.world_size) == (4, 8, 1)
+    ref, got = final_state(str(tmp_path / "ref")), final_state(str(tmp_path / "ck"))
+    assert ref[0] == got[0] == 8 and ref[1].keys() == got[1].keys()
+    for name in ref[1]:  # the same arithmetic in another order: equal to float rounding
+        torch.testing.assert_close(got[1][name], ref[1][name], rtol=1e-4, atol=1e-5)
+
+
+def _fsdp_resume_main(rank: int, port: int, folder: str) -> None:
+    """Two FSDP ranks resume a run that one process without FSDP checkpointed."""
+    import torch.distributed as dist
+
+    from workers.train import TrainJob, run_training
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        root = Path(folder)
+        spec = tiny_spec(root / "m" / "config.json", steps=8, interval=4, world=2)
+        result = run_training(TrainJob(job_id="grow", spec=spec, strategy=cpu_strategy(workers=2, sharding="fsdp"),
+                                       checkpoint_uri=str(root / "ck"), device="cpu", cpu_threads=1,
+                                       log_every_s=60.0))
+        assert (result.resumed_from_step, result.steps) == (4, 8)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_without_fsdp_resumes_on_two_fsdp_ranks(tmp_path: Path) -> None:
+    """The other way: one process (grad_accum 2) checkpoints, two FSDP ranks (the same sequences per
+    step) resume from it, each taking its part of the full state, and end where the one process did."""
+    import shutil
+
+    import torch
+
+    from workers.checkpoint import step_dirname
+    from workers.train import TrainJob, run_training
+
+    write_config(tmp_path / "m")
+    spec = tiny_spec(tmp_path / "m" / "config.json", steps=8, interval=4, world=2)
+    run_training(TrainJob(job_id="grow", spec=spec, strategy=cpu_strategy(workers=1, grad_accum=2),
+                          checkpoint_uri=str(tmp_path / "ref"), device="cpu", cpu_threads=1, log_every_s=60.0))
+    shutil.copytree(tmp_path / "ref", tmp_path / "ck")
+    shutil.rmtree(tmp_path / "ck" / step_dirname(8))
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_fsdp_resume_main, args=(rank, port, str(tmp_path))) for rank in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=600)
+    assert [p.exitcode for p in procs] == [0, 0]
+    ref, got = final_state(str(tmp_path / "ref")), final_state(str(tmp_path / "ck"))
+    assert ref[0] == got[0] == 8 and ref[1].keys() == got[1].keys()
+    for name in ref[1]:
+        torch.testing.assert_close(got[1][name], ref[1][name], rtol=1e-4, atol=1e-5)

@@ -13,7 +13,7 @@ from catalog.errors import GpuplanError
 from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.cuda_env import ALLOC_CONF_ENV, DEFAULT_ALLOC_CONF, allocator_env, configure_allocator
 from workers.executor import RunProgress, RunState, RunStatus
-from workers.hooks import TrainHooks
+from workers.hooks import Signal, TrainHooks
 from workers.progress import ProgressTracker, result_backoffs, result_metrics
 from workers.runner import LocalPlan, LocalRun
 from workers.train import TrainJob, TrainResult, run_training
@@ -77,6 +77,48 @@ def test_oom_mid_accumulation_halves_until_it_fits_and_trains_exactly_as_the_sma
     assert result_backoffs(recorded) == result.oom_backoffs
     metrics = result_metrics(recorded, 0)
     assert (metrics["oom_backoffs"], metrics["micro_batch"], metrics["grad_accum"]) == (1.0, 1.0, 4.0)
+
+
+class PreemptAfter(InjectOOM):
+    """InjectOOM that is also preempted (save, then stop) after ``steps`` steps of this attempt."""
+
+    def __init__(self, steps: int, **oom: int) -> None:
+        super().__init__(**oom)
+        self.polls_left = steps
+
+    def poll(self) -> Signal | None:
+        self.polls_left -= 1
+        return Signal("preempt") if self.polls_left == 0 else None
+
+
+def test_a_resumed_run_starts_at_the_backed_off_micro_batch_instead_of_running_out_of_memory_again(
+        tmp_path: Path) -> None:
+    # attempt 1: the plan's 2 x 2 runs out of memory at step 1 and backs off to 1 x 4; preempted after step 3
+    first = PreemptAfter(3, above=1, times=1)
+    job = _job(tmp_path, "resumed", micro_batch=2, grad_accum=2)
+    stopped = run_training(job, first)
+    assert stopped.status == "preempted" and stopped.steps == 3 and (stopped.micro_batch, stopped.grad_accum) == (1, 4)
+    # attempt 2, same plan: any micro-batch above 1 would run out of memory again
+    second = InjectOOM(above=1, times=99)
+    resumed = run_training(job, second)
+    assert resumed.status == "succeeded" and resumed.resumed_from_step == 3 and resumed.steps == 6
+    assert resumed.oom_backoffs == [] and second.left == 99  # no OOM to learn it again
+    assert (resumed.micro_batch, resumed.grad_accum) == (1, 4)
+    assert any("resuming at micro-batch 1 x 4 accumulation steps, where an earlier attempt backed off" in line
+               for line in second.lines)
+    # and it trains exactly as a run at 1 x 4 throughout
+    run_training(_job(tmp_path, "plain", micro_batch=1, grad_accum=4))
+    assert_same_weights(final_state(str(tmp_path / "resumed"))[1], final_state(str(tmp_path / "plain"))[1])
+
+
+def test_the_resume_split_keeps_the_global_batch_or_takes_the_plans() -> None:
+    from workers.train import resume_split
+
+    plan = cpu_strategy(micro_batch=4, grad_accum=2)
+    assert resume_split(plan, None) == (4, 2)
+    assert resume_split(plan, (2, 4)) == (2, 4)  # backed off: same 8 sequences per step
+    assert resume_split(plan, (2, 2)) == (4, 2)  # another global batch: a different plan, not a back-off
+    assert resume_split(plan, (8, 1)) == (4, 2)  # never larger than the plan
 
 
 def test_two_back_offs_in_a_row_reach_a_quarter(tmp_path: Path) -> None:

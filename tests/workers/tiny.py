@@ -14,7 +14,7 @@ import torch
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Strategy
 from workers.checkpoint import open_store
-from workers.train_state import read_checkpoint_state
+from workers.train_state_load import read_checkpoint_state
 
 TINY_CONFIG: dict[str, Any] = {
     "model_type": "llama",

@@ -1,0 +1,165 @@
+"""Sliding-window layers, eager attention with sinks, q/k norms, Gemma's extra norms and per-expert MoE loops
+in the planner: the KV cache keeps only the window, masked kernels compute the whole square, and the
+activation bytes follow the autograd graph of the real transformers layers (checked against a CPU probe)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from catalog.hf_config import model_from_hf_config
+from catalog.schema import ModelConfig
+from planner.calibration import MemoryCalibration, ThroughputCalibration
+from planner.memory import infer_memory, kv_cache_bytes, layer_activation_bytes_per_token, train_memory
+from planner.throughput import (
+    attention_flops_per_token,
+    decode_attention_flops,
+    infer_throughput,
+    layer_kernel_weight,
+    train_throughput,
+)
+from planner.types import Strategy
+from tests.planner.factory import small_catalog
+
+CAT = small_catalog()
+H200 = CAT.gpu("H200")
+CONFIGS = Path(__file__).parent.parent / "data" / "hf_configs"
+TCAL = ThroughputCalibration()
+
+
+def model(name: str, **over: object) -> ModelConfig:
+    cfg = json.loads((CONFIGS / f"{name}.json").read_text())
+    return model_from_hf_config({**cfg, **over}, model_id=name)
+
+
+def test_sliding_layers_cache_only_their_window() -> None:
+    m = model("gemma-3-1b")  # 26 layers, 22 sliding with a 512-token window, 1 kv head of 256
+    per_token_layer = 2 * 1 * 256 * 2
+    assert kv_cache_bytes(m, 1, 8192) == per_token_layer * (4 * 8192 + 22 * 511)
+    assert kv_cache_bytes(m, 1, 300) == per_token_layer * 26 * 300  # below the window: all layers alike
+    full = model("gemma-3-1b", sliding_window=None)
+    assert kv_cache_bytes(full, 1, 8192) == per_token_layer * 26 * 8192
+
+
+def test_masked_layers_compute_the_whole_square() -> None:
+    gemma = model("gemma-3-1b")
+    hq = 4 * 256
+    # below the window every layer is causal SDPA (half the square); at the window the 22 sliding layers get
+    # an explicit mask and SDPA's efficient kernel computes all of it
+    assert attention_flops_per_token(gemma, 256) == 2 * 256 * hq * 26
+    assert attention_flops_per_token(gemma, 2048) == 2 * 2048 * hq * (26 + 22)
+    oss = model("gpt-oss-20b")  # eager attention: every layer the full square, whatever the window
+    assert attention_flops_per_token(oss, 64) == 2 * 64 * 64 * 64 * 48
+    # decoding reads only the cached window in sliding layers
+    assert decode_attention_flops(gemma, 8192) == 2 * hq * (4 * 8192 + 22 * 511)
+
+
+def test_eager_scores_grow_with_the_sequence_and_sdpa_does_not() -> None:
+    oss = model("gpt-oss-20b")
+    short = layer_activation_bytes_per_token(oss, "bf16", "full", 16, seq_len=1024)
+    long = layer_activation_bytes_per_token(oss, "bf16", "full", 16, seq_len=4096)
+    assert long - short == pytest.approx(64 * 3072 * 2)  # heads x extra keys x bf16 probabilities
+    llama = CAT.model("llama-3-8b")
+    assert layer_activation_bytes_per_token(llama, "bf16", "full", 16, seq_len=1024) == \
+        layer_activation_bytes_per_token(llama, "bf16", "full", 16, seq_len=4096)
+
+
+def test_window_mask_is_saved_only_once_the_sequence_reaches_the_window() -> None:
+    gemma = model("gemma-3-1b")
+    below = layer_activation_bytes_per_token(gemma, "bf16", "full", 16, seq_len=511)
+    at = layer_activation_bytes_per_token(gemma, "bf16", "full", 16, seq_len=512)
+    assert at - below == pytest.approx(2 * 512 * 22 / 26, rel=0.01)
+
+
+def test_gpt_oss_prefill_holds_the_eager_scores() -> None:
+    oss = model("gpt-oss-20b")
+    small = infer_memory(oss, Strategy(task="infer", gpu="H200", gpu_count=1, batch=4), 512, 64, H200,
+                         MemoryCalibration())
+    big = infer_memory(oss, Strategy(task="infer", gpu="H200", gpu_count=1, batch=4), 4096, 64, H200,
+                       MemoryCalibration())
+    scores = 3 * 64 * 4 * 4096 * 4097 * 2
+    assert big.breakdown["prefill_activations"] - small.breakdown["prefill_activations"] > scores * 0.9
+
+
+def test_expert_loop_makes_gpt_oss_decode_slower_than_grouped_experts() -> None:
+    oss = model("gpt-oss-20b")
+    assert oss.moe is not None
+    grouped = oss.model_copy(update={"moe": oss.moe.model_copy(update={"expert_loop": False})})
+    strategy = Strategy(task="infer", gpu="H200", gpu_count=1, batch=1)
+    loop = infer_throughput(oss, strategy, 256, 128, H200, TCAL)
+    fast = infer_throughput(grouped, strategy, 256, 128, H200, TCAL)
+    assert fast.tokens_per_s > 1.3 * loop.tokens_per_s
+    train = Strategy(gpu="H200", gpu_count=1, micro_batch=1)
+    assert train_throughput(grouped, train, 1024, H200, TCAL).tokens_per_s > \
+        train_throughput(oss, train, 1024, H200, TCAL).tokens_per_s
+
+
+def test_kernel_weight_is_one_for_llama_and_more_for_heavier_layers() -> None:
+    assert layer_kernel_weight(CAT.model("llama-3-8b")) == 1.0
+    assert layer_kernel_weight(CAT.model("gpt2")) == pytest.approx(21 / 43)  # fused LayerNorms, no RoPE
+    gemma, qwen3 = model("gemma-3-1b"), model("qwen3-0.6b")
+    assert layer_kernel_weight(gemma) > layer_kernel_weight(qwen3) > 1.0
+
+
+def test_gemma_27b_full_training_does_not_fit_one_h200() -> None:
+    gemma = model("gemma-3-27b")
+    est = train_memory(gemma, Strategy(gpu="H200", gpu_count=1, micro_batch=1, activation_checkpointing=True),
+                       2048, H200, MemoryCalibration())
+    assert not est.fits  # 27B bf16 weights + grads + AdamW states = 216 GB
+
+
+# ---------------------------------------------------------------- the activation formula vs the real layers
+
+H, WIDTH, HEADS, KV, HD, VOCAB, SEQ, BATCH = 256, 768, 4, 2, 64, 512, 256, 2
+BASE: dict[str, object] = {
+    "hidden_size": H, "intermediate_size": WIDTH, "num_attention_heads": HEADS, "num_key_value_heads": KV,
+    "head_dim": HD, "vocab_size": VOCAB, "max_position_embeddings": 4096, "tie_word_embeddings": False}
+PROBES: dict[str, dict[str, object]] = {
+    "llama": {"model_type": "llama"},
+    "qwen3": {"model_type": "qwen3"},
+    "olmo2": {"model_type": "olmo2"},
+    "gemma3_text": {"model_type": "gemma3_text", "sliding_window": 4096},
+    "qwen3_moe": {"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 128, "intermediate_size": 256},
+    "gpt_oss": {"model_type": "gpt_oss", "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4096,
+                "intermediate_size": 256},
+}
+
+
+def _saved_bytes_per_layer(cfg: dict[str, object]) -> float:
+    """Bytes autograd saves per token per decoder layer in a real bf16 transformers model on CPU: the
+    difference between a 4- and a 2-layer model, unique storages, parameters excluded."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    def saved(layers: int) -> int:
+        config = AutoConfig.for_model(**{**cfg, "num_hidden_layers": layers})  # type: ignore[arg-type]
+        attn = "eager" if cfg["model_type"] == "gpt_oss" else "sdpa"
+        torch.manual_seed(0)
+        net = AutoModelForCausalLM.from_config(config, attn_implementation=attn,  # type: ignore[no-untyped-call]
+                                               dtype=torch.bfloat16)
+        net.train()
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            net(input_ids=ids)
+        params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+        return sum(n for ptr, n in storages.items() if ptr not in params)
+
+    return (saved(4) - saved(2)) / 2 / (BATCH * SEQ)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_activation_bytes_match_the_real_layers(name: str) -> None:
+    cfg = {**BASE, **PROBES[name]}
+    predicted = layer_activation_bytes_per_token(model_from_hf_config({**cfg, "num_hidden_layers": 4}), "bf16",
+                                                 "full", 16, seq_len=SEQ)
+    assert predicted == pytest.approx(_saved_bytes_per_layer(cfg), rel=0.02)
