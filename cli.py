@@ -908,6 +908,15 @@ def server_command(
     ray_namespace: str | None = typer.Option(
         None, "--ray-namespace", help="Ray namespace of this server's attempts (with --executor ray). Default: "
         "gpuplan- and a hash of the database URL, so servers of different databases can share one Ray cluster."),
+    checkpoint_root: str | None = typer.Option(
+        None, "--checkpoint-root", envvar="GPUPLAN_CHECKPOINT_ROOT",
+        help="Where jobs checkpoint (ROOT/<job id>): a directory, or s3://bucket/prefix, which every node of a "
+        "Ray cluster reads (with --executor ray, Ray Train's storage goes to ROOT/_ray too). "
+        "Default: ~/.gpuplan/checkpoints."),
+    ray_cluster_config: str | None = typer.Option(
+        None, "--ray-cluster-config", envvar="GPUPLAN_RAY_CLUSTER_CONFIG",
+        help="With --executor ray: the autoscaler's cluster YAML (~/ray_bootstrap_config.yaml on the head). Its "
+        "node types count as capacity before their nodes join, and runs ask for the planned GPU, market and zone."),
 ) -> None:
     """Run the REST API and the scheduling loop (uvicorn). Upgrades the database schema first.
 
@@ -916,6 +925,9 @@ def server_command(
       GPUPLAN_ADMIN_TOKEN=s3cret gpuplan server --port 8000
 
       GPUPLAN_DATABASE_URL=postgresql://gpuplan@db/gpuplan gpuplan server --host 0.0.0.0 --executor ray --workers 4
+
+      gpuplan server --executor ray --checkpoint-root s3://my-bucket/gpuplan \\
+        --ray-cluster-config ~/ray_bootstrap_config.yaml
     """
     import os
     from pathlib import Path
@@ -923,12 +935,14 @@ def server_command(
     from catalog.loader import load_catalog
     from scheduler.api.processes import ApiSettings, api_workers, serve_workers
     from scheduler.api.server import (
+        checkpoint_root_for,
         listen,
         make_app,
         make_executor,
         make_loop,
         make_service,
         ray_namespace_for,
+        ray_storage_for,
         serve,
     )
     from scheduler.store import database_url, default_home
@@ -939,7 +953,13 @@ def server_command(
     count = api_workers(workers, db_url, os.cpu_count())
     sock = listen(host, port)  # before the executor and the loop: a taken port must touch nothing
     namespace = ray_namespace or ray_namespace_for(db_url)
-    run = make_executor(executor, ray_namespace=namespace)
+    root = checkpoint_root_for(checkpoint_root, home)
+    if root.startswith("s3://"):  # a missing bucket or no credentials fail now, not in every job
+        from workers.checkpoint import open_store
+
+        open_store(root)
+    run = make_executor(executor, ray_namespace=namespace, storage_path=ray_storage_for(root),
+                        ray_cluster_config=ray_cluster_config)
     catalog = load_catalog()
     if executor != "none":  # this machine's GPUs, if any, and its CPU as $0/h placements the planner may pick
         from datetime import date
@@ -950,8 +970,8 @@ def server_command(
     from planner.calibration import load_calibration
 
     calibration = load_calibration(overlay=_user_calibration())  # gpuplan calibrate's refit, if any
-    service = make_service(db_url, checkpoint_root=home / "checkpoints",
-                           admin_token=admin_token, catalog=catalog, calibration=calibration)
+    service = make_service(db_url, checkpoint_root=root, admin_token=admin_token, catalog=catalog,
+                           calibration=calibration)
     if not admin_token:
         err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled", style="yellow")
     err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs, dashboard at /ui), "
@@ -1749,26 +1769,50 @@ def _plan_from_file(path: str) -> Any:
 def cluster_config_command(
     plan_or_spec: str = typer.Argument(..., help="A job spec, or the output of `gpuplan plan --json`."),
     out: str | None = typer.Option(None, "--out", help="Write the YAML here (default: print it)."),
-    source_dir: str | None = typer.Option(None, "--source-dir", help="Sync this gpuplan checkout to the nodes."),
-    alternatives: int = typer.Option(2, "--alternatives", min=0, help="Extra spot instance types to fall back on."),
+    wheel: str | None = typer.Option(None, "--wheel", help="A gpuplan wheel to install on the nodes "
+                                     "(pip wheel --no-deps -w dist . in the checkout)."),
+    source_dir: str | None = typer.Option(None, "--source-dir", help="Or sync this gpuplan checkout to the nodes."),
+    checkpoint_root: str | None = typer.Option(None, "--checkpoint-root", help="s3://bucket/prefix the nodes "
+                                               "checkpoint to (the head's server gets it)."),
+    ami: str | None = typer.Option(None, "--ami", help="AMI for every node (default: the region's current Deep "
+                                   "Learning Base AMI, Ubuntu 24.04, through SSM)."),
+    subnet: list[str] = typer.Option([], "--subnet", help="ZONE_ID=SUBNET_ID, e.g. use1-az1=subnet-0abc "
+                                     "(default: the account's subnets of each zone)."),
+    instance_profile: str = typer.Option("gpuplan-node", "--instance-profile", help="IAM instance profile of "
+                                         "head and workers (the YAML's header has its policy)."),
+    database_url: str | None = typer.Option(None, "--database-url", help="The head server's database "
+                                            "(default: SQLite on the head)."),
+    alternatives: int = typer.Option(2, "--alternatives", min=0, help="Extra offers to give node types."),
+    every_zone: bool = typer.Option(False, "--every-zone", help="Node types for the chosen instance type in every "
+                                    "zone of the region the plan priced it in (for zone switching)."),
     head_instance: str = typer.Option("m5.2xlarge", "--head-instance", help="On-demand head node type."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """A Ray cluster-launcher YAML for AWS: on-demand head, spot GPU workers with the preemption watcher.
+    """A Ray cluster-launcher YAML for AWS: the plan's GPU, market and zone as node types, the gpuplan
+    server on the head, the preemption watcher on every worker. Looks up AMIs, subnets, the instance
+    profile and the bucket in the account first (AWS credentials needed).
 
     Examples:
 
-      gpuplan cluster config examples/llama3-8b-sft.yaml --out cluster.yaml && ray up cluster.yaml
+      pip wheel --no-deps -w dist . && gpuplan cluster config examples/llama3-8b-sft.yaml \\
+        --wheel dist/gpuplan-0.1.0-py3-none-any.whl --checkpoint-root s3://my-bucket/gpuplan --out cluster.yaml \\
+        && ray up cluster.yaml
 
-      gpuplan plan job.yaml --json > plan.json && gpuplan cluster config plan.json --json
+      gpuplan plan job.yaml --json > plan.json && gpuplan cluster config plan.json --source-dir . --json
     """
     from pathlib import Path
 
-    from workers.cluster import ClusterOptions, cluster_config, to_yaml
+    from catalog.errors import InvalidInput
+    from workers.cluster import ClusterOptions
+    from workers.cluster_aws import generate
 
-    opts = ClusterOptions(source_dir=source_dir, alternatives=alternatives, head_instance=head_instance)
-    config = cluster_config(_plan_from_file(plan_or_spec), opts)
-    text = to_yaml(config)
+    subnets = dict(item.split("=", 1) for item in subnet if "=" in item)
+    if len(subnets) != len(subnet):
+        raise InvalidInput("--subnet takes ZONE_ID=SUBNET_ID", path="subnet", hint="e.g. --subnet use1-az1=subnet-0abc")
+    opts = ClusterOptions(wheel=wheel, source_dir=source_dir, checkpoint_root=checkpoint_root, ami=ami,
+                          subnets=subnets, instance_profile=instance_profile, database_url=database_url,
+                          alternatives=alternatives, every_zone=every_zone, head_instance=head_instance)
+    config, text = generate(_plan_from_file(plan_or_spec), opts)
     if out:
         Path(out).write_text(text)
     if as_json:

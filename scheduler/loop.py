@@ -378,7 +378,9 @@ class Scheduler:
         return RunRequest(
             job_id=job.id, attempt=number, spec=spec_from_dict(job.spec),
             strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),
-            checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=market, zone=zone,
+            checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=market,
+            # the policy's zone when it placed the attempt, else the zone the plan priced
+            zone=zone or (job.plan["chosen"].get("offer") or {}).get("zone"),
             mean_time_to_preemption_h=(mttp_h or planned_mttp_h(job.plan)) if market == "spot" else None,
         )
 

@@ -51,6 +51,7 @@ def test_runs_a_job_and_charges_price_at_launch_times_duration(svc: SchedulerSer
     handle = ex.handle_of(job.id)
     request = ex.requests[handle]
     assert request.run_name == job.id and request.checkpoint_uri == job.checkpoint_uri and request.market == "spot"
+    assert request.zone == "use1-az6"  # the plan's zone: on a gpuplan cluster the workers ask for its node type
     assert request.mean_time_to_preemption_h == TOY_MTTP_H  # the workers checkpoint for what the plan priced
     assert svc.status(ml, job.id).state == "running"
     clock.advance(hours=1.5)
