@@ -191,7 +191,8 @@ def main() -> None:
         "worker": worker(cfg, **kw),
     }
     record["worker_vs_bare"] = record["worker"]["tokens_per_s"] / record["bare"]["tokens_per_s"]
-    record["planner"] = planner_side(cfg, **kw)
+    record["planner"] = planner_side(cfg, batch=args.batch, prompt=args.prompt, output=args.output,
+                                     weights=args.weights)
     args.out.write_text(json.dumps(record, indent=1))
     print(json.dumps(record, indent=1))
 

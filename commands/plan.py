@@ -250,26 +250,49 @@ def _plan_from_file(path: str) -> Any:
 def cluster_config_command(
     plan_or_spec: str = typer.Argument(..., help="A job spec, or the output of `gpuplan plan --json`."),
     out: str | None = typer.Option(None, "--out", help="Write the YAML here (default: print it)."),
-    source_dir: str | None = typer.Option(None, "--source-dir", help="Sync this gpuplan checkout to the nodes."),
-    alternatives: int = typer.Option(2, "--alternatives", min=0, help="Extra spot instance types to fall back on."),
+    wheel: str | None = typer.Option(None, "--wheel", help="A gpuplan wheel to install on the nodes "
+                                     "(pip wheel --no-deps -w dist . in the checkout)."),
+    source_dir: str | None = typer.Option(None, "--source-dir", help="Or sync this gpuplan checkout to the nodes."),
+    checkpoint_root: str | None = typer.Option(None, "--checkpoint-root", help="s3://bucket/prefix the nodes "
+                                               "checkpoint to (the head's server gets it)."),
+    ami: str | None = typer.Option(None, "--ami", help="AMI for every node (default: the region's current Deep "
+                                   "Learning Base AMI, Ubuntu 24.04, through SSM)."),
+    subnet: list[str] = typer.Option([], "--subnet", help="ZONE_ID=SUBNET_ID, e.g. use1-az1=subnet-0abc "
+                                     "(default: the account's subnets of each zone)."),
+    instance_profile: str = typer.Option("gpuplan-node", "--instance-profile", help="IAM instance profile of "
+                                         "head and workers (the YAML's header has its policy)."),
+    database_url: str | None = typer.Option(None, "--database-url", help="The head server's database "
+                                            "(default: SQLite on the head)."),
+    alternatives: int = typer.Option(2, "--alternatives", min=0, help="Extra offers to give node types."),
+    every_zone: bool = typer.Option(False, "--every-zone", help="Node types for the chosen instance type in every "
+                                    "zone of the region the plan priced it in (for zone switching)."),
     head_instance: str = typer.Option("m5.2xlarge", "--head-instance", help="On-demand head node type."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """A Ray cluster-launcher YAML for AWS: on-demand head, spot GPU workers with the preemption watcher.
+    """A Ray cluster-launcher YAML for AWS: the plan's GPU, market and zone as node types, the gpuplan
+    server on the head, the preemption watcher on every worker. Looks up AMIs, subnets, the instance
+    profile and the bucket in the account first (AWS credentials needed).
 
     Examples:
 
-      gpuplan cluster config examples/llama3-8b-sft.yaml --out cluster.yaml && ray up cluster.yaml
+      pip wheel --no-deps -w dist . && gpuplan cluster config examples/llama3-8b-sft.yaml \\
+        --wheel dist/gpuplan-0.1.0-py3-none-any.whl --checkpoint-root s3://my-bucket/gpuplan --out cluster.yaml \\
+        && ray up cluster.yaml
 
-      gpuplan plan job.yaml --json > plan.json && gpuplan cluster config plan.json --json
+      gpuplan plan job.yaml --json > plan.json && gpuplan cluster config plan.json --source-dir . --json
     """
     from pathlib import Path
 
-    from workers.cluster import ClusterOptions, cluster_config, to_yaml
+    from workers.cluster import ClusterOptions
+    from workers.cluster_aws import generate
 
-    opts = ClusterOptions(source_dir=source_dir, alternatives=alternatives, head_instance=head_instance)
-    config = cluster_config(_plan_from_file(plan_or_spec), opts)
-    text = to_yaml(config)
+    subnets = dict(item.split("=", 1) for item in subnet if "=" in item)
+    if len(subnets) != len(subnet):
+        raise InvalidInput("--subnet takes ZONE_ID=SUBNET_ID", path="subnet", hint="e.g. --subnet use1-az1=subnet-0abc")
+    opts = ClusterOptions(wheel=wheel, source_dir=source_dir, checkpoint_root=checkpoint_root, ami=ami,
+                          subnets=subnets, instance_profile=instance_profile, database_url=database_url,
+                          alternatives=alternatives, every_zone=every_zone, head_instance=head_instance)
+    config, text = generate(_plan_from_file(plan_or_spec), opts)
     if out:
         Path(out).write_text(text)
     if as_json:

@@ -29,6 +29,15 @@ def server_command(
     ray_namespace: str | None = typer.Option(
         None, "--ray-namespace", help="Ray namespace of this server's attempts (with --executor ray). Default: "
         "gpuplan- and a hash of the database URL, so servers of different databases can share one Ray cluster."),
+    checkpoint_root: str | None = typer.Option(
+        None, "--checkpoint-root", envvar="GPUPLAN_CHECKPOINT_ROOT",
+        help="Where jobs checkpoint (ROOT/<job id>): a directory, or s3://bucket/prefix, which every node of a "
+        "Ray cluster reads (with --executor ray, Ray Train's storage goes to ROOT/_ray too). "
+        "Default: ~/.gpuplan/checkpoints."),
+    ray_cluster_config: str | None = typer.Option(
+        None, "--ray-cluster-config", envvar="GPUPLAN_RAY_CLUSTER_CONFIG",
+        help="With --executor ray: the autoscaler's cluster YAML (~/ray_bootstrap_config.yaml on the head). Its "
+        "node types count as capacity before their nodes join, and runs ask for the planned GPU, market and zone."),
 ) -> None:
     """Run the REST API and the scheduling loop (uvicorn). Upgrades the database schema first.
 
@@ -37,27 +46,39 @@ def server_command(
       GPUPLAN_ADMIN_TOKEN=s3cret gpuplan server --port 8000
 
       GPUPLAN_DATABASE_URL=postgresql://gpuplan@db/gpuplan gpuplan server --host 0.0.0.0 --executor ray --workers 4
+
+      gpuplan server --executor ray --checkpoint-root s3://my-bucket/gpuplan \\
+        --ray-cluster-config ~/ray_bootstrap_config.yaml
     """
     import os
 
     from catalog.loader import load_catalog
     from scheduler.api.processes import ApiSettings, api_workers, serve_workers
     from scheduler.api.server import (
+        checkpoint_root_for,
         listen,
         make_app,
         make_executor,
         make_loop,
         make_service,
         ray_namespace_for,
+        ray_storage_for,
         serve,
     )
+    from scheduler.ui.session import load_or_create_secret
 
     settings = Settings.from_env()
     home, db_url = settings.home, settings.database_url
     count = api_workers(workers, db_url, os.cpu_count())
     sock = listen(host, port)  # before the executor and the loop: a taken port must touch nothing
     namespace = ray_namespace or ray_namespace_for(db_url)
-    run = make_executor(executor, ray_namespace=namespace)
+    root = checkpoint_root_for(checkpoint_root, home)
+    if root.startswith("s3://"):  # a missing bucket or no credentials fail now, not in every job
+        from workers.checkpoint import open_store
+
+        open_store(root)
+    run = make_executor(executor, ray_namespace=namespace, storage_path=ray_storage_for(root),
+                        ray_cluster_config=ray_cluster_config)
     catalog = load_catalog()
     if executor != "none":  # this machine's GPUs, if any, and its CPU as $0/h placements the planner may pick
         from datetime import date
@@ -68,20 +89,21 @@ def server_command(
     from planner.calibration import load_calibration
 
     calibration = load_calibration(overlay=user_calibration())  # gpuplan calibrate's refit, if any
-    service = make_service(db_url, checkpoint_root=home / "checkpoints",
-                           admin_token=admin_token, catalog=catalog, calibration=calibration)
+    service = make_service(db_url, checkpoint_root=root, admin_token=admin_token, catalog=catalog,
+                           calibration=calibration)
     if not admin_token:
         output.err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled",
                                  style="yellow")
     where = f" (Ray namespace {namespace})" if executor == "ray" else ""
-    output.err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs), database "
-                             f"{service.store.dialect}, executor {executor}{where}, "
+    output.err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs, dashboard at /ui), "
+                             f"database {service.store.dialect}, executor {executor}{where}, "
                              f"{count} API worker{'s' if count > 1 else ''}")
+    ui_secret = load_or_create_secret(home)  # dashboard sessions at /ui: one secret for every API process
     if count == 1:
-        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running, calibration=calibration), host,
-              port, sock=sock)
+        serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running, calibration=calibration,
+                       ui_secret=ui_secret), host, port, sock=sock)
         return
     api = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
-                      admin_token=admin_token, calibration=calibration)
+                      admin_token=admin_token, calibration=calibration, ui_secret=ui_secret)
     loop = make_loop(service, run, poll_s=poll, max_running=max_running, calibration=calibration)
     serve_workers(api, host, port, count, loop=loop, sock=sock)

@@ -58,7 +58,11 @@ class TokenAuth:
     def authenticate(self, token: str | None) -> Principal:
         if not token:
             raise AuthError("missing bearer token", hint="send 'Authorization: Bearer <token>' (gpuplan team token)")
-        digest = hash_token(token)
+        return self.authenticate_hash(hash_token(token))
+
+    def authenticate_hash(self, digest: str) -> Principal:
+        """Who holds the token whose sha256 is ``digest`` (a web session keeps the digest, never the
+        token); the same checks and cache as :meth:`authenticate`."""
         if self._admin_hash is not None and hmac.compare_digest(digest, self._admin_hash):
             return ADMIN
         cached = self._cache.get(digest)

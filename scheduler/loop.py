@@ -44,6 +44,7 @@ from planner.types import Candidate, Strategy
 from scheduler import ledger, logbook, quota
 from scheduler.accuracy import attempt_metrics
 from scheduler.models import Attempt, Job
+from scheduler.placement import Placement
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState, Market
 from scheduler.store import LoopLock, Store, transition
@@ -51,7 +52,8 @@ from workers.executor import Executor, ReleasesAttempts, RunRequest, RunState, R
 
 log = logging.getLogger("gpuplan.loop")
 
-MarketChooser = Callable[[Job, datetime], tuple[Market, float]]
+# (market, $/h) or a scheduler.placement.Placement (adds the zone, or "wait: ask again later").
+MarketChooser = Callable[[Job, datetime], tuple[str, float] | Placement]
 
 
 @dataclass
@@ -320,9 +322,14 @@ class Scheduler:
                 if open_attempt is not None:  # cannot happen while states hold; refuse a second attempt
                     log.error("job %s is queued but attempt %s is open; not dispatching", job.id, open_attempt.number)
                     continue
-                market, price = self.choose_market(job, now)
+                choice = self.choose_market(job, now)
+                place = choice if isinstance(choice, Placement) else Placement(*choice)
+                if place.wait_s is not None:  # the spot policy waits for capacity: stays queued
+                    self._wait_for_spot(session, job, now, place.wait_s)
+                    continue
+                market, price = place.market, place.usd_per_h
                 try:
-                    request = self._request(job, job.attempts + 1, market)
+                    request = self._request(job, job.attempts + 1, market, place.zone, place.mttp_h)
                     reason = self.executor.feasibility(request)
                 except (GpuplanError, ValueError) as exc:  # a stored spec/plan that no longer validates
                     reason = f"cannot build the run request: {exc}"
@@ -336,9 +343,9 @@ class Scheduler:
                 attempt = Attempt(job_id=job.id, number=job.attempts, market=market, usd_per_h=price,
                                   started_at=now, last_seen_at=now)
                 session.add(attempt)
-                job.market, job.usd_per_h, job.next_run_at = market, price, None
-                transition(session, job, JobState.RUNNING, now,
-                           f"attempt {attempt.number} on {market} at ${price:,.2f}/h")
+                job.market, job.usd_per_h, job.next_run_at = Market(market), price, None
+                transition(session, job, JobState.RUNNING, now, f"attempt {attempt.number} on {market}"
+                           + (f" in {place.zone}" if place.zone else "") + f" at ${price:,.2f}/h")
                 claimed.append((job, attempt, request))
             session.flush()
         for job, attempt, request in claimed:
@@ -366,12 +373,26 @@ class Scheduler:
             logbook.append(session, job_id, [logbook.note_line(now, reason)])
 
     @staticmethod
-    def _request(job: Job, number: int, market: Market) -> RunRequest:
+    def _wait_for_spot(session: Session, job: Job, now: datetime, wait_s: float) -> None:
+        """Leave a claimed job queued until ``now + wait_s`` (no spot capacity, and its deadline
+        can afford the wait); the reason goes to its message and, when it changes, its log."""
+        job.next_run_at = now + timedelta(seconds=wait_s)
+        reason = "waiting for spot capacity (the deadline leaves room to wait)"
+        if job.message != reason:
+            job.message = reason
+            logbook.append(session, job.id, [logbook.note_line(now, reason)])
+        session.add(job)
+
+    @staticmethod
+    def _request(job: Job, number: int, market: str, zone: str | None = None,
+                 mttp_h: float | None = None) -> RunRequest:
         return RunRequest(
             job_id=job.id, attempt=number, spec=spec_from_dict(job.spec),
             strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),
             checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=market,
-            mean_time_to_preemption_h=planned_mttp_h(job.plan) if market == "spot" else None,
+            # the policy's zone when it placed the attempt, else the zone the plan priced
+            zone=zone or (job.plan["chosen"].get("offer") or {}).get("zone"),
+            mean_time_to_preemption_h=(mttp_h or planned_mttp_h(job.plan)) if market == "spot" else None,
         )
 
     def _launch(self, job: Job, attempt: Attempt, request: RunRequest, report: TickReport) -> None:

@@ -1,16 +1,18 @@
-"""Spot vs on-demand under a deadline: which market a job should be on right now.
+"""Spot vs on-demand under a deadline: which market (and zone) a job should be on right now.
 
-Pure functions, no I/O, no clock: the caller says where the job stands and whether spot capacity is
-available; the policy answers SPOT, ON_DEMAND or WAIT. The scheduler loop calls :func:`decide` for
-one job; the simulator calls :func:`decide_arrays` for a thousand jobs at once. Both run the same
-rule (``decide`` is a one-element call of ``decide_arrays``), so what the simulator measures is what
-the server does.
+Pure functions, no I/O, no clock: the caller says where the job stands and what it has seen of the
+zones' spot capacity; the policy answers SPOT, ON_DEMAND or WAIT (and, with several zones, which
+zone). The scheduler loop calls :func:`decide` for one job; the simulator calls
+:func:`decide_arrays` for a thousand jobs at once. Both run the same rule (``decide`` is a
+one-element call of ``decide_arrays``), so what the simulator measures is what the server does.
 
 API (stable)::
 
     progress = JobProgress(work_done_h=10, work_total_h=48, now_h=12, deadline_h=70, restart_h=0.2,
                            current="spot", start_h=0.0, uncommitted_h=0.0)
     decide("gpuplan", progress, spot_available=True, tick_h=195/3600) -> Decision.SPOT
+    rates = ZoneSeen(watched_h=30, up_h=24, preemptions=3).rates()   # online estimates, with a prior
+    decide("gpuplan", progress, True, rates=rates, prices=PriceRatio(3.06, 0.92))
     choose_zone(available=[False, True, True], current_zone=None, run_length_h=[0, 3.0, 9.5]) -> 2
     young_daly_interval(checkpoint_cost_h=0.05, mtbf_h=6.0) -> hours of work between checkpoints
     mean_time_to_preemption(availability, gap_h) -> observed mean length of a spot run, in hours
@@ -18,16 +20,40 @@ API (stable)::
 Policies (``POLICIES``): ``on-demand``, ``spot-only``, ``greedy`` (spot while available, idle
 while not, on-demand for good once the slack is gone), ``uniform-progress`` (Can't Be Late, Wu et
 al., NSDI'24: keep progress on or above the straight line from start to deadline; on-demand when
-behind; back to spot only when ahead by a hysteresis margin) and ``gpuplan`` (the default; see
-:class:`PolicyParams`).
+behind; back to spot only when ahead by a hysteresis margin) and ``gpuplan`` (the default; below).
 
 Every deadline-aware policy shares one safety net. Let ``slack`` be the time left to the deadline
 minus the work left. Not being on on-demand for the next tick is safe only if, after the worst
-case (no progress this tick, the uncommitted work lost to a preemption), on-demand can still finish:
-``slack >= restart + tick + uncommitted``. When that fails the job goes on-demand and, because
-on-demand does not burn slack, it stays feasible. Leaving on-demand for spot pays one more
-changeover, so it needs ``restart`` more slack on top. Hence: any job whose initial slack is at
-least ``restart`` meets its deadline under these policies, whatever the spot trace does.
+case (no progress this tick, the work at risk lost to a preemption), on-demand can still finish:
+``slack >= restart + tick + at_risk (+ the checkpoint write a voluntary changeover waits for)``.
+When that fails the job goes on-demand and, because on-demand does not burn slack, it stays
+feasible. Leaving on-demand for spot pays one more changeover, so it needs ``restart`` more slack on
+top. Hence: any job whose initial slack covers one changeover meets its deadline under these
+policies, whatever the spot trace does.
+
+``gpuplan`` has no knob fitted to traces. It prices slack with what it has seen of the zone, in
+spot dollars (``ratio`` = on-demand $/h over spot $/h; ``c`` = a changeover: restart + the checkpoint
+it waits for; ``loss`` = the work a preemption loses):
+
+- **Alternating pays?** Once the slack is short a job can still use spot by alternating: spot while
+  capacity lasts, on-demand through each outage. A return to spot for a run of the zone's mean length
+  ``R`` saves ``(ratio - 1) R`` and costs two changeovers of on-demand time plus the lost work, and
+  burns that much slack, worth ``ratio - 1`` an hour when slack is short. Where that does not pay
+  (runs too short for the restart) the job never alternates: it waits, as greedy does.
+- **Reserve (hedging on the slack that remains).** Where alternating pays, the reserve is the slack
+  it needs for the work left: ``(n + z sqrt(n)) (2c + loss)`` with ``n = work left / mean run`` (the
+  expected preemptions; ``z sqrt(n)`` hedges their Poisson spread at the planner's 90% deadline
+  confidence). Above the reserve the job waits out outages (waiting is free).
+- **Below the reserve, ski rental.** The job bridges an outage on on-demand only once waiting (which
+  burns slack worth ``ratio - 1`` an hour) has cost what the bridge costs (a changeover billed on
+  on-demand, one back on spot, and their slack): never worse than twice the better choice in
+  hindsight, whatever the outage lengths; short outages are waited out. A bridge lasts until
+  capacity returns (leaving mid-outage would only buy the same bridge again).
+- **Return to spot** from on-demand when the expected run pays for its two changeovers (and, when
+  the slack is short, for the slack they burn).
+- **Rates online**: ``mean run = (hours up + prior) / (preemptions + 1)``, counted from what the
+  caller has watched (:class:`ZoneSeen`); the prior is one preemption per ``1 / spot_hazard`` hours
+  (planner/calibration.py's AWS hazard), so a zone never seen starts at the planner's estimate.
 
 A job without a deadline (``deadline_h=None``) takes the cheapest expected cost: spot when
 available, otherwise wait for it.
@@ -39,6 +65,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -58,6 +85,12 @@ Current = Literal["spot", "on-demand", "none"]
 _CURRENT_CODE: dict[str, int] = {"none": NONE, "spot": SPOT, "on-demand": ON_DEMAND}
 
 POLICIES: tuple[str, ...] = ("gpuplan", "uniform-progress", "greedy", "spot-only", "on-demand")
+
+# Prior for a zone never watched: planner/calibration.py CostCalibration.spot_hazard_per_h["aws"]
+# (0.08 preemptions per instance-hour), counted as one observed preemption.
+PRIOR_MEAN_RUN_H = 1.0 / 0.08
+# The planner's deadline confidence (CostCalibration.deadline_confidence = 0.9) as a normal quantile.
+HEDGE_Z = NormalDist().inv_cdf(0.9)
 
 
 class Decision(enum.StrEnum):
@@ -80,39 +113,88 @@ class JobProgress:
     restart_h: float  # delay of every (re)start or changeover before work resumes
     current: Current  # the market the job holds now ("none" after a preemption or while waiting)
     start_h: float = 0.0  # when the job was submitted (origin of the uniform-progress line)
-    uncommitted_h: float = 0.0  # work since the last checkpoint: lost if spot is preempted
+    uncommitted_h: float = 0.0  # work a preemption now would lose (after any just-in-time checkpoint)
+
+
+@dataclass(frozen=True)
+class ZoneRates:
+    """What the policy believes about one zone's spot capacity (hours)."""
+
+    mean_run_h: float = PRIOR_MEAN_RUN_H  # mean length of a run of capacity before a preemption
+    outage_age_h: float = 0.0  # how long the current outage (no capacity anywhere) has lasted
+    loss_h: float = 0.0  # work a preemption loses on average (0: just-in-time checkpoint on the notice)
+    switch_h: float = 0.0  # time a voluntary changeover waits for its checkpoint to be durable
+
+
+@dataclass(frozen=True)
+class ZoneSeen:
+    """Counts of what the caller watched of one zone: a pure summary, updated with :meth:`step`."""
+
+    watched_h: float = 0.0
+    up_h: float = 0.0
+    preemptions: int = 0
+    run_h: float = 0.0  # age of the current run of capacity (0: none now)
+    available: bool = False
+    outage_age_h: float = 0.0  # age of the current outage (0: capacity now)
+
+    def step(self, available: bool, dt_h: float) -> ZoneSeen:
+        """The counts after watching ``dt_h`` more hours whose capacity was ``available``."""
+        ended = self.available and not available
+        return ZoneSeen(
+            watched_h=self.watched_h + dt_h,
+            up_h=self.up_h + (dt_h if available else 0.0),
+            preemptions=self.preemptions + int(ended),
+            run_h=self.run_h + dt_h if available else 0.0,
+            available=available,
+            outage_age_h=0.0 if available else self.outage_age_h + dt_h,
+        )
+
+    def rates(self, loss_h: float = 0.0, switch_h: float = 0.0,
+              prior_mean_run_h: float = PRIOR_MEAN_RUN_H) -> ZoneRates:
+        mean = float(mean_run_estimate(self.up_h, self.preemptions, prior_mean_run_h))
+        return ZoneRates(mean_run_h=mean, outage_age_h=self.outage_age_h, loss_h=loss_h, switch_h=switch_h)
+
+
+def mean_run_estimate(up_h: float | FloatArray, preemptions: float | FloatArray,
+                      prior_mean_run_h: float = PRIOR_MEAN_RUN_H) -> FloatArray:
+    """Online mean run: (hours up + prior) / (preemptions + 1); the prior counts as one preemption
+    after ``prior_mean_run_h`` hours, so an unwatched zone starts at the planner's hazard."""
+    return np.asarray((np.asarray(up_h) + prior_mean_run_h) / (np.asarray(preemptions) + 1.0), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class PriceRatio:
+    """On-demand and spot $/h (only their ratio matters to the policy)."""
+
+    on_demand: float = 3.06
+    spot: float = 0.92
+
+
+DEFAULT_RATES = ZoneRates()
+DEFAULT_PRICES = PriceRatio()
 
 
 @dataclass(frozen=True)
 class PolicyParams:
-    """Knobs of the ``gpuplan`` policy (tuned on part of the traces; see docs/SPOT.md).
+    """Knobs of the reserve rule that ``greedy`` and ``uniform-progress`` are special cases of.
 
     reserve_fraction: share of the initial slack kept in reserve, shrinking linearly to 0 at the
-        deadline. While spot is unavailable the job idles only while its slack stays above the reserve
-        (0 = greedy's "idle until the slack is gone", 1 = uniform progress).
-    return_margin_h: extra slack, beyond the two changeovers it costs, that on-demand must have
-        before the job goes back to spot (inf = never go back, like greedy).
-    min_return_work_h: go back from on-demand to spot only if at least this much work is left.
-    safety_margin_h: added to the safety net's threshold.
-    reserve_cap_h: the reserve never exceeds this many hours (long slacks need no more than a few
-        changeovers' worth).
-    return_restarts: extra slack, in restart delays, before going back to spot (a return that a
-        preemption soon undoes costs two changeovers).
-    return_min_run_h: go back from on-demand only to spot capacity that has already lasted this long
-        (runs of availability are heavy-tailed: a run that just started is the likeliest to end soon).
+        deadline (0 = greedy's "idle until the slack is gone", 1 = uniform progress).
+    reserve_cap_h: the reserve never exceeds this many hours.
+    return_restarts: extra slack, in restart delays, before going back from on-demand to spot
+        (inf = never go back, like greedy).
+    hedge_z: ``gpuplan``'s hedge on the spread of the preemption count (normal quantile).
     """
 
-    reserve_fraction: float = 0.5
-    return_margin_h: float = 0.0
-    min_return_work_h: float = 0.0
-    safety_margin_h: float = 0.0
-    reserve_cap_h: float = 4.0
-    return_restarts: float = 0.0
-    return_min_run_h: float = 0.0
+    reserve_fraction: float = 0.0
+    reserve_cap_h: float = math.inf
+    return_restarts: float = math.inf
+    hedge_z: float = HEDGE_Z
 
 
 DEFAULT_PARAMS = PolicyParams()
-GREEDY_PARAMS = PolicyParams(reserve_fraction=0.0, return_margin_h=math.inf, min_return_work_h=math.inf)
+GREEDY_PARAMS = PolicyParams(reserve_fraction=0.0, return_restarts=math.inf)
+UNIFORM_PARAMS = PolicyParams(reserve_fraction=1.0, reserve_cap_h=math.inf, return_restarts=2.0)
 
 
 def check_policy(name: str) -> str:
@@ -135,13 +217,19 @@ def decide_arrays(
     uncommitted_h: FloatArray | float = 0.0,
     tick_h: float = 0.0,
     params: PolicyParams = DEFAULT_PARAMS,
-    spot_run_h: FloatArray | float = math.inf,
+    mean_run_h: FloatArray | float = PRIOR_MEAN_RUN_H,
+    outage_age_h: FloatArray | float = math.inf,
+    loss_h: FloatArray | float = 0.0,
+    switch_h: FloatArray | float = 0.0,
+    price_ratio: float = DEFAULT_PRICES.on_demand / DEFAULT_PRICES.spot,
 ) -> IntArray:
     """Vectorised :func:`decide`: one decision code (WAIT/SPOT/ON_DEMAND) per job.
 
     ``deadline_h`` may hold ``inf`` for jobs without a deadline. ``current`` holds NONE/SPOT/ON_DEMAND
-    codes; a job whose spot instance was just preempted must be passed as NONE. ``spot_run_h``: how
-    long the spot capacity on offer has been available without a break (inf: unknown).
+    codes; a job whose spot instance was just preempted must be passed as NONE. ``mean_run_h``,
+    ``outage_age_h`` (inf: unknown), ``loss_h``, ``switch_h``: the zone's
+    :class:`ZoneRates` (per job or one for all);
+    ``price_ratio``: on-demand $/h over spot $/h.
     """
     check_policy(policy)
     n = work_done_h.shape[0]
@@ -153,37 +241,61 @@ def decide_arrays(
 
     has_deadline = np.isfinite(deadline_h)
     time_left = np.where(has_deadline, deadline_h - now_h, 0.0)
-    slack = time_left - (work_total_h - work_done_h)
-    need = restart_h + tick_h + uncommitted_h
-    if policy == "greedy":
-        p = GREEDY_PARAMS
-    elif policy == "uniform-progress":
-        # Can't Be Late: the reserve is the whole uniform-progress line; hysteresis of 2 restarts.
-        p = PolicyParams(reserve_fraction=1.0, return_margin_h=0.0, min_return_work_h=0.0, reserve_cap_h=math.inf)
-    else:
-        p = params
-    need = need + p.safety_margin_h
-    span = np.where(has_deadline, deadline_h - start_h, 1.0)
-    initial_slack = np.maximum(span - work_total_h, 0.0)
-    frac_left = np.clip(time_left / np.maximum(span, 1e-12), 0.0, 1.0)
-    reserve = need + np.minimum(p.reserve_fraction * initial_slack, p.reserve_cap_h) * frac_left
-
+    work_left = work_total_h - work_done_h
+    slack = time_left - work_left
     on_od = current == ON_DEMAND
+    # Safety net: a voluntary changeover to on-demand waits for its checkpoint (switch_h).
+    need = restart_h + tick_h + uncommitted_h + np.where(on_od, 0.0, switch_h)
     safe = slack >= need
-    if policy == "uniform-progress":
-        # Return to spot only when ahead of the line by a hysteresis of two changeovers.
-        may_return = slack >= reserve + 2.0 * restart_h
+    # Leaving on-demand pays one more changeover (and its checkpoint) on top.
+    may_leave = slack >= need + restart_h + switch_h
+
+    if policy == "gpuplan":
+        runs = np.maximum(np.asarray(mean_run_h, dtype=np.float64), 1e-9)
+        change = np.asarray(restart_h) + np.asarray(switch_h)
+        loss = np.asarray(loss_h)
+        # Returning to spot for a run of R hours instead of staying on on-demand for the same work
+        # (in spot-$): saves (ratio - 1) R, pays two changeovers of on-demand time (the one now
+        # delays the work, the one back when the run ends) and the work the preemption loses, and
+        # burns that much slack, worth (ratio - 1) an hour once slack is short (an hour of slack
+        # less is an hour more on on-demand at the end).
+        cycle_h = 2.0 * change + loss
+        run_gain = (price_ratio - 1.0) * np.minimum(runs, work_left)
+        pays_short = run_gain > cycle_h * (2.0 * price_ratio - 1.0)
+        # Reserve: the slack that alternating (spot while capacity lasts, on-demand through each
+        # outage) needs for the work left, if alternating pays at all in this zone; n = expected
+        # preemptions, hedged by z sqrt(n). Where it does not pay, the reserve is the safety net.
+        expected = work_left / runs
+        cycles = expected + params.hedge_z * np.sqrt(expected)
+        reserve = need + np.where(pays_short, cycles * cycle_h, 0.0)
+        short = slack < reserve + 2.0 * change
+        may_return = may_leave & np.where(short, pays_short, run_gain > cycle_h * price_ratio)
+        # Below the reserve, bridge an outage on on-demand only once waiting has cost what the
+        # bridge costs (ski rental: never worse than twice the better choice in hindsight, whatever
+        # the outage lengths). A bridge bills a changeover on on-demand and one back on spot and
+        # burns 2 changeovers (+ lost work) of slack; waiting burns (ratio - 1) of slack an hour.
+        bridge_price = change * (1.0 + price_ratio) + cycle_h * (price_ratio - 1.0)
+        bridge = np.asarray(outage_age_h) * (price_ratio - 1.0) >= bridge_price
     else:
-        may_return = (
-            (slack >= need + (1.0 + p.return_restarts) * restart_h + p.return_margin_h)
-            & (work_total_h - work_done_h >= p.min_return_work_h)
-            & (spot_run_h >= p.return_min_run_h)
-        )
-    # With spot available: take it, unless on on-demand without room to come back.
+        p = GREEDY_PARAMS if policy == "greedy" else UNIFORM_PARAMS
+        span = np.where(has_deadline, deadline_h - start_h, 1.0)
+        initial_slack = np.maximum(span - work_total_h, 0.0)
+        frac_left = np.clip(time_left / np.maximum(span, 1e-12), 0.0, 1.0)
+        reserve = need + np.minimum(p.reserve_fraction * initial_slack, p.reserve_cap_h) * frac_left
+        if policy == "uniform-progress":
+            # Return to spot only when ahead of the line by a hysteresis of two changeovers.
+            may_return = slack >= reserve + p.return_restarts * np.asarray(restart_h)
+        else:
+            may_return = np.zeros(n, dtype=bool)
+    # With spot available: take it, unless on on-demand without room (or reason) to come back.
     with_spot = np.where(on_od & ~may_return, ON_DEMAND, SPOT)
     # Without spot: wait while above the reserve line; on-demand stays put a changeover longer.
     keep_reserve = reserve + np.where(on_od, restart_h, 0.0)
     without_spot = np.where(slack >= keep_reserve, WAIT, ON_DEMAND)
+    if policy == "gpuplan":
+        # A bridge lasts until capacity returns: leaving on-demand mid-outage would only buy the same
+        # bridge again (the outage is as old as ever) and pay another changeover.
+        without_spot = np.where(on_od, ON_DEMAND, np.where(bridge, without_spot, WAIT))
     if policy == "greedy":
         without_spot = np.where(on_od, ON_DEMAND, without_spot)
     deadline_rule = np.where(~safe, ON_DEMAND, np.where(spot_available, with_spot, without_spot))
@@ -197,14 +309,17 @@ def decide(
     *,
     tick_h: float = 0.0,
     params: PolicyParams = DEFAULT_PARAMS,
-    spot_run_h: float = math.inf,
+    rates: ZoneRates = DEFAULT_RATES,
+    prices: PriceRatio = DEFAULT_PRICES,
 ) -> Decision:
-    """What one job should do now. ``tick_h``: how long until the caller asks again; ``spot_run_h``:
-    how long the offered spot capacity has lasted so far (inf if unknown)."""
+    """What one job should do now. ``tick_h``: how long until the caller asks again; ``rates``:
+    what the caller has seen of the zone (:meth:`ZoneSeen.rates`); ``prices``: on-demand and spot $/h."""
     if progress.current not in _CURRENT_CODE:
         raise InvalidInput(f"current market {progress.current!r} is not one of spot, on-demand, none")
     if progress.work_total_h <= 0 or progress.restart_h < 0:
         raise InvalidInput("work_total_h must be > 0 and restart_h >= 0")
+    if not (prices.on_demand > 0 and prices.spot > 0):
+        raise InvalidInput("prices must be positive $/h")
 
     def one(x: float) -> FloatArray:
         return np.array([x], dtype=np.float64)
@@ -222,22 +337,30 @@ def decide(
         uncommitted_h=progress.uncommitted_h,
         tick_h=tick_h,
         params=params,
-        spot_run_h=spot_run_h,
+        mean_run_h=rates.mean_run_h,
+        outage_age_h=rates.outage_age_h,
+        loss_h=rates.loss_h,
+        switch_h=rates.switch_h,
+        price_ratio=prices.on_demand / prices.spot,
     )
     return _DECISION_BY_CODE[int(code[0])]
 
 
 def choose_zone(
-    available: Sequence[bool], current_zone: int | None, run_length_h: Sequence[float]
+    available: Sequence[bool], current_zone: int | None, run_length_h: Sequence[float],
+    mean_run_h: Sequence[float] | None = None,
 ) -> int | None:
     """Which zone to run spot in: stay where we are if it still has capacity (a move costs a
-    changeover); otherwise the available zone whose capacity has lasted longest so far (runs of spot
-    availability are heavy-tailed, so an old run is likelier to last). None if no zone has capacity."""
+    changeover); otherwise the available zone with the longest observed mean run of capacity
+    (``mean_run_h``, online estimates), ties broken by how long its current run has lasted (runs of
+    spot availability are heavy-tailed, so an old run is likelier to last). None if no zone has
+    capacity."""
     if current_zone is not None and 0 <= current_zone < len(available) and available[current_zone]:
         return current_zone
+    means = list(mean_run_h) if mean_run_h is not None else [0.0] * len(available)
     best: int | None = None
     for zone, ok in enumerate(available):
-        if ok and (best is None or run_length_h[zone] > run_length_h[best]):
+        if ok and (best is None or (means[zone], run_length_h[zone]) > (means[best], run_length_h[best])):
             best = zone
     return best
 

@@ -117,6 +117,10 @@ class SchedulerService:
     def authenticate(self, token: str | None) -> Principal:
         return self.auth.authenticate(token)
 
+    def authenticate_hash(self, digest: str) -> Principal:
+        """Who holds the token whose sha256 is ``digest`` (a web session keeps the digest, never the token)."""
+        return self.auth.authenticate_hash(digest)
+
     def team_principal(self, name: str, *, create: bool = False) -> Principal:
         return self.teams.team_principal(name, create=create)
 

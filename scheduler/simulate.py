@@ -35,13 +35,13 @@ from scheduler.policy import (
     NONE,
     ON_DEMAND,
     POLICIES,
+    PRIOR_MEAN_RUN_H,
     SPOT,
     WAIT,
     PolicyParams,
     check_policy,
     decide_arrays,
-    mean_time_to_preemption,
-    young_daly_interval,
+    mean_run_estimate,
 )
 from scheduler.traces import Zones
 
@@ -145,28 +145,84 @@ class Outcome:
 
 @dataclass(frozen=True)
 class SimOptions:
+    """How checkpoints and changeovers cost (hours), and what the policy may know.
+
+    checkpoint_cost_h: what the training loop stops for at each periodic checkpoint (the snapshot;
+        0: free continuous checkpoints, nothing is ever lost). Checkpoints come every Young/Daly
+        interval from the zone's mean time to preemption (``mttp_h``; None: estimated online).
+    checkpoint_write_h: time until a checkpoint is durable. A voluntary changeover waits for it (the
+        old instance is billed meanwhile; the new one boots in parallel).
+    notice_h: preemption notice (AWS 2 min, GCP 30 s; 0: none). When it covers the snapshot and the
+        write, the job checkpoints just in time and loses at most the notice window; otherwise it
+        loses the work since its last periodic checkpoint.
+    move_h: checkpoint transfer when the job starts in another zone than the one its checkpoint is in.
+    prior_mean_run_h: the policy's prior mean run of capacity for a zone it has not watched yet.
+    """
+
     checkpoint_cost_h: float = 0.0
     params: PolicyParams = field(default_factory=lambda: DEFAULT_PARAMS)
-    mttp_h: tuple[float, ...] | None = None  # per zone; None: observed on the trace itself
+    mttp_h: tuple[float, ...] | None = None  # per zone; None: estimated online from the trace so far
     timeline: bool = False
+    checkpoint_write_h: float = 0.0
+    notice_h: float = 0.0
+    move_h: float = 0.0
+    prior_mean_run_h: float = PRIOR_MEAN_RUN_H
+
+    @property
+    def just_in_time(self) -> bool:
+        return self.notice_h > 0 and self.notice_h >= self.checkpoint_cost_h + self.checkpoint_write_h
+
+    @staticmethod
+    def measured(state_gb: float = 14.8, write_gbps: float | None = None, snapshot_gbps: float | None = None,
+                 notice_s: float = 120.0, transfer_gbps: float | None = None) -> SimOptions:
+        """Honest costs from the checkpoint issue's measured speeds (planner/calibration.py
+        CostCalibration: ``checkpoint_write_gbps``, ``checkpoint_snapshot_gbps``, ``min_checkpoint_h``;
+        docs/PERFORMANCE.md: 14.8 GB of state durable in ~3.3 s, the loop stalls 0.29 s). A zone move
+        copies the checkpoint at ``transfer_gbps`` (default: the write speed)."""
+        from planner.calibration import CostCalibration
+
+        cal = CostCalibration()
+        write = write_gbps or cal.checkpoint_write_gbps
+        snap = snapshot_gbps or cal.checkpoint_snapshot_gbps
+        return SimOptions(
+            checkpoint_cost_h=state_gb / snap / 3600.0 + cal.min_checkpoint_h,
+            checkpoint_write_h=state_gb / write / 3600.0,
+            notice_h=notice_s / 3600.0,
+            move_h=state_gb / (transfer_gbps or write) / 3600.0,
+        )
 
 
 def _spot_prices(zones: Zones, prices: Prices) -> FloatArray:
     return np.where(np.isnan(zones.prices), prices.spot, zones.prices)
 
 
-def _checkpoint_plan(zones: Zones, opts: SimOptions) -> tuple[FloatArray, FloatArray]:
-    """Per zone: Young/Daly interval (hours of work) and the spot work rate it leaves."""
-    c = opts.checkpoint_cost_h
-    if c < 0:
-        raise InvalidInput("checkpoint cost must be >= 0 hours")
-    mttp = opts.mttp_h or tuple(mean_time_to_preemption(row, zones.gap_h) for row in zones.available)
-    if len(mttp) != len(zones.names):
+def young_daly_array(c: float, mtbf: FloatArray) -> FloatArray:
+    """:func:`scheduler.policy.young_daly_interval` over an array of mean times between failures."""
+    if c <= 0:
+        return np.zeros_like(mtbf)
+    m = np.maximum(mtbf, 1e-12)
+    ratio = np.minimum(c / (2 * m), 1.0)
+    tau = np.sqrt(2 * c * m) * (1 + np.sqrt(ratio) / 3 + ratio / 9) - c
+    return np.where(np.isinf(mtbf), np.inf, np.where(c >= 2 * m, m, tau))
+
+
+def online_mean_run(zones: Zones, prior_mean_run_h: float) -> FloatArray:
+    """Per zone and tick: the mean run of capacity the policy estimates from ticks before this one
+    (:func:`scheduler.policy.mean_run_estimate`), never from the future."""
+    av = zones.available
+    up = np.concatenate([np.zeros((av.shape[0], 1)), np.cumsum(av, axis=1)[:, :-1]], axis=1) * zones.gap_h
+    ends = np.zeros(av.shape)
+    ends[:, 1:] = np.cumsum(av[:, :-1] & ~av[:, 1:], axis=1)
+    return mean_run_estimate(up, ends, prior_mean_run_h)
+
+
+def _mean_runs(zones: Zones, opts: SimOptions) -> FloatArray:
+    """(zones, ticks) mean time to preemption the policy and the checkpoint interval use."""
+    if opts.mttp_h is None:
+        return online_mean_run(zones, opts.prior_mean_run_h)
+    if len(opts.mttp_h) != len(zones.names):
         raise InvalidInput(f"give one mean time to preemption per zone ({len(zones.names)})")
-    tau = np.array([young_daly_interval(c, m) for m in mttp])
-    finite = (tau > 0) & np.isfinite(tau)
-    rate = np.where(finite, np.where(finite, tau, 1.0) / (np.where(finite, tau, 1.0) + c), 1.0)
-    return tau, rate
+    return np.broadcast_to(np.asarray(opts.mttp_h, dtype=np.float64)[:, None], zones.available.shape)
 
 
 def run_lengths(available: npt.NDArray[np.bool_]) -> FloatArray:
@@ -181,21 +237,38 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
     """Simulate ``policy`` for every job at once until each finishes or the trace ends.
 
     Jobs advance in lock-step on their own clocks (step k = tick ``start + k`` of job i), so a thousand
-    jobs spread over 45 days cost one pass over the longest job, not over the whole trace.
+    jobs spread over 45 days cost one pass over the longest job, not over the whole trace. With
+    several zones a job on spot stays in its zone while it has capacity; when it (re)starts on spot it
+    takes the available zone with the longest estimated mean run (:func:`scheduler.policy.choose_zone`).
     """
     check_policy(policy)
     opts = opts or SimOptions()
+    c = opts.checkpoint_cost_h
+    if min(c, opts.checkpoint_write_h, opts.notice_h, opts.move_h) < 0:
+        raise InvalidInput("checkpoint, write, notice and move hours must be >= 0")
     n, gap = len(jobs), zones.gap_h
     spot_price = _spot_prices(zones, prices)
-    tau, rate_by_zone = _checkpoint_plan(zones, opts)
     if np.any(jobs.start_tick >= zones.ticks):
         raise InvalidInput(f"a job arrives after the trace ends ({zones.hours:.1f} h); use an earlier start hour")
     runs = run_lengths(zones.available)
+    mean_run = _mean_runs(zones, opts)
+    # Age of the outage of spot capacity in every zone (what a job without spot waits through).
+    down_all = np.asarray(~zones.available.any(axis=0), dtype=bool)
+    # (the tick that shows an outage starts it: it has lasted 0 h when first seen)
+    all_down = np.maximum(run_lengths(down_all[None, :])[0] - 1.0, 0.0) * gap
+    tau_all = young_daly_array(c, mean_run)  # hours of spot work between periodic checkpoints
+    jit = opts.just_in_time
+    write, move = opts.checkpoint_write_h, opts.move_h
+    # Work a preemption loses on average: half an interval, at most the notice window with JIT.
+    half = np.where(np.isfinite(tau_all), tau_all / 2, 0.0)
+    loss_all = np.minimum(half, opts.notice_h) if jit else half
     n_zones = zones.available.shape[0]
     rows = np.arange(n)
+    ratio = prices.on_demand / float(np.nanmedian(spot_price))
 
     market = np.zeros(n, dtype=np.int8)
     zone = np.zeros(n, dtype=np.int64)
+    ckpt_zone = np.full(n, -1, dtype=np.int64)  # where the job's checkpoint is (-1: nowhere yet)
     done = np.zeros(n)
     unc = np.zeros(n)
     restart_left = np.zeros(n)
@@ -230,13 +303,22 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
         # Preemption: capacity gone in the zone the job holds.
         pre = active & (market == SPOT) & ~here
         if pre.any():
-            lost += np.where(pre, unc, 0.0)
-            done -= np.where(pre, unc, 0.0)
+            at_risk = np.minimum(unc, opts.notice_h) if jit else unc
+            lost += np.where(pre, at_risk, 0.0)
+            done -= np.where(pre, at_risk, 0.0)
             unc[pre] = 0.0
             market[pre] = NONE
             restart_left[pre] = 0.0
             preempt += pre
         spot_any: npt.NDArray[np.bool_] = np.asarray(av.any(axis=1), dtype=bool)
+        means = mean_run[:, tt].T  # (jobs, zones)
+        if n_zones > 1:
+            # The zone a (re)start on spot would take: longest estimated mean run, then oldest run.
+            score = np.where(av, means * 1e6 + runs[:, tt].T, -1.0)
+            best_zone = np.argmax(score, axis=1)
+            target = np.where((market == SPOT) & here, zone, np.where(spot_any, best_zone, np.argmax(means, axis=1)))
+        else:
+            best_zone = target = zone
         now = k * gap
         dec = decide_arrays(
             policy,
@@ -245,44 +327,58 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
             now_h=now,
             deadline_h=jobs.deadline_h,
             start_h=start_h,
-            restart_h=jobs.restart_h,
+            restart_h=jobs.restart_h + np.where(ckpt_zone >= 0, move * (target != ckpt_zone), 0.0),
             current=market,
             spot_available=spot_any,
-            uncommitted_h=unc,
+            uncommitted_h=np.minimum(unc, opts.notice_h) if jit else unc,
             tick_h=gap,
             params=opts.params,
-            spot_run_h=np.maximum(runs[:, tt].max(axis=0) - 1.0, 0.0) * gap,
+            mean_run_h=means[rows, target],
+            outage_age_h=all_down[tt],
+            loss_h=loss_all[target, tt],
+            switch_h=write,
+            price_ratio=ratio,
         )
         dec = np.where(active, dec, market).astype(np.int8)
-        if n_zones > 1:
-            best_zone = np.argmax(runs[:, tt], axis=0)
-            new_zone = np.where((dec == SPOT) & ~((market == SPOT) & here), best_zone, zone)
-        else:
-            new_zone = zone
+        new_zone = np.where((dec == SPOT) & ~((market == SPOT) & here), best_zone, zone) if n_zones > 1 else zone
         switch = active & ((dec != market) | (new_zone != zone))
         if switch.any():
-            unc[switch] = 0.0  # a voluntary changeover checkpoints on the way out
-            restart_left = np.where(switch, np.where(dec != WAIT, jobs.restart_h, 0.0), restart_left)
+            # A voluntary changeover checkpoints on the way out: the old instance is billed until the
+            # checkpoint is durable; the new one boots meanwhile. A spot start in another zone than the
+            # checkpoint's copies it there first.
+            leaving = switch & (market != NONE)
+            old_price = np.where(market == SPOT, spot_price[zone, tt], prices.on_demand)
+            cost += np.where(leaving, old_price * write, 0.0)
+            spot_h += np.where(leaving & (market == SPOT), write, 0.0)
+            od_h += np.where(leaving & (market == ON_DEMAND), write, 0.0)
+            ckpt_zone = np.where(leaving, np.where(market == SPOT, zone, ckpt_zone), ckpt_zone)
+            unc[switch] = 0.0
+            moved = (dec == SPOT) & (ckpt_zone >= 0) & (new_zone != ckpt_zone)
+            delay = np.maximum(jobs.restart_h, np.where(leaving, write, 0.0)) + np.where(moved, move, 0.0)
+            restart_left = np.where(switch, np.where(dec != WAIT, delay, 0.0), restart_left)
             market = dec
             zone = new_zone
+            ckpt_zone = np.where(switch & (dec == SPOT), zone, ckpt_zone)
+        ckpt_zone = np.where((market == ON_DEMAND) & (ckpt_zone < 0), zone, ckpt_zone)
         running = active & (market != NONE)
         if running.any():
             on_spot = market == SPOT
             price = np.where(on_spot, spot_price[zone, tt], prices.on_demand)
             r_used = np.where(running, np.minimum(restart_left, gap), 0.0)
             restart_left -= r_used
-            rate = np.where(on_spot, rate_by_zone[zone], 1.0)
+            tau_z = tau_all[zone, tt]
+            periodic = on_spot & (tau_z > 0) & np.isfinite(tau_z)
+            rate = np.where(periodic, np.where(periodic, tau_z, 1.0) / (np.where(periodic, tau_z, 1.0) + c), 1.0)
             gain = np.where(running, np.minimum((gap - r_used) * rate, jobs.work_h - done), 0.0)
             used = r_used + gain / rate
             cost += price * used
             spot_h += np.where(on_spot, used, 0.0)
             od_h += np.where(market == ON_DEMAND, used, 0.0)
             done += gain
-            tau_z = tau[zone]
-            if opts.checkpoint_cost_h > 0:
-                unc = np.where(on_spot & (tau_z > 0), unc + gain, 0.0)
-                safe_tau = np.where((tau_z > 0) & np.isfinite(tau_z), tau_z, 1.0)
-                unc = np.where((unc >= tau_z) & (tau_z > 0), np.fmod(unc, safe_tau), unc)
+            if c > 0:
+                safe_tau = np.where(periodic, tau_z, 1.0)
+                unc = np.where(periodic, unc + gain, 0.0)
+                unc = np.where(periodic & (unc >= safe_tau), np.fmod(unc, safe_tau), unc)
             now_done = running & (done >= jobs.work_h - _EPS)
             if now_done.any():
                 finish = np.where(now_done, now + used, finish)

@@ -1,170 +1,408 @@
-"""Ray cluster-launcher YAML for AWS from a plan: on-demand head, spot GPU workers, preemption watcher.
+"""Ray cluster-launcher YAML for AWS from a plan: on-demand head running the gpuplan server, GPU
+worker node types that are exactly what the plan priced, preemption watcher on every worker.
 
-One worker node type per chosen GPU instance type (the plan's pick and, as fallbacks, the next
-distinct AWS instance types among its ranked candidates) on the spot market
-(``InstanceMarketOptions: {MarketType: spot}``), plus an on-demand node type of the chosen instance
-for the policy's safety net (min 0: it only starts when the scheduler asks for ``market:on-demand``).
-Every worker starts the spot-notice watcher (``python -m workers.preemption``) next to Ray, so a
-2-minute notice drains the node and Ray Train checkpoints before the instance goes.
+Worker node types, one per (GPU, market, zone) the plan can run on:
 
-    config = cluster_config(plan)            # a dict; ray's validate_config accepts it
-    text = to_yaml(config)                   # what ``ray up`` reads
+- the chosen offer, in each market the plan considered for it (``spot: auto`` plans price both;
+  ``spot: always`` has no on-demand type, ``spot: never`` no spot type);
+- as alternatives, the next distinct offers of the same region among the ranked candidates.
+
+Each type is pinned to its zone's subnet (AWS zone ids map to subnets at config time) and carries
+the custom resources of ``workers.placement`` (``gpuplan-gpu:<gpu>``, ``gpuplan-market:<market>``,
+``gpuplan-zone:<zone id>``, each equal to its GPU count). The executor asks for one of each per GPU
+worker, so a run fits exactly the node type it was planned on: an on-demand attempt never lands
+on spot, a multi-node run stays in one zone, and Ray's tie-break between node types never decides
+the market. Falling back from spot to on-demand is the scheduler's policy (a new attempt with
+``market: on-demand``), not the autoscaler's.
+
+Node types start at ``min_workers: 0`` (no idle GPUs billed) and the autoscaler stops idle nodes
+after ``idle_timeout_minutes``. The server on the head reads the autoscaler's own config, so
+feasibility counts node types before their nodes join.
+
+    needs = cluster_needs(plan, opts)               # pure: region, zones, instance types
+    facts = resolve_aws(needs, opts)                # workers.cluster_aws: AMI, subnets, profile, bucket
+    config = cluster_config(plan, opts, facts)      # pure: a dict Ray's validate_config accepts
+    text = to_yaml(config, notes(opts, facts))      # what ``ray up`` reads
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from planner.types import Candidate, Plan
+from workers.placement import pin_resources
 
 HEAD_INSTANCE = "m5.2xlarge"
 RAY_PORT = 6379
-_AZ_NAME = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
-NODE_ID_CMD = (
-    "python -c 'import ray; ray.init(address=\"auto\", logging_level=\"ERROR\"); "
-    "print(ray.get_runtime_context().get_node_id())'"
-)
+SERVER_PORT = 8000
+RAY_PIN = "ray[default,train]==2.60.0"  # default: dashboard and job submission; the project's Ray version
+VENV = "$HOME/gpuplan-venv"
+INSTANCE_PROFILE = "gpuplan-node"
+# AWS's public SSM parameters of the current Deep Learning Base AMI (Ubuntu 24.04: Python 3.12, an
+# NVIDIA driver for H100/H200/B200) per CPU architecture; they exist in every region that has the AMI.
+DLAMI_PARAMETERS: Mapping[str, str] = {
+    "x86_64": "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id",
+    "arm64": "/aws/service/deeplearning/ami/arm64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id",
+}
 
 
 @dataclass(frozen=True)
 class ClusterOptions:
     cluster_name: str | None = None
     head_instance: str = HEAD_INSTANCE
-    image_id: str = "latest_dlami"  # Ray resolves this to the region's latest Deep Learning AMI
-    source_dir: str | None = None  # a local gpuplan checkout to sync and install; None: from the index
-    package: str = "gpuplan"
-    alternatives: int = 2  # extra spot instance types to fall back on
+    ami: str | None = None  # one AMI for every node; None: the DLAMI of each architecture through SSM
+    ami_parameters: Mapping[str, str] = field(default_factory=lambda: dict(DLAMI_PARAMETERS))
+    wheel: str | None = None  # a gpuplan wheel built from this repo (pip wheel --no-deps -w dist .)
+    source_dir: str | None = None  # or a gpuplan checkout, synced and installed on every node
+    alternatives: int = 2  # extra offers (other GPUs / instance types) to give node types
+    # also the chosen instance type in every other zone of the region the plan priced it in, so a
+    # zone-switching policy can move the run there (RunRequest.zone); not counted in ``alternatives``
+    every_zone: bool = False
     disk_gib: int = 500
-    on_demand_fallback: bool = True
+    min_workers: int = 0
     idle_timeout_minutes: int = 10
+    checkpoint_root: str | None = None  # s3://bucket/prefix: every node reads it; None: each node's disk
+    database_url: str | None = None  # the head's server database; None: SQLite on the head
+    instance_profile: str = INSTANCE_PROFILE  # IAM instance profile of head and workers (see notes)
+    subnets: Mapping[str, str] = field(default_factory=dict)  # zone id -> subnet id; others looked up
+    server_port: int = SERVER_PORT
 
 
-def _node_type_name(instance_type: str, market: str) -> str:
-    return re.sub(r"[^a-z0-9-]", "-", f"{instance_type}-{market}".lower())
+@dataclass(frozen=True)
+class WorkerKind:
+    """One worker node type: a candidate's offer in one market."""
+
+    candidate: Candidate
+    market: str
+    zone: str | None  # the plan's zone id; None: the offer is regional (resolve_aws picks one)
+
+    @property
+    def instance_type(self) -> str:
+        return self.candidate.offer.instance_type
+
+    @property
+    def gpu(self) -> str:
+        return self.candidate.offer.gpu
 
 
-def _spot_and_fallback_candidates(plan: Plan, alternatives: int) -> list[Candidate]:
-    if plan.chosen is None:
+@dataclass(frozen=True)
+class ClusterNeeds:
+    """What the YAML needs from AWS: the region, instance types and zones of its node types."""
+
+    region: str
+    kinds: tuple[WorkerKind, ...]
+    head_instance: str
+
+    @property
+    def instance_types(self) -> list[str]:
+        return sorted({k.instance_type for k in self.kinds} | {self.head_instance})
+
+
+@dataclass(frozen=True)
+class AwsFacts:
+    """What was looked up in the account at config time (workers.cluster_aws.resolve_aws)."""
+
+    images: Mapping[str, str]  # instance type -> AMI id
+    subnets: Mapping[str, str]  # zone id -> subnet id
+    zones: Mapping[str, str]  # WorkerKind key (instance/market/zone-or-none) -> zone id it runs in
+    instance_profile: str  # name or ARN
+    sources: Mapping[str, str] = field(default_factory=dict)  # what each value came from, for the notes
+    bucket_region: str | None = None  # of the checkpoint bucket: every node's S3 client must use it
+
+
+def kind_key(kind: WorkerKind) -> str:
+    return f"{kind.instance_type}/{kind.market}/{kind.zone or '-'}"
+
+
+def cluster_needs(plan: Plan, opts: ClusterOptions) -> ClusterNeeds:
+    """The worker kinds of ``plan``: the chosen offer in each market the plan priced, then alternatives."""
+    chosen = plan.chosen
+    if chosen is None:
         raise NoFeasiblePlan(
             f"plan {plan.job!r} has no chosen candidate", hint="fix the spec until `gpuplan plan` picks one"
         )
-    if plan.chosen.offer.cloud.lower() != "aws":
+    if chosen.offer.cloud.lower() != "aws":
         raise InvalidInput(
-            f"the chosen offer is on {plan.chosen.offer.cloud}, but cluster configs are generated for AWS only",
+            f"the chosen offer is on {chosen.offer.cloud}, but cluster configs are generated for AWS only",
             hint="restrict the spec with resources.clouds: [aws]",
         )
-    picked = [plan.chosen]
-    seen = {plan.chosen.offer.instance_type}
-    for cand in plan.candidates:
-        if len(picked) > alternatives:
+    region = chosen.offer.region
+    same_region = [c for c in plan.candidates if c.offer.cloud.lower() == "aws" and c.offer.region == region]
+    # the markets the plan considered for an offer: both under spot: auto, one under always / never
+    markets: dict[tuple[str, str | None], set[str]] = {}
+    for cand in [chosen, *same_region]:
+        markets.setdefault((cand.offer.instance_type, cand.offer.zone), set()).add(cand.cost.market)
+    kinds: list[WorkerKind] = []
+    seen: set[tuple[str, str, str | None]] = set()
+
+    def add(cand: Candidate) -> None:
+        offer = cand.offer
+        for market in sorted(markets[(offer.instance_type, offer.zone)], key=lambda m: m != cand.cost.market):
+            price = offer.spot_usd_per_h if market == "spot" else offer.on_demand_usd_per_h
+            key = (offer.gpu, market, offer.zone)
+            if price is None or key in seen:
+                continue
+            seen.add(key)
+            kinds.append(WorkerKind(candidate=cand, market=market, zone=offer.zone))
+
+    add(chosen)
+    offers = {(chosen.offer.instance_type, chosen.offer.zone)}
+    if opts.every_zone:
+        for cand in same_region:
+            place = (cand.offer.instance_type, cand.offer.zone)
+            if cand.offer.instance_type == chosen.offer.instance_type and place not in offers:
+                offers.add(place)
+                add(cand.model_copy(update={"nodes": chosen.nodes}))  # the chosen run, moved
+    moved = len(offers) - 1
+    for cand in same_region:
+        if len(offers) - moved > opts.alternatives:
             break
-        same_place = cand.offer.cloud.lower() == "aws" and cand.offer.region == plan.chosen.offer.region
-        if same_place and cand.offer.instance_type not in seen and cand.offer.spot_usd_per_h is not None:
-            picked.append(cand)
-            seen.add(cand.offer.instance_type)
-    return picked
+        place = (cand.offer.instance_type, cand.offer.zone)
+        if place not in offers:
+            offers.add(place)
+            add(cand)
+    return ClusterNeeds(region=region, kinds=tuple(kinds), head_instance=opts.head_instance)
 
 
-def _worker_type(cand: Candidate, market: str, *, min_workers: int, opts: ClusterOptions) -> dict[str, Any]:
-    offer = cand.offer
+def node_type_name(instance_type: str, market: str, zone: str) -> str:
+    return re.sub(r"[^a-z0-9-]", "-", f"{instance_type}-{market}-{zone}".lower())
+
+
+def _worker_type(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFacts) -> dict[str, Any]:
+    offer = kind.candidate.offer
     node_config: dict[str, Any] = {
         "InstanceType": offer.instance_type,
-        "ImageId": opts.image_id,
+        "ImageId": facts.images[offer.instance_type],
+        "SubnetIds": [facts.subnets[zone]],  # the priced zone: one subnet, so every node of a run is there
+        "IamInstanceProfile": _profile_ref(facts.instance_profile),
         "BlockDeviceMappings": [
             {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": opts.disk_gib, "VolumeType": "gp3"}}
         ],
     }
-    if market == "spot":
+    if kind.market == "spot":
         node_config["InstanceMarketOptions"] = {
             "MarketType": "spot",
             "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
         }
-    gpus_per_node = offer.gpu_count
+    n = offer.gpu_count
+    resources: dict[str, Any] = {"CPU": offer.vcpus, "GPU": n}
+    resources.update({k: int(v) for k, v in pin_resources(offer.gpu, kind.market, zone, n).items()})
     return {
-        "min_workers": min_workers,
-        "max_workers": cand.nodes,
-        "resources": {
-            "CPU": offer.vcpus,
-            "GPU": gpus_per_node,
-            f"accelerator_type:{offer.gpu}": gpus_per_node,
-            f"market:{market}": 1,
-        },
-        "labels": {"ray.io/market-type": market, "gpuplan/gpu": offer.gpu},
+        "min_workers": min(opts.min_workers, kind.candidate.nodes),
+        "max_workers": kind.candidate.nodes,
+        "resources": resources,
+        "labels": {"gpuplan/market": kind.market, "gpuplan/gpu": offer.gpu, "gpuplan/zone": zone},
         "node_config": node_config,
     }
 
 
-def cluster_config(plan: Plan, opts: ClusterOptions | None = None) -> dict[str, Any]:
-    """The cluster-launcher config (a dict) for ``plan``."""
-    opts = opts or ClusterOptions()
-    cands = _spot_and_fallback_candidates(plan, opts.alternatives)
-    chosen = cands[0]
+def _profile_ref(profile: str) -> dict[str, str]:
+    return {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
+
+
+def install_commands(opts: ClusterOptions, bucket_region: str | None = None) -> tuple[dict[str, str], list[str]]:
+    """File mounts and setup commands: Python >= 3.11 in a venv, Ray pinned, gpuplan from a wheel or checkout."""
+    if opts.wheel:
+        name = opts.wheel.rstrip("/").rsplit("/", 1)[-1]
+        if not name.endswith(".whl"):
+            raise InvalidInput(f"{opts.wheel!r} is not a wheel file", path="wheel",
+                               hint="build one from the gpuplan checkout: pip wheel --no-deps -w dist .")
+        mounts = {f"~/gpuplan-dist/{name}": opts.wheel}
+        package = f"~/gpuplan-dist/{name}"
+    elif opts.source_dir:
+        mounts = {"~/gpuplan": opts.source_dir}
+        package = "~/gpuplan"
+    else:
+        raise InvalidInput(
+            "no gpuplan to install on the nodes: gpuplan is not published on PyPI",
+            path="wheel",
+            hint="give --wheel dist/gpuplan-*.whl (pip wheel --no-deps -w dist . in the checkout) or --source-dir .",
+        )
+    venv = VENV
+    commands = [
+        # the DLAMI's python3 is 3.12; Ubuntu keeps venv apart and may still be upgrading at boot
+        "sudo apt-get -o DPkg::Lock::Timeout=600 update -q"
+        " && sudo apt-get -o DPkg::Lock::Timeout=600 install -y -q python3-venv",
+        f"test -x {venv}/bin/python || python3 -m venv {venv}",
+        # Ray runs every command in `bash -i` after `source ~/.bashrc`: the venv first on PATH everywhere
+        f"grep -q gpuplan-venv ~/.bashrc || sed -i '1i export PATH={venv}/bin:$PATH' ~/.bashrc",
+        *([f"grep -q AWS_DEFAULT_REGION ~/.bashrc || sed -i '1i export AWS_DEFAULT_REGION={bucket_region}' ~/.bashrc"]
+          if bucket_region else []),  # boto3 and Ray Train's pyarrow reach the bucket in its region
+        f"{venv}/bin/pip install -q -U pip",
+        f'{venv}/bin/pip install -q "{RAY_PIN}" {package}',
+    ]
+    return mounts, commands
+
+
+def _server_command(opts: ClusterOptions, bucket_region: str | None) -> str:
+    """The head's gpuplan server, as a transient systemd service that restarts when it dies."""
+    args = ["--executor", "ray", "--host", "0.0.0.0", "--port", str(opts.server_port),
+            "--ray-cluster-config", "/home/ubuntu/ray_bootstrap_config.yaml"]
+    if opts.checkpoint_root:
+        args += ["--checkpoint-root", opts.checkpoint_root]
+    env = ["--setenv=RAY_ADDRESS=auto", *([f"--setenv=AWS_DEFAULT_REGION={bucket_region}"] if bucket_region else [])]
+    if opts.database_url:
+        env.append(f"--setenv=GPUPLAN_DATABASE_URL={opts.database_url}")
+    return _supervised("gpuplan-server", [*env, "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server", *args])
+
+
+def _watcher_command() -> str:
+    """The spot-notice watcher of a worker (workers.preemption), restarted when it dies; its node id is
+    looked up at each start (``python -m workers.cluster watch``), so a restarted Ray node is watched too."""
+    return _supervised("gpuplan-preemption", ["/home/ubuntu/gpuplan-venv/bin/python", "-m", "workers.cluster",
+                                              "watch", "--gcs-address", f"$RAY_HEAD_IP:{RAY_PORT}"])
+
+
+def _supervised(unit: str, argv: list[str]) -> str:
+    run = " ".join(a if a.startswith("$RAY_HEAD_IP") else shlex.quote(a) for a in argv)
+    return (f"sudo systemctl stop {unit} 2>/dev/null; sudo systemctl reset-failed {unit} 2>/dev/null; "
+            f"sudo systemd-run --unit {unit} --uid ubuntu -p Restart=always -p RestartSec=5 {run}")
+
+
+def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[str, Any]:
+    """The cluster-launcher config (a dict) for ``plan`` with what ``facts`` found in the account."""
+    needs = cluster_needs(plan, opts)
     name = opts.cluster_name or re.sub(r"[^a-z0-9-]", "-", f"gpuplan-{plan.job}".lower())[:60]
+    head_zone = facts.zones[kind_key(needs.kinds[0])]
     types: dict[str, dict[str, Any]] = {
         "head": {
             "resources": {},
-            "node_config": {"InstanceType": opts.head_instance, "ImageId": opts.image_id},
+            "node_config": {
+                "InstanceType": opts.head_instance,
+                "ImageId": facts.images[opts.head_instance],
+                "SubnetIds": [facts.subnets[head_zone]],  # next to the chosen workers: no cross-zone traffic
+                "IamInstanceProfile": _profile_ref(facts.instance_profile),
+            },
         }
     }
-    for i, cand in enumerate(cands):
-        types[_node_type_name(cand.offer.instance_type, "spot")] = _worker_type(
-            cand, "spot", min_workers=cand.nodes if i == 0 else 0, opts=opts
-        )
-    if opts.on_demand_fallback and chosen.offer.on_demand_usd_per_h is not None:
-        types[_node_type_name(chosen.offer.instance_type, "on-demand")] = _worker_type(
-            chosen, "on-demand", min_workers=0, opts=opts
-        )
-    provider: dict[str, Any] = {"type": "aws", "region": chosen.offer.region, "cache_stopped_nodes": False}
-    if chosen.offer.zone and _AZ_NAME.match(chosen.offer.zone):
-        # Ray's AWS provider takes zone names (us-east-1a), not zone ids (use1-az6).
-        provider["availability_zone"] = chosen.offer.zone
-    if opts.source_dir:
-        file_mounts = {"~/gpuplan": opts.source_dir}
-        install = "pip install -q -e ~/gpuplan"
-    else:
-        file_mounts = {}
-        install = f"pip install -q {shlex.quote(opts.package)}"
-    watcher = (
-        f"nohup python -m workers.preemption --gcs-address $RAY_HEAD_IP:{RAY_PORT} --node-id $({NODE_ID_CMD})"
-        " --provider aws > /tmp/gpuplan-preemption.log 2>&1 &"
-    )
+    for kind in needs.kinds:
+        zone = facts.zones[kind_key(kind)]
+        types[node_type_name(kind.instance_type, kind.market, zone)] = _worker_type(kind, zone, opts, facts)
+    mounts, install = install_commands(opts, facts.bucket_region)
     return {
         "cluster_name": name,
         "max_workers": sum(int(t.get("max_workers", 0)) for k, t in types.items() if k != "head"),
         "upscaling_speed": 1.0,
         "idle_timeout_minutes": opts.idle_timeout_minutes,
-        "provider": provider,
+        "provider": {"type": "aws", "region": needs.region, "cache_stopped_nodes": False},
         "auth": {"ssh_user": "ubuntu"},
         "available_node_types": types,
         "head_node_type": "head",
-        "file_mounts": file_mounts,
+        "file_mounts": mounts,
         "cluster_synced_files": [],
         "file_mounts_sync_continuously": False,
         "rsync_exclude": [".venv", "**/.git", "**/.git/**"],
         "rsync_filter": [".gitignore"],
         "initialization_commands": [],
-        "setup_commands": ['pip install -q "ray[train]==2.60.0"', install],
+        "setup_commands": install,
         "head_setup_commands": [],
         "worker_setup_commands": [],
         "head_start_ray_commands": [
             "ray stop",
             f"ray start --head --port={RAY_PORT} --object-manager-port=8076"
             " --autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=0.0.0.0",
+            _server_command(opts, facts.bucket_region),
         ],
         "worker_start_ray_commands": [
             "ray stop",
             f"ray start --address=$RAY_HEAD_IP:{RAY_PORT} --object-manager-port=8076",
-            watcher,
+            _watcher_command(),
         ],
     }
 
 
-def to_yaml(config: dict[str, Any]) -> str:
-    header = "# Ray cluster-launcher config generated by `gpuplan cluster config`; start it with `ray up FILE`.\n"
-    return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+def iam_policy(opts: ClusterOptions, account: str = "ACCOUNT") -> dict[str, Any]:
+    """The permissions the nodes' role needs: launch and tag workers (the head's autoscaler), hand
+    them the same role (iam:PassRole, which Ray's default role lacks), and the checkpoint prefix."""
+    role = opts.instance_profile if not opts.instance_profile.startswith("arn:") else "ROLE"
+    statements: list[dict[str, Any]] = [
+        {"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:TerminateInstances", "ec2:StopInstances",
+                                       "ec2:StartInstances", "ec2:CreateTags", "ec2:Describe*"], "Resource": "*"},
+        {"Effect": "Allow", "Action": "iam:PassRole", "Resource": f"arn:aws:iam::{account}:role/{role}"},
+    ]
+    if opts.checkpoint_root and opts.checkpoint_root.startswith("s3://"):
+        bucket, _, prefix = opts.checkpoint_root[len("s3://"):].partition("/")
+        prefix = prefix.strip("/")
+        objects = f"arn:aws:s3:::{bucket}/{prefix}/*" if prefix else f"arn:aws:s3:::{bucket}/*"
+        listing: dict[str, Any] = {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}
+        if prefix:
+            listing["Condition"] = {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}
+        statements += [listing, {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                                 "Resource": objects}]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None = None) -> list[str]:
+    """What the YAML's header says: where the values came from, what to set up once, what is missing."""
+    profile = facts.instance_profile
+    lines = [f"{key}: {value}" for key, value in sorted(facts.sources.items())]
+    multi = sorted({(k.instance_type, k.candidate.nodes, k.candidate.offer.network_gbps)
+                    for k in (needs.kinds if needs else ()) if k.candidate.nodes > 1})
+    if multi:
+        lines += ["", "Multi-node node types have no EFA interfaces or cluster placement group yet: NCCL runs over",
+                  "TCP on the primary interface, slower than the link speed the plan assumed for:"]
+        lines += [f"  {itype}: {nodes} nodes at {gbps:g} Gbit/s" for itype, nodes, gbps in multi]
+    lines += [
+        "",
+        f"Head and workers run with the IAM instance profile {profile!r}. Its role needs the policy below:",
+        "the head's autoscaler launches workers with that same profile, which takes iam:PassRole on the",
+        "role (Ray's default ray-autoscaler-v1 role lacks it, and Ray gives a profile to the head only).",
+        "Create it once:",
+        f"  aws iam create-role --role-name {profile} --assume-role-policy-document "
+        "'{\"Version\":\"2012-10-17\",\"Statement\":[{\"Effect\":\"Allow\",\"Principal\":{\"Service\":"
+        "\"ec2.amazonaws.com\"},\"Action\":\"sts:AssumeRole\"}]}'",
+        f"  aws iam put-role-policy --role-name {profile} --policy-name gpuplan --policy-document file://policy.json",
+        f"  aws iam create-instance-profile --instance-profile-name {profile}",
+        f"  aws iam add-role-to-instance-profile --instance-profile-name {profile} --role-name {profile}",
+        "policy.json (ACCOUNT: your account id):",
+        *("  " + line for line in json.dumps(iam_policy(opts), indent=2).splitlines()),
+        "",
+        f"The gpuplan server runs on the head (port {opts.server_port}, not opened to the internet): reach it",
+        f"through SSH, e.g. `ray attach FILE -p {opts.server_port}`, then GPUPLAN_API_URL=http://127.0.0.1:"
+        f"{opts.server_port}.",
+    ]
+    if not (opts.checkpoint_root or "").startswith("s3://"):
+        lines.append("No S3 --checkpoint-root: checkpoints stay on each node's disk and a multi-node or "
+                     "preempted run cannot resume.")
+    return lines
+
+
+def to_yaml(config: dict[str, Any], header: list[str] | None = None) -> str:
+    lines = ["Ray cluster-launcher config generated by `gpuplan cluster config`; start it with `ray up FILE`.",
+             *(header or [])]
+    comment = "".join(f"# {line}".rstrip() + "\n" for line in lines)
+    return comment + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+
+
+def _watch(argv: list[str]) -> int:
+    """``python -m workers.cluster watch --gcs-address HOST:PORT``: the preemption watcher of this node."""
+    import argparse
+    import logging
+
+    import ray
+
+    from workers import preemption
+
+    parser = argparse.ArgumentParser(prog="python -m workers.cluster watch")
+    parser.add_argument("--gcs-address", required=True)
+    args, rest = parser.parse_known_args(argv)
+    ray.init(address=args.gcs_address, logging_level=logging.ERROR)
+    node_id = ray.get_runtime_context().get_node_id()
+    ray.shutdown()
+    return preemption.main(["--gcs-address", args.gcs_address, "--node-id", node_id, "--provider", "aws", *rest])
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["watch"]:
+        sys.exit("usage: python -m workers.cluster watch --gcs-address HOST:PORT")
+    sys.exit(_watch(sys.argv[2:]))

@@ -39,6 +39,9 @@ class RunRequest:
     checkpoint_uri: str  # local directory or s3://bucket/prefix, shared by all attempts of the job
     run_name: str  # Ray Train RunConfig name: the job id, never reused for another job
     market: str = "on-demand"
+    # AWS zone id the plan priced (e.g. "use1-az1"); on a gpuplan cluster the workers ask for that zone's
+    # node type (workers.placement). None: any zone. A zone-switching policy sets another zone here.
+    zone: str | None = None
     # spot: the mean time to preemption the plan priced this placement at; the checkpoint interval
     # is chosen for it (workers.checkpoint_interval). None: the catalog's default hazard.
     mean_time_to_preemption_h: float | None = None

@@ -43,7 +43,15 @@ from planner.types import Strategy
 from workers.cuda_env import allocator_env
 from workers.executor import RunProgress, RunRequest, RunState
 from workers.hooks import StepHook
-from workers.placement import infeasibility, node_labels, placement_for
+from workers.placement import (
+    Placement,
+    infeasibility,
+    launchable_nodes,
+    node_labels,
+    pin_resources,
+    pins_markets,
+    placement_for,
+)
 from workers.ray_loop import ProgressActor, ray_infer_task, ray_train_loop
 from workers.train import TrainJob
 
@@ -68,6 +76,8 @@ class DriverSettings:
     # pending attempt takes.
     start_timeout_s: float = 10.0
     step_hook: StepHook | None = None  # tests only: see workers.hooks.StepHook
+    # the autoscaler's worker node types, each (resources, max_workers): see workers.cluster
+    node_types: tuple[tuple[dict[str, float], int], ...] = ()
 
 
 class AttemptDriver(ProgressActor):
@@ -101,7 +111,7 @@ class AttemptDriver(ProgressActor):
         with self._lock:
             state, message = self._state, self._message
         return {"state": state.value, "message": message, "snapshot": self.snapshot(),
-                "strategy": self._request.strategy, "run_name": self._request.run_name,
+                "strategy": self._request.strategy, "run_name": self._request.run_name, "request": self._request,
                 "task": self._request.spec.task, "done": self._done.is_set()}
 
     def all_logs(self, since: int = 0) -> list[str]:
@@ -178,13 +188,13 @@ class AttemptDriver(ProgressActor):
 
         request = self._request
         outputs_folder(request)  # an unusable output location fails before anything is scheduled
-        placement = placement_for(request.strategy, node_labels(live_nodes()))
+        placement = request_placement(request, live_nodes(), self._settings.node_types)
         with self._lock:
             if self._cancel:
                 self._set_locked(RunState.CANCELLED, "cancelled before it started")
                 return
             task = ray.remote(ray_infer_task).options(
-                **infer_resources(request.strategy, placement.accelerator), max_retries=self._settings.max_failures,
+                **infer_resources(request.strategy, placement), max_retries=self._settings.max_failures,
                 retry_exceptions=False)
             self._task = task.remote(request, self._self, placement.use_gpu, self._settings.cpu_threads,
                                      self._settings.step_hook)
@@ -250,24 +260,50 @@ def live_nodes() -> list[dict[str, float]]:
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
 
 
-def infer_resources(strategy: Strategy, accelerator: str | None) -> dict[str, Any]:
+def infer_resources(strategy: Strategy, placement: Placement) -> dict[str, Any]:
     """Ray options of an inference task: all planned GPUs (and one CPU) on one node, or the planned CPUs."""
-    if placement_for(strategy).use_gpu:
-        return {"num_cpus": 1, "num_gpus": strategy.gpu_count, "accelerator_type": accelerator}
+    if placement.use_gpu:
+        options: dict[str, Any] = {"num_cpus": 1, "num_gpus": strategy.gpu_count}
+        if placement.accelerator_request is not None:
+            options["accelerator_type"] = placement.accelerator_request
+        if placement.pins:
+            options["resources"] = {k: v * strategy.gpu_count for k, v in placement.pins.items()}
+        return options
     return {"num_cpus": strategy.gpu_count}
 
 
-def attempt_infeasibility(task: str, strategy: Strategy, nodes: Sequence[Mapping[str, float]]) -> str | None:
-    """None if some node(s) of ``nodes`` could ever run the attempt, else why not."""
+def request_pins(request: RunRequest, nodes: Sequence[Mapping[str, float]],
+                 node_types: Sequence[tuple[Mapping[str, float], int]] = ()) -> dict[str, float]:
+    """The (GPU, market, zone) resources each GPU worker asks for, where the cluster's nodes or node
+    types follow that scheme (a cluster from ``gpuplan cluster config``); empty elsewhere."""
+    if not placement_for(request.strategy).use_gpu:
+        return {}
+    if not pins_markets([*nodes, *(resources for resources, _ in node_types)]):
+        return {}
+    return pin_resources(request.strategy.gpu, request.market, request.zone)
+
+
+def request_placement(request: RunRequest, nodes: Sequence[Mapping[str, float]],
+                      node_types: Sequence[tuple[Mapping[str, float], int]] = ()) -> Placement:
+    return placement_for(request.strategy, node_labels(nodes), pins=request_pins(request, nodes, node_types))
+
+
+def attempt_infeasibility(request: RunRequest, nodes: Sequence[Mapping[str, float]],
+                          node_types: Sequence[tuple[Mapping[str, float], int]] = ()) -> str | None:
+    """None if some node(s) of ``nodes``, or the nodes the autoscaler can start (``node_types``),
+    could ever run the attempt, else why not."""
+    task, strategy = request.spec.task, request.strategy
+    pins = request_pins(request, nodes, node_types)
+    launchable = launchable_nodes(node_types)
     if task == "train":
-        return infeasibility(strategy, nodes)
+        return infeasibility(strategy, nodes, pins=pins, launchable=launchable)
     if task != "infer":
         return f"the Ray executor runs train and infer jobs, not {task!r}"
     if strategy.nodes > 1:
         return (f"the inference worker runs on one node, but the plan spreads it over {strategy.nodes} nodes "
                 f"({strategy.gpu_count} x {strategy.gpu})")
     per_gpu_cpus = 1.0 / strategy.gpu_count if placement_for(strategy).use_gpu else 1.0  # one CPU for the task
-    return infeasibility(strategy, nodes, cpus_per_worker=per_gpu_cpus)
+    return infeasibility(strategy, nodes, cpus_per_worker=per_gpu_cpus, pins=pins, launchable=launchable)
 
 
 class CancelledWhilePending(Exception):
@@ -297,15 +333,13 @@ def _cancel_gate(driver: Any) -> Any:
 
 def build_trainer(request: RunRequest, settings: DriverSettings, driver: Any) -> Any:
     from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.train.v2.api.config import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.api.config import FailureConfig, RunConfig
 
-    placement = placement_for(request.strategy, node_labels(live_nodes()))
+    placement = request_placement(request, live_nodes(), settings.node_types)
     job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
                    checkpoint_uri=request.checkpoint_uri, device="auto", cpu_threads=settings.cpu_threads,
                    log_every_s=settings.log_every_s, predicted=settings.predicted)
-    scaling = ScalingConfig(num_workers=placement.num_workers, use_gpu=placement.use_gpu,
-                            accelerator_type=placement.accelerator,
-                            resources_per_worker={"CPU": 1, **({"GPU": 1} if placement.use_gpu else {})})
+    scaling = scaling_config(placement)
     backend = settings.backend or ("nccl" if placement.use_gpu else "gloo")
     return TorchTrainer(
         train_loop_per_worker=ray_train_loop,  # type: ignore[arg-type]
@@ -319,6 +353,15 @@ def build_trainer(request: RunRequest, settings: DriverSettings, driver: Any) ->
             callbacks=[_cancel_gate(driver)],
         ),
     )
+
+
+def scaling_config(placement: Placement) -> Any:
+    """Ray Train's ScalingConfig for ``placement``: what each worker's placement-group bundle asks for."""
+    from ray.train.v2.api.config import ScalingConfig
+
+    return ScalingConfig(num_workers=placement.num_workers, use_gpu=placement.use_gpu,
+                         accelerator_type=placement.accelerator_request,
+                         resources_per_worker=placement.worker_resources())
 
 
 def attempt_driver(request: RunRequest, settings: DriverSettings, handle: str, namespace: str = NAMESPACE) -> Any:

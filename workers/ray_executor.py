@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,8 @@ class RayExecutor:
                  backend: str | None = None, cpu_threads: int | None = None, predict: Predictor | None = None,
                  log_every_s: float = 2.0, init_kwargs: dict[str, Any] | None = None,
                  keep_finished_s: float = 24 * 3600.0, start_timeout_s: float = 10.0,
-                 call_timeout_s: float = 30.0, namespace: str = NAMESPACE, step_hook: StepHook | None = None) -> None:
+                 call_timeout_s: float = 30.0, namespace: str = NAMESPACE, step_hook: StepHook | None = None,
+                 node_types: Sequence[tuple[Mapping[str, float], int]] = ()) -> None:
         self._address = address
         self._namespace = namespace
         self._storage_path = storage_path or str(Path.home() / ".gpuplan" / "ray")
@@ -93,6 +94,9 @@ class RayExecutor:
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
         self._step_hook = step_hook  # tests only: see workers.hooks.StepHook
+        # the autoscaler's worker node types (autoscaler_node_types): feasibility counts the nodes it can
+        # start, and their (GPU, market, zone) resources make each run ask for the node type it was planned on
+        self._node_types = tuple((dict(resources), int(count)) for resources, count in node_types)
 
     def _connect(self) -> None:
         if not ray.is_initialized():
@@ -100,7 +104,7 @@ class RayExecutor:
 
     def feasibility(self, request: RunRequest) -> str | None:
         self._connect()
-        return attempt_infeasibility(request.spec.task, request.strategy, live_nodes())
+        return attempt_infeasibility(request, live_nodes(), self._node_types)
 
     def submit(self, request: RunRequest) -> str:
         reason = self.feasibility(request)
@@ -114,7 +118,8 @@ class RayExecutor:
             cpu_threads=self._cpu_threads, log_every_s=self._log_every_s,
             predicted=preemption_inputs(request.market, self._predict(request) if self._predict is not None else {},
                                         request.mean_time_to_preemption_h),
-            keep_finished_s=self._keep_finished_s, start_timeout_s=self._start_timeout_s, step_hook=self._step_hook)
+            keep_finished_s=self._keep_finished_s, start_timeout_s=self._start_timeout_s, step_hook=self._step_hook,
+            node_types=self._node_types)
         driver = attempt_driver(request, settings, handle, self._namespace)
         try:
             ray.get(driver.start.remote(), timeout=self._call_timeout_s * 4)  # the first actor may import a lot
@@ -201,7 +206,8 @@ class RayExecutor:
             started = progress.total_steps > 0 or bool(snapshot.get("started_at"))
             state = RunState.RUNNING if started else RunState.PENDING
             message = "running" + resume_note(snapshot, task) if started else "waiting for workers to start"
-            reason = attempt_infeasibility(task, info["strategy"], live_nodes())
+            request = info.get("request")  # None from a driver of an older gpuplan: no reason then
+            reason = attempt_infeasibility(request, live_nodes(), self._node_types) if request is not None else None
             if reason is not None:
                 message = f"{message}; waiting for resources: {reason}"
         metrics = result_metrics(snapshot.get("result"), int(snapshot.get("resumes", 0))) if state.finished else {}
@@ -262,3 +268,29 @@ class RayExecutor:
 def _run_name_of(handle: str) -> str:
     """``run_name.attempt.suffix`` -> ``run_name`` (a run name may itself hold dots)."""
     return handle.rsplit(".", 2)[0]
+
+
+def autoscaler_node_types(path: str | Path) -> tuple[tuple[dict[str, float], int], ...]:
+    """The worker node types of a Ray cluster-launcher config, each (resources, max_workers).
+
+    On a head started by ``ray up`` this is ``~/ray_bootstrap_config.yaml``, the config its autoscaler
+    runs (``gpuplan server --ray-cluster-config``). The head node type is left out.
+    """
+    import yaml
+
+    from catalog.errors import InvalidInput
+
+    file = Path(path).expanduser()
+    try:
+        config = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidInput(f"cannot read the Ray cluster config {str(file)!r}: {exc}", path="ray_cluster_config",
+                           hint="give the cluster-launcher YAML the autoscaler runs "
+                           "(~/ray_bootstrap_config.yaml on the head)") from None
+    types = config.get("available_node_types") if isinstance(config, dict) else None
+    if not isinstance(types, dict):
+        raise InvalidInput(f"{str(file)!r} has no available_node_types", path="ray_cluster_config",
+                           hint="give a Ray cluster-launcher YAML (see `gpuplan cluster config`)")
+    head = config.get("head_node_type")
+    return tuple((({str(k): float(v) for k, v in (t.get("resources") or {}).items()}), int(t.get("max_workers", 0)))
+                 for name, t in types.items() if name != head)

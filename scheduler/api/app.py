@@ -14,14 +14,17 @@ from scheduler.api import deps, errors
 from scheduler.api.routers import catalog as catalog_router
 from scheduler.api.routers import jobs, reports, teams
 from scheduler.service import SchedulerService
+from scheduler.ui import create_ui
 
 
 class Loop(Protocol):
     def run_forever(self, stop: threading.Event) -> None: ...
 
 
-def create_app(service: SchedulerService, catalog: Catalog, *, loop: Loop | None = None) -> FastAPI:
-    """The REST API; with ``loop`` it also runs the scheduling loop in a thread while serving."""
+def create_app(service: SchedulerService, catalog: Catalog, *, loop: Loop | None = None,
+               ui_secret: bytes | None = None) -> FastAPI:
+    """The REST API and the dashboard at /ui; with ``loop`` it also runs the scheduling loop in a thread
+    while serving. ``ui_secret`` signs dashboard sessions (None: a random one, valid in this process only)."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -52,4 +55,5 @@ def create_app(service: SchedulerService, catalog: Catalog, *, loop: Loop | None
     errors.install(app)
     for router in (jobs.router, teams.router, catalog_router.router, reports.router):
         app.include_router(router)
+    app.mount("/ui", create_ui(service, catalog, ui_secret))
     return app

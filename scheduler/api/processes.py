@@ -49,6 +49,7 @@ class ApiSettings:
     planner: Planner | None = None
     log_level: str = "info"
     calibration: Calibration | None = None  # the real planner's constants (None: the shipped ones)
+    ui_secret: bytes | None = None  # signs dashboard sessions: one secret for every worker
 
 
 def api_workers(requested: str, database_url: str, cpus: int | None) -> int:
@@ -101,7 +102,7 @@ def _api_worker(settings: ApiSettings, sock: socket.socket, parent_pid: int) -> 
     service = make_service(settings.database_url, checkpoint_root=settings.checkpoint_root,
                            admin_token=settings.admin_token, planner=settings.planner, catalog=settings.catalog,
                            migrate=False, calibration=settings.calibration)
-    app = create_app(service, settings.catalog)
+    app = create_app(service, settings.catalog, ui_secret=settings.ui_secret)
     server = uvicorn.Server(uvicorn.Config(app, log_level=settings.log_level, access_log=False))
     server.run(sockets=[sock])
 

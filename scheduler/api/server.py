@@ -13,6 +13,7 @@ import hashlib
 import logging
 import socket
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -93,18 +94,56 @@ def ray_namespace_for(database_url: str) -> str:
     return "gpuplan-" + hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
-def make_executor(kind: str, *, ray_namespace: str | None = None) -> Executor | None:
-    """The executor ``gpuplan server --executor KIND`` runs; ``ray_namespace`` only for ``ray``
-    (None: RayExecutor's default, ``gpuplan``)."""
+def checkpoint_root_for(value: str | None, home: Path) -> str:
+    """The server's checkpoint root, as the string every job's ``checkpoint_uri`` starts with.
+
+    ``s3://bucket/prefix`` stays as given (through ``Path`` it would become ``s3:/bucket``); a local
+    directory is made absolute; None: ``home/checkpoints``. Each job checkpoints under ``ROOT/<job id>``.
+    """
+    if value is None or not value.strip():
+        return str(home / "checkpoints")
+    value = value.strip().rstrip("/")
+    if value.startswith("s3://"):
+        from workers.checkpoint_s3 import parse_s3_uri
+
+        bucket, prefix = parse_s3_uri(value)
+        return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+    if value.startswith("file://"):
+        value = value[len("file://"):]
+    elif "://" in value:
+        raise InvalidInput(f"unsupported checkpoint root {value!r}", path="checkpoint_root",
+                           hint="give a local directory or s3://bucket/prefix")
+    return str(Path(value).expanduser().resolve())
+
+
+def ray_storage_for(checkpoint_root: str) -> str | None:
+    """Ray Train's storage path for a checkpoint root: next to the checkpoints when they are on S3
+    (``ROOT/_ray``, which every node reads), else None (RayExecutor's local default)."""
+    return f"{checkpoint_root}/_ray" if checkpoint_root.startswith("s3://") else None
+
+
+def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: str | None = None,
+                  ray_cluster_config: str | None = None) -> Executor | None:
+    """The executor ``gpuplan server --executor KIND`` runs. Only for ``ray``: ``ray_namespace`` (None:
+    RayExecutor's default, ``gpuplan``), ``storage_path`` (Ray Train's; None: a local default) and
+    ``ray_cluster_config`` (the autoscaler's YAML: its node types count as capacity, and pin the
+    (GPU, market, zone) each run asks for)."""
     if kind == "inprocess":
         from catalog.local_cpu import training_threads
         from workers.inprocess import InProcessExecutor
 
         return InProcessExecutor(cpu_threads=training_threads())  # the threads the CPU probe measured
     if kind == "ray":
-        from workers.ray_executor import RayExecutor
+        from workers.ray_executor import RayExecutor, autoscaler_node_types
 
-        return RayExecutor() if ray_namespace is None else RayExecutor(namespace=ray_namespace)
+        options: dict[str, Any] = {}
+        if ray_namespace is not None:
+            options["namespace"] = ray_namespace
+        if storage_path is not None:
+            options["storage_path"] = storage_path
+        if ray_cluster_config is not None:
+            options["node_types"] = autoscaler_node_types(ray_cluster_config)
+        return RayExecutor(**options)
     if kind == "none":
         return None
     raise InvalidInput(f"unknown executor {kind!r}", path="executor", hint="one of " + ", ".join(EXECUTORS))
@@ -140,11 +179,11 @@ def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: f
 
 def make_app(service: SchedulerService, catalog: Catalog, executor: Executor | None, *, poll_s: float = 1.0,
              max_running: int | None = None, backoff_base_s: float = 30.0,
-             calibration: Calibration | None = None) -> FastAPI:
+             calibration: Calibration | None = None, ui_secret: bytes | None = None) -> FastAPI:
     """The API; with an executor it also runs the scheduling loop (reconcile first) while serving."""
     loop = make_loop(service, executor, poll_s=poll_s, max_running=max_running, backoff_base_s=backoff_base_s,
                      calibration=calibration)
-    return create_app(service, catalog, loop=loop)
+    return create_app(service, catalog, loop=loop, ui_secret=ui_secret)
 
 
 def listen(host: str, port: int) -> socket.socket:

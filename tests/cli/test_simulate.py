@@ -57,17 +57,40 @@ def test_simulate_table_and_errors(tmp_path: Path) -> None:
     assert unknown.exit_code == 2 and "greedy" in unknown.stderr
 
 
-def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path) -> None:
+def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({"name": "demo", "task": "train", "model": "llama-3-8b",
                                     "train": {"tokens": 1.0e9}, "resources": {"clouds": ["aws"]}}))
     out = tmp_path / "cluster.yaml"
-    result = runner.invoke(app, ["cluster", "config", str(spec), "--out", str(out)])
+    no_wheel = runner.invoke(app, ["cluster", "config", str(spec), "--out", str(out)])  # refused before AWS
+    assert no_wheel.exit_code == 2 and "not published" in no_wheel.stderr and not out.exists()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(key, value)
+        iam = boto3.client("iam")
+        iam.create_role(RoleName="gpuplan-node", AssumeRolePolicyDocument="{}")
+        iam.create_instance_profile(InstanceProfileName="gpuplan-node")
+        iam.add_role_to_instance_profile(InstanceProfileName="gpuplan-node", RoleName="gpuplan-node")
+        ami = boto3.client("ec2").register_image(Name="gpuplan-test-dlami", RootDeviceName="/dev/sda1")["ImageId"]
+        result = runner.invoke(app, ["cluster", "config", str(spec), "--out", str(out), "--ami", ami,
+                                     "--wheel", "dist/gpuplan-0.1.0-py3-none-any.whl"])
+    finally:
+        server.stop()
     assert result.exit_code == 0, result.output
     config = yaml.safe_load(out.read_text())
     validate_config(config)
     assert any(t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"
                for t in config["available_node_types"].values())
+    assert "iam:PassRole" in out.read_text()  # the header documents the nodes' policy
     missing = runner.invoke(app, ["cluster", "config", str(tmp_path / "nope.yaml"), "--json"])
     assert missing.exit_code == 2 and "does not exist" in missing.stdout
 

@@ -118,7 +118,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, _migrated_sqlite: Path
 
 OFFER = Offer(
     cloud="aws", instance_type="p5.48xlarge", gpu="H100-SXM", gpu_count=8, vcpus=192, ram_gib=2048,
-    region="us-east-1", on_demand_usd_per_h=55.04, spot_usd_per_h=14.25,
+    region="us-east-1", zone="use1-az6", on_demand_usd_per_h=55.04, spot_usd_per_h=14.25,
     source=Source(url="https://example.invalid/test-offer", as_of=date(2026, 1, 1), note="test"),
 )
 

@@ -11,7 +11,9 @@ from sqlmodel import col, select
 
 from catalog.errors import ExternalServiceError, NotFound
 from scheduler.loop import Scheduler
-from scheduler.models import Attempt, Job, JobCreate, Spend, TeamCreate, TeamUpdate
+from scheduler.models import Attempt, Job, JobCreate, JobPublic, Spend, TeamCreate, TeamUpdate
+from scheduler.placement import SpotChooser, StaticZones
+from scheduler.policy import ZoneSeen
 from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.store import Store
 from tests.scheduler.conftest import TOY_MTTP_H, spec_dict, toy_plan
@@ -49,6 +51,7 @@ def test_runs_a_job_and_charges_price_at_launch_times_duration(svc: SchedulerSer
     handle = ex.handle_of(job.id)
     request = ex.requests[handle]
     assert request.run_name == job.id and request.checkpoint_uri == job.checkpoint_uri and request.market == "spot"
+    assert request.zone == "use1-az6"  # the plan's zone: on a gpuplan cluster the workers ask for its node type
     assert request.mean_time_to_preemption_h == TOY_MTTP_H  # the workers checkpoint for what the plan priced
     assert svc.status(ml, job.id).state == "running"
     clock.advance(hours=1.5)
@@ -438,6 +441,78 @@ def test_concurrent_submits_while_the_loop_runs_never_run_more_than_the_quota(st
     assert len(jobs) == 18 and all(j.state == "succeeded" and "waiting" not in j.message for j in jobs)
     for s in services:
         s.store.dispose()
+
+
+# ---------------------------------------------------------------- the spot policy in the loop
+
+def spot_job(svc: SchedulerService, who: Principal, deadline: float | None) -> JobPublic:
+    """A 48 h job under toy_plan (4.8e8 tokens at $10/h) that may run on spot or on-demand."""
+    spec = spec_dict(tokens=4.8e8, spot="auto")
+    if deadline is not None:
+        spec["resources"] = {**spec["resources"], "deadline": deadline}  # type: ignore[dict-item]
+    return svc.submit(who, JobCreate(spec=spec))
+
+
+def zone(available: bool, up_h: float = 20.0, preemptions: int = 2, outage_age_h: float = 0.0) -> ZoneSeen:
+    return ZoneSeen(watched_h=30.0, up_h=up_h, preemptions=preemptions, run_h=3.0 if available else 0.0,
+                    available=available, outage_age_h=0.0 if available else outage_age_h)
+
+
+def test_spot_chooser_starts_in_a_zone_with_capacity_waits_while_none_and_moves_after_a_preemption(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ml = team(svc)
+    job = spot_job(svc, ml, deadline=70.0)  # 22 h of slack
+    feed = StaticZones({"us-east-1a": zone(False), "us-east-1b": zone(True)})
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2, recheck_s=600))
+    assert loop.tick().dispatched == [job.id]
+    first = ex.requests[ex.handle_of(job.id)]
+    assert (first.market, first.zone) == ("spot", "us-east-1b")
+    # Checkpoints for the zone's online mean time to preemption: (20 h up + 12.5 h prior) / (2 + 1).
+    assert first.mean_time_to_preemption_h == pytest.approx(32.5 / 3)
+    assert svc.status(ml, job.id).usd_per_h == pytest.approx(14.25)  # the offer's spot price, one node
+    # Preempted; no zone has capacity and the slack affords waiting: the job stays queued.
+    clock.advance(hours=1)
+    feed.zones["us-east-1b"] = zone(False)
+    ex.finish(ex.handle_of(job.id), RunState.PREEMPTED)
+    report = loop.tick()
+    assert report.requeued == [job.id] and report.dispatched == []
+    status = svc.status(ml, job.id)
+    assert status.state == "queued" and "waiting for spot capacity" in status.message
+    assert loop.tick().dispatched == []  # not due again before the recheck
+    # Capacity comes back in the other zone: the job moves there when it is due.
+    feed.zones["us-east-1a"] = zone(True)
+    clock.advance(seconds=600)
+    assert loop.tick().dispatched == [job.id]
+    second = ex.requests[ex.handle_of(job.id)]
+    assert (second.market, second.zone, second.attempt) == ("spot", "us-east-1a", 2)
+
+
+def test_spot_chooser_takes_on_demand_when_the_deadline_cannot_wait(svc: SchedulerService, store: Store,
+                                                                    clock: FakeClock) -> None:
+    ml = team(svc)
+    tight = spot_job(svc, ml, deadline=48.3)  # slack 0.3 h: one restart and a recheck, no more
+    feed = StaticZones({"us-east-1a": zone(False, outage_age_h=2.0)})
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2, recheck_s=300))
+    assert loop.tick().dispatched == [tight.id]
+    request = ex.requests[ex.handle_of(tight.id)]
+    assert (request.market, request.zone) == ("on-demand", None)
+    assert svc.status(ml, tight.id).usd_per_h == pytest.approx(55.04)
+    # No deadline: spot or wait, never on-demand.
+    free = spot_job(svc, ml, deadline=None)
+    assert loop.tick().dispatched == []
+    assert svc.status(ml, free.id).state == "queued"
+
+
+def test_the_loop_still_takes_plain_market_and_price_pairs(svc: SchedulerService, store: Store,
+                                                         clock: FakeClock) -> None:
+    ml = team(svc)
+    job = svc.submit(ml, JobCreate(spec=spec_dict()))
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock, choose_market=lambda j, now: ("on-demand", 7.0))
+    assert loop.tick().dispatched == [job.id]
+    assert ex.requests[ex.handle_of(job.id)].zone is None and svc.status(ml, job.id).usd_per_h == 7.0
 
 
 def test_only_spot_attempts_carry_the_planned_mean_time_to_preemption() -> None:

@@ -1,4 +1,4 @@
-"""The spot/on-demand policy: safety net, no flapping, no-deadline jobs, Young/Daly, zone choice."""
+"""The spot/on-demand policy: safety net, no flapping, no-deadline jobs, Young/Daly, zone choice, online rates."""
 
 from __future__ import annotations
 
@@ -11,8 +11,12 @@ from hypothesis import strategies as st
 from catalog.errors import InvalidInput, UnknownName
 from scheduler.policy import (
     POLICIES,
+    PRIOR_MEAN_RUN_H,
     Decision,
     JobProgress,
+    PriceRatio,
+    ZoneRates,
+    ZoneSeen,
     choose_zone,
     decide,
     mean_time_to_preemption,
@@ -66,8 +70,10 @@ def test_uniform_progress_goes_on_demand_when_behind_the_line_and_back_only_when
 def test_gpuplan_prefers_staying_on_spot_and_waits_when_ahead() -> None:
     assert decide("gpuplan", progress(20.0, 30.0, current="spot"), True, tick_h=TICK) is Decision.SPOT
     assert decide("gpuplan", progress(20.0, 25.0), False, tick_h=TICK) is Decision.WAIT
-    # Near the reserve line without spot: on-demand.
-    assert decide("gpuplan", progress(10.0, 31.0), False, tick_h=TICK) is Decision.ON_DEMAND
+    # Below the reserve without spot: on-demand once the outage has outlasted two changeovers.
+    lasting = ZoneRates(outage_age_h=1.0)
+    assert decide("gpuplan", progress(10.0, 31.0), False, tick_h=TICK, rates=lasting) is Decision.ON_DEMAND
+    assert decide("gpuplan", progress(10.0, 31.0), False, tick_h=TICK) is Decision.WAIT
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -130,11 +136,61 @@ def test_choose_zone_stays_put_then_picks_the_longest_running_zone() -> None:
     assert choose_zone([False, False], None, [0.0, 0.0]) is None
 
 
-def test_return_to_spot_can_wait_for_capacity_to_prove_itself() -> None:
-    from scheduler.policy import PolicyParams
+def test_gpuplan_returns_to_spot_only_when_the_expected_run_pays_for_two_changeovers() -> None:
+    on_od = progress(30.0, 35.0, current="on-demand")  # slack 17 h, 18 h of work left
+    short, long = ZoneRates(mean_run_h=0.3), ZoneRates(mean_run_h=5.0)
+    assert decide("gpuplan", on_od, True, tick_h=TICK, rates=short) is Decision.ON_DEMAND
+    assert decide("gpuplan", on_od, True, tick_h=TICK, rates=long) is Decision.SPOT
+    # Cheaper on-demand makes the same run not worth the changeovers.
+    near = PriceRatio(on_demand=1.1, spot=1.0)
+    assert decide("gpuplan", on_od, True, tick_h=TICK, rates=ZoneRates(mean_run_h=1.0), prices=near) \
+        is Decision.ON_DEMAND
 
-    params = PolicyParams(return_min_run_h=1.0)
-    on_od = progress(30.0, 35.0, current="on-demand")
-    assert decide("gpuplan", on_od, True, tick_h=TICK, params=params, spot_run_h=0.5) is Decision.ON_DEMAND
-    assert decide("gpuplan", on_od, True, tick_h=TICK, params=params, spot_run_h=2.0) is Decision.SPOT
-    assert decide("gpuplan", on_od, True, tick_h=TICK) is Decision.SPOT  # default: return at once
+
+def test_gpuplan_waits_out_young_outages_and_bridges_old_ones_below_the_reserve() -> None:
+    # 10 h of slack; a zone preempting every 1.5 h: alternating pays, and its reserve for the 38 h
+    # left (about 33 cycles of two changeovers) exceeds the slack.
+    flaky = progress(10.0, 22.0)
+    young = ZoneRates(mean_run_h=1.5, outage_age_h=0.1)
+    # Ski rental: buy (on-demand) once waiting, at (ratio - 1) of slack an hour, has cost what a
+    # bridge costs: 0.2 h changeovers at (ratio + 1) and 0.4 h of slack at (ratio - 1): 0.77 h here.
+    old = ZoneRates(mean_run_h=1.5, outage_age_h=0.8)
+    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=young) is Decision.WAIT
+    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=old) is Decision.ON_DEMAND
+    # A zone that rarely preempts needs little reserve: the same slack waits through any outage.
+    steady = ZoneRates(mean_run_h=40.0, outage_age_h=5.0)
+    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=steady) is Decision.WAIT
+    # Nor does one whose runs are too short for a return to pay: alternating there never happens.
+    hopeless = ZoneRates(mean_run_h=0.3, outage_age_h=5.0)
+    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=hopeless) is Decision.WAIT
+
+
+def test_zone_seen_counts_what_was_watched_and_estimates_with_the_planner_prior() -> None:
+    seen = ZoneSeen()
+    for avail in [True, True, False, False, True, True, True, False]:
+        seen = seen.step(avail, 0.5)
+    assert (seen.watched_h, seen.up_h, seen.preemptions, seen.available) == (4.0, 2.5, 2, False)
+    assert seen.outage_age_h == 0.5 and seen.run_h == 0.0
+    # (hours up + prior) / (preemptions + 1): the prior is one preemption after 1/0.08 h.
+    assert seen.rates().mean_run_h == pytest.approx((2.5 + PRIOR_MEAN_RUN_H) / 3)
+    assert ZoneSeen().rates().mean_run_h == pytest.approx(PRIOR_MEAN_RUN_H)
+    assert choose_zone([True, True], None, [0.1, 3.0], mean_run_h=[9.0, 2.0]) == 0
+
+
+@given(done=st.floats(0, 47.9), now=st.floats(0, 69.9), restart=st.floats(0, 2), run=st.floats(0.01, 100),
+       age=st.floats(0, 10), switch=st.floats(0, 0.1), loss=st.floats(0, 0.5), unc=st.floats(0, 0.5),
+       current=st.sampled_from(["none", "spot", "on-demand"]), avail=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_gpuplan_safety_net_holds_whatever_it_has_seen(done: float, now: float, restart: float, run: float,
+                                                       age: float, switch: float, loss: float, unc: float,
+                                                       current: str, avail: bool) -> None:
+    p = progress(done, now, current=current, restart=restart, unc=unc)
+    slack = (70.0 - now) - (48.0 - done)
+    rates = ZoneRates(mean_run_h=run, outage_age_h=age, loss_h=loss, switch_h=switch)
+    decision = decide("gpuplan", p, avail, tick_h=TICK, rates=rates)
+    if slack < restart + TICK + unc + (0.0 if current == "on-demand" else switch):
+        assert decision is Decision.ON_DEMAND
+    if current == "on-demand" and decision is not Decision.ON_DEMAND:
+        assert slack >= 2 * restart + TICK + unc + switch
+    if not avail:
+        assert decision is not Decision.SPOT

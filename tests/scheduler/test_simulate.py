@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput, UnknownName
-from scheduler.simulate import Jobs, Prices, SimOptions, compare, omniscient, run_policy, start_tick_for
+from scheduler.policy import young_daly_interval
+from scheduler.simulate import (
+    Jobs,
+    Prices,
+    SimOptions,
+    compare,
+    omniscient,
+    online_mean_run,
+    run_policy,
+    start_tick_for,
+)
 from scheduler.traces import Zones, align, load_trace, load_zones, trace_from_dict
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
@@ -154,6 +165,98 @@ def test_invariants_on_random_traces(runs: list[int], first_up: bool, work: floa
         assert out.work_lost_h[0] >= 0.0
     if restart == 0.0:
         assert results["on-demand"].cost_usd[0] == pytest.approx(work * PRICES.on_demand)
+
+
+HONEST = SimOptions(checkpoint_cost_h=0.01, checkpoint_write_h=0.02, notice_h=0.05, move_h=0.03)
+
+
+@given(runs=runs, first_up=st.booleans(), runs_b=runs, work=st.floats(2.0, 20.0), slack=st.floats(0.0, 1.0),
+       restart=st.floats(0.0, 0.5), start=st.integers(0, 50), notice=st.sampled_from([0.0, 0.05]))
+@settings(max_examples=12, deadline=None)
+def test_honest_costs_keep_the_guarantees_in_one_zone_and_across_two(
+        runs: list[int], first_up: bool, runs_b: list[int], work: float, slack: float, restart: float,
+        start: int, notice: float) -> None:
+    def trace(rs: list[int], up: bool) -> list[int]:
+        out: list[int] = []
+        for i, length in enumerate(rs):
+            out += [int(up) if i % 2 == 0 else int(not up)] * length
+        return (out + [0] * 470)[:470]  # room for the latest deadline (50 + 406 ticks)
+
+    a, b = trace(runs, first_up), trace(runs_b, not first_up)
+    one = zones_from(a)
+    two = align([trace_from_dict({"metadata": {"gap_seconds": 360.0}, "data": x}, n) for x, n in ((a, "a"), (b, "b"))])
+    opts = replace(HONEST, notice_h=notice)
+    # The slack must cover one changeover and the checkpoint it waits for.
+    deadline = work + restart + opts.checkpoint_write_h + opts.move_h + slack * work
+    jobs = Jobs.make([start], work, deadline, restart)
+    for zones in (one, two):
+        results = compare(zones, jobs, PRICES, ("on-demand", "greedy", "gpuplan", "omniscient"), opts, resolution=2)
+        bound = results["omniscient"].cost_usd[0]
+        od = results["on-demand"].cost_usd[0]
+        for name in ("greedy", "gpuplan"):
+            out = results[name]
+            assert out.deadline_met[0], f"{name} missed a feasible deadline in {len(zones.names)} zone(s)"
+            assert bound <= out.cost_usd[0] + 1e-9
+            # Never more than on-demand by more than the restart budget (the slack it may spend).
+            assert out.cost_usd[0] <= od + PRICES.on_demand * (deadline - work + restart) + 1e-9
+            if notice > 0:  # just in time: a preemption loses at most the notice window
+                assert out.work_lost_h[0] <= notice * out.preemptions[0] + 1e-9
+    # Knowing two zones can only help the bound.
+    assert omniscient(two, jobs, PRICES, 2).cost_usd[0] <= omniscient(one, jobs, PRICES, 2).cost_usd[0] + 1e-9
+
+
+def test_a_voluntary_changeover_waits_for_its_checkpoint_on_the_old_instance() -> None:
+    z = zones_from([0] * 20 + [1] * 400, gap_s=360.0)  # no spot for 2 h, then spot for good
+    jobs = Jobs.make([0], 10.0, 13.0, 0.2)
+    # A zone that runs 2 h between preemptions: the 3 h of slack are below the reserve, so the job
+    # bridges the outage on on-demand once waiting has cost what a bridge costs (here 1 h: two
+    # changeovers of 0.25 h billed at 3 + 1, plus their slack at 3 - 1, over a rent of 3 - 1 an hour),
+    # then goes back to spot when it returns (a voluntary changeover).
+    out = run_policy(z, jobs, "gpuplan", PRICES, SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05))
+    assert out.preemptions[0] == 0
+    # On-demand from 1 h to 2 h (0.2 h of it the restart), then 0.05 h more for the checkpoint.
+    assert out.on_demand_h[0] == pytest.approx(1.0 + 0.05)
+    # Spot boots meanwhile: restart 0.2 h, then the 10 - 0.8 h of work left; no extra delay.
+    assert out.spot_h[0] == pytest.approx(0.2 + 9.2)
+    assert out.finish_h[0] == pytest.approx(2.0 + 0.2 + 9.2)
+    assert out.cost_usd[0] == pytest.approx(1.05 * PRICES.on_demand + 9.4 * PRICES.spot)
+
+
+def test_a_preemption_loses_the_notice_window_with_a_just_in_time_checkpoint_else_the_interval() -> None:
+    z = zones_of("halves-a")  # available for 30 h, then gone
+    jobs = Jobs.make([0], 40.0, 58.0, 0.1)
+    base = SimOptions(checkpoint_cost_h=0.05, mttp_h=(5.0,), checkpoint_write_h=0.02)
+    jit = run_policy(z, jobs, "gpuplan", PRICES, replace(base, notice_h=0.1))
+    blind = run_policy(z, jobs, "gpuplan", PRICES, base)
+    assert replace(base, notice_h=0.1).just_in_time and not replace(base, notice_h=0.06).just_in_time
+    assert jit.preemptions[0] == blind.preemptions[0] == 1
+    assert 0.0 < jit.work_lost_h[0] <= 0.1 < blind.work_lost_h[0] <= young_daly_interval(0.05, 5.0)
+    assert jit.deadline_met[0] and blind.deadline_met[0]
+
+
+def test_a_move_to_another_zone_pays_the_checkpoint_transfer() -> None:
+    z = zones_of("halves-a", "halves-b")
+    jobs = Jobs.make([0], 40.0, 58.0, 0.2)
+    out = run_policy(z, jobs, "gpuplan", PRICES, SimOptions(move_h=0.05))
+    assert out.preemptions[0] == 1 and out.on_demand_h[0] == 0.0
+    assert out.cost_usd[0] == pytest.approx((40.0 + 0.4 + 0.05) * 1.0)
+
+
+@given(avail=st.lists(st.booleans(), min_size=4, max_size=60), cut=st.integers(1, 59))
+@settings(max_examples=30, deadline=None)
+def test_online_estimates_never_read_the_future(avail: list[bool], cut: int) -> None:
+    cut = min(cut, len(avail) - 1)
+    flipped = avail[:cut] + [not x for x in avail[cut:]]
+    a = online_mean_run(zones_from([int(x) for x in avail]), 12.5)
+    b = online_mean_run(zones_from([int(x) for x in flipped]), 12.5)
+    np.testing.assert_array_equal(a[:, :cut], b[:, :cut])  # tick t may use what is seen at t
+
+
+def test_measured_costs_come_from_the_calibration() -> None:
+    m = SimOptions.measured(state_gb=14.8, write_gbps=14.8 / 3.3, snapshot_gbps=14.8 / 0.29)
+    assert m.checkpoint_write_h * 3600 == pytest.approx(3.3)
+    assert m.checkpoint_cost_h * 3600 == pytest.approx(0.29 + 1.0)  # + the loop's fixed cost per checkpoint
+    assert m.notice_h == pytest.approx(120 / 3600) and m.just_in_time
 
 
 def test_trace_validation_errors_say_what_to_fix(tmp_path: Path) -> None:

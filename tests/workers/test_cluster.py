@@ -1,81 +1,371 @@
-"""The generated Ray cluster-launcher config passes Ray's own validation and says what the plan says."""
+"""The generated Ray cluster-launcher config: Ray's own validation and AWS bootstrap accept it (against
+moto's server), and Ray's own node-type selection, given what the executor really asks for, launches
+the plan's GPU, market and zone. No cloud is contacted."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
 import yaml
+from ray._private.label_utils import validate_label_key, validate_label_value, validate_node_labels
+from ray.autoscaler._private.node_provider_availability_tracker import NodeAvailabilitySummary
+from ray.autoscaler._private.resource_demand_scheduler import _default_utilization_scorer, _fits, get_nodes_for
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from catalog.loader import load_catalog
+from commands.specfile import load_spec
 from planner.search import plan
 from planner.spec import spec_from_dict
 from planner.types import Plan
-from workers.cluster import ClusterOptions, cluster_config, to_yaml
+from workers.cluster import ClusterOptions, cluster_needs, node_type_name
+from workers.cluster_aws import generate as generate_config
+from workers.executor import RunRequest
+from workers.placement import MARKET_PREFIX, ZONE_PREFIX
+from workers.ray_attempt import attempt_infeasibility, request_placement, scaling_config
+from workers.ray_executor import autoscaler_node_types
 
-SPEC = {
-    "name": "sft-demo",
-    "task": "train",
-    "model": "llama-3-8b",
-    "train": {"tokens": 2.0e9, "seq_len": 4096},
-    "resources": {"clouds": ["aws"], "spot": "auto", "deadline": "24h"},
-}
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+PROFILE = "gpuplan-test-node"
+BUCKET = "gpuplan-test-ckpt"
+AMI_PARAMETER = "/gpuplan-test/dlami/x86_64"  # moto refuses /aws/... names; the default names are tested apart
+HEAD = {"CPU": 8.0, "node:__internal_head__": 1.0}
 
 
 @pytest.fixture(scope="module")
-def aws_plan() -> Plan:
-    return plan(spec_from_dict(SPEC), load_catalog())
+def aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """moto's server on 127.0.0.1 with an instance profile, a bucket and a DLAMI parameter per region;
+    yields one boto3 session for all lookups (a session loads each service model once)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+            mp.delenv(key, raising=False)
+        for key, value in env.items():
+            mp.setenv(key, value)
+        iam = boto3.client("iam", region_name="us-east-1")
+        iam.create_role(RoleName=PROFILE, AssumeRolePolicyDocument=json.dumps({"Statement": []}))
+        iam.create_instance_profile(InstanceProfileName=PROFILE)
+        iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName=PROFILE)
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        for region in ("us-east-1", "eu-north-1"):
+            ec2 = boto3.client("ec2", region_name=region)
+            image = ec2.register_image(Name="gpuplan-test-dlami", RootDeviceName="/dev/sda1", Architecture="x86_64")
+            boto3.client("ssm", region_name=region).put_parameter(
+                Name=AMI_PARAMETER, Value=image["ImageId"], Type="String")
+        mp.setenv("HOME", str(tmp_path_factory.mktemp("home")))  # Ray's bootstrap writes its SSH key there
+        try:
+            yield boto3.session.Session(region_name="us-east-1")
+        finally:
+            server.stop()
 
 
-def test_config_passes_ray_validation_before_and_after_defaults(aws_plan: Plan) -> None:
-    config = yaml.safe_load(to_yaml(cluster_config(aws_plan)))
-    validate_config(config)
-    filled = prepare_config(json.loads(json.dumps(config)))
-    validate_config(filled)
+def _plan(name: str, **resources: Any) -> Plan:
+    spec = load_spec(str(EXAMPLES / name))
+    if resources:
+        doc = spec.model_dump(mode="json", exclude_none=True)
+        doc["resources"] = {**doc.get("resources", {}), **resources}
+        spec = spec_from_dict(doc)
+    return plan(spec, load_catalog())
 
 
-def test_worker_types_are_spot_with_plan_counts_and_watcher(aws_plan: Plan) -> None:
-    chosen = aws_plan.chosen
+@pytest.fixture(scope="module")
+def plans() -> dict[str, Plan]:
+    return {
+        "8b-auto": _plan("llama3-8b-sft.yaml", clouds=["aws"]),  # p4d spot, use1-az1, 2 nodes; both markets
+        "8b-always": _plan("llama3-8b-sft.yaml", clouds=["aws"], spot="always"),
+        "8b-never": _plan("llama3-8b-sft.yaml", clouds=["aws"], spot="never"),
+        "70b": _plan("llama3-70b-lora.yaml", clouds=["aws"]),  # p5en in eu-north-1 (no Ray default AMI there)
+    }
+
+
+def _opts(**over: Any) -> ClusterOptions:
+    base: dict[str, Any] = {"wheel": "dist/gpuplan-0.1.0-py3-none-any.whl", "instance_profile": PROFILE,
+                            "checkpoint_root": f"s3://{BUCKET}/runs", "ami_parameters": {"x86_64": AMI_PARAMETER}}
+    return ClusterOptions(**{**base, **over})
+
+
+_GENERATED: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}
+
+
+def generate(session: Any, p: Plan, opts: ClusterOptions) -> tuple[dict[str, Any], str]:
+    """``workers.cluster_aws.generate`` once per (plan, options) in this module: the lookups cost ~1 s each."""
+    key = (id(p), repr(opts))
+    if key not in _GENERATED:
+        _GENERATED[key] = generate_config(p, opts, session)
+    config, text = _GENERATED[key]
+    return copy.deepcopy(config), text
+
+
+def _request(p: Plan, market: str, zone: str | None, cand: Any = None) -> RunRequest:
+    cand = cand or p.chosen
+    spec = load_spec(str(EXAMPLES / "llama3-8b-sft.yaml"))
+    return RunRequest(job_id="j1", attempt=1, spec=spec, strategy=cand.estimate.strategy, checkpoint_uri="s3://b/j1",
+                      run_name="j1", market=market, zone=zone)
+
+
+def _bundles(request: RunRequest, node_types: Any) -> list[dict[str, float]]:
+    """The placement-group bundles Ray Train asks the autoscaler for: one per worker."""
+    placement = request_placement(request, [HEAD], node_types)
+    per_worker = scaling_config(placement)._resources_per_worker_not_none
+    return [dict(per_worker) for _ in range(placement.num_workers)]
+
+
+def _ray_picks(config: dict[str, Any], bundles: list[dict[str, float]]) -> dict[str, int]:
+    filled = prepare_config(copy.deepcopy(config))
+    scorer = functools.partial(_default_utilization_scorer,
+                               node_availability_summary=NodeAvailabilitySummary(node_availabilities={}))
+    picked, unfulfilled = get_nodes_for(filled["available_node_types"], {}, "head", 100, bundles, scorer)
+    assert not unfulfilled, unfulfilled
+    return dict(picked)
+
+
+def _ray_v2_picks(config: dict[str, Any], bundles: list[dict[str, float]]) -> dict[str, int]:
+    """What autoscaler v2 (``ray up``'s default in Ray 2.60) launches for one placement group of ``bundles``."""
+    from ray.autoscaler.v2.instance_manager.config import AutoscalingConfig
+    from ray.autoscaler.v2.scheduler import ResourceDemandScheduler, SchedulingRequest
+    from ray.autoscaler.v2.utils import ResourceRequestUtil
+    from ray.core.generated.autoscaler_pb2 import GangResourceRequest
+
+    auto = AutoscalingConfig(prepare_config(copy.deepcopy(config)), skip_content_hash=True)
+    gang = GangResourceRequest(requests=[ResourceRequestUtil.make(b) for b in bundles], details="train")
+    reply = ResourceDemandScheduler().schedule(SchedulingRequest(
+        disable_launch_config_check=True, node_type_configs=auto.get_node_type_configs(),
+        max_num_nodes=auto.get_max_num_nodes(), gang_resource_requests=[gang]))
+    assert not reply.infeasible_gang_resource_requests
+    picked: dict[str, int] = {}
+    for launch in reply.to_launch:
+        picked[launch.instance_type] = picked.get(launch.instance_type, 0) + launch.count
+    return picked
+
+
+def test_config_passes_ray_validation_and_bootstrap_on_moto(aws: Any, plans: dict[str, Plan],
+                                                              tmp_path: Path) -> None:
+    from ray.autoscaler._private.aws.config import bootstrap_aws
+
+    for key, p in plans.items():
+        config, text = generate(aws, p, _opts())
+        loaded = yaml.safe_load(text)
+        assert loaded == json.loads(json.dumps(config))
+        validate_config(loaded)
+        filled = prepare_config(copy.deepcopy(loaded))
+        validate_config(filled)
+        for node_type in loaded["available_node_types"].values():  # what `ray start` checks on each node
+            labels = node_type.get("labels", {})
+            validate_node_labels(labels)
+            assert all(validate_label_key(k) is None for k in labels), labels
+            for value in labels.values():
+                validate_label_value(value)
+        booted = bootstrap_aws(filled)  # Ray's real code: key pair, subnets, security groups, AMI check
+        for name, node_type in booted["available_node_types"].items():
+            node = node_type["node_config"]
+            assert node["SubnetIds"] == config["available_node_types"][name]["node_config"]["SubnetIds"], key
+            assert node["ImageId"].startswith("ami-") and node["SecurityGroupIds"], key
+            assert node["IamInstanceProfile"] == {"Name": PROFILE}, (key, name)
+
+
+def test_every_planned_kind_is_launched_as_exactly_its_node_type(aws: Any, plans: dict[str, Plan],
+                                                                  tmp_path: Path) -> None:
+    """What the executor asks for, fed to Ray's own node-type selection, picks the planned (GPU, market,
+    zone), for the chosen offer and every alternative; each bundle fits one node type only."""
+    for key, p in plans.items():
+        config, text = generate(aws, p, _opts())
+        file = tmp_path / f"{key}.yaml"
+        file.write_text(text)
+        node_types = autoscaler_node_types(file)
+        ec2 = boto3.client("ec2", region_name=config["provider"]["region"])
+        zone_of = {s["SubnetId"]: s["AvailabilityZoneId"] for s in ec2.describe_subnets()["Subnets"]}
+        for kind in cluster_needs(p, _opts()).kinds:
+            assert kind.zone is not None
+            expected = node_type_name(kind.instance_type, kind.market, kind.zone)
+            node_type = config["available_node_types"][expected]
+            assert [zone_of[s] for s in node_type["node_config"]["SubnetIds"]] == [kind.zone]
+            spot = "InstanceMarketOptions" in node_type["node_config"]
+            assert spot == (kind.market == "spot"), expected
+            bundles = _bundles(_request(p, kind.market, kind.zone, kind.candidate), node_types)
+            fitting = [name for name, t in config["available_node_types"].items() if _fits(t["resources"], bundles[0])]
+            assert fitting == [expected], (key, bundles[0])
+            assert _ray_picks(config, bundles) == {expected: kind.candidate.nodes}, key
+            assert _ray_v2_picks(config, bundles) == {expected: kind.candidate.nodes}, key
+
+
+def test_markets_follow_the_spec(aws: Any, plans: dict[str, Plan]) -> None:
+    def markets(config: dict[str, Any]) -> set[str]:
+        return {k.split(":", 1)[1] for t in config["available_node_types"].values() for k in t["resources"]
+                if k.startswith(MARKET_PREFIX)}
+
+    auto, _ = generate(aws, plans["8b-auto"], _opts())
+    always, _ = generate(aws, plans["8b-always"], _opts())
+    never, _ = generate(aws, plans["8b-never"], _opts())
+    assert markets(auto) == {"spot", "on-demand"}
+    assert markets(always) == {"spot"}
+    assert markets(never) == {"on-demand"}
+    assert all(t.get("min_workers", 0) == 0 for t in auto["available_node_types"].values())
+    # the chosen p4d in use1-az1, where the plan priced spot at $2.47/h: both markets pinned there
+    chosen = plans["8b-auto"].chosen
+    assert chosen is not None and chosen.offer.zone == "use1-az1" and chosen.nodes == 2
+    for market in ("spot", "on-demand"):
+        name = node_type_name(chosen.offer.instance_type, market, "use1-az1")
+        assert auto["available_node_types"][name]["max_workers"] == 2
+        assert auto["available_node_types"][name]["resources"][ZONE_PREFIX + "use1-az1"] == 8
+
+
+def test_every_zone_gives_the_chosen_run_a_node_type_in_each_priced_zone(aws: Any, plans: dict[str, Plan],
+                                                                          tmp_path: Path) -> None:
+    """For zone switching: the chosen p4d also in use1-az2 (priced there too), in both markets; an attempt
+    moved there (RunRequest.zone) launches exactly that zone's node type, with the run's node count."""
+    p = plans["8b-auto"]
+    chosen = p.chosen
     assert chosen is not None
-    config = cluster_config(aws_plan)
-    types = config["available_node_types"]
-    head = types[config["head_node_type"]]
-    assert "InstanceMarketOptions" not in head["node_config"]
-    assert head["node_config"]["InstanceType"] == "m5.2xlarge"
-    spot_types = {k: t for k, t in types.items() if k.endswith("-spot")}
-    assert spot_types, "at least one spot worker type"
-    first = spot_types[next(iter(spot_types))]
-    assert first["node_config"]["InstanceType"] == chosen.offer.instance_type
-    assert first["node_config"]["InstanceMarketOptions"]["MarketType"] == "spot"
-    assert first["min_workers"] == chosen.nodes == first["max_workers"]
-    assert first["resources"][f"accelerator_type:{chosen.offer.gpu}"] == chosen.offer.gpu_count
-    assert first["resources"]["GPU"] == chosen.offer.gpu_count
-    instance_types = [t["node_config"]["InstanceType"] for t in spot_types.values()]
-    assert len(instance_types) == len(set(instance_types)), "one node type per instance type"
-    od = [t for k, t in types.items() if k.endswith("-on-demand")]
-    assert all("InstanceMarketOptions" not in t["node_config"] and t["min_workers"] == 0 for t in od)
-    assert config["max_workers"] >= sum(t.get("min_workers", 0) for t in types.values())
-    watcher = [c for c in config["worker_start_ray_commands"] if "workers.preemption" in c]
-    assert len(watcher) == 1 and "--gcs-address $RAY_HEAD_IP:6379" in watcher[0] and "--node-id" in watcher[0]
-    assert any("pip install" in c for c in config["setup_commands"])
+    config, text = generate(aws, p, _opts(every_zone=True, alternatives=0))
+    names = sorted(k for k in config["available_node_types"] if k != "head")
+    assert names == sorted(node_type_name("p4d.24xlarge", m, z) for m in ("spot", "on-demand")
+                           for z in ("use1-az1", "use1-az2"))
+    (tmp_path / "c.yaml").write_text(text)
+    node_types = autoscaler_node_types(tmp_path / "c.yaml")
+    for zone in ("use1-az1", "use1-az2"):
+        bundles = _bundles(_request(p, "spot", zone), node_types)
+        assert _ray_v2_picks(config, bundles) == {node_type_name("p4d.24xlarge", "spot", zone): chosen.nodes}
 
 
-def test_source_dir_is_synced_and_installed(aws_plan: Plan, tmp_path: Path) -> None:
-    config = cluster_config(aws_plan, ClusterOptions(source_dir=str(tmp_path), alternatives=0))
-    assert config["file_mounts"] == {"~/gpuplan": str(tmp_path)}
-    assert "pip install -q -e ~/gpuplan" in config["setup_commands"]
-    assert len([k for k in config["available_node_types"] if k.endswith("-spot")]) == 1
-    validate_config(config)
-
-
-def test_non_aws_and_empty_plans_are_refused(aws_plan: Plan) -> None:
-    chosen = aws_plan.chosen
+def test_an_on_demand_attempt_of_a_spot_always_plan_is_infeasible(aws: Any, plans: dict[str, Plan],
+                                                                   tmp_path: Path) -> None:
+    p = plans["8b-always"]
+    _, text = generate(aws, p, _opts())
+    (tmp_path / "c.yaml").write_text(text)
+    node_types = autoscaler_node_types(tmp_path / "c.yaml")
+    chosen = p.chosen
     assert chosen is not None
+    assert attempt_infeasibility(_request(p, "spot", chosen.offer.zone), [HEAD], node_types) is None
+    reason = attempt_infeasibility(_request(p, "on-demand", chosen.offer.zone), [HEAD], node_types)
+    assert reason is not None and "gpuplan-market:on-demand" in reason
+    # without the autoscaler's node types, a job submitted before workers join could never run
+    assert attempt_infeasibility(_request(p, "spot", chosen.offer.zone), [HEAD]) is not None
+
+
+def test_install_setup_and_start_commands(aws: Any, plans: dict[str, Plan], tmp_path: Path) -> None:
+    config, _ = generate(aws, plans["8b-auto"], _opts(database_url="postgresql://u@db/gpuplan"))
+    setup = " ; ".join(config["setup_commands"])
+    assert "pip install gpuplan" not in setup and "ray[default,train]==2.60.0" in setup
+    assert config["file_mounts"] == {"~/gpuplan-dist/gpuplan-0.1.0-py3-none-any.whl":
+                                     "dist/gpuplan-0.1.0-py3-none-any.whl"}
+    server = config["head_start_ray_commands"][-1]
+    assert "gpuplan server" in server and f"--checkpoint-root s3://{BUCKET}/runs" in server
+    assert "--ray-cluster-config" in server and "GPUPLAN_DATABASE_URL=postgresql://u@db/gpuplan" in server
+    assert "Restart=always" in server
+    watcher = config["worker_start_ray_commands"][-1]
+    assert "workers.cluster watch --gcs-address $RAY_HEAD_IP:6379" in watcher and "Restart=always" in watcher
+    source, _ = generate(aws, plans["8b-auto"], _opts(wheel=None, source_dir=str(tmp_path)))
+    assert source["file_mounts"] == {"~/gpuplan": str(tmp_path)}
+    with pytest.raises(InvalidInput, match="not published"):
+        generate(aws, plans["8b-auto"], _opts(wheel=None))
+
+
+def test_bad_input_is_refused_before_any_yaml(aws: Any, plans: dict[str, Plan]) -> None:
+    p = plans["70b"]
+    with pytest.raises(InvalidInput, match="region eu-north-1 has no GPU AMI"):
+        generate(aws, p, _opts(ami_parameters=ClusterOptions().ami_parameters))  # AWS's names: none in moto
+    with pytest.raises(InvalidInput, match="does not exist"):
+        generate(aws, p, _opts(checkpoint_root="s3://no-such-gpuplan-bucket/x"))
+    with pytest.raises(InvalidInput, match="ami-0000000000000000f does not exist in eu-north-1"):
+        generate(aws, p, _opts(ami="ami-0000000000000000f"))
+    with pytest.raises(InvalidInput, match="instance profile 'nobody'"):
+        generate(aws, p, _opts(instance_profile="nobody"))
+    chosen = p.chosen
+    assert chosen is not None
+    moved = chosen.model_copy(update={"offer": chosen.offer.model_copy(update={"zone": "eun1-az9"})})
+    with pytest.raises(InvalidInput, match=r"zone eun1-az9 .* has no usable subnet"):
+        generate(aws, p.model_copy(update={"chosen": moved}), _opts())
     gcp = chosen.model_copy(update={"offer": chosen.offer.model_copy(update={"cloud": "gcp"})})
     with pytest.raises(InvalidInput, match="AWS only"):
-        cluster_config(aws_plan.model_copy(update={"chosen": gcp}))
+        generate(aws, p.model_copy(update={"chosen": gcp}), _opts())
     with pytest.raises(NoFeasiblePlan):
-        cluster_config(aws_plan.model_copy(update={"chosen": None}))
+        generate(aws, p.model_copy(update={"chosen": None}), _opts())
+
+
+def test_explicit_subnet_and_ami(aws: Any, plans: dict[str, Plan]) -> None:
+    p = plans["8b-auto"]
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.1.0/24", AvailabilityZoneId="use1-az1")["Subnet"]
+    image = boto3.client("ssm", region_name="us-east-1").get_parameter(Name=AMI_PARAMETER)["Parameter"]["Value"]
+    config, text = generate(aws, p, _opts(ami=image, subnets={"use1-az1": subnet["SubnetId"]}, alternatives=0))
+    chosen = p.chosen
+    assert chosen is not None
+    name = node_type_name(chosen.offer.instance_type, "spot", "use1-az1")
+    assert config["available_node_types"][name]["node_config"]["SubnetIds"] == [subnet["SubnetId"]]
+    assert f"{image} (--ami" in text
+    assert "p4d.24xlarge: 2 nodes at 400 Gbit/s" in text  # the header says the plan's link speed is not met
+    with pytest.raises(InvalidInput, match="is in zone"):
+        generate(aws, p, _opts(subnets={"use1-az2": subnet["SubnetId"]}))
+
+
+def _stub(path: Path, body: str) -> None:
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+
+
+def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dict[str, Plan], tmp_path: Path) -> None:
+    """Each command as Ray's updater sends it (RAY_HEAD_IP and resource exports, then `bash --login -c -i
+    'source ~/.bashrc; ... (cmd)'`), run by bash as sshd would, with recording stubs for the programs."""
+    import subprocess
+
+    from ray.autoscaler._private.command_runner import _with_environment_variables, _with_interactive
+    from ray.autoscaler._private.util import with_head_node_ip
+
+    url = "postgresql://gpuplan:p@ss'w$rd@db:5432/gpuplan"
+    config, _ = generate(aws, plans["8b-auto"], _opts(database_url=url))
+    home, stubs = tmp_path / "home", tmp_path / "bin"
+    venv = home / "gpuplan-venv" / "bin"
+    for folder in (home, stubs, venv):
+        folder.mkdir(parents=True)
+    # Ubuntu's ~/.bashrc stops early in a non-interactive shell: the venv line must come before that. (The
+    # stubs stand in for the system's programs; a login shell's /etc/profile resets PATH, so they go here.)
+    (home / ".bashrc").write_text(f"export PATH={stubs}:$PATH\ncase $- in *i*) ;; *) return;; esac\n")
+    record = 'printf "%s\\n" "--- $(basename $0)" "$@" >> "$HOME/calls"'
+    for name in ("apt-get", "systemctl", "systemd-run"):
+        _stub(stubs / name, record)
+    _stub(stubs / "sudo", 'exec "$@"')
+    for name in ("python", "pip", "ray"):
+        _stub(venv / name, record)
+    env = {"HOME": str(home), "PATH": f"{stubs}:/usr/bin:/bin"}
+    commands = config["setup_commands"] + config["head_start_ray_commands"] + config["worker_start_ray_commands"]
+    for cmd in commands:
+        wrapped = with_head_node_ip([cmd], "10.0.0.7")[0]
+        wrapped = _with_environment_variables(wrapped, {"RAY_OVERRIDE_RESOURCES": {"CPU": 8}})
+        remote = " ".join(_with_interactive(wrapped))  # ssh hands the remote shell one string
+        done = subprocess.run(["bash", "-c", remote], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (cmd, done.stderr)
+    calls = [block.strip().split("\n") for block in (home / "calls").read_text().split("--- ")[1:]]
+    ray_calls = [c[1:] for c in calls if c[0] == "ray"]
+    assert ray_calls[:2] == [["stop"], ["start", "--head", "--port=6379", "--object-manager-port=8076",
+                                        "--autoscaling-config=~/ray_bootstrap_config.yaml", "--dashboard-host=0.0.0.0"]]
+    assert ["start", "--address=10.0.0.7:6379", "--object-manager-port=8076"] in ray_calls  # the venv's ray, via PATH
+    runs = {c[2]: c[1:] for c in calls if c[0] == "systemd-run"}
+    assert runs["gpuplan-server"][-13:] == [
+        f"--setenv=GPUPLAN_DATABASE_URL={url}", "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server",
+        "--executor", "ray", "--host", "0.0.0.0", "--port", "8000", "--ray-cluster-config",
+        "/home/ubuntu/ray_bootstrap_config.yaml", "--checkpoint-root", f"s3://{BUCKET}/runs"]
+    assert runs["gpuplan-preemption"][-6:] == ["/home/ubuntu/gpuplan-venv/bin/python", "-m", "workers.cluster",
+                                               "watch", "--gcs-address", "10.0.0.7:6379"]
+    assert runs["gpuplan-server"][:8] == ["--unit", "gpuplan-server", "--uid", "ubuntu", "-p", "Restart=always", "-p",
+                                          "RestartSec=5"]
+    assert "--setenv=AWS_DEFAULT_REGION=us-east-1" in runs["gpuplan-server"]  # the bucket's region
+    assert (home / ".bashrc").read_text().splitlines()[:2] == [
+        "export AWS_DEFAULT_REGION=us-east-1", "export PATH=$HOME/gpuplan-venv/bin:$PATH"]
+    pip = [c[1:] for c in calls if c[0] == "pip"]
+    assert ["install", "-q", "ray[default,train]==2.60.0",
+            f"{home}/gpuplan-dist/gpuplan-0.1.0-py3-none-any.whl"] in pip

@@ -404,3 +404,35 @@ def test_executors_in_different_namespaces_do_not_see_each_others_attempts(ray_c
         assert team_a.wait(handle, timeout=120).state is RunState.CANCELLED
         team_a.release(handle)
         gate.release()
+
+
+def test_on_a_gpuplan_cluster_an_attempt_runs_on_its_planned_market_and_zone(ray_cluster: Any, tmp_path: Path) -> None:
+    """Nodes of `gpuplan cluster config` carry (GPU, market, zone) resources: an on-demand attempt runs on
+    the on-demand node though a spot node of the same GPU is free, and a zone no node type has is refused;
+    the autoscaler's node types count before their nodes join."""
+    from workers.placement import pin_resources
+
+    def pinned(market: str, zone: str) -> dict[str, float]:
+        return {"accelerator_type:H100": 1, **pin_resources("H100-SXM", market, zone)}
+
+    spot = ray_cluster.add_node(num_cpus=1, num_gpus=1, resources=pinned("spot", "use1-az6"))
+    on_demand = ray_cluster.add_node(num_cpus=1, num_gpus=1, resources=pinned("on-demand", "use1-az6"))
+    try:
+        ray_cluster.wait_for_nodes()
+        later = pinned("on-demand", "use1-az1")
+        executor = RayExecutor(storage_path=str(tmp_path / "ray"), backend="gloo", cpu_threads=1, log_every_s=0.0,
+                               node_types=[({"CPU": 1, "GPU": 1, **later}, 1)])
+        h100 = Strategy(gpu="H100-SXM", gpu_count=1, precision="bf16")
+        request = dataclasses.replace(_infer_request(tmp_path / "out", "ray-pinned", h100),
+                                      market="on-demand", zone="use1-az6")
+        assert executor.feasibility(dataclasses.replace(request, zone="use1-az1")) is None  # a node type has it
+        elsewhere = executor.feasibility(dataclasses.replace(request, zone="use1-az4"))
+        assert elsewhere is not None and "gpuplan-zone:use1-az4" in elsewhere
+        handle = executor.submit(request)
+        status = executor.wait(handle, timeout=240)
+        assert status.state is RunState.SUCCEEDED, (status.message, executor.logs(handle)[-5:])
+        assert executor.snapshot(handle)["node_id"] == on_demand.node_id != spot.node_id
+        executor.release(handle)
+    finally:
+        ray_cluster.remove_node(spot)
+        ray_cluster.remove_node(on_demand)

@@ -1,0 +1,90 @@
+"""The few reads the dashboard needs that the service has no method for yet: a job search, spend
+per day by GPU type and market, and the attempts that recorded predicted vs measured.
+
+Read-only aggregates over the same tables; the rules (who may see what, budgets, states) stay in
+the service, whose ``_team_id`` decides the team these are asked for.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, time
+from typing import Any
+
+from sqlalchemy import String, cast, func, or_
+from sqlalchemy import select as sa_select
+from sqlalchemy.sql.elements import ColumnElement
+
+from scheduler.models import Attempt, Job, JobPublic, Spend, Team
+from scheduler.store import Store
+
+_job = Job.__table__  # type: ignore[attr-defined]
+_spend = Spend.__table__  # type: ignore[attr-defined]
+_attempt = Attempt.__table__  # type: ignore[attr-defined]
+_team = Team.__table__  # type: ignore[attr-defined]
+
+
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def search_jobs(store: Store, team_id: int, *, text: str, state: str | None, limit: int,
+                offset: int) -> list[JobPublic]:
+    """The team's jobs whose name or id contains ``text`` (case-insensitive), newest first."""
+    spent = (sa_select(func.coalesce(func.sum(_spend.c.usd), 0.0)).where(_spend.c.job_id == _job.c.id)
+             .correlate(_job).scalar_subquery())
+    pattern = f"%{_like_escape(text.lower())}%"
+    stmt = sa_select(*(c for c in _job.c if c.name not in ("spec", "plan")), spent.label("spent_usd")).where(
+        _job.c.team_id == team_id,
+        or_(func.lower(_job.c.name).like(pattern, escape="\\"), func.lower(_job.c.id).like(pattern, escape="\\")))
+    if state is not None:
+        stmt = stmt.where(_job.c.state == state)
+    stmt = stmt.order_by(_job.c.created_at.desc(), _job.c.id).limit(limit).offset(offset)
+    with store.read() as session:
+        return [JobPublic.model_validate(dict(r)) for r in session.execute(stmt).mappings().all()]
+
+
+def team_names(store: Store) -> list[str]:
+    """Every team's name, for the admin's team picker (the service's list_teams also sums each team's
+    spend and reservations, which a picker does not need)."""
+    with store.read() as session:
+        return [str(n) for n in session.execute(sa_select(_team.c.name).order_by(_team.c.name)).scalars()]
+
+
+def _day(store: Store) -> ColumnElement[Any]:
+    if store.dialect == "postgresql":  # the session's time zone must not move a row to another day
+        return func.date(func.timezone("UTC", _spend.c.recorded_at))
+    return func.date(_spend.c.recorded_at)  # SQLite stores naive UTC text
+
+
+def spend_by_day(store: Store, team_id: int | None, since: datetime | None = None,
+                 until: datetime | None = None) -> list[tuple[date, str, str, float]]:
+    """(UTC day, GPU type, market, USD) for one team (None: every team), oldest first; ``since``
+    counts whole days from its own (the chart's bars are days)."""
+    day = _day(store).label("day")
+    stmt = (sa_select(day, _job.c.gpu, _spend.c.market, func.sum(_spend.c.usd))
+            .join(_job, _job.c.id == _spend.c.job_id))
+    if team_id is not None:
+        stmt = stmt.where(_spend.c.team_id == team_id)
+    if since is not None:
+        stmt = stmt.where(_spend.c.recorded_at >= datetime.combine(since.date(), time(), tzinfo=UTC))
+    if until is not None:
+        stmt = stmt.where(_spend.c.recorded_at <= until)
+    stmt = stmt.group_by(day, _job.c.gpu, _spend.c.market).order_by(day)
+    with store.read() as session:
+        rows = session.execute(stmt).all()
+    return [(d if isinstance(d, date) else date.fromisoformat(str(d)), str(g or "?"), str(m), float(u))
+            for d, g, m, u in rows]
+
+
+def accuracy_records(store: Store, team_id: int, limit: int = 500) -> list[tuple[str, str, dict[str, Any]]]:
+    """(job id/attempt, outcome, metrics) of the team's latest closed attempts that recorded metrics,
+    the records ``scheduler.accuracy.accuracy_rows`` reads."""
+    stmt = (sa_select(_attempt.c.job_id, _attempt.c.number, _attempt.c.outcome, _attempt.c.metrics)
+            .join(_job, _job.c.id == _attempt.c.job_id)
+            .where(_job.c.team_id == team_id, _attempt.c.metrics.is_not(None),
+                   cast(_attempt.c.metrics, String) != "null",  # a JSON null, not SQL NULL
+                   _attempt.c.ended_at.is_not(None))
+            .order_by(_attempt.c.ended_at.desc()).limit(limit))
+    with store.read() as session:
+        rows = session.execute(stmt).all()
+    return [(f"{j}/{n}", str(o), dict(m)) for j, n, o, m in rows if isinstance(m, dict)]

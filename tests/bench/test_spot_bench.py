@@ -1,0 +1,50 @@
+"""bench/spot.py's trace handling: 5-minute ticks, N-node availability, families from folders."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("spot_bench", ROOT / "bench" / "spot.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["spot_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_resample_keeps_a_tick_only_when_all_nodes_were_there_all_along() -> None:
+    spot = bench()
+    counts = np.array([4, 4, 4, 3, 4, 4, 4, 4, 4, 4, 0, 4, 4, 4, 4, 4], dtype=np.float64)  # 100 s ticks
+    avail, gap = spot.resample("z", counts, 100.0, nodes=4)
+    assert gap == 300.0
+    # ticks [0-2] full, [3-5] has a 3, [6-8] full, [9-11] has a 0, [12-14] full; 15 is a partial tick.
+    assert avail.tolist() == [True, False, True, False, True]
+    one_node, _ = spot.resample("z", counts, 100.0, nodes=1)
+    assert one_node.tolist() == [True, True, True, False, True]
+    coarse, gap = spot.resample("z", counts, 600.0, nodes=4)
+    assert gap == 600.0 and coarse.tolist() == (counts >= 4).tolist()
+
+
+def test_a_family_is_one_folder_of_zones_and_its_jobs_fit_in_the_trace(tmp_path: Path) -> None:
+    spot = bench()
+    folder = tmp_path / "preemption" / "4-node" / "aws-08-03-2023"
+    folder.mkdir(parents=True)
+    for name, n in (("us-east-1f_v100_1", 700), ("us-west-2c_v100_1", 800)):
+        (folder / f"{name}.json").write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [4] * n}))
+    [fam] = spot.families(tmp_path)
+    assert (fam.name, fam.cloud, fam.nodes, fam.notice_s) == ("aws-08-03-2023 4-node preemption", "aws", 4, 120.0)
+    assert fam.zones.ticks == 700 and [z.ticks for z in fam.singles] == [700, 800]
+    jobs = spot.job_grid(fam.singles[0])
+    assert jobs is not None and len(jobs) > 0
+    ends = jobs.start_tick * fam.zones.gap_h + jobs.deadline_h
+    assert np.all(ends <= fam.singles[0].hours)

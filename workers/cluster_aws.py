@@ -1,0 +1,229 @@
+"""What ``gpuplan cluster config`` looks up in the AWS account before it writes any YAML.
+
+- the AMI of every node type: the current Deep Learning Base AMI of its CPU architecture through
+  AWS's public SSM parameter (``workers.cluster.DLAMI_PARAMETERS``), or the ``--ami`` given, checked
+  to exist in the region and to match each instance type's architecture;
+- a subnet for each zone id the plan priced (``--subnet ZONE=SUBNET`` first, else the account's
+  subnets: available ones that map public IPs, all in one VPC as Ray requires); a regional offer
+  (no zone) gets the first zone, by id, that offers its instance type and has a subnet;
+- the IAM instance profile of the nodes, and the S3 bucket of the checkpoint root.
+
+Each missing piece is an InvalidInput naming it and how to fix it. boto3 honours
+``AWS_ENDPOINT_URL``, so tests point it at moto's server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from catalog.errors import InvalidInput
+from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, iam_policy, kind_key
+
+
+def _code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
+
+
+def resolve_aws(needs: ClusterNeeds, opts: ClusterOptions, session: Any | None = None) -> AwsFacts:
+    import boto3
+
+    session = session or boto3.session.Session(region_name=needs.region)
+    ec2 = session.client("ec2", region_name=needs.region)
+    sources: dict[str, str] = {}
+    arch = _architectures(ec2, needs.instance_types, needs.region)
+    images = _images(session, ec2, arch, opts, needs.region, sources)
+    subnets = _subnets(ec2, opts, needs, sources)
+    zones = _zones(ec2, needs, subnets)
+    for kind in needs.kinds:
+        zone = zones[kind_key(kind)]
+        sources[f"subnet {zone}"] = subnets[zone]
+    profile = _instance_profile(session, opts, sources)
+    bucket_region = _check_bucket(session, opts.checkpoint_root, sources) if opts.checkpoint_root else None
+    return AwsFacts(images=images, subnets={z: subnets[z] for z in set(zones.values())}, zones=zones,
+                    instance_profile=profile, sources=sources, bucket_region=bucket_region)
+
+
+def _architectures(ec2: Any, instance_types: list[str], region: str) -> dict[str, str]:
+    try:
+        found = ec2.describe_instance_types(InstanceTypes=instance_types)["InstanceTypes"]
+    except Exception as exc:
+        if _code(exc).startswith("InvalidInstanceType"):
+            raise InvalidInput(f"an instance type of the plan is not offered in {region}: {exc}",
+                               hint="refresh the catalog (gpuplan catalog refresh aws) and plan again") from None
+        raise
+    arch: dict[str, str] = {}
+    for item in found:
+        supported = item.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
+        arch[item["InstanceType"]] = "x86_64" if "x86_64" in supported else supported[0]
+    missing = sorted(set(instance_types) - set(arch))
+    if missing:
+        raise InvalidInput(f"instance type(s) {', '.join(missing)} are not offered in {region}",
+                           hint="refresh the catalog (gpuplan catalog refresh aws) and plan again")
+    return arch
+
+
+def _images(session: Any, ec2: Any, arch: dict[str, str], opts: ClusterOptions, region: str,
+            sources: dict[str, str]) -> dict[str, str]:
+    if opts.ami:
+        try:
+            images = ec2.describe_images(ImageIds=[opts.ami])["Images"]
+        except Exception as exc:
+            if not _code(exc).startswith("InvalidAMIID"):
+                raise
+            images = []
+        if not images:
+            raise InvalidInput(f"AMI {opts.ami} does not exist in {region}", path="ami",
+                               hint="AMIs are per region: give one of this region, or leave --ami out for the "
+                               "Deep Learning Base AMI")
+        image_arch = images[0].get("Architecture") or "x86_64"
+        wrong = sorted(t for t, a in arch.items() if a != image_arch)
+        if wrong:
+            raise InvalidInput(f"AMI {opts.ami} is {image_arch}, but {', '.join(wrong)} need {arch[wrong[0]]}",
+                               path="ami", hint="leave --ami out: each architecture then gets its own DLAMI")
+        sources["AMI"] = f"{opts.ami} (--ami, {images[0].get('Name', '')})"
+        return dict.fromkeys(arch, opts.ami)
+    ssm = session.client("ssm", region_name=region)
+    by_arch: dict[str, str] = {}
+    for name in sorted(set(arch.values())):
+        parameter = opts.ami_parameters.get(name)
+        if parameter is None:
+            raise InvalidInput(f"no AMI parameter for {name} instances", path="ami", hint="give --ami ami-...")
+        try:
+            by_arch[name] = str(ssm.get_parameter(Name=parameter)["Parameter"]["Value"])
+        except Exception as exc:
+            if _code(exc) != "ParameterNotFound":
+                raise
+            raise InvalidInput(
+                f"region {region} has no GPU AMI for {name}: SSM parameter {parameter} does not exist there",
+                path="ami", hint="give --ami with an image of this region that has an NVIDIA driver for these "
+                "GPUs and Python >= 3.11, or plan the job in another region") from None
+        sources[f"AMI {name}"] = f"{by_arch[name]} (SSM {parameter})"
+    return {itype: by_arch[a] for itype, a in arch.items()}
+
+
+def _subnets(ec2: Any, opts: ClusterOptions, needs: ClusterNeeds, sources: dict[str, str]) -> dict[str, str]:
+    """zone id -> subnet id, every subnet in one VPC (Ray's provider uses subnets of one VPC only)."""
+    subnets = ec2.describe_subnets()["Subnets"]
+    by_id = {s["SubnetId"]: s for s in subnets}
+    chosen: dict[str, str] = {}
+    vpc: str | None = None
+    for zone, subnet_id in opts.subnets.items():
+        subnet = by_id.get(subnet_id)
+        if subnet is None:
+            raise InvalidInput(f"subnet {subnet_id} (for zone {zone}) does not exist in {needs.region}",
+                               path="subnet", hint="give a subnet of this region: aws ec2 describe-subnets")
+        if subnet.get("AvailabilityZoneId") != zone:
+            raise InvalidInput(f"subnet {subnet_id} is in zone {subnet.get('AvailabilityZoneId')}, not {zone}",
+                               path="subnet", hint="give ZONE_ID=SUBNET pairs with the subnet's own zone id")
+        if vpc not in (None, subnet["VpcId"]):
+            raise InvalidInput("the --subnet subnets are in more than one VPC", path="subnet",
+                               hint="Ray's AWS provider puts all nodes in one VPC: give subnets of one VPC")
+        vpc = subnet["VpcId"]
+        chosen[zone] = subnet_id
+        sources[f"subnet {zone}"] = f"{subnet_id} (--subnet)"
+    usable = [s for s in subnets if s.get("State") == "available" and s.get("MapPublicIpOnLaunch")]
+    if vpc is None:  # the default VPC when it has usable subnets, else the VPC with the most of them
+        defaults = [s for s in usable if s.get("DefaultForAz")]
+        pool = defaults or usable
+        if pool:
+            counts: dict[str, int] = {}
+            for s in pool:
+                counts[s["VpcId"]] = counts.get(s["VpcId"], 0) + 1
+            vpc = max(sorted(counts), key=lambda v: counts[v])
+    for s in sorted(usable, key=lambda s: (not s.get("DefaultForAz"), s["SubnetId"])):
+        zone = s.get("AvailabilityZoneId")
+        if s["VpcId"] == vpc and zone and zone not in chosen:
+            chosen[zone] = s["SubnetId"]
+    return chosen
+
+
+def _zones(ec2: Any, needs: ClusterNeeds, subnets: dict[str, str]) -> dict[str, str]:
+    zones: dict[str, str] = {}
+    for kind in needs.kinds:
+        if kind.zone is not None:
+            if kind.zone not in subnets:
+                raise InvalidInput(
+                    f"zone {kind.zone} (where the plan priced {kind.instance_type} {kind.market}) has no usable "
+                    f"subnet in {needs.region}",
+                    path="subnet", hint=f"create a subnet there that maps public IPs, or pass --subnet "
+                    f"{kind.zone}=subnet-...; zones with one: {', '.join(sorted(subnets)) or 'none'}")
+            zones[kind_key(kind)] = kind.zone
+            continue
+        offered = _offered_zones(ec2, kind.instance_type)
+        usable = sorted(z for z in offered if z in subnets)
+        if not usable:
+            raise InvalidInput(f"no zone of {needs.region} with a usable subnet offers {kind.instance_type}",
+                               path="subnet", hint="pass --subnet ZONE_ID=subnet-... for a zone that offers it")
+        zones[kind_key(kind)] = usable[0]
+    return zones
+
+
+def _offered_zones(ec2: Any, instance_type: str) -> Iterable[str]:
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone-id", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+    return [o["Location"] for page in pages for o in page["InstanceTypeOfferings"]]
+
+
+def _instance_profile(session: Any, opts: ClusterOptions, sources: dict[str, str]) -> str:
+    profile = opts.instance_profile
+    if profile.startswith("arn:"):
+        sources["instance profile"] = f"{profile} (given)"
+        return profile
+    iam = session.client("iam")
+    try:
+        found = iam.get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]
+    except Exception as exc:
+        if _code(exc) != "NoSuchEntity":
+            raise
+        policy = json.dumps(iam_policy(opts), separators=(",", ":"))
+        raise InvalidInput(
+            f"IAM instance profile {profile!r} does not exist", path="instance_profile",
+            hint=f"create it with a role of the same name (aws iam create-role / create-instance-profile / "
+            f"add-role-to-instance-profile) whose policy is {policy}, or give --instance-profile NAME") from None
+    if not found.get("Roles"):
+        raise InvalidInput(f"IAM instance profile {profile!r} has no role", path="instance_profile",
+                           hint=f"aws iam add-role-to-instance-profile --instance-profile-name {profile} "
+                           "--role-name ROLE")
+    sources["instance profile"] = f"{found['Arn']} (role {found['Roles'][0]['RoleName']})"
+    return profile
+
+
+def _check_bucket(session: Any, root: str, sources: dict[str, str]) -> str | None:
+    """The bucket's region (the nodes' S3 clients must use it, or S3 answers with a redirect)."""
+    if not root.startswith("s3://"):
+        raise InvalidInput(f"checkpoint root {root!r} is not on S3", path="checkpoint_root",
+                           hint="the nodes of a cluster share checkpoints through S3: give s3://bucket/prefix")
+    bucket = root[len("s3://"):].split("/", 1)[0]
+    if not bucket:
+        raise InvalidInput(f"checkpoint root {root!r} names no bucket", path="checkpoint_root",
+                           hint="use s3://bucket/prefix")
+    try:
+        found = session.client("s3").head_bucket(Bucket=bucket)
+    except Exception as exc:
+        code = _code(exc)
+        if code in ("404", "NoSuchBucket"):
+            raise InvalidInput(f"S3 bucket {bucket!r} of the checkpoint root does not exist",
+                               path="checkpoint_root", hint=f"create it (aws s3 mb s3://{bucket}) or fix the name"
+                               ) from None
+        if code in ("403", "AccessDenied"):
+            raise InvalidInput(f"access to S3 bucket {bucket!r} was denied", path="checkpoint_root",
+                               hint="use credentials that can read the bucket") from None
+        raise
+    region = found.get("BucketRegion") or found.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
+        "x-amz-bucket-region")
+    sources["checkpoints"] = f"{root} (bucket in {region or 'an unknown region'})"
+    return str(region) if region else None
+
+
+def generate(plan: Any, opts: ClusterOptions, session: Any | None = None) -> tuple[dict[str, Any], str]:
+    """The cluster config of ``plan`` and its YAML text (with notes), after every lookup succeeded."""
+    from workers.cluster import cluster_config, cluster_needs, install_commands, notes, to_yaml
+
+    needs = cluster_needs(plan, opts)
+    install_commands(opts)  # a missing --wheel / --source-dir is refused before AWS is asked anything
+    facts = resolve_aws(needs, opts, session)
+    config = cluster_config(plan, opts, facts)
+    return config, to_yaml(config, notes(opts, facts, needs))
