@@ -31,10 +31,12 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -q
 
+# Two pytest workers, each test file whole on one of them (its module fixtures, and the Ray tests of a file
+# on one local Ray instance per worker): most tests wait on processes, so two overlap on these 2 cores.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

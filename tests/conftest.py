@@ -1,4 +1,5 @@
-"""Shared fixtures. One Ray instance per test session (this is a 2-core box)."""
+"""Shared fixtures. One Ray instance per pytest process (this is a 2-core box; `make test` runs two
+xdist workers, each test file whole on one of them, so at most two small local clusters at once)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from scheduler.placement import SpotChooser, StaticZones
 from scheduler.policy import ZoneSeen
 from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.store import Store
-from tests.scheduler.conftest import TOY_MTTP_H, spec_dict, toy_plan
+from tests.scheduler.conftest import OFFER, TOY_MTTP_H, spec_dict, toy_plan
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
 from workers.executor import RunState
 
@@ -497,7 +497,8 @@ def test_spot_chooser_takes_on_demand_when_the_deadline_cannot_wait(svc: Schedul
     loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2, recheck_s=300))
     assert loop.tick().dispatched == [tight.id]
     request = ex.requests[ex.handle_of(tight.id)]
-    assert (request.market, request.zone) == ("on-demand", None)
+    # no zone from the policy: the attempt is pinned to the zone the plan priced (gpuplan cluster node types)
+    assert (request.market, request.zone) == ("on-demand", OFFER.zone)
     assert svc.status(ml, tight.id).usd_per_h == pytest.approx(55.04)
     # No deadline: spot or wait, never on-demand.
     free = spot_job(svc, ml, deadline=None)
@@ -512,7 +513,7 @@ def test_the_loop_still_takes_plain_market_and_price_pairs(svc: SchedulerService
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock, choose_market=lambda j, now: ("on-demand", 7.0))
     assert loop.tick().dispatched == [job.id]
-    assert ex.requests[ex.handle_of(job.id)].zone is None and svc.status(ml, job.id).usd_per_h == 7.0
+    assert ex.requests[ex.handle_of(job.id)].zone == OFFER.zone and svc.status(ml, job.id).usd_per_h == 7.0
 
 
 def test_only_spot_attempts_carry_the_planned_mean_time_to_preemption() -> None:
