@@ -106,10 +106,25 @@ def spend_lines(session: Session, team_id: int, since: datetime, until: datetime
         .group_by(col(Spend.job_id), col(Job.name), col(Spend.market))
         .order_by(func.sum(Spend.usd).desc())
     )
+    # model_construct: the values are the database's own, typed here; validating thousands of lines
+    # was most of a busy team's Spend page (bench/ui_pages.py)
     return [
-        SpendLine(job_id=job_id, job_name=name, market=market, attempts=int(n), hours=float(h), usd=float(u))
+        SpendLine.model_construct(job_id=str(job_id), job_name=str(name), market=str(market), attempts=int(n),
+                                  hours=float(h), usd=float(u))
         for job_id, name, market, n, h, u in session.execute(stmt).all()
     ]
+
+
+def spend_by_team_between(session: Session, since: datetime, until: datetime) -> dict[int, dict[str, float]]:
+    """{team id: {market: usd}} recorded in [since, until]: every team's totals in one grouped query."""
+    rows = session.execute(
+        sa_select(col(Spend.team_id), col(Spend.market), func.sum(Spend.usd))
+        .where(col(Spend.recorded_at) >= since, col(Spend.recorded_at) <= until)
+        .group_by(col(Spend.team_id), col(Spend.market))).all()
+    out: dict[int, dict[str, float]] = {}
+    for team_id, market, usd in rows:
+        out.setdefault(int(team_id), {})[str(market)] = float(usd)
+    return out
 
 
 def spend_by_team(session: Session) -> dict[int, dict[str, float]]:

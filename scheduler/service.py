@@ -405,11 +405,12 @@ class SchedulerService:
 
     def _all_teams_spend(self, session: Session, since: datetime, until: datetime) -> SpendReport:
         teams = []
+        spent = ledger.spend_by_team_between(session, since, until)
         for row in session.exec(select(Team).order_by(col(Team.name))).all():
             assert row.id is not None
-            lines = ledger.spend_lines(session, row.id, since, until)
-            teams.append(TeamSpend(team=row.name, total_usd=sum(x.usd for x in lines),
-                                   by_market=_by_market((x.market, x.usd) for x in lines), budget_usd=row.budget_usd,
+            markets = spent.get(row.id, {})
+            teams.append(TeamSpend(team=row.name, total_usd=sum(markets.values()),
+                                   by_market=_by_market(markets.items()), budget_usd=row.budget_usd,
                                    remaining_usd=team_public(session, row).remaining_usd))
         return SpendReport(team=None, since=since, until=until, total_usd=sum(t.total_usd for t in teams),
                            by_market=_by_market(m for t in teams for m in t.by_market.items()), jobs=[],
