@@ -321,7 +321,10 @@ def test_an_inference_job_holds_its_planned_gpu_waits_for_it_and_is_refused_when
         assert status.state is RunState.PENDING and status.message == "waiting for workers to start"
         executor.cancel(first)
         status = executor.wait(first, timeout=120)
-        assert status.state is RunState.CANCELLED and status.message == "cancelled while waiting for resources"
+        # Which words depend on whether the driver had handed Ray its task when the cancel came (a busy
+        # box can be slower to get there than the test to cancel); either way it never ran.
+        assert status.state is RunState.CANCELLED and status.message in (
+            "cancelled while waiting for resources", "cancelled before it started"), status.message
         assert not (tmp_path / "out" / "outputs.jsonl").exists()
         executor.release(first)
         # Once the H100 is free, the next attempt runs on the node that has it (its fake GPU
