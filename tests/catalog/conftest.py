@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog
+from tests.moto_server import moto_server
 
 
 def _product(sku: str, itype: str, **overrides: str) -> dict[str, Any]:
@@ -50,15 +51,8 @@ def sample_offer_file() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

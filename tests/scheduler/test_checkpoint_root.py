@@ -16,6 +16,7 @@ from scheduler.api.server import checkpoint_root_for, make_executor, ray_storage
 from scheduler.models import JobCreate, TeamCreate
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import Store
+from tests.moto_server import moto_server
 from tests.scheduler.conftest import spec_dict, toy_plan
 from workers.ray_executor import RayExecutor
 
@@ -24,18 +25,10 @@ BUCKET = "gpuplan-root-test"
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)
-    try:
+    with moto_server() as url:
+        boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
+                     aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)
         yield url
-    finally:
-        server.stop()
 
 
 @pytest.fixture

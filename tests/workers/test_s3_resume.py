@@ -17,6 +17,7 @@ from typing import Any
 import boto3
 import pytest
 
+from tests.moto_server import moto_server
 from tests.workers.tiny import cpu_strategy, tiny_spec, write_config
 
 pytestmark = pytest.mark.slow
@@ -25,15 +26,8 @@ BUCKET = "gpuplan-resume-test"
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    with moto_server() as url:
+        yield url
 
 
 def _free_port() -> int:
