@@ -13,6 +13,7 @@ EleutherAI "Transformer Math 101" formula.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -51,9 +52,14 @@ from planner.throughput import (  # noqa: E402
     peak_tflops,
     traffic_bytes_per_token,
     train_flops_per_token,
+    train_step_parts,
     train_throughput,
 )
 from planner.types import Strategy  # noqa: E402
+
+# Every inference record here timed transformers' generate() (bench/measure_h200.py, bench/infer_worker.py),
+# not the workers' compiled decoder: predict that.
+generate_throughput = functools.partial(infer_throughput, decoder="generate")
 
 GIB = 1 << 30
 CPU_SECTION = "<!-- cpu-accuracy: written by bench/cpu_accuracy.py -->"
@@ -146,7 +152,7 @@ def predict(row: Row, gpu: GpuSpec, cal: Calibration) -> dict[str, Any]:
         tps = thr.tokens_per_s
     else:
         mem = infer_memory(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu, cal.memory)
-        thr = infer_throughput(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu,
+        thr = generate_throughput(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu,
                                cal.throughput)
         tps = thr.tokens_per_s
     return {"alloc": mem.peak_allocated_bytes, "reserved": mem.peak_reserved_bytes, "fits": mem.fits,
@@ -224,23 +230,29 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration) -> Calibration:
     mem = _fit_backward_working(train_rows, gpu, base.model_copy(update={"memory": mem}))
     mem = _fit_prefill_mlp(train_rows, gpu, base.model_copy(update={"memory": mem}))
     thr = _fit_train_throughput([r for r in train_rows if r.train], gpu, base.throughput)
-    thr = _fit_infer_throughput([r for r in train_rows if not r.train], gpu, thr)
+    thr = _fit_host_layer(train_rows, gpu, thr)
+    thr = _fit_generate_throughput([r for r in train_rows if not r.train], gpu, thr)
     thr = _fit_ddp(train_rows, gpu, thr)
     thr = _fit_fsdp(train_rows, gpu, thr)
     thr = _fit_expert_loop(train_rows, gpu, thr)
     return Calibration(
         source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
                f"({datetime.now(UTC).date().isoformat()}); results bench/results/h200.json; "
-               "memory.expandable_overhead: planner/calibration.py's defaults (measured by bench/gpu_acceptance.py "
-               "with the workers' allocator, which these cases did not run)",
+               "memory.expandable_overhead: kept from the calibration the fit started from (measured by "
+               "bench/gpu_acceptance.py with the workers' allocator, which these cases did not run; "
+               "bench/results/acceptance/2026-12-01_run2.json, _run3.json)",
         fitted_on=fitted_ids, memory=mem, throughput=thr, cost=base.cost,
     )
 
 
 def _fit_backward_working(rows: list[Row], gpu: GpuSpec, cal: Calibration) -> MemoryCalibration:
     """How many extra layer-activation copies a layer's backward holds: the value with the smallest
-    worst-case |error| of peak allocated (under-prediction counted double: it means OOM)."""
-    train = [r for r in rows if r.train]
+    worst-case |error| of peak allocated (under-prediction counted double: it means OOM).
+
+    Dense models only: gpt-oss's recompute under activation checkpointing holds more (its per-expert
+    loop's buffers, -10% on oss20l4-bf16-adamw-ckpt-s4096-b2), and letting that one case set the dense
+    value over-predicts every dense checkpointed case by up to 14% (2026-12-01)."""
+    train = [r for r in rows if r.train and r.model.moe is None]
     best: tuple[float, float] | None = None
     for bwl in (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5):
         probe = cal.model_copy(update={"memory": cal.memory.model_copy(update={"backward_working_layers": bwl})})
@@ -286,7 +298,8 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
     """Grid over the saturation constants and the per-layer overhead; linear least squares on the
     relative error for 1/mfu per precision and the adapter (LoRA) cost:
     step - optimizer - layers*overhead = sum_p flops/(peak*g(h)*k(T)) / mfu_p (+ lora_extra * same)."""
-    single = [r for r in rows if r.strategy.gpu_count == 1 and r.measured.get("median_step_s") and r.tps_ok]
+    single = [r for r in rows if r.strategy.gpu_count == 1 and r.measured.get("median_step_s") and r.tps_ok
+              and not _launch_bound(r)]
     if len(single) < 4:
         return base
     precisions = sorted({r.strategy.precision for r in single})
@@ -295,7 +308,8 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
     best: tuple[float, ThroughputCalibration] | None = None
     # A fixed per-step term is identifiable only with launch-bound steps in the fit set (batch 1 at short
     # sequences, bench/cases_models.yaml); on large steps alone it trades off against the per-layer one.
-    fit_step = sum(r.strategy.micro_batch * int(r.case["seq_len"]) <= 512 for r in single) >= 2
+    # Launch-bound steps are fitted apart (_fit_host_layer): there the step waits on the host, not the GPU.
+    fit_step = False
     # The per-layer overhead sits at the grid's top (8e-4) in the 2026-11-30 fit; a grid up to 1.6e-3 moves
     # it there too (held-out training max 10.4% -> 8.8%) but drives ddp_comm_efficiency to 1.0: large steps
     # alone cannot split host time between layers and steps. The launch-bound cases of
@@ -358,6 +372,30 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
         if name not in precisions:
             mfu[name] = base.mfu_max[name] / base.mfu_max["bf16"] * mfu.get("bf16", base.mfu_max["bf16"])
     return fitted.model_copy(update={"mfu_max": mfu})
+
+
+def _launch_bound(r: Row) -> bool:
+    """Small steps whose time is the host issuing kernels (batch 1 at short sequences)."""
+    return r.train and r.strategy.micro_batch * int(r.case["seq_len"]) <= 512
+
+
+def _fit_host_layer(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+    """host_layer_s: the median, over single-GPU launch-bound steps, of the step time left after the
+    optimizer step and the fixed per-step cost, per kernel-weighted layer pass."""
+    per_layer = []
+    for r in rows:
+        if not (_launch_bound(r) and r.strategy.gpu_count == 1 and r.measured.get("median_step_s") and r.tps_ok):
+            continue
+        s = r.strategy
+        seq = int(r.case["seq_len"])
+        _, _, _, _, opt, _ = train_step_parts(r.model, s, seq, gpu, base)
+        recompute = 4 / 3 if s.activation_checkpointing else 1.0
+        kernel_layers = r.model.num_layers * recompute * layer_kernel_weight(r.model) * s.grad_accum
+        host = float(r.measured["median_step_s"]) - opt - base.step_overhead_s
+        per_layer.append(max(0.0, host) / kernel_layers)
+    if not per_layer:
+        return base
+    return base.model_copy(update={"host_layer_s": float(statistics.median(per_layer))})
 
 
 def _fit_ddp(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
@@ -423,7 +461,7 @@ def _fit_expert_loop(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration)
             visits = expert_loop_s(r.model, s.micro_batch * seq, 3.0 if s.activation_checkpointing else 2.0, one)
         elif not r.train and r.measured.get("decode_tokens_per_s"):
             measured = s.batch / float(r.measured["decode_tokens_per_s"])
-            est = infer_throughput(r.model, s, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]), gpu, off)
+            est = generate_throughput(r.model, s, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]), gpu, off)
             assert est.decode_tokens_per_s is not None
             without = s.batch / est.decode_tokens_per_s
             visits = expert_loop_s(r.model, s.batch, 1.0, one)
@@ -457,7 +495,7 @@ def _bounded_lstsq(a: Any, y: Any, lower: dict[int, float]) -> Any:
     return np.maximum(coef, 1e-3)
 
 
-def _fit_infer_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+def _fit_generate_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
     """Prefill: one efficiency (median ratio). Decode: the bandwidth efficiency stays at its prior and
     HF generate()'s per-layer overhead is the median of what the roofline leaves unexplained."""
     updated = base
@@ -465,7 +503,7 @@ def _fit_infer_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
     if pre:
         ratios = []
         for r in pre:
-            est = infer_throughput(r.model, r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]),
+            est = generate_throughput(r.model, r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]),
                                    gpu, base)
             assert est.prefill_tokens_per_s is not None
             ratios.append(float(r.measured["prefill_tokens_per_s"]) / est.prefill_tokens_per_s)
@@ -478,7 +516,7 @@ def _fit_infer_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
         kv_probe = probe.model_copy(update={"kv_traffic_factor": 1.0})
 
         def step_s(r: Row, c: ThroughputCalibration) -> float:
-            est = infer_throughput(r.model, r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]),
+            est = generate_throughput(r.model, r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]),
                                    gpu, c)
             assert est.decode_tokens_per_s is not None
             return r.strategy.batch / est.decode_tokens_per_s
@@ -627,7 +665,7 @@ def worker_section(rows: list[Row], gpu: GpuSpec, cal: Calibration) -> list[str]
     for path in paths:
         rec = json.loads(path.read_text())
         b, p_, o, w = int(rec["batch"]), int(rec["prompt"]), int(rec["output"]), str(rec["weights"])
-        est = infer_throughput(resolve_model(catalog, rec["model"]), Strategy(gpu="H200", gpu_count=1, weights=w,
+        est = generate_throughput(resolve_model(catalog, rec["model"]), Strategy(gpu="H200", gpu_count=1, weights=w,
                                                                               batch=b), p_, o, gpu, cal.throughput)
         bare = float(rec["bare"]["tokens_per_s"])
         prefill = est.breakdown_s["prefill"]

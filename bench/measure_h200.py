@@ -996,10 +996,15 @@ def merge_main(args: argparse.Namespace) -> int:
     _, cases = load_cases(Path(args.cases))
     by_id: dict[str, dict[str, Any]] = {}
     runs: list[dict[str, Any]] = []
-    for i, path in enumerate(args.inputs):
+    for path in args.inputs:
         data = json.loads(Path(path).read_text())
-        runs.append({"file": Path(path).name, **data["environment"]})
+        base = len(runs)
+        if "environment" in data:  # a sweep's own output
+            runs.append({"file": Path(path).name, **data["environment"]})
+        else:  # an earlier merge: keep its runs and each record's run index
+            runs.extend(data["runs"])
         for rec in data["results"]:
+            i = base + int(rec.get("run", 0))
             if rec.get("generate_s_all"):  # rates from the raw timings, by the current definition
                 rec.update(infer_rates(rec, int(rec["batch"]), int(rec["prompt_tokens"])))
             skipped = str(rec.get("error", "")).startswith("skipped")

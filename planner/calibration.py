@@ -82,14 +82,21 @@ class MemoryCalibration(_Cal):
 
 
 class ThroughputCalibration(_Cal):
-    # step compute time = FLOPs / (peak * mfu_max[precision] * h/(h+hidden_half) * T/(T+tokens_half))
-    #                     + layer_overhead_s * layers (eager kernel launches per micro-step)
+    # step compute time = max(GPU time, host time), the GPU running behind the host's launches:
+    #   GPU time  = FLOPs / (peak * mfu_max[precision] * h/(h+hidden_half) * T/(T+tokens_half))
+    #               + layer_overhead_s * layers (small kernels' GPU-side cost) + activation traffic
+    #   host time = host_layer_s * layers (eager PyTorch issuing a layer's kernels, forward + backward)
     mfu_max: dict[str, float] = Field(
         default_factory=lambda: {"fp32": 0.7, "amp-bf16": 0.5, "amp-fp16": 0.5, "bf16": 0.55, "fp8": 0.45}
     )
     hidden_half: float = 0.0
     tokens_half: float = 1024.0
     layer_overhead_s: float = 4e-4
+    host_layer_s: float = Field(
+        default=0.0, ge=0.0,
+        description="host seconds to issue one decoder layer's forward and backward kernels in eager "
+        "PyTorch; a micro-step is never faster than layers x this (launch-bound: batch 1, short sequences, "
+        "~100M-parameter models)")
     traffic_factor: float = Field(default=3.0, description="memory-bound passes over the saved-activation bytes")
     step_overhead_s: float = 5e-3
     lora_speed: float = Field(default=0.85, description="LoRA's extra adapter kernels relative to its FLOPs")
@@ -108,6 +115,12 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
+    graph_decode_layer_s: float = Field(
+        default=2e-5, ge=0.0,
+        description="compiled static-cache decode (workers/decode.py): GPU seconds per layer per token "
+        "between and inside small kernels, beyond the bytes read")
+    graph_decode_step_s: float = Field(
+        default=1e-4, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
     # ASSUMED (not yet measured; bench/cases_models.yaml measures it): transformers' per-expert Python loop
     # (gpt-oss) syncs the host on every expert it visits (`for expert_idx in expert_hit`) and launches about
     # a dozen small kernels for it: ~12 x 10 us + a 30 us sync

@@ -245,8 +245,11 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
         memo[tkey] = traffic_bytes_per_token(model, strategy, seq_len)
     traffic = memo[tkey] * tokens_micro * recompute_factor
     loop_passes = 2.0 + (1.0 if strategy.activation_checkpointing else 0.0)
-    compute = (flops / (peak * eff) + cal.traffic_factor * traffic / (gpu.memory_bandwidth_gbps * 1e9)
-               + cal.layer_overhead_s * layers_here * recompute_factor * layer_kernel_weight(model)
+    kernel_layers = layers_here * recompute_factor * layer_kernel_weight(model)
+    gpu_time = (flops / (peak * eff) + cal.traffic_factor * traffic / (gpu.memory_bandwidth_gbps * 1e9)
+                + cal.layer_overhead_s * kernel_layers)
+    # the GPU runs behind the host's kernel launches: a small step waits on the host instead
+    compute = (max(gpu_time, cal.host_layer_s * kernel_layers)
                + expert_loop_s(model, tokens_micro, loop_passes, cal) / pp)
 
     link = link_gbytes_per_s(gpu, strategy.gpu_count, gpus_per_node, network_gbps) * 1e9
@@ -291,9 +294,20 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     return tokens_per_s, per_micro, compute, exposed, opt, mfu
 
 
+def graph_decode(model: ModelConfig, vendor: str, weights: str) -> bool:
+    """Whether the workers decode with the compiled static-cache step (workers/decode.py) rather than
+    transformers' eager generate(): dense models in bf16/fp16 on NVIDIA GPUs, where it was measured.
+    MoE layers route tokens on the host and quantized kernels were not measured captured."""
+    return vendor == "nvidia" and model.num_experts == 1 and weights in ("bf16", "fp16")
+
+
 def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int,
-                     gpu: GpuSpec, cal: ThroughputCalibration, pc: ParamCount | None = None) -> ThroughputEstimate:
-    """Output tokens/s of the whole placement (replicas = gpu_count / tensor_parallel)."""
+                     gpu: GpuSpec, cal: ThroughputCalibration, pc: ParamCount | None = None, *,
+                     decoder: str | None = None) -> ThroughputEstimate:
+    """Output tokens/s of the whole placement (replicas = gpu_count / tensor_parallel).
+
+    ``decoder``: "graph" or "generate"; None predicts what the workers run (``graph_decode``). The
+    H200 reference cases (bench/measure_h200.py) time transformers' generate()."""
     tp = strategy.tensor_parallel
     replicas = max(1, strategy.gpu_count // tp)
     b = strategy.batch
@@ -317,14 +331,20 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
     bw = gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
     speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
+    graph = graph_decode(model, gpu.vendor, strategy.weights) if decoder is None else decoder == "graph"
     # HF's DynamicCache grows by torch.cat: every step re-reads and re-writes the cache besides
-    # attention reading it, hence kv_traffic_factor passes
-    mem_time = (weight_bytes / speed + kv * cal.kv_traffic_factor + expand_bytes / tp) / bw
+    # attention reading it, hence kv_traffic_factor passes; the static cache is written in place and
+    # its attention reads the whole preallocated length
+    kv_time = (kv_cache_bytes(model, b, prompt_tokens + output_tokens) / tp if graph else kv * cal.kv_traffic_factor)
+    mem_time = (weight_bytes / speed + kv_time + expand_bytes / tp) / bw
     compute_time = (b * (2 * n + decode_attention_flops(model, int(avg_ctx))) + expand_flops) / tp / (
         peak * cal.prefill_mfu)
-    overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
-                 + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))
-    overhead += expert_loop_s(model, b, 1.0, cal)
+    if graph:  # a replayed CUDA graph: no host work per kernel, only the GPU's own gaps between kernels
+        overhead = cal.graph_decode_layer_s * model.num_layers * layer_kernel_weight(model) + cal.graph_decode_step_s
+    else:
+        overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
+                     + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))
+        overhead += expert_loop_s(model, b, 1.0, cal)
     decode_step = max(mem_time, compute_time) + overhead
     if tp > 1:
         link = gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency

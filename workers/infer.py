@@ -24,7 +24,9 @@ import torch
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
 from planner.spec import JobSpec
+from planner.throughput import graph_decode
 from workers.capabilities import supported
+from workers.decode import GraphDecoder
 from workers.infer_io import (
     ByteTokenizer,
     HfTokenizer,
@@ -59,6 +61,7 @@ class InferenceResult:
     # of the steady time (after the first batch), the share spent inside generate(): the rest is the
     # worker's own per-batch cost (padding, moving ids, trimming, JSONL append + fsync, progress)
     steady_generate_share: float | None = None
+    decoder: str = "generate"  # "graph" (workers/decode.py) or "generate" (transformers), as planned
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -133,6 +136,12 @@ def load_model(
     return model
 
 
+def _vendor(device: str) -> str:
+    if not device.startswith("cuda"):
+        return "cpu"
+    return "amd" if getattr(torch.version, "hip", None) else "nvidia"
+
+
 def _eos_ids(model: torch.nn.Module, tokenizer: Tokenizer) -> set[int]:
     if tokenizer.eos_token_id is not None:
         return {tokenizer.eos_token_id}
@@ -143,28 +152,37 @@ def _eos_ids(model: torch.nn.Module, tokenizer: Tokenizer) -> set[int]:
 
 
 def generate_batch(
-    model: torch.nn.Module, batch: Sequence[Request], *, max_new_tokens: int, pad_id: int, eos: set[int], device: str
+    model: torch.nn.Module, batch: Sequence[Request], *, max_new_tokens: int, pad_id: int, eos: set[int], device: str,
+    decoder: GraphDecoder | None = None, shape: tuple[int, int] | None = None,
 ) -> list[tuple[list[int], str]]:
-    """(new token ids up to and including EOS, finish reason) per request, greedy, left-padded."""
-    width = max(len(r.input_ids) for r in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, req in enumerate(batch):
+    """(new token ids up to and including EOS, finish reason) per request, greedy, left-padded.
+
+    With a ``decoder``, ``shape`` (rows, width) pads the batch to a fixed size, so its compiled step is
+    captured once per job rather than once per batch shape (a recapture costs ~30 s on an H200)."""
+    rows, width = shape or (len(batch), max(len(r.input_ids) for r in batch))
+    ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((rows, width), dtype=torch.long)
+    for row in range(rows):
+        req = batch[min(row, len(batch) - 1)]  # filler rows repeat the last request; their output is dropped
         ids[row, width - len(req.input_ids) :] = torch.tensor(req.input_ids, dtype=torch.long)
         mask[row, width - len(req.input_ids) :] = 1
-    generate: Any = getattr(model, "generate")  # noqa: B009 - nn.Module has no typed generate
-    with torch.inference_mode():
-        out = generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad_id,
-            eos_token_id=sorted(eos) or None,
-            use_cache=True,
-        )
+    if decoder is not None:
+        generated = decoder.decode(ids.to(device), mask.to(device), max_new_tokens=max_new_tokens, eos=eos)
+    else:
+        generate: Any = getattr(model, "generate")  # noqa: B009 - nn.Module has no typed generate
+        with torch.inference_mode():
+            out = generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+                eos_token_id=sorted(eos) or None,
+                use_cache=True,
+            )
+        generated = out[:, width:]
     results: list[tuple[list[int], str]] = []
-    for row in out[:, width:].tolist():
+    for row in generated[: len(batch)].tolist():
         new: list[int] = []
         reason = "length"
         for token in row:
@@ -189,8 +207,11 @@ def run_inference(
     weights_dir: Path | None = None,
     tokenizer_dir: Path | None = None,
     progress: Progress | None = None,
+    decoder: str | None = None,
 ) -> InferenceResult:
-    """Generate for every request of ``prompts`` not yet in ``outputs``; append results batch by batch."""
+    """Generate for every request of ``prompts`` not yet in ``outputs``; append results batch by batch.
+
+    ``decoder``: "graph" or "generate"; None decodes as the planner predicts (``graph_decode``)."""
     if batch < 1:
         raise InvalidInput(f"batch must be at least 1, got {batch}", path="infer.batch")
     if max_new_tokens < 1:
@@ -227,6 +248,11 @@ def run_inference(
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
     eos = _eos_ids(model, tokenizer)
+    use_graph = decoder == "graph" if decoder else graph_decode(model_cfg, _vendor(device), weights)
+    graph = GraphDecoder(model, compile=on_cuda) if use_graph else None
+    todo_all = [r for r in requests if r.key not in finished]
+    # one shape per job for the compiled step: every batch padded to the batch size and the widest prompt
+    shape = (batch, max(len(r.input_ids) for r in todo_all)) if graph is not None and on_cuda else None
     writer = OutputWriter(outputs)
     done = tokens = 0
     t1 = time.perf_counter()
@@ -238,9 +264,17 @@ def run_inference(
             if not todo:
                 continue
             began = time.perf_counter()
-            results = generate_batch(
-                model, todo, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id, eos=eos, device=device
-            )
+            try:
+                results = generate_batch(model, todo, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
+                                         eos=eos, device=device, decoder=graph, shape=shape)
+            except Exception as exc:
+                if graph is None or warm is not None:
+                    raise
+                logger.warning("the compiled decoder failed on the first batch (%r); decoding with "
+                               "transformers' generate() instead, slower than planned", exc)
+                graph = shape = None
+                results = generate_batch(model, todo, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
+                                         eos=eos, device=device)
             if warm is not None:  # generate_batch ends in a host copy of the tokens: the GPU is done here
                 in_generate += time.perf_counter() - began
             records: list[dict[str, object]] = []
@@ -286,6 +320,7 @@ def run_inference(
         weights=weights,
         outputs=str(outputs),
         steady_generate_share=share,
+        decoder="graph" if graph is not None else "generate",
     )
 
 

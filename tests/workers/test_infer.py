@@ -102,6 +102,16 @@ def test_one_output_per_request(reference: tuple[Path, Path], tmp_path: Path) ->
     assert _by_id(outputs) == _by_id(reference[1])
 
 
+def test_graph_decoder_writes_the_same_outputs_as_generate(reference: tuple[Path, Path], tmp_path: Path) -> None:
+    """The decoder GPUs run (workers/decode.py; compiled only on CUDA) against transformers' generate()."""
+    prompts, _ = reference
+    outputs = tmp_path / "out.jsonl"
+    result = run_inference(TINY, prompts, outputs, batch=4, max_new_tokens=6, dtype="fp32", seed=3, decoder="graph")
+    assert result.decoder == "graph"
+    assert _by_id(outputs) == _by_id(reference[1])
+    assert [r["finish_reason"] for r in _records(outputs)] == [r["finish_reason"] for r in _records(reference[1])]
+
+
 def test_rerun_skips_everything_finished(reference: tuple[Path, Path], tmp_path: Path) -> None:
     prompts, ref_out = reference
     outputs = tmp_path / "out.jsonl"

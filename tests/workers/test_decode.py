@@ -1,0 +1,72 @@
+"""The graph decoder's tokens equal transformers' greedy ``generate()`` for the same left-padded batch,
+on the families whose KV cache differs (full attention, sliding-window layers, GPT-2's learned positions),
+and it stops early only when every row has produced an EOS. Run eagerly on CPU; the CUDA graph is the
+same step captured (bench/decode_modes_probe.py checks it on the GPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from workers.decode import GraphDecoder
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "max_position_embeddings": 128},
+    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97,
+              "max_position_embeddings": 128},
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 97, "n_positions": 128},
+    "gemma3-sliding": {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128,
+                       "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                       "vocab_size": 97, "max_position_embeddings": 128, "sliding_window": 6,
+                       "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+}
+
+
+def _model(hf: dict[str, Any]) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**hf)
+    torch.manual_seed(0)
+    model: torch.nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
+def _batch(widths: list[int], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(widths)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.zeros((len(widths), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, w in enumerate(widths):
+        ids[row, width - w:] = torch.randint(1, vocab, (w,), generator=gen)
+        mask[row, width - w:] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tokens_equal_greedy_generate(family: str) -> None:
+    model = _model(FAMILIES[family])
+    ids, mask = _batch([9, 4, 12], vocab=97)
+    with torch.inference_mode():
+        expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False,  # type: ignore[operator]
+                                  min_new_tokens=10, pad_token_id=0, eos_token_id=None)[:, ids.shape[1]:]
+    got = GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=10, eos=set())
+    assert torch.equal(got, expected)
+
+
+def test_stops_early_only_once_every_row_has_ended() -> None:
+    model = _model(FAMILIES["llama"])
+    ids, mask = _batch([5, 7], vocab=97)
+    full = GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=12, eos=set())
+    first_row_token = int(full[0, 1])  # an "EOS" row 0 reaches at step 2; row 1 may never reach it
+    ended_both = {int(full[0, 1]), int(full[1, 2])}
+    checked = GraphDecoder(model, compile=False, check_every=4)
+    assert torch.equal(checked.decode(ids, mask, max_new_tokens=12, eos={first_row_token})[0], full[0])
+    if first_row_token not in full[1].tolist():
+        assert checked.decode(ids, mask, max_new_tokens=12, eos={first_row_token}).shape[1] == 12
+    early = checked.decode(ids, mask, max_new_tokens=12, eos=ended_both)
+    assert early.shape[1] == 4  # both rows ended by step 3: stopped at the first check
+    assert torch.equal(early, full[:, :4])
