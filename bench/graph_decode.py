@@ -8,7 +8,8 @@ on the same random-init model and prompts, with the planner's prediction for eac
         --holdout llama-3.2-1b:32x512x128    # least squares into planner/calibration.json
 
 The fit: per decode step, measured time - (prefill and the bytes-read roofline the planner predicts)
-= graph_decode_step_s + graph_decode_layer_s x layers x kernel weight, on the non-holdout cases.
+= layers x (graph_decode_layer_s + graph_decode_row_layer_s x batch), on the non-holdout cases
+(graph_decode_step_s stays 0: three cases cannot also fix a constant).
 
 Steady tokens/s drops the first batch (the compile, for "graph"). ``first_batch_s`` is that batch.
 ``same_tokens``: the share of requests whose new tokens are identical between the two decoders
@@ -101,12 +102,12 @@ def fit(results: Path, holdout: set[str], calibration: Path) -> None:
     import numpy as np
 
     from planner.calibration import Calibration
-    from planner.throughput import layer_kernel_weight
 
     catalog = load_catalog()
     gpu = catalog.gpu("H200")
     cal = Calibration.model_validate_json(calibration.read_text())
-    zero = cal.throughput.model_copy(update={"graph_decode_layer_s": 0.0, "graph_decode_step_s": 0.0})
+    zero = cal.throughput.model_copy(update={"graph_decode_layer_s": 0.0, "graph_decode_row_layer_s": 0.0,
+                                             "graph_decode_step_s": 0.0})
     rows, ys = [], []
     for c in json.loads(results.read_text())["cases"]:
         measured = c.get("graph", {}).get("steady_tokens_per_s")
@@ -117,15 +118,15 @@ def fit(results: Path, holdout: set[str], calibration: Path) -> None:
         est = infer_throughput(model, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=b), p, o, gpu, zero,
                                decoder="graph")
         step = (b * o / measured - est.breakdown_s["prefill"]) / o
-        rows.append([1.0, model.num_layers * layer_kernel_weight(model)])
+        rows.append([model.num_layers, model.num_layers * b])
         ys.append(step - est.breakdown_s["decode"] / o)
-    (step_s, layer_s), *_ = np.linalg.lstsq(np.array(rows), np.array(ys), rcond=None)
+    (layer_s, row_layer_s), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)
     data = json.loads(calibration.read_text())
-    data["throughput"].update({"graph_decode_step_s": max(0.0, float(step_s)),
-                               "graph_decode_layer_s": max(0.0, float(layer_s))})
+    data["throughput"].update({"graph_decode_step_s": 0.0, "graph_decode_layer_s": max(0.0, float(layer_s)),
+                               "graph_decode_row_layer_s": max(0.0, float(row_layer_s))})
     calibration.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"fitted on {len(rows)} cases: graph_decode_step_s {step_s * 1e3:.3f} ms, "
-          f"graph_decode_layer_s {layer_s * 1e3:.4f} ms -> {calibration}")
+    print(f"fitted on {len(rows)} cases: graph_decode_layer_s {layer_s * 1e6:.1f} us, "
+          f"graph_decode_row_layer_s {row_layer_s * 1e6:.2f} us -> {calibration}")
 
 
 def main() -> None:

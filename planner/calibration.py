@@ -116,11 +116,14 @@ class ThroughputCalibration(_Cal):
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
     graph_decode_layer_s: float = Field(
-        default=2e-5, ge=0.0,
+        default=6e-5, ge=0.0,
         description="compiled static-cache decode (workers/decode.py): GPU seconds per layer per token "
-        "between and inside small kernels, beyond the bytes read")
+        "beyond the bytes read (gaps between its small kernels)")
+    graph_decode_row_layer_s: float = Field(
+        default=2e-6, ge=0.0,
+        description="compiled decode: GPU seconds per layer per token per batch row beyond the bytes read")
     graph_decode_step_s: float = Field(
-        default=1e-4, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
+        default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
     # ASSUMED (not yet measured; bench/cases_models.yaml measures it): transformers' per-expert Python loop
     # (gpt-oss) syncs the host on every expert it visits (`for expert_idx in expert_hit`) and launches about
     # a dozen small kernels for it: ~12 x 10 us + a 30 us sync

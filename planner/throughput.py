@@ -339,8 +339,11 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     mem_time = (weight_bytes / speed + kv_time + expand_bytes / tp) / bw
     compute_time = (b * (2 * n + decode_attention_flops(model, int(avg_ctx))) + expand_flops) / tp / (
         peak * cal.prefill_mfu)
-    if graph:  # a replayed CUDA graph: no host work per kernel, only the GPU's own gaps between kernels
-        overhead = cal.graph_decode_layer_s * model.num_layers * layer_kernel_weight(model) + cal.graph_decode_step_s
+    if graph:
+        # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
+        # read, per layer (gaps between small kernels) and growing with the rows (skinny GEMMs, attention)
+        overhead = (model.num_layers * (cal.graph_decode_layer_s + cal.graph_decode_row_layer_s * b / tp)
+                    + cal.graph_decode_step_s)
     else:
         overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
                      + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))
