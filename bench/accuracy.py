@@ -198,7 +198,8 @@ def transformer_math_estimate(row: Row) -> float:
 # ----------------------------------------------------------------------------- fitting
 
 
-def fit(rows: list[Row], gpu: GpuSpec, base: Calibration) -> Calibration:
+def fit(rows: list[Row], gpu: GpuSpec, base: Calibration, results_names: tuple[str, ...] = ("h200.json",)
+        ) -> Calibration:
     """Fit memory and throughput constants on the NON-holdout cases that ran."""
     train_rows = [r for r in rows if not r.holdout and r.ran]
     fitted_ids = sorted(r.id for r in train_rows)
@@ -237,10 +238,10 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration) -> Calibration:
     thr = _fit_expert_loop(train_rows, gpu, thr)
     return Calibration(
         source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
-               f"({datetime.now(UTC).date().isoformat()}); results bench/results/h200.json; "
-               "memory.expandable_overhead: kept from the calibration the fit started from (measured by "
-               "bench/gpu_acceptance.py with the workers' allocator, which these cases did not run; "
-               "bench/results/acceptance/2026-12-01_run2.json, _run3.json)",
+               f"({datetime.now(UTC).date().isoformat()}); results {', '.join(results_names)}; "
+               "memory.expandable_overhead and throughput.graph_decode_*: planner/calibration.py's defaults "
+               "(measured by bench/gpu_acceptance.py with the workers' allocator, and by bench/graph_decode.py "
+               "--fit with the workers' compiled decoder; these cases ran neither)",
         fitted_on=fitted_ids, memory=mem, throughput=thr, cost=base.cost,
     )
 
@@ -447,9 +448,12 @@ def _fit_fsdp(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> Thr
 
 def _fit_expert_loop(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
     """Seconds per expert visit of transformers' per-expert loop (gpt-oss): the median over the non-holdout
-    looped-MoE cases of (measured - predicted without the loop) / the loop's visits."""
-    off, one = base.model_copy(update={"expert_loop_s": 0.0}), base.model_copy(update={"expert_loop_s": 1.0})
-    ratios = []
+    looped-MoE cases of (measured - predicted without the loop) / the loop's visits, apart for training
+    (thousands of tokens per visit) and decode steps (a few)."""
+    off = base.model_copy(update={"expert_loop_s": 0.0, "decode_expert_loop_s": 0.0})
+    one = base.model_copy(update={"expert_loop_s": 1.0, "decode_expert_loop_s": 1.0})
+    ratios: list[float] = []
+    decode_ratios: list[float] = []
     for r in rows:
         if r.model.moe is None or not r.model.moe.expert_loop or not r.tps_ok:
             continue
@@ -464,14 +468,17 @@ def _fit_expert_loop(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration)
             est = generate_throughput(r.model, s, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]), gpu, off)
             assert est.decode_tokens_per_s is not None
             without = s.batch / est.decode_tokens_per_s
-            visits = expert_loop_s(r.model, s.batch, 1.0, one)
+            visits = expert_loop_s(r.model, s.batch, 1.0, one, decode=True)
         else:
             continue
         if visits > 0:
-            ratios.append(max(0.0, measured - without) / visits)
-    if not ratios:
-        return base
-    return base.model_copy(update={"expert_loop_s": float(statistics.median(ratios))})
+            (ratios if r.train else decode_ratios).append(max(0.0, measured - without) / visits)
+    update = {}
+    if ratios:
+        update["expert_loop_s"] = float(statistics.median(ratios))
+    if decode_ratios:
+        update["decode_expert_loop_s"] = float(statistics.median(decode_ratios))
+    return base.model_copy(update=update)
 
 
 def _bounded_lstsq(a: Any, y: Any, lower: dict[int, float]) -> Any:
@@ -709,6 +716,8 @@ GOALS = [  # (metric key, statistic, limit, text)
     ("reserved", "max", 0.25, "peak reserved max abs error <= 25%"),
     ("tps", "median", 0.15, "training tokens/s median abs error <= 15%"),
     ("tps", "max", 0.35, "training tokens/s max abs error <= 35%"),
+    ("infer_tps", "median", 0.20, "inference tokens/s (warm generate(), prefill included) median abs error <= 20%"),
+    ("infer_tps", "max", 0.40, "inference tokens/s max abs error <= 40%"),
 ]
 
 
@@ -720,6 +729,8 @@ def _goals(rows: list[Row], preds: dict[str, dict[str, Any]]) -> list[str]:
         "reserved": [rel(preds[r.id]["reserved"], r.measured["peak_reserved_bytes"]) for r in ran
                      if r.measured.get("peak_reserved_bytes")],
         "tps": [rel(preds[r.id]["tps"], measured_tps(r) or 0) for r in ran if r.train and r.tps_ok and measured_tps(r)],
+        "infer_tps": [rel(preds[r.id]["tps"], measured_tps(r) or 0) for r in ran
+                      if not r.train and r.tps_ok and measured_tps(r)],
     }
     out = ["## Goals on the hold-out cases", "", "| goal | achieved | met |", "|---|---|---|"]
     for key, stat, limit, text in GOALS:
@@ -817,7 +828,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = load_catalog().gpu("H200")
     cal_path = Path(args.calibration)
     if args.fit:
-        cal = fit(rows, gpu, Calibration(memory=MemoryCalibration(cuda_context_bytes=560 * MIB)))
+        cal = fit(rows, gpu, Calibration(memory=MemoryCalibration(cuda_context_bytes=560 * MIB)),
+                  tuple(Path(p).name for p in args.results))
         cal_path.write_text(json.dumps(cal.model_dump(mode="json", exclude={"cpu"}), indent=1) + "\n")
         print(f"wrote {cal_path}")
     else:

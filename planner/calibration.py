@@ -115,12 +115,14 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
+    # the graph_decode_* defaults: bench/graph_decode.py --fit on 3 cases of
+    # bench/results/workers/graph_decode_2026-12-01.json (the GPU acceptance's infer shape held out)
     graph_decode_layer_s: float = Field(
-        default=6e-5, ge=0.0,
+        default=7.11e-5, ge=0.0,
         description="compiled static-cache decode (workers/decode.py): GPU seconds per layer per token "
         "beyond the bytes read (gaps between its small kernels)")
     graph_decode_row_layer_s: float = Field(
-        default=2e-6, ge=0.0,
+        default=1.60e-6, ge=0.0,
         description="compiled decode: GPU seconds per layer per token per batch row beyond the bytes read")
     graph_decode_step_s: float = Field(
         default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
@@ -131,6 +133,9 @@ class ThroughputCalibration(_Cal):
         default=1.5e-4, ge=0.0,
         description="seconds per expert visited, per MoE layer, per forward pass, when transformers loops over "
         "the experts in Python (MoeShape.expert_loop); backward replays the kernels without the syncs")
+    decode_expert_loop_s: float = Field(
+        default=1.5e-4, ge=0.0,
+        description="expert_loop_s for a decode step (generate()), whose visits carry a few tokens each")
     optimizer_passes: dict[str, float] = Field(
         default_factory=lambda: {"adamw": 10.0, "adamw-8bit": 6.0, "sgd": 5.0, "adafactor": 8.0},
         description="memory passes over (trainable params x state bytes) per optimizer step",

@@ -132,14 +132,17 @@ def experts_visited(model: ModelConfig, tokens: float) -> float:
     return float(e * (1 - (1 - k / e) ** max(1.0, tokens)))
 
 
-def expert_loop_s(model: ModelConfig, tokens: float, passes: float, cal: ThroughputCalibration) -> float:
+def expert_loop_s(model: ModelConfig, tokens: float, passes: float, cal: ThroughputCalibration, *,
+                  decode: bool = False) -> float:
     """Fixed seconds of transformers' per-expert loop (MoeShape.expert_loop) over every sparse layer for
-    ``passes`` (forward 1; forward + backward 2; + recompute 3); 0 for grouped experts."""
+    ``passes`` (forward 1; forward + backward 2; + recompute 3); 0 for grouped experts. A decode step's
+    visit (a few tokens per expert) costs less than a training or prefill visit (thousands)."""
     moe = model.moe
     if moe is None or not moe.expert_loop:
         return 0.0
     sparse_layers = model.num_layers - moe.dense_layers
-    return cal.expert_loop_s * experts_visited(model, tokens) * sparse_layers * passes
+    per_visit = cal.decode_expert_loop_s if decode else cal.expert_loop_s
+    return per_visit * experts_visited(model, tokens) * sparse_layers * passes
 
 
 def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, checkpointing: bool,
@@ -347,7 +350,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     else:
         overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
                      + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))
-        overhead += expert_loop_s(model, b, 1.0, cal)
+        overhead += expert_loop_s(model, b, 1.0, cal, decode=True)
     decode_step = max(mem_time, compute_time) + overhead
     if tp > 1:
         link = gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency
