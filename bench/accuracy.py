@@ -151,7 +151,8 @@ def predict(row: Row, gpu: GpuSpec, cal: Calibration) -> dict[str, Any]:
         thr = train_throughput(row.model, row.strategy, int(c["seq_len"]), gpu, cal.throughput)
         tps = thr.tokens_per_s
     else:
-        mem = infer_memory(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu, cal.memory)
+        mem = infer_memory(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu, cal.memory,
+                           decoder="generate")
         thr = generate_throughput(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu,
                                cal.throughput)
         tps = thr.tokens_per_s

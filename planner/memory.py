@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import GIB, MIB, MemoryCalibration
+from planner.decoder import decoder_for
 from planner.knobs import Knobs, KnobsLike
 from planner.types import MemoryEstimate, Strategy
 
@@ -506,8 +507,11 @@ def prefill_attention_bytes(model: ModelConfig, batch: int, prompt: int, c: int 
 
 
 def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int, gpu: GpuSpec,
-                 cal: MemoryCalibration, pc: ParamCount | None = None, headroom: float | None = None) -> MemoryEstimate:
-    """Peak memory per GPU for ``generate()`` with the default DynamicCache."""
+                 cal: MemoryCalibration, pc: ParamCount | None = None, headroom: float | None = None, *,
+                 decoder: str | None = None) -> MemoryEstimate:
+    """Peak memory per GPU of the workers' decoder (``decoder``: "graph" or "generate"; None: the workers'
+    rule): ``generate()`` with the default DynamicCache, or workers/decode.py's preallocated static cache."""
+    graph = decoder_for(model, gpu.vendor, strategy.weights, decoder) == "graph"
     pc = pc or count_params(model)
     tp = strategy.tensor_parallel
     b = strategy.batch
@@ -521,6 +525,12 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     kv_prompt = kv_cache_bytes(model, b, prompt_tokens) / tp
     # one layer's torch.cat copy of the cache, and (MLA) the per-head K/V expanded for the layer being run
     kv_layer = kv_full / model.num_layers + mla_expanded_kv_bytes(model, b, ctx) / tp
+    if graph:  # the static cache is allocated whole before the prefill
+        kv_prompt = kv_full
+    elif model.attn.sliding_window is not None and model.mla is None:
+        # DynamicSlidingWindowLayer keeps a view of the prefill's torch.cat: every sliding layer holds the
+        # whole prompt's storage until its first decode step (gemma-3-4b b8 p4096: +2.6 GiB over the window)
+        kv_prompt = 2 * model.num_kv_heads * model.head_size * model.num_layers * prompt_tokens * b * 2 / tp
     kv_prefill = kv_prompt + mla_expanded_kv_bytes(model, b, prompt_tokens) / tp
     t = b * prompt_tokens
     # prefill transients of one layer: MLP (act, up, product) or the norm's fp32 temporaries, plus
@@ -552,5 +562,5 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
         _Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits}),
     ]
     # DynamicCache grows by torch.cat, so every step frees blocks one token too small to reuse
-    return _finish(moments, "infer", gpu, strategy.gpu_count, cal, extra_cached=cal.kv_fragmentation * kv_full,
-                   headroom=headroom)
+    fragmentation = 0.0 if graph else cal.kv_fragmentation * kv_full
+    return _finish(moments, "infer", gpu, strategy.gpu_count, cal, extra_cached=fragmentation, headroom=headroom)

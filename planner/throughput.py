@@ -15,6 +15,7 @@ import math
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import ThroughputCalibration
+from planner.decoder import decoder_for
 from planner.knobs import KnobsLike
 from planner.memory import (
     WEIGHT_BYTES,
@@ -297,13 +298,6 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     return tokens_per_s, per_micro, compute, exposed, opt, mfu
 
 
-def graph_decode(model: ModelConfig, vendor: str, weights: str) -> bool:
-    """Whether the workers decode with the compiled static-cache step (workers/decode.py) rather than
-    transformers' eager generate(): dense models in bf16/fp16 on NVIDIA GPUs, where it was measured.
-    MoE layers route tokens on the host and quantized kernels were not measured captured."""
-    return vendor == "nvidia" and model.num_experts == 1 and weights in ("bf16", "fp16")
-
-
 def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int,
                      gpu: GpuSpec, cal: ThroughputCalibration, pc: ParamCount | None = None, *,
                      decoder: str | None = None) -> ThroughputEstimate:
@@ -334,7 +328,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
     bw = gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
     speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
-    graph = graph_decode(model, gpu.vendor, strategy.weights) if decoder is None else decoder == "graph"
+    graph = decoder_for(model, gpu.vendor, strategy.weights, decoder) == "graph"
     # HF's DynamicCache grows by torch.cat: every step re-reads and re-writes the cache besides
     # attention reading it, hence kv_traffic_factor passes; the static cache is written in place and
     # its attention reads the whole preallocated length

@@ -23,8 +23,8 @@ import torch
 
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
+from planner.decoder import graph_decode
 from planner.spec import JobSpec
-from planner.throughput import graph_decode
 from workers.capabilities import supported
 from workers.decode import GraphDecoder
 from workers.infer_io import (

@@ -1,0 +1,23 @@
+"""Which decoder the inference workers run, one rule for the plan's time and memory and the workers."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from catalog.schema import ModelConfig
+
+Decoder = Literal["graph", "generate"]
+
+
+def graph_decode(model: ModelConfig, vendor: str, weights: str) -> bool:
+    """Whether the workers decode with the compiled static-cache step (workers/decode.py) rather than
+    transformers' eager generate(): dense models in bf16/fp16 on NVIDIA GPUs, where it was measured.
+    MoE layers route tokens on the host and quantized kernels were not measured captured."""
+    return vendor == "nvidia" and model.num_experts == 1 and weights in ("bf16", "fp16")
+
+
+def decoder_for(model: ModelConfig, vendor: str, weights: str, given: str | None = None) -> Decoder:
+    """``given`` ("graph" or "generate") wins; None is the workers' rule."""
+    if given is not None:
+        return "graph" if given == "graph" else "generate"
+    return "graph" if graph_decode(model, vendor, weights) else "generate"
