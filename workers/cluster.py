@@ -317,9 +317,9 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
     }
     for kind in needs.kinds:
         zone = facts.zones[kind_key(kind)]
-        name = node_type_name(kind.instance_type, kind.market, zone)
-        if name not in types:  # a regional offer may resolve to a zone a zoned kind has: the first (chosen) wins
-            types[name] = _worker_type(kind, zone, opts, facts)
+        type_name = node_type_name(kind.instance_type, kind.market, zone)
+        if type_name not in types:  # a regional offer may resolve to a zone a zoned kind has: the first wins
+            types[type_name] = _worker_type(kind, zone, opts, facts)
     mounts, install = install_commands(opts, facts.bucket_region)
     return {
         "cluster_name": name,

@@ -79,16 +79,17 @@ def gbps_label(gbps: float) -> str:
 
 
 def link_speeds(config: Mapping[str, Any]) -> dict[str, float]:
-    """instance type -> the Gbit/s its worker types provide, from their ``gpuplan/network-gbps`` labels
-    (the slowest when types of one instance differ)."""
+    """instance type -> the Gbit/s its multi-node worker types provide, from their ``gpuplan/network-gbps``
+    labels (the fastest, when several). Types of at most one node are left out: no run of theirs crosses
+    a network, and a multi-node run cannot use them."""
     speeds: dict[str, float] = {}
     head = config.get("head_node_type")
     for name, node_type in (config.get("available_node_types") or {}).items():
         label = (node_type.get("labels") or {}).get(NETWORK_LABEL)
         itype = (node_type.get("node_config") or {}).get("InstanceType")
-        if name == head or label is None or not itype:
+        if name == head or label is None or not itype or int(node_type.get("max_workers", 0)) < 2:
             continue
-        speeds[itype] = min(float(label), speeds.get(itype, float("inf")))
+        speeds[itype] = max(float(label), speeds.get(itype, 0.0))
     return speeds
 
 
