@@ -64,12 +64,21 @@ def _with_efa(facts: AwsFacts, needs: ClusterNeeds, opts: ClusterOptions, ec2: A
         return facts
     assert vpc is not None, "an EFA worker type has a subnet, so a VPC"
     sources = dict(facts.sources)
-    group, how = cluster_security_group(ec2, vpc, needs.cluster_name)
-    sources["security group"] = f"{group} ({how}; EFA interfaces name it)"
     groups: dict[str, str] = {}
-    for name in sorted(set(efa_types)):
-        groups[name] = placement_group_name(needs.cluster_name, name)
-        sources[f"placement group {groups[name]}"] = placement_groups.ensure_cluster(groups[name])
+    try:
+        group, how = cluster_security_group(ec2, vpc, needs.cluster_name)
+        for name in sorted(set(efa_types)):
+            groups[name] = placement_group_name(needs.cluster_name, name)
+            sources[f"placement group {groups[name]}"] = placement_groups.ensure_cluster(groups[name])
+    except Exception as exc:
+        if _code(exc) not in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
+            raise
+        raise InvalidInput(f"cannot make the EFA node types' security group or placement group: {exc}",
+                           path="efa", hint="grant ec2:CreateSecurityGroup, ec2:AuthorizeSecurityGroupIngress, "
+                           "ec2:AuthorizeSecurityGroupEgress, ec2:CreatePlacementGroup and "
+                           "ec2:DescribePlacementGroups to whoever runs `gpuplan cluster config`, or pass "
+                           "--no-efa") from None
+    sources["security group"] = f"{group} ({how}; EFA interfaces name it)"
     return dataclasses.replace(facts, sources=sources, security_group=group, placement_groups=groups)
 
 

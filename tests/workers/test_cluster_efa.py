@@ -201,3 +201,16 @@ def test_a_regional_offer_no_zone_offers_is_refused(aws: Any, plans: dict[str, P
     p = _regional(plans["70b"], instance_type="p4de.24xlarge")  # moto: no zone of eu-north-1 offers it
     with pytest.raises(InvalidInput, match=r"no zone of eu-north-1 with a usable subnet offers p4de\.24xlarge"):
         generate(aws, p, options(alternatives=0))
+
+
+def test_no_right_to_make_placement_groups_is_a_clear_error(aws: Any, plans: dict[str, Plan]) -> None:
+    from botocore.exceptions import ClientError
+
+    class Denied:
+        def ensure_cluster(self, name: str) -> str:
+            raise ClientError({"Error": {"Code": "UnauthorizedOperation", "Message": "not allowed"}},
+                              "CreatePlacementGroup")
+
+    with pytest.raises(InvalidInput, match="ec2:CreatePlacementGroup") as err:
+        generate_uncached(plans["8b-auto"], options(), aws, Denied())
+    assert "--no-efa" in str(err.value.hint)
