@@ -28,6 +28,15 @@ HEAD = {"CPU": 8.0, "node:__internal_head__": 1.0}
 
 
 def aws_account(url: str, mp: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A fresh account: moto keeps its state per process, across servers, so an earlier module's is reset."""
+    import urllib.request
+
+    from ray.autoscaler._private.aws import config as ray_aws_config
+    from ray.autoscaler._private.aws import utils as ray_aws_utils
+
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=30).close()
+    for cache in (ray_aws_utils.resource_cache, ray_aws_utils.client_cache, ray_aws_config._get_subnets_or_die):
+        cache.cache_clear()  # Ray keeps its boto3 clients, bound to an earlier module's server
     env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
