@@ -267,9 +267,10 @@ def cluster_config_command(
     every_zone: bool = typer.Option(False, "--every-zone", help="Node types for the chosen instance type in every "
                                     "zone of the region the plan priced it in (for zone switching)."),
     head_instance: str = typer.Option("m5.2xlarge", "--head-instance", help="On-demand head node type."),
-    efa: bool = typer.Option(True, "--efa/--no-efa", help="EFA interfaces and a cluster placement group for "
-                             "multi-node types that have EFA (p4d, p5, p5en, p6; made in the account now). "
-                             "Without: one TCP interface, and the head's server plans with its speed."),
+    efa: str = typer.Option("auto", "--efa", help="EFA for multi-node p4d/p5/p5en/p6 types (interfaces and a "
+                            "cluster placement group, made in the account now): all (one per network card; the "
+                            "subnet needs a NAT gateway), one (with a public IP), auto (all where the subnet has a "
+                            "NAT route, else one), off. Less than all: the head's server plans with the lower speed."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """A Ray cluster-launcher YAML for AWS: the plan's GPU, market and zone as node types, the gpuplan

@@ -15,6 +15,10 @@ on spot, a multi-node run stays in one zone, and Ray's tie-break between node ty
 the market. Falling back from spot to on-demand is the scheduler's policy (a new attempt with
 ``market: on-demand``), not the autoscaler's.
 
+A multi-node type whose instance type has EFA gets one EFA interface per network card and a cluster
+placement group (``workers.cluster_net``); every type labels the link speed it provides
+(``gpuplan/network-gbps``), which the head's server plans with.
+
 Node types start at ``min_workers: 0`` (no idle GPUs billed) and the autoscaler stops idle nodes
 after ``idle_timeout_minutes``. The server on the head reads the autoscaler's own config, so
 feasibility counts node types before their nodes join.
@@ -81,7 +85,7 @@ class ClusterOptions:
     instance_profile: str = INSTANCE_PROFILE  # IAM instance profile of head and workers (see notes)
     subnets: Mapping[str, str] = field(default_factory=dict)  # zone id -> subnet id; others looked up
     server_port: int = SERVER_PORT
-    efa: bool = True  # EFA interfaces and a cluster placement group for multi-node types that have EFA
+    efa: str = "auto"  # EFA interfaces of multi-node types that have EFA: workers.cluster_net.EFA_MODES
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,15 @@ class AwsFacts:
     networks: Mapping[str, NetworkFacts] = field(default_factory=dict)  # instance type -> its network
     security_group: str | None = None  # the cluster's group, made at config time when a type has EFA
     placement_groups: Mapping[str, str] = field(default_factory=dict)  # EFA worker type -> its placement group
+    nat_subnets: frozenset[str] = frozenset()  # subnets whose default route goes to a NAT gateway
+    head_subnet: str | None = None  # when the head zone's worker subnet is behind a NAT: a public one there
 
 
 def efa_of(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts) -> int:
     """EFA interfaces per node of ``kind`` (0: none)."""
-    return efa_count(kind.candidate.nodes, facts.networks.get(kind.instance_type), opts.efa)
+    subnet = facts.subnets.get(facts.zones.get(kind_key(kind), ""), "")
+    return efa_count(kind.candidate.nodes, facts.networks.get(kind.instance_type), opts.efa,
+                     subnet in facts.nat_subnets)
 
 
 def link_gbps(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts) -> float:
@@ -310,7 +318,8 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
             "node_config": {
                 "InstanceType": opts.head_instance,
                 "ImageId": facts.images[opts.head_instance],
-                "SubnetIds": [facts.subnets[head_zone]],  # next to the chosen workers: no cross-zone traffic
+                # next to the chosen workers (no cross-zone traffic), reachable by `ray up`
+                "SubnetIds": [facts.head_subnet or facts.subnets[head_zone]],
                 "IamInstanceProfile": _profile_ref(facts.instance_profile),
             },
         }

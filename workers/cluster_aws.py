@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from catalog.errors import InvalidInput
-from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, kind_key, node_type_name
+from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, efa_of, kind_key, node_type_name
 from workers.cluster_aws_net import Ec2PlacementGroups, PlacementGroups, cluster_security_group
-from workers.cluster_net import NetworkFacts, efa_count, network_facts, placement_group_name
+from workers.cluster_net import EFA_MODES, NetworkFacts, network_facts, placement_group_name
 from workers.cluster_notes import iam_policy
 
 
@@ -38,6 +38,9 @@ def resolve_aws(needs: ClusterNeeds, opts: ClusterOptions, session: Any | None =
     """Everything the YAML needs from the account; ``placement_groups`` defaults to EC2's own."""
     import boto3
 
+    if opts.efa not in EFA_MODES:
+        raise InvalidInput(f"--efa {opts.efa!r} is not one of {', '.join(EFA_MODES)}", path="efa",
+                           hint="auto: every card where the subnet has a NAT gateway, else one; all; one; off")
     session = session or boto3.session.Session(region_name=needs.region)
     ec2 = session.client("ec2", region_name=needs.region)
     sources: dict[str, str] = {}
@@ -58,8 +61,10 @@ def resolve_aws(needs: ClusterNeeds, opts: ClusterOptions, session: Any | None =
 def _with_efa(facts: AwsFacts, needs: ClusterNeeds, opts: ClusterOptions, ec2: Any, vpc: str | None,
               placement_groups: PlacementGroups) -> AwsFacts:
     """The security group and placement groups of the EFA worker types, made now (none: ``facts``)."""
+    if vpc is not None:
+        facts = _with_nat(facts, needs, ec2, vpc)
     efa_types = [node_type_name(k.instance_type, k.market, facts.zones[kind_key(k)]) for k in needs.kinds
-                 if efa_count(k.candidate.nodes, facts.networks.get(k.instance_type), opts.efa)]
+                 if efa_of(k, opts, facts)]
     if not efa_types:
         return facts
     assert vpc is not None, "an EFA worker type has a subnet, so a VPC"
@@ -77,9 +82,42 @@ def _with_efa(facts: AwsFacts, needs: ClusterNeeds, opts: ClusterOptions, ec2: A
                            path="efa", hint="grant ec2:CreateSecurityGroup, ec2:AuthorizeSecurityGroupIngress, "
                            "ec2:AuthorizeSecurityGroupEgress, ec2:CreatePlacementGroup and "
                            "ec2:DescribePlacementGroups to whoever runs `gpuplan cluster config`, or pass "
-                           "--no-efa") from None
+                           "--efa off") from None
     sources["security group"] = f"{group} ({how}; EFA interfaces name it)"
     return dataclasses.replace(facts, sources=sources, security_group=group, placement_groups=groups)
+
+
+def _with_nat(facts: AwsFacts, needs: ClusterNeeds, ec2: Any, vpc: str) -> AwsFacts:
+    """``facts`` with the VPC's NAT-routed subnets, and a public subnet for the head when its zone's
+    worker subnet is one of them (``ray up`` reaches the head by its public IP)."""
+    subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
+    nat = _nat_subnets(ec2, vpc, [s["SubnetId"] for s in subnets])
+    head_zone = facts.zones[kind_key(needs.kinds[0])]
+    if facts.subnets[head_zone] not in nat:
+        return dataclasses.replace(facts, nat_subnets=nat)
+    public = sorted(s["SubnetId"] for s in subnets if s.get("AvailabilityZoneId") == head_zone
+                    and s.get("MapPublicIpOnLaunch") and s.get("State") == "available" and s["SubnetId"] not in nat)
+    sources = {**facts.sources, "head subnet": f"{public[0]} (public; the workers' is behind a NAT)"} if public else (
+        {**facts.sources, "head subnet": f"{facts.subnets[head_zone]}: behind a NAT, no public subnet in {head_zone}"
+         " (ray up needs provider.use_internal_ips and a way in)"})
+    return dataclasses.replace(facts, nat_subnets=nat, head_subnet=public[0] if public else None, sources=sources)
+
+
+def _nat_subnets(ec2: Any, vpc: str, subnets: list[str]) -> frozenset[str]:
+    """Those of ``subnets`` whose route table sends 0.0.0.0/0 to a NAT gateway (explicit association,
+    else the VPC's main table)."""
+    tables = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["RouteTables"]
+    nat_tables = {t["RouteTableId"] for t in tables if any(
+        r.get("DestinationCidrBlock") == "0.0.0.0/0" and r.get("NatGatewayId") for r in t.get("Routes", []))}
+    table_of: dict[str, str] = {}
+    main: str | None = None
+    for table in tables:
+        for assoc in table.get("Associations", []):
+            if assoc.get("Main"):
+                main = table["RouteTableId"]
+            elif assoc.get("SubnetId"):
+                table_of[assoc["SubnetId"]] = table["RouteTableId"]
+    return frozenset(s for s in subnets if table_of.get(s, main) in nat_tables)
 
 
 def _instance_types(ec2: Any, instance_types: list[str], region: str) -> tuple[dict[str, str], dict[str, NetworkFacts]]:

@@ -1,14 +1,21 @@
 """The network of a multi-node worker type: EFA interfaces, its cluster placement group, and the link
 speed the YAML really provides (pure; the AWS lookups are in ``workers.cluster_aws_net``).
 
-A run spread over several nodes of an instance type with EFA (p4d, p5, p5en, p6, ...) gets one EFA
-interface per network card, in the priced zone's subnet and the cluster's security group, as Ray's AWS
-provider requires them (``NetworkInterfaces`` with ``SubnetId`` and ``Groups``; no ``SubnetIds`` or
+A run spread over several nodes of an instance type with EFA (p4d, p5, p5en, p6, ...) gets EFA
+interfaces in the priced zone's subnet and the cluster's security group, as Ray's AWS provider
+requires them (``NetworkInterfaces`` with ``SubnetId`` and ``Groups``; no ``SubnetIds`` or
 ``SecurityGroupIds`` beside them), and a cluster placement group (``Placement: {GroupName}``) so its
-nodes share one spine. That is the link speed the catalog states and the plan assumed. Without EFA
-(the type has none, or ``--no-efa``), NCCL runs over TCP on the primary interface: the speed of that
-one network card, which the node type's ``gpuplan/network-gbps`` label carries, so the server on the
-head plans with it (``link_speeds`` / ``with_link_speeds``).
+nodes share one spine. How many (``--efa``, ``EFA_MODES``):
+
+- ``all``: one per network card, the link speed the catalog states and the plan assumed. AWS gives an
+  instance with several interfaces no public IP, so the subnet must reach the internet through a NAT
+  gateway (the setup commands install from PyPI);
+- ``one``: card 0 only, with a public IP: it works in a public subnet, at one card's share;
+- ``auto`` (default): ``all`` where the subnet's default route goes to a NAT gateway, else ``one``;
+- ``off``: none; NCCL runs over TCP on the primary interface, at that one card's speed.
+
+Each type's ``gpuplan/network-gbps`` label carries the speed it provides, and the server on the head
+plans with it (``link_speeds`` / ``with_link_speeds``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 NETWORK_LABEL = "gpuplan/network-gbps"
+EFA_MODES = ("auto", "all", "one", "off")
 
 
 @dataclass(frozen=True)
@@ -42,10 +50,15 @@ def network_facts(info: Mapping[str, Any]) -> NetworkFacts:
                         primary_gbps=float(primary) if primary else None)
 
 
-def efa_count(nodes: int, facts: NetworkFacts | None, enabled: bool) -> int:
-    """EFA interfaces per node of a worker type: one per network card, for multi-node runs only."""
-    if not enabled or nodes < 2 or facts is None:
+def efa_count(nodes: int, facts: NetworkFacts | None, mode: str, nat: bool) -> int:
+    """EFA interfaces per node of a worker type (multi-node runs only) under ``mode``; ``nat``: its
+    subnet reaches the internet through a NAT gateway."""
+    if mode not in EFA_MODES:
+        raise ValueError(f"EFA mode {mode!r} is not one of {EFA_MODES}")
+    if mode == "off" or nodes < 2 or facts is None or facts.efa_interfaces < 1:
         return 0
+    if mode == "one" or (mode == "auto" and not nat):
+        return 1
     return min(facts.efa_interfaces, facts.network_cards)
 
 
@@ -62,10 +75,14 @@ def provided_gbps(catalog_gbps: float, efa: int, facts: NetworkFacts | None) -> 
 
 
 def efa_interfaces(count: int, subnet: str, security_group: str) -> list[dict[str, Any]]:
-    """Ray's ``NetworkInterfaces`` for ``count`` EFA interfaces: card 0 is the primary (device 0)."""
-    return [{"NetworkCardIndex": card, "DeviceIndex": 0 if card == 0 else 1, "InterfaceType": "efa",
-             "SubnetId": subnet, "Groups": [security_group], "DeleteOnTermination": True}
-            for card in range(count)]
+    """Ray's ``NetworkInterfaces`` for ``count`` EFA interfaces: card 0 is the primary (device 0); a lone
+    interface asks for a public IP (AWS refuses one when there are several)."""
+    interfaces: list[dict[str, Any]] = [
+        {"NetworkCardIndex": card, "DeviceIndex": 0 if card == 0 else 1, "InterfaceType": "efa",
+         "SubnetId": subnet, "Groups": [security_group], "DeleteOnTermination": True} for card in range(count)]
+    if count == 1:
+        interfaces[0]["AssociatePublicIpAddress"] = True
+    return interfaces
 
 
 def placement_group_name(cluster: str, node_type: str) -> str:

@@ -64,18 +64,29 @@ def network_notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | N
     """What the header says about multi-node worker types: EFA and placement group, or the slower link."""
     multi = [k for k in (needs.kinds if needs else ()) if k.candidate.nodes > 1]
     efa = sorted({(k.instance_type, efa_of(k, opts, facts)) for k in multi if efa_of(k, opts, facts)})
-    slow = sorted({(k.instance_type, k.candidate.nodes, k.candidate.offer.network_gbps, link_gbps(k, opts, facts))
-                   for k in multi if link_gbps(k, opts, facts) < k.candidate.offer.network_gbps})
+    slow = sorted({(k.instance_type, k.candidate.nodes, k.candidate.offer.network_gbps, link_gbps(k, opts, facts),
+                    efa_of(k, opts, facts)) for k in multi
+                   if link_gbps(k, opts, facts) < k.candidate.offer.network_gbps})
     lines: list[str] = []
     if efa:
         lines += ["", "EFA: " + ", ".join(f"{itype} gets {n} EFA interface(s)" for itype, n in efa)
                   + f", in security group {facts.security_group} and a cluster placement group per node type",
-                  f"({', '.join(sorted(facts.placement_groups.values()))}). AWS gives no public IP to an instance "
-                  "with several", "interfaces: their subnet needs a NAT gateway (or VPC endpoints) for the setup "
-                  "commands (apt, pip, S3)."]
+                  f"({', '.join(sorted(facts.placement_groups.values()))})."]
+        if any(n > 1 for _, n in efa):
+            lines += ["AWS gives no public IP to an instance with several interfaces: their subnet needs a NAT "
+                      "gateway", "(or VPC endpoints) for the setup commands (apt, pip, S3)."]
     if slow:
-        why = "--no-efa" if not opts.efa else "the instance type has no EFA"
-        lines += ["", f"Without EFA ({why}) NCCL runs over TCP on one interface, slower than the plan assumed:"]
-        lines += [f"  {itype}: {nodes} nodes, {have:g} Gbit/s (the plan: {want:g}); the head's server plans with "
-                  f"{have:g}" for itype, nodes, want, have in slow]
+        lines += ["", "These multi-node types provide less than the link speed the plan assumed (the head's server "
+                  "plans with theirs):"]
+        lines += [f"  {itype}: {nodes} nodes, {have:g} Gbit/s (the plan: {want:g}), {_why(opts, n)}"
+                  for itype, nodes, want, have, n in slow]
     return lines
+
+
+def _why(opts: ClusterOptions, efa: int) -> str:
+    if efa == 1 and opts.efa == "auto":
+        return ("one EFA interface: the subnet has no NAT gateway route, so several interfaces (no public IP) "
+                "could not install; give --subnet ZONE=a NAT subnet or --efa all")
+    if efa:
+        return f"{efa} EFA interface(s) (--efa {opts.efa})"
+    return "--efa off: TCP on one interface" if opts.efa == "off" else "no EFA on this instance type: TCP"

@@ -36,10 +36,10 @@ def _worker_types(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_multi_node_types_get_efa_and_a_cluster_placement_group(aws: Any, plans: dict[str, Plan]) -> None:
-    """The 2-node p4d run gets 4 EFA interfaces (one per network card) in its priced zone's subnet and the
-    cluster's security group, and a cluster placement group; single-node types keep one plain interface."""
+    """--efa all: the 2-node p4d run gets 4 EFA interfaces (one per network card) in its priced zone's subnet
+    and the cluster's security group, and a cluster placement group; single-node types keep a plain one."""
     p = plans["8b-auto"]
-    opts = options()
+    opts = options(efa="all")
     config, text = generate(aws, p, opts)
     ec2 = boto3.client("ec2", region_name="us-east-1")
     zone_of = {s["SubnetId"]: s["AvailabilityZoneId"] for s in ec2.describe_subnets()["Subnets"]}
@@ -83,7 +83,7 @@ def test_rays_bootstrap_puts_every_node_in_the_group_and_launches_an_efa_node(aw
     from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
     from ray.autoscaler.tags import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
-    config, _ = generate(aws, plans["8b-auto"], options())
+    config, _ = generate(aws, plans["8b-auto"], options(efa="all"))
     booted = bootstrap_aws(prepare_config(copy.deepcopy(config)))
     groups = {frozenset(t["node_config"]["SecurityGroupIds"]) for t in booted["available_node_types"].values()}
     assert len(groups) == 1  # head, EFA and plain types: one group, all traffic within it
@@ -104,10 +104,10 @@ def test_rays_bootstrap_puts_every_node_in_the_group_and_launches_an_efa_node(aw
 
 
 def test_without_efa_the_head_plans_with_one_interfaces_speed(aws: Any, plans: dict[str, Plan], tmp_path: Path) -> None:
-    """--no-efa: the p4d types say they provide 100 Gbit/s (one network card), the header says so, and the
+    """--efa off: the p4d types say they provide 100 Gbit/s (one network card), the header says so, and the
     catalog the head's server plans with (``with_link_speeds``) holds that speed: the run is estimated slower."""
     p = plans["8b-auto"]
-    config, text = generate(aws, p, options(efa=False))
+    config, text = generate(aws, p, options(efa="off"))
     p4d = [t for t in _worker_types(config).values() if t["node_config"]["InstanceType"] == "p4d.24xlarge"]
     assert p4d and all("NetworkInterfaces" not in t["node_config"] for t in p4d)
     assert {t["labels"][NETWORK_LABEL] for t in p4d} == {"100"}
@@ -132,6 +132,47 @@ def test_without_efa_the_head_plans_with_one_interfaces_speed(aws: Any, plans: d
         with_link_speeds(shipped, tmp_path / "missing.yaml")
     (tmp_path / "plain.yaml").write_text(yaml.safe_dump({"available_node_types": {}}))
     assert with_link_speeds(shipped, tmp_path / "plain.yaml") is shipped  # not a gpuplan cluster: as shipped
+
+
+def test_auto_gives_every_card_behind_a_nat_gateway_and_one_public_interface_elsewhere(
+        aws: Any, plans: dict[str, Plan]) -> None:
+    """--efa auto (the default): the default VPC's subnets route to an internet gateway, where a node with
+    several interfaces gets no public IP and could not install: one EFA interface, with a public IP, at one
+    card's speed. A subnet whose default route goes to a NAT gateway gets an interface per card, and the head
+    then goes to the zone's public subnet."""
+    p = plans["8b-auto"]
+    chosen = p.chosen
+    assert chosen is not None
+    name = node_type_name("p4d.24xlarge", "spot", "use1-az1")
+    public, text = generate(aws, p, options())
+    interfaces = public["available_node_types"][name]["node_config"]["NetworkInterfaces"]
+    assert [(i["NetworkCardIndex"], i["InterfaceType"], i.get("AssociatePublicIpAddress")) for i in interfaces] == [
+        (0, "efa", True)]
+    assert public["available_node_types"][name]["labels"][NETWORK_LABEL] == "100"
+    assert "p4d.24xlarge: 2 nodes, 100 Gbit/s (the plan: 400), one EFA interface" in text
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    vpc = ec2.create_vpc(CidrBlock="10.7.0.0/16")["Vpc"]["VpcId"]
+    outside = ec2.create_subnet(VpcId=vpc, CidrBlock="10.7.0.0/24", AvailabilityZoneId="use1-az1")["Subnet"]
+    private = ec2.create_subnet(VpcId=vpc, CidrBlock="10.7.1.0/24", AvailabilityZoneId="use1-az1")["Subnet"]
+    ec2.modify_subnet_attribute(SubnetId=outside["SubnetId"], MapPublicIpOnLaunch={"Value": True})
+    gateway = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+    ec2.attach_internet_gateway(InternetGatewayId=gateway, VpcId=vpc)
+    public_table = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+    ec2.create_route(RouteTableId=public_table, DestinationCidrBlock="0.0.0.0/0", GatewayId=gateway)
+    ec2.associate_route_table(RouteTableId=public_table, SubnetId=outside["SubnetId"])
+    nat = ec2.create_nat_gateway(SubnetId=outside["SubnetId"])["NatGateway"]["NatGatewayId"]
+    table = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+    ec2.create_route(RouteTableId=table, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=nat)
+    ec2.associate_route_table(RouteTableId=table, SubnetId=private["SubnetId"])
+    behind_nat, text = generate(aws, p, options(subnets={"use1-az1": private["SubnetId"]}, alternatives=0))
+    node_type = behind_nat["available_node_types"][name]
+    assert len(node_type["node_config"]["NetworkInterfaces"]) == 4
+    assert not any("AssociatePublicIpAddress" in i for i in node_type["node_config"]["NetworkInterfaces"])
+    assert node_type["labels"][NETWORK_LABEL] == "400" and "the plan: 400" not in text
+    head = behind_nat["available_node_types"]["head"]["node_config"]
+    assert head["SubnetIds"] == [outside["SubnetId"]]  # the head stays reachable: the zone's public subnet
+    with pytest.raises(InvalidInput, match="--efa 'most' is not one of auto, all, one, off"):
+        generate(aws, p, options(efa="most"))
 
 
 def test_network_facts_from_ec2s_instance_types(aws: Any) -> None:
@@ -212,5 +253,5 @@ def test_no_right_to_make_placement_groups_is_a_clear_error(aws: Any, plans: dic
                               "CreatePlacementGroup")
 
     with pytest.raises(InvalidInput, match="ec2:CreatePlacementGroup") as err:
-        generate_uncached(plans["8b-auto"], options(), aws, Denied())
-    assert "--no-efa" in str(err.value.hint)
+        generate_uncached(plans["8b-auto"], options(efa="all"), aws, Denied())
+    assert "--efa off" in str(err.value.hint)
