@@ -61,13 +61,15 @@ def resolve_aws(needs: ClusterNeeds, opts: ClusterOptions, session: Any | None =
 def _with_efa(facts: AwsFacts, needs: ClusterNeeds, opts: ClusterOptions, ec2: Any, vpc: str | None,
               placement_groups: PlacementGroups) -> AwsFacts:
     """The security group and placement groups of the EFA worker types, made now (none: ``facts``)."""
+    mapping: frozenset[str] = frozenset()
     if vpc is not None:
-        facts = _with_nat(facts, needs, ec2, vpc)
+        facts, mapping = _with_nat(facts, needs, ec2, vpc)
     efa_types = [node_type_name(k.instance_type, k.market, facts.zones[kind_key(k)]) for k in needs.kinds
                  if efa_of(k, opts, facts)]
     if not efa_types:
         return facts
     assert vpc is not None, "an EFA worker type has a subnet, so a VPC"
+    _check_ray_accepts(needs, opts, facts, mapping)
     sources = dict(facts.sources)
     groups: dict[str, str] = {}
     try:
@@ -87,20 +89,37 @@ def _with_efa(facts: AwsFacts, needs: ClusterNeeds, opts: ClusterOptions, ec2: A
     return dataclasses.replace(facts, sources=sources, security_group=group, placement_groups=groups)
 
 
-def _with_nat(facts: AwsFacts, needs: ClusterNeeds, ec2: Any, vpc: str) -> AwsFacts:
-    """``facts`` with the VPC's NAT-routed subnets, and a public subnet for the head when its zone's
-    worker subnet is one of them (``ray up`` reaches the head by its public IP)."""
+def _check_ray_accepts(needs: ClusterNeeds, opts: ClusterOptions, facts: AwsFacts, mapping: frozenset[str]) -> None:
+    """Ray's bootstrap takes only subnets that map public IPs (without ``use_internal_ips``), also for
+    nodes with several interfaces, which get none either way."""
+    for kind in needs.kinds:
+        subnet = facts.subnets[facts.zones[kind_key(kind)]]
+        if efa_of(kind, opts, facts) > 1 and subnet not in mapping:
+            raise InvalidInput(
+                f"subnet {subnet} of the EFA node type {kind.instance_type} does not map public IPs, so Ray's "
+                "bootstrap refuses it", path="subnet",
+                hint=f"aws ec2 modify-subnet-attribute --subnet-id {subnet} --map-public-ip-on-launch (a node "
+                "with several interfaces still gets no public IP; it goes out through the NAT gateway), or "
+                "--efa one")
+
+
+def _with_nat(facts: AwsFacts, needs: ClusterNeeds, ec2: Any, vpc: str) -> tuple[AwsFacts, frozenset[str]]:
+    """(``facts`` with the VPC's NAT-routed subnets, and a public subnet for the head when its zone's
+    worker subnet is one of them (``ray up`` reaches the head by its public IP); the subnets that map
+    public IPs)."""
     subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
     nat = _nat_subnets(ec2, vpc, [s["SubnetId"] for s in subnets])
+    mapping = frozenset(s["SubnetId"] for s in subnets if s.get("MapPublicIpOnLaunch"))
     head_zone = facts.zones[kind_key(needs.kinds[0])]
     if facts.subnets[head_zone] not in nat:
-        return dataclasses.replace(facts, nat_subnets=nat)
+        return dataclasses.replace(facts, nat_subnets=nat), mapping
     public = sorted(s["SubnetId"] for s in subnets if s.get("AvailabilityZoneId") == head_zone
                     and s.get("MapPublicIpOnLaunch") and s.get("State") == "available" and s["SubnetId"] not in nat)
     sources = {**facts.sources, "head subnet": f"{public[0]} (public; the workers' is behind a NAT)"} if public else (
         {**facts.sources, "head subnet": f"{facts.subnets[head_zone]}: behind a NAT, no public subnet in {head_zone}"
          " (ray up needs provider.use_internal_ips and a way in)"})
-    return dataclasses.replace(facts, nat_subnets=nat, head_subnet=public[0] if public else None, sources=sources)
+    return dataclasses.replace(facts, nat_subnets=nat, head_subnet=public[0] if public else None,
+                               sources=sources), mapping
 
 
 def _nat_subnets(ec2: Any, vpc: str, subnets: list[str]) -> frozenset[str]:

@@ -164,13 +164,21 @@ def test_auto_gives_every_card_behind_a_nat_gateway_and_one_public_interface_els
     table = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
     ec2.create_route(RouteTableId=table, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=nat)
     ec2.associate_route_table(RouteTableId=table, SubnetId=private["SubnetId"])
-    behind_nat, text = generate(aws, p, options(subnets={"use1-az1": private["SubnetId"]}, alternatives=0))
+    behind = options(subnets={"use1-az1": private["SubnetId"]}, alternatives=0)
+    with pytest.raises(InvalidInput, match="does not map public IPs, so Ray's bootstrap refuses it"):
+        generate_uncached(p, behind, aws, PLACEMENT_GROUPS)
+    ec2.modify_subnet_attribute(SubnetId=private["SubnetId"], MapPublicIpOnLaunch={"Value": True})
+    behind_nat, text = generate(aws, p, behind)
     node_type = behind_nat["available_node_types"][name]
     assert len(node_type["node_config"]["NetworkInterfaces"]) == 4
     assert not any("AssociatePublicIpAddress" in i for i in node_type["node_config"]["NetworkInterfaces"])
     assert node_type["labels"][NETWORK_LABEL] == "400" and "the plan: 400" not in text
     head = behind_nat["available_node_types"]["head"]["node_config"]
     assert head["SubnetIds"] == [outside["SubnetId"]]  # the head stays reachable: the zone's public subnet
+    from ray.autoscaler._private.aws.config import bootstrap_aws
+
+    booted = bootstrap_aws(prepare_config(copy.deepcopy(behind_nat)))  # Ray takes both subnets
+    assert booted["available_node_types"][name]["node_config"]["SubnetIds"][0] == private["SubnetId"]
     with pytest.raises(InvalidInput, match="--efa 'most' is not one of auto, all, one, off"):
         generate(aws, p, options(efa="most"))
 
