@@ -15,8 +15,9 @@ on spot, a multi-node run stays in one zone, and Ray's tie-break between node ty
 the market. Falling back from spot to on-demand is the scheduler's policy (a new attempt with
 ``market: on-demand``), not the autoscaler's.
 
-A multi-node type whose instance type has EFA gets one EFA interface per network card and a cluster
-placement group (``workers.cluster_net``); every type labels the link speed it provides
+A multi-node type whose instance type has EFA gets EFA interfaces (``--efa``: one per network card
+where its subnet routes through a NAT gateway, else one with a public IP) and a cluster placement
+group (``workers.cluster_net``); every type labels the link speed it provides
 (``gpuplan/network-gbps``), which the head's server plans with.
 
 Node types start at ``min_workers: 0`` (no idle GPUs billed) and the autoscaler stops idle nodes
