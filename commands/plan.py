@@ -267,11 +267,16 @@ def cluster_config_command(
     every_zone: bool = typer.Option(False, "--every-zone", help="Node types for the chosen instance type in every "
                                     "zone of the region the plan priced it in (for zone switching)."),
     head_instance: str = typer.Option("m5.2xlarge", "--head-instance", help="On-demand head node type."),
+    efa: str = typer.Option("auto", "--efa", help="EFA for multi-node p4d/p5/p5en/p6 types (interfaces and a "
+                            "cluster placement group, made in the account now): all (one per network card; the "
+                            "subnet needs a NAT gateway), one (with a public IP), auto (all where the subnet has a "
+                            "NAT route, else one), off. Less than all: the head's server plans with the lower speed."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """A Ray cluster-launcher YAML for AWS: the plan's GPU, market and zone as node types, the gpuplan
     server on the head, the preemption watcher on every worker. Looks up AMIs, subnets, the instance
-    profile and the bucket in the account first (AWS credentials needed).
+    profile and the bucket in the account first (AWS credentials needed); for multi-node types with EFA it
+    also makes the cluster's security group and a cluster placement group per type.
 
     Examples:
 
@@ -291,7 +296,7 @@ def cluster_config_command(
         raise InvalidInput("--subnet takes ZONE_ID=SUBNET_ID", path="subnet", hint="e.g. --subnet use1-az1=subnet-0abc")
     opts = ClusterOptions(wheel=wheel, source_dir=source_dir, checkpoint_root=checkpoint_root, ami=ami,
                           subnets=subnets, instance_profile=instance_profile, database_url=database_url,
-                          alternatives=alternatives, every_zone=every_zone, head_instance=head_instance)
+                          alternatives=alternatives, every_zone=every_zone, head_instance=head_instance, efa=efa)
     config, text = generate(_plan_from_file(plan_or_spec), opts)
     if out:
         Path(out).write_text(text)

@@ -37,7 +37,8 @@ def server_command(
     ray_cluster_config: str | None = typer.Option(
         None, "--ray-cluster-config", envvar="GPUPLAN_RAY_CLUSTER_CONFIG",
         help="With --executor ray: the autoscaler's cluster YAML (~/ray_bootstrap_config.yaml on the head). Its "
-        "node types count as capacity before their nodes join, and runs ask for the planned GPU, market and zone."),
+        "node types count as capacity before their nodes join, runs ask for the planned GPU, market and zone, and "
+        "plans use the link speed its node types provide (their gpuplan/network-gbps label: EFA or one interface)."),
 ) -> None:
     """Run the REST API and the scheduling loop (uvicorn). Upgrades the database schema first.
 
@@ -80,6 +81,10 @@ def server_command(
     run = make_executor(executor, ray_namespace=namespace, storage_path=ray_storage_for(root),
                         ray_cluster_config=ray_cluster_config)
     catalog = load_catalog()
+    if ray_cluster_config:  # the cluster's link speeds (EFA or one TCP interface) replace the catalog's
+        from workers.cluster_net import with_link_speeds
+
+        catalog = with_link_speeds(catalog, ray_cluster_config)
     if executor != "none":  # this machine's GPUs, if any, and its CPU as $0/h placements the planner may pick
         from datetime import date
 

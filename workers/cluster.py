@@ -15,6 +15,11 @@ on spot, a multi-node run stays in one zone, and Ray's tie-break between node ty
 the market. Falling back from spot to on-demand is the scheduler's policy (a new attempt with
 ``market: on-demand``), not the autoscaler's.
 
+A multi-node type whose instance type has EFA gets EFA interfaces (``--efa``: one per network card
+where its subnet routes through a NAT gateway, else one with a public IP) and a cluster placement
+group (``workers.cluster_net``); every type labels the link speed it provides
+(``gpuplan/network-gbps``), which the head's server plans with.
+
 Node types start at ``min_workers: 0`` (no idle GPUs billed) and the autoscaler stops idle nodes
 after ``idle_timeout_minutes``. The server on the head reads the autoscaler's own config, so
 feasibility counts node types before their nodes join.
@@ -22,12 +27,11 @@ feasibility counts node types before their nodes join.
     needs = cluster_needs(plan, opts)               # pure: region, zones, instance types
     facts = resolve_aws(needs, opts)                # workers.cluster_aws: AMI, subnets, profile, bucket
     config = cluster_config(plan, opts, facts)      # pure: a dict Ray's validate_config accepts
-    text = to_yaml(config, notes(opts, facts))      # what ``ray up`` reads
+    text = to_yaml(config, notes(opts, facts, needs))  # workers.cluster_notes; what ``ray up`` reads
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Mapping
@@ -38,6 +42,14 @@ import yaml
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from planner.types import Candidate, Plan
+from workers.cluster_net import (
+    NETWORK_LABEL,
+    NetworkFacts,
+    efa_count,
+    efa_interfaces,
+    gbps_label,
+    provided_gbps,
+)
 from workers.placement import pin_resources
 
 HEAD_INSTANCE = "m5.2xlarge"
@@ -74,6 +86,7 @@ class ClusterOptions:
     instance_profile: str = INSTANCE_PROFILE  # IAM instance profile of head and workers (see notes)
     subnets: Mapping[str, str] = field(default_factory=dict)  # zone id -> subnet id; others looked up
     server_port: int = SERVER_PORT
+    efa: str = "auto"  # EFA interfaces of multi-node types that have EFA: workers.cluster_net.EFA_MODES
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,7 @@ class ClusterNeeds:
     region: str
     kinds: tuple[WorkerKind, ...]
     head_instance: str
+    cluster_name: str = "gpuplan"
 
     @property
     def instance_types(self) -> list[str]:
@@ -116,6 +130,24 @@ class AwsFacts:
     instance_profile: str  # name or ARN
     sources: Mapping[str, str] = field(default_factory=dict)  # what each value came from, for the notes
     bucket_region: str | None = None  # of the checkpoint bucket: every node's S3 client must use it
+    networks: Mapping[str, NetworkFacts] = field(default_factory=dict)  # instance type -> its network
+    security_group: str | None = None  # the cluster's group, made at config time when a type has EFA
+    placement_groups: Mapping[str, str] = field(default_factory=dict)  # EFA worker type -> its placement group
+    nat_subnets: frozenset[str] = frozenset()  # subnets whose default route goes to a NAT gateway
+    head_subnet: str | None = None  # when the head zone's worker subnet is behind a NAT: a public one there
+
+
+def efa_of(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts) -> int:
+    """EFA interfaces per node of ``kind`` (0: none)."""
+    subnet = facts.subnets.get(facts.zones.get(kind_key(kind), ""), "")
+    return efa_count(kind.candidate.nodes, facts.networks.get(kind.instance_type), opts.efa,
+                     subnet in facts.nat_subnets)
+
+
+def link_gbps(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts) -> float:
+    """The node-to-node Gbit/s that ``kind``'s node type provides as configured."""
+    net = facts.networks.get(kind.instance_type)
+    return provided_gbps(kind.candidate.offer.network_gbps, efa_of(kind, opts, facts), net)
 
 
 def kind_key(kind: WorkerKind) -> str:
@@ -169,7 +201,8 @@ def cluster_needs(plan: Plan, opts: ClusterOptions) -> ClusterNeeds:
         if place not in offers:
             offers.add(place)
             add(cand)
-    return ClusterNeeds(region=region, kinds=tuple(kinds), head_instance=opts.head_instance)
+    name = opts.cluster_name or re.sub(r"[^a-z0-9-]", "-", f"gpuplan-{plan.job}".lower())[:60]
+    return ClusterNeeds(region=region, kinds=tuple(kinds), head_instance=opts.head_instance, cluster_name=name)
 
 
 def node_type_name(instance_type: str, market: str, zone: str) -> str:
@@ -187,6 +220,13 @@ def _worker_type(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFa
             {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": opts.disk_gib, "VolumeType": "gp3"}}
         ],
     }
+    efa = efa_of(kind, opts, facts)
+    if efa:  # Ray's provider: subnet and groups only inside the interfaces
+        assert facts.security_group is not None, "resolve_aws makes the group of EFA worker types"
+        del node_config["SubnetIds"]
+        node_config["NetworkInterfaces"] = efa_interfaces(efa, facts.subnets[zone], facts.security_group)
+        node_config["Placement"] = {"GroupName": facts.placement_groups[node_type_name(
+            offer.instance_type, kind.market, zone)]}
     if kind.market == "spot":
         node_config["InstanceMarketOptions"] = {
             "MarketType": "spot",
@@ -199,7 +239,8 @@ def _worker_type(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFa
         "min_workers": min(opts.min_workers, kind.candidate.nodes),
         "max_workers": kind.candidate.nodes,
         "resources": resources,
-        "labels": {"gpuplan/market": kind.market, "gpuplan/gpu": offer.gpu, "gpuplan/zone": zone},
+        "labels": {"gpuplan/market": kind.market, "gpuplan/gpu": offer.gpu, "gpuplan/zone": zone,
+                   NETWORK_LABEL: gbps_label(link_gbps(kind, opts, facts))},
         "node_config": node_config,
     }
 
@@ -270,7 +311,7 @@ def _supervised(unit: str, argv: list[str]) -> str:
 def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[str, Any]:
     """The cluster-launcher config (a dict) for ``plan`` with what ``facts`` found in the account."""
     needs = cluster_needs(plan, opts)
-    name = opts.cluster_name or re.sub(r"[^a-z0-9-]", "-", f"gpuplan-{plan.job}".lower())[:60]
+    name = needs.cluster_name
     head_zone = facts.zones[kind_key(needs.kinds[0])]
     types: dict[str, dict[str, Any]] = {
         "head": {
@@ -278,14 +319,17 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
             "node_config": {
                 "InstanceType": opts.head_instance,
                 "ImageId": facts.images[opts.head_instance],
-                "SubnetIds": [facts.subnets[head_zone]],  # next to the chosen workers: no cross-zone traffic
+                # next to the chosen workers (no cross-zone traffic), reachable by `ray up`
+                "SubnetIds": [facts.head_subnet or facts.subnets[head_zone]],
                 "IamInstanceProfile": _profile_ref(facts.instance_profile),
             },
         }
     }
     for kind in needs.kinds:
         zone = facts.zones[kind_key(kind)]
-        types[node_type_name(kind.instance_type, kind.market, zone)] = _worker_type(kind, zone, opts, facts)
+        type_name = node_type_name(kind.instance_type, kind.market, zone)
+        if type_name not in types:  # a regional offer may resolve to a zone a zoned kind has: the first wins
+            types[type_name] = _worker_type(kind, zone, opts, facts)
     mounts, install = install_commands(opts, facts.bucket_region)
     return {
         "cluster_name": name,
@@ -317,62 +361,6 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
             _watcher_command(),
         ],
     }
-
-
-def iam_policy(opts: ClusterOptions, account: str = "ACCOUNT") -> dict[str, Any]:
-    """The permissions the nodes' role needs: launch and tag workers (the head's autoscaler), hand
-    them the same role (iam:PassRole, which Ray's default role lacks), and the checkpoint prefix."""
-    role = opts.instance_profile if not opts.instance_profile.startswith("arn:") else "ROLE"
-    statements: list[dict[str, Any]] = [
-        {"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:TerminateInstances", "ec2:StopInstances",
-                                       "ec2:StartInstances", "ec2:CreateTags", "ec2:Describe*"], "Resource": "*"},
-        {"Effect": "Allow", "Action": "iam:PassRole", "Resource": f"arn:aws:iam::{account}:role/{role}"},
-    ]
-    if opts.checkpoint_root and opts.checkpoint_root.startswith("s3://"):
-        bucket, _, prefix = opts.checkpoint_root[len("s3://"):].partition("/")
-        prefix = prefix.strip("/")
-        objects = f"arn:aws:s3:::{bucket}/{prefix}/*" if prefix else f"arn:aws:s3:::{bucket}/*"
-        listing: dict[str, Any] = {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}
-        if prefix:
-            listing["Condition"] = {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}
-        statements += [listing, {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-                                 "Resource": objects}]
-    return {"Version": "2012-10-17", "Statement": statements}
-
-
-def notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None = None) -> list[str]:
-    """What the YAML's header says: where the values came from, what to set up once, what is missing."""
-    profile = facts.instance_profile
-    lines = [f"{key}: {value}" for key, value in sorted(facts.sources.items())]
-    multi = sorted({(k.instance_type, k.candidate.nodes, k.candidate.offer.network_gbps)
-                    for k in (needs.kinds if needs else ()) if k.candidate.nodes > 1})
-    if multi:
-        lines += ["", "Multi-node node types have no EFA interfaces or cluster placement group yet: NCCL runs over",
-                  "TCP on the primary interface, slower than the link speed the plan assumed for:"]
-        lines += [f"  {itype}: {nodes} nodes at {gbps:g} Gbit/s" for itype, nodes, gbps in multi]
-    lines += [
-        "",
-        f"Head and workers run with the IAM instance profile {profile!r}. Its role needs the policy below:",
-        "the head's autoscaler launches workers with that same profile, which takes iam:PassRole on the",
-        "role (Ray's default ray-autoscaler-v1 role lacks it, and Ray gives a profile to the head only).",
-        "Create it once:",
-        f"  aws iam create-role --role-name {profile} --assume-role-policy-document "
-        "'{\"Version\":\"2012-10-17\",\"Statement\":[{\"Effect\":\"Allow\",\"Principal\":{\"Service\":"
-        "\"ec2.amazonaws.com\"},\"Action\":\"sts:AssumeRole\"}]}'",
-        f"  aws iam put-role-policy --role-name {profile} --policy-name gpuplan --policy-document file://policy.json",
-        f"  aws iam create-instance-profile --instance-profile-name {profile}",
-        f"  aws iam add-role-to-instance-profile --instance-profile-name {profile} --role-name {profile}",
-        "policy.json (ACCOUNT: your account id):",
-        *("  " + line for line in json.dumps(iam_policy(opts), indent=2).splitlines()),
-        "",
-        f"The gpuplan server runs on the head (port {opts.server_port}, not opened to the internet): reach it",
-        f"through SSH, e.g. `ray attach FILE -p {opts.server_port}`, then GPUPLAN_API_URL=http://127.0.0.1:"
-        f"{opts.server_port}.",
-    ]
-    if not (opts.checkpoint_root or "").startswith("s3://"):
-        lines.append("No S3 --checkpoint-root: checkpoints stay on each node's disk and a multi-node or "
-                     "preempted run cannot resume.")
-    return lines
 
 
 def to_yaml(config: dict[str, Any], header: list[str] | None = None) -> str:

@@ -6,7 +6,9 @@
 - a subnet for each zone id the plan priced (``--subnet ZONE=SUBNET`` first, else the account's
   subnets: available ones that map public IPs, all in one VPC as Ray requires); a regional offer
   (no zone) gets the first zone, by id, that offers its instance type and has a subnet;
-- the IAM instance profile of the nodes, and the S3 bucket of the checkpoint root.
+- the IAM instance profile of the nodes, and the S3 bucket of the checkpoint root;
+- for multi-node worker types with EFA: the network facts of each instance type, the cluster's
+  security group and a cluster placement group per type (made here: ``workers.cluster_aws_net``).
 
 Each missing piece is an InvalidInput naming it and how to fix it. boto3 honours
 ``AWS_ENDPOINT_URL``, so tests point it at moto's server.
@@ -14,12 +16,16 @@ Each missing piece is an InvalidInput naming it and how to fix it. boto3 honours
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from typing import Any
 
 from catalog.errors import InvalidInput
-from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, iam_policy, kind_key
+from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, efa_of, kind_key, node_type_name
+from workers.cluster_aws_net import Ec2PlacementGroups, PlacementGroups, cluster_security_group
+from workers.cluster_net import EFA_MODES, NetworkFacts, network_facts, placement_group_name
+from workers.cluster_notes import iam_policy
 
 
 def _code(exc: Exception) -> str:
@@ -27,26 +33,114 @@ def _code(exc: Exception) -> str:
     return str(response.get("Error", {}).get("Code", ""))
 
 
-def resolve_aws(needs: ClusterNeeds, opts: ClusterOptions, session: Any | None = None) -> AwsFacts:
+def resolve_aws(needs: ClusterNeeds, opts: ClusterOptions, session: Any | None = None,
+                placement_groups: PlacementGroups | None = None) -> AwsFacts:
+    """Everything the YAML needs from the account; ``placement_groups`` defaults to EC2's own."""
     import boto3
 
+    if opts.efa not in EFA_MODES:
+        raise InvalidInput(f"--efa {opts.efa!r} is not one of {', '.join(EFA_MODES)}", path="efa",
+                           hint="auto: every card where the subnet has a NAT gateway, else one; all; one; off")
     session = session or boto3.session.Session(region_name=needs.region)
     ec2 = session.client("ec2", region_name=needs.region)
     sources: dict[str, str] = {}
-    arch = _architectures(ec2, needs.instance_types, needs.region)
+    arch, networks = _instance_types(ec2, needs.instance_types, needs.region)
     images = _images(session, ec2, arch, opts, needs.region, sources)
-    subnets = _subnets(ec2, opts, needs, sources)
+    subnets, vpc = _subnets(ec2, opts, needs, sources)
     zones = _zones(ec2, needs, subnets)
     for kind in needs.kinds:
         zone = zones[kind_key(kind)]
-        sources[f"subnet {zone}"] = subnets[zone]
+        sources.setdefault(f"subnet {zone}", subnets[zone])
     profile = _instance_profile(session, opts, sources)
     bucket_region = _check_bucket(session, opts.checkpoint_root, sources) if opts.checkpoint_root else None
-    return AwsFacts(images=images, subnets={z: subnets[z] for z in set(zones.values())}, zones=zones,
-                    instance_profile=profile, sources=sources, bucket_region=bucket_region)
+    facts = AwsFacts(images=images, subnets={z: subnets[z] for z in set(zones.values())}, zones=zones,
+                     instance_profile=profile, sources=sources, bucket_region=bucket_region, networks=networks)
+    return _with_efa(facts, needs, opts, ec2, vpc, placement_groups or Ec2PlacementGroups(ec2, needs.cluster_name))
 
 
-def _architectures(ec2: Any, instance_types: list[str], region: str) -> dict[str, str]:
+def _with_efa(facts: AwsFacts, needs: ClusterNeeds, opts: ClusterOptions, ec2: Any, vpc: str | None,
+              placement_groups: PlacementGroups) -> AwsFacts:
+    """The security group and placement groups of the EFA worker types, made now (none: ``facts``)."""
+    mapping: frozenset[str] = frozenset()
+    if vpc is not None:
+        facts, mapping = _with_nat(facts, needs, ec2, vpc)
+    efa_types = [node_type_name(k.instance_type, k.market, facts.zones[kind_key(k)]) for k in needs.kinds
+                 if efa_of(k, opts, facts)]
+    if not efa_types:
+        return facts
+    assert vpc is not None, "an EFA worker type has a subnet, so a VPC"
+    _check_ray_accepts(needs, opts, facts, mapping)
+    sources = dict(facts.sources)
+    groups: dict[str, str] = {}
+    try:
+        group, how = cluster_security_group(ec2, vpc, needs.cluster_name)
+        for name in sorted(set(efa_types)):
+            groups[name] = placement_group_name(needs.cluster_name, name)
+            sources[f"placement group {groups[name]}"] = placement_groups.ensure_cluster(groups[name])
+    except Exception as exc:
+        if _code(exc) not in ("UnauthorizedOperation", "AccessDenied", "AccessDeniedException"):
+            raise
+        raise InvalidInput(f"cannot make the EFA node types' security group or placement group: {exc}",
+                           path="efa", hint="grant ec2:CreateSecurityGroup, ec2:AuthorizeSecurityGroupIngress, "
+                           "ec2:AuthorizeSecurityGroupEgress, ec2:CreatePlacementGroup and "
+                           "ec2:DescribePlacementGroups to whoever runs `gpuplan cluster config`, or pass "
+                           "--efa off") from None
+    sources["security group"] = f"{group} ({how}; EFA interfaces name it)"
+    return dataclasses.replace(facts, sources=sources, security_group=group, placement_groups=groups)
+
+
+def _check_ray_accepts(needs: ClusterNeeds, opts: ClusterOptions, facts: AwsFacts, mapping: frozenset[str]) -> None:
+    """Ray's bootstrap takes only subnets that map public IPs (without ``use_internal_ips``), also for
+    nodes with several interfaces, which get none either way."""
+    for kind in needs.kinds:
+        subnet = facts.subnets[facts.zones[kind_key(kind)]]
+        if efa_of(kind, opts, facts) > 1 and subnet not in mapping:
+            raise InvalidInput(
+                f"subnet {subnet} of the EFA node type {kind.instance_type} does not map public IPs, so Ray's "
+                "bootstrap refuses it", path="subnet",
+                hint=f"aws ec2 modify-subnet-attribute --subnet-id {subnet} --map-public-ip-on-launch (a node "
+                "with several interfaces still gets no public IP; it goes out through the NAT gateway), or "
+                "--efa one")
+
+
+def _with_nat(facts: AwsFacts, needs: ClusterNeeds, ec2: Any, vpc: str) -> tuple[AwsFacts, frozenset[str]]:
+    """(``facts`` with the VPC's NAT-routed subnets, and a public subnet for the head when its zone's
+    worker subnet is one of them (``ray up`` reaches the head by its public IP); the subnets that map
+    public IPs)."""
+    subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]
+    nat = _nat_subnets(ec2, vpc, [s["SubnetId"] for s in subnets])
+    mapping = frozenset(s["SubnetId"] for s in subnets if s.get("MapPublicIpOnLaunch"))
+    head_zone = facts.zones[kind_key(needs.kinds[0])]
+    if facts.subnets[head_zone] not in nat:
+        return dataclasses.replace(facts, nat_subnets=nat), mapping
+    public = sorted(s["SubnetId"] for s in subnets if s.get("AvailabilityZoneId") == head_zone
+                    and s.get("MapPublicIpOnLaunch") and s.get("State") == "available" and s["SubnetId"] not in nat)
+    sources = {**facts.sources, "head subnet": f"{public[0]} (public; the workers' is behind a NAT)"} if public else (
+        {**facts.sources, "head subnet": f"{facts.subnets[head_zone]}: behind a NAT, no public subnet in {head_zone}"
+         " (ray up needs provider.use_internal_ips and a way in)"})
+    return dataclasses.replace(facts, nat_subnets=nat, head_subnet=public[0] if public else None,
+                               sources=sources), mapping
+
+
+def _nat_subnets(ec2: Any, vpc: str, subnets: list[str]) -> frozenset[str]:
+    """Those of ``subnets`` whose route table sends 0.0.0.0/0 to a NAT gateway (explicit association,
+    else the VPC's main table)."""
+    tables = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["RouteTables"]
+    nat_tables = {t["RouteTableId"] for t in tables if any(
+        r.get("DestinationCidrBlock") == "0.0.0.0/0" and r.get("NatGatewayId") for r in t.get("Routes", []))}
+    table_of: dict[str, str] = {}
+    main: str | None = None
+    for table in tables:
+        for assoc in table.get("Associations", []):
+            if assoc.get("Main"):
+                main = table["RouteTableId"]
+            elif assoc.get("SubnetId"):
+                table_of[assoc["SubnetId"]] = table["RouteTableId"]
+    return frozenset(s for s in subnets if table_of.get(s, main) in nat_tables)
+
+
+def _instance_types(ec2: Any, instance_types: list[str], region: str) -> tuple[dict[str, str], dict[str, NetworkFacts]]:
+    """(instance type -> CPU architecture, instance type -> its network) from describe_instance_types."""
     try:
         found = ec2.describe_instance_types(InstanceTypes=instance_types)["InstanceTypes"]
     except Exception as exc:
@@ -55,14 +149,16 @@ def _architectures(ec2: Any, instance_types: list[str], region: str) -> dict[str
                                hint="refresh the catalog (gpuplan catalog refresh aws) and plan again") from None
         raise
     arch: dict[str, str] = {}
+    networks: dict[str, NetworkFacts] = {}
     for item in found:
         supported = item.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
         arch[item["InstanceType"]] = "x86_64" if "x86_64" in supported else supported[0]
+        networks[item["InstanceType"]] = network_facts(item)
     missing = sorted(set(instance_types) - set(arch))
     if missing:
         raise InvalidInput(f"instance type(s) {', '.join(missing)} are not offered in {region}",
                            hint="refresh the catalog (gpuplan catalog refresh aws) and plan again")
-    return arch
+    return arch, networks
 
 
 def _images(session: Any, ec2: Any, arch: dict[str, str], opts: ClusterOptions, region: str,
@@ -104,8 +200,9 @@ def _images(session: Any, ec2: Any, arch: dict[str, str], opts: ClusterOptions, 
     return {itype: by_arch[a] for itype, a in arch.items()}
 
 
-def _subnets(ec2: Any, opts: ClusterOptions, needs: ClusterNeeds, sources: dict[str, str]) -> dict[str, str]:
-    """zone id -> subnet id, every subnet in one VPC (Ray's provider uses subnets of one VPC only)."""
+def _subnets(ec2: Any, opts: ClusterOptions, needs: ClusterNeeds,
+             sources: dict[str, str]) -> tuple[dict[str, str], str | None]:
+    """(zone id -> subnet id, their VPC): one VPC (Ray's provider uses subnets of one VPC only)."""
     subnets = ec2.describe_subnets()["Subnets"]
     by_id = {s["SubnetId"]: s for s in subnets}
     chosen: dict[str, str] = {}
@@ -137,7 +234,7 @@ def _subnets(ec2: Any, opts: ClusterOptions, needs: ClusterNeeds, sources: dict[
         zone = s.get("AvailabilityZoneId")
         if s["VpcId"] == vpc and zone and zone not in chosen:
             chosen[zone] = s["SubnetId"]
-    return chosen
+    return chosen, vpc
 
 
 def _zones(ec2: Any, needs: ClusterNeeds, subnets: dict[str, str]) -> dict[str, str]:
@@ -218,12 +315,14 @@ def _check_bucket(session: Any, root: str, sources: dict[str, str]) -> str | Non
     return str(region) if region else None
 
 
-def generate(plan: Any, opts: ClusterOptions, session: Any | None = None) -> tuple[dict[str, Any], str]:
+def generate(plan: Any, opts: ClusterOptions, session: Any | None = None,
+             placement_groups: PlacementGroups | None = None) -> tuple[dict[str, Any], str]:
     """The cluster config of ``plan`` and its YAML text (with notes), after every lookup succeeded."""
-    from workers.cluster import cluster_config, cluster_needs, install_commands, notes, to_yaml
+    from workers.cluster import cluster_config, cluster_needs, install_commands, to_yaml
+    from workers.cluster_notes import notes
 
     needs = cluster_needs(plan, opts)
     install_commands(opts)  # a missing --wheel / --source-dir is refused before AWS is asked anything
-    facts = resolve_aws(needs, opts, session)
+    facts = resolve_aws(needs, opts, session, placement_groups)
     config = cluster_config(plan, opts, facts)
     return config, to_yaml(config, notes(opts, facts, needs))

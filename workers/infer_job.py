@@ -1,29 +1,39 @@
 """An inference attempt as the executors run it: the spec's generation, resumable by request index.
 
-Outputs go to ``<checkpoint_uri>/outputs.jsonl`` (a local or shared directory): a resubmitted
-attempt, or a retry after a lost node, skips the requests already written there, so none is
-redone or duplicated. Both executors call :func:`run_infer_attempt` (in a thread, or in a Ray task).
+Outputs go to ``<checkpoint_uri>/outputs.jsonl``: a local or shared directory, or ``s3://bucket/prefix``
+(staged on the node's disk and put back as it grows: ``workers.infer_s3``). A resubmitted attempt,
+or a retry after a lost node, skips the requests already written there, so none is duplicated.
+Both executors call :func:`run_infer_attempt` (in a thread, or in a Ray task).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from catalog.errors import InvalidInput
 from workers.executor import RunRequest
 from workers.hooks import ProgressEvent
 
+if TYPE_CHECKING:
+    from workers.infer_s3 import S3Outputs
+
 OUTPUTS_FILE = "outputs.jsonl"
 
 
 def outputs_folder(request: RunRequest) -> Path:
-    """Where the attempt's outputs go; an object store is refused (outputs are appended and fsynced)."""
-    if "://" in request.checkpoint_uri and not request.checkpoint_uri.startswith("file://"):
-        raise InvalidInput("inference outputs need a local or shared directory, not an object store",
-                           path="checkpoint_uri", hint="give a directory path")
-    return Path(request.checkpoint_uri.removeprefix("file://")).expanduser()
+    """The folder the attempt appends its outputs in: the checkpoint directory itself, or this node's
+    staging copy of an ``s3://`` one (``workers.infer_s3``); other object stores are refused."""
+    uri = request.checkpoint_uri
+    if uri.startswith("s3://"):
+        from workers.infer_s3 import staging_folder
+
+        return staging_folder(uri)
+    if "://" in uri and not uri.startswith("file://"):
+        raise InvalidInput(f"inference outputs cannot go to {uri!r}", path="checkpoint_uri",
+                           hint="give a directory path, file:///path or s3://bucket/prefix")
+    return Path(uri.removeprefix("file://")).expanduser()
 
 
 def _lines_written(outputs: Path) -> int:
@@ -32,6 +42,18 @@ def _lines_written(outputs: Path) -> int:
     if not outputs.exists():
         return 0
     return outputs.read_bytes().count(b"\n")
+
+
+def _s3_outputs(request: RunRequest, outputs: Path, on_log: Callable[[str], None]) -> S3Outputs | None:
+    """The S3 side of an ``s3://`` attempt, its object copied here first (None: a directory)."""
+    if not request.checkpoint_uri.startswith("s3://"):
+        return None
+    from workers.infer_s3 import S3Outputs
+
+    remote = S3Outputs(request.checkpoint_uri, outputs)
+    if remote.download():
+        on_log(f"copied {remote.uri} to {outputs} to resume from it")
+    return remote
 
 
 def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: Callable[[ProgressEvent], None],
@@ -49,6 +71,7 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
     folder = outputs_folder(request)
     folder.mkdir(parents=True, exist_ok=True)
     outputs = folder / OUTPUTS_FILE
+    remote = _s3_outputs(request, outputs, on_log)
     seed = request.spec.train.seed if request.spec.train else 0
     already = _lines_written(outputs)
     on_progress({"event": "started", "step": already, "total_steps": 0, "tokens": 0,
@@ -57,17 +80,27 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
         on_log(f"resuming: {already} requests are already in {outputs}")
 
     def progress(done: int, total: int) -> None:
+        if remote is not None:
+            remote.upload_if_due()
         on_progress({"event": "step", "step": done, "total_steps": total, "tokens": 0, "loss": None,
                      "tokens_per_s": None})
 
     planned = request.strategy
     # a planned GPU strategy carries the weights dtype its memory estimate assumed
     weights = planned.weights if planned.task == "infer" and planned.gpu != "cpu" else None
-    result = run_infer_spec(request.spec, outputs, workdir=folder, seed=seed, device=device, progress=progress,
-                            weights=weights)
+    try:
+        result = run_infer_spec(request.spec, outputs, workdir=folder, seed=seed, device=device, progress=progress,
+                                weights=weights)
+    except BaseException:
+        if remote is not None:
+            remote.upload_after_failure()  # what was generated before the failure is kept
+        raise
+    if remote is not None:
+        remote.upload()  # a put that fails fails the attempt: the outputs are not where they should be
     steady = (f"; after the first batch {result.steady_tokens_per_s:,.0f} tokens/s, {result.steady_generate_share:.1%} "
               "of it inside generate()" if result.steady_tokens_per_s and result.steady_generate_share else "")
-    on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {outputs}, "
+    where = remote.uri if remote is not None else outputs
+    on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {where}, "
            f"{result.tokens_per_s:,.0f} tokens/s (model load {result.load_seconds:.1f} s){steady}")
     finished: dict[str, Any] = {"status": "succeeded", "steps": result.requests_total,
                 "total_steps": result.requests_total, "tokens": result.tokens_generated, "final_loss": None,

@@ -67,6 +67,10 @@ def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path, monkeypatch:
     out = tmp_path / "cluster.yaml"
     no_wheel = runner.invoke(app, ["cluster", "config", str(spec), "--out", str(out)])  # refused before AWS
     assert no_wheel.exit_code == 2 and "not published" in no_wheel.stderr and not out.exists()
+    from tests.workers.cluster_setup import FakePlacementGroups
+
+    made = FakePlacementGroups()  # moto has no placement-group API (tests/workers/test_cluster_efa.py)
+    monkeypatch.setattr("workers.cluster_aws.Ec2PlacementGroups", lambda ec2, cluster: made)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -91,6 +95,9 @@ def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path, monkeypatch:
     assert any(t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"
                for t in config["available_node_types"].values())
     assert "iam:PassRole" in out.read_text()  # the header documents the nodes' policy
+    efa = [t["node_config"]["Placement"]["GroupName"] for t in config["available_node_types"].values()
+           if "NetworkInterfaces" in t["node_config"]]
+    assert efa and set(efa) == made.groups  # each multi-node EFA type (p5en x4): its own placement group, made
     missing = runner.invoke(app, ["cluster", "config", str(tmp_path / "nope.yaml"), "--json"])
     assert missing.exit_code == 2 and "does not exist" in missing.stdout
 

@@ -1,0 +1,92 @@
+"""The header of a generated cluster YAML: where each value came from, the IAM policy of the nodes'
+role, the network of multi-node worker types, and what is still missing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, efa_of, link_gbps
+
+
+def iam_policy(opts: ClusterOptions, account: str = "ACCOUNT") -> dict[str, Any]:
+    """The permissions the nodes' role needs: launch and tag workers (the head's autoscaler), hand
+    them the same role (iam:PassRole, which Ray's default role lacks), and the checkpoint prefix."""
+    role = opts.instance_profile if not opts.instance_profile.startswith("arn:") else "ROLE"
+    statements: list[dict[str, Any]] = [
+        {"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:TerminateInstances", "ec2:StopInstances",
+                                       "ec2:StartInstances", "ec2:CreateTags", "ec2:Describe*"], "Resource": "*"},
+        {"Effect": "Allow", "Action": "iam:PassRole", "Resource": f"arn:aws:iam::{account}:role/{role}"},
+    ]
+    if opts.checkpoint_root and opts.checkpoint_root.startswith("s3://"):
+        bucket, _, prefix = opts.checkpoint_root[len("s3://"):].partition("/")
+        prefix = prefix.strip("/")
+        objects = f"arn:aws:s3:::{bucket}/{prefix}/*" if prefix else f"arn:aws:s3:::{bucket}/*"
+        listing: dict[str, Any] = {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}
+        if prefix:
+            listing["Condition"] = {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}
+        statements += [listing, {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                                 "Resource": objects}]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None = None) -> list[str]:
+    """What the YAML's header says: where the values came from, what to set up once, what is missing."""
+    profile = facts.instance_profile
+    lines = [f"{key}: {value}" for key, value in sorted(facts.sources.items())]
+    lines += network_notes(opts, facts, needs)
+    lines += [
+        "",
+        f"Head and workers run with the IAM instance profile {profile!r}. Its role needs the policy below:",
+        "the head's autoscaler launches workers with that same profile, which takes iam:PassRole on the",
+        "role (Ray's default ray-autoscaler-v1 role lacks it, and Ray gives a profile to the head only).",
+        "Create it once:",
+        f"  aws iam create-role --role-name {profile} --assume-role-policy-document "
+        "'{\"Version\":\"2012-10-17\",\"Statement\":[{\"Effect\":\"Allow\",\"Principal\":{\"Service\":"
+        "\"ec2.amazonaws.com\"},\"Action\":\"sts:AssumeRole\"}]}'",
+        f"  aws iam put-role-policy --role-name {profile} --policy-name gpuplan --policy-document file://policy.json",
+        f"  aws iam create-instance-profile --instance-profile-name {profile}",
+        f"  aws iam add-role-to-instance-profile --instance-profile-name {profile} --role-name {profile}",
+        "policy.json (ACCOUNT: your account id):",
+        *("  " + line for line in json.dumps(iam_policy(opts), indent=2).splitlines()),
+        "",
+        f"The gpuplan server runs on the head (port {opts.server_port}, not opened to the internet): reach it",
+        f"through SSH, e.g. `ray attach FILE -p {opts.server_port}`, then GPUPLAN_API_URL=http://127.0.0.1:"
+        f"{opts.server_port}.",
+    ]
+    if not (opts.checkpoint_root or "").startswith("s3://"):
+        lines.append("No S3 --checkpoint-root: checkpoints stay on each node's disk and a multi-node or "
+                     "preempted run cannot resume.")
+    return lines
+
+
+def network_notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None) -> list[str]:
+    """What the header says about multi-node worker types: EFA and placement group, or the slower link."""
+    multi = [k for k in (needs.kinds if needs else ()) if k.candidate.nodes > 1]
+    efa = sorted({(k.instance_type, efa_of(k, opts, facts)) for k in multi if efa_of(k, opts, facts)})
+    slow = sorted({(k.instance_type, k.candidate.nodes, k.candidate.offer.network_gbps, link_gbps(k, opts, facts),
+                    efa_of(k, opts, facts)) for k in multi
+                   if link_gbps(k, opts, facts) < k.candidate.offer.network_gbps})
+    lines: list[str] = []
+    if efa:
+        lines += ["", "EFA: " + ", ".join(f"{itype} gets {n} EFA interface(s)" for itype, n in efa)
+                  + f", in security group {facts.security_group} and a cluster placement group per node type",
+                  f"({', '.join(sorted(facts.placement_groups.values()))})."]
+        if any(n > 1 for _, n in efa):
+            lines += ["AWS gives no public IP to an instance with several interfaces: their subnet needs a NAT "
+                      "gateway", "(or VPC endpoints) for the setup commands (apt, pip, S3)."]
+    if slow:
+        lines += ["", "These multi-node types provide less than the link speed the plan assumed (the head's server "
+                  "plans with theirs):"]
+        lines += [f"  {itype}: {nodes} nodes, {have:g} Gbit/s (the plan: {want:g}), {_why(opts, n)}"
+                  for itype, nodes, want, have, n in slow]
+    return lines
+
+
+def _why(opts: ClusterOptions, efa: int) -> str:
+    if efa == 1 and opts.efa == "auto":
+        return ("one EFA interface: the subnet has no NAT gateway route, so several interfaces (no public IP) "
+                "could not install; give --subnet ZONE=a NAT subnet or --efa all")
+    if efa:
+        return f"{efa} EFA interface(s) (--efa {opts.efa})"
+    return "--efa off: TCP on one interface" if opts.efa == "off" else "no EFA on this instance type: TCP"
