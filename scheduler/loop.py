@@ -41,10 +41,10 @@ from catalog.errors import GpuplanError
 from planner.calibration import CostCalibration
 from planner.spec import spec_from_dict
 from planner.types import Candidate, Strategy
-from scheduler import ledger, logbook, quota
+from scheduler import changeover, ledger, logbook, quota
 from scheduler.accuracy import attempt_metrics
 from scheduler.models import Attempt, Job
-from scheduler.placement import Placement
+from scheduler.placement import ObservesZones, Placement
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState, Market
 from scheduler.store import LoopLock, Store, transition
@@ -137,6 +137,9 @@ class Scheduler:
         # attempt id -> lines of its executor log already copied into the job's log (read back from
         # the database the first time an attempt is seen, so a restarted loop resumes the copy)
         self._copied: dict[int, int] = {}
+        # job id -> where its next attempt goes: a changeover decided on a running attempt (kept in memory;
+        # after a restart the chooser decides again)
+        self._moves: dict[str, Placement] = {}
 
     # -------------------------------------------------------------- main entry points
 
@@ -210,6 +213,33 @@ class Scheduler:
                 self._copy_logs(attempt)  # the lines written since the first copy of this tick
                 self._finish(attempt.id, status.state.value, status.message, report, status)
                 self._release(attempt.handle)
+            else:
+                self._watch(attempt, job, status)
+
+    def _watch(self, attempt: Attempt, job: Job, status: RunStatus) -> None:
+        """A live attempt: what it shows of its zone's spot capacity, and whether to change it over
+        (scheduler.changeover: the decision is recorded on its row before it is stopped)."""
+        assert attempt.handle is not None
+        now = self.clock()
+        if attempt.market == Market.SPOT.value and attempt.zone and status.state is RunState.RUNNING:
+            self._observe(attempt.zone, True, now)
+        if changeover.marked(attempt):  # stopping already; again, in case a restart came between mark and stop
+            changeover.stop(self.executor, attempt.handle)
+            return
+        if not isinstance(self.choose_market, changeover.Reconsiders) or job.state != JobState.RUNNING.value:
+            return
+        target = self.choose_market.reconsider(job, changeover.running(job, attempt, status), now)
+        if target is None or target.wait_s is not None:
+            return
+        with self.store.write() as session:
+            if not changeover.mark(session, attempt.id, target, now):
+                return
+        self._moves[job.id] = target
+        changeover.stop(self.executor, attempt.handle)
+
+    def _observe(self, zone: str, available: bool, now: datetime) -> None:
+        if isinstance(self.choose_market, ObservesZones):
+            self.choose_market.observe(zone, available, now)
 
     def _release(self, handle: str) -> None:
         """After the row is closed, never before: a crash in between leaves an outcome to re-read."""
@@ -256,7 +286,9 @@ class Scheduler:
             assert job is not None
             if status is not None:  # predicted vs measured, kept with the attempt (failed ones too)
                 attempt.metrics = attempt_metrics(status, job.plan)
-            ledger.close_attempt(session, attempt, job, now, outcome, message)
+            moving = changeover.marked(attempt)
+            ledger.close_attempt(session, attempt, job, now, outcome,
+                                 f"{attempt.message}; {message}" if moving else message)
             report.finished[job.id] = outcome
             state = job.state
             if state.terminal:
@@ -265,7 +297,13 @@ class Scheduler:
             job.message = note[:2000]
             if outcome == RunState.SUCCEEDED.value:
                 transition(session, job, JobState.SUCCEEDED, now, note)
+            elif moving and outcome in (RunState.PREEMPTED.value, RunState.CANCELLED.value):
+                transition(session, job, JobState.QUEUED, now, f"{note}; requeued to resume from {job.checkpoint_uri}")
+                job.next_run_at = now
+                report.requeued.append(job.id)
             elif outcome == RunState.PREEMPTED.value:
+                if attempt.market == Market.SPOT.value and attempt.zone:
+                    self._observe(attempt.zone, False, now)
                 transition(session, job, JobState.PREEMPTED, now, note)
                 transition(session, job, JobState.QUEUED, now, "requeued to resume from " + job.checkpoint_uri)
                 job.next_run_at = now
@@ -322,7 +360,7 @@ class Scheduler:
                 if open_attempt is not None:  # cannot happen while states hold; refuse a second attempt
                     log.error("job %s is queued but attempt %s is open; not dispatching", job.id, open_attempt.number)
                     continue
-                choice = self.choose_market(job, now)
+                choice = self._moves.pop(job.id, None) or self.choose_market(job, now)
                 place = choice if isinstance(choice, Placement) else Placement(*choice)
                 if place.wait_s is not None:  # the spot policy waits for capacity: stays queued
                     self._wait_for_spot(session, job, now, place.wait_s)
@@ -341,7 +379,7 @@ class Scheduler:
                     continue
                 job.attempts += 1
                 attempt = Attempt(job_id=job.id, number=job.attempts, market=market, usd_per_h=price,
-                                  started_at=now, last_seen_at=now)
+                                  started_at=now, last_seen_at=now, zone=request.zone)
                 session.add(attempt)
                 job.market, job.usd_per_h, job.next_run_at = Market(market), price, None
                 transition(session, job, JobState.RUNNING, now, f"attempt {attempt.number} on {market}"

@@ -91,10 +91,12 @@ class ObservedZones:
     probe_s: float = 1800.0
     _seen: dict[str, ZoneSeen] = field(default_factory=dict)
     _at: dict[str, datetime] = field(default_factory=dict)
+    _start: datetime | None = None  # watching began with the first question or observation
 
     def _advanced(self, zone: str, now: datetime) -> ZoneSeen:
+        self._start = self._start or now
         seen = self._seen.get(zone, ZoneSeen(available=True))
-        at = self._at.get(zone, now)
+        at = self._at.get(zone, self._start)
         return seen.step(seen.available, max((now - at).total_seconds(), 0.0) / 3600.0)
 
     def observe(self, zone: str, available: bool, now: datetime) -> None:
