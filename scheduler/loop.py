@@ -26,10 +26,8 @@ so spend is never under-counted.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,20 +38,17 @@ from sqlmodel import Session, col, select
 from catalog.errors import GpuplanError
 from planner.calibration import CostCalibration
 from planner.spec import spec_from_dict
-from planner.types import Candidate, Strategy
+from planner.types import Strategy
 from scheduler import changeover, ledger, logbook, quota
 from scheduler.accuracy import attempt_metrics
 from scheduler.models import Attempt, Job
-from scheduler.placement import ObservesZones, Placement
+from scheduler.placement import MarketChooser, ObservesZones, Placement, market_chooser, planned_mttp_h
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState, Market
 from scheduler.store import LoopLock, Store, transition
 from workers.executor import Executor, ReleasesAttempts, RunRequest, RunState, RunStatus
 
 log = logging.getLogger("gpuplan.loop")
-
-# (market, $/h) or a scheduler.placement.Placement (adds the zone, or "wait: ask again later").
-MarketChooser = Callable[[Job, datetime], tuple[str, float] | Placement]
 
 
 @dataclass
@@ -64,48 +59,6 @@ class TickReport:
     lost: list[str] = field(default_factory=list)
     orphans_cancelled: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)  # finished attempts released at reconcile
-
-
-def plan_market(job: Job, now: datetime, *, restart_h: float) -> tuple[Market, float]:
-    """(market, $/h at launch) for the next attempt.
-
-    When the spec allows both markets and the planned offer has both prices, the spot policy
-    decides (scheduler.policy, pure), given the delay of a (re)start (``restart_h``, the
-    calibration's); otherwise the plan's own market and price stand.
-    """
-    chosen = Candidate.model_validate(job.plan["chosen"])
-    offer = chosen.offer
-    planned = Market(chosen.cost.market)
-    spot_mode = (job.spec.get("resources") or {}).get("spot", "auto")
-    if spot_mode != "auto" or offer.spot_usd_per_h is None or offer.on_demand_usd_per_h is None:
-        return planned, chosen.cost.usd_per_h
-    from scheduler.policy import Decision, JobProgress, decide
-
-    deadline = spec_from_dict(job.spec).resources.deadline
-    elapsed_h = (now - job.created_at).total_seconds() / 3600.0
-    decision = decide("gpuplan", JobProgress(
-        work_done_h=0.0, work_total_h=max(chosen.estimate.hours, 1e-6), now_h=elapsed_h,
-        deadline_h=deadline, restart_h=restart_h, current="none", start_h=0.0,
-    ), spot_available=True)
-    # Waiting is not a market: an attempt is being launched now, so anything but on-demand is spot.
-    market = Market.ON_DEMAND if decision is Decision.ON_DEMAND else Market.SPOT
-    if market is planned:
-        return market, chosen.cost.usd_per_h
-    per_instance = offer.on_demand_usd_per_h if market is Market.ON_DEMAND else offer.spot_usd_per_h
-    return market, per_instance * max(chosen.nodes, 1)
-
-
-def market_chooser(cost: CostCalibration) -> MarketChooser:
-    """:func:`plan_market` with the calibration's restart delay."""
-    return functools.partial(plan_market, restart_h=cost.restart_h)
-
-
-def planned_mttp_h(plan: dict[str, Any] | None) -> float | None:
-    """The mean time to preemption the job's plan priced spot at (None when it priced on-demand): the
-    workers checkpoint for it, so the interval that runs is the plan's."""
-    cost = ((plan or {}).get("chosen") or {}).get("cost") or {}
-    value = cost.get("mean_time_to_preemption_h")
-    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 class Scheduler:
@@ -140,6 +93,7 @@ class Scheduler:
         # job id -> where its next attempt goes: a changeover decided on a running attempt (kept in memory;
         # after a restart the chooser decides again)
         self._moves: dict[str, Placement] = {}
+        self._steps: dict[int, int] = {}  # spot attempt id -> its step at the last look (progress = capacity)
 
     # -------------------------------------------------------------- main entry points
 
@@ -221,8 +175,11 @@ class Scheduler:
         (scheduler.changeover: the decision is recorded on its row before it is stopped)."""
         assert attempt.handle is not None
         now = self.clock()
-        if attempt.market == Market.SPOT.value and attempt.zone and status.state is RunState.RUNNING:
-            self._observe(attempt.zone, True, now)
+        if attempt.market == Market.SPOT.value and attempt.zone and attempt.id is not None:
+            step = status.progress.step
+            if step > self._steps.get(attempt.id, step):  # work goes on there: the zone has capacity
+                self._observe(attempt.zone, True, now)
+            self._steps[attempt.id] = step
         if changeover.marked(attempt):  # stopping already; again, in case a restart came between mark and stop
             changeover.stop(self.executor, attempt.handle)
             return
@@ -277,6 +234,7 @@ class Scheduler:
                 status: RunStatus | None = None) -> None:
         if attempt_id is not None:
             self._copied.pop(attempt_id, None)
+            self._steps.pop(attempt_id, None)
         now = self.clock()
         with self.store.write() as session:
             attempt = session.get(Attempt, attempt_id)

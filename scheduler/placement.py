@@ -21,11 +21,12 @@ preempted there: none), plus anything a watcher reports through ``observe``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from planner.calibration import CostCalibration
 from planner.spec import spec_from_dict
@@ -41,6 +42,7 @@ from scheduler.policy import (
     choose_zone,
     decide,
 )
+from scheduler.states import Market
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,56 @@ class Placement:
     mttp_h: float | None = None  # spot: the zone's online mean time to preemption (checkpoint interval)
 
 
+# (market, $/h) or a Placement (adds the zone, or "wait: ask again later"): the loop's choose_market.
+MarketChooser = Callable[[Job, datetime], tuple[str, float] | Placement]
+
+
 class ZoneFeed(Protocol):
     def seen(self, now: datetime) -> Mapping[str, ZoneSeen]:
         """Per zone name: what has been watched of its spot capacity up to ``now``."""
         ...
+
+
+def plan_market(job: Job, now: datetime, *, restart_h: float) -> tuple[Market, float]:
+    """(market, $/h at launch) for the next attempt.
+
+    When the spec allows both markets and the planned offer has both prices, the spot policy
+    decides (scheduler.policy, pure), given the delay of a (re)start (``restart_h``, the
+    calibration's); otherwise the plan's own market and price stand.
+    """
+    chosen = Candidate.model_validate(job.plan["chosen"])
+    offer = chosen.offer
+    planned = Market(chosen.cost.market)
+    spot_mode = (job.spec.get("resources") or {}).get("spot", "auto")
+    if spot_mode != "auto" or offer.spot_usd_per_h is None or offer.on_demand_usd_per_h is None:
+        return planned, chosen.cost.usd_per_h
+    from scheduler.policy import Decision, JobProgress, decide
+
+    deadline = spec_from_dict(job.spec).resources.deadline
+    elapsed_h = (now - job.created_at).total_seconds() / 3600.0
+    decision = decide("gpuplan", JobProgress(
+        work_done_h=0.0, work_total_h=max(chosen.estimate.hours, 1e-6), now_h=elapsed_h,
+        deadline_h=deadline, restart_h=restart_h, current="none", start_h=0.0,
+    ), spot_available=True)
+    # Waiting is not a market: an attempt is being launched now, so anything but on-demand is spot.
+    market = Market.ON_DEMAND if decision is Decision.ON_DEMAND else Market.SPOT
+    if market is planned:
+        return market, chosen.cost.usd_per_h
+    per_instance = offer.on_demand_usd_per_h if market is Market.ON_DEMAND else offer.spot_usd_per_h
+    return market, per_instance * max(chosen.nodes, 1)
+
+
+def market_chooser(cost: CostCalibration) -> MarketChooser:
+    """:func:`plan_market` with the calibration's restart delay."""
+    return functools.partial(plan_market, restart_h=cost.restart_h)
+
+
+def planned_mttp_h(plan: dict[str, Any] | None) -> float | None:
+    """The mean time to preemption the job's plan priced spot at (None when it priced on-demand): the
+    workers checkpoint for it, so the interval that runs is the plan's."""
+    cost = ((plan or {}).get("chosen") or {}).get("cost") or {}
+    value = cost.get("mean_time_to_preemption_h")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 @runtime_checkable

@@ -25,8 +25,8 @@ from planner.calibration import Calibration, CostCalibration, load_calibration
 from planner.spec import JobSpec
 from planner.types import Plan
 from scheduler.api.app import create_app
-from scheduler.loop import MarketChooser, Scheduler, market_chooser
-from scheduler.placement import ObservedZones, SpotChooser
+from scheduler.loop import Scheduler
+from scheduler.placement import MarketChooser, ObservedZones, SpotChooser, market_chooser
 from scheduler.service import Clock, Planner, SchedulerService, utcnow
 from scheduler.store import Store
 from workers.executor import Executor
@@ -173,7 +173,7 @@ def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: f
     With spot node types in two or more zones (``spot_zones``, from the Ray cluster config) the loop
     places, waits and changes attempts over between zones with :class:`scheduler.placement.SpotChooser`
     on what it observes of each zone (:class:`scheduler.placement.ObservedZones`); otherwise each
-    attempt goes to the zone its plan priced (:func:`scheduler.loop.plan_market`).
+    attempt goes to the zone its plan priced (:func:`scheduler.placement.plan_market`).
 
     Takes the database's loop lock first (Conflict if another server runs a loop on it), so two
     servers can never reconcile away each other's running attempts."""

@@ -151,7 +151,10 @@ def test_the_loop_feeds_what_it_sees_to_the_zone_feed_and_avoids_a_zone_just_pre
     first = ex.handle_of(job.id)
     assert ex.requests[first].zone == "a"  # nothing seen yet: both believed up, ties by name
     clock.advance(hours=2)
-    loop.tick()  # running there: capacity seen
+    ex.progress[first] = RunProgress(step=5, total_steps=48)
+    loop.tick()  # first look at its progress
+    ex.progress[first] = RunProgress(step=6, total_steps=48)
+    loop.tick()  # work goes on there: capacity seen
     ex.finish(first, RunState.PREEMPTED)
     clock.advance(seconds=1)
     report = loop.tick()
@@ -201,3 +204,39 @@ def test_the_server_moves_jobs_across_zones_only_when_the_cluster_has_spot_in_se
     assert chooser.feed.names == ("use1-az1", "use1-az2")
     assert chooser.switch_h == pytest.approx(14.8 / CostCalibration().checkpoint_write_gbps / 3600)
     assert not isinstance(loop_chooser(CostCalibration(), spot_zones(types[:1])), SpotChooser)
+
+
+class Noticing(ScriptedExecutor):
+    """An executor that can stop an attempt after a just-in-time checkpoint (as InProcessExecutor.preempt)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noticed: list[str] = []
+
+    def preempt(self, handle: str) -> None:
+        self.noticed.append(handle)
+        self.states[handle] = RunState.PREEMPTED
+
+
+def test_a_changeover_takes_a_just_in_time_checkpoint_where_the_executor_can_and_is_no_preemption(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    from scheduler.changeover import StopsWithCheckpoint
+    from workers.inprocess import InProcessExecutor
+
+    assert issubclass(InProcessExecutor, StopsWithCheckpoint)  # its preempt: checkpoint, then PREEMPTED
+    ml = team(svc)
+    job = spot_job(svc, ml, deadline=70.0)
+    feed = ObservedZones(("a", "b"))
+    ex = Noticing()
+    loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2))
+    loop.tick()
+    first = ex.handle_of(job.id)
+    clock.advance(hours=1)
+    feed.observe("a", False, clock())  # e.g. a watcher saw the zone's spot requests go unfilled
+    loop.tick()
+    assert ex.noticed == [first] and ex.cancelled == []
+    clock.advance(seconds=1)
+    assert loop.tick().dispatched == [job.id]
+    assert ex.requests[ex.handle_of(job.id)].zone == "b"
+    assert [a.outcome for a in attempts(store, job.id)] == ["preempted", None]
+    assert feed.seen(clock())["a"].preemptions == 1  # the watcher's, not one more for the changeover
