@@ -75,6 +75,7 @@ class Scheduler:
         backoff_base_s: float = 30.0,
         backoff_max_s: float = 3600.0,
         lock: LoopLock | None = None,
+        stall_s: float = 600.0,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -93,7 +94,10 @@ class Scheduler:
         # job id -> where its next attempt goes: a changeover decided on a running attempt (kept in memory;
         # after a restart the chooser decides again)
         self._moves: dict[str, Placement] = {}
-        self._steps: dict[int, int] = {}  # spot attempt id -> its step at the last look (progress = capacity)
+        # spot attempt id -> (its step, when it last advanced): advancing steps show the zone's capacity,
+        # steps stalled for stall_s its loss
+        self._steps: dict[int, tuple[int, datetime]] = {}
+        self.stall_s = stall_s
 
     # -------------------------------------------------------------- main entry points
 
@@ -176,10 +180,13 @@ class Scheduler:
         assert attempt.handle is not None
         now = self.clock()
         if attempt.market == Market.SPOT.value and attempt.zone and attempt.id is not None:
-            step = status.progress.step
-            if step > self._steps.get(attempt.id, step):  # work goes on there: the zone has capacity
-                self._observe(attempt.zone, True, now)
-            self._steps[attempt.id] = step
+            step, last = status.progress.step, self._steps.get(attempt.id)
+            if last is None or step > last[0]:
+                if last is not None:  # work goes on there: the zone has capacity
+                    self._observe(attempt.zone, True, now)
+                self._steps[attempt.id] = (step, now)
+            elif step > 0 and (now - last[1]).total_seconds() >= self.stall_s:
+                self._observe(attempt.zone, False, now)  # steps stopped (Ray waits there for a node)
         if changeover.marked(attempt):  # stopping already; again, in case a restart came between mark and stop
             changeover.stop(self.executor, attempt.handle)
             return

@@ -240,3 +240,29 @@ def test_a_changeover_takes_a_just_in_time_checkpoint_where_the_executor_can_and
     assert ex.requests[ex.handle_of(job.id)].zone == "b"
     assert [a.outcome for a in attempts(store, job.id)] == ["preempted", None]
     assert feed.seen(clock())["a"].preemptions == 1  # the watcher's, not one more for the changeover
+
+
+def test_a_spot_attempt_whose_steps_stall_marks_its_zone_down_and_moves_where_capacity_is(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    """Ray keeps a preempted attempt RUNNING while it waits for a node in its zone: stalled steps
+    are what the loop sees."""
+    ml = team(svc)
+    job = spot_job(svc, ml, deadline=70.0)
+    feed = ObservedZones(("a", "b"))
+    ex = ScriptedExecutor()
+    loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2), stall_s=600)
+    loop.tick()
+    first = ex.handle_of(job.id)
+    assert ex.requests[first].zone == "a"
+    for step in (1, 2, 3):
+        ex.progress[first] = RunProgress(step=step, total_steps=48)
+        clock.advance(minutes=5)
+        loop.tick()
+    clock.advance(minutes=9)
+    loop.tick()
+    assert ex.cancelled == [] and feed.seen(clock())["a"].available  # 9 min without a step: not yet
+    clock.advance(minutes=1)
+    loop.tick()  # 10 min: zone a counts as lost, and the attempt changes over
+    assert feed.seen(clock())["a"].preemptions == 1 and ex.cancelled == [first]
+    loop.tick()
+    assert ex.requests[ex.handle_of(job.id)].zone == "b"
