@@ -124,7 +124,6 @@ class ZoneRates:
     outage_age_h: float = 0.0  # how long the current outage (no capacity anywhere) has lasted
     loss_h: float = 0.0  # work a preemption loses on average (0: just-in-time checkpoint on the notice)
     switch_h: float = 0.0  # time a voluntary changeover waits for its checkpoint to be durable
-    mean_outage_h: float = math.inf  # mean length of an outage (inf: unknown, waiting is never known to suffice)
 
 
 @dataclass(frozen=True)
@@ -153,9 +152,7 @@ class ZoneSeen:
     def rates(self, loss_h: float = 0.0, switch_h: float = 0.0,
               prior_mean_run_h: float = PRIOR_MEAN_RUN_H) -> ZoneRates:
         mean = float(mean_run_estimate(self.up_h, self.preemptions, prior_mean_run_h))
-        outage = float(mean_outage_estimate(self.watched_h - self.up_h, self.preemptions))
-        return ZoneRates(mean_run_h=mean, outage_age_h=self.outage_age_h, loss_h=loss_h, switch_h=switch_h,
-                         mean_outage_h=outage)
+        return ZoneRates(mean_run_h=mean, outage_age_h=self.outage_age_h, loss_h=loss_h, switch_h=switch_h)
 
 
 def mean_run_estimate(up_h: float | FloatArray, preemptions: float | FloatArray,
@@ -163,12 +160,6 @@ def mean_run_estimate(up_h: float | FloatArray, preemptions: float | FloatArray,
     """Online mean run: (hours up + prior) / (preemptions + 1); the prior counts as one preemption
     after ``prior_mean_run_h`` hours, so an unwatched zone starts at the planner's hazard."""
     return np.asarray((np.asarray(up_h) + prior_mean_run_h) / (np.asarray(preemptions) + 1.0), dtype=np.float64)
-
-
-def mean_outage_estimate(down_h: float | FloatArray, preemptions: float | FloatArray) -> FloatArray:
-    """Online mean outage: hours without capacity / (preemptions + 1) (each preemption starts an outage;
-    the + 1 counts the one under way, so a zone never seen down starts at 0)."""
-    return np.asarray(np.asarray(down_h) / (np.asarray(preemptions) + 1.0), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -231,7 +222,6 @@ def decide_arrays(
     loss_h: FloatArray | float = 0.0,
     switch_h: FloatArray | float = 0.0,
     price_ratio: float = DEFAULT_PRICES.on_demand / DEFAULT_PRICES.spot,
-    mean_outage_h: FloatArray | float = math.inf,
 ) -> IntArray:
     """Vectorised :func:`decide`: one decision code (WAIT/SPOT/ON_DEMAND) per job.
 
@@ -286,10 +276,6 @@ def decide_arrays(
         # burns 2 changeovers (+ lost work) of slack; waiting burns (ratio - 1) of slack an hour.
         bridge_price = change * (1.0 + price_ratio) + cycle_h * (price_ratio - 1.0)
         bridge = np.asarray(outage_age_h) * (price_ratio - 1.0) >= bridge_price
-        # Unless waiting suffices: the slack left covers the outages (and restarts and lost work) that
-        # the work left is expected to meet, hedged the same way; then waiting is free and enough.
-        waits = slack - need >= cycles * (np.asarray(mean_outage_h) + np.asarray(restart_h) + loss)
-        bridge &= ~waits
     else:
         p = GREEDY_PARAMS if policy == "greedy" else UNIFORM_PARAMS
         span = np.where(has_deadline, deadline_h - start_h, 1.0)
@@ -356,7 +342,6 @@ def decide(
         loss_h=rates.loss_h,
         switch_h=rates.switch_h,
         price_ratio=prices.on_demand / prices.spot,
-        mean_outage_h=rates.mean_outage_h,
     )
     return _DECISION_BY_CODE[int(code[0])]
 

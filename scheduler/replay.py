@@ -14,16 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput
-from scheduler.policy import (
-    NONE,
-    ON_DEMAND,
-    SPOT,
-    WAIT,
-    check_policy,
-    decide_arrays,
-    mean_outage_estimate,
-    mean_run_estimate,
-)
+from scheduler.policy import NONE, ON_DEMAND, SPOT, WAIT, check_policy, decide_arrays, mean_run_estimate
 from scheduler.sim_model import FloatArray, IntArray, Jobs, Outcome, Prices, SimOptions, spot_prices
 from scheduler.traces import Zones
 
@@ -40,30 +31,14 @@ def young_daly_array(c: float, mtbf: FloatArray) -> FloatArray:
     return np.where(np.isinf(mtbf), np.inf, np.where(c >= 2 * m, m, tau))
 
 
-def _hours_before(flags: npt.NDArray[np.bool_], gap_h: float) -> FloatArray:
-    """Per zone and tick: hours of the ticks before this one where ``flags`` held."""
-    return np.concatenate([np.zeros((flags.shape[0], 1)), np.cumsum(flags, axis=1)[:, :-1]], axis=1) * gap_h
-
-
-def _preemptions_seen(av: npt.NDArray[np.bool_]) -> FloatArray:
-    """Per zone and tick: runs of capacity that have ended, up to the one this tick shows."""
-    ends = np.zeros(av.shape)
-    ends[:, 1:] = np.cumsum(av[:, :-1] & ~av[:, 1:], axis=1)
-    return ends
-
-
 def online_mean_run(zones: Zones, prior_mean_run_h: float) -> FloatArray:
     """Per zone and tick: the mean run of capacity the policy estimates from ticks before this one
     (:func:`scheduler.policy.mean_run_estimate`), never from the future."""
     av = zones.available
-    return mean_run_estimate(_hours_before(av, zones.gap_h), _preemptions_seen(av), prior_mean_run_h)
-
-
-def online_mean_outage(zones: Zones) -> FloatArray:
-    """Per zone and tick: the mean outage the policy estimates from ticks before this one
-    (:func:`scheduler.policy.mean_outage_estimate`), never from the future."""
-    av = zones.available
-    return mean_outage_estimate(_hours_before(~av, zones.gap_h), _preemptions_seen(av))
+    up = np.concatenate([np.zeros((av.shape[0], 1)), np.cumsum(av, axis=1)[:, :-1]], axis=1) * zones.gap_h
+    ends = np.zeros(av.shape)
+    ends[:, 1:] = np.cumsum(av[:, :-1] & ~av[:, 1:], axis=1)
+    return mean_run_estimate(up, ends, prior_mean_run_h)
 
 
 def _mean_runs(zones: Zones, opts: SimOptions) -> FloatArray:
@@ -92,7 +67,6 @@ class _Setup:
     spot_price: FloatArray  # (zones, ticks) $/h
     runs: FloatArray  # (zones, ticks) age of the current run of capacity, in ticks
     mean_run: FloatArray  # (zones, ticks) mean run of capacity the policy estimates
-    mean_outage: FloatArray  # (zones, ticks) mean outage the policy estimates
     all_down: FloatArray  # (ticks,) hours the outage of every zone has lasted
     tau: FloatArray  # (zones, ticks) hours of spot work between periodic checkpoints
     loss: FloatArray  # (zones, ticks) work a preemption loses on average
@@ -120,8 +94,7 @@ def _setup(zones: Zones, prices: Prices, opts: SimOptions) -> _Setup:
     tau = young_daly_array(opts.checkpoint_cost_h, mean_run)
     half = np.where(np.isfinite(tau), tau / 2, 0.0)  # a preemption loses half an interval on average
     loss = np.minimum(half, opts.notice_h) if opts.just_in_time else half
-    return _Setup(opts, zones.gap_h, spot_price, run_lengths(zones.available), mean_run, online_mean_outage(zones),
-                  all_down, tau, loss,
+    return _Setup(opts, zones.gap_h, spot_price, run_lengths(zones.available), mean_run, all_down, tau, loss,
                   prices.on_demand, prices.on_demand / float(np.nanmedian(spot_price)))
 
 
@@ -188,7 +161,6 @@ def _decisions(policy: str, s: _State, setup: _Setup, jobs: Jobs, now: float, tt
         current=s.market, spot_available=spot_any, uncommitted_h=setup.at_risk(s.unc), tick_h=setup.gap,
         params=setup.opts.params, mean_run_h=means[np.arange(len(jobs)), target], outage_age_h=setup.all_down[tt],
         loss_h=setup.loss[target, tt], switch_h=setup.opts.checkpoint_write_h, price_ratio=setup.ratio,
-        mean_outage_h=setup.mean_outage[target, tt],
     )
 
 

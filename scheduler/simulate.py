@@ -34,7 +34,7 @@ import numpy as np
 from catalog.errors import InvalidInput
 from scheduler.bound import default_resolution, omniscient
 from scheduler.policy import ON_DEMAND, POLICIES, SPOT, WAIT
-from scheduler.replay import online_mean_outage, online_mean_run, run_lengths, run_policy, young_daly_array
+from scheduler.replay import online_mean_run, run_lengths, run_policy, young_daly_array
 from scheduler.sim_model import Jobs, Outcome, Prices, SimOptions
 from scheduler.traces import Zones
 
@@ -113,7 +113,6 @@ __all__ = [
     "compare",
     "default_resolution",
     "omniscient",
-    "online_mean_outage",
     "online_mean_run",
     "run_lengths",
     "run_policy",

@@ -165,17 +165,6 @@ def test_gpuplan_waits_out_young_outages_and_bridges_old_ones_below_the_reserve(
     assert decide("gpuplan", flaky, False, tick_h=TICK, rates=hopeless) is Decision.WAIT
 
 
-def test_gpuplan_waits_when_the_slack_covers_the_outages_the_work_left_is_expected_to_meet() -> None:
-    # The same job and zone as above (about 31 hedged preemptions to come, 9.7 h of slack over the safety
-    # net): outages of 3 minutes with their 0.2 h restarts need 7.9 h of it, so waiting is enough and free;
-    # outages of 30 minutes would need 22 h, so the old outage is bridged as before.
-    flaky = progress(10.0, 22.0)
-    brief = ZoneRates(mean_run_h=1.5, outage_age_h=0.8, mean_outage_h=0.05)
-    long = ZoneRates(mean_run_h=1.5, outage_age_h=0.8, mean_outage_h=0.5)
-    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=brief) is Decision.WAIT
-    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=long) is Decision.ON_DEMAND
-
-
 def test_zone_seen_counts_what_was_watched_and_estimates_with_the_planner_prior() -> None:
     seen = ZoneSeen()
     for avail in [True, True, False, False, True, True, True, False]:
@@ -185,8 +174,6 @@ def test_zone_seen_counts_what_was_watched_and_estimates_with_the_planner_prior(
     # (hours up + prior) / (preemptions + 1): the prior is one preemption after 1/0.08 h.
     assert seen.rates().mean_run_h == pytest.approx((2.5 + PRIOR_MEAN_RUN_H) / 3)
     assert ZoneSeen().rates().mean_run_h == pytest.approx(PRIOR_MEAN_RUN_H)
-    # Mean outage: hours without capacity / (preemptions + 1, the one under way).
-    assert seen.rates().mean_outage_h == pytest.approx(1.5 / 3) and ZoneSeen().rates().mean_outage_h == 0.0
     assert choose_zone([True, True], None, [0.1, 3.0], mean_run_h=[9.0, 2.0]) == 0
 
 
