@@ -391,14 +391,14 @@ def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: s
         "more structure was tried on the families above and dropped (docs/SPOT.md, summary); "
         "`--holdout-family NAME` reruns any family alone.",
         "",
-        "## Held-out trace families (single zone)",
+        "### Held-out trace families (single zone)",
         "",
         *FAMILY_HEADER,
         *rows,
         "",
         "![cost ratio by family](img/spot-families.png)",
         "",
-        "### Per deadline slack and restart delay (all families)",
+        "#### Per deadline slack and restart delay (all families)",
         "",
         "Median x bound, `gpuplan / greedy`:",
         "",
@@ -412,7 +412,7 @@ def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: s
         "|---|---|---|",
         *fam_cells,
         "",
-        "## Multi-zone (every zone of a family at once; 48 h and 12 h jobs, slack 20% and 50%, restart 0.2 h)",
+        "### Multi-zone (every zone of a family at once; 48 h and 12 h jobs, slack 20% and 50%, restart 0.2 h)",
         "",
         "The job may move to another zone (restart + checkpoint transfer). The bound is the omniscient "
         "multi-zone bound; the single-zone columns run gpuplan in one zone of the family on the same jobs "
@@ -422,7 +422,7 @@ def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: s
         "",
         *multi,
         "",
-        "## Speed: 45 days x 9 zones x 1000 jobs",
+        "### Speed: 45 days x 9 zones x 1000 jobs",
         "",
         "1000 jobs (4-48 h of work, 10-100% slack, restarts 0.02-0.4 h) over the 45-day family on 5-minute "
         "ticks, 9 zones to move across, honest costs, one `run_policy` call each:",
