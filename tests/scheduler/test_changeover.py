@@ -266,3 +266,19 @@ def test_a_spot_attempt_whose_steps_stall_marks_its_zone_down_and_moves_where_ca
     assert feed.seen(clock())["a"].preemptions == 1 and ex.cancelled == [first]
     loop.tick()
     assert ex.requests[ex.handle_of(job.id)].zone == "b"
+
+
+def test_gpuplan_server_reads_the_spot_zones_from_the_ray_cluster_config(tmp_path: Path) -> None:
+    from commands.server import spot_zones_of
+
+    config = tmp_path / "cluster.yaml"
+    config.write_text("""
+head_node_type: head
+available_node_types:
+  head: {resources: {}, max_workers: 0}
+  p5-spot-use1-az1: {resources: {"gpuplan-market:spot": 8, "gpuplan-zone:use1-az1": 8}, max_workers: 2}
+  p5-spot-use1-az2: {resources: {"gpuplan-market:spot": 8, "gpuplan-zone:use1-az2": 8}, max_workers: 2}
+  p5-on-demand-use1-az1: {resources: {"gpuplan-market:on-demand": 8, "gpuplan-zone:use1-az1": 8}, max_workers: 2}
+""")
+    assert spot_zones_of(str(config)) == ("use1-az1", "use1-az2")
+    assert spot_zones_of(None) == ()
