@@ -329,6 +329,36 @@ def speed(fams: list[Family]) -> list[str]:
     return lines
 
 
+def insurance(fams: list[Family], min_slack: float = 0.5, min_restart: float = 0.2) -> list[str]:
+    """Where gpuplan loses to greedy at the median (large slack, long restarts): per family, jobs where it
+    costs more / less than greedy, by how much, and how often each enters on-demand."""
+    lines = ["| family | jobs | gpuplan dearer | gpuplan cheaper | total gpuplan - greedy $ | dearer: $ a job, "
+             "on-demand entries gpuplan / greedy | cheaper: $ a job |", "|---|---|---|---|---|---|---|"]
+    for fam in fams:
+        parts = []
+        for zones in fam.singles:
+            jobs = job_grid(zones)
+            if jobs is None:
+                continue
+            cell = (np.round(jobs.deadline_h / jobs.work_h - 1, 2) >= min_slack) & (jobs.restart_h >= min_restart)
+            opts = replace(options(fam), timeline=True)
+            g, r = (run_policy(zones, jobs, p, PRICES, opts) for p in ("gpuplan", "greedy"))
+            parts.append(np.stack([(g.cost_usd - r.cost_usd)[cell], _od_entries(g)[cell], _od_entries(r)[cell]]))
+        d, eg, er = np.concatenate(parts, axis=1)
+        dearer, cheaper = d > 1e-6, d < -1e-6
+        lines.append(f"| {fam.name} | {d.size} | {int(dearer.sum())} | {int(cheaper.sum())} | {d.sum():,.0f} | "
+                     f"{d[dearer].mean():.2f}, {eg[dearer].mean():.1f} / {er[dearer].mean():.1f} | "
+                     f"{d[cheaper].mean():.2f} |")
+    return lines
+
+
+def _od_entries(o: Outcome) -> np.ndarray:
+    assert o.timeline_market is not None
+    tl = o.timeline_market
+    entries: np.ndarray = ((tl[1:] != tl[:-1]) & (tl[1:] == 2)).sum(axis=0).astype(np.float64)
+    return entries
+
+
 def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: str, source: str = "") -> None:
     t_start = time.time()
     per_family: dict[str, Result] = {}
@@ -445,6 +475,9 @@ def main() -> int:
     parser.add_argument("--holdout-family", action="append", default=[],
                         help="run only families whose name contains this (repeatable); default: every family")
     parser.add_argument("--speed-only", action="store_true")
+    parser.add_argument("--insurance", action="store_true",
+                        help="only print, per family, where gpuplan costs more or less than greedy at slack >= 50%% "
+                        "and restart >= 0.2 h")
     parser.add_argument("--no-write", action="store_true", help="print the tables, leave docs/ alone")
     parser.add_argument("--out", default=str(ROOT / "docs" / "SPOT.md"), help="Markdown to update (between markers)")
     args = parser.parse_args()
@@ -457,6 +490,9 @@ def main() -> int:
         fams = [f for f in fams if any(h in f.name for h in args.holdout_family)]
     if args.speed_only:
         print("\n".join(speed(fams)))
+        return 0
+    if args.insurance:
+        print("\n".join(insurance(fams)))
         return 0
     command = ("python bench/spot.py" + (f" --traces {args.traces}" if args.traces else "")
                + "".join(f" --holdout-family {h}" for h in args.holdout_family))
