@@ -359,12 +359,13 @@ def _od_entries(o: Outcome) -> np.ndarray:
     return entries
 
 
-def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: str, source: str = "") -> None:
+def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: str, source: str = "",
+              params: PolicyParams | None = None) -> None:
     t_start = time.time()
     per_family: dict[str, Result] = {}
     for fam in fams:
         print(f"family {fam.name}: {len(fam.singles)} zones", flush=True)
-        res = run_family(fam)
+        res = run_family(fam, params=params)
         if len(res["gpuplan"]["ratio"]):
             per_family[fam.name] = res
     allres = merge(list(per_family.values()))
@@ -475,6 +476,9 @@ def main() -> int:
     parser.add_argument("--holdout-family", action="append", default=[],
                         help="run only families whose name contains this (repeatable); default: every family")
     parser.add_argument("--speed-only", action="store_true")
+    parser.add_argument("--hedge-z", type=float, default=None,
+                        help="gpuplan's hedge (normal quantile; default: the planner's 90%% confidence, 1.28) for a "
+                        "sensitivity run; prints only")
     parser.add_argument("--insurance", action="store_true",
                         help="only print, per family, where gpuplan costs more or less than greedy at slack >= 50%% "
                         "and restart >= 0.2 h")
@@ -496,7 +500,9 @@ def main() -> int:
         return 0
     command = ("python bench/spot.py" + (f" --traces {args.traces}" if args.traces else "")
                + "".join(f" --holdout-family {h}" for h in args.holdout_family))
-    benchmark(fams, None if args.no_write else Path(args.out), ROOT / "docs" / "img", command, str(root))
+    params = None if args.hedge_z is None else PolicyParams(hedge_z=args.hedge_z)
+    out = None if args.no_write or params is not None else Path(args.out)
+    benchmark(fams, out, ROOT / "docs" / "img", command, str(root), params)
     return 0
 
 

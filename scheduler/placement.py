@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -132,7 +133,8 @@ class ObservedZones:
 
     A zone is believed to have capacity until an observation says otherwise (a spot start is the
     probe); a zone seen without capacity is offered again after ``probe_s`` (there is no other way to
-    learn that capacity is back than to ask for it), its outage age still counting.
+    learn that capacity is back than to ask for it), its outage age still counting. Safe to call from
+    the loop and a watcher thread at once.
     """
 
     names: tuple[str, ...]
@@ -140,6 +142,7 @@ class ObservedZones:
     _seen: dict[str, ZoneSeen] = field(default_factory=dict)
     _at: dict[str, datetime] = field(default_factory=dict)
     _start: datetime | None = None  # watching began with the first question or observation
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _advanced(self, zone: str, now: datetime) -> ZoneSeen:
         self._start = self._start or now
@@ -150,13 +153,15 @@ class ObservedZones:
     def observe(self, zone: str, available: bool, now: datetime) -> None:
         if zone not in self.names:
             return
-        self._seen[zone] = self._advanced(zone, now).step(available, 0.0)
-        self._at[zone] = now
+        with self._lock:
+            self._seen[zone] = self._advanced(zone, now).step(available, 0.0)
+            self._at[zone] = now
 
     def seen(self, now: datetime) -> Mapping[str, ZoneSeen]:
         out = {}
         for zone in self.names:
-            seen = self._advanced(zone, now)
+            with self._lock:
+                seen = self._advanced(zone, now)
             if not seen.available and seen.outage_age_h * 3600.0 >= self.probe_s:
                 seen = dataclasses.replace(seen, available=True, run_h=0.0)  # worth asking again
             out[zone] = seen
@@ -177,8 +182,6 @@ def no_progress(job: Job) -> float:
     """Hours of work a job has done, when nothing better is known: 0 (safe: the policy then sees
     less slack than there is, never more)."""
     return 0.0
-
-
 
 
 @dataclass(frozen=True)
