@@ -5,7 +5,9 @@ One ``tick()``:
 1. follow every open attempt (``executor.status``): a finished one is closed and charged in the
    same transaction as the job's transition; PREEMPTED requeues the job at once (it resumes from
    its checkpoint: ``run_name`` is the job id), FAILED requeues with exponential backoff until the
-   job's ``max_attempts`` failures, a cancelled job's live attempt is stopped;
+   job's ``max_attempts`` failures, a cancelled job's live attempt is stopped; a live attempt that a
+   chooser with ``reconsider`` (scheduler.placement.SpotChooser) wants elsewhere is changed over
+   (scheduler.changeover: stopped, requeued, started where the chooser said);
 2. dispatch due queued jobs, highest priority first, that their team's GPU quota admits
    (scheduler.quota: a job that does not fit stays queued with the reason), claimed with
    ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` makes the claim a
@@ -179,14 +181,7 @@ class Scheduler:
         (scheduler.changeover: the decision is recorded on its row before it is stopped)."""
         assert attempt.handle is not None
         now = self.clock()
-        if attempt.market == Market.SPOT.value and attempt.zone and attempt.id is not None:
-            step, last = status.progress.step, self._steps.get(attempt.id)
-            if last is None or step > last[0]:
-                if last is not None:  # work goes on there: the zone has capacity
-                    self._observe(attempt.zone, True, now)
-                self._steps[attempt.id] = (step, now)
-            elif step > 0 and (now - last[1]).total_seconds() >= self.stall_s:
-                self._observe(attempt.zone, False, now)  # steps stopped (Ray waits there for a node)
+        self._watch_zone(attempt, status, now)
         if changeover.marked(attempt):  # stopping already; again, in case a restart came between mark and stop
             changeover.stop(self.executor, attempt.handle)
             return
@@ -200,6 +195,19 @@ class Scheduler:
                 return
         self._moves[job.id] = target
         changeover.stop(self.executor, attempt.handle)
+
+    def _watch_zone(self, attempt: Attempt, status: RunStatus, now: datetime) -> None:
+        """A spot attempt's steps advancing show its zone's capacity; stalled for ``stall_s`` (after a
+        first step, so loading never counts), its loss: Ray waits in place for a node after a preemption."""
+        if attempt.market != Market.SPOT.value or not attempt.zone or attempt.id is None:
+            return
+        step, last = status.progress.step, self._steps.get(attempt.id)
+        if last is None or step > last[0]:
+            if last is not None:
+                self._observe(attempt.zone, True, now)
+            self._steps[attempt.id] = (step, now)
+        elif step > 0 and (now - last[1]).total_seconds() >= self.stall_s:
+            self._observe(attempt.zone, False, now)
 
     def _observe(self, zone: str, available: bool, now: datetime) -> None:
         if isinstance(self.choose_market, ObservesZones):
