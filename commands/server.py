@@ -80,6 +80,7 @@ def server_command(
         open_store(root)
     run = make_executor(executor, ray_namespace=namespace, storage_path=ray_storage_for(root),
                         ray_cluster_config=ray_cluster_config)
+    zones = spot_zones_of(ray_cluster_config) if executor == "ray" else ()
     catalog = load_catalog()
     if ray_cluster_config:  # the cluster's link speeds (EFA or one TCP interface) replace the catalog's
         from workers.cluster_net import with_link_speeds
@@ -106,9 +107,20 @@ def server_command(
     ui_secret = load_or_create_secret(home)  # dashboard sessions at /ui: one secret for every API process
     if count == 1:
         serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running, calibration=calibration,
-                       ui_secret=ui_secret), host, port, sock=sock)
+                       ui_secret=ui_secret, spot_zones=zones), host, port, sock=sock)
         return
     api = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
                       admin_token=admin_token, calibration=calibration, ui_secret=ui_secret)
-    loop = make_loop(service, run, poll_s=poll, max_running=max_running, calibration=calibration)
+    loop = make_loop(service, run, poll_s=poll, max_running=max_running, calibration=calibration, spot_zones=zones)
     serve_workers(api, host, port, count, loop=loop, sock=sock)
+
+
+def spot_zones_of(ray_cluster_config: str | None) -> tuple[str, ...]:
+    """The zones the cluster config has spot node types in (``gpuplan cluster config --every-zone``):
+    with two or more, the loop's spot policy moves jobs between them."""
+    if not ray_cluster_config:
+        return ()
+    from scheduler.placement import spot_zones
+    from workers.ray_executor import autoscaler_node_types
+
+    return spot_zones([resources for resources, _ in autoscaler_node_types(ray_cluster_config)])

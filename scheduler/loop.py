@@ -5,7 +5,9 @@ One ``tick()``:
 1. follow every open attempt (``executor.status``): a finished one is closed and charged in the
    same transaction as the job's transition; PREEMPTED requeues the job at once (it resumes from
    its checkpoint: ``run_name`` is the job id), FAILED requeues with exponential backoff until the
-   job's ``max_attempts`` failures, a cancelled job's live attempt is stopped;
+   job's ``max_attempts`` failures, a cancelled job's live attempt is stopped; a live attempt that a
+   chooser with ``reconsider`` (scheduler.placement.SpotChooser) wants elsewhere is changed over
+   (scheduler.changeover: stopped, requeued, started where the chooser said);
 2. dispatch due queued jobs, highest priority first, that their team's GPU quota admits
    (scheduler.quota: a job that does not fit stays queued with the reason), claimed with
    ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` makes the claim a
@@ -26,10 +28,8 @@ so spend is never under-counted.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,20 +40,17 @@ from sqlmodel import Session, col, select
 from catalog.errors import GpuplanError
 from planner.calibration import CostCalibration
 from planner.spec import spec_from_dict
-from planner.types import Candidate, Strategy
-from scheduler import ledger, logbook, quota
+from planner.types import Strategy
+from scheduler import changeover, ledger, logbook, quota
 from scheduler.accuracy import attempt_metrics
 from scheduler.models import Attempt, Job
-from scheduler.placement import Placement
+from scheduler.placement import MarketChooser, ObservesZones, Placement, market_chooser, planned_mttp_h
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState, Market
 from scheduler.store import LoopLock, Store, transition
 from workers.executor import Executor, ReleasesAttempts, RunRequest, RunState, RunStatus
 
 log = logging.getLogger("gpuplan.loop")
-
-# (market, $/h) or a scheduler.placement.Placement (adds the zone, or "wait: ask again later").
-MarketChooser = Callable[[Job, datetime], tuple[str, float] | Placement]
 
 
 @dataclass
@@ -64,48 +61,6 @@ class TickReport:
     lost: list[str] = field(default_factory=list)
     orphans_cancelled: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)  # finished attempts released at reconcile
-
-
-def plan_market(job: Job, now: datetime, *, restart_h: float) -> tuple[Market, float]:
-    """(market, $/h at launch) for the next attempt.
-
-    When the spec allows both markets and the planned offer has both prices, the spot policy
-    decides (scheduler.policy, pure), given the delay of a (re)start (``restart_h``, the
-    calibration's); otherwise the plan's own market and price stand.
-    """
-    chosen = Candidate.model_validate(job.plan["chosen"])
-    offer = chosen.offer
-    planned = Market(chosen.cost.market)
-    spot_mode = (job.spec.get("resources") or {}).get("spot", "auto")
-    if spot_mode != "auto" or offer.spot_usd_per_h is None or offer.on_demand_usd_per_h is None:
-        return planned, chosen.cost.usd_per_h
-    from scheduler.policy import Decision, JobProgress, decide
-
-    deadline = spec_from_dict(job.spec).resources.deadline
-    elapsed_h = (now - job.created_at).total_seconds() / 3600.0
-    decision = decide("gpuplan", JobProgress(
-        work_done_h=0.0, work_total_h=max(chosen.estimate.hours, 1e-6), now_h=elapsed_h,
-        deadline_h=deadline, restart_h=restart_h, current="none", start_h=0.0,
-    ), spot_available=True)
-    # Waiting is not a market: an attempt is being launched now, so anything but on-demand is spot.
-    market = Market.ON_DEMAND if decision is Decision.ON_DEMAND else Market.SPOT
-    if market is planned:
-        return market, chosen.cost.usd_per_h
-    per_instance = offer.on_demand_usd_per_h if market is Market.ON_DEMAND else offer.spot_usd_per_h
-    return market, per_instance * max(chosen.nodes, 1)
-
-
-def market_chooser(cost: CostCalibration) -> MarketChooser:
-    """:func:`plan_market` with the calibration's restart delay."""
-    return functools.partial(plan_market, restart_h=cost.restart_h)
-
-
-def planned_mttp_h(plan: dict[str, Any] | None) -> float | None:
-    """The mean time to preemption the job's plan priced spot at (None when it priced on-demand): the
-    workers checkpoint for it, so the interval that runs is the plan's."""
-    cost = ((plan or {}).get("chosen") or {}).get("cost") or {}
-    value = cost.get("mean_time_to_preemption_h")
-    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 class Scheduler:
@@ -122,6 +77,7 @@ class Scheduler:
         backoff_base_s: float = 30.0,
         backoff_max_s: float = 3600.0,
         lock: LoopLock | None = None,
+        stall_s: float = 600.0,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -137,6 +93,13 @@ class Scheduler:
         # attempt id -> lines of its executor log already copied into the job's log (read back from
         # the database the first time an attempt is seen, so a restarted loop resumes the copy)
         self._copied: dict[int, int] = {}
+        # job id -> where its next attempt goes: a changeover decided on a running attempt (kept in memory;
+        # after a restart the chooser decides again)
+        self._moves: dict[str, Placement] = {}
+        # spot attempt id -> (its step, when it last advanced): advancing steps show the zone's capacity,
+        # steps stalled for stall_s its loss
+        self._steps: dict[int, tuple[int, datetime]] = {}
+        self.stall_s = stall_s
 
     # -------------------------------------------------------------- main entry points
 
@@ -210,6 +173,45 @@ class Scheduler:
                 self._copy_logs(attempt)  # the lines written since the first copy of this tick
                 self._finish(attempt.id, status.state.value, status.message, report, status)
                 self._release(attempt.handle)
+            else:
+                self._watch(attempt, job, status)
+
+    def _watch(self, attempt: Attempt, job: Job, status: RunStatus) -> None:
+        """A live attempt: what it shows of its zone's spot capacity, and whether to change it over
+        (scheduler.changeover: the decision is recorded on its row before it is stopped)."""
+        assert attempt.handle is not None
+        now = self.clock()
+        self._watch_zone(attempt, status, now)
+        if changeover.marked(attempt):  # stopping already; again, in case a restart came between mark and stop
+            changeover.stop(self.executor, attempt.handle)
+            return
+        if not isinstance(self.choose_market, changeover.Reconsiders) or job.state != JobState.RUNNING.value:
+            return
+        target = self.choose_market.reconsider(job, changeover.running(job, attempt, status), now)
+        if target is None or target.wait_s is not None:
+            return
+        with self.store.write() as session:
+            if not changeover.mark(session, attempt.id, target, now):
+                return
+        self._moves[job.id] = target
+        changeover.stop(self.executor, attempt.handle)
+
+    def _watch_zone(self, attempt: Attempt, status: RunStatus, now: datetime) -> None:
+        """A spot attempt's steps advancing show its zone's capacity; stalled for ``stall_s`` (after a
+        first step, so loading never counts), its loss: Ray waits in place for a node after a preemption."""
+        if attempt.market != Market.SPOT.value or not attempt.zone or attempt.id is None:
+            return
+        step, last = status.progress.step, self._steps.get(attempt.id)
+        if last is None or step > last[0]:
+            if last is not None:
+                self._observe(attempt.zone, True, now)
+            self._steps[attempt.id] = (step, now)
+        elif step > 0 and (now - last[1]).total_seconds() >= self.stall_s:
+            self._observe(attempt.zone, False, now)
+
+    def _observe(self, zone: str, available: bool, now: datetime) -> None:
+        if isinstance(self.choose_market, ObservesZones):
+            self.choose_market.observe(zone, available, now)
 
     def _release(self, handle: str) -> None:
         """After the row is closed, never before: a crash in between leaves an outcome to re-read."""
@@ -247,6 +249,7 @@ class Scheduler:
                 status: RunStatus | None = None) -> None:
         if attempt_id is not None:
             self._copied.pop(attempt_id, None)
+            self._steps.pop(attempt_id, None)
         now = self.clock()
         with self.store.write() as session:
             attempt = session.get(Attempt, attempt_id)
@@ -256,7 +259,9 @@ class Scheduler:
             assert job is not None
             if status is not None:  # predicted vs measured, kept with the attempt (failed ones too)
                 attempt.metrics = attempt_metrics(status, job.plan)
-            ledger.close_attempt(session, attempt, job, now, outcome, message)
+            moving = changeover.marked(attempt)
+            ledger.close_attempt(session, attempt, job, now, outcome,
+                                 f"{attempt.message}; {message}" if moving else message)
             report.finished[job.id] = outcome
             state = job.state
             if state.terminal:
@@ -265,7 +270,13 @@ class Scheduler:
             job.message = note[:2000]
             if outcome == RunState.SUCCEEDED.value:
                 transition(session, job, JobState.SUCCEEDED, now, note)
+            elif moving and outcome in (RunState.PREEMPTED.value, RunState.CANCELLED.value):
+                transition(session, job, JobState.QUEUED, now, f"{note}; requeued to resume from {job.checkpoint_uri}")
+                job.next_run_at = now
+                report.requeued.append(job.id)
             elif outcome == RunState.PREEMPTED.value:
+                if attempt.market == Market.SPOT.value and attempt.zone:
+                    self._observe(attempt.zone, False, now)
                 transition(session, job, JobState.PREEMPTED, now, note)
                 transition(session, job, JobState.QUEUED, now, "requeued to resume from " + job.checkpoint_uri)
                 job.next_run_at = now
@@ -322,7 +333,7 @@ class Scheduler:
                 if open_attempt is not None:  # cannot happen while states hold; refuse a second attempt
                     log.error("job %s is queued but attempt %s is open; not dispatching", job.id, open_attempt.number)
                     continue
-                choice = self.choose_market(job, now)
+                choice = self._moves.pop(job.id, None) or self.choose_market(job, now)
                 place = choice if isinstance(choice, Placement) else Placement(*choice)
                 if place.wait_s is not None:  # the spot policy waits for capacity: stays queued
                     self._wait_for_spot(session, job, now, place.wait_s)
@@ -341,7 +352,7 @@ class Scheduler:
                     continue
                 job.attempts += 1
                 attempt = Attempt(job_id=job.id, number=job.attempts, market=market, usd_per_h=price,
-                                  started_at=now, last_seen_at=now)
+                                  started_at=now, last_seen_at=now, zone=request.zone)
                 session.add(attempt)
                 job.market, job.usd_per_h, job.next_run_at = Market(market), price, None
                 transition(session, job, JobState.RUNNING, now, f"attempt {attempt.number} on {market}"

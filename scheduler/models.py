@@ -254,6 +254,7 @@ class Attempt(SQLModel, table=True):
     metrics: dict[str, Any] | None = Field(
         default=None, sa_column=Column(JSON, nullable=True),
         description="predicted vs measured (scheduler.accuracy.attempt_metrics); None if the attempt reported none")
+    zone: str | None = Field(default=None, max_length=64, description="the zone it was placed in (None: any)")
 
 
 class JobLog(SQLModel, table=True):

@@ -1,31 +1,40 @@
-"""Where the loop starts a job's next attempt: spot in which zone, on-demand, or not yet.
+"""Where the loop runs a job's attempt: spot in which zone, on-demand, or not yet; and when to move it.
 
 The edge between the scheduling loop (scheduler/loop.py) and the pure spot policy
-(scheduler.policy): it turns a queued job and what has been watched of each zone's spot capacity
-into a :class:`Placement`, through the same ``decide`` / ``choose_zone`` the simulator replays. No
-clock of its own (the loop passes ``now``) and no I/O of its own (zone observations come from an
-injected :class:`ZoneFeed`).
+(scheduler.policy): it turns a job and what has been watched of each zone's spot capacity into a
+:class:`Placement`, through the same ``decide`` / ``choose_zone`` the simulator replays. No clock of
+its own (the loop passes ``now``) and no I/O of its own (zone observations come from a
+:class:`ZoneFeed`).
 
-Interface the cluster side provides (``gpuplan cluster config`` / the Ray cluster; the "cluster"
-work): one spot worker node type per (instance type, zone), each carrying the Ray custom resource
-``zone:<zone name>``, plus an on-demand node type; and a :class:`ZoneFeed` that reports, per zone,
-what was watched of its spot capacity (:class:`scheduler.policy.ZoneSeen`: hours watched, hours
-with capacity, preemptions seen, whether capacity is there now, age of the outage). The executor
-pins an attempt with ``RunRequest.zone`` set to that zone's node type (resource ``zone:<name>``).
+- :meth:`SpotChooser.__call__`: where a queued job's next attempt starts (or "wait").
+- :meth:`SpotChooser.reconsider`: whether a *running* attempt should change over (spot in another
+  zone, spot after on-demand, on-demand after spot); priced as the simulator prices it: the
+  restart, the wait for a durable checkpoint, and a checkpoint transfer when the zone changes.
+
+Interface the cluster side provides (``gpuplan cluster config``): one worker node type per
+(instance type, market, zone), carrying the Ray resource ``gpuplan-zone:<zone id>``; the executor
+pins an attempt to ``RunRequest.zone``. :class:`ObservedZones` is the feed ``gpuplan server``
+uses: what the loop itself saw of each zone (a spot attempt running there: capacity; one
+preempted there: none), plus anything a watcher reports through ``observe``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
+from planner.calibration import CostCalibration
 from planner.spec import spec_from_dict
 from planner.types import Candidate
 from scheduler.models import Job
 from scheduler.policy import (
+    Current,
     Decision,
     JobProgress,
     PriceRatio,
@@ -34,6 +43,7 @@ from scheduler.policy import (
     choose_zone,
     decide,
 )
+from scheduler.states import Market
 
 
 @dataclass(frozen=True)
@@ -48,9 +58,62 @@ class Placement:
     mttp_h: float | None = None  # spot: the zone's online mean time to preemption (checkpoint interval)
 
 
+# (market, $/h) or a Placement (adds the zone, or "wait: ask again later"): the loop's choose_market.
+MarketChooser = Callable[[Job, datetime], tuple[str, float] | Placement]
+
+
 class ZoneFeed(Protocol):
     def seen(self, now: datetime) -> Mapping[str, ZoneSeen]:
         """Per zone name: what has been watched of its spot capacity up to ``now``."""
+        ...
+
+
+def plan_market(job: Job, now: datetime, *, restart_h: float) -> tuple[Market, float]:
+    """(market, $/h at launch) for the next attempt.
+
+    When the spec allows both markets and the planned offer has both prices, the spot policy
+    decides (scheduler.policy, pure), given the delay of a (re)start (``restart_h``, the
+    calibration's); otherwise the plan's own market and price stand.
+    """
+    chosen = Candidate.model_validate(job.plan["chosen"])
+    offer = chosen.offer
+    planned = Market(chosen.cost.market)
+    spot_mode = (job.spec.get("resources") or {}).get("spot", "auto")
+    if spot_mode != "auto" or offer.spot_usd_per_h is None or offer.on_demand_usd_per_h is None:
+        return planned, chosen.cost.usd_per_h
+    from scheduler.policy import Decision, JobProgress, decide
+
+    deadline = spec_from_dict(job.spec).resources.deadline
+    elapsed_h = (now - job.created_at).total_seconds() / 3600.0
+    decision = decide("gpuplan", JobProgress(
+        work_done_h=0.0, work_total_h=max(chosen.estimate.hours, 1e-6), now_h=elapsed_h,
+        deadline_h=deadline, restart_h=restart_h, current="none", start_h=0.0,
+    ), spot_available=True)
+    # Waiting is not a market: an attempt is being launched now, so anything but on-demand is spot.
+    market = Market.ON_DEMAND if decision is Decision.ON_DEMAND else Market.SPOT
+    if market is planned:
+        return market, chosen.cost.usd_per_h
+    per_instance = offer.on_demand_usd_per_h if market is Market.ON_DEMAND else offer.spot_usd_per_h
+    return market, per_instance * max(chosen.nodes, 1)
+
+
+def market_chooser(cost: CostCalibration) -> MarketChooser:
+    """:func:`plan_market` with the calibration's restart delay."""
+    return functools.partial(plan_market, restart_h=cost.restart_h)
+
+
+def planned_mttp_h(plan: dict[str, Any] | None) -> float | None:
+    """The mean time to preemption the job's plan priced spot at (None when it priced on-demand): the
+    workers checkpoint for it, so the interval that runs is the plan's."""
+    cost = ((plan or {}).get("chosen") or {}).get("cost") or {}
+    value = cost.get("mean_time_to_preemption_h")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+@runtime_checkable
+class ObservesZones(Protocol):
+    def observe(self, zone: str, available: bool, now: datetime) -> None:
+        """Spot capacity in ``zone`` was (``available``) or was not there at ``now``."""
         ...
 
 
@@ -64,67 +127,225 @@ class StaticZones:
         return dict(self.zones)
 
 
+@dataclass
+class ObservedZones:
+    """A live feed built from observations (:meth:`observe`), kept as :class:`ZoneSeen` counts.
+
+    A zone is believed to have capacity until an observation says otherwise (a spot start is the
+    probe); a zone seen without capacity is offered again after ``probe_s`` (there is no other way to
+    learn that capacity is back than to ask for it), its outage age still counting. Safe to call from
+    the loop and a watcher thread at once.
+    """
+
+    names: tuple[str, ...]
+    probe_s: float = 1800.0
+    _seen: dict[str, ZoneSeen] = field(default_factory=dict)
+    _at: dict[str, datetime] = field(default_factory=dict)
+    _start: datetime | None = None  # watching began with the first question or observation
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _advanced(self, zone: str, now: datetime) -> ZoneSeen:
+        self._start = self._start or now
+        seen = self._seen.get(zone, ZoneSeen(available=True))
+        at = self._at.get(zone, self._start)
+        return seen.step(seen.available, max((now - at).total_seconds(), 0.0) / 3600.0)
+
+    def observe(self, zone: str, available: bool, now: datetime) -> None:
+        if zone not in self.names:
+            return
+        with self._lock:
+            self._seen[zone] = self._advanced(zone, now).step(available, 0.0)
+            self._at[zone] = now
+
+    def seen(self, now: datetime) -> Mapping[str, ZoneSeen]:
+        out = {}
+        for zone in self.names:
+            with self._lock:
+                seen = self._advanced(zone, now)
+            if not seen.available and seen.outage_age_h * 3600.0 >= self.probe_s:
+                seen = dataclasses.replace(seen, available=True, run_h=0.0)  # worth asking again
+            out[zone] = seen
+        return out
+
+
+def spot_zones(node_types: Sequence[Mapping[str, float]]) -> tuple[str, ...]:
+    """The zones a gpuplan cluster has spot worker node types in (``gpuplan-zone:`` resources on
+    types that also carry ``gpuplan-market:spot``; workers.placement's scheme), sorted."""
+    from workers.placement import MARKET_PREFIX, ZONE_PREFIX
+
+    zones = {key.removeprefix(ZONE_PREFIX) for node in node_types if node.get(MARKET_PREFIX + "spot")
+             for key in node if key.startswith(ZONE_PREFIX)}
+    return tuple(sorted(zones))
+
+
 def no_progress(job: Job) -> float:
     """Hours of work a job has done, when nothing better is known: 0 (safe: the policy then sees
     less slack than there is, never more)."""
     return 0.0
 
 
+@dataclass(frozen=True)
+class Running:
+    """Where a running attempt is: its market, its zone (None: unknown) and the job's work done (hours)."""
+
+    market: str
+    zone: str | None
+    work_done_h: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Offer:
+    """What the policy needs from a job's spec and plan."""
+
+    spot_mode: str  # auto | always | never
+    deadline_h: float | None  # hours after the job was created
+    hours: float  # planned hours of work
+    nodes: int
+    spot: float | None  # $/h per node
+    on_demand: float | None
+    planned: float  # the plan's $/h per node
+
+    @staticmethod
+    def of(job: Job) -> _Offer:
+        chosen = Candidate.model_validate(job.plan["chosen"])
+        resources = spec_from_dict(job.spec).resources
+        nodes = max(chosen.nodes, 1)
+        return _Offer(resources.spot, resources.deadline, max(chosen.estimate.hours, 1e-6), nodes,
+                      chosen.offer.spot_usd_per_h, chosen.offer.on_demand_usd_per_h, chosen.cost.usd_per_h / nodes)
+
+    @property
+    def both(self) -> bool:
+        """The policy chooses the market (spec ``spot: auto`` and both prices known)."""
+        return self.spot_mode == "auto" and self.spot is not None and self.on_demand is not None
+
+
 class SpotChooser:
     """A ``MarketChooser`` for :class:`scheduler.loop.Scheduler`: ``Scheduler(..., choose_market=SpotChooser(feed))``.
 
-    restart_h: delay of a start or changeover (planner CostCalibration.restart_h); recheck_s: how
-    soon a waiting job is looked at again (the policy's tick); progress: hours of work a job has
-    done (e.g. from its last checkpoint's step); switch_h / loss_h: see :class:`ZoneRates`.
+    restart_h: delay of a start or changeover (default: the calibration's ``restart_h``); recheck_s:
+    how soon a waiting job is looked at again (the policy's tick); progress: hours of work a queued
+    job has done (e.g. from its last checkpoint's step; default 0, which is safe: less slack than
+    there is); state_gb: checkpoint size. A voluntary changeover waits for the checkpoint to be
+    durable (``switch_h``) and a move to another zone copies it (``move_h``); both default to
+    ``state_gb`` at the calibration's measured ``checkpoint_write_gbps``. loss_h: work a preemption
+    loses (0: the just-in-time checkpoint on the notice).
     """
 
     def __init__(self, feed: ZoneFeed, *, policy: str = "gpuplan", restart_h: float | None = None,
                  recheck_s: float = 300.0, progress: Callable[[Job], float] = no_progress,
-                 switch_h: float = 0.0, loss_h: float = 0.0) -> None:
-        from planner.calibration import CostCalibration
-
+                 switch_h: float | None = None, move_h: float | None = None, loss_h: float = 0.0,
+                 state_gb: float = 14.8, cost: CostCalibration | None = None) -> None:
+        cost = cost or CostCalibration()
+        durable_h = state_gb / cost.checkpoint_write_gbps / 3600.0
         self.feed = feed
         self.policy = policy
-        self.restart_h = CostCalibration().restart_h if restart_h is None else restart_h
+        self.restart_h = cost.restart_h if restart_h is None else restart_h
         self.recheck_s = recheck_s
         self.progress = progress
-        self.switch_h = switch_h
+        self.switch_h = durable_h if switch_h is None else switch_h
+        self.move_h = durable_h if move_h is None else move_h
         self.loss_h = loss_h
 
+    def observe(self, zone: str, available: bool, now: datetime) -> None:
+        """Pass what the loop saw of a zone to the feed, if the feed learns from observations."""
+        if isinstance(self.feed, ObservesZones):
+            self.feed.observe(zone, available, now)
+
+    # -------------------------------------------------------------- a queued job
+
     def __call__(self, job: Job, now: datetime) -> Placement:
-        chosen = Candidate.model_validate(job.plan["chosen"])
-        offer, nodes = chosen.offer, max(chosen.nodes, 1)
-        resources = spec_from_dict(job.spec).resources
-        spot_price, od_price = offer.spot_usd_per_h, offer.on_demand_usd_per_h
-        if resources.spot == "never" or spot_price is None:
-            return Placement("on-demand", (od_price or chosen.cost.usd_per_h / nodes) * nodes)
+        offer = _Offer.of(job)
+        if offer.spot_mode == "never" or offer.spot is None:
+            return self._on_demand(offer)
         seen = self.feed.seen(now)
-        names = sorted(seen)
-        available = [seen[z].available for z in names]
-        zone_i = choose_zone(available, None, [seen[z].run_h for z in names],
-                             [seen[z].rates().mean_run_h for z in names])
-        zone = names[zone_i] if zone_i is not None else None
-        if resources.spot == "always" or od_price is None:
-            if zone is None:
-                return Placement("spot", spot_price * nodes, None, wait_s=self.recheck_s)
-            return Placement("spot", spot_price * nodes, zone, mttp_h=seen[zone].rates().mean_run_h)
-        if zone is not None:
-            rates = seen[zone].rates(loss_h=self.loss_h, switch_h=self.switch_h)
-        elif names:  # no capacity anywhere: the zone a start would take once it comes back
-            best = max(names, key=lambda z: seen[z].rates().mean_run_h)
-            age = min(seen[z].outage_age_h for z in names)
-            rates = ZoneRates(mean_run_h=seen[best].rates().mean_run_h, outage_age_h=age,
-                              loss_h=self.loss_h, switch_h=self.switch_h)
-        else:
-            rates = ZoneRates(outage_age_h=math.inf, loss_h=self.loss_h, switch_h=self.switch_h)
-        decision = decide(self.policy, JobProgress(
-            work_done_h=self.progress(job), work_total_h=max(chosen.estimate.hours, 1e-6),
-            now_h=(now - job.created_at).total_seconds() / 3600.0, deadline_h=resources.deadline,
-            restart_h=self.restart_h, current="none", start_h=0.0,
-        ), zone is not None, tick_h=self.recheck_s / 3600.0, rates=rates,
-            prices=PriceRatio(on_demand=od_price, spot=spot_price))
+        zone = _best_zone(seen)
+        if not offer.both:  # spot: always (or no on-demand price): spot where there is capacity, else wait
+            return self._spot(offer, seen, zone) if zone is not None else self._wait(offer)
+        decision = self._decide(job, offer, now, seen, zone, current="none", work_done_h=self.progress(job))
         if decision is Decision.SPOT and zone is not None:
-            return Placement("spot", spot_price * nodes, zone, mttp_h=rates.mean_run_h)
-        if decision is Decision.WAIT:
-            return Placement("spot", spot_price * nodes, None, wait_s=self.recheck_s)
-        return Placement("on-demand", od_price * nodes)
+            return self._spot(offer, seen, zone)
+        return self._wait(offer) if decision is Decision.WAIT else self._on_demand(offer)
+
+    # -------------------------------------------------------------- a running attempt
+
+    def reconsider(self, job: Job, running: Running, now: datetime) -> Placement | None:
+        """Where the running attempt should change over to, or None to leave it where it is.
+
+        - spot, and its zone still has capacity: on-demand only when the safety net says so;
+        - spot, and its zone has lost capacity (the attempt waits for a node there): spot in the
+          zone that has capacity (restart + checkpoint transfer), on-demand, or None (wait there);
+        - on-demand, and spot has capacity somewhere: back to spot when the policy says it pays.
+        """
+        offer = _Offer.of(job)
+        if offer.spot is None or running.market not in ("spot", "on-demand"):
+            return None
+        seen = self.feed.seen(now)
+        here = running.zone is None or running.zone not in seen or seen[running.zone].available
+        if running.market == "spot" and here:
+            if not offer.both:
+                return None
+            decision = self._decide(job, offer, now, seen, running.zone, current="spot",
+                                    work_done_h=running.work_done_h)
+            return self._on_demand(offer) if decision is Decision.ON_DEMAND else None
+        zone = _best_zone(seen)
+        if running.market == "spot":
+            if not offer.both:
+                return self._spot(offer, seen, zone) if zone is not None else None
+            decision = self._decide(job, offer, now, seen, zone, current="none", work_done_h=running.work_done_h,
+                                    moves=zone != running.zone)
+        elif offer.both and zone is not None:
+            decision = self._decide(job, offer, now, seen, zone, current="on-demand",
+                                    work_done_h=running.work_done_h, moves=zone != running.zone)
+        else:
+            return None
+        if decision is Decision.SPOT and zone is not None:
+            return self._spot(offer, seen, zone)
+        if decision is Decision.ON_DEMAND and running.market == "spot":
+            return self._on_demand(offer)
+        return None
+
+    # -------------------------------------------------------------- the policy, and what it answers
+
+    def _decide(self, job: Job, offer: _Offer, now: datetime, seen: Mapping[str, ZoneSeen], zone: str | None, *,
+                current: Current, work_done_h: float, moves: bool = False) -> Decision:
+        """The policy's answer for this job; spot counts as available when there is a zone to run it in
+        (or the job runs on spot now)."""
+        assert offer.spot is not None and offer.on_demand is not None
+        return decide(self.policy, JobProgress(
+            work_done_h=min(work_done_h, offer.hours), work_total_h=offer.hours,
+            now_h=(now - job.created_at).total_seconds() / 3600.0, deadline_h=offer.deadline_h,
+            restart_h=self.restart_h + (self.move_h if moves else 0.0), current=current, start_h=0.0,
+            uncommitted_h=self.loss_h if current == "spot" else 0.0,
+        ), zone is not None or current == "spot", tick_h=self.recheck_s / 3600.0, rates=self._rates(seen, zone),
+            prices=PriceRatio(on_demand=offer.on_demand, spot=offer.spot))
+
+    def _rates(self, seen: Mapping[str, ZoneSeen], zone: str | None) -> ZoneRates:
+        if zone is not None and zone in seen:
+            return seen[zone].rates(loss_h=self.loss_h, switch_h=self.switch_h)
+        if seen:  # no capacity anywhere: the zone a start would take once it comes back
+            best = max(seen, key=lambda z: seen[z].rates().mean_run_h)
+            age = min(s.outage_age_h for s in seen.values())
+            return ZoneRates(mean_run_h=seen[best].rates().mean_run_h, outage_age_h=age,
+                             loss_h=self.loss_h, switch_h=self.switch_h)
+        return ZoneRates(outage_age_h=math.inf, loss_h=self.loss_h, switch_h=self.switch_h)
+
+    def _spot(self, offer: _Offer, seen: Mapping[str, ZoneSeen], zone: str) -> Placement:
+        assert offer.spot is not None
+        return Placement("spot", offer.spot * offer.nodes, zone, mttp_h=seen[zone].rates().mean_run_h)
+
+    def _wait(self, offer: _Offer) -> Placement:
+        assert offer.spot is not None
+        return Placement("spot", offer.spot * offer.nodes, None, wait_s=self.recheck_s)
+
+    @staticmethod
+    def _on_demand(offer: _Offer) -> Placement:
+        return Placement("on-demand", (offer.on_demand or offer.planned) * offer.nodes)
+
+
+def _best_zone(seen: Mapping[str, ZoneSeen]) -> str | None:
+    """The zone a spot start takes: the available one with the longest estimated mean run (then the
+    oldest current run); None if none has capacity."""
+    names = sorted(seen)
+    index = choose_zone([seen[z].available for z in names], None, [seen[z].run_h for z in names],
+                        [seen[z].rates().mean_run_h for z in names])
+    return names[index] if index is not None else None

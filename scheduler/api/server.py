@@ -12,6 +12,7 @@ import errno
 import hashlib
 import logging
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,12 @@ from fastapi import FastAPI
 
 from catalog.errors import Conflict, InvalidInput
 from catalog.loader import Catalog, load_catalog
-from planner.calibration import Calibration, load_calibration
+from planner.calibration import Calibration, CostCalibration, load_calibration
 from planner.spec import JobSpec
 from planner.types import Plan
 from scheduler.api.app import create_app
-from scheduler.loop import Scheduler, market_chooser
+from scheduler.loop import Scheduler
+from scheduler.placement import MarketChooser, ObservedZones, SpotChooser, market_chooser
 from scheduler.service import Clock, Planner, SchedulerService, utcnow
 from scheduler.store import Store
 from workers.executor import Executor
@@ -164,9 +166,14 @@ def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token:
 
 def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: float = 1.0,
               max_running: int | None = None, backoff_base_s: float = 30.0,
-              calibration: Calibration | None = None) -> Scheduler | None:
+              calibration: Calibration | None = None, spot_zones: Sequence[str] = ()) -> Scheduler | None:
     """The scheduling loop over the service's store, or None without an executor (API only); the spot
-    policy takes its restart delay from ``calibration`` (default: the shipped one).
+    policy takes its restart delay and checkpoint speed from ``calibration`` (default: the shipped one).
+
+    With spot node types in two or more zones (``spot_zones``, from the Ray cluster config) the loop
+    places, waits and changes attempts over between zones with :class:`scheduler.placement.SpotChooser`
+    on what it observes of each zone (:class:`scheduler.placement.ObservedZones`); otherwise each
+    attempt goes to the zone its plan priced (:func:`scheduler.placement.plan_market`).
 
     Takes the database's loop lock first (Conflict if another server runs a loop on it), so two
     servers can never reconcile away each other's running attempts."""
@@ -174,15 +181,23 @@ def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: f
         return None
     return Scheduler(service.store, executor, clock=service.clock, poll_s=poll_s, max_running=max_running,
                      backoff_base_s=backoff_base_s, lock=service.store.loop_lock(),
-                     choose_market=market_chooser((calibration or load_calibration()).cost))
+                     choose_market=loop_chooser((calibration or load_calibration()).cost, spot_zones))
+
+
+def loop_chooser(cost: CostCalibration, spot_zones: Sequence[str] = ()) -> MarketChooser:
+    """The zone-moving spot policy when the cluster has spot capacity in several zones, else the plan's zone."""
+    if len(set(spot_zones)) < 2:
+        return market_chooser(cost)
+    return SpotChooser(ObservedZones(tuple(sorted(set(spot_zones)))), cost=cost)
 
 
 def make_app(service: SchedulerService, catalog: Catalog, executor: Executor | None, *, poll_s: float = 1.0,
              max_running: int | None = None, backoff_base_s: float = 30.0,
-             calibration: Calibration | None = None, ui_secret: bytes | None = None) -> FastAPI:
+             calibration: Calibration | None = None, ui_secret: bytes | None = None,
+             spot_zones: Sequence[str] = ()) -> FastAPI:
     """The API; with an executor it also runs the scheduling loop (reconcile first) while serving."""
     loop = make_loop(service, executor, poll_s=poll_s, max_running=max_running, backoff_base_s=backoff_base_s,
-                     calibration=calibration)
+                     calibration=calibration, spot_zones=spot_zones)
     return create_app(service, catalog, loop=loop, ui_secret=ui_secret)
 
 

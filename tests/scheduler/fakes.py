@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from catalog.errors import Infeasible, NotFound
-from workers.executor import RunRequest, RunState, RunStatus
+from workers.executor import RunProgress, RunRequest, RunState, RunStatus
 
 
 class FakeClock:
@@ -36,6 +36,7 @@ class ScriptedExecutor:
         self.infeasible = infeasible
         self.metrics: dict[str, dict[str, float]] = {}
         self.backoffs: dict[str, list[dict[str, int]]] = {}
+        self.progress: dict[str, RunProgress] = {}  # what status() reports per handle (default: none yet)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -55,6 +56,7 @@ class ScriptedExecutor:
         if handle not in self.states:
             raise NotFound(f"unknown handle {handle}")
         return RunStatus(handle=handle, state=self.states[handle], message=f"scripted {self.states[handle]}",
+                         progress=self.progress.get(handle, RunProgress()),
                          metrics=self.metrics.get(handle, {}), oom_backoffs=self.backoffs.get(handle, []))
 
     def logs(self, handle: str, since: int = 0) -> list[str]:

@@ -518,7 +518,7 @@ def test_the_loop_still_takes_plain_market_and_price_pairs(svc: SchedulerService
 
 def test_only_spot_attempts_carry_the_planned_mean_time_to_preemption() -> None:
     from planner.spec import spec_from_dict
-    from scheduler.loop import planned_mttp_h
+    from scheduler.placement import planned_mttp_h
 
     plan = toy_plan(spec_from_dict(spec_dict(spot="always"))).model_dump(mode="json")
     assert planned_mttp_h(plan) == TOY_MTTP_H

@@ -1,0 +1,292 @@
+"""Replay spot traces through the policy code, every job at once (:func:`run_policy`).
+
+The model is :mod:`scheduler.simulate`'s; each tick is a sequence of named steps over arrays of
+jobs: preemptions, the zone a spot start would take, the policy's decision
+(:func:`scheduler.policy.decide_arrays`, what the server's loop runs through ``decide``),
+changeovers (checkpoint, restart, transfer), then the work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from catalog.errors import InvalidInput
+from scheduler.policy import NONE, ON_DEMAND, SPOT, WAIT, check_policy, decide_arrays, mean_run_estimate
+from scheduler.sim_model import FloatArray, IntArray, Jobs, Outcome, Prices, SimOptions, spot_prices
+from scheduler.traces import Zones
+
+_EPS = 1e-9
+
+
+def young_daly_array(c: float, mtbf: FloatArray) -> FloatArray:
+    """:func:`scheduler.policy.young_daly_interval` over an array of mean times between failures."""
+    if c <= 0:
+        return np.zeros_like(mtbf)
+    m = np.maximum(mtbf, 1e-12)
+    ratio = np.minimum(c / (2 * m), 1.0)
+    tau = np.sqrt(2 * c * m) * (1 + np.sqrt(ratio) / 3 + ratio / 9) - c
+    return np.where(np.isinf(mtbf), np.inf, np.where(c >= 2 * m, m, tau))
+
+
+def online_mean_run(zones: Zones, prior_mean_run_h: float) -> FloatArray:
+    """Per zone and tick: the mean run of capacity the policy estimates from ticks before this one
+    (:func:`scheduler.policy.mean_run_estimate`), never from the future."""
+    av = zones.available
+    up = np.concatenate([np.zeros((av.shape[0], 1)), np.cumsum(av, axis=1)[:, :-1]], axis=1) * zones.gap_h
+    ends = np.zeros(av.shape)
+    ends[:, 1:] = np.cumsum(av[:, :-1] & ~av[:, 1:], axis=1)
+    return mean_run_estimate(up, ends, prior_mean_run_h)
+
+
+def _mean_runs(zones: Zones, opts: SimOptions) -> FloatArray:
+    """(zones, ticks) mean time to preemption the policy and the checkpoint interval use."""
+    if opts.mttp_h is None:
+        return online_mean_run(zones, opts.prior_mean_run_h)
+    if len(opts.mttp_h) != len(zones.names):
+        raise InvalidInput(f"give one mean time to preemption per zone ({len(zones.names)})")
+    return np.broadcast_to(np.asarray(opts.mttp_h, dtype=np.float64)[:, None], zones.available.shape)
+
+
+def run_lengths(available: npt.NDArray[np.bool_]) -> FloatArray:
+    """For each zone and tick: how many ticks the current run of availability has lasted (0 if none)."""
+    z, t = available.shape
+    idx = np.broadcast_to(np.arange(t), (z, t))
+    last_off = np.maximum.accumulate(np.where(available, -1, idx), axis=1)
+    return np.where(available, idx - last_off, 0).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What :func:`run_policy` derives from the traces and options once, per zone and tick."""
+
+    opts: SimOptions
+    gap: float
+    spot_price: FloatArray  # (zones, ticks) $/h
+    runs: FloatArray  # (zones, ticks) age of the current run of capacity, in ticks
+    mean_run: FloatArray  # (zones, ticks) mean run of capacity the policy estimates
+    all_down: FloatArray  # (ticks,) hours the outage of every zone has lasted
+    tau: FloatArray  # (zones, ticks) hours of spot work between periodic checkpoints
+    loss: FloatArray  # (zones, ticks) work a preemption loses on average
+    od_price: float
+    ratio: float  # on-demand $/h over the median spot $/h
+
+    @property
+    def n_zones(self) -> int:
+        return int(self.runs.shape[0])
+
+    def at_risk(self, unc: FloatArray) -> FloatArray:
+        """Work a preemption now loses: what is not checkpointed, at most the notice window with JIT."""
+        return np.minimum(unc, self.opts.notice_h) if self.opts.just_in_time else unc
+
+
+def _setup(zones: Zones, prices: Prices, opts: SimOptions) -> _Setup:
+    if min(opts.checkpoint_cost_h, opts.checkpoint_write_h, opts.notice_h, opts.move_h) < 0:
+        raise InvalidInput("checkpoint, write, notice and move hours must be >= 0")
+    spot_price = spot_prices(zones, prices)
+    mean_run = _mean_runs(zones, opts)
+    # Age of the outage of spot capacity in every zone (what a job without spot waits through);
+    # the tick that shows an outage starts it: it has lasted 0 h when first seen.
+    down_all = np.asarray(~zones.available.any(axis=0), dtype=bool)
+    all_down = np.maximum(run_lengths(down_all[None, :])[0] - 1.0, 0.0) * zones.gap_h
+    tau = young_daly_array(opts.checkpoint_cost_h, mean_run)
+    half = np.where(np.isfinite(tau), tau / 2, 0.0)  # a preemption loses half an interval on average
+    loss = np.minimum(half, opts.notice_h) if opts.just_in_time else half
+    return _Setup(opts, zones.gap_h, spot_price, run_lengths(zones.available), mean_run, all_down, tau, loss,
+                  prices.on_demand, prices.on_demand / float(np.nanmedian(spot_price)))
+
+
+@dataclass
+class _State:
+    """Every job's state and tallies during :func:`run_policy` (arrays over jobs)."""
+
+    market: npt.NDArray[np.int8]
+    zone: IntArray
+    ckpt_zone: IntArray  # where the job's checkpoint is (-1: nowhere yet)
+    done: FloatArray
+    unc: FloatArray  # work since the last checkpoint
+    restart_left: FloatArray
+    cost: FloatArray
+    spot_h: FloatArray
+    od_h: FloatArray
+    lost: FloatArray
+    preempt: IntArray
+    finish: FloatArray
+    finished: npt.NDArray[np.bool_]
+
+    @staticmethod
+    def start(n: int) -> _State:
+        return _State(np.zeros(n, dtype=np.int8), np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64),
+                      np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n),
+                      np.zeros(n, dtype=np.int64), np.full(n, np.nan), np.zeros(n, dtype=bool))
+
+
+def _preempt(s: _State, setup: _Setup, pre: npt.NDArray[np.bool_]) -> None:
+    """Jobs on spot whose zone lost its capacity: the work at risk is lost, the market is gone."""
+    if not pre.any():
+        return
+    at_risk = setup.at_risk(s.unc)
+    s.lost += np.where(pre, at_risk, 0.0)
+    s.done -= np.where(pre, at_risk, 0.0)
+    s.unc[pre] = 0.0
+    s.market[pre] = NONE
+    s.restart_left[pre] = 0.0
+    s.preempt += pre
+
+
+def _zones_for(s: _State, setup: _Setup, av: npt.NDArray[np.bool_], here: npt.NDArray[np.bool_],
+               means: FloatArray, tt: IntArray) -> tuple[IntArray, IntArray]:
+    """(the zone a spot (re)start takes now, the zone whose rates the policy reads) per job: a job on
+    spot stays where capacity lasts; a start takes the longest estimated mean run, then the oldest run
+    (:func:`scheduler.policy.choose_zone`); with no capacity anywhere, the best zone once it returns."""
+    if setup.n_zones == 1:
+        return s.zone, s.zone
+    score = np.where(av, means * 1e6 + setup.runs[:, tt].T, -1.0)
+    best_zone = np.argmax(score, axis=1)
+    spot_any = av.any(axis=1)
+    target = np.where((s.market == SPOT) & here, s.zone, np.where(spot_any, best_zone, np.argmax(means, axis=1)))
+    return best_zone, target
+
+
+def _decisions(policy: str, s: _State, setup: _Setup, jobs: Jobs, now: float, tt: IntArray, target: IntArray,
+               means: FloatArray, spot_any: npt.NDArray[np.bool_]) -> npt.NDArray[np.int8]:
+    """The policy's market per job (:func:`scheduler.policy.decide_arrays`, what the server runs); a start
+    away from the checkpoint's zone pays the transfer on top of the restart."""
+    move = setup.opts.move_h * (target != s.ckpt_zone)
+    return decide_arrays(
+        policy, work_done_h=s.done, work_total_h=jobs.work_h, now_h=now, deadline_h=jobs.deadline_h,
+        start_h=np.zeros(len(jobs)), restart_h=jobs.restart_h + np.where(s.ckpt_zone >= 0, move, 0.0),
+        current=s.market, spot_available=spot_any, uncommitted_h=setup.at_risk(s.unc), tick_h=setup.gap,
+        params=setup.opts.params, mean_run_h=means[np.arange(len(jobs)), target], outage_age_h=setup.all_down[tt],
+        loss_h=setup.loss[target, tt], switch_h=setup.opts.checkpoint_write_h, price_ratio=setup.ratio,
+    )
+
+
+def _change_over(s: _State, setup: _Setup, jobs: Jobs, switch: npt.NDArray[np.bool_], dec: npt.NDArray[np.int8],
+                 new_zone: IntArray, tt: IntArray) -> None:
+    """A voluntary changeover checkpoints on the way out: the old instance is billed until the
+    checkpoint is durable; the new one boots meanwhile. A spot start in another zone than the
+    checkpoint's copies it there first."""
+    if switch.any():
+        write, move = setup.opts.checkpoint_write_h, setup.opts.move_h
+        leaving = switch & (s.market != NONE)
+        old_price = np.where(s.market == SPOT, setup.spot_price[s.zone, tt], setup.od_price)
+        s.cost += np.where(leaving, old_price * write, 0.0)
+        s.spot_h += np.where(leaving & (s.market == SPOT), write, 0.0)
+        s.od_h += np.where(leaving & (s.market == ON_DEMAND), write, 0.0)
+        s.ckpt_zone = np.where(leaving, np.where(s.market == SPOT, s.zone, s.ckpt_zone), s.ckpt_zone)
+        s.unc[switch] = 0.0
+        moved = (dec == SPOT) & (s.ckpt_zone >= 0) & (new_zone != s.ckpt_zone)
+        delay = np.maximum(jobs.restart_h, np.where(leaving, write, 0.0)) + np.where(moved, move, 0.0)
+        s.restart_left = np.where(switch, np.where(dec != WAIT, delay, 0.0), s.restart_left)
+        s.market = dec
+        s.zone = new_zone
+        s.ckpt_zone = np.where(switch & (dec == SPOT), s.zone, s.ckpt_zone)
+    s.ckpt_zone = np.where((s.market == ON_DEMAND) & (s.ckpt_zone < 0), s.zone, s.ckpt_zone)
+
+
+def _work(s: _State, setup: _Setup, jobs: Jobs, running: npt.NDArray[np.bool_], tt: IntArray, now: float) -> None:
+    """One tick on the instances held: restart first, then work (slowed by periodic checkpoints on
+    spot), billed at the tick's price; a job that reaches its work finishes within the tick."""
+    if not running.any():
+        return
+    gap, c = setup.gap, setup.opts.checkpoint_cost_h
+    on_spot = s.market == SPOT
+    price = np.where(on_spot, setup.spot_price[s.zone, tt], setup.od_price)
+    r_used = np.where(running, np.minimum(s.restart_left, gap), 0.0)
+    s.restart_left -= r_used
+    tau_z = setup.tau[s.zone, tt]
+    periodic = on_spot & (tau_z > 0) & np.isfinite(tau_z)
+    safe_tau = np.where(periodic, tau_z, 1.0)
+    rate = np.where(periodic, safe_tau / (safe_tau + c), 1.0)
+    gain = np.where(running, np.minimum((gap - r_used) * rate, jobs.work_h - s.done), 0.0)
+    used = r_used + gain / rate
+    s.cost += price * used
+    s.spot_h += np.where(on_spot, used, 0.0)
+    s.od_h += np.where(s.market == ON_DEMAND, used, 0.0)
+    s.done += gain
+    if c > 0:
+        s.unc = np.where(periodic, s.unc + gain, 0.0)
+        s.unc = np.where(periodic & (s.unc >= safe_tau), np.fmod(s.unc, safe_tau), s.unc)
+    now_done = running & (s.done >= jobs.work_h - _EPS)
+    if now_done.any():
+        s.finish = np.where(now_done, now + used, s.finish)
+        s.finished |= now_done
+        s.market = np.where(now_done, NONE, s.market).astype(np.int8)
+        s.unc[now_done] = 0.0
+
+
+def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimOptions | None = None) -> Outcome:
+    """Simulate ``policy`` for every job at once until each finishes or the trace ends.
+
+    Jobs advance in lock-step on their own clocks (step k = tick ``start + k`` of job i), so a thousand
+    jobs spread over 45 days cost one pass over the longest job, not over the whole trace. Each step:
+    preemptions, the zone a spot start would take, the policy's decision, changeovers, then the work.
+    """
+    check_policy(policy)
+    opts = opts or SimOptions()
+    if np.any(jobs.start_tick >= zones.ticks):
+        raise InvalidInput(f"a job arrives after the trace ends ({zones.hours:.1f} h); use an earlier start hour")
+    setup = _setup(zones, prices, opts)
+    n = len(jobs)
+    rows = np.arange(n)
+    s = _State.start(n)
+    steps = _steps(zones, jobs, policy)
+    timeline = _Timeline.empty(steps, n) if opts.timeline else None
+    ran = 0
+    for k in range(steps):
+        ticks = jobs.start_tick + k
+        active = (ticks < zones.ticks) & ~s.finished
+        if not active.any():
+            break
+        ran = k + 1
+        tt = np.minimum(ticks, zones.ticks - 1)
+        av = zones.available[:, tt].T  # (jobs, zones)
+        here = av[rows, s.zone]
+        _preempt(s, setup, active & (s.market == SPOT) & ~here)
+        spot_any: npt.NDArray[np.bool_] = np.asarray(av.any(axis=1), dtype=bool)
+        means = setup.mean_run[:, tt].T  # (jobs, zones)
+        best_zone, target = _zones_for(s, setup, av, here, means, tt)
+        dec = _decisions(policy, s, setup, jobs, k * setup.gap, tt, target, means, spot_any)
+        dec = np.where(active, dec, s.market).astype(np.int8)
+        new_zone = np.where((dec == SPOT) & ~((s.market == SPOT) & here), best_zone, s.zone)
+        _change_over(s, setup, jobs, active & ((dec != s.market) | (new_zone != s.zone)), dec, new_zone, tt)
+        _work(s, setup, jobs, active & (s.market != NONE), tt, k * setup.gap)
+        if timeline is not None:
+            timeline.record(k, np.where(s.finished & (s.finish > k * setup.gap), dec, s.market), s)
+    out = Outcome(policy=policy, cost_usd=s.cost, finish_h=s.finish, preemptions=s.preempt, work_lost_h=s.lost,
+                  spot_h=s.spot_h, on_demand_h=s.od_h, deadline_h=jobs.deadline_h.copy())
+    if timeline is not None:
+        out.timeline_market, out.timeline_done, out.timeline_zone = timeline.upto(ran)
+    return out
+
+
+def _steps(zones: Zones, jobs: Jobs, policy: str) -> int:
+    """How many ticks to replay: to the end of the trace, or just past the last deadline when every
+    job has one (deadline-aware policies finish by it; nothing happens after)."""
+    steps = zones.ticks - int(jobs.start_tick.min())
+    if np.all(np.isfinite(jobs.deadline_h)) and policy != "spot-only":
+        steps = min(steps, int(np.ceil(np.max(jobs.deadline_h) / zones.gap_h)) + 1)
+    return steps
+
+
+@dataclass
+class _Timeline:
+    """Per tick and job, for plots: market code, progress and zone."""
+
+    market: npt.NDArray[np.int8]
+    done: FloatArray
+    zone: IntArray
+
+    @staticmethod
+    def empty(steps: int, n: int) -> _Timeline:
+        shape = (steps, n)
+        return _Timeline(np.zeros(shape, dtype=np.int8), np.zeros(shape), np.zeros(shape, dtype=np.int64))
+
+    def record(self, k: int, market: npt.NDArray[np.int8], s: _State) -> None:
+        self.market[k], self.done[k], self.zone[k] = market, s.done, s.zone
+
+    def upto(self, ran: int) -> tuple[npt.NDArray[np.int8], FloatArray, IntArray]:
+        return self.market[:ran], self.done[:ran], self.zone[:ran]
