@@ -26,6 +26,7 @@ PUBLISHED = {
     "llama-3.1-8b": (8.03e9, None), "llama-3.1-70b": (70.6e9, None), "llama-3.1-405b": (405.9e9, None),
     "qwen3-0.6b": (0.6e9, None), "qwen3-8b": (8.2e9, None), "qwen3-32b": (32.8e9, None),
     "qwen3-30b-a3b": (30.5e9, 3.3e9), "qwen3-235b-a22b": (235e9, 22e9), "deepseek-v3": (671e9, 37e9),
+    "llama-3.3-70b": (70.6e9, None), "deepseek-r1": (671e9, 37e9),
     # gpt-oss: the model card's active figure leaves out the input embedding (0.58B), counted here
     "gpt-oss-20b": (20.91e9, 3.61e9 + 0.579e9), "gpt-oss-120b": (116.83e9, 5.13e9 + 0.579e9),
     # Gemma 3 4B-27B: the text decoder the preset builds (the published total less the 0.42B vision tower)
