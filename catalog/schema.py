@@ -12,8 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Dtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "fp4", "int4"]
-Vendor = Literal["nvidia", "amd", "google", "apple", "cpu"]  # cpu: a machine's CPU (catalog.local_cpu)
-LinkKind = Literal["nvlink", "infinity-fabric", "pcie", "ici", "unified", "none"]
+Vendor = Literal["nvidia", "amd", "google", "apple", "intel", "aws", "cpu"]  # cpu: a machine's CPU (catalog.local_cpu)
+LinkKind = Literal["nvlink", "infinity-fabric", "pcie", "ici", "ethernet", "neuronlink", "unified", "none"]
 
 
 class _Record(BaseModel):
