@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
+import httpx
+
 from catalog.cloud_names import gpu_for_accelerator, load_cloud_names
-from catalog.errors import InvalidInput
+from catalog.errors import ExternalServiceError, InvalidInput
 from catalog.loader import Catalog
 from catalog.offers_io import write_offers
 from catalog.schema import CloudNames, Offer, Source
@@ -48,10 +50,33 @@ class _Skip(Exception):
     """A row that gives no offer, with the reason it is counted under."""
 
 
-def cloud_from_path(path: Path) -> str | None:
-    """The cloud of ``catalogs/v8/<cloud>/vms.csv`` (None when the path does not say)."""
-    parent = path.resolve().parent.name.lower()
-    return parent if parent in SKYPILOT_CLOUDS else None
+def cloud_from_path(path: str) -> str | None:
+    """The cloud of ``.../catalogs/v8/<cloud>/vms.csv``, a path or URL (None when it does not say)."""
+    if path.startswith(("http://", "https://")):
+        parts = httpx.URL(path).path.rstrip("/").split("/")
+        parent = parts[-2] if len(parts) >= 2 else ""
+    else:
+        parent = Path(path).expanduser().resolve().parent.name
+    return parent.lower() if parent.lower() in SKYPILOT_CLOUDS else None
+
+
+def download_vms_csv(url: str, dest: Path, client: httpx.Client | None = None) -> Path:
+    """Fetch a vms.csv over HTTP(S) into ``dest`` (a file in a temp directory); ExternalServiceError on failure."""
+    own = client is None
+    client = client or httpx.Client(timeout=httpx.Timeout(30.0, read=120.0), follow_redirects=True)
+    try:
+        response = client.get(url)
+    except httpx.HTTPError as exc:
+        raise ExternalServiceError(f"cannot download {url}: {exc}; nothing was written",
+                                   hint="check the URL and network access, or download the file yourself") from exc
+    finally:
+        if own:
+            client.close()
+    if response.status_code != 200:
+        raise ExternalServiceError(f"{url} answered HTTP {response.status_code}; nothing was written",
+                                   hint="check the URL (raw file, e.g. raw.githubusercontent.com/.../vms.csv)")
+    dest.write_bytes(response.content)
+    return dest
 
 
 def _number(row: dict[str, str], column: str) -> float | None:

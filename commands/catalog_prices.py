@@ -120,7 +120,7 @@ def _refresh_azure(region_list: list[str], path: Path, api_url: str | None, as_j
 
 
 def catalog_import(
-    file: Path = typer.Argument(..., help="A skypilot-catalog v8 vms.csv (catalogs/v8/<cloud>/vms.csv)."),
+    file: str = typer.Argument(..., help="A skypilot-catalog v8 vms.csv: a path, or an http(s) URL to download."),
     cloud: str | None = typer.Option(None, "--cloud",
                                      help="Cloud the file prices [default: the folder name, e.g. .../v8/lambda/]."),
     out: str | None = typer.Option(
@@ -133,7 +133,7 @@ def catalog_import(
 ) -> None:
     """Import a skypilot-catalog v8 vms.csv of any cloud as that cloud's offers (written atomically).
 
-    Fetch the file yourself from github.com/skypilot-org/skypilot-catalog (catalogs/v8/<cloud>/vms.csv).
+    Give a downloaded file, or its raw URL (github.com/skypilot-org/skypilot-catalog, catalogs/v8/<cloud>/vms.csv).
     Accelerators not in the catalog are skipped and counted; CPU-only, fractional-GPU and unpriced
     rows are skipped too.
 
@@ -141,11 +141,15 @@ def catalog_import(
 
       gpuplan catalog import catalogs/v8/lambda/vms.csv
 
+      gpuplan catalog import https://raw.githubusercontent.com/skypilot-org/skypilot-catalog/master/catalogs/v8/lambda/vms.csv
+
       gpuplan catalog import vms.csv --cloud runpod --source-url https://github.com/skypilot-org/skypilot-catalog
 
       gpuplan catalog import vms.csv --cloud aws --out ./aws.csv --json
     """
-    from catalog.import_skypilot import cloud_from_path, import_skypilot
+    import tempfile
+
+    from catalog.import_skypilot import cloud_from_path, download_vms_csv, import_skypilot
     from catalog.loader import load_catalog
     from catalog.refresh import check_cloud_name, user_offers_path
 
@@ -154,7 +158,11 @@ def catalog_import(
         raise InvalidInput(f"cannot tell which cloud {file} prices", path="--cloud",
                            hint="give --cloud (e.g. --cloud lambda), or keep skypilot's catalogs/v8/<cloud>/ folder")
     path = Path(out).expanduser() if out else user_offers_path(name)
-    result = import_skypilot(file, load_catalog(), path, cloud=name, today=date.today(), source_url=source_url)
+    with tempfile.TemporaryDirectory(prefix="gpuplan-import-") as tmp:
+        remote = file.startswith(("http://", "https://"))
+        local = download_vms_csv(file, Path(tmp) / "vms.csv") if remote else Path(file).expanduser()
+        result = import_skypilot(local, load_catalog(), path, cloud=name, today=date.today(),
+                                 source_url=source_url or (file if remote else None))
     if as_json:
         print_json({"path": str(path), "cloud": name, "rows": result.rows, "offers": len(result.offers),
                     "unknown_accelerators": dict(result.unknown_accelerators), "skipped": dict(result.skipped)})
