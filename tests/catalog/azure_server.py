@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 RECORDED = Path(__file__).parent / "data" / "azure_retail_prices.json"
@@ -23,12 +23,13 @@ MODES = ("ok", "http500", "malformed", "truncated", "partial", "empty")
 def _matching(items: list[dict[str, Any]], filter_text: str) -> list[dict[str, Any]]:
     skus = set(re.findall(r"armSkuName eq '([^']+)'", filter_text))
     regions = set(re.findall(r"armRegionName eq '([^']+)'", filter_text))
-    return [i for i in items if (not skus or i["armSkuName"] in skus) and (not regions or i["armRegionName"] in regions)]
+    return [i for i in items
+            if (not skus or i["armSkuName"] in skus) and (not regions or i["armRegionName"] in regions)]
 
 
 class _Handler(BaseHTTPRequestHandler):
-    items: list[dict[str, Any]] = []
-    requested: list[str] = []
+    items: ClassVar[list[dict[str, Any]]] = []
+    requested: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
         self.requested.append(self.path)
