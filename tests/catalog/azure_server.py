@@ -83,7 +83,8 @@ class _Handler(BaseHTTPRequestHandler):
 @contextmanager
 def azure_price_server() -> Iterator[tuple[str, list[str]]]:
     """(base URL, requested paths); the API is at f"{base}/<mode>{API_PATH}"."""
-    handler = type("Handler", (_Handler,), {"items": json.loads(RECORDED.read_text())["Items"], "requested": []})
+    handler: type[_Handler] = type("Handler", (_Handler,), {"items": json.loads(RECORDED.read_text())["Items"],
+                                                             "requested": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
