@@ -51,5 +51,5 @@ def test_a_size_without_hardware_must_say_why() -> None:
 
 def test_a_broken_names_file_is_a_catalog_error(tmp_path: Path) -> None:
     (tmp_path / "cloud_names.yaml").write_text("azure_skus:\n  - sku: Standard_X\n    gpu: H100-SXM\n")
-    with pytest.raises(CatalogError, match="azure_skus.0.source"):
+    with pytest.raises(CatalogError, match=r"azure_skus\.0\.source"):
         load_cloud_names(tmp_path)
