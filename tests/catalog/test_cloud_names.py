@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def test_skypilot_names_point_at_catalog_ids(catalog: Catalog) -> None:
 
 
 def test_a_size_without_hardware_must_say_why() -> None:
-    src = Source(url="https://example.test", as_of="2026-12-01")  # type: ignore[arg-type]  # pydantic parses it
+    src = Source(url="https://example.test", as_of=date(2026, 12, 1))
     with pytest.raises(ValueError, match="or skip with the reason"):
         CloudSku(sku="Standard_X", gpu="H100-SXM", source=src)
     assert CloudSku(sku="Standard_X", skip="fractional", source=src).gpu is None
