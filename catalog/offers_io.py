@@ -1,14 +1,17 @@
 """Offers files: one CSV per cloud, one row per (instance type, region/zone), read and written here.
 
 CSV keeps hundreds of priced rows reviewable in a diff; the loader and the AWS refresher share
-these two functions so what ``gpuplan catalog refresh`` writes is exactly what the loader reads.
+these two functions so what ``gpuplan catalog refresh`` / ``import`` write is exactly what the loader reads.
 """
 
 from __future__ import annotations
 
 import csv
+import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TextIO
 
 from pydantic import ValidationError
 
@@ -83,35 +86,49 @@ def _fmt(value: object) -> str:
 
 
 def write_offers(path: Path, offers: Iterable[Offer], header_comment: str | None = None) -> int:
-    """Write offers atomically (temp file + rename) so a crashed refresh never leaves half a file."""
+    """Write offers atomically so a failed refresh or import never leaves half a file.
+
+    The rows go to a temp file in the same directory (same filesystem), which ``os.replace`` then
+    renames over ``path`` in one step; on any error the temp file is removed and ``path`` is untouched.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as fh:
+            count = _write_rows(fh, offers, header_comment)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return count
+
+
+def _write_rows(fh: TextIO, offers: Iterable[Offer], header_comment: str | None) -> int:
+    if header_comment:
+        for line in header_comment.splitlines():
+            fh.write(f"# {line}\n")
+    writer = csv.writer(fh)
+    writer.writerow(COLUMNS)
     count = 0
-    with tmp.open("w", newline="", encoding="utf-8") as fh:
-        if header_comment:
-            for line in header_comment.splitlines():
-                fh.write(f"# {line}\n")
-        writer = csv.writer(fh)
-        writer.writerow(COLUMNS)
-        for o in offers:
-            writer.writerow(
-                [
-                    o.cloud,
-                    o.instance_type,
-                    o.gpu,
-                    o.gpu_count,
-                    o.vcpus,
-                    _fmt(o.ram_gib),
-                    o.region,
-                    o.zone or "",
-                    _fmt(o.on_demand_usd_per_h),
-                    _fmt(o.spot_usd_per_h),
-                    _fmt(o.network_gbps),
-                    o.source.url,
-                    o.source.as_of.isoformat(),
-                    o.source.note,
-                ]
-            )
-            count += 1
-    tmp.replace(path)
+    for o in offers:
+        writer.writerow(
+            [
+                o.cloud,
+                o.instance_type,
+                o.gpu,
+                o.gpu_count,
+                o.vcpus,
+                _fmt(o.ram_gib),
+                o.region,
+                o.zone or "",
+                _fmt(o.on_demand_usd_per_h),
+                _fmt(o.spot_usd_per_h),
+                _fmt(o.network_gbps),
+                o.source.url,
+                o.source.as_of.isoformat(),
+                o.source.note,
+            ]
+        )
+        count += 1
     return count

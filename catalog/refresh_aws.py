@@ -24,16 +24,15 @@ import boto3
 import httpx
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
+from catalog.cloud_names import gpu_by_name_and_memory
 from catalog.errors import ExternalServiceError
-from catalog.loader import Catalog, normalize_name
+from catalog.loader import Catalog
 from catalog.offers_io import write_offers
 from catalog.schema import GpuSpec, Offer, Source
 
 PRICE_LIST_URL = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/{region}/index.json"
 # Every NVIDIA GPU family on EC2 is p* or g*; filtering server-side keeps the answer small.
 GPU_FAMILY_PATTERNS = ("p*", "g*")
-# A GPU whose reported memory is far below the catalog's is a fractional slice (g6f): not the same offer.
-_MIN_MEMORY_RATIO = 0.9
 
 Progress = Callable[[str], None]
 
@@ -66,21 +65,7 @@ class RefreshResult:
 
 def aws_gpu_to_catalog(name: str, memory_mib: int, catalog: Catalog) -> GpuSpec | None:
     """Map EC2's GpuInfo (e.g. "A100", 40960) to a catalog GPU, disambiguating by memory."""
-    key = normalize_name(name)
-    exact: list[GpuSpec] = []
-    prefixed: list[GpuSpec] = []
-    for gpu in catalog.gpus:
-        names = [normalize_name(n) for n in (gpu.id, *gpu.aliases)]
-        if key in names:
-            exact.append(gpu)
-        elif any(n.startswith(key) for n in names):
-            prefixed.append(gpu)
-    memory_gib = memory_mib / 1024
-    for gpu in (*exact, *prefixed):
-        ratio = memory_gib / gpu.memory_gib
-        if _MIN_MEMORY_RATIO <= ratio <= 1 / _MIN_MEMORY_RATIO:
-            return gpu
-    return None
+    return gpu_by_name_and_memory(name, memory_mib, catalog)
 
 
 def _network_gbps(text: str) -> float:

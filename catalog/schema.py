@@ -9,11 +9,11 @@ from __future__ import annotations
 from datetime import date
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Dtype = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8", "fp4", "int4"]
-Vendor = Literal["nvidia", "amd", "google", "apple", "cpu"]  # cpu: a machine's CPU (catalog.local_cpu)
-LinkKind = Literal["nvlink", "infinity-fabric", "pcie", "ici", "unified", "none"]
+Vendor = Literal["nvidia", "amd", "google", "apple", "intel", "aws", "cpu"]  # cpu: a machine's CPU (catalog.local_cpu)
+LinkKind = Literal["nvlink", "infinity-fabric", "pcie", "ici", "ethernet", "neuronlink", "unified", "none"]
 
 
 class _Record(BaseModel):
@@ -71,6 +71,38 @@ class Offer(_Record):
     spot_usd_per_h: float | None = Field(default=None, gt=0)
     network_gbps: float = Field(default=25, gt=0, description="node-to-node network, Gbit/s")
     source: Source
+
+
+class CloudSku(_Record):
+    """One VM size of a cloud whose price API names the size but not its hardware (Azure's Retail
+    Prices API): the GPUs, vCPUs and RAM an offer of that size carries, or why it is not offered."""
+
+    sku: str = Field(description="the cloud's VM size name, e.g. Standard_ND96isr_H100_v5")
+    gpu: str | None = Field(default=None, description="GpuSpec.id")
+    gpu_count: int | None = Field(default=None, ge=1)
+    vcpus: int | None = Field(default=None, ge=1)
+    ram_gib: float | None = Field(default=None, gt=0)
+    network_gbps: float = Field(default=25, gt=0, description="node-to-node network, Gbit/s")
+    skip: str = Field(default="", description="why this size gives no offer (a fractional GPU, a GPU not in "
+                      "the catalog); '' when it does")
+    source: Source
+
+    @model_validator(mode="after")
+    def _offer_or_reason(self) -> CloudSku:
+        hardware = (self.gpu, self.gpu_count, self.vcpus, self.ram_gib)
+        if not self.skip and any(v is None for v in hardware):
+            raise ValueError(f"{self.sku}: give gpu, gpu_count, vcpus and ram_gib, or skip with the reason")
+        return self
+
+
+class CloudNames(_Record):
+    """catalog/data/cloud_names.yaml: how price sources name hardware, mapped to catalog ids."""
+
+    azure_skus: list[CloudSku]
+    skypilot_accelerators: dict[str, str] = Field(
+        default_factory=dict,
+        description="skypilot-catalog AcceleratorName -> GpuSpec.id where the catalog's own aliases would "
+        "pick another part (skypilot's 'A100' is the 40 GB one)")
 
 
 class MoeShape(_Record):

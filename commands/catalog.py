@@ -6,9 +6,7 @@ from typing import Any
 
 import typer
 
-from catalog.errors import InvalidInput
-from catalog.refresh import AWS_DEFAULT_REGIONS
-from commands import output
+from commands import catalog_prices, output
 from commands.output import JSON_OPTION, handle_errors, money, print_json, styled, warn
 from commands.settings import Settings
 
@@ -18,7 +16,9 @@ app = typer.Typer(
     "  gpuplan catalog offers --gpu H100 --spot\n\n"
     "  gpuplan catalog offers --cloud aws --region us-east-1 --json\n\n"
     "  gpuplan catalog models\n\n"
-    "  gpuplan catalog refresh aws --regions us-east-1,us-west-2",
+    "  gpuplan catalog refresh aws --regions us-east-1,us-west-2\n\n"
+    "  gpuplan catalog refresh azure --regions eastus\n\n"
+    "  gpuplan catalog import ~/Downloads/vms.csv --cloud lambda",
     no_args_is_help=True,
 )
 
@@ -212,54 +212,4 @@ def catalog_local(as_json: bool = JSON_OPTION) -> None:
                                     f" ({gpu.memory_gib:.1f} GiB); offered to the planner at $0/h as cloud 'local'."))
 
 
-@app.command("refresh")
-@handle_errors
-def catalog_refresh(
-    cloud: str = typer.Argument(..., help="Cloud to refresh (aws)."),
-    regions: str = typer.Option(",".join(AWS_DEFAULT_REGIONS), "--regions", help="Comma-separated regions."),
-    out: str | None = typer.Option(
-        None, "--out",
-        help="Offers file to write [default: ~/.gpuplan/catalog/offers/<cloud>.csv, which overrides the packaged one].",
-    ),
-    ec2_endpoint_url: str | None = typer.Option(None, "--ec2-endpoint-url", help="EC2 endpoint (e.g. a moto server)."),
-    price_list_url: str | None = typer.Option(None, "--price-list-url",
-                                              help="On-demand offer-file URL template with {region}."),
-    as_json: bool = JSON_OPTION,
-) -> None:
-    """Rebuild a cloud's offers from the cloud itself (AWS: EC2 API via boto3 + the public price list).
-
-    Needs AWS credentials allowed ec2:DescribeInstanceTypes and ec2:DescribeSpotPriceHistory. The us-east-1
-    price-list file is large (hundreds of MB): expect a few minutes.
-
-    Examples:
-
-      gpuplan catalog refresh aws
-
-      gpuplan catalog refresh aws --regions us-east-1 --out ./aws.csv --json
-    """
-    from datetime import date
-    from pathlib import Path
-
-    from catalog.loader import load_catalog
-    from catalog.refresh import check_cloud, default_offers_path
-    from catalog.refresh_aws import PRICE_LIST_URL, AwsEndpoints, refresh_aws
-
-    check_cloud(cloud)
-    region_list = [r.strip() for r in regions.split(",") if r.strip()]
-    if not region_list:
-        raise InvalidInput("give at least one region", path="--regions", hint="e.g. --regions us-east-1")
-    path = Path(out).expanduser() if out else default_offers_path(cloud)
-    endpoints = AwsEndpoints(ec2_endpoint_url=ec2_endpoint_url, price_list_url=price_list_url or PRICE_LIST_URL)
-    with output.err_console.status("refreshing AWS offers...") as status:
-        result = refresh_aws(load_catalog(), region_list, path, today=date.today(), endpoints=endpoints,
-                             progress=lambda msg: status.update(f"refreshing AWS offers: {msg}"))
-    if as_json:
-        print_json({"path": str(path), "regions": result.regions, "offers": len(result.offers),
-                    "skipped": result.skipped})
-        return
-    gpus = sorted({o.gpu for o in result.offers})
-    output.console.print(f"Wrote {len(result.offers)} AWS offers ({', '.join(gpus) or 'none'}) for "
-                         f"{', '.join(result.regions)} to {path}")
-    if result.skipped:
-        output.err_console.print(f"skipped {len(result.skipped)} instance types whose GPU is not in the catalog or "
-                                 "that have no price (see --json)")
+catalog_prices.register(app)  # refresh <cloud> and import FILE

@@ -14,8 +14,9 @@ REQUIRED_GPUS = {
     "H100-SXM", "H100-PCIe", "H100-NVL", "H200", "B200", "GB200", "A100-40GB", "A100-80GB", "A10G", "L4",
     "L40S", "T4", "V100-16GB", "V100-32GB", "RTX4090", "RTX6000-Ada", "MI300X", "MI325X", "MI250X",
     "M3-Max", "M4-Max", "TPU-v5e", "TPU-v5p", "Jetson-AGX-Orin",
-    "B300", "GB300", "MI355X", "RTX-PRO-6000", "H20", "TPU-v6e",
+    "B300", "GB300", "MI355X", "RTX-PRO-6000", "H20", "TPU-v6e", "Gaudi3", "Trainium2",
 }
+FP4_PARTS = ("B200", "GB200", "B300", "GB300", "MI355X", "RTX-PRO-6000")  # parts with FP4 tensor rates
 # Published parameter counts (model cards / HF safetensors metadata): (total, active).
 PUBLISHED = {
     "llama-3-8b": (8.03e9, None), "llama-3-70b": (70.6e9, None), "llama-3-405b": (405.9e9, None),
@@ -26,6 +27,7 @@ PUBLISHED = {
     "llama-3.1-8b": (8.03e9, None), "llama-3.1-70b": (70.6e9, None), "llama-3.1-405b": (405.9e9, None),
     "qwen3-0.6b": (0.6e9, None), "qwen3-8b": (8.2e9, None), "qwen3-32b": (32.8e9, None),
     "qwen3-30b-a3b": (30.5e9, 3.3e9), "qwen3-235b-a22b": (235e9, 22e9), "deepseek-v3": (671e9, 37e9),
+    "llama-3.3-70b": (70.6e9, None), "deepseek-r1": (671e9, 37e9),
     # gpt-oss: the model card's active figure leaves out the input embedding (0.58B), counted here
     "gpt-oss-20b": (20.91e9, 3.61e9 + 0.579e9), "gpt-oss-120b": (116.83e9, 5.13e9 + 0.579e9),
     # Gemma 3 4B-27B: the text decoder the preset builds (the published total less the 0.42B vision tower)
@@ -43,6 +45,20 @@ def cat() -> Catalog:
 
 def test_required_gpus_present(cat: Catalog) -> None:
     assert {g.id for g in cat.gpus} >= REQUIRED_GPUS
+
+
+def test_fp4_recorded_where_the_part_has_it(cat: Catalog) -> None:
+    for gpu_id in FP4_PARTS:
+        g = cat.gpu(gpu_id)
+        assert "fp4" in g.dtypes and g.tflops["fp4"] >= 2 * g.tflops["fp8"] * 0.99, gpu_id
+
+
+def test_non_gpu_vendors_are_recorded_as_not_run(cat: Catalog) -> None:
+    """Gaudi 3 (intel) and Trainium2 (aws) are catalogued, and support.yaml says why nothing runs there."""
+    for gpu_id, vendor in (("Gaudi3", "intel"), ("Trainium2", "aws")):
+        g = cat.gpu(gpu_id)
+        record = cat.support.platform(g.vendor, g.architecture)
+        assert g.vendor == vendor and record is not None and "pick a GPU" in record.unsupported
 
 
 def test_gpu_ids_and_aliases_unique_and_unambiguous(cat: Catalog) -> None:

@@ -92,7 +92,8 @@ def test_local_on_this_machine(runner: CliRunner) -> None:
 
 
 def test_help_has_examples(runner: CliRunner) -> None:
-    for cmd in (["catalog", "--help"], ["catalog", "offers", "--help"], ["catalog", "refresh", "--help"]):
+    for cmd in (["catalog", "--help"], ["catalog", "offers", "--help"], ["catalog", "refresh", "--help"],
+                ["catalog", "import", "--help"]):
         result = runner.invoke(app, cmd)
         assert result.exit_code == 0 and "gpuplan catalog" in result.stdout
 
@@ -118,7 +119,53 @@ def test_refresh_aws_end_to_end_then_offers_use_it(
 
 
 def test_refresh_unknown_cloud_and_bad_regions(runner: CliRunner) -> None:
-    bad_cloud = runner.invoke(app, ["catalog", "refresh", "azure"])
-    assert bad_cloud.exit_code == 2 and "aws" in bad_cloud.stderr
+    bad_cloud = runner.invoke(app, ["catalog", "refresh", "gcp"])
+    assert bad_cloud.exit_code == 2 and "aws" in bad_cloud.stderr and "azure" in bad_cloud.stderr
     no_regions = runner.invoke(app, ["catalog", "refresh", "aws", "--regions", " , "])
     assert no_regions.exit_code == 2 and "--regions" in no_regions.stderr
+
+
+def test_refresh_azure_end_to_end_then_offers_use_it(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.catalog.azure_server import API_PATH, azure_price_server
+
+    user_dir = tmp_path / "user-catalog"
+    monkeypatch.setenv("GPUPLAN_CATALOG_DIR", str(user_dir))
+    with azure_price_server() as (base, _):
+        api = f"{base}/ok{API_PATH}"
+        result = runner.invoke(app, ["catalog", "refresh", "azure", "--regions", "eastus", "--prices-api-url", api,
+                                     "--json"])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)
+        written = user_dir / "offers" / "azure.csv"
+        assert summary["path"] == str(written) and summary["offers"] == len(read_offers(written)) > 0
+        assert "fractional" in summary["skipped"]["Standard_NV6ads_A10_v5"]
+        rows = json.loads(runner.invoke(app, ["catalog", "offers", "--cloud", "azure", "--json"]).stdout)
+        assert rows and all(r["source"]["url"].startswith(api) and r["zone"] is None for r in rows)
+
+        before = written.read_bytes()
+        failed = runner.invoke(app, ["catalog", "refresh", "azure", "--regions", "eastus", "--prices-api-url",
+                                     f"{base}/truncated{API_PATH}"])
+        assert failed.exit_code == 1 and "not valid JSON" in failed.stderr and "nothing was written" in failed.stderr
+        assert written.read_bytes() == before
+
+
+def test_import_skypilot_file_with_counted_warning(runner: CliRunner, tmp_path: Path) -> None:
+    fixture = Path(__file__).parents[1] / "catalog" / "data" / "skypilot_vms_aws.csv"
+    out = tmp_path / "aws.csv"
+    table = runner.invoke(app, ["catalog", "import", str(fixture), "--cloud", "aws", "--out", str(out)])
+    assert table.exit_code == 0, table.output
+    assert "Wrote 5 aws offers" in table.stdout
+    assert "skipped 3 rows whose accelerator is not in the catalog: T4g (2), Inferentia2 (1)" in table.stderr
+    as_json = json.loads(runner.invoke(app, ["catalog", "import", str(fixture), "--cloud", "aws", "--out", str(out),
+                                             "--json"]).stdout)
+    assert as_json["offers"] == 5 and as_json["unknown_accelerators"] == {"T4g": 2, "Inferentia2": 1}
+
+    no_cloud = runner.invoke(app, ["catalog", "import", str(fixture)])
+    assert no_cloud.exit_code == 2 and "--cloud" in no_cloud.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text("InstanceType,Price\nx,1\n")
+    refused = runner.invoke(app, ["catalog", "import", str(bad), "--cloud", "aws", "--out", str(out), "--json"])
+    assert refused.exit_code == 2
+    assert "missing column(s) AcceleratorName, AcceleratorCount" in json.loads(refused.stdout)["error"]["message"]
