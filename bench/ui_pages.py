@@ -46,7 +46,14 @@ STATES = ["succeeded"] * 6 + ["failed", "cancelled", "running", "queued", "preem
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
-def make_store(db: str) -> tuple[Store, str | None]:
+def make_store(db: str, reuse: str | None = None) -> tuple[Store, str | None]:
+    if reuse is not None:  # a database seeded by an earlier --keep run
+        if db == "sqlite":
+            return Store(f"sqlite:///{reuse}"), None
+        store = Store(f"{PG}?options=-csearch_path%3D{reuse}")
+        store.migrate()  # a new revision since the seed (an index) applies to it
+        vacuum_analyze(store)
+        return store, reuse
     if db == "sqlite":
         path = Path(tempfile.mkdtemp(prefix="gpuplan-ui-")) / "gpuplan.db"
         store = Store(f"sqlite:///{path}")
@@ -94,7 +101,10 @@ def seed(service: SchedulerService, n_jobs: int, n_spend: int, rng: random.Rando
     jobs, attempts, spend, events, logs = [], [], [], [], []
     team_ids = {name: service.team_principal(name).team_id for name in TEAMS}
     names = list(TEAMS)
-    per_job_attempts = max(1, round(n_spend / max(n_jobs, 1) * len(STATES) / (len(STATES) - 2)))
+    # runs ~ uniform 1..k, mean (k+1)/2; every state but queued has runs, a running job's last one is
+    # still open: spend rows ~ n_jobs * ((1 - q) * (k+1)/2 - r), q and r the queued and running shares
+    queued, running = STATES.count("queued") / len(STATES), STATES.count("running") / len(STATES)
+    per_job_attempts = max(1, round(2 * (n_spend / max(n_jobs, 1) + running) / (1 - queued) - 1))
     attempt_id = 1
     for i in range(n_jobs):
         team = names[i % len(names)] if i % 5 else "ml"
@@ -155,14 +165,21 @@ def seed(service: SchedulerService, n_jobs: int, n_spend: int, rng: random.Rando
     for name, budget in TEAMS.items():
         if budget is not None:
             service.update_team(ADMIN, name, TeamUpdate(budget_usd=budget))
-    if service.store.dialect == "postgresql":  # fresh statistics, as autovacuum keeps them on a live database
-        from sqlalchemy import text
-
-        with service.store.engine.begin() as conn:
-            conn.execute(text("ANALYZE"))
+    if service.store.dialect == "postgresql":
+        vacuum_analyze(service.store)
     print(f"seeded {len(jobs)} jobs, {len(attempts)} attempts, {len(spend)} spend rows, {len(logs)} log lines",
           file=sys.stderr)
     return tokens
+
+
+def vacuum_analyze(store: Store) -> None:
+    """Fresh statistics and visibility map, as autovacuum keeps them on a live database (since
+    PostgreSQL 13 it also vacuums after inserts): without them the planner misjudges the fresh
+    bulk insert and no index-only scan can skip the table."""
+    from sqlalchemy import text
+
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
 
 
 def sign_in(client: Any, token: str) -> None:
@@ -173,7 +190,8 @@ def sign_in(client: Any, token: str) -> None:
     assert client.post("/ui/login", data={"token": token, "csrf": csrf}, follow_redirects=False).status_code == 303
 
 
-def time_pages(app: Any, tokens: dict[str, str], service: SchedulerService, requests: int) -> list[tuple[str, ...]]:
+def time_pages(app: Any, tokens: dict[str, str], service: SchedulerService, requests: int,
+               only: str = "") -> list[tuple[str, ...]]:
     import re
 
     from fastapi.testclient import TestClient
@@ -204,6 +222,8 @@ def time_pages(app: Any, tokens: dict[str, str], service: SchedulerService, requ
     ]
     out = []
     for label, client, path, form in pages:
+        if only not in label:
+            continue
         times = []
         for _ in range(requests):
             t0 = time.perf_counter()
@@ -268,27 +288,38 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--screenshots", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the seeded database (PostgreSQL schema or SQLite file) and print its name")
+    parser.add_argument("--reuse", metavar="NAME", default=None,
+                        help="time a database an earlier --keep run seeded (skips seeding; implies --keep)")
+    parser.add_argument("--only", metavar="TEXT", default="", help="time only the pages whose label contains TEXT")
     args = parser.parse_args()
-    store, schema = make_store(args.db)
+    store, schema = make_store(args.db, args.reuse)
+    keep = args.keep or args.reuse is not None
     try:
         catalog = load_catalog()
         service = SchedulerService(store, catalog_planner(catalog), checkpoint_root="/tmp/ckpt",
                                    admin_token=ADMIN_TOKEN)
         t0 = time.perf_counter()
-        tokens = seed(service, args.jobs, args.spend, random.Random(args.seed))
-        print(f"seeding took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        if args.reuse is None:
+            tokens = seed(service, args.jobs, args.spend, random.Random(args.seed))
+            print(f"seeding took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        else:
+            tokens = {name: service.create_token(ADMIN, name, "bench").token for name in TEAMS}
+        if keep:
+            print(f"database kept: --reuse {schema or store.url.removeprefix('sqlite:///')}", file=sys.stderr)
         app = create_app(service, catalog)
         if args.screenshots is not None:
             screenshots(app, tokens, service, args.screenshots)
             return
-        rows = time_pages(app, tokens, service, args.requests)
+        rows = time_pages(app, tokens, service, args.requests, args.only)
         print(f"\n{args.db}, {args.jobs} jobs, {args.spend} spend rows (target), {args.requests} requests per page\n")
         print("| page | path | p50 ms | p95 ms | max ms |\n|---|---|---:|---:|---:|")
         for label, path, p50, p95, worst in rows:
             print(f"| {label} | `{path.split('?')[0] if 'j-' in path else path}` | {p50} | {p95} | {worst} |")
     finally:
         store.dispose()
-        if schema:
+        if schema and not keep:
             drop_schema(schema)
 
 

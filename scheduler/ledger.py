@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import case, func
 from sqlalchemy import select as sa_select
@@ -68,24 +69,39 @@ def team_spent(session: Session, team_id: int) -> float:
     return float(total)
 
 
+def _reserved_by_team(team_ids: list[int] | None) -> Any:
+    """(team id, USD still reserved by active jobs' estimates beyond what they spent, GPUs of queued
+    jobs) per team: each active job's spend is summed through its own index entries, not the team's
+    whole ledger."""
+    spend, job = Spend.__table__, Job.__table__  # type: ignore[attr-defined]
+    spent = (sa_select(func.coalesce(func.sum(spend.c.usd), 0.0)).where(spend.c.job_id == job.c.id)
+             .correlate(job).scalar_subquery())
+    left = job.c.estimated_usd - spent
+    stmt = (sa_select(job.c.team_id, func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0),
+                      func.coalesce(func.sum(case((job.c.state == JobState.QUEUED.value, job.c.gpus), else_=0)), 0))
+            .where(job.c.state.in_([s.value for s in ACTIVE])).group_by(job.c.team_id))
+    return stmt if team_ids is None else stmt.where(job.c.team_id.in_(team_ids))
+
+
 def team_reserved(session: Session, team_id: int) -> tuple[float, int]:
     """(USD still reserved by active jobs' estimates beyond what they spent, GPUs of queued jobs)."""
-    per_job = (
-        select(col(Spend.job_id).label("job_id"), func.sum(Spend.usd).label("usd"))
-        .where(Spend.team_id == team_id)
-        .group_by(col(Spend.job_id))
-        .subquery()
-    )
-    left = col(Job.estimated_usd) - func.coalesce(per_job.c.usd, 0.0)
-    stmt = (
-        select(func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0),
-               func.coalesce(func.sum(case((col(Job.state) == JobState.QUEUED.value, Job.gpus), else_=0)), 0))
-        .select_from(Job)
-        .outerjoin(per_job, per_job.c.job_id == Job.id)
-        .where(Job.team_id == team_id, col(Job.state).in_([s.value for s in ACTIVE]))
-    )
-    usd, gpus = session.exec(stmt).one()
-    return float(usd), int(gpus)
+    return reserved_by_team(session, [team_id]).get(team_id, (0.0, 0))
+
+
+def reserved_by_team(session: Session, team_ids: list[int] | None = None) -> dict[int, tuple[float, int]]:
+    """{team id: team_reserved} for ``team_ids`` (None: every team) in one grouped query; a team
+    without active jobs is absent."""
+    rows = session.execute(_reserved_by_team(team_ids)).all()
+    return {int(t): (float(u), int(g)) for t, u, g in rows}
+
+
+def spent_by_team(session: Session, team_ids: list[int] | None = None) -> dict[int, float]:
+    """{team id: everything it spent} in one grouped query; a team that spent nothing is absent."""
+    spend = Spend.__table__  # type: ignore[attr-defined]
+    stmt = sa_select(spend.c.team_id, func.sum(spend.c.usd)).group_by(spend.c.team_id)
+    if team_ids is not None:
+        stmt = stmt.where(spend.c.team_id.in_(team_ids))
+    return {int(t): float(u) for t, u in session.execute(stmt).all()}
 
 
 def job_spent(session: Session, job_ids: list[str]) -> dict[str, float]:
@@ -97,15 +113,21 @@ def job_spent(session: Session, job_ids: list[str]) -> dict[str, float]:
     return {job_id: float(usd) for job_id, usd in rows}
 
 
-def spend_lines(session: Session, team_id: int, since: datetime, until: datetime) -> list[SpendLine]:
-    stmt = (
-        sa_select(col(Spend.job_id), col(Job.name), col(Spend.market), func.count(col(Spend.id)), func.sum(Spend.hours),
-               func.sum(Spend.usd))
-        .join(Job, col(Job.id) == col(Spend.job_id))
-        .where(col(Spend.team_id) == team_id, col(Spend.recorded_at) >= since, col(Spend.recorded_at) <= until)
-        .group_by(col(Spend.job_id), col(Job.name), col(Spend.market))
-        .order_by(func.sum(Spend.usd).desc())
-    )
+def spend_lines(session: Session, team_id: int, since: datetime, until: datetime,
+                top: int | None = None) -> list[SpendLine]:
+    """The team's spend in [since, until] per job and market, costliest first; with ``top``, only
+    the lines of its ``top`` costliest jobs (ranked and limited in the database)."""
+    spend, job = Spend.__table__, Job.__table__  # type: ignore[attr-defined]
+    window = (spend.c.team_id == team_id, spend.c.recorded_at >= since, spend.c.recorded_at <= until)
+    stmt = (sa_select(spend.c.job_id, job.c.name, spend.c.market, func.count(), func.sum(spend.c.hours),
+                      func.sum(spend.c.usd))
+            .join(job, job.c.id == spend.c.job_id).where(*window)
+            .group_by(spend.c.job_id, job.c.name, spend.c.market)
+            .order_by(func.sum(spend.c.usd).desc(), spend.c.job_id, spend.c.market))
+    if top is not None:
+        costliest = (sa_select(spend.c.job_id).where(*window).group_by(spend.c.job_id)
+                     .order_by(func.sum(spend.c.usd).desc(), spend.c.job_id).limit(top))
+        stmt = stmt.where(spend.c.job_id.in_(costliest.scalar_subquery()))
     # model_construct: the values are the database's own, typed here; validating thousands of lines
     # was most of a busy team's Spend page (bench/ui_pages.py)
     return [
@@ -113,6 +135,16 @@ def spend_lines(session: Session, team_id: int, since: datetime, until: datetime
                                   hours=float(h), usd=float(u))
         for job_id, name, market, n, h, u in session.execute(stmt).all()
     ]
+
+
+def spend_by_market(session: Session, team_id: int, since: datetime, until: datetime) -> dict[str, float]:
+    """{market: USD} the team spent in [since, until], summed in the database."""
+    spend = Spend.__table__  # type: ignore[attr-defined]
+    rows = session.execute(
+        sa_select(spend.c.market, func.sum(spend.c.usd))
+        .where(spend.c.team_id == team_id, spend.c.recorded_at >= since, spend.c.recorded_at <= until)
+        .group_by(spend.c.market).order_by(spend.c.market)).all()
+    return {str(m): float(u) for m, u in rows}
 
 
 def spend_by_team_between(session: Session, since: datetime, until: datetime) -> dict[int, dict[str, float]]:

@@ -301,23 +301,23 @@ def create_ui(service: SchedulerService, catalog: Catalog, secret: bytes | None 
         teams: list[str] = []
         if ctx.is_admin:
             teams = queries.team_names(service.store)
-            report = service.spend_report(ADMIN, since=start, team=team or None)
+            report = service.spend_report(ADMIN, since=start, team=team or None, top=views.TOP_JOBS)
         else:
-            report = service.spend_report(ctx.principal, since=start)
+            report = service.spend_report(ctx.principal, since=start, top=views.TOP_JOBS)
         team_id = None
         if report.team is not None:
             team_id = _tid(service.team_principal(report.team) if ctx.is_admin else ctx.principal)
-        # One query: the burn-down needs every day since the first spend, the chart the window's
-        # days (whole UTC days from the window's first; the totals above are to the minute).
-        budgeted = report.team is not None and report.budget_usd is not None and report.remaining_usd is not None
-        daily = queries.spend_by_day(service.store, team_id, None if budgeted else start, now)
-        series = views.spend_series([r for r in daily if r[0] >= start.date()], period, start.date(), now.date(),
+        # The chart: the window's whole UTC days (the totals above are to the minute); the
+        # burn-down: every day since the team's first spend, as per-day totals.
+        daily = queries.spend_by_day(service.store, team_id, start, now)
+        series = views.spend_series(daily, period, start.date(), now.date(),
                                     f"{'team ' + report.team if report.team else 'every team'}: USD per {period} "
                                     "by GPU type and market")
         burn = None
-        if budgeted:
-            assert report.team is not None and report.budget_usd is not None and report.remaining_usd is not None
-            burn = views.burn_down(daily, report.budget_usd, report.remaining_usd, now.date(), report.team)
+        if report.team is not None and report.budget_usd is not None and report.remaining_usd is not None:
+            assert team_id is not None
+            burn = views.burn_down(queries.spend_per_day(service.store, team_id, now), report.budget_usd,
+                                   report.remaining_usd, now.date(), report.team)
         return render(ctx, "spend.html", report=report, series=series, plot=Markup(series.plot),
                       burn=burn, burn_plot=Markup(burn.plot) if burn else "", top=views.top_jobs(report),
                       since=since, period=period, team=report.team or "", spend_teams=teams,
