@@ -161,7 +161,7 @@ def seed(service: SchedulerService, n_jobs: int, n_spend: int, rng: random.Rando
         # explicit attempt ids (spend rows point at them); the real submits made no attempts
         for table, rows_ in ((Job, jobs), (Attempt, attempts), (Spend, spend), (Event, events), (JobLog, logs)):
             for chunk in range(0, len(rows_), 2000):
-                session.execute(insert(table.__table__), rows_[chunk:chunk + 2000])  # type: ignore[attr-defined]
+                session.execute(insert(table.__table__), rows_[chunk:chunk + 2000])  # type: ignore[union-attr]
     for name, budget in TEAMS.items():
         if budget is not None:
             service.update_team(ADMIN, name, TeamUpdate(budget_usd=budget))
@@ -220,7 +220,7 @@ def time_pages(app: Any, tokens: dict[str, str], service: SchedulerService, requ
         ("spend, every team (admin)", admin, "/ui/spend", None),
         ("jobs (admin, team)", admin, "/ui/jobs?team=research", None),
     ]
-    out = []
+    out: list[tuple[str, ...]] = []
     for label, client, path, form in pages:
         if only not in label:
             continue

@@ -69,18 +69,26 @@ def team_spent(session: Session, team_id: int) -> float:
     return float(total)
 
 
+def _active(job: Any, team_ids: list[int] | None) -> Any:
+    where = job.c.state.in_([s.value for s in ACTIVE])
+    return where if team_ids is None else where & job.c.team_id.in_(team_ids)
+
+
 def _reserved_by_team(team_ids: list[int] | None) -> Any:
     """(team id, USD still reserved by active jobs' estimates beyond what they spent, GPUs of queued
-    jobs) per team: each active job's spend is summed through its own index entries, not the team's
-    whole ledger."""
+    jobs) per team: only the active jobs' spend is summed, not the teams' whole ledgers."""
     spend, job = Spend.__table__, Job.__table__  # type: ignore[attr-defined]
-    spent = (sa_select(func.coalesce(func.sum(spend.c.usd), 0.0)).where(spend.c.job_id == job.c.id)
-             .correlate(job).scalar_subquery())
-    left = job.c.estimated_usd - spent
-    stmt = (sa_select(job.c.team_id, func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0),
+    live = job.alias("live")
+    sums = (sa_select(spend.c.job_id, func.sum(spend.c.usd).label("usd"))
+            .join(live, (live.c.id == spend.c.job_id) & _active(live, team_ids)).group_by(spend.c.job_id))
+    if team_ids is not None:  # the teams' own spend rows only (a job's rows carry its team)
+        sums = sums.where(spend.c.team_id.in_(team_ids))
+    per_job = sums.subquery()
+    left = job.c.estimated_usd - func.coalesce(per_job.c.usd, 0.0)
+    return (sa_select(job.c.team_id, func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0),
                       func.coalesce(func.sum(case((job.c.state == JobState.QUEUED.value, job.c.gpus), else_=0)), 0))
-            .where(job.c.state.in_([s.value for s in ACTIVE])).group_by(job.c.team_id))
-    return stmt if team_ids is None else stmt.where(job.c.team_id.in_(team_ids))
+            .select_from(job.outerjoin(per_job, per_job.c.job_id == job.c.id))
+            .where(_active(job, team_ids)).group_by(job.c.team_id))
 
 
 def team_reserved(session: Session, team_id: int) -> tuple[float, int]:
