@@ -3,6 +3,7 @@
     .venv/bin/python bench/ui_pages.py --db postgres --jobs 10000 --spend 50000 --requests 30
     .venv/bin/python bench/ui_pages.py --db sqlite --jobs 10000 --spend 50000 --requests 30
     .venv/bin/python bench/ui_pages.py --db sqlite --jobs 120 --spend 400 --screenshots docs/img
+    .venv/bin/python bench/ui_pages.py --db postgres --api-ab 300   # the API with and without /ui mounted
 
 Seeding: a few real submits per team (the real planner on the packaged catalog, examples/*.yaml),
 then copies of those jobs in every state over the last 60 days with attempts, spend rows (one per
@@ -237,6 +238,36 @@ def time_pages(app: Any, tokens: dict[str, str], service: SchedulerService, requ
     return out
 
 
+def api_with_and_without_ui(service: SchedulerService, catalog: Any, token: str, requests: int) -> list[str]:
+    """The API's hot reads through the app as served (dashboard mounted at /ui) and through the same
+    app with the /ui mount taken out, alternating request by request: what mounting costs the API."""
+    from fastapi.testclient import TestClient
+
+    mounted = create_app(service, catalog)
+    bare = create_app(service, catalog)
+    bare.router.routes = [r for r in bare.router.routes if getattr(r, "path", "") != "/ui"]
+    headers = {"Authorization": f"Bearer {token}"}
+    clients = {"mounted": TestClient(mounted, headers=headers), "bare": TestClient(bare, headers=headers)}
+    assert clients["mounted"].get("/ui/login").status_code == 200
+    assert clients["bare"].get("/ui/login").status_code == 404
+    job_id = clients["bare"].get("/v1/jobs?limit=1").json()[0]["id"]
+    lines = ["| API request | /ui mounted p50 / p95 ms | without /ui p50 / p95 ms |", "|---|---:|---:|"]
+    for path in ("/v1/jobs?limit=20", f"/v1/jobs/{job_id}"):
+        times: dict[str, list[float]] = {"mounted": [], "bare": []}
+        for _ in range(requests):
+            for name, client in clients.items():
+                t0 = time.perf_counter()
+                assert client.get(path).status_code == 200
+                times[name].append((time.perf_counter() - t0) * 1000)
+        cells = []
+        for name in ("mounted", "bare"):
+            xs = sorted(times[name])
+            cells.append(f"{statistics.median(xs):.1f} / {xs[round(0.95 * (len(xs) - 1))]:.1f}")
+        label = path if "limit" in path else "/v1/jobs/{id}"
+        lines.append(f"| GET `{label}` | {cells[0]} | {cells[1]} |")
+    return lines
+
+
 def screenshots(app: Any, tokens: dict[str, str], service: SchedulerService, out: Path) -> None:
     from tests.scheduler.server import serve
     from tests.scheduler.webdriver import chromium
@@ -293,6 +324,8 @@ def main() -> None:
     parser.add_argument("--reuse", metavar="NAME", default=None,
                         help="time a database an earlier --keep run seeded (skips seeding; implies --keep)")
     parser.add_argument("--only", metavar="TEXT", default="", help="time only the pages whose label contains TEXT")
+    parser.add_argument("--api-ab", type=int, metavar="N", default=0,
+                        help="instead of the pages: N API reads each with and without the /ui mount, alternating")
     args = parser.parse_args()
     store, schema = make_store(args.db, args.reuse)
     keep = args.keep or args.reuse is not None
@@ -311,6 +344,9 @@ def main() -> None:
         app = create_app(service, catalog)
         if args.screenshots is not None:
             screenshots(app, tokens, service, args.screenshots)
+            return
+        if args.api_ab:
+            print("\n".join(api_with_and_without_ui(service, catalog, tokens["ml"], args.api_ab)))
             return
         rows = time_pages(app, tokens, service, args.requests, args.only)
         print(f"\n{args.db}, {args.jobs} jobs, {args.spend} spend rows (target), {args.requests} requests per page\n")
