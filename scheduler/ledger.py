@@ -11,8 +11,10 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func
+from sqlalchemy import Float, case, func
 from sqlalchemy import select as sa_select
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 from sqlmodel import Session, col, select
 
 from catalog.errors import InvalidInput
@@ -69,26 +71,34 @@ def team_spent(session: Session, team_id: int) -> float:
     return float(total)
 
 
-def _active(job: Any, team_ids: list[int] | None) -> Any:
-    where = job.c.state.in_([s.value for s in ACTIVE])
-    return where if team_ids is None else where & job.c.team_id.in_(team_ids)
+class _greatest(FunctionElement[float]):
+    """GREATEST(a, b): PostgreSQL's name; SQLite's two-argument max() is the same function."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(_greatest)
+def _greatest_sql(element: _greatest, compiler: Any, **kw: Any) -> str:
+    return f"greatest({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_greatest, "sqlite")
+def _greatest_sqlite(element: _greatest, compiler: Any, **kw: Any) -> str:
+    return f"max({compiler.process(element.clauses, **kw)})"
 
 
 def _reserved_by_team(team_ids: list[int] | None) -> Any:
     """(team id, USD still reserved by active jobs' estimates beyond what they spent, GPUs of queued
-    jobs) per team: only the active jobs' spend is summed, not the teams' whole ledgers."""
+    jobs) per team: each active job's spend is summed from its own index entries (named once in
+    the statement, so it is summed once per job), not the teams' whole ledgers."""
     spend, job = Spend.__table__, Job.__table__  # type: ignore[attr-defined]
-    live = job.alias("live")
-    sums = (sa_select(spend.c.job_id, func.sum(spend.c.usd).label("usd"))
-            .join(live, (live.c.id == spend.c.job_id) & _active(live, team_ids)).group_by(spend.c.job_id))
-    if team_ids is not None:  # the teams' own spend rows only (a job's rows carry its team)
-        sums = sums.where(spend.c.team_id.in_(team_ids))
-    per_job = sums.subquery()
-    left = job.c.estimated_usd - func.coalesce(per_job.c.usd, 0.0)
-    return (sa_select(job.c.team_id, func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0),
+    spent = (sa_select(func.coalesce(func.sum(spend.c.usd), 0.0)).where(spend.c.job_id == job.c.id)
+             .correlate(job).scalar_subquery())
+    stmt = (sa_select(job.c.team_id, func.coalesce(func.sum(_greatest(job.c.estimated_usd - spent, 0.0)), 0.0),
                       func.coalesce(func.sum(case((job.c.state == JobState.QUEUED.value, job.c.gpus), else_=0)), 0))
-            .select_from(job.outerjoin(per_job, per_job.c.job_id == job.c.id))
-            .where(_active(job, team_ids)).group_by(job.c.team_id))
+            .where(job.c.state.in_([s.value for s in ACTIVE])).group_by(job.c.team_id))
+    return stmt if team_ids is None else stmt.where(job.c.team_id.in_(team_ids))
 
 
 def team_reserved(session: Session, team_id: int) -> tuple[float, int]:
