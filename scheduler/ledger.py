@@ -165,16 +165,21 @@ def spend_by_market(session: Session, team_id: int, since: datetime, until: date
     return {str(m): float(u) for m, u in rows}
 
 
-def spend_by_team_between(session: Session, since: datetime, until: datetime) -> dict[int, dict[str, float]]:
-    """{team id: {market: usd}} recorded in [since, until]: every team's totals in one grouped query."""
-    rows = session.execute(
-        sa_select(col(Spend.team_id), col(Spend.market), func.sum(Spend.usd))
-        .where(col(Spend.recorded_at) >= since, col(Spend.recorded_at) <= until)
-        .group_by(col(Spend.team_id), col(Spend.market))).all()
-    out: dict[int, dict[str, float]] = {}
-    for team_id, market, usd in rows:
-        out.setdefault(int(team_id), {})[str(market)] = float(usd)
-    return out
+def spend_by_team_between(session: Session, since: datetime,
+                          until: datetime) -> tuple[dict[int, dict[str, float]], dict[int, float]]:
+    """({team id: {market: USD recorded in [since, until]}}, {team id: USD ever}): every team's
+    window and all-time totals in one grouped pass over the ledger."""
+    spend = Spend.__table__  # type: ignore[attr-defined]
+    inside = case(((spend.c.recorded_at >= since) & (spend.c.recorded_at <= until), spend.c.usd))  # else NULL
+    rows = session.execute(sa_select(spend.c.team_id, spend.c.market, func.sum(inside), func.sum(spend.c.usd))
+                           .group_by(spend.c.team_id, spend.c.market)).all()
+    window: dict[int, dict[str, float]] = {}
+    ever: dict[int, float] = {}
+    for team_id, market, usd, total in rows:
+        if usd is not None:  # the market had spend inside the window
+            window.setdefault(int(team_id), {})[str(market)] = float(usd)
+        ever[int(team_id)] = ever.get(int(team_id), 0.0) + float(total)
+    return window, ever
 
 
 def spend_by_team(session: Session) -> dict[int, dict[str, float]]:

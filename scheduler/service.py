@@ -406,9 +406,9 @@ class SchedulerService:
                            by_market=by_market, jobs=lines, budget_usd=row.budget_usd, remaining_usd=left)
 
     def _all_teams_spend(self, session: Session, since: datetime, until: datetime) -> SpendReport:
-        spent = ledger.spend_by_team_between(session, since, until)
+        spent, ever = ledger.spend_by_team_between(session, since, until)
         rows = list(session.exec(select(Team).order_by(col(Team.name))).all())
-        left = budgets_left(session, rows)
+        left = budgets_left(session, rows, ever)
         teams = [TeamSpend(team=row.name, total_usd=sum(spent.get(row.id, {}).values()),
                            by_market=_by_market(spent.get(row.id, {}).items()), budget_usd=row.budget_usd,
                            remaining_usd=left[row.id]) for row in rows if row.id is not None]

@@ -40,11 +40,13 @@ def _left(budget: float | None, spent: float, reserved: float) -> float | None:
     return None if budget is None else budget - spent - reserved
 
 
-def budgets_left(session: Session, teams: list[Team]) -> dict[int, float | None]:
+def budgets_left(session: Session, teams: list[Team], spent: dict[int, float] | None = None) -> dict[int, float | None]:
     """{team id: budget less spend less what active jobs reserve (None: no budget)}: the
-    ``remaining_usd`` of team_public without the figures a report does not show."""
+    ``remaining_usd`` of team_public without the figures a report does not show. ``spent``: each
+    team's spend ever, when the caller summed it already."""
     ids = [t.id for t in teams if t.id is not None and t.budget_usd is not None]
-    spent = ledger.spent_by_team(session, ids) if ids else {}
+    if spent is None:
+        spent = ledger.spent_by_team(session, ids) if ids else {}
     reserved = ledger.reserved_by_team(session, ids) if ids else {}
     return {t.id: _left(t.budget_usd, spent.get(t.id, 0.0), reserved.get(t.id, (0.0, 0))[0])
             for t in teams if t.id is not None}
