@@ -155,24 +155,18 @@ def spend_lines(session: Session, team_id: int, since: datetime, until: datetime
     ]
 
 
-def spend_by_market(session: Session, team_id: int, since: datetime, until: datetime) -> dict[str, float]:
-    """{market: USD} the team spent in [since, until], summed in the database."""
-    spend = Spend.__table__  # type: ignore[attr-defined]
-    rows = session.execute(
-        sa_select(spend.c.market, func.sum(spend.c.usd))
-        .where(spend.c.team_id == team_id, spend.c.recorded_at >= since, spend.c.recorded_at <= until)
-        .group_by(spend.c.market).order_by(spend.c.market)).all()
-    return {str(m): float(u) for m, u in rows}
-
-
-def spend_by_team_between(session: Session, since: datetime,
-                          until: datetime) -> tuple[dict[int, dict[str, float]], dict[int, float]]:
-    """({team id: {market: USD recorded in [since, until]}}, {team id: USD ever}): every team's
-    window and all-time totals in one grouped pass over the ledger."""
+def spend_by_team_between(session: Session, since: datetime, until: datetime, team_ids: list[int] | None = None,
+                          ) -> tuple[dict[int, dict[str, float]], dict[int, float]]:
+    """({team id: {market: USD recorded in [since, until]}}, {team id: USD ever}) of ``team_ids``
+    (None: every team): the window's and all-time totals in one grouped pass over the ledger,
+    summed in the database; markets in name order."""
     spend = Spend.__table__  # type: ignore[attr-defined]
     inside = case(((spend.c.recorded_at >= since) & (spend.c.recorded_at <= until), spend.c.usd))  # else NULL
-    rows = session.execute(sa_select(spend.c.team_id, spend.c.market, func.sum(inside), func.sum(spend.c.usd))
-                           .group_by(spend.c.team_id, spend.c.market)).all()
+    stmt = (sa_select(spend.c.team_id, spend.c.market, func.sum(inside), func.sum(spend.c.usd))
+            .group_by(spend.c.team_id, spend.c.market))
+    if team_ids is not None:
+        stmt = stmt.where(spend.c.team_id.in_(team_ids))
+    rows = sorted(session.execute(stmt).all(), key=lambda r: (r[0], r[1]))
     window: dict[int, dict[str, float]] = {}
     ever: dict[int, float] = {}
     for team_id, market, usd, total in rows:

@@ -399,9 +399,10 @@ class SchedulerService:
                     raise NotFound("your team no longer exists")
                 row = row_or_none
             assert row.id is not None
-            by_market = ledger.spend_by_market(session, row.id, since, until)
+            window, ever = ledger.spend_by_team_between(session, since, until, [row.id])
+            by_market = window.get(row.id, {})
             lines = ledger.spend_lines(session, row.id, since, until, top)
-            left = budgets_left(session, [row])[row.id]
+            left = budgets_left(session, [row], ever)[row.id]
         return SpendReport(team=row.name, since=since, until=until, total_usd=sum(by_market.values()),
                            by_market=by_market, jobs=lines, budget_usd=row.budget_usd, remaining_usd=left)
 
