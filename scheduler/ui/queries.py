@@ -75,9 +75,9 @@ def spend_by_day(store: Store, team_id: int | None, since: datetime | None = Non
     """(UTC day, GPU type, market, USD) for one team (None: every team), oldest first; ``since``
     counts whole days from its own (the chart's bars are days)."""
     day = _day(store).label("day")
-    on = _job.c.id == _spend.c.job_id
-    if team_id is not None:  # the same team on both sides: the join reads the team's jobs only
-        on = on & (_job.c.team_id == team_id)
+    # A job's spend rows carry its team: joining on (team, id) reads ix_job_team_id_id_gpu alone
+    # (SQLite looks each job up in it; PostgreSQL hashes it, one team's part when one is asked for)
+    on = (_job.c.team_id == (_spend.c.team_id if team_id is None else team_id)) & (_job.c.id == _spend.c.job_id)
     stmt = _window(sa_select(day, _job.c.gpu, _spend.c.market, func.sum(_spend.c.usd)).join(_job, on),
                    team_id, since, until).group_by(day, _job.c.gpu, _spend.c.market)
     with store.read() as session:
