@@ -237,11 +237,17 @@ def burst(url: str, token: str, n: int, concurrency: int) -> dict[str, Any]:
             "seconds": elapsed, "rps": (n + counts["duplicates_sent"]) / elapsed}
 
 
+def dashboard_is_mounted(url: str) -> bool:
+    """The server answers the dashboard's sign-in page: the API's numbers are with /ui mounted."""
+    page = httpx.get(f"{url}/ui/login", timeout=10)
+    return page.status_code == 200 and 'name="csrf"' in page.text
+
+
 def table(paths: list[str]) -> str:
     """Markdown tables of recorded runs (JSON lines of this script's output plus an ``at`` time)."""
     runs = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
     mixed_rows = ["| at (UTC) | database | API workers | req/s | p50 ms | p99 ms | submit / status / list p99 ms "
-                  "| errors | load avg 1m |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| errors | load avg 1m | /ui mounted |", "|---|---|---|---|---|---|---|---|---|---|"]
     burst_rows = ["| at (UTC) | database | API workers | submits | re-sent | jobs created | distinct ids | seconds "
                   "| submits/s | load avg 1m |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
@@ -253,7 +259,8 @@ def table(paths: list[str]) -> str:
         else:
             kinds = " / ".join(f"{r['by_kind'][k]['p99_ms']:.0f}" for k in ("submit", "status", "list"))
             mixed_rows.append(f"| {r.get('at', '')} | {r['db']} | {workers} | {r['rps']:.0f} | {r['p50_ms']:.1f} "
-                              f"| {r['p99_ms']:.1f} | {kinds} | {r['errors']} | {r['load_avg_1m']:.2f} |")
+                              f"| {r['p99_ms']:.1f} | {kinds} | {r['errors']} | {r['load_avg_1m']:.2f} "
+                              f"| {'yes' if r.get('ui_mounted') else 'not checked'} |")
     parts = [mixed_rows] if len(mixed_rows) > 2 else []
     parts += [burst_rows] if len(burst_rows) > 2 else []
     return "\n\n".join("\n".join(rows) for rows in parts)
@@ -270,6 +277,7 @@ def main() -> None:
     ap.add_argument("--server-workers", type=int, default=1,
                     help="API processes of the server (gpuplan server --workers)")
     ap.add_argument("--table", nargs="+", metavar="JSONL", help="print Markdown tables of recorded runs and exit")
+    ap.add_argument("--record", type=Path, metavar="JSONL", help="also append the result, with its time, to JSONL")
     args = ap.parse_args()
     if args.table:
         print(table(args.table))
@@ -288,6 +296,7 @@ def main() -> None:
     proc = start_server(db_url, port, home, args.server_workers)
     try:
         token = setup_team(url)
+        ui_mounted = dashboard_is_mounted(url)
         if args.submits:
             result = burst(url, token, args.submits, args.concurrency)
         else:
@@ -295,8 +304,12 @@ def main() -> None:
         result.update(db=args.db if args.db in ("sqlite", "postgres") else "url",
                       clients=args.concurrency if args.submits else args.procs * args.threads,
                       server_workers=args.server_workers,
-                      load_avg_1m=os.getloadavg()[0])
+                      load_avg_1m=os.getloadavg()[0], ui_mounted=ui_mounted)
         print(json.dumps(result, indent=2))
+        if args.record:
+            at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+            with args.record.open("a") as out:
+                out.write(json.dumps({"at": at, **result}) + "\n")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

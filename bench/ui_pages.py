@@ -3,6 +3,7 @@
     .venv/bin/python bench/ui_pages.py --db postgres --jobs 10000 --spend 50000 --requests 30
     .venv/bin/python bench/ui_pages.py --db sqlite --jobs 10000 --spend 50000 --requests 30
     .venv/bin/python bench/ui_pages.py --db sqlite --jobs 120 --spend 400 --screenshots docs/img
+    .venv/bin/python bench/ui_pages.py --db postgres --api-ab 300   # the API with and without /ui mounted
 
 Seeding: a few real submits per team (the real planner on the packaged catalog, examples/*.yaml),
 then copies of those jobs in every state over the last 60 days with attempts, spend rows (one per
@@ -46,7 +47,14 @@ STATES = ["succeeded"] * 6 + ["failed", "cancelled", "running", "queued", "preem
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
-def make_store(db: str) -> tuple[Store, str | None]:
+def make_store(db: str, reuse: str | None = None) -> tuple[Store, str | None]:
+    if reuse is not None:  # a database seeded by an earlier --keep run
+        if db == "sqlite":
+            return Store(f"sqlite:///{reuse}"), None
+        store = Store(f"{PG}?options=-csearch_path%3D{reuse}")
+        store.migrate()  # a new revision since the seed (an index) applies to it
+        vacuum_analyze(store)
+        return store, reuse
     if db == "sqlite":
         path = Path(tempfile.mkdtemp(prefix="gpuplan-ui-")) / "gpuplan.db"
         store = Store(f"sqlite:///{path}")
@@ -94,7 +102,10 @@ def seed(service: SchedulerService, n_jobs: int, n_spend: int, rng: random.Rando
     jobs, attempts, spend, events, logs = [], [], [], [], []
     team_ids = {name: service.team_principal(name).team_id for name in TEAMS}
     names = list(TEAMS)
-    per_job_attempts = max(1, round(n_spend / max(n_jobs, 1) * len(STATES) / (len(STATES) - 2)))
+    # runs ~ uniform 1..k, mean (k+1)/2; every state but queued has runs, a running job's last one is
+    # still open: spend rows ~ n_jobs * ((1 - q) * (k+1)/2 - r), q and r the queued and running shares
+    queued, running = STATES.count("queued") / len(STATES), STATES.count("running") / len(STATES)
+    per_job_attempts = max(1, round(2 * (n_spend / max(n_jobs, 1) + running) / (1 - queued) - 1))
     attempt_id = 1
     for i in range(n_jobs):
         team = names[i % len(names)] if i % 5 else "ml"
@@ -151,18 +162,25 @@ def seed(service: SchedulerService, n_jobs: int, n_spend: int, rng: random.Rando
         # explicit attempt ids (spend rows point at them); the real submits made no attempts
         for table, rows_ in ((Job, jobs), (Attempt, attempts), (Spend, spend), (Event, events), (JobLog, logs)):
             for chunk in range(0, len(rows_), 2000):
-                session.execute(insert(table.__table__), rows_[chunk:chunk + 2000])  # type: ignore[attr-defined]
+                session.execute(insert(table.__table__), rows_[chunk:chunk + 2000])  # type: ignore[union-attr]
     for name, budget in TEAMS.items():
         if budget is not None:
             service.update_team(ADMIN, name, TeamUpdate(budget_usd=budget))
-    if service.store.dialect == "postgresql":  # fresh statistics, as autovacuum keeps them on a live database
-        from sqlalchemy import text
-
-        with service.store.engine.begin() as conn:
-            conn.execute(text("ANALYZE"))
+    if service.store.dialect == "postgresql":
+        vacuum_analyze(service.store)
     print(f"seeded {len(jobs)} jobs, {len(attempts)} attempts, {len(spend)} spend rows, {len(logs)} log lines",
           file=sys.stderr)
     return tokens
+
+
+def vacuum_analyze(store: Store) -> None:
+    """Fresh statistics and visibility map, as autovacuum keeps them on a live database (since
+    PostgreSQL 13 it also vacuums after inserts): without them the planner misjudges the fresh
+    bulk insert and no index-only scan can skip the table."""
+    from sqlalchemy import text
+
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM ANALYZE"))
 
 
 def sign_in(client: Any, token: str) -> None:
@@ -173,7 +191,8 @@ def sign_in(client: Any, token: str) -> None:
     assert client.post("/ui/login", data={"token": token, "csrf": csrf}, follow_redirects=False).status_code == 303
 
 
-def time_pages(app: Any, tokens: dict[str, str], service: SchedulerService, requests: int) -> list[tuple[str, ...]]:
+def time_pages(app: Any, tokens: dict[str, str], service: SchedulerService, requests: int,
+               only: str = "") -> list[tuple[str, ...]]:
     import re
 
     from fastapi.testclient import TestClient
@@ -202,8 +221,10 @@ def time_pages(app: Any, tokens: dict[str, str], service: SchedulerService, requ
         ("spend, every team (admin)", admin, "/ui/spend", None),
         ("jobs (admin, team)", admin, "/ui/jobs?team=research", None),
     ]
-    out = []
+    out: list[tuple[str, ...]] = []
     for label, client, path, form in pages:
+        if only not in label:
+            continue
         times = []
         for _ in range(requests):
             t0 = time.perf_counter()
@@ -215,6 +236,36 @@ def time_pages(app: Any, tokens: dict[str, str], service: SchedulerService, requ
         out.append((label, path, f"{statistics.median(times):.1f}", f"{p95:.1f}", f"{times[-1]:.1f}"))
         print(f"{label:28s} p50 {out[-1][2]:>7s} ms  p95 {out[-1][3]:>7s} ms  max {out[-1][4]:>7s} ms", file=sys.stderr)
     return out
+
+
+def api_with_and_without_ui(service: SchedulerService, catalog: Any, token: str, requests: int) -> list[str]:
+    """The API's hot reads through the app as served (dashboard mounted at /ui) and through the same
+    app with the /ui mount taken out, alternating request by request: what mounting costs the API."""
+    from fastapi.testclient import TestClient
+
+    mounted = create_app(service, catalog)
+    bare = create_app(service, catalog)
+    bare.router.routes = [r for r in bare.router.routes if getattr(r, "path", "") != "/ui"]
+    headers = {"Authorization": f"Bearer {token}"}
+    clients = {"mounted": TestClient(mounted, headers=headers), "bare": TestClient(bare, headers=headers)}
+    assert clients["mounted"].get("/ui/login").status_code == 200
+    assert clients["bare"].get("/ui/login").status_code == 404
+    job_id = clients["bare"].get("/v1/jobs?limit=1").json()[0]["id"]
+    lines = ["| API request | /ui mounted p50 / p95 ms | without /ui p50 / p95 ms |", "|---|---:|---:|"]
+    for path in ("/v1/jobs?limit=20", f"/v1/jobs/{job_id}"):
+        times: dict[str, list[float]] = {"mounted": [], "bare": []}
+        for _ in range(requests):
+            for name, client in clients.items():
+                t0 = time.perf_counter()
+                assert client.get(path).status_code == 200
+                times[name].append((time.perf_counter() - t0) * 1000)
+        cells = []
+        for name in ("mounted", "bare"):
+            xs = sorted(times[name])
+            cells.append(f"{statistics.median(xs):.1f} / {xs[round(0.95 * (len(xs) - 1))]:.1f}")
+        label = path if "limit" in path else "/v1/jobs/{id}"
+        lines.append(f"| GET `{label}` | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 def screenshots(app: Any, tokens: dict[str, str], service: SchedulerService, out: Path) -> None:
@@ -268,27 +319,43 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--screenshots", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the seeded database (PostgreSQL schema or SQLite file) and print its name")
+    parser.add_argument("--reuse", metavar="NAME", default=None,
+                        help="time a database an earlier --keep run seeded (skips seeding; implies --keep)")
+    parser.add_argument("--only", metavar="TEXT", default="", help="time only the pages whose label contains TEXT")
+    parser.add_argument("--api-ab", type=int, metavar="N", default=0,
+                        help="instead of the pages: N API reads each with and without the /ui mount, alternating")
     args = parser.parse_args()
-    store, schema = make_store(args.db)
+    store, schema = make_store(args.db, args.reuse)
+    keep = args.keep or args.reuse is not None
     try:
         catalog = load_catalog()
         service = SchedulerService(store, catalog_planner(catalog), checkpoint_root="/tmp/ckpt",
                                    admin_token=ADMIN_TOKEN)
         t0 = time.perf_counter()
-        tokens = seed(service, args.jobs, args.spend, random.Random(args.seed))
-        print(f"seeding took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        if args.reuse is None:
+            tokens = seed(service, args.jobs, args.spend, random.Random(args.seed))
+            print(f"seeding took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        else:
+            tokens = {name: service.create_token(ADMIN, name, "bench").token for name in TEAMS}
+        if keep:
+            print(f"database kept: --reuse {schema or store.url.removeprefix('sqlite:///')}", file=sys.stderr)
         app = create_app(service, catalog)
         if args.screenshots is not None:
             screenshots(app, tokens, service, args.screenshots)
             return
-        rows = time_pages(app, tokens, service, args.requests)
+        if args.api_ab:
+            print("\n".join(api_with_and_without_ui(service, catalog, tokens["ml"], args.api_ab)))
+            return
+        rows = time_pages(app, tokens, service, args.requests, args.only)
         print(f"\n{args.db}, {args.jobs} jobs, {args.spend} spend rows (target), {args.requests} requests per page\n")
         print("| page | path | p50 ms | p95 ms | max ms |\n|---|---|---:|---:|---:|")
         for label, path, p50, p95, worst in rows:
             print(f"| {label} | `{path.split('?')[0] if 'j-' in path else path}` | {p50} | {p95} | {worst} |")
     finally:
         store.dispose()
-        if schema:
+        if schema and not keep:
             drop_schema(schema)
 
 

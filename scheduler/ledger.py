@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import case, func
+from sqlalchemy import Float, case, func
 from sqlalchemy import select as sa_select
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 from sqlmodel import Session, col, select
 
 from catalog.errors import InvalidInput
@@ -68,24 +71,55 @@ def team_spent(session: Session, team_id: int) -> float:
     return float(total)
 
 
+class _greatest(FunctionElement[float]):
+    """GREATEST(a, b): PostgreSQL's name; SQLite's two-argument max() is the same function."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(_greatest)
+def _greatest_sql(element: _greatest, compiler: Any, **kw: Any) -> str:
+    return f"greatest({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_greatest, "sqlite")
+def _greatest_sqlite(element: _greatest, compiler: Any, **kw: Any) -> str:
+    return f"max({compiler.process(element.clauses, **kw)})"
+
+
+def _reserved_by_team(team_ids: list[int] | None) -> Any:
+    """(team id, USD still reserved by active jobs' estimates beyond what they spent, GPUs of queued
+    jobs) per team: each active job's spend is summed from its own index entries (named once in
+    the statement, so it is summed once per job), not the teams' whole ledgers."""
+    spend, job = Spend.__table__, Job.__table__  # type: ignore[attr-defined]
+    spent = (sa_select(func.coalesce(func.sum(spend.c.usd), 0.0)).where(spend.c.job_id == job.c.id)
+             .correlate(job).scalar_subquery())
+    stmt = (sa_select(job.c.team_id, func.coalesce(func.sum(_greatest(job.c.estimated_usd - spent, 0.0)), 0.0),
+                      func.coalesce(func.sum(case((job.c.state == JobState.QUEUED.value, job.c.gpus), else_=0)), 0))
+            .where(job.c.state.in_([s.value for s in ACTIVE])).group_by(job.c.team_id))
+    return stmt if team_ids is None else stmt.where(job.c.team_id.in_(team_ids))
+
+
 def team_reserved(session: Session, team_id: int) -> tuple[float, int]:
     """(USD still reserved by active jobs' estimates beyond what they spent, GPUs of queued jobs)."""
-    per_job = (
-        select(col(Spend.job_id).label("job_id"), func.sum(Spend.usd).label("usd"))
-        .where(Spend.team_id == team_id)
-        .group_by(col(Spend.job_id))
-        .subquery()
-    )
-    left = col(Job.estimated_usd) - func.coalesce(per_job.c.usd, 0.0)
-    stmt = (
-        select(func.coalesce(func.sum(case((left > 0, left), else_=0.0)), 0.0),
-               func.coalesce(func.sum(case((col(Job.state) == JobState.QUEUED.value, Job.gpus), else_=0)), 0))
-        .select_from(Job)
-        .outerjoin(per_job, per_job.c.job_id == Job.id)
-        .where(Job.team_id == team_id, col(Job.state).in_([s.value for s in ACTIVE]))
-    )
-    usd, gpus = session.exec(stmt).one()
-    return float(usd), int(gpus)
+    return reserved_by_team(session, [team_id]).get(team_id, (0.0, 0))
+
+
+def reserved_by_team(session: Session, team_ids: list[int] | None = None) -> dict[int, tuple[float, int]]:
+    """{team id: team_reserved} for ``team_ids`` (None: every team) in one grouped query; a team
+    without active jobs is absent."""
+    rows = session.execute(_reserved_by_team(team_ids)).all()
+    return {int(t): (float(u), int(g)) for t, u, g in rows}
+
+
+def spent_by_team(session: Session, team_ids: list[int] | None = None) -> dict[int, float]:
+    """{team id: everything it spent} in one grouped query; a team that spent nothing is absent."""
+    spend = Spend.__table__  # type: ignore[attr-defined]
+    stmt = sa_select(spend.c.team_id, func.sum(spend.c.usd)).group_by(spend.c.team_id)
+    if team_ids is not None:
+        stmt = stmt.where(spend.c.team_id.in_(team_ids))
+    return {int(t): float(u) for t, u in session.execute(stmt).all()}
 
 
 def job_spent(session: Session, job_ids: list[str]) -> dict[str, float]:
@@ -97,15 +131,21 @@ def job_spent(session: Session, job_ids: list[str]) -> dict[str, float]:
     return {job_id: float(usd) for job_id, usd in rows}
 
 
-def spend_lines(session: Session, team_id: int, since: datetime, until: datetime) -> list[SpendLine]:
-    stmt = (
-        sa_select(col(Spend.job_id), col(Job.name), col(Spend.market), func.count(col(Spend.id)), func.sum(Spend.hours),
-               func.sum(Spend.usd))
-        .join(Job, col(Job.id) == col(Spend.job_id))
-        .where(col(Spend.team_id) == team_id, col(Spend.recorded_at) >= since, col(Spend.recorded_at) <= until)
-        .group_by(col(Spend.job_id), col(Job.name), col(Spend.market))
-        .order_by(func.sum(Spend.usd).desc())
-    )
+def spend_lines(session: Session, team_id: int, since: datetime, until: datetime,
+                top: int | None = None) -> list[SpendLine]:
+    """The team's spend in [since, until] per job and market, costliest first; with ``top``, only
+    the lines of its ``top`` costliest jobs (ranked and limited in the database)."""
+    spend, job = Spend.__table__, Job.__table__  # type: ignore[attr-defined]
+    window = (spend.c.team_id == team_id, spend.c.recorded_at >= since, spend.c.recorded_at <= until)
+    stmt = (sa_select(spend.c.job_id, job.c.name, spend.c.market, func.count(), func.sum(spend.c.hours),
+                      func.sum(spend.c.usd))
+            .join(job, job.c.id == spend.c.job_id).where(*window)
+            .group_by(spend.c.job_id, job.c.name, spend.c.market)
+            .order_by(func.sum(spend.c.usd).desc(), spend.c.job_id, spend.c.market))
+    if top is not None:
+        costliest = (sa_select(spend.c.job_id).where(*window).group_by(spend.c.job_id)
+                     .order_by(func.sum(spend.c.usd).desc(), spend.c.job_id).limit(top))
+        stmt = stmt.where(spend.c.job_id.in_(costliest.scalar_subquery()))
     # model_construct: the values are the database's own, typed here; validating thousands of lines
     # was most of a busy team's Spend page (bench/ui_pages.py)
     return [
@@ -115,16 +155,25 @@ def spend_lines(session: Session, team_id: int, since: datetime, until: datetime
     ]
 
 
-def spend_by_team_between(session: Session, since: datetime, until: datetime) -> dict[int, dict[str, float]]:
-    """{team id: {market: usd}} recorded in [since, until]: every team's totals in one grouped query."""
-    rows = session.execute(
-        sa_select(col(Spend.team_id), col(Spend.market), func.sum(Spend.usd))
-        .where(col(Spend.recorded_at) >= since, col(Spend.recorded_at) <= until)
-        .group_by(col(Spend.team_id), col(Spend.market))).all()
-    out: dict[int, dict[str, float]] = {}
-    for team_id, market, usd in rows:
-        out.setdefault(int(team_id), {})[str(market)] = float(usd)
-    return out
+def spend_by_team_between(session: Session, since: datetime, until: datetime, team_ids: list[int] | None = None,
+                          ) -> tuple[dict[int, dict[str, float]], dict[int, float]]:
+    """({team id: {market: USD recorded in [since, until]}}, {team id: USD ever}) of ``team_ids``
+    (None: every team): the window's and all-time totals in one grouped pass over the ledger,
+    summed in the database; markets in name order."""
+    spend = Spend.__table__  # type: ignore[attr-defined]
+    inside = case(((spend.c.recorded_at >= since) & (spend.c.recorded_at <= until), spend.c.usd))  # else NULL
+    stmt = (sa_select(spend.c.team_id, spend.c.market, func.sum(inside), func.sum(spend.c.usd))
+            .group_by(spend.c.team_id, spend.c.market))
+    if team_ids is not None:
+        stmt = stmt.where(spend.c.team_id.in_(team_ids))
+    rows = sorted(session.execute(stmt).all(), key=lambda r: (r[0], r[1]))
+    window: dict[int, dict[str, float]] = {}
+    ever: dict[int, float] = {}
+    for team_id, market, usd, total in rows:
+        if usd is not None:  # the market had spend inside the window
+            window.setdefault(int(team_id), {})[str(market)] = float(usd)
+        ever[int(team_id)] = ever.get(int(team_id), 0.0) + float(total)
+    return window, ever
 
 
 def spend_by_team(session: Session) -> dict[int, dict[str, float]]:

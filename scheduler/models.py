@@ -191,6 +191,7 @@ class Job(JobBase, table=True):
         Index("ix_job_state_next_run_at", "state", "next_run_at"),
         Index("ix_job_team_id_state", "team_id", "state"),
         Index("ix_job_team_id_created_at", "team_id", "created_at"),
+        Index("ix_job_team_id_id_gpu", "team_id", "id", "gpu"),  # spend by GPU type joins this alone (0006)
     )
     id: str = Field(primary_key=True, max_length=32)
     team_id: int = Field(foreign_key="team.id")
@@ -324,7 +325,10 @@ class Spend(SQLModel, table=True):
     """One row per finished attempt: price at launch x hours. ``attempt_id`` is unique, so a
     replayed close (after a crash) cannot count an attempt twice."""
 
-    __table_args__ = (Index("ix_spend_team_id_recorded_at", "team_id", "recorded_at"),)
+    # the reports' filter (team, time) first, then every column they sum or group by: the spend
+    # report, the Spend page and a team's figures read the index alone (migration 0006)
+    __table_args__ = (Index("ix_spend_team_time_cover", "team_id", "recorded_at", "job_id", "market", "usd",
+                            "hours"),)
     id: int | None = Field(default=None, primary_key=True)
     team_id: int = Field(foreign_key="team.id", index=True)
     job_id: str = Field(foreign_key="job.id", index=True)

@@ -50,7 +50,7 @@ from scheduler.models import (
 )
 from scheduler.states import TERMINAL, JobState, Market, check_transition
 from scheduler.store import Store, transition
-from scheduler.teams import Teams, team_by_name, team_public
+from scheduler.teams import Teams, budgets_left, team_by_name
 
 __all__ = ["ADMIN", "Clock", "Planner", "Principal", "SchedulerService", "hash_token", "spec_hash", "utcnow"]
 
@@ -381,9 +381,11 @@ class SchedulerService:
 
     # -------------------------------------------------------------- reports and metrics
 
-    def spend_report(self, principal: Principal, *, since: datetime, team: str | None = None) -> SpendReport:
+    def spend_report(self, principal: Principal, *, since: datetime, team: str | None = None,
+                     top: int | None = None) -> SpendReport:
         """One team's spend per job (the caller's, or any team's for the admin); the admin without
-        a team gets every team's totals."""
+        a team gets every team's totals. ``top``: list only the lines of the ``top`` costliest jobs
+        (the totals still count every job: they are summed in the database either way)."""
         until = self.clock()
         with self.store.read() as session:
             if team is None and principal.is_admin:
@@ -397,21 +399,20 @@ class SchedulerService:
                     raise NotFound("your team no longer exists")
                 row = row_or_none
             assert row.id is not None
-            lines = ledger.spend_lines(session, row.id, since, until)
-            info = team_public(session, row)
-        return SpendReport(team=row.name, since=since, until=until, total_usd=sum(x.usd for x in lines),
-                           by_market=_by_market((x.market, x.usd) for x in lines), jobs=lines,
-                           budget_usd=row.budget_usd, remaining_usd=info.remaining_usd)
+            window, ever = ledger.spend_by_team_between(session, since, until, [row.id])
+            by_market = window.get(row.id, {})
+            lines = ledger.spend_lines(session, row.id, since, until, top)
+            left = budgets_left(session, [row], ever)[row.id]
+        return SpendReport(team=row.name, since=since, until=until, total_usd=sum(by_market.values()),
+                           by_market=by_market, jobs=lines, budget_usd=row.budget_usd, remaining_usd=left)
 
     def _all_teams_spend(self, session: Session, since: datetime, until: datetime) -> SpendReport:
-        teams = []
-        spent = ledger.spend_by_team_between(session, since, until)
-        for row in session.exec(select(Team).order_by(col(Team.name))).all():
-            assert row.id is not None
-            markets = spent.get(row.id, {})
-            teams.append(TeamSpend(team=row.name, total_usd=sum(markets.values()),
-                                   by_market=_by_market(markets.items()), budget_usd=row.budget_usd,
-                                   remaining_usd=team_public(session, row).remaining_usd))
+        spent, ever = ledger.spend_by_team_between(session, since, until)
+        rows = list(session.exec(select(Team).order_by(col(Team.name))).all())
+        left = budgets_left(session, rows, ever)
+        teams = [TeamSpend(team=row.name, total_usd=sum(spent.get(row.id, {}).values()),
+                           by_market=_by_market(spent.get(row.id, {}).items()), budget_usd=row.budget_usd,
+                           remaining_usd=left[row.id]) for row in rows if row.id is not None]
         return SpendReport(team=None, since=since, until=until, total_usd=sum(t.total_usd for t in teams),
                            by_market=_by_market(m for t in teams for m in t.by_market.items()), jobs=[],
                            budget_usd=None, remaining_usd=None, teams=teams)

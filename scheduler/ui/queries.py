@@ -56,24 +56,44 @@ def _day(store: Store) -> ColumnElement[Any]:
     return func.date(_spend.c.recorded_at)  # SQLite stores naive UTC text
 
 
-def spend_by_day(store: Store, team_id: int | None, since: datetime | None = None,
-                 until: datetime | None = None) -> list[tuple[date, str, str, float]]:
-    """(UTC day, GPU type, market, USD) for one team (None: every team), oldest first; ``since``
-    counts whole days from its own (the chart's bars are days)."""
-    day = _day(store).label("day")
-    stmt = (sa_select(day, _job.c.gpu, _spend.c.market, func.sum(_spend.c.usd))
-            .join(_job, _job.c.id == _spend.c.job_id))
+def _window(stmt: Any, team_id: int | None, since: datetime | None, until: datetime | None) -> Any:
     if team_id is not None:
         stmt = stmt.where(_spend.c.team_id == team_id)
     if since is not None:
         stmt = stmt.where(_spend.c.recorded_at >= datetime.combine(since.date(), time(), tzinfo=UTC))
     if until is not None:
         stmt = stmt.where(_spend.c.recorded_at <= until)
-    stmt = stmt.group_by(day, _job.c.gpu, _spend.c.market).order_by(day)
+    return stmt
+
+
+def _date(d: Any) -> date:
+    return d if isinstance(d, date) else date.fromisoformat(str(d))
+
+
+def spend_by_day(store: Store, team_id: int | None, since: datetime | None = None,
+                 until: datetime | None = None) -> list[tuple[date, str, str, float]]:
+    """(UTC day, GPU type, market, USD) for one team (None: every team), oldest first; ``since``
+    counts whole days from its own (the chart's bars are days)."""
+    day = _day(store).label("day")
+    # A job's spend rows carry its team: joining on (team, id) reads ix_job_team_id_id_gpu alone
+    # (SQLite looks each job up in it; PostgreSQL hashes it, one team's part when one is asked for)
+    on = (_job.c.team_id == (_spend.c.team_id if team_id is None else team_id)) & (_job.c.id == _spend.c.job_id)
+    stmt = _window(sa_select(day, _job.c.gpu, _spend.c.market, func.sum(_spend.c.usd)).join(_job, on),
+                   team_id, since, until).group_by(day, _job.c.gpu, _spend.c.market)
     with store.read() as session:
         rows = session.execute(stmt).all()
-    return [(d if isinstance(d, date) else date.fromisoformat(str(d)), str(g or "?"), str(m), float(u))
-            for d, g, m, u in rows]
+    # sorted here, not by the database: an ORDER BY leads PostgreSQL to sort every spend row to
+    # group them (it cannot estimate how few days there are), instead of hashing them into groups
+    return sorted((_date(d), str(g or "?"), str(m), float(u)) for d, g, m, u in rows)
+
+
+def spend_per_day(store: Store, team_id: int, until: datetime) -> list[tuple[date, float]]:
+    """(UTC day, USD) of every day the team spent on up to ``until``, oldest first: the burn-down's
+    history, summed from the spend index alone (no GPU type, so no join)."""
+    day = _day(store).label("day")
+    stmt = _window(sa_select(day, func.sum(_spend.c.usd)), team_id, None, until).group_by(day)
+    with store.read() as session:
+        return sorted((_date(d), float(u)) for d, u in session.execute(stmt).all())  # as spend_by_day
 
 
 def accuracy_records(store: Store, team_id: int, limit: int = 500) -> list[tuple[str, str, dict[str, Any]]]:

@@ -19,6 +19,7 @@ from scheduler.ui import svg
 
 MAX_SPEC_CHARS = 64_000
 RATE_DAYS = 7  # the "current rate" of the burn-down: the mean daily spend of the last week
+TOP_JOBS = 10  # the Spend page's "top jobs by cost"
 
 
 def gib(n: float | None) -> str:
@@ -192,12 +193,12 @@ class BurnDown:
     words: str
 
 
-def burn_down(daily: Iterable[tuple[date, str, str, float]], budget: float, remaining: float, today: date,
+def burn_down(daily: Iterable[tuple[date, float]], budget: float, remaining: float, today: date,
               team: str) -> BurnDown:
     """Budget left day by day (budget less spend to date) and where the last week's rate takes the
     remaining budget (the service's: less what active jobs still reserve)."""
     per_day: dict[date, float] = {}
-    for d, _gpu, _market, usd in daily:
+    for d, usd in daily:
         per_day[d] = per_day.get(d, 0.0) + usd
     days = sorted(per_day)
     left, cum = [], 0.0
@@ -239,8 +240,9 @@ class TopJob:
     markets: list[str] = field(default_factory=list)
 
 
-def top_jobs(report: SpendReport, n: int = 10) -> list[TopJob]:
-    """The report's jobs by cost (its lines are per job and market)."""
+def top_jobs(report: SpendReport, n: int = TOP_JOBS) -> list[TopJob]:
+    """The report's jobs by cost (its lines are per job and market; the Spend page asks the service
+    for the lines of the ``TOP_JOBS`` costliest only)."""
     jobs: dict[str, TopJob] = {}
     for line in report.jobs:
         job = jobs.setdefault(line.job_id, TopJob(line.job_id, line.job_name, 0.0, 0.0))

@@ -1,0 +1,82 @@
+"""Plan: paste or upload a JobSpec, see what `gpuplan plan` shows (ranked table, rejections by
+reason, the cost-vs-time Pareto plot), and submit it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from markupsafe import Markup
+
+from catalog.errors import Forbidden, InvalidInput, NoFeasiblePlan
+from planner.search import summarize_rejections
+from scheduler.models import JobCreate
+from scheduler.ui import views
+from scheduler.ui.web import Ctx, CtxDep, check_csrf, pydantic_message, redirect, render, said
+
+router = APIRouter()
+
+
+@router.get("/plan")
+def plan_form(ctx: CtxDep) -> Response:
+    return render(ctx, "plan.html", spec="", result=None)
+
+
+@router.post("/plan")
+async def plan(ctx: CtxDep, csrf: Annotated[str, Form()] = "",
+               spec: Annotated[str, Form(max_length=views.MAX_SPEC_CHARS)] = "",
+               upload: Annotated[UploadFile | None, File()] = None) -> Response:
+    check_csrf(ctx, ctx.request, csrf)
+    if upload is not None and upload.filename:
+        raw = await upload.read(views.MAX_SPEC_CHARS * 4 + 1)
+        if len(raw) > views.MAX_SPEC_CHARS * 4:
+            raise InvalidInput("the uploaded spec is too large", path="upload")
+        try:
+            spec = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"the uploaded spec is not UTF-8 (byte 0x{raw[exc.start]:02X} at "
+                               f"{exc.start})", path="upload") from None
+    return await run_in_threadpool(_plan_page, ctx, spec)
+
+
+def _plan_page(ctx: Ctx, text: str) -> Response:
+    service = ctx.service
+    try:
+        data = views.parse_spec_text(text)
+        body = JobCreate.model_validate({"spec": data})  # the API's rules for a spec document
+        job_spec = service.parse_spec(body.spec)
+    except InvalidInput as exc:
+        return render(ctx, "plan.html", 422, spec=text, result=None, error=said(exc))
+    except ValueError as exc:  # pydantic: the JsonObject rules
+        return render(ctx, "plan.html", 422, spec=text, result=None, error=pydantic_message(exc))
+    try:
+        result = service.plan(job_spec)
+    except NoFeasiblePlan as exc:
+        result = service.planner(job_spec)  # no plan: show the rejections, as `gpuplan plan` does
+        error = said(exc)
+    else:
+        error = ""
+    groups = summarize_rejections(result.rejections)
+    return render(ctx, "plan.html", spec=text, result=result, error=error,
+                  rows=views.plan_rows(result.candidates[:20], result.chosen),
+                  chosen=views.chosen_line(result.chosen), groups=groups,
+                  plot=Markup(views.pareto_plot(result)) if result.candidates else "")
+
+
+@router.post("/plan/submit")
+def submit(ctx: CtxDep, csrf: Annotated[str, Form()] = "",
+           spec: Annotated[str, Form(max_length=views.MAX_SPEC_CHARS)] = "",
+           priority: Annotated[int, Form(ge=-1000, le=1000)] = 0) -> Response:
+    check_csrf(ctx, ctx.request, csrf)
+    if ctx.is_admin:
+        raise Forbidden("jobs belong to teams; sign in with a team token to submit")
+    try:
+        body = JobCreate.model_validate({"spec": views.parse_spec_text(spec), "priority": priority})
+    except InvalidInput:
+        raise
+    except ValueError as exc:
+        raise InvalidInput(pydantic_message(exc), path="spec") from None
+    job = ctx.service.submit(ctx.principal, body)
+    return redirect(f"/ui/jobs/{job.id}")
