@@ -60,7 +60,7 @@ def test_upgrade_keeps_existing_data(db_url: str) -> None:
             assert conn.execute(text("SELECT name, budget_usd FROM team")).all() == [("ml", 500)]
             assert conn.execute(text("SELECT usd FROM spend")).scalar_one() == 5
             indexes = {ix["name"] for ix in inspect(conn).get_indexes("spend")}
-        assert "ix_spend_team_time_cover" in indexes and "ix_spend_team_id_recorded_at" not in indexes  # 0006
+        assert "ix_spend_team_time_cover" in indexes and "ix_spend_team_id_recorded_at" not in indexes  # 0007
         with new.read() as session:
             job = session.get(Job, "j-1")
             assert job is not None and job.created_at == now and job.state == "succeeded"

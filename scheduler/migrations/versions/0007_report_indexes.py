@@ -6,16 +6,16 @@ alone (PostgreSQL: an index-only scan once the table is vacuumed; SQLite: a cove
 instead of one table row per spend row. The job index gives spend by GPU type its join without
 reading the jobs' wide rows (spec and plan JSON). bench/ui_pages.py, docs/PERFORMANCE.md "Dashboard".
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
