@@ -782,6 +782,19 @@ cases. Decode: weights + KV-cache passes / bandwidth, plus generate()'s per-laye
 overheads (least squares on the non-holdout bf16 inference cases, warm generate() calls), with a
 multiplier for int8/fp8 weights.
 
+**Launch-bound steps (2026-12-01).** A training micro-step is max(GPU time, host time): the GPU runs
+behind eager PyTorch's kernel launches, so small steps (batch 1 at 128-256 tokens, ~100M-1B models)
+wait on the host. host time = `host_layer_s` x layers x kernel weight, the median over the two
+non-holdout launch-bound cases (gpt2 and llama-3.2-1b at s128 b1) of the step left after the optimizer;
+those cases are kept out of the large-step least squares. The held-out qwen3-0.6b s256 b1 went from
++212.6% to -23.4%. gpt-oss's per-expert loop is priced apart for training and prefill visits
+(`expert_loop_s`) and for decode visits of a few tokens (`decode_expert_loop_s`): held-out
+inf-oss20 b8 -42.5% -> -33.8%. transformers' DynamicSlidingWindowLayer keeps a view of the prefill's
+torch.cat, so after the prefill every sliding layer holds the whole prompt: gemma-3 inference memory
+-18.6% / -8.1% -> +0.6% / -0.2%. The inference rows here time generate(); the workers now decode
+dense bf16/fp16 models on NVIDIA with a compiled static-cache step (workers/decode.py), priced
+separately (`graph_decode_*`, bench/graph_decode.py; docs/PERFORMANCE.md).
+
 **Honesty notes.** The first complete evaluation showed four hold-out misses that came from
 modelling mistakes, not constants; each was fixed from PyTorch/transformers behaviour and the
 calibration refit on the non-holdout cases only: (1) Adafactor has no full-size foreach temporaries
