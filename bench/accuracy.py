@@ -42,7 +42,8 @@ from planner.calibration import (  # noqa: E402
     ThroughputCalibration,
     load_calibration,
 )
-from planner.memory import infer_memory, kv_cache_bytes, lora_params_per_layer, train_memory  # noqa: E402
+from planner.memory import infer_memory, kv_cache_bytes  # noqa: E402
+from planner.memory_train import lora_params_per_layer, train_memory  # noqa: E402
 from planner.throughput import (  # noqa: E402
     efficiency,
     expert_loop_s,

@@ -51,7 +51,8 @@ from planner.types import Strategy
 from workers.data import DataLayout, TokenSource
 from workers.hooks import TrainHooks
 from workers.model import build_model, resolve_model_source
-from workers.train import TrainJob, pick_device, run_training
+from workers.train import TrainJob, run_training
+from workers.train_setup import pick_device
 
 
 def bare_loop(job: TrainJob, steps: int) -> float:
@@ -149,14 +150,14 @@ def periodic_checkpoint_costs(clock: StepClock, steps: int, tokens_per_step: int
 def load_time(job: TrainJob) -> float:
     """Seconds to restore the newest checkpoint into a fresh model and optimizer."""
     from workers.checkpoint import open_store
-    from workers.train import _lr_lambda, _make_optimizer, _prepare_model
+    from workers.train_setup import lr_lambda, make_optimizer, prepare_model
     from workers.train_state_load import load_state
 
     device = pick_device(job.device)
-    model, sharded = _prepare_model(job, resolve_model_source(job.spec), device, 1)
-    optimizer = _make_optimizer(job.strategy.optimizer, [p for p in model.parameters() if p.requires_grad],
+    model, sharded = prepare_model(job.strategy, job.train.seed, resolve_model_source(job.spec), device, 1)
+    optimizer = make_optimizer(job.strategy.optimizer, [p for p in model.parameters() if p.requires_grad],
                                 job.train.learning_rate)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(10))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(10))
     began = time.perf_counter()
     load_state(open_store(job.checkpoint_uri), model=model, optimizer=optimizer, scheduler=scheduler,
                sharded=sharded)

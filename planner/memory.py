@@ -2,11 +2,8 @@
 
 The model follows what PyTorch and Hugging Face transformers do, tensor by tensor:
 
-* Training peaks at one of four moments; we compute each and report the largest:
-  the start of backward (all saved activations + the fp32 loss tensors), the lm_head weight-grad
-  moment, the end of backward (all gradients), and the optimizer step (params + grads + states +
-  the foreach temporaries). Optimizer states exist in every forward after the first step, and the
-  measured peak spans several steps, so states count at every moment.
+* Training peaks at one of four moments (planner.memory_train computes each; the largest is the peak).
+  Inference peaks at prefill or at the end of decoding (:func:`infer_memory`, here).
 * Saved activations are counted per token per layer from the autograd graph of a Llama block
   with SDPA flash/efficient attention (no seq^2), or of a GPT-2 block, for each precision.
 * HF computes the loss as ``cross_entropy(logits.float())``: the fp32 copy, the saved
@@ -29,7 +26,6 @@ from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import GIB, MIB, MemoryCalibration
 from planner.decoder import decoder_for
-from planner.knobs import Knobs, KnobsLike
 from planner.types import MemoryEstimate, Strategy
 
 BLOCK = 2 * MIB
@@ -56,7 +52,6 @@ PRECISION_BYTES: dict[str, PrecisionBytes] = {
 # Bytes per weight for inference weights, scale overhead included (torchao layouts):
 # int8 weight-only: per-output-channel bf16 scale; fp8: per-row fp32 scale; int4: group 128, bf16 scale+zero.
 WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / 128}
-QLORA_NF4_BYTES = 0.5 + 0.5 / 64 * 1.03  # nf4 + double-quantised absmax (8-bit per 64, fp32 per 256 blocks)
 
 
 APPLE_WORKING_SET = 0.75  # MPS's recommendedMaxWorkingSetSize is about 3/4 of unified memory
@@ -74,29 +69,7 @@ def round_block(n: float) -> int:
     return int(math.ceil(n / BLOCK) * BLOCK)
 
 
-def lora_params_per_layer(model: ModelConfig, rank: int) -> int:
-    """Adapter parameters r*(in+out) on q,k,v,o,gate,up,down of one layer (every expert's MLP)."""
-    h, hq, kvd, inter = _dims(model)
-    if model.family == "gpt2":
-        return rank * ((h + 3 * h) + (h + h) + (h + inter) + (inter + h))
-    attn = rank * ((h + hq) + 2 * (h + kvd) + (hq + h))
-    moe = model.moe
-    if moe is None:
-        return attn + _lora_mlp(h, inter, rank) * model.num_experts
-    # fine-grained MoE: the mean layer over dense layers and sparse ones (narrow experts + shared experts)
-    sparse = _lora_mlp(h, moe.expert_intermediate_size, rank) * model.num_experts
-    if moe.shared_intermediate_size:
-        sparse += _lora_mlp(h, moe.shared_intermediate_size, rank)
-    dense = _lora_mlp(h, inter, rank)
-    layers = model.num_layers
-    return attn + (moe.dense_layers * dense + (layers - moe.dense_layers) * sparse) // layers
-
-
-def _lora_mlp(h: int, width: int, rank: int) -> int:
-    return rank * (2 * (h + width) + (width + h))  # gate, up, down
-
-
-def _dims(model: ModelConfig) -> tuple[int, int, int, int]:
+def hidden_dims(model: ModelConfig) -> tuple[int, int, int, int]:
     hd = model.head_size
     return model.hidden_size, model.num_attention_heads * hd, model.num_kv_heads * hd, model.intermediate_size
 
@@ -106,7 +79,7 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
     """Bytes autograd saves per token for one decoder layer (flash/efficient SDPA, no dropout masks
     unless the model has dropout). ``tp`` splits the attention/MLP inner tensors (Megatron TP)."""
     pb = PRECISION_BYTES[precision]
-    h, hq_i, kvd_i, inter_i = _dims(model)
+    h, hq_i, kvd_i, inter_i = hidden_dims(model)
     hq, kvd, inter = hq_i / tp, kvd_i / tp, inter_i / tp
     c, r = pb.compute, pb.residual
     heads = model.num_attention_heads / tp
@@ -215,24 +188,8 @@ def _mlp_act_factor(model: ModelConfig) -> float:
     return 7.0 if model.family == "gpt_oss" else 4.0
 
 
-def _optimizer_bytes(optimizer: str, trainable: float, state_bytes: int,
-                     largest_param: float = 0.0) -> tuple[float, float]:
-    """(persistent state bytes, temporaries during step) for ``trainable`` params."""
-    if optimizer == "adamw":
-        return 2 * trainable * state_bytes, trainable * state_bytes  # exp_avg, exp_avg_sq; sqrt(exp_avg_sq)
-    if optimizer == "adamw-8bit":
-        return trainable * (2 + 8 / 256), 0.0  # uint8 x2 + blockwise fp32 absmax; fused kernel
-    if optimizer == "sgd":
-        return trainable * state_bytes, 0.0  # momentum buffer; in-place foreach
-    if optimizer == "adafactor":
-        # row/col factors only; measured H200 runs show no full-size foreach temporaries, only the
-        # per-parameter estimate and update of the largest tensor (the embedding)
-        return trainable * 4 * 0.002, 2 * largest_param * state_bytes
-    raise ValueError(f"unknown optimizer {optimizer!r}")
-
-
 @dataclass(frozen=True)
-class _Moment:
+class Moment:
     name: str
     parts: dict[str, float]
 
@@ -252,7 +209,7 @@ def limit_bytes(gpu: GpuSpec, headroom: float) -> int:
     return int(usable_bytes(gpu) * (1 - headroom))
 
 
-def _finish(moments: list[_Moment], mode: str, gpu: GpuSpec, gpu_count: int, cal: MemoryCalibration,
+def finish_estimate(moments: list[Moment], mode: str, gpu: GpuSpec, gpu_count: int, cal: MemoryCalibration,
             extra_cached: float = 0.0, headroom: float | None = None) -> MemoryEstimate:
     """``extra_cached``: bytes the allocator keeps cached beyond the proportional overhead (e.g. the
     blocks a growing KV cache leaves behind). ``headroom``: None is the calibration's default."""
@@ -286,175 +243,7 @@ def _finish(moments: list[_Moment], mode: str, gpu: GpuSpec, gpu_count: int, cal
     )
 
 
-def train_memory(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
-                 cal: MemoryCalibration, pc: ParamCount | None = None, headroom: float | None = None) -> MemoryEstimate:
-    """Peak memory per GPU for one training configuration."""
-    moments, mode = train_moments(model, strategy, seq_len, cal, pc)
-    return _finish(moments, mode, gpu, strategy.gpu_count, cal, headroom=headroom)
-
-
-def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: MemoryCalibration,
-                  pc: ParamCount | None = None) -> tuple[list[_Moment], str]:
-    """The candidate peak moments (component -> bytes) and the allocator mode."""
-    pc = pc or count_params(model)
-    pb = PRECISION_BYTES[strategy.precision]
-    tp, pp, dp = strategy.tensor_parallel, strategy.pipeline_parallel, strategy.data_parallel
-    mb = strategy.micro_batch
-    tokens = mb * seq_len
-    layers_here = math.ceil(model.num_layers / pp)
-    h, v = model.hidden_size, model.vocab_size
-
-    # parameters held by this rank before data-parallel sharding
-    emb = pc.embedding if pp == 1 else max(pc.embedding, pc.lm_head or pc.embedding)
-    head = pc.lm_head if pp == 1 else 0
-    layer_params = layers_here * pc.per_layer
-    local_params = (layer_params + emb + head + h) / tp
-    linear_params = (layers_here * _linear_per_layer(model, pc) + (pc.lm_head or pc.embedding)) / tp
-
-    ft = strategy.finetune
-    sharding = strategy.sharding
-    if ft in ("lora", "qlora"):
-        trainable = lora_params_per_layer(model, strategy.lora_rank) * layers_here / tp
-        t_bytes = 4  # peft upcasts bf16 adapters to fp32 (autocast_adapter_dtype=True)
-        if ft == "qlora":
-            frozen_linear = layers_here * _nf4_linear_per_layer(model, pc) / tp
-            weights = frozen_linear * QLORA_NF4_BYTES + (local_params - frozen_linear) * 2
-        else:
-            weights = local_params * pb.param
-        weights += trainable * t_bytes
-        grads = trainable * t_bytes
-        states, temp = _optimizer_bytes(strategy.optimizer, trainable, t_bytes,
-                                        2 * h * model.intermediate_size / tp)
-        autocast_copies = linear_params * 2 if pb.autocast else 0.0
-        lm_grad = 0.0
-    else:
-        trainable = local_params
-        weights = local_params * pb.param
-        grads = local_params * pb.grad
-        states, temp = _optimizer_bytes(strategy.optimizer, trainable, pb.state, max(pc.embedding, pc.lm_head) / tp)
-        autocast_copies = linear_params * 2 if pb.autocast else 0.0
-        lm_grad = (pc.lm_head or pc.embedding) / tp * pb.grad
-
-    # data-parallel sharding (ZeRO stages / FSDP2)
-    extra: dict[str, float] = {}
-    fsdp_like = sharding in ("fsdp", "fsdp-grad-op") and dp > 1
-    if sharding == "ddp" and dp > 1:
-        extra["ddp_buckets"] = grads  # gradient_as_bucket_view=False: a flat copy of every grad
-    if sharding == "zero1" and dp > 1:
-        states, temp = states / dp, temp / dp
-        extra["ddp_buckets"] = grads
-    if fsdp_like:
-        unsharded_b = 2 if strategy.precision in ("amp-bf16", "amp-fp16", "bf16", "fp8") else pb.param
-        reduce_b = 4 if strategy.precision in ("amp-bf16", "amp-fp16", "fp32") else pb.grad
-        weights, grads, states, temp = weights / dp, grads / dp, states / dp, temp / dp
-        lm_grad = lm_grad / dp
-        autocast_copies = 0.0  # FSDP2's MixedPrecisionPolicy casts instead of autocast
-        unit = pc.per_layer / tp * unsharded_b
-        root = (pc.embedding + pc.lm_head + h) / tp * unsharded_b
-        extra["fsdp_root_unsharded"] = root
-        if sharding == "fsdp":
-            extra["fsdp_gathered_units"] = 2 * unit
-        else:
-            extra["fsdp_gathered_units"] = layers_here * unit  # kept unsharded from forward to backward
-        extra["fsdp_grad_buffers"] = pc.per_layer / tp * (unsharded_b + reduce_b) if ft == "full" else 0.0
-        act_precision = "bf16" if strategy.precision in ("amp-bf16", "amp-fp16") else strategy.precision
-    else:
-        act_precision = strategy.precision
-
-    per_tok_layer = layer_activation_bytes_per_token(model, act_precision, ft, strategy.lora_rank, tp, seq_len)
-    per_tok_layer *= cal.activation_scale
-    act_bp = PRECISION_BYTES[act_precision]
-    final_norm = (4 * h if act_bp.residual == 2 else 0) + 2 * act_bp.residual * h
-    embed_out = act_bp.residual * h if model.family == "gpt2" else 0.0
-    if strategy.activation_checkpointing:
-        saved = tokens * (layers_here * act_bp.residual * h + final_norm + embed_out)
-        recompute = tokens * per_tok_layer * (1 + cal.backward_working_layers)
-    else:
-        saved = tokens * (layers_here * per_tok_layer + final_norm + embed_out)
-        recompute = tokens * per_tok_layer * cal.backward_working_layers
-    # logits: lm_head output (compute dtype) -> .float() copy -> log_softmax (saved) -> grads
-    lb = act_bp.compute
-    bsv = tokens * v / tp * cal.logits_scale
-    logits_fwd = bsv * (lb + (4 if lb != 4 else 0) + 4)
-    logits_bwd = bsv * 12
-    logits_peak = max(logits_fwd, logits_bwd)
-    accum_grads = grads if strategy.grad_accum > 1 else 0.0
-    # at the end of backward every gradient exists; one layer's activations (recomputed when
-    # checkpointing) and its backward temporaries remain
-    backward_end_acts = recompute + (saved if strategy.activation_checkpointing else tokens * per_tok_layer)
-
-    base = {"weights": weights, "optimizer_states": states, **extra}
-    # autocast's bf16 weight copies live as long as autograd saves them: every layer's until its
-    # backward (only lm_head's when checkpointing: recomputation re-casts one layer at a time)
-    copies_start, copies_end = 0.0, 0.0
-    if autocast_copies:
-        head_copy = (pc.lm_head or pc.embedding) / tp * 2
-        layer_copy = _linear_per_layer(model, pc) / tp * 2
-        copies_start = head_copy + (layer_copy if strategy.activation_checkpointing else autocast_copies - head_copy)
-        copies_end = layer_copy
-    moments = [
-        _Moment("backward start", {**base, "autocast_weight_copies": copies_start, "gradients": accum_grads,
-                                   "activations": saved, "logits_loss": logits_peak}),
-        _Moment("lm_head grad", {**base, "autocast_weight_copies": copies_start,
-                                 "gradients": max(accum_grads, lm_grad * (2 if pb.autocast else 1)),
-                                 "activations": saved, "logits_loss": bsv * (lb + 4)}),
-        _Moment("backward end", {**base, "autocast_weight_copies": copies_end, "gradients": grads,
-                                 "activations": backward_end_acts}),
-        _Moment("optimizer step", {"weights": weights, "gradients": grads, "optimizer_states": states,
-                                   "optimizer_temporaries": temp,
-                                   **{k: val for k, val in extra.items() if k == "ddp_buckets"}}),
-    ]
-    mode = sharding if fsdp_like else ("ddp" if dp > 1 else "single")
-    if strategy.activation_checkpointing and mode == "single":
-        mode = "single-ckpt"  # recomputation churns the allocator's blocks: more cached, unused memory
-    return moments, mode
-
-
-MemoryLines = list[tuple[float, float]]
-
-
-def memory_lines(model: ModelConfig, knobs: Knobs, seq_len: int, cal: MemoryCalibration,
-                 pc: ParamCount | None = None) -> MemoryLines:
-    """Every peak moment as (bytes at micro_batch 1, bytes per extra sequence): memory is linear in
-    the micro-batch, so the search needs only these two numbers per moment, for any GPU."""
-    one, _ = train_moments(model, knobs.with_micro_batch(1), seq_len, cal, pc)
-    two, _ = train_moments(model, knobs.with_micro_batch(2), seq_len, cal, pc)
-    return [(a.total, b.total - a.total) for a, b in zip(one, two, strict=True)]
-
-
-def max_micro_batch(lines: MemoryLines, gpu_count: int, gpu: GpuSpec, cal: MemoryCalibration,
-                    candidates: list[int], headroom: float) -> int | None:
-    """Largest micro-batch in ``candidates`` that fits within the usable memory less ``headroom``
-    (the same verdict as ``train_memory(...).fits``), without building estimates; None if none does."""
-    outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
-    limit = limit_bytes(gpu, headroom)
-
-    def cap(limit: float) -> float:
-        """Largest (real-valued) micro-batch whose peak stays within ``limit`` (same rounding as _finish)."""
-        budget = (limit - outside) / (1 + cal.pressure_slack) - cal.workspace_bytes - BLOCK
-        best = math.inf
-        for t1, slope in lines:
-            if t1 > budget:
-                return 0.0
-            if slope > 0:
-                best = min(best, 1 + (budget - t1) / slope)
-        return best
-
-    roomy = cap(limit)
-    fitting = [mb for mb in candidates if mb <= roomy]
-    return fitting[-1] if fitting else None
-
-
-def _nf4_linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:
-    """What QLoRA stores in NF4 per layer: the linear layers. A mixture of experts keeps its experts
-    in fused 3-D weights (transformers 5), which the workers' NF4 pass leaves in bf16."""
-    linear = _linear_per_layer(model, pc)
-    if model.num_experts > 1:
-        linear -= 3 * model.hidden_size * model.intermediate_size * model.num_experts
-    return max(0.0, linear)
-
-
-def _linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:
+def linear_params_per_layer(model: ModelConfig, pc: ParamCount) -> float:
     h = model.hidden_size
     if model.family == "gpt2":
         return 4 * h * h + 2 * h * model.intermediate_size
@@ -515,9 +304,9 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     pc = pc or count_params(model)
     tp = strategy.tensor_parallel
     b = strategy.batch
-    h, _, _, inter = _dims(model)
+    h, _, _, inter = hidden_dims(model)
     wb = WEIGHT_BYTES[strategy.weights]
-    linear = model.num_layers * _linear_per_layer(model, pc)
+    linear = model.num_layers * linear_params_per_layer(model, pc)
     other = pc.total - linear
     weights = (linear * wb + other * 2) / tp
     ctx = prompt_tokens + output_tokens
@@ -557,10 +346,11 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     prefill_work = t * max(mlp_work, 14 * h) + t * 2 * h * 3 + prefill_attention_bytes(model, b, prompt_tokens) / tp
     logits = b * model.vocab_size * (2 + 4 + 4)
     moments = [
-        _Moment("prefill", {"weights": weights, "kv_cache": kv_prefill, "prefill_activations": prefill_work,
+        Moment("prefill", {"weights": weights, "kv_cache": kv_prefill, "prefill_activations": prefill_work,
                             "logits": logits}),
-        _Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits}),
+        Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits}),
     ]
     # DynamicCache grows by torch.cat, so every step frees blocks one token too small to reuse
     fragmentation = 0.0 if graph else cal.kv_fragmentation * kv_full
-    return _finish(moments, "infer", gpu, strategy.gpu_count, cal, extra_cached=fragmentation, headroom=headroom)
+    return finish_estimate(moments, "infer", gpu, strategy.gpu_count, cal, extra_cached=fragmentation,
+                           headroom=headroom)

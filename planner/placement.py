@@ -27,7 +27,8 @@ from planner.capability import (
     weights_problem,
 )
 from planner.knobs import Knobs
-from planner.memory import MemoryLines, infer_memory, max_micro_batch, memory_lines, train_memory
+from planner.memory import infer_memory
+from planner.memory_train import MemoryLines, max_micro_batch, memory_lines, train_memory
 from planner.resolve import memory_headroom, resolve_spec_model
 from planner.spec import JobSpec, TrainSpec
 from planner.throughput import infer_throughput, train_step_parts, train_throughput

@@ -30,7 +30,8 @@ from typing import Any
 from catalog.errors import InvalidInput
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import Calibration, apply_overrides
-from planner.memory import infer_memory, train_memory, train_moments
+from planner.memory import infer_memory
+from planner.memory_train import train_memory, train_moments
 from planner.throughput import infer_throughput, train_throughput
 from planner.types import Strategy
 

@@ -128,7 +128,7 @@ def _this_cpu(home: Path, probe: Any = None) -> Any:
 def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: Path,
                    probe: Any = None) -> dict[str, float]:
     """The planner's peak memory, tokens/s and hours for ``strategy`` on this machine's CPU."""
-    from planner.memory import train_memory
+    from planner.memory_train import train_memory
     from planner.throughput import train_throughput
 
     assert spec.train is not None

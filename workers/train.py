@@ -16,12 +16,9 @@ Nothing here imports Ray: the Ray glue passes hooks in.
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import resource
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast
 
@@ -31,25 +28,27 @@ import torch.distributed as dist
 from catalog.errors import GpuplanError, InvalidInput
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
-from workers.capabilities import strategy_problem
 from workers.checkpoint_interval import ON_DEMAND_MTTP_H, IntervalPlanner, default_write_gbps
 from workers.cuda_env import configure_allocator
 from workers.data import DataLayout, TokenSource, tokenizer_dir
-from workers.hooks import OomBackoffEvent, TrainHooks
-from workers.model import (
-    ModelSource,
-    apply_lora,
-    build_model,
-    decoder_layers,
-    enable_activation_checkpointing,
-    quantize_base_nf4,
-    resolve_model_source,
+from workers.hooks import OomBackoffEvent, Signal, TrainHooks
+from workers.model import resolve_model_source
+from workers.train_recovery import back_off, free_memory, resume_split, wait_for_teardown
+from workers.train_setup import (
+    autocast_dtype,
+    check_supported,
+    configure_torch,
+    lr_lambda,
+    make_optimizer,
+    pick_device,
+    prepare_model,
+    set_grad_sync,
+    world,
 )
 from workers.train_state import CheckpointWriter, prepare_state, save_state
 from workers.train_state_load import load_state
 
-# Seeding the global RNG and building a model must not interleave between two in-process runs.
-_BUILD_LOCK = threading.Lock()
+Status = Literal["succeeded", "preempted", "cancelled"]
 
 
 @dataclass(frozen=True)
@@ -118,428 +117,350 @@ def checkpoint_interval(train: TrainSpec, steps: int) -> int:
     return train.checkpoint_interval_steps or steps
 
 
-def pick_device(requested: str) -> torch.device:
-    if requested == "cpu":
-        return torch.device("cpu")
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise InvalidInput("device 'cuda' was requested but no CUDA GPU is visible", hint="use --device cpu")
-    if torch.cuda.is_available() and requested in ("auto", "cuda"):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _check_supported(strategy: Strategy, device: torch.device) -> None:
-    refused = strategy_problem(strategy)
-    if refused is not None:
-        path, why = refused
-        raise InvalidInput(why, path=path,
-                           hint="plan the job again with `gpuplan plan`; see README 'What the workers run'")
-    if strategy.precision == "fp8":
-        ok = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-        if not ok:
-            where = "the CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
-            raise InvalidInput(f"fp8 training needs an NVIDIA GPU with compute capability 8.9 or newer "
-                               f"(H100, H200, L40S, B200...); this run is on {where}", path="train.precision",
-                               hint="use precision fp32, amp-bf16 or bf16 here")
-    if strategy.optimizer == "adamw-8bit" and device.type != "cuda":
-        raise InvalidInput("adamw-8bit needs a CUDA GPU", path="train.optimizer", hint="use adamw on CPU")
-
-
-def _weights_dtype(strategy: Strategy) -> torch.dtype:
-    return torch.bfloat16 if strategy.precision in ("bf16", "fp8") else torch.float32
-
-
-def _autocast_dtype(strategy: Strategy, sharded: bool) -> torch.dtype | None:
-    if strategy.precision == "amp-bf16" and not sharded:  # FSDP2 does it with MixedPrecisionPolicy
-        return torch.bfloat16
-    if strategy.precision == "amp-fp16":
-        return torch.float16
-    return None
-
-
-def _make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=lr)
-    if name == "adamw-8bit":
-        from torchao.optim import AdamW8bit
-
-        optimizer: torch.optim.Optimizer = AdamW8bit(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-        return optimizer
-    raise InvalidInput(f"unknown optimizer {name!r}", path="train.optimizer", hint="use adamw, sgd or adafactor")
-
-
-def _lr_lambda(steps: int) -> Callable[[int], float]:
-    warmup = max(1, min(100, steps // 10))
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _prepare_model(job: TrainJob, source: ModelSource, device: torch.device,
-                   world: int) -> tuple[torch.nn.Module, bool]:
-    strategy = job.strategy
-    with _BUILD_LOCK:
-        model = build_model(source, seed=job.train.seed, weights_dtype=_weights_dtype(strategy), device=device)
-    if strategy.finetune == "qlora":
-        quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
-    if strategy.finetune in ("lora", "qlora"):
-        model = apply_lora(model, strategy.lora_rank)
-    if strategy.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    model.to(device)
-    if strategy.precision == "fp8":
-        from torchao.float8 import convert_to_float8_training
-
-        convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: "lm_head" not in fqn)
-    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
-    if sharded:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if strategy.precision == "amp-bf16" else MixedPrecisionPolicy()
-        # fsdp-grad-op (ZeRO-2): parameters stay gathered from forward to backward, so only gradients
-        # and optimizer states are sharded; it saves the backward all-gather at the cost of memory.
-        reshard = strategy.sharding == "fsdp"
-        for layer in decoder_layers(model):
-            fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
-        fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
-    elif world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return model, sharded
-
-
-def _set_grad_sync(model: torch.nn.Module, sharded: bool, enabled: bool) -> Any:
-    """Context for one micro-batch: skip the gradient all-reduce on all but the last."""
-    import contextlib
-
-    if sharded:
-        model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
-        return contextlib.nullcontext()
-    no_sync = getattr(model, "no_sync", None)
-    if not enabled and no_sync is not None:
-        return no_sync()
-    return contextlib.nullcontext()
-
-
 def run_training(job: TrainJob, hooks: TrainHooks | None = None) -> TrainResult:
     """Train ``job`` to its token count, resuming from the newest checkpoint in its store."""
-    from workers.checkpoint import open_store
+    run = _Run(job, hooks or TrainHooks())
+    try:
+        status = run.train()
+        run.writer.wait()  # the last checkpoints are durable before the run reports success
+    except BaseException as exc:
+        run.report_failure(exc)
+        raise
+    result = run.measure(status)
+    if run.rank == 0:
+        run.hooks.on_progress({"event": "finished", "result": result.to_dict()})
+    return result
 
-    hooks = hooks or TrainHooks()
-    started = time.perf_counter()
-    alloc_conf = configure_allocator()  # before the first CUDA call: the allocator reads it at init
-    train, strategy = job.train, job.strategy
-    rank, world = _world()
-    device = pick_device(job.device)
-    _check_supported(strategy, device)
-    if device.type == "cpu" and job.cpu_threads:
-        # On a shared small box, OpenMP spin-waiting across busy cores costs 10x; callers pick the count.
-        torch.set_num_threads(job.cpu_threads)
-    if device.type == "cpu":
-        # Bit-exact resume needs reproducible kernels; on CUDA that would cost speed, so only CPU.
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
 
-    source = resolve_model_source(job.spec)
-    data = TokenSource(seq_len=train.seq_len, vocab_size=source.config.vocab_size, seed=train.seed, path=train.data,
-                       tokenizer=tokenizer_dir(train, source) if train.data else None)
-    store = open_store(job.checkpoint_uri, keep=job.keep_checkpoints, on_file=hooks.checkpoint_file)
-    model, sharded = _prepare_model(job, source, device, world)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _make_optimizer(strategy.optimizer, params, train.learning_rate)
-    steps = total_steps(train, strategy)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(steps))
-    interval = checkpoint_interval(train, steps)
-    planner = interval_planner(job, model, optimizer)
-    layout = DataLayout(micro_batch=strategy.micro_batch, grad_accum=strategy.grad_accum, world_size=world)
-    autocast_dtype = _autocast_dtype(strategy, sharded)
-    scaler = torch.amp.GradScaler(device.type) if strategy.precision == "amp-fp16" else None
-    # The spec and strategy travel with every checkpoint, so `gpuplan export` can rebuild the model from it.
-    meta = {"job_id": job.job_id, "model": source.config.id, "world_size": world,
+class _Run:
+    """One attempt of a training run: its parts, where it stands, and what it measured so far."""
+
+    loss_value: float | None
+    resumed_from: int | None  # the step of the checkpoint this attempt started from
+    last_saved: int | None
+    loop_began: float | None  # end of the first step of this attempt
+
+    def __init__(self, job: TrainJob, hooks: TrainHooks) -> None:
+        self.job, self.hooks, self.train_spec, self.strategy = job, hooks, job.train, job.strategy
+        self.started = time.perf_counter()
+        self.alloc_conf = configure_allocator()  # before the first CUDA call: the allocator reads it at init
+        self.rank, self.world = world()
+        self.device = pick_device(job.device)
+        check_supported(self.strategy, self.device)
+        configure_torch(self.device, job.cpu_threads)
+        self._build()
+        self._resume()
+        self._announce()
+
+    # ------------------------------------------------------------------ setting up
+
+    def _build(self) -> None:
+        """The data, the store, the model, the optimizer and schedule, and the checkpoint interval."""
+        from workers.checkpoint import open_store
+
+        job, train, strategy = self.job, self.train_spec, self.strategy
+        self.source = resolve_model_source(job.spec)
+        self.data = TokenSource(seq_len=train.seq_len, vocab_size=self.source.config.vocab_size, seed=train.seed,
+                                path=train.data, tokenizer=tokenizer_dir(train, self.source) if train.data else None)
+        self.store = open_store(job.checkpoint_uri, keep=job.keep_checkpoints, on_file=self.hooks.checkpoint_file)
+        self.model, self.sharded = prepare_model(strategy, train.seed, self.source, self.device, self.world)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(strategy.optimizer, self.params, train.learning_rate)
+        self.steps = total_steps(train, strategy)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.steps))
+        self.interval = checkpoint_interval(train, self.steps)
+        self.planner = interval_planner(job, self.model, self.optimizer)  # before the state is loaded
+        self.layout = DataLayout(micro_batch=strategy.micro_batch, grad_accum=strategy.grad_accum,
+                                 world_size=self.world)
+        self.per_step_tokens = self.layout.sequences_per_step * train.seq_len
+        self.autocast = autocast_dtype(strategy, self.sharded)
+        self.scaler = torch.amp.GradScaler(self.device.type) if strategy.precision == "amp-fp16" else None
+        # The spec and strategy travel with every checkpoint, so `gpuplan export` can rebuild the model from it.
+        self.meta: dict[str, Any] = {
+            "job_id": job.job_id, "model": self.source.config.id, "world_size": self.world,
             "spec": job.spec.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
-            "model_config": source.config.model_dump(mode="json")}
+            "model_config": self.source.config.model_dump(mode="json")}
 
-    loaded = load_state(store, model=model, optimizer=optimizer, scheduler=scheduler, sharded=sharded)
-    step, position, tokens, loss_value = 0, 0, 0, None
-    resumed_from = None
-    if loaded is not None:
-        step, position, tokens, loss_value = loaded.step, loaded.data_position, loaded.tokens, loaded.loss
-        resumed_from = loaded.step
-    log = hooks.on_log if rank == 0 else (lambda _line: None)
-    log(f"job {job.job_id}: {source.config.id} on {world} x {device.type}, {strategy.label()}, "
-        f"{steps} steps of {layout.sequences_per_step * train.seq_len} tokens, data: {data.description}, "
-        f"PYTORCH_CUDA_ALLOC_CONF={alloc_conf}"
-        + (f"; resumed from the checkpoint of step {resumed_from}" if resumed_from is not None else ""))
-    if rank == 0:
-        hooks.on_progress({"event": "started", "step": step, "total_steps": steps, "tokens": tokens,
-                           "resumed_from_step": resumed_from, "world_size": world})
+    def _resume(self) -> None:
+        """Where this attempt starts: the newest checkpoint's step, data position, tokens and loss."""
+        loaded = load_state(self.store, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                            sharded=self.sharded)
+        self.step, self.position, self.tokens, self.loss_value = 0, 0, 0, None
+        self.resumed_from = None
+        if loaded is not None:
+            self.step, self.position, self.tokens, self.loss_value = (loaded.step, loaded.data_position,
+                                                                      loaded.tokens, loaded.loss)
+            self.resumed_from = loaded.step
+        self.saved_split = loaded.split if loaded is not None else None
+        self.checkpoints, self.last_saved, self.save_s = 0, self.resumed_from, 0.0
+        self.steady_tokens, self.steady_s = 0, 0.0
+        self.loop_began = None
+        self.loop_tokens, self.attempt_tokens = 0, 0
+        self.last_report = time.perf_counter()
+        self.noticed = False
+        self.backoffs: list[dict[str, int]] = []
 
-    model.train()
-    checkpoints = 0
-    last_saved = resumed_from
-    save_s = 0.0
+    def log(self, line: str) -> None:
+        if self.rank == 0:
+            self.hooks.on_log(line)
 
-    def saved(at: int, took: float) -> None:  # in the writer thread, once the checkpoint is durable
-        nonlocal checkpoints
-        checkpoints += 1
-        log(f"step {at}: checkpoint saved to {job.checkpoint_uri} ({took:.2f} s)")
-        if rank == 0:
-            hooks.on_progress({"event": "checkpoint", "step": at, "checkpoints": checkpoints})
+    def _announce(self) -> None:
+        """Say what runs where; start the checkpoint writer at the micro-batch split this attempt runs."""
+        job, strategy = self.job, self.strategy
+        self.log(f"job {job.job_id}: {self.source.config.id} on {self.world} x {self.device.type}, "
+                 f"{strategy.label()}, {self.steps} steps of {self.per_step_tokens} tokens, "
+                 f"data: {self.data.description}, PYTORCH_CUDA_ALLOC_CONF={self.alloc_conf}"
+                 + (f"; resumed from the checkpoint of step {self.resumed_from}"
+                    if self.resumed_from is not None else ""))
+        if self.rank == 0:
+            self.hooks.on_progress({"event": "started", "step": self.step, "total_steps": self.steps,
+                                    "tokens": self.tokens, "resumed_from_step": self.resumed_from,
+                                    "world_size": self.world})
+        self.model.train()
+        self.writer = CheckpointWriter(self.store, on_saved=self._saved)
+        self.micro, self.accum = resume_split(strategy, self.saved_split)
+        if (self.micro, self.accum) != (strategy.micro_batch, strategy.grad_accum):
+            self.log(f"resuming at micro-batch {self.micro} x {self.accum} accumulation steps, where an earlier "
+                     f"attempt backed off after a CUDA OOM (the plan's {strategy.micro_batch} x "
+                     f"{strategy.grad_accum} would run out of memory again; same global batch)")
+        self.meta["run_split"] = [self.micro, self.accum]  # saved with every checkpoint: a resume starts here
 
-    writer = CheckpointWriter(store, on_saved=saved)
-    steady_tokens, steady_s = 0, 0.0
-    loop_began: float | None = None  # end of the first step of this attempt
-    loop_tokens = 0
-    attempt_tokens = 0
-    last_report = time.perf_counter()
-    status: Literal["succeeded", "preempted", "cancelled"] = "succeeded"
-    per_step_tokens = layout.sequences_per_step * train.seq_len
+    # ------------------------------------------------------------------ the loop
 
-    def checkpoint(at: int, blocking: bool = False) -> None:
-        nonlocal save_s, last_saved, interval
-        if last_saved == at:
-            if blocking:
-                writer.wait()
-            return
-        began = time.perf_counter()
-        hooks.fault(at, "checkpoint")
-        durable_before = writer.last_write_s
-        save_state(writer, step=at, data_position=position, tokens=tokens, loss=loss_value, model=model,
-                   optimizer=optimizer, scheduler=scheduler, sharded=sharded, extra_metadata=meta,
-                   blocking=blocking, on_cpu=device.type == "cpu")
-        took = time.perf_counter() - began
-        save_s += took
-        last_saved = at
-        if not blocking:
-            planner.observe(stall_s=took, durable_s=durable_before)
-            if not planner.pinned and steady_s > 0:
-                interval = agree_interval(planner.steps(steady_s / max(1, steady_tokens // per_step_tokens)),
-                                          device, world)
+    def train(self) -> Status:
+        """Steps until the token count is reached, a cancel, or a preemption."""
+        while self.step < self.steps:
+            began = time.perf_counter()
+            total_loss = self._forward_backward()
+            if total_loss is None:  # out of memory: backed off; the step is redone
+                continue
+            self.hooks.fault(self.step, "backward")
+            self._optimizer_step()
+            self._take_loss(total_loss)
+            self._count_step(time.perf_counter() - began)
+            self._report_step()
+            self._checkpoint_if_due()
+            signal = self.hooks.poll()
+            if signal is None or self.step >= self.steps:
+                continue
+            stopped = self._obey(signal)
+            if stopped is not None:
+                return stopped
+        return "succeeded"
 
-    noticed = False
-    micro, accum = resume_split(strategy, loaded.split if loaded is not None else None)
-    if (micro, accum) != (strategy.micro_batch, strategy.grad_accum):
-        log(f"resuming at micro-batch {micro} x {accum} accumulation steps, where an earlier attempt backed off "
-            f"after a CUDA OOM (the plan's {strategy.micro_batch} x {strategy.grad_accum} would run out of "
-            "memory again; same global batch)")
-    meta["run_split"] = [micro, accum]  # saved with every checkpoint, so a resume starts where this run is
-    backoffs: list[dict[str, int]] = []
+    def _forward_backward(self) -> torch.Tensor | None:
+        """The step's summed loss, or None after a CUDA OOM (then the split was halved)."""
+        out_of_memory = ""
+        try:
+            return self._accumulate()
+        except torch.OutOfMemoryError as exc:
+            out_of_memory = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
+        # outside the handler: the exception's frames (and their tensors) are gone
+        self._back_off(out_of_memory)
+        return None
 
-    def accumulate() -> torch.Tensor:
+    def _accumulate(self) -> torch.Tensor:
         """Forward and backward of the step's ``accum`` micro-batches; the gradients add up in .grad."""
+        micro, accum, device = self.micro, self.accum, self.device
         total_loss = torch.zeros((), device=device)
         for a in range(accum):
-            first = position + (a * world + rank) * micro
-            batch = data.batch(first, micro).to(device, non_blocking=True)
+            first = self.position + (a * self.world + self.rank) * micro
+            batch = self.data.batch(first, micro).to(device, non_blocking=True)
             last = a == accum - 1
-            hooks.before_forward(step, micro)
-            with _set_grad_sync(model, sharded, last or world == 1):
-                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                    enabled=autocast_dtype is not None):
+            self.hooks.before_forward(self.step, micro)
+            with set_grad_sync(self.model, self.sharded, last or self.world == 1):
+                with torch.autocast(device.type, dtype=self.autocast or torch.float32,
+                                    enabled=self.autocast is not None):
                     # the mean over this micro-batch's tokens / accum: with equal-length sequences the sum
                     # over micro-batches is the step's mean, whatever the split (what makes a back-off exact)
-                    loss = model(input_ids=batch, labels=batch).loss / accum
-                hooks.fault(step, "forward")
-                if scaler is not None:
-                    scaler.scale(loss).backward()
+                    loss = self.model(input_ids=batch, labels=batch).loss / accum
+                self.hooks.fault(self.step, "forward")
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
                 else:
                     loss.backward()
             total_loss += loss.detach().float()
         return total_loss
 
-    def measure(status: Literal["succeeded", "preempted", "cancelled", "failed"],
-                error: str | None = None) -> TrainResult:
-        wall = time.perf_counter() - started
-        loop_s = time.perf_counter() - loop_began if loop_began is not None else 0.0
-        peak_alloc = peak_reserved = peak_rss = None
-        if device.type == "cuda":
-            peak_alloc = torch.cuda.max_memory_allocated(device)
-            peak_reserved = torch.cuda.max_memory_reserved(device)
-            if world > 1 and error is None:  # a failing rank cannot count on the others joining a collective
-                peaks = torch.tensor([peak_alloc, peak_reserved], device=device)
-                dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-                peak_alloc, peak_reserved = int(peaks[0]), int(peaks[1])
+    def _back_off(self, why: str) -> None:
+        """Halve the micro-batch after an OOM (same global batch), drop the partial step, and say so."""
+        before = (self.micro, self.accum)
+        self.micro, self.accum = back_off(self.step, self.micro, self.accum, self.world, why)
+        self.optimizer.zero_grad(set_to_none=True)  # the partial step's gradients; the step is redone
+        free_memory(self.device)
+        self.backoffs.append({"step": self.step + 1, "from_micro_batch": before[0], "to_micro_batch": self.micro,
+                              "from_grad_accum": before[1], "to_grad_accum": self.accum})
+        self.meta["run_split"] = [self.micro, self.accum]
+        self.log(f"step {self.step + 1}: CUDA out of memory at micro-batch {before[0]}; retrying the step at "
+                 f"micro-batch {self.micro} x {self.accum} accumulation steps (same global batch: "
+                 f"{self.micro * self.accum * self.world} sequences)")
+        if self.rank == 0:
+            self.hooks.on_progress(cast(OomBackoffEvent, {"event": "oom_backoff", **self.backoffs[-1]}))
+
+    def _optimizer_step(self) -> None:
+        try:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        except torch.OutOfMemoryError as exc:
+            raise GpuplanError(
+                f"CUDA ran out of memory in the optimizer step of step {self.step + 1} ({exc}); a smaller "
+                "micro-batch does not shrink the optimizer's memory",
+                hint="raise resources.memory_headroom, or use a lighter optimizer (adamw-8bit, adafactor), "
+                "lora, or more GPUs with fsdp sharding") from None
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.hooks.fault(self.step, "optimizer")
+
+    def _take_loss(self, total_loss: torch.Tensor) -> None:
+        """The step's loss, averaged over the ranks; a loss that is not finite ends the run."""
+        if self.world > 1:
+            dist.all_reduce(total_loss, op=dist.ReduceOp.SUM)
+            total_loss /= self.world
+        self.loss_value = float(total_loss.item())
+        if not math.isfinite(self.loss_value):
+            raise GpuplanError(f"the loss became {self.loss_value} at step {self.step + 1}",
+                               hint="lower train.learning_rate or use a wider precision (fp32 or amp-bf16)")
+
+    def _count_step(self, elapsed: float) -> None:
+        """Advance past a finished step; time it (the first step of an attempt apart) and re-derive the
+        checkpoint interval once two steady steps are timed."""
+        self.step += 1
+        self.position += self.layout.sequences_per_step
+        self.tokens += self.per_step_tokens
+        self.attempt_tokens += self.per_step_tokens
+        first = self.resumed_from or 0
+        if self.step > first + 1:  # the first step pays for allocation and warm-up
+            self.steady_tokens += self.per_step_tokens
+            self.steady_s += elapsed
+            self.loop_tokens += self.per_step_tokens
         else:
-            peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+            self._pin_checkpoint_buffer()
+        if not self.planner.pinned and self.step == first + 3:  # two steady steps: their time is known
+            self.interval = agree_interval(self.planner.steps(self.steady_s / 2), self.device, self.world)
+
+    def _pin_checkpoint_buffer(self) -> None:
+        # The optimizer state exists now: pin the checkpoint buffer once, here, outside the timed
+        # loop. Pinning holds up the GPU's work for its whole ~0.5 s/GB (H200: 14.8 GB took 7.2 s,
+        # and a step running beside it took as long), so in the background it only moved the
+        # stall into a training step; here it is start-up, and every checkpoint stalls ~0.3 s.
+        prepare_state(self.writer, model=self.model, optimizer=self.optimizer, sharded=self.sharded)
+        self.writer.buffer.wait_prepared()
+        self.loop_began = time.perf_counter()
+
+    def _report_step(self) -> None:
+        now = time.perf_counter()
+        if self.rank != 0 or (now - self.last_report < self.job.log_every_s and self.step != self.steps):
+            return
+        self.last_report = now
+        rate = self.steady_tokens / self.steady_s if self.steady_s > 0 else None
+        self.hooks.on_progress({"event": "step", "step": self.step, "total_steps": self.steps,
+                                "tokens": self.tokens, "loss": self.loss_value, "tokens_per_s": rate})
+        self.hooks.on_log(f"step {self.step}/{self.steps} loss {self.loss_value:.4f}"
+                          + (f" {rate:,.0f} tokens/s" if rate else ""))
+
+    def _obey(self, signal: Signal) -> Status | None:
+        """Act on a cancel or a spot notice; the status that ends the loop, or None to carry on."""
+        if signal.kind == "cancel":
+            self.log(f"step {self.step}: cancelled")
+            return "cancelled"
+        if self.noticed:  # a notice stays up until the node goes; act on it once
+            return None
+        self.noticed = True
+        self._checkpoint(self.step, blocking=True)
+        if signal.deadline is None:
+            self.log(f"step {self.step}: preempted; just-in-time checkpoint saved, a resubmission resumes here")
+            return "preempted"
+        when = time.strftime("%H:%M:%S", time.gmtime(signal.deadline))
+        self.log(f"step {self.step}: spot notice (node taken at {when} UTC); just-in-time checkpoint saved, "
+                 "waiting to move")
+        wait_for_teardown(signal.deadline)
+        return None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint_if_due(self) -> None:
+        step, interval = self.step, self.interval
+        due = step % interval == 0 if self.planner.pinned else step - (self.last_saved or 0) >= interval
+        if due or step == self.steps:
+            self._checkpoint(step, blocking=step == self.steps)
+
+    def _checkpoint(self, at: int, blocking: bool = False) -> None:
+        if self.last_saved == at:
+            if blocking:
+                self.writer.wait()
+            return
+        began = time.perf_counter()
+        self.hooks.fault(at, "checkpoint")
+        durable_before = self.writer.last_write_s
+        save_state(self.writer, step=at, data_position=self.position, tokens=self.tokens, loss=self.loss_value,
+                   model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, sharded=self.sharded,
+                   extra_metadata=self.meta, blocking=blocking, on_cpu=self.device.type == "cpu")
+        took = time.perf_counter() - began
+        self.save_s += took
+        self.last_saved = at
+        if not blocking:
+            self.planner.observe(stall_s=took, durable_s=durable_before)
+            if not self.planner.pinned and self.steady_s > 0:
+                step_s = self.steady_s / max(1, self.steady_tokens // self.per_step_tokens)
+                self.interval = agree_interval(self.planner.steps(step_s), self.device, self.world)
+
+    def _saved(self, at: int, took: float) -> None:
+        """In the writer thread, once the checkpoint is durable."""
+        self.checkpoints += 1
+        self.log(f"step {at}: checkpoint saved to {self.job.checkpoint_uri} ({took:.2f} s)")
+        if self.rank == 0:
+            self.hooks.on_progress({"event": "checkpoint", "step": at, "checkpoints": self.checkpoints})
+
+    # ------------------------------------------------------------------ the result
+
+    def report_failure(self, exc: BaseException) -> None:
+        """After an error: the checkpoints in flight finish, and rank 0 reports what it measured."""
+        with contextlib.suppress(BaseException):  # keep the original error; a real crash loses the write
+            self.writer.wait()
+        if self.rank == 0 and isinstance(exc, Exception):
+            with contextlib.suppress(Exception):  # what it measured up to the failure, next to the prediction
+                failed = self.measure("failed", str(exc) or type(exc).__name__)
+                self.hooks.on_progress({"event": "failed", "result": failed.to_dict()})
+
+    def measure(self, status: Literal["succeeded", "preempted", "cancelled", "failed"],
+                error: str | None = None) -> TrainResult:
+        wall = time.perf_counter() - self.started
+        loop_s = time.perf_counter() - self.loop_began if self.loop_began is not None else 0.0
+        peak_alloc, peak_reserved, peak_rss = self._peaks(error)
+        steady_s, loop_tokens, attempt_tokens = self.steady_s, self.loop_tokens, self.attempt_tokens
         return TrainResult(
-            status=status, steps=step, total_steps=steps, tokens=tokens, final_loss=loss_value,
-            checkpoints_written=checkpoints, resumed_from_step=resumed_from,
+            status=status, steps=self.step, total_steps=self.steps, tokens=self.tokens,
+            final_loss=self.loss_value, checkpoints_written=self.checkpoints, resumed_from_step=self.resumed_from,
             tokens_per_s=attempt_tokens / wall if attempt_tokens else None,
-            steady_tokens_per_s=steady_tokens / steady_s if steady_s > 0 else None,
+            steady_tokens_per_s=self.steady_tokens / steady_s if steady_s > 0 else None,
             loop_tokens_per_s=loop_tokens / loop_s if loop_tokens and loop_s > 0 else None,
-            wall_s=wall, checkpoint_save_s=writer.write_s, checkpoint_blocking_s=save_s,
-            checkpoint_interval_steps=interval, checkpoint_interval_s=planner.interval_s,
-            checkpoint_stall_s=planner.measured_stall_s, checkpoint_durable_s=writer.last_write_s,
-            peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved,
-            peak_rss_bytes=peak_rss, predicted=dict(job.predicted), device=str(device.type), world_size=world,
-            micro_batch=micro, grad_accum=accum, oom_backoffs=list(backoffs), cuda_alloc_conf=alloc_conf,
-            error=error,
+            wall_s=wall, checkpoint_save_s=self.writer.write_s, checkpoint_blocking_s=self.save_s,
+            checkpoint_interval_steps=self.interval, checkpoint_interval_s=self.planner.interval_s,
+            checkpoint_stall_s=self.planner.measured_stall_s, checkpoint_durable_s=self.writer.last_write_s,
+            peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_reserved, peak_rss_bytes=peak_rss,
+            predicted=dict(self.job.predicted), device=str(self.device.type), world_size=self.world,
+            micro_batch=self.micro, grad_accum=self.accum, oom_backoffs=list(self.backoffs),
+            cuda_alloc_conf=self.alloc_conf, error=error,
         )
 
-    try:
-        while step < steps:
-            step_began = time.perf_counter()
-            out_of_memory = ""
-            try:
-                total_loss = accumulate()
-            except torch.OutOfMemoryError as exc:
-                out_of_memory = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
-            if out_of_memory:  # outside the handler: the exception's frames (and their tensors) are gone
-                before = (micro, accum)
-                micro, accum = _back_off(step, micro, accum, world, out_of_memory)
-                optimizer.zero_grad(set_to_none=True)  # the partial step's gradients; the step is redone
-                _free_memory(device)
-                backoffs.append({"step": step + 1, "from_micro_batch": before[0], "to_micro_batch": micro,
-                                 "from_grad_accum": before[1], "to_grad_accum": accum})
-                meta["run_split"] = [micro, accum]
-                log(f"step {step + 1}: CUDA out of memory at micro-batch {before[0]}; retrying the step at "
-                    f"micro-batch {micro} x {accum} accumulation steps (same global batch: "
-                    f"{micro * accum * world} sequences)")
-                if rank == 0:
-                    hooks.on_progress(cast(OomBackoffEvent, {"event": "oom_backoff", **backoffs[-1]}))
-                continue
-            hooks.fault(step, "backward")
-            try:
-                if scaler is not None:
-                    scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                if scaler is not None:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-            except torch.OutOfMemoryError as exc:
-                raise GpuplanError(
-                    f"CUDA ran out of memory in the optimizer step of step {step + 1} ({exc}); a smaller "
-                    "micro-batch does not shrink the optimizer's memory",
-                    hint="raise resources.memory_headroom, or use a lighter optimizer (adamw-8bit, adafactor), "
-                    "lora, or more GPUs with fsdp sharding") from None
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            hooks.fault(step, "optimizer")
-            if world > 1:
-                dist.all_reduce(total_loss, op=dist.ReduceOp.SUM)
-                total_loss /= world
-            loss_value = float(total_loss.item())
-            if not math.isfinite(loss_value):
-                raise GpuplanError(f"the loss became {loss_value} at step {step + 1}",
-                                   hint="lower train.learning_rate or use a wider precision (fp32 or amp-bf16)")
-            step += 1
-            position += layout.sequences_per_step
-            tokens += per_step_tokens
-            attempt_tokens += per_step_tokens
-            elapsed = time.perf_counter() - step_began
-            if step > (resumed_from or 0) + 1:  # the first step pays for allocation and warm-up
-                steady_tokens += per_step_tokens
-                steady_s += elapsed
-                loop_tokens += per_step_tokens
-            else:
-                # The optimizer state exists now: pin the checkpoint buffer once, here, outside the timed
-                # loop. Pinning holds up the GPU's work for its whole ~0.5 s/GB (H200: 14.8 GB took 7.2 s,
-                # and a step running beside it took as long), so in the background it only moved the
-                # stall into a training step; here it is start-up, and every checkpoint stalls ~0.3 s.
-                prepare_state(writer, model=model, optimizer=optimizer, sharded=sharded)
-                writer.buffer.wait_prepared()
-                loop_began = time.perf_counter()
-            if not planner.pinned and step == (resumed_from or 0) + 3:  # two steady steps: their time is known
-                interval = agree_interval(planner.steps(steady_s / 2), device, world)
-            now = time.perf_counter()
-            if rank == 0 and (now - last_report >= job.log_every_s or step == steps):
-                last_report = now
-                rate = steady_tokens / steady_s if steady_s > 0 else None
-                hooks.on_progress({"event": "step", "step": step, "total_steps": steps, "tokens": tokens,
-                                   "loss": loss_value, "tokens_per_s": rate})
-                log(f"step {step}/{steps} loss {loss_value:.4f}" + (f" {rate:,.0f} tokens/s" if rate else ""))
-            due = step % interval == 0 if planner.pinned else step - (last_saved or 0) >= interval
-            if due or step == steps:
-                checkpoint(step, blocking=step == steps)
-            signal = hooks.poll()
-            if signal is None or step >= steps:
-                continue
-            if signal.kind == "cancel":
-                status = "cancelled"
-                log(f"step {step}: cancelled")
-                break
-            if noticed:  # a notice stays up until the node goes; act on it once
-                continue
-            noticed = True
-            checkpoint(step, blocking=True)
-            if signal.deadline is None:
-                status = "preempted"
-                log(f"step {step}: preempted; just-in-time checkpoint saved, a resubmission resumes here")
-                break
-            when = time.strftime("%H:%M:%S", time.gmtime(signal.deadline))
-            log(f"step {step}: spot notice (node taken at {when} UTC); just-in-time checkpoint saved, waiting to move")
-            _wait_for_teardown(signal.deadline)
-        writer.wait()  # the last checkpoints are durable before the run reports success
-    except BaseException as exc:
-        with contextlib.suppress(BaseException):  # keep the original error; a real crash loses the write
-            writer.wait()
-        if rank == 0 and isinstance(exc, Exception):
-            with contextlib.suppress(Exception):  # what it measured up to the failure, next to the prediction
-                failed = measure("failed", str(exc) or type(exc).__name__)
-                hooks.on_progress({"event": "failed", "result": failed.to_dict()})
-        raise
-
-    result = measure(status)
-    if rank == 0:
-        hooks.on_progress({"event": "finished", "result": result.to_dict()})
-    return result
-
-
-def resume_split(strategy: Strategy, saved: tuple[int, int] | None) -> tuple[int, int]:
-    """The (micro_batch, grad_accum) a run starts at: the plan's, or the smaller one its checkpoint
-    was saved at after an OOM back-off, when that split keeps the plan's global batch."""
-    planned = (strategy.micro_batch, strategy.grad_accum)
-    if saved is None or saved == planned:
-        return planned
-    micro, accum = saved
-    if 1 <= micro < planned[0] and micro * accum == planned[0] * planned[1]:
-        return micro, accum
-    return planned  # another plan (a pinned micro-batch changed): the new plan's split
-
-
-def _back_off(step: int, micro: int, accum: int, world: int, why: str) -> tuple[int, int]:
-    """The next (micro_batch, grad_accum) after an OOM: half the micro-batch, twice the accumulation,
-    so every optimizer step still sees the same sequences with the same loss scaling."""
-    if world > 1:
-        raise GpuplanError(
-            f"CUDA ran out of memory at step {step + 1} on a {world}-GPU run ({why}); the micro-batch is halved "
-            "automatically only on one GPU, where no other rank waits in a collective",
-            hint="lower train.micro_batch or raise resources.memory_headroom and resubmit")
-    if micro <= 1:
-        raise GpuplanError(
-            f"CUDA ran out of memory at step {step + 1} at micro-batch 1 ({why}): the job does not fit this GPU "
-            "even at the smallest micro-batch",
-            hint="use activation_checkpointing, lora, a smaller seq_len, or a bigger GPU (see gpuplan plan)")
-    # the largest divisor of the micro-batch up to its half, so accumulation keeps the global batch exactly
-    half = max(d for d in range(1, micro // 2 + 1) if micro % d == 0)
-    return half, accum * (micro // half)
-
-
-def _free_memory(device: torch.device) -> None:
-    """Give the failed step's blocks back so the retry starts from the weights and optimizer state alone."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    def _peaks(self, error: str | None) -> tuple[int | None, int | None, int | None]:
+        """(allocated, reserved) peaks on the most loaded GPU rank, or the process's peak RSS on a CPU."""
+        device = self.device
+        if device.type != "cuda":
+            return None, None, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        peak_alloc = torch.cuda.max_memory_allocated(device)
+        peak_reserved = torch.cuda.max_memory_reserved(device)
+        if self.world > 1 and error is None:  # a failing rank cannot count on the others joining a collective
+            peaks = torch.tensor([peak_alloc, peak_reserved], device=device)
+            dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+            peak_alloc, peak_reserved = int(peaks[0]), int(peaks[1])
+        return peak_alloc, peak_reserved, None
 
 
 def interval_planner(job: TrainJob, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> IntervalPlanner:
@@ -562,13 +483,3 @@ def agree_interval(steps: int, device: torch.device, world: int) -> int:
     value = torch.tensor([steps], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return int(value.item())
-
-
-def _wait_for_teardown(deadline: float) -> None:
-    """After a just-in-time checkpoint, idle until the node goes: steps taken now would be lost anyway.
-
-    If the node is still here well after the deadline (the drain was cancelled), carry on training.
-    """
-    give_up = max(deadline, time.time()) + 30.0
-    while time.time() < give_up:
-        time.sleep(0.2)

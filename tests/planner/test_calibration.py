@@ -55,7 +55,7 @@ def test_reserved_memory_under_expandable_segments_matches_the_h200_acceptance_r
     import json
 
     from catalog.loader import load_catalog, resolve_model
-    from planner.memory import train_memory
+    from planner.memory_train import train_memory
     from planner.types import Strategy
 
     catalog = load_catalog()

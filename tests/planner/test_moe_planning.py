@@ -12,7 +12,8 @@ from catalog.hf_config import model_from_hf_config
 from catalog.params import count_params
 from catalog.schema import ModelConfig
 from planner.calibration import MemoryCalibration
-from planner.memory import infer_memory, kv_cache_bytes, lora_params_per_layer, mla_expanded_kv_bytes, train_memory
+from planner.memory import infer_memory, kv_cache_bytes, mla_expanded_kv_bytes
+from planner.memory_train import lora_params_per_layer, train_memory
 from planner.search import estimate, plan
 from planner.spec import spec_from_dict
 from planner.throughput import decode_weight_params, matmul_params, train_flops_per_token

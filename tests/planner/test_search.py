@@ -233,7 +233,7 @@ def test_memory_headroom_is_validated_and_changes_the_choice() -> None:
 @given(model=st.sampled_from(["llama-3.2-1b", "llama-3-8b", "llama-2-13b"]), n=st.sampled_from([2, 4, 8]))
 def test_more_gpus_never_raise_per_gpu_fsdp_state(model: str, n: int) -> None:
     from planner.calibration import MemoryCalibration
-    from planner.memory import train_memory
+    from planner.memory_train import train_memory
     from planner.types import Strategy
 
     m, g = CAT.model(model), CAT.gpu("H200")

@@ -12,7 +12,8 @@ import pytest
 from catalog.hf_config import model_from_hf_config
 from catalog.schema import ModelConfig
 from planner.calibration import MemoryCalibration, ThroughputCalibration
-from planner.memory import infer_memory, kv_cache_bytes, layer_activation_bytes_per_token, train_memory
+from planner.memory import infer_memory, kv_cache_bytes, layer_activation_bytes_per_token
+from planner.memory_train import train_memory
 from planner.throughput import (
     attention_flops_per_token,
     decode_attention_flops,

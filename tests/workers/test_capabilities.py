@@ -19,7 +19,7 @@ from planner.search import plan
 from planner.spec import Finetune, Optimizer, Precision, Sharding, Weights, spec_from_dict
 from planner.types import Plan, ResolvedPrecision, ResolvedSharding, Strategy, WeightDtype
 from workers.capabilities import strategy_problem
-from workers.train import _check_supported
+from workers.train_setup import check_supported
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -140,7 +140,7 @@ def test_a_pinned_knob_the_workers_do_not_run_is_refused_with_the_reason(cat: Ca
     assert "support" in str(caught.value) and why in str(caught.value)
     strategy = Strategy(gpu="H100-SXM", gpu_count=4, **{"sharding": "fsdp", knob: value})
     with pytest.raises(InvalidInput, match=why):
-        _check_supported(strategy, torch.device("cpu"))
+        check_supported(strategy, torch.device("cpu"))
 
 
 def test_int4_weights_are_not_planned_and_not_run(cat: Catalog) -> None:
@@ -149,7 +149,7 @@ def test_int4_weights_are_not_planned_and_not_run(cat: Catalog) -> None:
 
 
 def test_workers_accept_fsdp_grad_op() -> None:
-    _check_supported(Strategy(gpu="cpu", gpu_count=2, precision="fp32", sharding="fsdp-grad-op"),
+    check_supported(Strategy(gpu="cpu", gpu_count=2, precision="fp32", sharding="fsdp-grad-op"),
                      torch.device("cpu"))
 
 

@@ -112,7 +112,7 @@ def test_a_resumed_run_starts_at_the_backed_off_micro_batch_instead_of_running_o
 
 
 def test_the_resume_split_keeps_the_global_batch_or_takes_the_plans() -> None:
-    from workers.train import resume_split
+    from workers.train_recovery import resume_split
 
     plan = cpu_strategy(micro_batch=4, grad_accum=2)
     assert resume_split(plan, None) == (4, 2)
@@ -174,12 +174,12 @@ def test_a_failed_run_that_never_reported_still_shows_the_plans_prediction(tmp_p
 
 
 def test_an_odd_micro_batch_backs_off_to_a_divisor_so_the_global_batch_holds(tmp_path: Path) -> None:
-    from workers.train import _back_off
+    from workers.train_recovery import back_off
 
-    assert _back_off(0, 6, 1, 1, "oom") == (3, 2)
-    assert _back_off(0, 5, 2, 1, "oom") == (1, 10)
+    assert back_off(0, 6, 1, 1, "oom") == (3, 2)
+    assert back_off(0, 5, 2, 1, "oom") == (1, 10)
     with pytest.raises(GpuplanError, match="only on one GPU"):
-        _back_off(0, 4, 1, 2, "oom")
+        back_off(0, 4, 1, 2, "oom")
 
 
 def test_the_worker_sees_expandable_segments_unless_the_user_set_the_allocator(

@@ -1,0 +1,265 @@
+"""Bytes per GPU (most loaded rank) that a training run allocates: four candidate peak moments, the
+largest of which is the peak (planner.memory explains the model; this is its training side).
+
+The moments: the start of backward (all saved activations + the fp32 loss tensors), the lm_head
+weight-grad moment, the end of backward (all gradients), and the optimizer step (params + grads +
+states + the foreach temporaries). Optimizer states exist in every forward after the first step, and
+the measured peak spans several steps, so states count at every moment.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from catalog.params import ParamCount, count_params
+from catalog.schema import GpuSpec, ModelConfig
+from planner.calibration import MemoryCalibration
+from planner.knobs import Knobs, KnobsLike
+from planner.memory import (
+    BLOCK,
+    PRECISION_BYTES,
+    Moment,
+    finish_estimate,
+    hidden_dims,
+    layer_activation_bytes_per_token,
+    limit_bytes,
+    linear_params_per_layer,
+)
+from planner.types import MemoryEstimate
+
+QLORA_NF4_BYTES = 0.5 + 0.5 / 64 * 1.03  # nf4 + double-quantised absmax (8-bit per 64, fp32 per 256 blocks)
+LOW_PRECISION = ("amp-bf16", "amp-fp16", "bf16", "fp8")
+
+
+def lora_params_per_layer(model: ModelConfig, rank: int) -> int:
+    """Adapter parameters r*(in+out) on q,k,v,o,gate,up,down of one layer (every expert's MLP)."""
+    h, hq, kvd, inter = hidden_dims(model)
+    if model.family == "gpt2":
+        return rank * ((h + 3 * h) + (h + h) + (h + inter) + (inter + h))
+    attn = rank * ((h + hq) + 2 * (h + kvd) + (hq + h))
+    moe = model.moe
+    if moe is None:
+        return attn + _lora_mlp(h, inter, rank) * model.num_experts
+    # fine-grained MoE: the mean layer over dense layers and sparse ones (narrow experts + shared experts)
+    sparse = _lora_mlp(h, moe.expert_intermediate_size, rank) * model.num_experts
+    if moe.shared_intermediate_size:
+        sparse += _lora_mlp(h, moe.shared_intermediate_size, rank)
+    dense = _lora_mlp(h, inter, rank)
+    layers = model.num_layers
+    return attn + (moe.dense_layers * dense + (layers - moe.dense_layers) * sparse) // layers
+
+
+def _lora_mlp(h: int, width: int, rank: int) -> int:
+    return rank * (2 * (h + width) + (width + h))  # gate, up, down
+
+
+def _optimizer_bytes(optimizer: str, trainable: float, state_bytes: int,
+                     largest_param: float = 0.0) -> tuple[float, float]:
+    """(persistent state bytes, temporaries during step) for ``trainable`` params."""
+    if optimizer == "adamw":
+        return 2 * trainable * state_bytes, trainable * state_bytes  # exp_avg, exp_avg_sq; sqrt(exp_avg_sq)
+    if optimizer == "adamw-8bit":
+        return trainable * (2 + 8 / 256), 0.0  # uint8 x2 + blockwise fp32 absmax; fused kernel
+    if optimizer == "sgd":
+        return trainable * state_bytes, 0.0  # momentum buffer; in-place foreach
+    if optimizer == "adafactor":
+        # row/col factors only; measured H200 runs show no full-size foreach temporaries, only the
+        # per-parameter estimate and update of the largest tensor (the embedding)
+        return trainable * 4 * 0.002, 2 * largest_param * state_bytes
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+def train_memory(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
+                 cal: MemoryCalibration, pc: ParamCount | None = None, headroom: float | None = None) -> MemoryEstimate:
+    """Peak memory per GPU for one training configuration."""
+    moments, mode = train_moments(model, strategy, seq_len, cal, pc)
+    return finish_estimate(moments, mode, gpu, strategy.gpu_count, cal, headroom=headroom)
+
+
+def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: MemoryCalibration,
+                  pc: ParamCount | None = None) -> tuple[list[Moment], str]:
+    """The candidate peak moments (component -> bytes) and the allocator mode."""
+    pc = pc or count_params(model)
+    layers_here = math.ceil(model.num_layers / strategy.pipeline_parallel)
+    held = _parameter_bytes(model, strategy, pc, layers_here)
+    fsdp_like = strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.data_parallel > 1
+    act_precision = _shard_data_parallel(held, model, strategy, pc, layers_here)
+    tokens = strategy.micro_batch * seq_len
+    saved, backward_end_acts = _activation_bytes(model, strategy, act_precision, tokens, layers_here, seq_len, cal)
+    # logits: lm_head output (compute dtype) -> .float() copy -> log_softmax (saved) -> grads
+    lb = PRECISION_BYTES[act_precision].compute
+    bsv = tokens * model.vocab_size / strategy.tensor_parallel * cal.logits_scale
+    logits_peak = max(bsv * (lb + (4 if lb != 4 else 0) + 4), bsv * 12)
+    accum_grads = held.grads if strategy.grad_accum > 1 else 0.0
+    base = {"weights": held.weights, "optimizer_states": held.states, **held.extra}
+    copies_start, copies_end = _autocast_copies(held, model, strategy, pc)
+    moments = [
+        Moment("backward start", {**base, "autocast_weight_copies": copies_start, "gradients": accum_grads,
+                                  "activations": saved, "logits_loss": logits_peak}),
+        Moment("lm_head grad", {**base, "autocast_weight_copies": copies_start,
+                                "gradients": max(accum_grads, held.lm_grad * (2 if held.autocast else 1)),
+                                "activations": saved, "logits_loss": bsv * (lb + 4)}),
+        Moment("backward end", {**base, "autocast_weight_copies": copies_end, "gradients": held.grads,
+                                "activations": backward_end_acts}),
+        Moment("optimizer step", {"weights": held.weights, "gradients": held.grads,
+                                  "optimizer_states": held.states, "optimizer_temporaries": held.temp,
+                                  **{k: val for k, val in held.extra.items() if k == "ddp_buckets"}}),
+    ]
+    return moments, _allocator_mode(strategy, fsdp_like)
+
+
+@dataclass
+class _Held:
+    """Bytes one rank holds for the parameters, whatever the micro-batch."""
+
+    weights: float
+    grads: float
+    states: float
+    temp: float  # the optimizer step's temporaries
+    autocast_copies: float  # autocast's low-precision copies of every linear weight (0 without autocast)
+    lm_grad: float  # lm_head's weight gradient (full fine-tuning)
+    autocast: bool
+    extra: dict[str, float] = field(default_factory=dict)  # DDP buckets, FSDP's gathered units and buffers
+
+
+def _parameter_bytes(model: ModelConfig, strategy: KnobsLike, pc: ParamCount, layers_here: int) -> _Held:
+    """Weights, gradients and optimizer states of this rank's parameters, before data-parallel sharding."""
+    pb = PRECISION_BYTES[strategy.precision]
+    tp, pp, h = strategy.tensor_parallel, strategy.pipeline_parallel, model.hidden_size
+    emb = pc.embedding if pp == 1 else max(pc.embedding, pc.lm_head or pc.embedding)
+    head = pc.lm_head if pp == 1 else 0
+    local_params = (layers_here * pc.per_layer + emb + head + h) / tp
+    linear_params = (layers_here * linear_params_per_layer(model, pc) + (pc.lm_head or pc.embedding)) / tp
+    autocast_copies = linear_params * 2 if pb.autocast else 0.0
+    ft = strategy.finetune
+    if ft not in ("lora", "qlora"):
+        states, temp = _optimizer_bytes(strategy.optimizer, local_params, pb.state,
+                                        max(pc.embedding, pc.lm_head) / tp)
+        return _Held(weights=local_params * pb.param, grads=local_params * pb.grad, states=states, temp=temp,
+                     autocast_copies=autocast_copies, lm_grad=(pc.lm_head or pc.embedding) / tp * pb.grad,
+                     autocast=pb.autocast)
+    trainable = lora_params_per_layer(model, strategy.lora_rank) * layers_here / tp
+    t_bytes = 4  # peft upcasts bf16 adapters to fp32 (autocast_adapter_dtype=True)
+    if ft == "qlora":
+        frozen_linear = layers_here * _nf4_linear_per_layer(model, pc) / tp
+        weights = frozen_linear * QLORA_NF4_BYTES + (local_params - frozen_linear) * 2
+    else:
+        weights = local_params * pb.param
+    weights += trainable * t_bytes
+    states, temp = _optimizer_bytes(strategy.optimizer, trainable, t_bytes, 2 * h * model.intermediate_size / tp)
+    return _Held(weights=weights, grads=trainable * t_bytes, states=states, temp=temp,
+                 autocast_copies=autocast_copies, lm_grad=0.0, autocast=pb.autocast)
+
+
+def _shard_data_parallel(held: _Held, model: ModelConfig, strategy: KnobsLike, pc: ParamCount,
+                         layers_here: int) -> str:
+    """Apply data-parallel sharding (ZeRO stages / FSDP2) to ``held``; the precision activations run at."""
+    dp, sharding = strategy.data_parallel, strategy.sharding
+    if sharding == "ddp" and dp > 1:
+        held.extra["ddp_buckets"] = held.grads  # gradient_as_bucket_view=False: a flat copy of every grad
+    if sharding == "zero1" and dp > 1:
+        held.states, held.temp = held.states / dp, held.temp / dp
+        held.extra["ddp_buckets"] = held.grads
+    if sharding not in ("fsdp", "fsdp-grad-op") or dp <= 1:
+        return strategy.precision
+    tp, precision = strategy.tensor_parallel, strategy.precision
+    unsharded_b = 2 if precision in LOW_PRECISION else PRECISION_BYTES[precision].param
+    reduce_b = 4 if precision in ("amp-bf16", "amp-fp16", "fp32") else PRECISION_BYTES[precision].grad
+    held.weights, held.grads, held.states, held.temp = (held.weights / dp, held.grads / dp, held.states / dp,
+                                                        held.temp / dp)
+    held.lm_grad = held.lm_grad / dp
+    held.autocast_copies = 0.0  # FSDP2's MixedPrecisionPolicy casts instead of autocast
+    unit = pc.per_layer / tp * unsharded_b
+    held.extra["fsdp_root_unsharded"] = (pc.embedding + pc.lm_head + model.hidden_size) / tp * unsharded_b
+    # fsdp-grad-op keeps every unit unsharded from forward to backward
+    held.extra["fsdp_gathered_units"] = 2 * unit if sharding == "fsdp" else layers_here * unit
+    held.extra["fsdp_grad_buffers"] = pc.per_layer / tp * (unsharded_b + reduce_b) if strategy.finetune == "full" \
+        else 0.0
+    return "bf16" if precision in ("amp-bf16", "amp-fp16") else precision
+
+
+def _activation_bytes(model: ModelConfig, strategy: KnobsLike, act_precision: str, tokens: int, layers_here: int,
+                      seq_len: int, cal: MemoryCalibration) -> tuple[float, float]:
+    """(activations saved at the start of backward, activations alive at its end): at the end one layer's
+    activations (recomputed when checkpointing) and its backward temporaries remain."""
+    h = model.hidden_size
+    per_tok_layer = layer_activation_bytes_per_token(model, act_precision, strategy.finetune, strategy.lora_rank,
+                                                     strategy.tensor_parallel, seq_len)
+    per_tok_layer *= cal.activation_scale
+    act_bp = PRECISION_BYTES[act_precision]
+    final_norm = (4 * h if act_bp.residual == 2 else 0) + 2 * act_bp.residual * h
+    embed_out = act_bp.residual * h if model.family == "gpt2" else 0.0
+    if strategy.activation_checkpointing:
+        saved = tokens * (layers_here * act_bp.residual * h + final_norm + embed_out)
+        recompute = tokens * per_tok_layer * (1 + cal.backward_working_layers)
+        return saved, recompute + saved
+    saved = tokens * (layers_here * per_tok_layer + final_norm + embed_out)
+    recompute = tokens * per_tok_layer * cal.backward_working_layers
+    return saved, recompute + tokens * per_tok_layer
+
+
+def _autocast_copies(held: _Held, model: ModelConfig, strategy: KnobsLike, pc: ParamCount) -> tuple[float, float]:
+    """autocast's bf16 weight copies at the start and at the end of backward: they live as long as autograd
+    saves them, every layer's until its backward (only lm_head's when checkpointing: recomputation
+    re-casts one layer at a time)."""
+    if not held.autocast_copies:
+        return 0.0, 0.0
+    tp = strategy.tensor_parallel
+    head_copy = (pc.lm_head or pc.embedding) / tp * 2
+    layer_copy = linear_params_per_layer(model, pc) / tp * 2
+    if strategy.activation_checkpointing:
+        return head_copy + layer_copy, layer_copy
+    return head_copy + (held.autocast_copies - head_copy), layer_copy
+
+
+def _allocator_mode(strategy: KnobsLike, fsdp_like: bool) -> str:
+    """Which of the calibration's reserved-overhead rows this run's allocator behaves like."""
+    mode = strategy.sharding if fsdp_like else ("ddp" if strategy.data_parallel > 1 else "single")
+    if strategy.activation_checkpointing and mode == "single":
+        mode = "single-ckpt"  # recomputation churns the allocator's blocks: more cached, unused memory
+    return mode
+
+
+MemoryLines = list[tuple[float, float]]
+
+
+def memory_lines(model: ModelConfig, knobs: Knobs, seq_len: int, cal: MemoryCalibration,
+                 pc: ParamCount | None = None) -> MemoryLines:
+    """Every peak moment as (bytes at micro_batch 1, bytes per extra sequence): memory is linear in
+    the micro-batch, so the search needs only these two numbers per moment, for any GPU."""
+    one, _ = train_moments(model, knobs.with_micro_batch(1), seq_len, cal, pc)
+    two, _ = train_moments(model, knobs.with_micro_batch(2), seq_len, cal, pc)
+    return [(a.total, b.total - a.total) for a, b in zip(one, two, strict=True)]
+
+
+def max_micro_batch(lines: MemoryLines, gpu_count: int, gpu: GpuSpec, cal: MemoryCalibration,
+                    candidates: list[int], headroom: float) -> int | None:
+    """Largest micro-batch in ``candidates`` that fits within the usable memory less ``headroom``
+    (the same verdict as ``train_memory(...).fits``), without building estimates; None if none does."""
+    outside = cal.cuda_context_bytes + (cal.nccl_bytes if gpu_count > 1 else 0)
+    limit = limit_bytes(gpu, headroom)
+
+    def cap(limit: float) -> float:
+        """Largest (real-valued) micro-batch whose peak stays within ``limit`` (same rounding as finish_estimate)."""
+        budget = (limit - outside) / (1 + cal.pressure_slack) - cal.workspace_bytes - BLOCK
+        best = math.inf
+        for t1, slope in lines:
+            if t1 > budget:
+                return 0.0
+            if slope > 0:
+                best = min(best, 1 + (budget - t1) / slope)
+        return best
+
+    roomy = cap(limit)
+    fitting = [mb for mb in candidates if mb <= roomy]
+    return fitting[-1] if fitting else None
+
+
+def _nf4_linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:
+    """What QLoRA stores in NF4 per layer: the linear layers. A mixture of experts keeps its experts
+    in fused 3-D weights (transformers 5), which the workers' NF4 pass leaves in bf16."""
+    linear = linear_params_per_layer(model, pc)
+    if model.num_experts > 1:
+        linear -= 3 * model.hidden_size * model.intermediate_size * model.num_experts
+    return max(0.0, linear)

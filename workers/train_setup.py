@@ -1,0 +1,168 @@
+"""What a training run is built from: the device, the checks it needs, the model with its precision,
+sharding, LoRA and activation checkpointing applied, the optimizer and the learning-rate schedule.
+
+workers.train runs the loop over these; bench/worker_overhead.py builds the same parts to time a load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from catalog.errors import InvalidInput
+from planner.types import Strategy
+from workers.capabilities import strategy_problem
+from workers.model import (
+    ModelSource,
+    apply_lora,
+    build_model,
+    decoder_layers,
+    enable_activation_checkpointing,
+    quantize_base_nf4,
+)
+
+# Seeding the global RNG and building a model must not interleave between two in-process runs.
+_BUILD_LOCK = threading.Lock()
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "cpu":
+        return torch.device("cpu")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise InvalidInput("device 'cuda' was requested but no CUDA GPU is visible", hint="use --device cpu")
+    if torch.cuda.is_available() and requested in ("auto", "cuda"):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_supported(strategy: Strategy, device: torch.device) -> None:
+    """Refuse a strategy the workers do not run, or one this device cannot (fp8 units, 8-bit AdamW)."""
+    refused = strategy_problem(strategy)
+    if refused is not None:
+        path, why = refused
+        raise InvalidInput(why, path=path,
+                           hint="plan the job again with `gpuplan plan`; see README 'What the workers run'")
+    if strategy.precision == "fp8":
+        ok = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+        if not ok:
+            where = "the CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
+            raise InvalidInput(f"fp8 training needs an NVIDIA GPU with compute capability 8.9 or newer "
+                               f"(H100, H200, L40S, B200...); this run is on {where}", path="train.precision",
+                               hint="use precision fp32, amp-bf16 or bf16 here")
+    if strategy.optimizer == "adamw-8bit" and device.type != "cuda":
+        raise InvalidInput("adamw-8bit needs a CUDA GPU", path="train.optimizer", hint="use adamw on CPU")
+
+
+def configure_torch(device: torch.device, cpu_threads: int | None) -> None:
+    """Process-wide torch settings of a run on ``device``."""
+    if device.type == "cpu" and cpu_threads:
+        # On a shared small box, OpenMP spin-waiting across busy cores costs 10x; callers pick the count.
+        torch.set_num_threads(cpu_threads)
+    if device.type == "cpu":
+        # Bit-exact resume needs reproducible kernels; on CUDA that would cost speed, so only CPU.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def weights_dtype(strategy: Strategy) -> torch.dtype:
+    return torch.bfloat16 if strategy.precision in ("bf16", "fp8") else torch.float32
+
+
+def autocast_dtype(strategy: Strategy, sharded: bool) -> torch.dtype | None:
+    if strategy.precision == "amp-bf16" and not sharded:  # FSDP2 does it with MixedPrecisionPolicy
+        return torch.bfloat16
+    if strategy.precision == "amp-fp16":
+        return torch.float16
+    return None
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=lr)
+    if name == "adamw-8bit":
+        from torchao.optim import AdamW8bit
+
+        optimizer: torch.optim.Optimizer = AdamW8bit(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+        return optimizer
+    raise InvalidInput(f"unknown optimizer {name!r}", path="train.optimizer", hint="use adamw, sgd or adafactor")
+
+
+def lr_lambda(steps: int) -> Callable[[int], float]:
+    warmup = max(1, min(100, steps // 10))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of this process; (0, 1) outside torch.distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: torch.device,
+                  world: int) -> tuple[torch.nn.Module, bool]:
+    """The model on ``device`` as ``strategy`` trains it; True when FSDP2 shards it."""
+    with _BUILD_LOCK:
+        model = build_model(source, seed=seed, weights_dtype=weights_dtype(strategy), device=device)
+    if strategy.finetune == "qlora":
+        quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
+    if strategy.finetune in ("lora", "qlora"):
+        model = apply_lora(model, strategy.lora_rank)
+    if strategy.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    model.to(device)
+    if strategy.precision == "fp8":
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: "lm_head" not in fqn)
+    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
+    if sharded:
+        _shard(model, strategy)
+    elif world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model, sharded
+
+
+def _shard(model: torch.nn.Module, strategy: Strategy) -> None:
+    """FSDP2 over every decoder layer, then the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if strategy.precision == "amp-bf16" else MixedPrecisionPolicy()
+    # fsdp-grad-op (ZeRO-2): parameters stay gathered from forward to backward, so only gradients
+    # and optimizer states are sharded; it saves the backward all-gather at the cost of memory.
+    reshard = strategy.sharding == "fsdp"
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+
+
+def set_grad_sync(model: torch.nn.Module, sharded: bool, enabled: bool) -> Any:
+    """Context for one micro-batch: skip the gradient all-reduce on all but the last."""
+    if sharded:
+        model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+        return contextlib.nullcontext()
+    no_sync = getattr(model, "no_sync", None)
+    if not enabled and no_sync is not None:
+        return no_sync()
+    return contextlib.nullcontext()
