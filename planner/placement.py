@@ -15,7 +15,7 @@ from catalog.errors import InvalidInput
 from catalog.loader import Catalog
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig, StackSupport
-from planner.calibration import GIB, Calibration, load_calibration
+from planner.calibration import GIB, Calibration
 from planner.capability import (
     auto_precisions,
     auto_weights,
@@ -369,17 +369,18 @@ def estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Cal
 # ----------------------------------------------------------------------------- public API
 
 
-def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, model: ModelConfig | None = None,
-             calibration: Calibration | None = None, gpus_per_node: int | None = None,
+def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, calibration: Calibration,
+             model: ModelConfig | None = None, gpus_per_node: int | None = None,
              network_gbps: float = 100.0) -> Estimate:
     """The estimate for a pinned placement; 'auto' fields resolved as ``plan`` does.
 
+    ``calibration``: the constants to estimate with; the caller reads them (the planner reads no files).
     When nothing fits, the smallest configuration is returned with ``memory.fits = False`` so the
     user sees by how much; a dtype the part lacks raises InvalidInput.
     """
+    cal = require_calibration(calibration, "estimate")
     if count < 1:
         raise InvalidInput(f"count must be at least 1, got {count}", path="count")
-    cal = calibration or load_calibration()  # the packaged fitted constants, read at call time
     mdl = resolve_spec_model(spec, catalog, model)
     g = catalog.gpu(gpu)
     p = Placement(g, count, gpus_per_node or min(count, 8), network_gbps)
@@ -391,6 +392,16 @@ def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, model: Mo
     if out.constraint != "memory":
         raise InvalidInput(out.reason)  # the reason says what to change (the count, the batch...)
     return _with_model_warnings(_smallest_unfitting(spec, mdl, p, cal), mdl)
+
+
+def require_calibration(calibration: object, caller: str) -> Calibration:
+    """``calibration``, when it is one: a caller that forgot it is told where to read one."""
+    if isinstance(calibration, Calibration):
+        return calibration
+    raise InvalidInput(
+        f"{caller}() needs the planner's calibration, got {calibration!r}", path="calibration",
+        hint="read it at the edge and pass it in: calibration=planner.calibration.load_calibration() "
+        "(with overlay=user_calibration_path(home) for a `gpuplan calibrate` refit)")
 
 
 def _with_model_warnings(est: Estimate, model: ModelConfig) -> Estimate:

@@ -21,7 +21,7 @@ from catalog.errors import InvalidInput, NoFeasiblePlan
 from catalog.loader import Catalog
 from catalog.params import count_params
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
-from planner.calibration import Calibration, load_calibration
+from planner.calibration import Calibration
 from planner.cost import on_demand_cost, spot_cost
 from planner.memory import PRECISION_BYTES
 from planner.placement import (
@@ -30,6 +30,7 @@ from planner.placement import (
     Placement,
     estimate,
     estimate_placement,
+    require_calibration,
 )
 from planner.resolve import allowed_gpus, check_names, resolve_spec_model
 from planner.spec import JobSpec, Resources
@@ -99,17 +100,17 @@ def _markets(offer: Offer, spot_mode: str) -> list[tuple[str, float | None]]:
     return out
 
 
-def plan(spec: JobSpec, catalog: Catalog, *, objective: Objective = "cheapest", calibration: Calibration | None = None,
+def plan(spec: JobSpec, catalog: Catalog, *, calibration: Calibration, objective: Objective = "cheapest",
          model: ModelConfig | None = None, today: date | None = None,
          hazard_per_h: dict[str, float] | None = None) -> Plan:
     """Every way to run ``spec`` on ``catalog``, ranked by ``objective``; raises NoFeasiblePlan if none.
 
+    ``calibration``: the fitted constants to plan with; the caller reads them (the planner reads no files).
     ``hazard_per_h`` overrides the calibration's spot preemption rates per cloud (e.g. from traces).
-    ``calibration`` defaults to the packaged fitted constants (planner/calibration.json).
     """
+    cal = require_calibration(calibration, "plan")
     if objective not in ("cheapest", "fastest"):
         raise InvalidInput(f"objective must be 'cheapest' or 'fastest', got {objective!r}", path="objective")
-    cal = calibration or load_calibration()  # the packaged fitted constants, read at call time
     mdl = resolve_spec_model(spec, catalog, model)
     check_names(spec, catalog)
     gpus, pinned_counts = allowed_gpus(spec, catalog)

@@ -16,6 +16,8 @@ from planner.calibration import load_calibration
 from planner.search import estimate, plan
 from planner.spec import spec_from_dict
 
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
+
 GIB = 2**30
 TODAY = date(2026, 12, 1)
 BASE = load_catalog(PACKAGED_DATA_DIR)
@@ -32,14 +34,14 @@ CAT = machine()
 
 
 def test_the_tiny_example_runs_on_the_cpu_in_seconds_for_nothing() -> None:
-    p = plan(load_spec("examples/tiny-train.yaml"), CAT)
+    p = plan(load_spec("examples/tiny-train.yaml"), CAT, calibration=CAL)
     assert p.chosen is not None
     assert (p.chosen.offer.cloud, p.chosen.estimate.strategy.gpu, p.chosen.cost.usd) == ("local", "cpu", 0.0)
     assert p.chosen.estimate.strategy.precision == "fp32" and p.chosen.cost.hours * 3600 < 600
 
 
 def test_an_8b_fine_tune_is_rejected_for_the_cpu_with_its_ram() -> None:
-    p = plan(load_spec("examples/llama3-8b-sft.yaml"), CAT)
+    p = plan(load_spec("examples/llama3-8b-sft.yaml"), CAT, calibration=CAL)
     assert p.chosen is not None and p.chosen.offer.cloud != "local"
     [why] = [r for r in p.rejections if r.option.startswith("1xcpu")]
     assert why.constraint == "memory"
@@ -50,7 +52,7 @@ def test_a_job_that_fits_but_would_take_too_long_is_rejected_by_its_deadline() -
     spec = spec_from_dict({"name": "gpt2-pretrain", "task": "train", "model": "gpt2",
                            "train": {"tokens": 2e9, "seq_len": 1024},
                            "resources": {"deadline": "48h", "spot": "never"}})
-    p = plan(spec, CAT)
+    p = plan(spec, CAT, calibration=CAL)
     assert p.chosen is not None and p.chosen.offer.cloud != "local"
     [why] = [r for r in p.rejections if r.option.startswith("1xcpu")]
     assert why.constraint == "deadline" and why.reason.startswith("takes ") and "h > deadline 48 h" in why.reason
@@ -60,14 +62,16 @@ def test_a_job_that_fits_but_would_take_too_long_is_rejected_by_its_deadline() -
 
 def test_pinning_cpu_plans_only_the_cpu_and_says_why_when_it_cannot() -> None:
     p = plan(spec_from_dict({"name": "t", "task": "train", "model": "tiny-llama",
-                             "train": {"tokens": 1e6, "seq_len": 512}, "resources": {"accelerators": ["cpu"]}}), CAT)
+                             "train": {"tokens": 1e6, "seq_len": 512}, "resources": {"accelerators": ["cpu"]}}), CAT,
+             calibration=CAL)
     assert {c.estimate.strategy.gpu for c in p.candidates} == {"cpu"}
     with pytest.raises(NoFeasiblePlan, match="RAM"):
         plan(spec_from_dict({"name": "t", "task": "train", "model": "llama-3-8b", "train": {"tokens": 1e6},
-                             "resources": {"accelerators": ["cpu"]}}), CAT)
+                             "resources": {"accelerators": ["cpu"]}}), CAT, calibration=CAL)
     with pytest.raises(NoFeasiblePlan, match="one device"):
         plan(spec_from_dict({"name": "t", "task": "train", "model": "tiny-llama",
-                             "train": {"tokens": 1e6, "seq_len": 512}, "resources": {"accelerators": ["cpu:2"]}}), CAT)
+                             "train": {"tokens": 1e6, "seq_len": 512}, "resources": {"accelerators": ["cpu:2"]}}), CAT,
+             calibration=CAL)
 
 
 def test_the_cpu_uses_its_own_calibration() -> None:
@@ -82,6 +86,6 @@ def test_the_cpu_uses_its_own_calibration() -> None:
 @given(gflops=st.floats(1.0, 5000.0), gbps=st.floats(1.0, 500.0))
 def test_a_faster_cpu_never_predicts_a_slower_run(gflops: float, gbps: float) -> None:
     spec = load_spec("examples/tiny-train.yaml")
-    slow = estimate(spec, machine(gflops, gbps), "cpu", 1).throughput.tokens_per_s
-    fast = estimate(spec, machine(gflops * 2, gbps * 2), "cpu", 1).throughput.tokens_per_s
+    slow = estimate(spec, machine(gflops, gbps), "cpu", 1, calibration=CAL).throughput.tokens_per_s
+    fast = estimate(spec, machine(gflops * 2, gbps * 2), "cpu", 1, calibration=CAL).throughput.tokens_per_s
     assert 0 < slow < fast <= 2 * slow * (1 + 1e-9)

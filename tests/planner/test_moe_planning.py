@@ -11,7 +11,7 @@ import pytest
 from catalog.hf_config import model_from_hf_config
 from catalog.params import count_params
 from catalog.schema import ModelConfig
-from planner.calibration import MemoryCalibration
+from planner.calibration import MemoryCalibration, load_calibration
 from planner.memory import infer_memory, kv_cache_bytes, mla_expanded_kv_bytes
 from planner.memory_train import lora_params_per_layer, train_memory
 from planner.search import estimate, plan
@@ -19,6 +19,8 @@ from planner.spec import spec_from_dict
 from planner.throughput import decode_weight_params, matmul_params, train_flops_per_token
 from planner.types import Strategy
 from tests.planner.factory import small_catalog
+
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 CAT = small_catalog()
 H200 = CAT.gpu("H200")
@@ -84,14 +86,14 @@ def test_unknown_model_type_warns_in_estimate_and_plan() -> None:
     m = model("qwen3-0.6b", model_type="fancy_lm")
     spec = spec_from_dict({"name": "t", "task": "train", "model": "qwen3-0.6b",
                            "train": {"tokens": 1e7, "seq_len": 1024}})
-    e = estimate(spec, CAT, "H200", 1, model=m)
+    e = estimate(spec, CAT, "H200", 1, model=m, calibration=CAL)
     assert any("'fancy_lm'" in w and "llama-style" in w for w in e.warnings)
-    p = plan(spec, CAT, model=m, calibration=None)
+    p = plan(spec, CAT, model=m, calibration=CAL)
     assert any("'fancy_lm'" in w for w in p.warnings)
 
 
 def test_modeled_config_brings_no_warning() -> None:
     spec = spec_from_dict({"name": "t", "task": "train", "model": "qwen3-0.6b",
                            "train": {"tokens": 1e7, "seq_len": 1024}})
-    assert estimate(spec, CAT, "H200", 1, model=model("qwen3-0.6b")).warnings == []
+    assert estimate(spec, CAT, "H200", 1, model=model("qwen3-0.6b"), calibration=CAL).warnings == []
 

@@ -10,9 +10,12 @@ from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput, NoFeasiblePlan, UnknownName
 from catalog.params import count_params
+from planner.calibration import load_calibration
 from planner.search import estimate, plan, summarize_rejections
 from planner.spec import JobSpec, spec_from_dict
 from tests.planner.factory import small_catalog
+
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 CAT = small_catalog()
 
@@ -32,7 +35,7 @@ def job(**over: Any) -> JobSpec:
 
 
 def test_plan_ranks_cheapest_first_and_every_candidate_fits() -> None:
-    p = plan(job(), CAT)
+    p = plan(job(), CAT, calibration=CAL)
     assert p.chosen is not None and p.chosen == p.candidates[0]
     costs = [c.cost.usd for c in p.candidates]
     assert costs == sorted(costs)
@@ -41,20 +44,20 @@ def test_plan_ranks_cheapest_first_and_every_candidate_fits() -> None:
 
 
 def test_fastest_objective_orders_by_hours() -> None:
-    p = plan(job(), CAT, objective="fastest")
+    p = plan(job(), CAT, objective="fastest", calibration=CAL)
     hours = [c.cost.hours for c in p.candidates]
     assert hours == sorted(hours)
 
 
 def test_pareto_front_is_not_dominated() -> None:
-    p = plan(job(), CAT)
+    p = plan(job(), CAT, calibration=CAL)
     front = [c for c in p.candidates if c.pareto]
     for f in front:
         assert not any(o.cost.usd < f.cost.usd and o.cost.hours < f.cost.hours for o in p.candidates)
 
 
 def test_memory_rejections_say_needs_x_gib_gt_usable() -> None:
-    p = plan(job(), CAT)
+    p = plan(job(), CAT, calibration=CAL)
     mem = [r for r in p.rejections if r.constraint == "memory"]
     assert mem, "an 8B full fine-tune cannot fit on one L4 or V100"
     assert all("GiB >" in r.reason and "usable less 5% headroom" in r.reason for r in mem)
@@ -67,7 +70,7 @@ def test_pinned_fields_are_honoured() -> None:
     spec = job(train={"precision": "bf16", "micro_batch": 1, "activation_checkpointing": True,
                       "sharding": "fsdp", "optimizer": "sgd"},
                resources={"accelerators": ["H100:8"], "spot": "never"})
-    p = plan(spec, CAT)
+    p = plan(spec, CAT, calibration=CAL)
     for c in p.candidates:
         s = c.estimate.strategy
         assert (s.gpu, s.gpu_count, s.precision, s.micro_batch, s.activation_checkpointing, s.sharding,
@@ -79,7 +82,7 @@ def test_pinned_fields_are_honoured() -> None:
 def test_pinned_precision_the_part_lacks_is_rejected_with_reason() -> None:
     spec = job(model="gpt2", train={"precision": "bf16", "seq_len": 512},
                resources={"accelerators": ["V100-16GB", "L4"]})
-    p = plan(spec, CAT)
+    p = plan(spec, CAT, calibration=CAL)
     assert all(c.estimate.strategy.gpu == "L4" for c in p.candidates)
     dtype = [r for r in p.rejections if r.constraint == "dtype"]
     assert dtype and "V100-16GB" in dtype[0].reason and "bf16" in dtype[0].reason
@@ -87,56 +90,66 @@ def test_pinned_precision_the_part_lacks_is_rejected_with_reason() -> None:
 
 def test_auto_precision_never_picks_a_dtype_the_part_lacks() -> None:
     spec = job(model="gpt2", train={"seq_len": 512}, resources={"accelerators": ["V100-16GB"]})
-    p = plan(spec, CAT)
+    p = plan(spec, CAT, calibration=CAL)
     assert {c.estimate.strategy.precision for c in p.candidates} <= {"amp-fp16", "fp32"}
+
+
+def test_the_caller_passes_the_calibration_and_one_that_forgets_is_told_where_to_read_it() -> None:
+    with pytest.raises(TypeError, match="calibration"):
+        plan(job(), CAT)  # type: ignore[call-arg]
+    for attempt in (lambda: plan(job(), CAT, calibration=None),  # type: ignore[arg-type]
+                    lambda: estimate(job(), CAT, "H200", 1, calibration=None)):  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match="needs the planner's calibration") as info:
+            attempt()
+        assert "load_calibration()" in (info.value.hint or "")
 
 
 def test_unknown_gpu_suggests_close_names() -> None:
     with pytest.raises(UnknownName, match=r"did you mean.*H100"):
-        plan(job(resources={"accelerators": ["H10"]}), CAT)
+        plan(job(resources={"accelerators": ["H10"]}), CAT, calibration=CAL)
     with pytest.raises(UnknownName, match="H200"):
-        estimate(job(), CAT, "H2000", 1)
+        estimate(job(), CAT, "H2000", 1, calibration=CAL)
 
 
 def test_unknown_model_and_cloud_suggest_close_names() -> None:
     with pytest.raises(UnknownName, match="llama-3-8b"):
-        plan(job(model="llama-3-8"), CAT)
+        plan(job(model="llama-3-8"), CAT, calibration=CAL)
     with pytest.raises(UnknownName, match="aws"):
-        plan(job(resources={"clouds": ["awz"]}), CAT)
+        plan(job(resources={"clouds": ["awz"]}), CAT, calibration=CAL)
 
 
 def test_budget_names_itself_and_the_cheapest_price() -> None:
     with pytest.raises(NoFeasiblePlan) as err:
-        plan(job(resources={"budget_usd": 1}), CAT)
+        plan(job(resources={"budget_usd": 1}), CAT, calibration=CAL)
     text = str(err.value)
     assert "budget $1 removed the last" in text and "raise budget_usd to at least $" in text
 
 
 def test_deadline_names_itself_and_the_fastest_time() -> None:
     with pytest.raises(NoFeasiblePlan) as err:
-        plan(job(train={"tokens": 1e12}, resources={"deadline": "1h", "max_gpus": 8}), CAT)
+        plan(job(train={"tokens": 1e12}, resources={"deadline": "1h", "max_gpus": 8}), CAT, calibration=CAL)
     assert "deadline 1 h removed the last" in str(err.value) and "relax resources.deadline" in str(err.value)
 
 
 def test_memory_names_itself_when_nothing_fits() -> None:
     spec = job(model="llama-3-405b", resources={"accelerators": ["L4"], "max_gpus": 4})
     with pytest.raises(NoFeasiblePlan, match="memory removed the last"):
-        plan(spec, CAT)
+        plan(spec, CAT, calibration=CAL)
 
 
 def test_estimate_pinned_placement_and_not_fitting_reports_fits_false() -> None:
-    e = estimate(job(train={"precision": "bf16", "micro_batch": 1}), CAT, "H200", 1)
+    e = estimate(job(train={"precision": "bf16", "micro_batch": 1}), CAT, "H200", 1, calibration=CAL)
     assert e.strategy.gpu == "H200" and e.memory.fits and e.throughput.tokens_per_s > 0 and e.hours > 0
-    big = estimate(job(model="llama-3-70b"), CAT, "H100", 1)
+    big = estimate(job(model="llama-3-70b"), CAT, "H100", 1, calibration=CAL)
     assert not big.memory.fits and big.memory.required_bytes > big.memory.usable_bytes
     with pytest.raises(InvalidInput, match="fp8"):
-        estimate(job(train={"precision": "fp8"}), CAT, "A100-80GB", 1)
+        estimate(job(train={"precision": "fp8"}), CAT, "A100-80GB", 1, calibration=CAL)
 
 
 def test_inference_plan_prefers_full_precision_weights_when_they_fit() -> None:
     spec = spec_from_dict({"task": "infer", "model": "llama-3-8b",
                            "infer": {"batch": 16, "prompt_tokens": 2048, "output_tokens": 128, "requests": 1e4}})
-    p = plan(spec, CAT)
+    p = plan(spec, CAT, calibration=CAL)
     h100 = [c for c in p.candidates if c.estimate.strategy.gpu == "H100-SXM"]  # the 1-GPU offer
     assert h100 and all(c.estimate.strategy.weights == "bf16" for c in h100)
     l4 = [c for c in p.candidates if c.estimate.strategy.gpu == "L4" and c.estimate.strategy.gpu_count == 1]
@@ -163,7 +176,7 @@ def test_plan_invariants(model: str, seq: int, tokens: float, finetune: str, dea
     seq = min(seq, CAT.model(model).max_position_embeddings)  # longer is refused (test_spec_validation)
     spec = job(model=model, train={"tokens": tokens, "seq_len": seq, "finetune": finetune}, resources=resources)
     try:
-        p = plan(spec, CAT)
+        p = plan(spec, CAT, calibration=CAL)
     except NoFeasiblePlan as exc:
         assert "removed the last" in str(exc) or "no offer" in str(exc)
         return
@@ -205,7 +218,7 @@ def test_a_chosen_plan_always_leaves_the_headroom(model: str, task: str, seq: in
                                "infer": {"prompt_tokens": seq, "output_tokens": 128, "batch": 64}})
     want = 0.05 if headroom is None else headroom
     try:
-        p = plan(spec, CAT)
+        p = plan(spec, CAT, calibration=CAL)
     except NoFeasiblePlan as exc:
         assert f"less {want:.0%} headroom" in str(exc) or "removed the last" in str(exc)
         return
@@ -221,8 +234,10 @@ def test_a_chosen_plan_always_leaves_the_headroom(model: str, task: str, seq: in
 def test_memory_headroom_is_validated_and_changes_the_choice() -> None:
     with pytest.raises(InvalidInput, match="memory_headroom"):
         job(resources={"memory_headroom": 0.9})
-    roomy = plan(job(model="llama-3.2-1b", resources={"accelerators": ["H200:1"], "memory_headroom": 0.0}), CAT)
-    tight = plan(job(model="llama-3.2-1b", resources={"accelerators": ["H200:1"], "memory_headroom": 0.4}), CAT)
+    roomy = plan(job(model="llama-3.2-1b", resources={"accelerators": ["H200:1"], "memory_headroom": 0.0}), CAT,
+                 calibration=CAL)
+    tight = plan(job(model="llama-3.2-1b", resources={"accelerators": ["H200:1"], "memory_headroom": 0.4}), CAT,
+                 calibration=CAL)
     assert roomy.chosen is not None and tight.chosen is not None
     assert tight.chosen.estimate.memory.required_bytes <= tight.chosen.estimate.memory.usable_bytes * 0.6
     a, b = roomy.chosen.estimate.strategy, tight.chosen.estimate.strategy
@@ -246,13 +261,14 @@ def test_more_gpus_never_raise_per_gpu_fsdp_state(model: str, n: int) -> None:
 
 
 def test_lora_auto_precision_keeps_the_base_in_bf16() -> None:
-    p = plan(job(model="llama-3-70b", train={"finetune": "lora"}, resources={"accelerators": ["H200"]}), CAT)
+    p = plan(job(model="llama-3-70b", train={"finetune": "lora"}, resources={"accelerators": ["H200"]}), CAT,
+             calibration=CAL)
     assert {c.estimate.strategy.precision for c in p.candidates} == {"bf16"}
 
 
 def test_inference_strategy_label_names_weights_tp_and_batch() -> None:
     spec = spec_from_dict({"task": "infer", "model": "llama-3-8b", "infer": {"batch": 8}})
-    e = estimate(spec, CAT, "H200", 1)
+    e = estimate(spec, CAT, "H200", 1, calibration=CAL)
     assert e.strategy.task == "infer" and e.strategy.label() == "1xH200 tp=1 w=bf16 batch=8"
     assert e.throughput.requests_per_s is not None and e.throughput.decode_tokens_per_s is not None
 
@@ -263,7 +279,7 @@ def test_local_offer_is_free_and_wins_cheapest() -> None:
 
     local = Offer(cloud="local", instance_type="this-machine", gpu="H200", gpu_count=1, vcpus=16, ram_gib=128,
                   region="local", source=SRC)
-    p = plan(job(model="llama-3.2-1b", train={"tokens": 1e7}), CAT.with_offers([local]))
+    p = plan(job(model="llama-3.2-1b", train={"tokens": 1e7}), CAT.with_offers([local]), calibration=CAL)
     assert p.chosen is not None
     assert p.chosen.cost.market == "local" and p.chosen.cost.usd == 0.0 and p.chosen.offer.cloud == "local"
 
@@ -277,7 +293,7 @@ def test_a_global_batch_runs_exactly_or_is_refused_with_the_fix(count: int, glob
     train = {"global_batch": global_batch, **({"micro_batch": micro_batch} if micro_batch else {})}
     spec = job(model="llama-3.2-1b", train=train)
     try:
-        est = estimate(spec, CAT, "H200", count)
+        est = estimate(spec, CAT, "H200", count, calibration=CAL)
     except InvalidInput as exc:
         assert global_batch < count or global_batch % count or (micro_batch and (global_batch // count) % micro_batch)
         assert "precision" not in str(exc)  # the fix is the count or the batch
@@ -291,7 +307,7 @@ def test_count_that_does_not_divide_the_global_batch_names_the_counts_that_do() 
     spec = job(model="llama-3.2-1b", train={"global_batch": 64})
     with pytest.raises(InvalidInput, match=r"global_batch 64 does not split evenly over 3 data-parallel ranks "
                                            r"\(it would run 66\); use 2 or 4 data-parallel ranks"):
-        estimate(spec, CAT, "H200", 3)
+        estimate(spec, CAT, "H200", 3, calibration=CAL)
     with pytest.raises(InvalidInput, match="use at most 64 GPUs or a global_batch of at least 1000") as info:
-        estimate(spec, CAT, "H200", 1000)
+        estimate(spec, CAT, "H200", 1000, calibration=CAL)
     assert "precision" not in str(info.value)

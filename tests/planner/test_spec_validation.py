@@ -7,7 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput
+from planner.calibration import load_calibration
 from planner.spec import JobSpec, parse_hours, spec_from_dict
+
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 BASE = {"name": "j", "task": "train", "model": "llama-3-8b", "train": {"tokens": 1e9}}
 
@@ -140,7 +143,8 @@ def test_a_sequence_longer_than_the_models_context_is_refused(model: str, sectio
     task = "train" if "train" in section else "infer"
     spec = spec_from_dict({"task": task, "model": model, **section})
     catalog = load_catalog()
-    for attempt in (lambda: plan(spec, catalog), lambda: estimate(spec, catalog, "H200", 1)):
+    for attempt in (lambda: plan(spec, catalog, calibration=CAL),
+                    lambda: estimate(spec, catalog, "H200", 1, calibration=CAL)):
         with pytest.raises(InvalidInput) as info:
             attempt()
         assert needle in str(info.value) and "a model with a longer context" in str(info.value)

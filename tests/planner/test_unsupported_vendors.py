@@ -9,8 +9,11 @@ import pytest
 from catalog.errors import NoFeasiblePlan
 from catalog.loader import PACKAGED_DATA_DIR, load_catalog
 from catalog.schema import Offer, Source
+from planner.calibration import load_calibration
 from planner.search import plan
 from planner.spec import spec_from_dict
+
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 SRC = Source(url="https://example.test/prices", as_of=date(2026, 12, 1), note="test fixture")
 
@@ -24,6 +27,6 @@ def test_training_on_an_accelerator_the_workers_cannot_run_is_refused(gpu_id: st
     spec = spec_from_dict({"name": "t", "task": "train", "model": "llama-3.2-1b",
                            "train": {"tokens": 1e8, "seq_len": 2048}, "resources": {"accelerators": [gpu_id]}})
     with pytest.raises(NoFeasiblePlan) as err:
-        plan(spec, catalog)
+        plan(spec, catalog, calibration=CAL)
     text = str(err.value)
     assert backend in text and "pick a GPU" in text, text

@@ -14,10 +14,13 @@ from typer.testing import CliRunner
 from catalog.errors import InvalidInput
 from catalog.loader import load_catalog
 from cli import app
+from planner.calibration import load_calibration
 from planner.search import plan
 from planner.spec import spec_from_dict
 from planner.types import Plan
 from scheduler.report import build_dry_run, spot_pairs, write_dry_run
+
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 SPEC = {"name": "sft-a", "task": "train", "model": "llama-3-8b", "train": {"tokens": 2.0e9, "seq_len": 4096},
         "resources": {"spot": "auto", "deadline": "24h"}}
@@ -40,7 +43,7 @@ class _Collector(HTMLParser):
 def plans() -> list[Plan]:
     catalog = load_catalog()
     other = {**SPEC, "name": "sft-b", "resources": {"spot": "never", "deadline": "48h"}}
-    return [plan(spec_from_dict(SPEC), catalog), plan(spec_from_dict(other), catalog)]
+    return [plan(spec_from_dict(SPEC), catalog, calibration=CAL), plan(spec_from_dict(other), catalog, calibration=CAL)]
 
 
 def test_html_is_self_contained_and_shows_spot_overhead_and_deadline_probability(plans: list[Plan]) -> None:

@@ -14,11 +14,14 @@ import pytest
 
 from catalog.loader import load_catalog
 from commands.specfile import load_spec
+from planner.calibration import load_calibration
 from planner.search import plan
 from planner.spec import spec_from_dict
 from planner.types import Plan
 from workers.cluster import ClusterOptions
 from workers.cluster_aws import generate as generate_config
+
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PROFILE = "gpuplan-test-node"
@@ -63,7 +66,7 @@ def example_plan(name: str, **resources: Any) -> Plan:
         doc = spec.model_dump(mode="json", exclude_none=True)
         doc["resources"] = {**doc.get("resources", {}), **resources}
         spec = spec_from_dict(doc)
-    return plan(spec, load_catalog())
+    return plan(spec, load_catalog(), calibration=CAL)
 
 
 def options(**over: Any) -> ClusterOptions:

@@ -14,12 +14,15 @@ import torch
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog
 from commands.specfile import load_spec
+from planner.calibration import load_calibration
 from planner.capability import knob_problem
 from planner.search import plan
 from planner.spec import Finetune, Optimizer, Precision, Sharding, Weights, spec_from_dict
 from planner.types import Plan, ResolvedPrecision, ResolvedSharding, Strategy, WeightDtype
 from workers.capabilities import strategy_problem
 from workers.train_setup import check_supported
+
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -71,7 +74,7 @@ def _plans(cat: Catalog, specs: list[dict[str, Any]]) -> list[Plan | NoFeasibleP
     for raw in specs:
         for objective in ("cheapest", "fastest"):
             try:
-                out.append(plan(spec_from_dict(raw), cat, objective=objective))  # type: ignore[arg-type]
+                out.append(plan(spec_from_dict(raw), cat, objective=objective, calibration=CAL))  # type: ignore[arg-type]
             except NoFeasiblePlan as exc:
                 out.append(exc)
     return out
@@ -136,7 +139,7 @@ def test_the_record_covers_every_value_a_plan_can_hold(cat: Catalog) -> None:
 def test_a_pinned_knob_the_workers_do_not_run_is_refused_with_the_reason(cat: Catalog, knob: str, value: Any,
                                                                          why: str) -> None:
     with pytest.raises(NoFeasiblePlan) as caught:
-        plan(spec_from_dict(_train(**{"sharding": "fsdp", knob: value})), cat)
+        plan(spec_from_dict(_train(**{"sharding": "fsdp", knob: value})), cat, calibration=CAL)
     assert "support" in str(caught.value) and why in str(caught.value)
     strategy = Strategy(gpu="H100-SXM", gpu_count=4, **{"sharding": "fsdp", knob: value})
     with pytest.raises(InvalidInput, match=why):
@@ -145,7 +148,7 @@ def test_a_pinned_knob_the_workers_do_not_run_is_refused_with_the_reason(cat: Ca
 
 def test_int4_weights_are_not_planned_and_not_run(cat: Catalog) -> None:
     with pytest.raises(NoFeasiblePlan, match="mslk"):
-        plan(spec_from_dict(_infer(weights="int4")), cat)
+        plan(spec_from_dict(_infer(weights="int4")), cat, calibration=CAL)
 
 
 def test_workers_accept_fsdp_grad_op() -> None:
@@ -154,7 +157,7 @@ def test_workers_accept_fsdp_grad_op() -> None:
 
 
 def test_inference_plans_one_gpu_and_says_why_not_more(cat: Catalog) -> None:
-    p = plan(spec_from_dict(_infer()), cat)
+    p = plan(spec_from_dict(_infer()), cat, calibration=CAL)
     assert {c.estimate.strategy.gpu_count for c in p.candidates} == {1}
     assert {c.estimate.strategy.tensor_parallel for c in p.candidates} == {1}
     assert any(r.constraint == "support" and "one GPU" in r.reason for r in p.rejections)
@@ -169,7 +172,7 @@ def test_qlora_is_not_planned_on_rocm_and_the_plan_says_why(cat: Catalog, source
     else:
         spec = load_spec(EXAMPLES / source)
     for objective in ("cheapest", "fastest"):
-        p = plan(spec, cat, objective=objective)  # type: ignore[arg-type]
+        p = plan(spec, cat, objective=objective, calibration=CAL)  # type: ignore[arg-type]
         assert {cat.gpu(c.estimate.strategy.gpu).vendor for c in p.candidates} == {"nvidia"}
     amd = [r for r in p.rejections if "MI300X" in r.option]
     assert amd and all(r.constraint == "support" and "bitsandbytes" in r.reason for r in amd)

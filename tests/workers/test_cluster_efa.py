@@ -16,6 +16,7 @@ from ray.autoscaler._private.util import prepare_config
 from catalog.errors import InvalidInput
 from catalog.loader import load_catalog
 from commands.specfile import load_spec
+from planner.calibration import load_calibration
 from planner.search import plan
 from planner.types import Plan
 from tests.workers.cluster_setup import EXAMPLES, PLACEMENT_GROUPS, generate, options, subnets_of
@@ -27,6 +28,8 @@ from workers.executor import RunRequest
 from workers.placement import ZONE_PREFIX
 from workers.ray_attempt import attempt_infeasibility
 from workers.ray_executor import autoscaler_node_types
+
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 HEAD = {"CPU": 8.0, "node:__internal_head__": 1.0}
 
@@ -123,7 +126,7 @@ def test_without_efa_the_head_plans_with_one_interfaces_speed(aws: Any, plans: d
     spec = load_spec(str(EXAMPLES / "llama3-8b-sft.yaml"))
 
     def two_node_p4d(catalog: Any) -> float:
-        got = plan(spec, catalog)
+        got = plan(spec, catalog, calibration=CAL)
         return min(c.estimate.hours for c in got.candidates
                    if c.offer.instance_type == "p4d.24xlarge" and c.nodes == 2 and c.offer.zone == "use1-az1")
 

@@ -11,12 +11,15 @@ import pytest
 
 from catalog.loader import PACKAGED_DATA_DIR, load_catalog, resolve_model
 from catalog.local_cpu import CpuProbe, cpu_offer, cpu_spec
+from planner.calibration import load_calibration
 from planner.search import plan
 from planner.spec import spec_from_dict
 from planner.types import Strategy
 from tests.workers.tiny import write_config
 from workers.executor import RunRequest, RunState
 from workers.ray_executor import RayExecutor
+
+CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 pytestmark = pytest.mark.ray
 PROBE = CpuProbe(machine="node", model_name="test CPU", cores=2, threads=1, ram_bytes=8 * 2**30, fp32_gflops=50.0,
@@ -31,7 +34,7 @@ def test_a_cpu_planned_job_runs_on_a_cpu_only_node(ray_cluster: Any, tmp_path: P
                            "resources": {"accelerators": ["cpu"]}})
     cpu = cpu_spec(PROBE, today=date(2026, 12, 1))
     catalog = load_catalog(PACKAGED_DATA_DIR).with_gpus([cpu], [cpu_offer(cpu, PROBE, today=date(2026, 12, 1))])
-    chosen = plan(spec, catalog, model=resolve_model(catalog, config)).chosen
+    chosen = plan(spec, catalog, model=resolve_model(catalog, config), calibration=CAL).chosen
     assert chosen is not None and chosen.estimate.strategy.gpu == "cpu"
     request = RunRequest(job_id="ray-cpu-planned", attempt=1, spec=spec, strategy=chosen.estimate.strategy,
                          checkpoint_uri=str(tmp_path / "ck"), run_name="ray-cpu-planned")
