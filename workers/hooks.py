@@ -62,7 +62,7 @@ class OomBackoffEvent(TypedDict):
 
 
 class ResultEvent(TypedDict):
-    """The run ended: what it measured (workers.train.TrainResult.to_dict(), or the inference run's), next
+    """The run ended: what it measured (workers.train_result.TrainResult.to_dict(), or the inference run's), next
     to the prediction. "failed" carries what it measured up to the failure."""
 
     event: Literal["finished", "failed"]

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import torch
@@ -34,6 +33,7 @@ from workers.data import DataLayout, TokenSource, tokenizer_dir
 from workers.hooks import OomBackoffEvent, Signal, TrainHooks
 from workers.model import resolve_model_source
 from workers.train_recovery import back_off, free_memory, resume_split, wait_for_teardown
+from workers.train_result import TrainResult, peak_memory
 from workers.train_setup import (
     autocast_dtype,
     check_supported,
@@ -70,41 +70,6 @@ class TrainJob:
         if self.spec.train is None:
             raise InvalidInput("this job has no 'train' section", path="train")
         return self.spec.train
-
-
-@dataclass
-class TrainResult:
-    status: Literal["succeeded", "preempted", "cancelled", "failed"]
-    steps: int
-    total_steps: int
-    tokens: int
-    final_loss: float | None
-    checkpoints_written: int
-    resumed_from_step: int | None
-    tokens_per_s: float | None  # whole placement, wall time of this attempt incl. checkpoints
-    steady_tokens_per_s: float | None  # whole placement, training steps only, first step excluded
-    loop_tokens_per_s: float | None  # after the first step, wall clock: checkpoints and hooks included
-    wall_s: float
-    checkpoint_save_s: float  # writing checkpoints (in the background, except the last and just-in-time ones)
-    checkpoint_blocking_s: float  # what checkpoints cost the training loop: snapshots and waits
-    checkpoint_interval_steps: int  # the interval used last (pinned by the spec, or Young/Daly)
-    checkpoint_interval_s: float | None  # Young/Daly's tau behind it; None when the spec pinned the steps
-    checkpoint_stall_s: float | None  # loop stall of the last periodic checkpoint (snapshot into host memory)
-    checkpoint_durable_s: float | None  # snapshot handed over -> committed, of the last checkpoint
-    peak_allocated_bytes: int | None  # torch.cuda.max_memory_allocated on the most loaded rank
-    peak_reserved_bytes: int | None
-    peak_rss_bytes: int | None  # CPU runs: the process's peak resident set
-    predicted: dict[str, float]
-    device: str
-    world_size: int
-    micro_batch: int = 0  # what the loop ran at the end (the plan's, unless an OOM halved it)
-    grad_accum: int = 0
-    oom_backoffs: list[dict[str, int]] = field(default_factory=list)  # step, from/to micro_batch and grad_accum
-    cuda_alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF the run had
-    error: str | None = None  # set on the measurements of a run that failed
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def total_steps(train: TrainSpec, strategy: Strategy) -> int:
@@ -432,7 +397,7 @@ class _Run:
                 error: str | None = None) -> TrainResult:
         wall = time.perf_counter() - self.started
         loop_s = time.perf_counter() - self.loop_began if self.loop_began is not None else 0.0
-        peak_alloc, peak_reserved, peak_rss = self._peaks(error)
+        peak_alloc, peak_reserved, peak_rss = peak_memory(self.device, self.world, error)
         steady_s, loop_tokens, attempt_tokens = self.steady_s, self.loop_tokens, self.attempt_tokens
         return TrainResult(
             status=status, steps=self.step, total_steps=self.steps, tokens=self.tokens,
@@ -448,19 +413,6 @@ class _Run:
             micro_batch=self.micro, grad_accum=self.accum, oom_backoffs=list(self.backoffs),
             cuda_alloc_conf=self.alloc_conf, error=error,
         )
-
-    def _peaks(self, error: str | None) -> tuple[int | None, int | None, int | None]:
-        """(allocated, reserved) peaks on the most loaded GPU rank, or the process's peak RSS on a CPU."""
-        device = self.device
-        if device.type != "cuda":
-            return None, None, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-        peak_alloc = torch.cuda.max_memory_allocated(device)
-        peak_reserved = torch.cuda.max_memory_reserved(device)
-        if self.world > 1 and error is None:  # a failing rank cannot count on the others joining a collective
-            peaks = torch.tensor([peak_alloc, peak_reserved], device=device)
-            dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-            peak_alloc, peak_reserved = int(peaks[0]), int(peaks[1])
-        return peak_alloc, peak_reserved, None
 
 
 def interval_planner(job: TrainJob, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> IntervalPlanner:

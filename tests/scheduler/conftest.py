@@ -21,6 +21,7 @@ from planner.spec import JobSpec
 from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Plan, Strategy, ThroughputEstimate
 from scheduler.service import SchedulerService
 from scheduler.store import Store
+from tests.scheduler.fakes import FakeClock
 
 PG_URL = os.environ.get("GPUPLAN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -156,3 +157,14 @@ def spec_dict(tokens: float = 1e6, gpus: int = 1, name: str = "job", spot: str =
 @pytest.fixture
 def service(store: Store, tmp_path: Path) -> SchedulerService:
     return SchedulerService(store, toy_plan, checkpoint_root=str(tmp_path / "ckpt"), admin_token="admin-secret")
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def svc(store: Store, tmp_path: Path, clock: FakeClock) -> SchedulerService:
+    """A service over ``store`` planning with toy_plan, on a clock the test moves."""
+    return SchedulerService(store, toy_plan, clock=clock, checkpoint_root=str(tmp_path / "ckpt"))

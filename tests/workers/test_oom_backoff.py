@@ -16,7 +16,8 @@ from workers.executor import RunProgress, RunState, RunStatus
 from workers.hooks import Signal, TrainHooks
 from workers.progress import ProgressTracker, result_backoffs, result_metrics
 from workers.runner import LocalPlan, LocalRun
-from workers.train import TrainJob, TrainResult, run_training
+from workers.train import TrainJob, run_training
+from workers.train_result import TrainResult
 
 
 class InjectOOM(TrainHooks):

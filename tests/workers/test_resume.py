@@ -16,7 +16,8 @@ from planner.types import Strategy
 from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.checkpoint import open_store
 from workers.hooks import TrainHooks
-from workers.train import TrainJob, TrainResult, run_training
+from workers.train import TrainJob, run_training
+from workers.train_result import TrainResult
 
 PHASES = ("forward", "backward", "optimizer", "checkpoint")
 
