@@ -19,7 +19,6 @@ import json
 import os
 import random
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,20 +29,18 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.net import free_port  # noqa: E402
+from tests.pg import drop_pg_schema, new_pg_schema  # noqa: E402
+
 ADMIN = "bench-admin"
-PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def spec(i: int) -> dict[str, Any]:
     return {"name": f"load-{i % 4}", "task": "train", "model": "llama-3-8b",
             "train": {"tokens": [1e8, 2e8, 5e8, 1e9][i % 4], "seq_len": 4096},
             "resources": {"spot": "auto"}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_server(db_url: str, port: int, home: Path, workers: int = 1) -> subprocess.Popen[bytes]:
@@ -63,26 +60,6 @@ def start_server(db_url: str, port: int, home: Path, workers: int = 1) -> subpro
             time.sleep(0.2)
     proc.kill()
     raise SystemExit("server did not start")
-
-
-def pg_url() -> tuple[str, str]:
-    from sqlalchemy import create_engine, text
-
-    schema = f"bench_{secrets.token_hex(4)}"
-    engine = create_engine(PG)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine.dispose()
-    return schema, f"{PG}?options=-csearch_path%3D{schema}"
-
-
-def drop_pg(schema: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(PG)
-    with engine.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    engine.dispose()
 
 
 def setup_team(url: str) -> str:
@@ -288,7 +265,7 @@ def main() -> None:
     if args.db == "sqlite":
         db_url = f"sqlite:///{home / 'load.db'}"
     elif args.db == "postgres":
-        schema, db_url = pg_url()
+        schema, db_url = new_pg_schema("bench")
     else:
         db_url = args.db
     port = free_port()
@@ -314,7 +291,7 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=30)
         if schema:
-            drop_pg(schema)
+            drop_pg_schema(schema)
 
 
 if __name__ == "__main__":

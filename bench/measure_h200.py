@@ -948,23 +948,21 @@ def sweep_main(args: argparse.Namespace) -> int:
     for c in single:
         q.put(c)
 
+    def run_or_skip(c: dict[str, Any], on: list[str]) -> None:
+        """Run case ``c`` on the GPUs ``on``, or record it as skipped once the time budget is spent."""
+        if time.perf_counter() > deadline:
+            report({"id": c["id"], **{k: v for k, v in c.items() if k != "id"}, "oom": False,
+                    "error": "skipped: sweep time budget spent"})
+        else:
+            report(run_one(c, args, on, workdir))
+
     def worker(gpu: str) -> None:
         while True:
             try:
                 c = q.get_nowait()
             except queue.Empty:
                 return
-            if time.perf_counter() > deadline:
-                report(
-                    {
-                        "id": c["id"],
-                        **{k: v for k, v in c.items() if k != "id"},
-                        "oom": False,
-                        "error": "skipped: sweep time budget spent",
-                    }
-                )
-                continue
-            report(run_one(c, args, [gpu], workdir))
+            run_or_skip(c, [gpu])
 
     threads = [threading.Thread(target=worker, args=(g,)) for g in (gpus if args.device == "cuda" else gpus[:1])]
     for t in threads:
@@ -972,17 +970,7 @@ def sweep_main(args: argparse.Namespace) -> int:
     for t in threads:
         t.join()
     for c in multi:
-        if time.perf_counter() > deadline:
-            report(
-                {
-                    "id": c["id"],
-                    **{k: v for k, v in c.items() if k != "id"},
-                    "oom": False,
-                    "error": "skipped: sweep time budget spent",
-                }
-            )
-            continue
-        report(run_one(c, args, gpus, workdir))
+        run_or_skip(c, gpus)
     save()
     print(f"wrote {out} ({len(results)} cases)")
     return 0

@@ -39,19 +39,19 @@ from scheduler.api.server import catalog_planner  # noqa: E402
 from scheduler.models import Attempt, Event, Job, JobCreate, JobLog, Spend, TeamCreate, TeamUpdate  # noqa: E402
 from scheduler.service import ADMIN, SchedulerService  # noqa: E402
 from scheduler.store import Store  # noqa: E402
+from tests.pg import PG_URL, drop_pg_schema, new_pg_schema  # noqa: E402
 
 ADMIN_TOKEN = "bench-admin"
 TEAMS = {"ml": 4_500.0, "research": 2_000.0, "infra": None}
 EXAMPLES = ["llama3-8b-sft.yaml", "mixtral-qlora.yaml", "llama3-70b-lora.yaml", "llama3-8b-serve.yaml"]
 STATES = ["succeeded"] * 6 + ["failed", "cancelled", "running", "queued", "preempted"]
-PG = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def make_store(db: str, reuse: str | None = None) -> tuple[Store, str | None]:
     if reuse is not None:  # a database seeded by an earlier --keep run
         if db == "sqlite":
             return Store(f"sqlite:///{reuse}"), None
-        store = Store(f"{PG}?options=-csearch_path%3D{reuse}")
+        store = Store(f"{PG_URL}?options=-csearch_path%3D{reuse}")
         store.migrate()  # a new revision since the seed (an index) applies to it
         vacuum_analyze(store)
         return store, reuse
@@ -60,25 +60,10 @@ def make_store(db: str, reuse: str | None = None) -> tuple[Store, str | None]:
         store = Store(f"sqlite:///{path}")
         store.migrate()
         return store, None
-    from sqlalchemy import create_engine, text
-
-    schema = f"ui_bench_{secrets.token_hex(4)}"
-    engine = create_engine(PG)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine.dispose()
-    store = Store(f"{PG}?options=-csearch_path%3D{schema}")
+    schema, url = new_pg_schema("ui_bench")
+    store = Store(url)
     store.migrate()
     return store, schema
-
-
-def drop_schema(schema: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(PG)
-    with engine.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-    engine.dispose()
 
 
 def seed(service: SchedulerService, n_jobs: int, n_spend: int, rng: random.Random) -> dict[str, str]:
@@ -356,7 +341,7 @@ def main() -> None:
     finally:
         store.dispose()
         if schema and not keep:
-            drop_schema(schema)
+            drop_pg_schema(schema)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+REGION = "us-east-1"
 
 
 @contextmanager
@@ -18,3 +24,20 @@ def moto_server() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+def use_moto(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """Every boto3 client made from here on (and in processes started from here) reaches moto at ``url``
+    with test credentials; a developer's own AWS profile or session is never used."""
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {"AWS_ENDPOINT_URL": url, "AWS_DEFAULT_REGION": REGION, **TEST_CREDENTIALS}.items():
+        monkeypatch.setenv(key, value)
+
+
+def moto_s3(url: str) -> Any:
+    """A boto3 S3 client on moto at ``url``, whatever the environment says."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=url, region_name=REGION, aws_access_key_id="testing",
+                        aws_secret_access_key="testing")

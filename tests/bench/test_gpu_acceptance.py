@@ -3,25 +3,13 @@ refusal into SKIP with the CLI's reason (the GPU numbers themselves come from th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_acceptance", ROOT / "bench" / "gpu_acceptance.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_acceptance"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.bench.scripts import load_script
 
 
 def test_a_tiny_run_through_the_cli_is_read_back_and_a_refusal_is_skip(tmp_path: Path) -> None:
-    acc = _script()
+    acc = load_script("gpu_acceptance", "gpu_acceptance")
     tiny = {"name": "acc-tiny", "task": "train", "model": "tiny-llama",
             "train": {"tokens": 4 * 2 * 64, "seq_len": 64, "micro_batch": 2, "checkpoint_interval_steps": 2}}
     ran = acc._simple("tiny", tiny, tmp_path, 300.0, accuracy=False)

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("spot_bench", ROOT / "bench" / "spot.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["spot_bench"] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.bench.scripts import load_script
 
 
 def test_resample_keeps_a_tick_only_when_all_nodes_were_there_all_along() -> None:
-    spot = bench()
+    spot = load_script("spot", "spot_bench")
     counts = np.array([4, 4, 4, 3, 4, 4, 4, 4, 4, 4, 0, 4, 4, 4, 4, 4], dtype=np.float64)  # 100 s ticks
     avail, gap = spot.resample("z", counts, 100.0, nodes=4)
     assert gap == 300.0
@@ -36,7 +24,7 @@ def test_resample_keeps_a_tick_only_when_all_nodes_were_there_all_along() -> Non
 
 
 def test_a_family_is_one_folder_of_zones_and_its_jobs_fit_in_the_trace(tmp_path: Path) -> None:
-    spot = bench()
+    spot = load_script("spot", "spot_bench")
     folder = tmp_path / "preemption" / "4-node" / "aws-08-03-2023"
     folder.mkdir(parents=True)
     for name, n in (("us-east-1f_v100_1", 700), ("us-west-2c_v100_1", 800)):

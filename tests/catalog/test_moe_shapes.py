@@ -3,16 +3,12 @@ counted against the published parameter figures (within 2%)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from catalog.errors import InvalidInput
 from catalog.hf_config import model_from_hf_config
 from catalog.params import count_params
-
-CONFIGS = Path(__file__).parent.parent / "data" / "hf_configs"
+from tests.hf_configs import CONFIGS, hf_config
 
 # config file -> (published total, published active per token), from each model card / paper
 PUBLISHED = {
@@ -22,11 +18,6 @@ PUBLISHED = {
     "qwen1.5-moe-a2.7b": (14.3e9, 2.7e9),
     "qwen3-0.6b": (0.6e9, 0.6e9),
 }
-
-
-def _config(name: str) -> dict[str, object]:
-    loaded: dict[str, object] = json.loads((CONFIGS / f"{name}.json").read_text())
-    return loaded
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -39,11 +30,11 @@ def test_total_and_active_params_match_published(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_modeled_configs_carry_no_assumptions(name: str) -> None:
-    assert model_from_hf_config(_config(name)).assumptions == []
+    assert model_from_hf_config(hf_config(name)).assumptions == []
 
 
 def test_qwen3_head_dim_is_not_hidden_over_heads() -> None:
-    m = model_from_hf_config(_config("qwen3-0.6b"))
+    m = model_from_hf_config(hf_config("qwen3-0.6b"))
     assert m.head_size == 128 != m.hidden_size // m.num_attention_heads
     pc = count_params(m)
     assert pc.non_embedding == pytest.approx(0.44e9, rel=0.02)
@@ -51,25 +42,25 @@ def test_qwen3_head_dim_is_not_hidden_over_heads() -> None:
 
 
 def test_qwen3_moe_experts_use_moe_intermediate_size() -> None:
-    m = model_from_hf_config(_config("qwen3-30b-a3b"))
+    m = model_from_hf_config(hf_config("qwen3-30b-a3b"))
     assert m.moe is not None and m.moe.expert_intermediate_size == 768
     assert (m.num_experts, m.experts_per_token, m.moe.dense_layers) == (128, 8, 0)
 
 
 def test_deepseek_v3_shared_expert_dense_layers_and_mla() -> None:
-    m = model_from_hf_config(_config("deepseek-v3"))
+    m = model_from_hf_config(hf_config("deepseek-v3"))
     assert m.moe is not None and m.mla is not None
     assert (m.num_experts, m.moe.shared_intermediate_size, m.moe.dense_layers) == (256, 2048, 3)
     assert (m.mla.q_lora_rank, m.mla.kv_lora_rank, m.head_size) == (1536, 512, 192)
 
 
 def test_qwen2_moe_shared_expert_and_its_gate() -> None:
-    m = model_from_hf_config(_config("qwen1.5-moe-a2.7b"))
+    m = model_from_hf_config(hf_config("qwen1.5-moe-a2.7b"))
     assert m.moe is not None and m.moe.shared_intermediate_size == 5632 and m.moe.shared_expert_gate
 
 
 def test_qwen_moe_dense_layers_from_sparse_step_and_mlp_only_layers() -> None:
-    base = _config("qwen3-30b-a3b")
+    base = hf_config("qwen3-30b-a3b")
     every_other = model_from_hf_config({**base, "decoder_sparse_step": 2})
     listed = model_from_hf_config({**base, "mlp_only_layers": [0, 1, 47]})
     assert every_other.moe is not None and every_other.moe.dense_layers == 24
@@ -79,7 +70,7 @@ def test_qwen_moe_dense_layers_from_sparse_step_and_mlp_only_layers() -> None:
 
 
 def test_mla_without_q_lora_rank_uses_a_full_q_proj() -> None:
-    base = _config("deepseek-v3")
+    base = hf_config("deepseek-v3")
     full_q = model_from_hf_config({**base, "q_lora_rank": None})
     low_rank = model_from_hf_config(base)
     h, heads = 7168, 128
@@ -88,7 +79,7 @@ def test_mla_without_q_lora_rank_uses_a_full_q_proj() -> None:
 
 
 def test_mla_missing_head_dim_is_named() -> None:
-    cfg = {k: v for k, v in _config("deepseek-v3").items() if k != "v_head_dim"}
+    cfg = {k: v for k, v in hf_config("deepseek-v3").items() if k != "v_head_dim"}
     with pytest.raises(InvalidInput, match="v_head_dim"):
         model_from_hf_config(cfg)
 
@@ -106,13 +97,13 @@ def test_mixtral_and_llama_counts_unchanged() -> None:
 
 
 def test_unknown_model_type_is_counted_generically_with_a_warning() -> None:
-    cfg = {**_config("qwen3-0.6b"), "model_type": "fancy_lm"}
+    cfg = {**hf_config("qwen3-0.6b"), "model_type": "fancy_lm"}
     m = model_from_hf_config(cfg)
     assert len(m.assumptions) == 1 and "'fancy_lm'" in m.assumptions[0] and "llama-style" in m.assumptions[0]
 
 
 def test_unknown_shape_keys_are_named_in_a_warning() -> None:
-    cfg = {**_config("qwen3-30b-a3b"), "num_expert_groups": 4, "moe_latent_size": 256, "moe_extra_off": None}
+    cfg = {**hf_config("qwen3-30b-a3b"), "num_expert_groups": 4, "moe_latent_size": 256, "moe_extra_off": None}
     (note,) = model_from_hf_config(cfg).assumptions
     assert "moe_latent_size, num_expert_groups" in note and "moe_extra_off" not in note
 
@@ -120,7 +111,7 @@ def test_unknown_shape_keys_are_named_in_a_warning() -> None:
 def _shrunk(name: str) -> dict[str, object]:
     """The published config with fewer layers, experts and a small vocabulary, so a real model builds on CPU
     while every kind of layer (dense first layers, shared experts, MLA) is still there."""
-    cfg = _config(name)
+    cfg = hf_config(name)
     cfg.update(num_hidden_layers=4, vocab_size=1000, max_position_embeddings=2048)
     for key in ("num_experts", "n_routed_experts"):
         if key in cfg:

@@ -4,16 +4,12 @@ published parameter figures (HF safetensors metadata / model cards)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from catalog.errors import InvalidInput
 from catalog.hf_config import model_from_hf_config
 from catalog.params import count_params
-
-CONFIGS = Path(__file__).parent.parent / "data" / "hf_configs"
+from tests.hf_configs import CONFIGS, hf_config
 
 # config -> (published total, published active without the input embedding). Gemma 3 4B-27B publish the
 # multimodal checkpoint; gpuplan plans its text decoder, so the published figure less the SigLIP vision
@@ -38,11 +34,6 @@ def _vision(name: str) -> int:
     return 0 if hidden is None else SIGLIP + 1152 * hidden + 1152
 
 
-def _config(name: str) -> dict[str, object]:
-    loaded: dict[str, object] = json.loads((CONFIGS / f"{name}.json").read_text())
-    return loaded
-
-
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_counts_equal_the_published_figures(name: str) -> None:
     total, active = PUBLISHED[name]
@@ -53,7 +44,7 @@ def test_counts_equal_the_published_figures(name: str) -> None:
 
 
 def test_gpt_oss_layers_sinks_eager_and_expert_loop() -> None:
-    m = model_from_hf_config(_config("gpt-oss-20b"))
+    m = model_from_hf_config(hf_config("gpt-oss-20b"))
     assert m.attention is not None and m.moe is not None
     assert (m.attention.sliding_window, m.attention.sliding_layers) == (128, 12)
     assert m.attention.sinks and m.attention.eager and m.moe.expert_loop
@@ -62,7 +53,7 @@ def test_gpt_oss_layers_sinks_eager_and_expert_loop() -> None:
 
 
 def test_gemma3_pattern_qk_norm_and_four_norms() -> None:
-    one = model_from_hf_config(_config("gemma-3-1b"))
+    one = model_from_hf_config(hf_config("gemma-3-1b"))
     assert one.attention is not None
     assert (one.attention.sliding_window, one.attention.sliding_layers) == (512, 22)  # 5 of every 6 of 26
     assert (one.attention.qk_norm, one.attention.norms_per_layer) == ("head", 4)
@@ -70,7 +61,7 @@ def test_gemma3_pattern_qk_norm_and_four_norms() -> None:
 
 
 def test_multimodal_gemma3_plans_the_text_decoder_and_says_so() -> None:
-    m = model_from_hf_config(_config("gemma-3-27b"))
+    m = model_from_hf_config(hf_config("gemma-3-27b"))
     assert m.family == "gemma3_text" and m.hf_config["model_type"] == "gemma3_text"
     assert (m.num_layers, m.head_size, m.num_kv_heads, m.vocab_size) == (62, 128, 16, 262208)  # defaults filled
     (note,) = m.assumptions
@@ -78,10 +69,10 @@ def test_multimodal_gemma3_plans_the_text_decoder_and_says_so() -> None:
 
 
 def test_olmo2_full_qk_norm_and_phi4_mistral_small_plain() -> None:
-    olmo = model_from_hf_config(_config("olmo-2-7b"))
+    olmo = model_from_hf_config(hf_config("olmo-2-7b"))
     assert olmo.attention is not None and olmo.attention.qk_norm == "full"
     for name in ("phi-4", "mistral-small-24b"):
-        m = model_from_hf_config(_config(name))
+        m = model_from_hf_config(hf_config(name))
         assert m.attention is None and m.assumptions == [], name  # sliding_window null: full attention
 
 
@@ -100,11 +91,11 @@ def test_window_rules_of_each_family() -> None:
 
 def test_bad_layer_types_are_named() -> None:
     with pytest.raises(InvalidInput, match="layer_types"):
-        model_from_hf_config({**_config("gpt-oss-20b"), "layer_types": ["full_attention"]})
+        model_from_hf_config({**hf_config("gpt-oss-20b"), "layer_types": ["full_attention"]})
 
 
 def test_unknown_layer_types_are_named_in_a_warning() -> None:
-    cfg = _config("gpt-oss-20b")
+    cfg = hf_config("gpt-oss-20b")
     types = cfg["layer_types"]
     assert isinstance(types, list)
     cfg["layer_types"] = ["chunked_attention", *types[1:]]
@@ -118,7 +109,7 @@ def test_count_equals_a_real_transformers_model(name: str) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    m = model_from_hf_config(_config(name))
+    m = model_from_hf_config(hf_config(name))
     cfg = {k: v for k, v in m.hf_config.items() if k != "quantization_config"}
     with torch.device("meta"):
         config = AutoConfig.for_model(**cfg)  # type: ignore[arg-type]  # model_type is in the dict

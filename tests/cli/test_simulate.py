@@ -12,6 +12,7 @@ from ray.autoscaler._private.util import validate_config
 from typer.testing import CliRunner
 
 from cli import app
+from tests.moto_server import moto_server, use_moto
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 runner = CliRunner()
@@ -59,7 +60,6 @@ def test_simulate_table_and_errors(tmp_path: Path) -> None:
 
 def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import boto3
-    from moto.server import ThreadedMotoServer
 
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({"name": "demo", "task": "train", "model": "llama-3-8b",
@@ -71,15 +71,8 @@ def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path, monkeypatch:
 
     made = FakePlacementGroups()  # moto has no placement-group API (tests/workers/test_cluster_efa.py)
     monkeypatch.setattr("workers.cluster_aws.Ec2PlacementGroups", lambda ec2, cluster: made)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-            monkeypatch.delenv(key, raising=False)
-        for key, value in {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            monkeypatch.setenv(key, value)
+    with moto_server() as url:
+        use_moto(monkeypatch, url)
         iam = boto3.client("iam")
         iam.create_role(RoleName="gpuplan-node", AssumeRolePolicyDocument="{}")
         iam.create_instance_profile(InstanceProfileName="gpuplan-node")
@@ -87,8 +80,6 @@ def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path, monkeypatch:
         ami = boto3.client("ec2").register_image(Name="gpuplan-test-dlami", RootDeviceName="/dev/sda1")["ImageId"]
         result = runner.invoke(app, ["cluster", "config", str(spec), "--out", str(out), "--ami", ami,
                                      "--wheel", "dist/gpuplan-0.1.0-py3-none-any.whl"])
-    finally:
-        server.stop()
     assert result.exit_code == 0, result.output
     config = yaml.safe_load(out.read_text())
     validate_config(config)

@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.scheduler.server import free_port, start_process, wait_for
+from tests.net import free_port
+from tests.scheduler.server import start_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,6 +6,7 @@ from datetime import date
 
 from catalog.loader import Catalog
 from catalog.schema import GpuSpec, Interconnect, ModelConfig, Offer, Source
+from planner.types import Strategy
 
 SRC = Source(url="https://example.test/datasheet", as_of=date(2026, 11, 1), note="test fixture")
 
@@ -72,3 +73,10 @@ MODELS = (
 
 def small_catalog() -> Catalog:
     return Catalog(gpus=GPUS, offers=OFFERS, models=MODELS)
+
+
+def strat(**kw: object) -> Strategy:
+    """A strategy on one H200 with the fields in ``kw``."""
+    base: dict[str, object] = {"gpu": "H200", "gpu_count": 1}
+    base.update(kw)
+    return Strategy.model_validate(base)

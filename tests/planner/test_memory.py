@@ -11,18 +11,11 @@ from planner.calibration import GIB, MemoryCalibration
 from planner.knobs import Knobs
 from planner.memory import infer_memory, kv_cache_bytes, layer_activation_bytes_per_token
 from planner.memory_train import max_micro_batch, memory_lines, train_memory
-from planner.types import Strategy
-from tests.planner.factory import small_catalog
+from tests.planner.factory import small_catalog, strat
 
 CAT = small_catalog()
 H200 = CAT.gpu("H200")
 CAL = MemoryCalibration()
-
-
-def strat(**kw: object) -> Strategy:
-    base: dict[str, object] = {"gpu": "H200", "gpu_count": 1}
-    base.update(kw)
-    return Strategy.model_validate(base)
 
 
 def test_llama3_8b_bf16_weights_are_16_06_gb() -> None:

@@ -3,14 +3,9 @@ and the assumptions behind a config gpuplan does not model exactly shown as warn
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from catalog.hf_config import model_from_hf_config
 from catalog.params import count_params
-from catalog.schema import ModelConfig
 from planner.calibration import MemoryCalibration, load_calibration
 from planner.memory import infer_memory, kv_cache_bytes, mla_expanded_kv_bytes
 from planner.memory_train import lora_params_per_layer, train_memory
@@ -18,18 +13,13 @@ from planner.search import estimate, plan
 from planner.spec import spec_from_dict
 from planner.throughput import decode_weight_params, matmul_params, train_flops_per_token
 from planner.types import Strategy
+from tests.hf_configs import hf_model as model
 from tests.planner.factory import small_catalog
 
 CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
 CAT = small_catalog()
 H200 = CAT.gpu("H200")
-CONFIGS = Path(__file__).parent.parent / "data" / "hf_configs"
-
-
-def model(name: str, **over: object) -> ModelConfig:
-    cfg = json.loads((CONFIGS / f"{name}.json").read_text())
-    return model_from_hf_config({**cfg, **over}, model_id=name)
 
 
 def test_deepseek_v3_caches_the_compressed_latent_per_layer() -> None:

@@ -14,17 +14,10 @@ from planner.throughput import (
     train_flops_per_token,
     train_throughput,
 )
-from planner.types import Strategy
-from tests.planner.factory import small_catalog
+from tests.planner.factory import small_catalog, strat
 
 CAT = small_catalog()
 CAL = ThroughputCalibration()
-
-
-def strat(**kw: object) -> Strategy:
-    base: dict[str, object] = {"gpu": "H200", "gpu_count": 1}
-    base.update(kw)
-    return Strategy.model_validate(base)
 
 
 def test_six_n_plus_attention() -> None:

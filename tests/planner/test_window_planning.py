@@ -4,13 +4,9 @@ activation bytes follow the autograd graph of the real transformers layers (chec
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from catalog.hf_config import model_from_hf_config
-from catalog.schema import ModelConfig
 from planner.calibration import MemoryCalibration, ThroughputCalibration
 from planner.memory import infer_memory, kv_cache_bytes, layer_activation_bytes_per_token
 from planner.memory_train import train_memory
@@ -22,17 +18,12 @@ from planner.throughput import (
     train_throughput,
 )
 from planner.types import Strategy
+from tests.hf_configs import hf_model as model
 from tests.planner.factory import small_catalog
 
 CAT = small_catalog()
 H200 = CAT.gpu("H200")
-CONFIGS = Path(__file__).parent.parent / "data" / "hf_configs"
 TCAL = ThroughputCalibration()
-
-
-def model(name: str, **over: object) -> ModelConfig:
-    cfg = json.loads((CONFIGS / f"{name}.json").read_text())
-    return model_from_hf_config({**cfg, **over}, model_id=name)
 
 
 def test_sliding_layers_cache_only_their_window() -> None:

@@ -6,52 +6,21 @@ cost and GPU count through the spec itself (cost = tokens / 1e6 dollars, GPUs fr
 
 from __future__ import annotations
 
-import os
-import secrets
 import shutil
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from catalog.schema import Offer, Source
 from planner.spec import JobSpec
 from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Plan, Strategy, ThroughputEstimate
 from scheduler.service import SchedulerService
 from scheduler.store import Store
+from tests.pg import drop_pg_schema, new_pg_schema, pg_reason
 from tests.scheduler.fakes import FakeClock
-
-PG_URL = os.environ.get("GPUPLAN_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-
-
-def pg_reason() -> str | None:
-    """None when PostgreSQL answers at 127.0.0.1:5432, else why it is skipped."""
-    try:
-        import psycopg
-
-        with psycopg.connect(PG_URL.replace("+psycopg", ""), connect_timeout=2):
-            return None
-    except Exception as exc:
-        return f"no PostgreSQL at 127.0.0.1:5432 db test ({type(exc).__name__}: {exc})"
-
-
-def new_pg_schema() -> tuple[str, str]:
-    """(schema, url) for a fresh schema, so parallel runs never share tables."""
-    schema = f"gp_{os.getpid()}_{secrets.token_hex(4)}"
-    engine = create_engine(PG_URL)
-    with engine.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine.dispose()
-    return schema, f"{PG_URL}?options=-csearch_path%3D{schema}"
-
-
-def drop_pg_schema(schema: str) -> None:
-    engine = create_engine(PG_URL)
-    with engine.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-    engine.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import threading
 import time
@@ -14,11 +13,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.net import free_port
 
 
 @contextmanager

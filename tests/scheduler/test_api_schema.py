@@ -18,8 +18,9 @@ from scheduler.api import create_app
 from scheduler.models import JobCreate, TeamCreate
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import Store
+from tests.pg import drop_pg_schema, new_pg_schema, pg_reason
 from tests.scheduler import hostile
-from tests.scheduler.conftest import drop_pg_schema, new_pg_schema, pg_reason, spec_dict, toy_plan
+from tests.scheduler.conftest import spec_dict, toy_plan
 from tests.scheduler.server import serve
 
 ADMIN_TOKEN = "admin-secret"

@@ -6,7 +6,6 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
 from typer.testing import CliRunner
 
@@ -16,7 +15,7 @@ from scheduler.api.server import checkpoint_root_for, make_executor, ray_storage
 from scheduler.models import JobCreate, TeamCreate
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import Store
-from tests.moto_server import moto_server
+from tests.moto_server import moto_s3, moto_server, use_moto
 from tests.scheduler.conftest import spec_dict, toy_plan
 from workers.ray_executor import RayExecutor
 
@@ -26,18 +25,13 @@ BUCKET = "gpuplan-root-test"
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
     with moto_server() as url:
-        boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
-                     aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)
+        moto_s3(url).create_bucket(Bucket=BUCKET)
         yield url
 
 
 @pytest.fixture
 def aws_env(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in {"AWS_ENDPOINT_URL": moto_url, "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(key, value)
+    use_moto(monkeypatch, moto_url)
     return moto_url
 
 

@@ -23,7 +23,8 @@ from sqlmodel import select
 
 from scheduler.models import Attempt, Job, Spend
 from scheduler.store import Store
-from tests.scheduler.server import free_port, start_process, wait_for
+from tests.net import free_port
+from tests.scheduler.server import start_process, wait_for
 from workers.checkpoint import open_store
 
 ROOT = Path(__file__).resolve().parents[2]

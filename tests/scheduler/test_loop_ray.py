@@ -17,10 +17,11 @@ import pytest
 from sqlmodel import col, select
 
 from scheduler.loop import Scheduler, TickReport
-from scheduler.models import Attempt, Event, JobCreate, Spend, TeamCreate
-from scheduler.service import ADMIN, SchedulerService
+from scheduler.models import Attempt, Event, JobCreate, JobDetail, Spend, TeamCreate
+from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.store import Store
-from tests.scheduler.server import free_port, start_process
+from tests.net import free_port
+from tests.scheduler.server import start_process
 from tests.scheduler.test_loop_inprocess import cpu_plan
 from tests.workers.tiny import Gate
 from workers.executor import RunState
@@ -59,6 +60,19 @@ def until(predicate: Any, timeout: float, what: str, every: float = 0.2) -> None
         time.sleep(every)
 
 
+def _tick_until_it_succeeds(loop: Scheduler, svc: SchedulerService, me: Principal, job_id: str) -> JobDetail:
+    """Run the loop until the job ends; it must have succeeded (else its last log lines say why)."""
+
+    def ended() -> bool:
+        loop.tick()
+        return svc.status(me, job_id).state in ("succeeded", "failed")
+
+    until(ended, 300, "the job to end")
+    detail = svc.status(me, job_id)
+    assert detail.state == "succeeded", (detail.message, svc.logs(me, job_id).lines[-5:])
+    return detail
+
+
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 def test_the_loop_dispatches_follows_and_charges_a_ray_run(ray_cluster: Any, store: Store, tmp_path: Path) -> None:
     svc = SchedulerService(store, cpu_plan, checkpoint_root=str(tmp_path / "ckpt"))
@@ -74,14 +88,7 @@ def test_the_loop_dispatches_follows_and_charges_a_ray_run(ray_cluster: Any, sto
     handle = ex.active()[0]
     assert handle.startswith(f"{job.id}.1.") and handle in named_drivers()
     gate.release()
-
-    def done() -> bool:
-        loop.tick()
-        return svc.status(me, job.id).state in ("succeeded", "failed")
-
-    until(done, 300, "the job to end")
-    detail = svc.status(me, job.id)
-    assert detail.state == "succeeded", (detail.message, svc.logs(me, job.id).lines[-5:])
+    detail = _tick_until_it_succeeds(loop, svc, me, job.id)
     assert [(a.number, a.handle, a.outcome) for a in detail.attempt_list] == [(1, handle, "succeeded")]
     assert "finished 6 steps" in detail.message
     with store.read() as session:
@@ -184,14 +191,7 @@ def test_a_crash_before_the_handle_is_recorded_never_runs_the_job_twice(
     report = loop.reconcile()
     assert report.lost == [job.id] and report.orphans_cancelled == [orphan]
     gate.release()  # the orphan reads the cancel at the end of its next step
-
-    def done() -> bool:
-        loop.tick()
-        return svc.status(me, job.id).state in ("succeeded", "failed")
-
-    until(done, 300, "the job to end")
-    detail = svc.status(me, job.id)
-    assert detail.state == "succeeded", (detail.message, svc.logs(me, job.id).lines[-5:])
+    detail = _tick_until_it_succeeds(loop, svc, me, job.id)
     assert [a.outcome for a in detail.attempt_list] == ["lost", "succeeded"]
     # The orphan was stopped before attempt 2 was submitted, and its driver leaves once it has ended.
     assert ex.status(orphan).state is RunState.CANCELLED

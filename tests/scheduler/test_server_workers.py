@@ -24,8 +24,9 @@ from catalog.errors import ExecutionError, InvalidInput
 from catalog.loader import load_catalog
 from cli import app
 from scheduler.api.processes import ApiSettings, WorkerPool, api_workers
+from tests.net import free_port
 from tests.scheduler import hostile
-from tests.scheduler.server import free_port, start_process, wait_for
+from tests.scheduler.server import start_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = "workers-admin"

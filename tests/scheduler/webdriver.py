@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tests.scheduler.server import free_port
+from tests.net import free_port
 
 ELEMENT = "element-6066-11e4-a52e-4f735466cecf"
 CHROMIUM = "/usr/bin/chromium"

@@ -18,6 +18,7 @@ from planner.calibration import load_calibration
 from planner.search import plan
 from planner.spec import spec_from_dict
 from planner.types import Plan
+from tests.moto_server import use_moto
 from workers.cluster import ClusterOptions
 from workers.cluster_aws import generate as generate_config
 
@@ -40,12 +41,7 @@ def aws_account(url: str, mp: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
     urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=30).close()
     for cache in (ray_aws_utils.resource_cache, ray_aws_utils.client_cache, ray_aws_config._get_subnets_or_die):
         cache.cache_clear()  # Ray keeps its boto3 clients, bound to an earlier module's server
-    env = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
-        mp.delenv(key, raising=False)
-    for key, value in env.items():
-        mp.setenv(key, value)
+    use_moto(mp, url)
     iam = boto3.client("iam", region_name="us-east-1")
     iam.create_role(RoleName=PROFILE, AssumeRolePolicyDocument=json.dumps({"Statement": []}))
     iam.create_instance_profile(InstanceProfileName=PROFILE)

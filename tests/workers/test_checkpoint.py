@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
-import signal
-import socket
 import tempfile
 import time
 import uuid
@@ -14,49 +11,27 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import CheckpointError, InvalidInput
+from tests.moto_server import moto_s3, moto_server, use_moto
+from tests.processes import kill_9_when_ready
 from workers.checkpoint import CheckpointStore, LocalStore, open_store, step_dirname
 from workers.checkpoint_s3 import S3Store
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-def _client(endpoint: str) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture
 def bucket(s3_endpoint: str) -> str:
     name = f"ckpt-{uuid.uuid4().hex[:12]}"
-    _client(s3_endpoint).create_bucket(Bucket=name)
+    moto_s3(s3_endpoint).create_bucket(Bucket=name)
     return name
 
 
@@ -69,7 +44,7 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
         return lambda **kw: open_store(str(tmp_path / "ckpts"), **kw)
     endpoint = request.getfixturevalue("s3_endpoint")
     name = request.getfixturevalue("bucket")
-    client = _client(endpoint)
+    client = moto_s3(endpoint)
     return lambda **kw: open_store(f"s3://{name}/jobs/job-1", s3_client=client, **kw)
 
 
@@ -158,7 +133,7 @@ def test_corrupted_file_is_skipped_with_warning(
     else:
         assert isinstance(store, S3Store)
         key = f"{store.prefix}/{step_dirname(2)}/model.bin"
-        _client(s3_endpoint).put_object(Bucket=store.bucket, Key=key, Body=b"\xff" * 1000)
+        moto_s3(s3_endpoint).put_object(Bucket=store.bucket, Key=key, Body=b"\xff" * 1000)
     with caplog.at_level(logging.WARNING):
         info = store.latest()
     assert info is not None and info.step == 1
@@ -173,7 +148,7 @@ def test_corrupted_file_is_skipped_with_warning(
 def test_s3_deep_check_catches_content_swapped_under_same_metadata(
     s3_endpoint: str, bucket: str, tmp_path: Path
 ) -> None:
-    client = _client(s3_endpoint)
+    client = moto_s3(s3_endpoint)
     store = open_store(f"s3://{bucket}/p", s3_client=client)
     assert isinstance(store, S3Store)
     store.save(1, _write_ckpt(tmp_path / "a", 1), metadata={"step": 1})
@@ -196,7 +171,7 @@ def test_marker_without_files_is_torn(make_store: StoreFactory, tmp_path: Path, 
         (store.root / step_dirname(2) / "sub" / "optim.bin").unlink()
     else:
         assert isinstance(store, S3Store)
-        _client(s3_endpoint).delete_object(Bucket=store.bucket, Key=f"{store.prefix}/{step_dirname(2)}/sub/optim.bin")
+        moto_s3(s3_endpoint).delete_object(Bucket=store.bucket, Key=f"{store.prefix}/{step_dirname(2)}/sub/optim.bin")
     assert [c.step for c in store.list()] == [1]
     _assert_restores_step(store, 1, tmp_path / "dest")
 
@@ -224,7 +199,7 @@ def test_failed_move_gives_the_directory_back(tmp_path: Path) -> None:
 
 
 def test_move_to_s3_deletes_the_local_copy_after_commit(s3_endpoint: str, bucket: str, tmp_path: Path) -> None:
-    store = open_store(f"s3://{bucket}/m", s3_client=_client(s3_endpoint))
+    store = open_store(f"s3://{bucket}/m", s3_client=moto_s3(s3_endpoint))
     src = _write_ckpt(tmp_path / "src", 6)
     store.save(6, src, metadata={"step": 6}, move=True)
     assert not src.exists()
@@ -244,7 +219,7 @@ def test_source_modified_during_save_is_refused(tmp_path: Path) -> None:
 
 
 def test_s3_resave_of_identical_step_never_uncommits_it(s3_endpoint: str, bucket: str, tmp_path: Path) -> None:
-    client = _client(s3_endpoint)
+    client = moto_s3(s3_endpoint)
     seen: list[int | None] = []
     watcher = open_store(f"s3://{bucket}/r", s3_client=client)
 
@@ -283,14 +258,14 @@ def test_many_files_in_parallel(make_store: StoreFactory, tmp_path: Path) -> Non
 # -- killed while writing ------------------------------------------------------------------------
 
 
-def _child_save(uri: str, endpoint: str | None, src: str, started: Any, move: bool) -> None:
+def _child_save(uri: str, endpoint: str | None, src: str, move: bool, started: Any) -> None:
     """Runs in a spawned process: saves step 2 and stalls after its first file until killed."""
 
     def stall(rel: str) -> None:
         started.set()
         time.sleep(120)
 
-    client = _client(endpoint) if endpoint else None
+    client = moto_s3(endpoint) if endpoint else None
     store = open_store(uri, s3_client=client, on_file=stall)
     store.save(2, Path(src), metadata={"step": 2}, move=move)
 
@@ -304,21 +279,12 @@ def test_killed_mid_save_previous_checkpoint_loads(
         uri, endpoint, client = str(tmp_path / "ckpts"), None, None
     else:
         endpoint = request.getfixturevalue("s3_endpoint")
-        uri, client = f"s3://{request.getfixturevalue('bucket')}/job", _client(endpoint)
+        uri, client = f"s3://{request.getfixturevalue('bucket')}/job", moto_s3(endpoint)
     store = open_store(uri, s3_client=client)
     store.save(1, _write_ckpt(tmp_path / "one", 1), metadata={"step": 1})
 
-    ctx = mp.get_context("spawn")
-    started = ctx.Event()
-    child = ctx.Process(target=_child_save, args=(uri, endpoint, str(_write_ckpt(tmp_path / "two", 2)), started, move))
-    child.start()
-    try:
-        assert started.wait(60), "child never reached the middle of its save"
-        assert child.pid is not None
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.join(30)
-    assert child.exitcode == -signal.SIGKILL
+    kill_9_when_ready(_child_save, uri, endpoint, str(_write_ckpt(tmp_path / "two", 2)), move, timeout_s=60,
+                      waiting_for="reached the middle of its save")
 
     reopened = open_store(uri, s3_client=client)
     with caplog.at_level(logging.WARNING):
@@ -349,19 +315,16 @@ def test_interrupted_replace_is_recovered_on_open(tmp_path: Path) -> None:
 
 def test_missing_bucket_fails_at_open(s3_endpoint: str) -> None:
     with pytest.raises(CheckpointError) as err:
-        open_store("s3://no-such-bucket-here/ckpts", s3_client=_client(s3_endpoint))
+        open_store("s3://no-such-bucket-here/ckpts", s3_client=moto_s3(s3_endpoint))
     assert "no-such-bucket-here" in str(err.value) and "create it" in str(err.value)
 
 
 def test_missing_bucket_via_environment_endpoint(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    use_moto(monkeypatch, s3_endpoint)
     with pytest.raises(CheckpointError, match="does not exist"):
         open_store("s3://not-created-bucket/x")
     name = f"ckpt-{uuid.uuid4().hex[:12]}"
-    _client(s3_endpoint).create_bucket(Bucket=name)
+    moto_s3(s3_endpoint).create_bucket(Bucket=name)
     assert open_store(f"s3://{name}/x").uri == f"s3://{name}/x"
 
 

@@ -3,37 +3,21 @@ state dict from rank 0, and resume exactly after both ranks die mid-run."""
 
 from __future__ import annotations
 
-import multiprocessing
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.workers.ranks import KillAt, gloo, run_ranks
 from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _rank_main(rank: int, port: int, folder: str, sharding: str, results: Any, extra: dict[str, Any]) -> None:
-    import torch.distributed as dist
-
-    from workers.hooks import TrainHooks
+def _rank_main(rank: int, port: int, results: Any, folder: str, sharding: str, extra: dict[str, Any]) -> None:
     from workers.train import TrainJob, run_training
 
-    class KillAt(TrainHooks):
-        def fault(self, step: int, where: str) -> None:
-            if (step, where) == (5, "backward"):
-                raise RuntimeError("killed")
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
+    with gloo(rank, port):
         root = Path(folder)
         spec = tiny_spec(root / "m" / "config.json", steps=8, interval=3, world=2)
         strategy = cpu_strategy(workers=2, sharding=sharding, **extra)
@@ -51,8 +35,6 @@ def _rank_main(rank: int, port: int, folder: str, sharding: str, results: Any, e
         assert killed
         resumed = run_training(job(str(root / "ck")))
         results.put((rank, resumed.resumed_from_step, resumed.steps, resumed.world_size))
-    finally:
-        dist.destroy_process_group()
 
 
 # QLoRA's NF4 needs weights that fill whole 64 x 256 blocks on each rank: a wider tiny model has them
@@ -67,25 +49,13 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 def test_two_ranks_resume_exactly(tmp_path: Path, case: str) -> None:
     sharding, extra, config = CASES[case]
     write_config(tmp_path / "m", **config)
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(rank, port, str(tmp_path), sharding, results, extra))
-             for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=600)
-    assert [p.exitcode for p in procs] == [0, 0]
-    got = sorted(results.get(timeout=5) for _ in range(2))
+    got = sorted(run_ranks(_rank_main, str(tmp_path), sharding, extra, results=2))
     assert got == [(0, 3, 8, 2), (1, 3, 8, 2)]
     assert_same_weights(final_state(str(tmp_path / "ref"))[1], final_state(str(tmp_path / "ck"))[1])
 
 
-def _losses_main(rank: int, port: int, folder: str, results: Any) -> None:
+def _losses_main(rank: int, port: int, results: Any, folder: str) -> None:
     """fsdp and fsdp-grad-op on the same data: every step's loss, and the final weights."""
-    import torch.distributed as dist
-
     from workers.hooks import TrainHooks
     from workers.train import TrainJob, run_training
 
@@ -97,8 +67,7 @@ def _losses_main(rank: int, port: int, folder: str, results: Any) -> None:
             if progress.get("event") == "step":
                 self.losses.append(float(progress["loss"]))
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
+    with gloo(rank, port):
         root = Path(folder)
         spec = tiny_spec(root / "m" / "config.json", steps=6, interval=6, world=2, grad_accum=2)
         for sharding in ("fsdp", "fsdp-grad-op"):
@@ -109,50 +78,30 @@ def _losses_main(rank: int, port: int, folder: str, results: Any) -> None:
             run_training(job, hooks)
             if rank == 0:
                 results.put((sharding, hooks.losses))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp_grad_op_trains_like_fsdp(tmp_path: Path) -> None:
     """Keeping parameters gathered between forward and backward changes when they are gathered, not
     the arithmetic: the same losses step by step (to float rounding) and the same final weights."""
-    import torch
 
     write_config(tmp_path / "m")
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_losses_main, args=(rank, port, str(tmp_path), results)) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=600)
-    assert [p.exitcode for p in procs] == [0, 0]
-    losses = dict(results.get(timeout=5) for _ in range(2))
+    losses = dict(run_ranks(_losses_main, str(tmp_path), results=2))
     assert len(losses["fsdp"]) == 6
     assert losses["fsdp-grad-op"] == pytest.approx(losses["fsdp"], rel=1e-5)
     assert losses["fsdp"][-1] < losses["fsdp"][0]  # it did train
-    ref = final_state(str(tmp_path / "fsdp"))[1]
-    got = final_state(str(tmp_path / "fsdp-grad-op"))[1]
-    assert ref.keys() == got.keys()
-    for name in ref:
-        torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-6)
+    assert_same_weights(final_state(str(tmp_path / "fsdp-grad-op"))[1], final_state(str(tmp_path / "fsdp"))[1],
+                        rtol=1e-5, atol=1e-6)
 
 
-def _fsdp_reference_main(rank: int, port: int, folder: str) -> None:
+def _fsdp_reference_main(rank: int, port: int, _results: Any, folder: str) -> None:
     """Two FSDP ranks, micro-batch 2: 8 steps, a checkpoint every 4."""
-    import torch.distributed as dist
-
     from workers.train import TrainJob, run_training
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
+    with gloo(rank, port):
         root = Path(folder)
         spec = tiny_spec(root / "m" / "config.json", steps=8, interval=4, world=2)
         run_training(TrainJob(job_id="reshard", spec=spec, strategy=cpu_strategy(workers=2, sharding="fsdp"),
                               checkpoint_uri=str(root / "ref"), device="cpu", cpu_threads=1, log_every_s=60.0))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_an_fsdp_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> None:
@@ -161,20 +110,11 @@ def test_an_fsdp_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> Non
     sequences per step), ends where the two ranks did."""
     import shutil
 
-    import torch
-
     from workers.checkpoint import step_dirname
     from workers.train import TrainJob, run_training
 
     write_config(tmp_path / "m")
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_fsdp_reference_main, args=(rank, port, str(tmp_path))) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=600)
-    assert [p.exitcode for p in procs] == [0, 0]
+    run_ranks(_fsdp_reference_main, str(tmp_path))
     shutil.copytree(tmp_path / "ref", tmp_path / "ck")
     shutil.rmtree(tmp_path / "ck" / step_dirname(8))  # as if the two ranks had stopped after step 4
 
@@ -184,35 +124,27 @@ def test_an_fsdp_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> Non
     result = run_training(one)
     assert (result.resumed_from_step, result.steps, result.world_size) == (4, 8, 1)
     ref, got = final_state(str(tmp_path / "ref")), final_state(str(tmp_path / "ck"))
-    assert ref[0] == got[0] == 8 and ref[1].keys() == got[1].keys()
-    for name in ref[1]:  # the same arithmetic in another order: equal to float rounding
-        torch.testing.assert_close(got[1][name], ref[1][name], rtol=1e-4, atol=1e-5)
+    assert ref[0] == got[0] == 8
+    assert_same_weights(got[1], ref[1], rtol=1e-4, atol=1e-5)  # the same arithmetic in another order
 
 
-def _fsdp_resume_main(rank: int, port: int, folder: str) -> None:
+def _fsdp_resume_main(rank: int, port: int, _results: Any, folder: str) -> None:
     """Two FSDP ranks resume a run that one process without FSDP checkpointed."""
-    import torch.distributed as dist
-
     from workers.train import TrainJob, run_training
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
+    with gloo(rank, port):
         root = Path(folder)
         spec = tiny_spec(root / "m" / "config.json", steps=8, interval=4, world=2)
         result = run_training(TrainJob(job_id="grow", spec=spec, strategy=cpu_strategy(workers=2, sharding="fsdp"),
                                        checkpoint_uri=str(root / "ck"), device="cpu", cpu_threads=1,
                                        log_every_s=60.0))
         assert (result.resumed_from_step, result.steps) == (4, 8)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_checkpoint_without_fsdp_resumes_on_two_fsdp_ranks(tmp_path: Path) -> None:
     """The other way: one process (grad_accum 2) checkpoints, two FSDP ranks (the same sequences per
     step) resume from it, each taking its part of the full state, and end where the one process did."""
     import shutil
-
-    import torch
 
     from workers.checkpoint import step_dirname
     from workers.train import TrainJob, run_training
@@ -223,15 +155,7 @@ def test_a_checkpoint_without_fsdp_resumes_on_two_fsdp_ranks(tmp_path: Path) -> 
                           checkpoint_uri=str(tmp_path / "ref"), device="cpu", cpu_threads=1, log_every_s=60.0))
     shutil.copytree(tmp_path / "ref", tmp_path / "ck")
     shutil.rmtree(tmp_path / "ck" / step_dirname(8))
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_fsdp_resume_main, args=(rank, port, str(tmp_path))) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(timeout=600)
-    assert [p.exitcode for p in procs] == [0, 0]
+    run_ranks(_fsdp_resume_main, str(tmp_path))
     ref, got = final_state(str(tmp_path / "ref")), final_state(str(tmp_path / "ck"))
-    assert ref[0] == got[0] == 8 and ref[1].keys() == got[1].keys()
-    for name in ref[1]:
-        torch.testing.assert_close(got[1][name], ref[1][name], rtol=1e-4, atol=1e-5)
+    assert ref[0] == got[0] == 8
+    assert_same_weights(got[1], ref[1], rtol=1e-4, atol=1e-5)

@@ -137,6 +137,16 @@ def test_cancelling_an_attempt_that_waits_for_resources_stops_it(ray_cluster: An
         ray_cluster.remove_node(node)
 
 
+FAKE_GPU: dict[str, Any] = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}}  # no CUDA behind
+
+
+def _remove_nodes(ray_cluster: Any, nodes: list[Any]) -> None:
+    """Take a test's extra nodes away again (those it has not killed itself)."""
+    for node in nodes:
+        if node in ray_cluster.worker_nodes:
+            ray_cluster.remove_node(node)
+
+
 def _wait_for(executor: RayExecutor, handle: str, until: Any, timeout: float = 600) -> dict[str, Any]:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -165,8 +175,7 @@ def test_node_loss_then_spot_notice_both_resume_and_match_an_uninterrupted_run(
     ref = reference.wait(reference.submit(_request(config, tmp_path / "ref", "ref", cpu_strategy(), **spec_args)), 600)
     assert ref.state is RunState.SUCCEEDED
 
-    fake_gpu = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}}
-    nodes = [ray_cluster.add_node(**fake_gpu) for _ in range(2)]
+    nodes = [ray_cluster.add_node(**FAKE_GPU) for _ in range(2)]
     gate = Gate(str(tmp_path / "gate"), until_notice=True)
     try:
         ray_cluster.wait_for_nodes()
@@ -181,7 +190,7 @@ def test_node_loss_then_spot_notice_both_resume_and_match_an_uninterrupted_run(
         victim = next(n for n in nodes if n.node_id == snap["node_id"])
         ray_cluster.remove_node(victim, allow_graceful=False)
         nodes.remove(victim)
-        nodes.append(ray_cluster.add_node(**fake_gpu))  # the autoscaler's replacement
+        nodes.append(ray_cluster.add_node(**FAKE_GPU))  # the autoscaler's replacement
         snap = _wait_for(executor, handle, lambda s: s["resumes"] >= 1)
         assert snap["progress"].resumed_from_step == 10  # the newest checkpoint, never a step none recorded
         assert executor.status(handle).state is RunState.RUNNING
@@ -211,9 +220,7 @@ def test_node_loss_then_spot_notice_both_resume_and_match_an_uninterrupted_run(
         executor.release(handle)
     finally:
         gate.release()
-        for node in nodes:
-            if node in ray_cluster.worker_nodes:
-                ray_cluster.remove_node(node)
+        _remove_nodes(ray_cluster, nodes)
 
 
 # ------------------------------------------------------------------ inference (task: infer)
@@ -347,8 +354,7 @@ def test_an_inference_job_holds_its_planned_gpu_waits_for_it_and_is_refused_when
 def test_an_inference_job_resumes_from_its_outputs_after_its_node_is_lost(ray_cluster: Any, tmp_path: Path) -> None:
     """Kill the node generating with no warning: Ray retries the task on another node, which skips
     the requests already written; every request is answered exactly once."""
-    fake_gpu = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}}
-    nodes = [ray_cluster.add_node(**fake_gpu) for _ in range(2)]
+    nodes = [ray_cluster.add_node(**FAKE_GPU) for _ in range(2)]
     gate = Gate(str(tmp_path / "gate"))
     try:
         ray_cluster.wait_for_nodes()
@@ -373,9 +379,7 @@ def test_an_inference_job_resumes_from_its_outputs_after_its_node_is_lost(ray_cl
         executor.release(handle)
     finally:
         gate.release()
-        for node in nodes:
-            if node in ray_cluster.worker_nodes:
-                ray_cluster.remove_node(node)
+        _remove_nodes(ray_cluster, nodes)
 
 
 def test_executors_in_different_namespaces_do_not_see_each_others_attempts(ray_cluster: Any, tmp_path: Path) -> None:

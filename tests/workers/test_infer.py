@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
-import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +14,7 @@ from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
+from tests.processes import kill_9_when_ready
 from workers.infer import run_inference
 
 TINY_HF = {
@@ -139,17 +137,7 @@ def _child_infer(prompts: str, outputs: str, stalled: Any) -> None:
 def test_killed_mid_run_resumes_without_duplicates_or_gaps(reference: tuple[Path, Path], tmp_path: Path) -> None:
     prompts, ref_out = reference
     outputs = tmp_path / "out.jsonl"
-    ctx = mp.get_context("spawn")
-    stalled = ctx.Event()
-    child = ctx.Process(target=_child_infer, args=(str(prompts), str(outputs), stalled))
-    child.start()
-    try:
-        assert stalled.wait(120), "child never finished two batches"
-        assert child.pid is not None
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.join(30)
-    assert child.exitcode == -signal.SIGKILL
+    kill_9_when_ready(_child_infer, str(prompts), str(outputs), timeout_s=120, waiting_for="finished two batches")
     assert [r["id"] for r in _records(outputs)] == ["r0", "r1", "r2", "r3"]
 
     result = run_inference(TINY, prompts, outputs, batch=2, max_new_tokens=6, dtype="fp32", seed=3)

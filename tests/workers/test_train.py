@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from catalog.errors import InvalidInput
+from tests.moto_server import moto_server, use_moto
 from tests.workers.tiny import cpu_strategy, final_state, tiny_spec, write_config
 from workers.data import DataLayout, TokenSource
 from workers.executor import RunRequest, RunState
@@ -102,19 +103,9 @@ def test_a_checkpoint_from_another_model_shape_fails_and_is_left_intact(tmp_path
 
 
 def test_an_s3_bucket_that_does_not_exist_fails_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with moto_server() as url:
+        use_moto(monkeypatch, url)
         job = _job(tmp_path)
         job = TrainJob(**{**job.__dict__, "checkpoint_uri": "s3://no-such-bucket-gpuplan/run"})
         message = _fail(tmp_path, job)
         assert "no-such-bucket-gpuplan" in message
-    finally:
-        server.stop()

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import copy
 import itertools
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import CheckpointError, InvalidInput
+from tests.moto_server import moto_s3, moto_server
 from workers import checkpoint_s3
 from workers.checkpoint import LocalStore, open_store, step_dirname
 from workers.train_state import (
@@ -250,24 +249,10 @@ def test_layout_is_balanced_aligned_and_non_overlapping(specs: list[tuple[torch.
 
 
 # -- S3 -------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3_client() -> Iterator[Any]:
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                           aws_access_key_id="testing", aws_secret_access_key="testing")
-    finally:
-        server.stop()
+    with moto_server() as url:
+        yield moto_s3(url)
 
 
 def test_s3_sharded_save_with_multipart_shards_resumes_exactly(s3_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -57,10 +57,15 @@ def final_state(uri: str) -> tuple[int, dict[str, torch.Tensor]]:
     return found
 
 
-def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], *, rtol: float = 0.0,
+                        atol: float = 0.0) -> None:
+    """The same tensors: bit for bit, or within ``rtol``/``atol`` (``a`` is the actual, ``b`` the expected)."""
     assert a.keys() == b.keys()
     for name in a:
-        assert torch.equal(a[name], b[name]), f"{name} differs"
+        if rtol or atol:
+            torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=atol)
+        else:
+            assert torch.equal(a[name], b[name]), f"{name} differs"
 
 
 TINY_TEXTS = [
