@@ -136,3 +136,31 @@ def test_the_planner_core_reads_no_files_and_no_environment() -> None:
                 touching.append(f"{name}:{node.lineno} {called}")  # type: ignore[attr-defined]
     assert not touching, "the planner takes values; read files and the environment at the edge: " + ", ".join(
         touching)
+
+
+def _layout_rows() -> dict[str, str]:
+    """The README's Layout table: path -> what it says about it."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            rows[cells[0].strip("`")] = cells[1]
+    return rows
+
+
+def test_the_readme_layout_names_every_top_level_part_and_only_files_that_exist() -> None:
+    rows = _layout_rows()
+    top = {f"{p.name}/" for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()} | {"cli.py"}
+    top |= {"bench/", "docs/", "examples/"}
+    assert top <= rows.keys(), f"the README's Layout table lacks {sorted(top - rows.keys())}"
+    missing = []
+    for path, what in rows.items():
+        if not (ROOT / path).exists():
+            missing.append(path)
+        for named in what.split("`")[1::2]:
+            if named.endswith((".py", ".json", "/")) and not any(
+                    (base / named).exists() for base in (ROOT / path, ROOT, ROOT / path / "..")):
+                missing.append(f"{named} (in the {path} row)")
+    assert not missing, "the README's Layout table names what the tree lacks: " + ", ".join(missing)
