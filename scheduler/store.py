@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -25,6 +25,7 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
+from sqlalchemy.sql.selectable import GenerativeSelect
 from sqlmodel import Session, col, or_, select
 
 from catalog.errors import Conflict, ExternalServiceError, InvalidInput, NotFound
@@ -32,6 +33,9 @@ from scheduler import logbook
 from scheduler.models import Event, Job, Team
 from scheduler.quota import WAITING
 from scheduler.states import JobState, check_transition
+
+_Select = TypeVar("_Select", bound=GenerativeSelect)
+_Row = TypeVar("_Row")
 
 _HERE = Path(__file__).resolve().parent
 
@@ -204,15 +208,13 @@ class Store:
 
     # -------------------------------------------------------------- locking helpers
 
+    def _locking(self, stmt: _Select) -> _Select:
+        """``stmt`` locking its rows until commit on PostgreSQL; SQLite's write lock already serialises."""
+        return stmt.with_for_update() if self.is_postgres else stmt
+
     def lock_team(self, session: Session, team_id: int) -> Team:
-        """The team row, locked until commit (PostgreSQL); SQLite's write lock already serialises."""
-        stmt = select(Team).where(Team.id == team_id)
-        if self.is_postgres:
-            stmt = stmt.with_for_update()
-        team = session.exec(stmt).first()
-        if team is None:
-            raise NotFound(f"team {team_id} does not exist")
-        return team
+        """The team row, locked until commit."""
+        return _found(session.exec(self._locking(select(Team).where(Team.id == team_id))).first(), team_id)
 
     def lock_team_limits(self, session: Session, team_id: int) -> Any:
         """Like :meth:`lock_team` but a plain row (id, name, budget_usd, gpu_quota) through Core:
@@ -220,12 +222,7 @@ class Store:
         table = Team.__table__  # type: ignore[attr-defined]
         stmt = sa_select(table.c.id, table.c.name, table.c.budget_usd, table.c.gpu_quota).where(
             table.c.id == team_id)
-        if self.is_postgres:
-            stmt = stmt.with_for_update()
-        row = session.execute(stmt).first()
-        if row is None:
-            raise NotFound(f"team {team_id} does not exist")
-        return row
+        return _found(session.execute(self._locking(stmt)).first(), team_id)
 
     def due_queue(self, session: Session, now: datetime) -> list[Any]:
         """(id, team_id, gpus, message) of queued jobs due to run, in dispatch order: highest
@@ -253,6 +250,12 @@ class Store:
         if self.is_postgres:
             stmt = stmt.with_for_update(skip_locked=True)
         return list(session.exec(stmt).all())
+
+
+def _found(row: _Row | None, team_id: int) -> _Row:
+    if row is None:
+        raise NotFound(f"team {team_id} does not exist")
+    return row
 
 
 def transition(session: Session, job: Job, to: JobState, at: datetime, reason: str) -> None:
