@@ -17,7 +17,9 @@ from sqlalchemy import text
 from catalog.schema import Offer, Source
 from planner.spec import JobSpec
 from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Plan, Strategy, ThroughputEstimate
-from scheduler.service import SchedulerService
+from scheduler.models import JobCreate, JobPublic, TeamCreate
+from scheduler.policy import ZoneSeen
+from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.store import Store
 from tests.pg import drop_pg_schema, new_pg_schema, pg_reason
 from tests.scheduler.fakes import FakeClock
@@ -137,3 +139,23 @@ def clock() -> FakeClock:
 def svc(store: Store, tmp_path: Path, clock: FakeClock) -> SchedulerService:
     """A service over ``store`` planning with toy_plan, on a clock the test moves."""
     return SchedulerService(store, toy_plan, clock=clock, checkpoint_root=str(tmp_path / "ckpt"))
+
+
+def ml_team(svc: SchedulerService, budget: float | None = None) -> Principal:
+    """Team "ml" (with ``budget``), signed in."""
+    svc.create_team(ADMIN, TeamCreate(name="ml", budget_usd=budget))
+    return svc.authenticate(svc.create_token(ADMIN, "ml").token)
+
+
+def spot_job(svc: SchedulerService, who: Principal, deadline: float | None) -> JobPublic:
+    """48 h of work under toy_plan (spot $14.25/h, on-demand $55.04/h) that may run on spot or on-demand."""
+    spec = spec_dict(tokens=4.8e8, spot="auto")
+    if deadline is not None:
+        spec["resources"] = {**spec["resources"], "deadline": deadline}  # type: ignore[dict-item]
+    return svc.submit(who, JobCreate(spec=spec))
+
+
+def zone(available: bool, up_h: float = 20.0, preemptions: int = 2, outage_age_h: float = 0.0) -> ZoneSeen:
+    """What the loop has seen of a zone: 30 h watched, ``up_h`` of them with capacity."""
+    return ZoneSeen(watched_h=30.0, up_h=up_h, preemptions=preemptions, run_h=3.0 if available else 0.0,
+                    available=available, outage_age_h=0.0 if available else outage_age_h)

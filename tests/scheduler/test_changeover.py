@@ -12,41 +12,13 @@ from sqlmodel import col, select
 from planner.calibration import CostCalibration
 from scheduler.api.server import loop_chooser
 from scheduler.loop import Scheduler
-from scheduler.models import Attempt, Job, JobCreate, JobLog, JobPublic, Spend, TeamCreate
+from scheduler.models import Attempt, Job, JobLog, Spend
 from scheduler.placement import ObservedZones, Running, SpotChooser, StaticZones, spot_zones
-from scheduler.policy import ZoneSeen
-from scheduler.service import ADMIN, Principal, SchedulerService
+from scheduler.service import SchedulerService
 from scheduler.store import Store
-from tests.scheduler.conftest import spec_dict, toy_plan
+from tests.scheduler.conftest import ml_team, spot_job, zone
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
 from workers.executor import RunProgress, RunState
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def svc(store: Store, tmp_path: Path, clock: FakeClock) -> SchedulerService:
-    return SchedulerService(store, toy_plan, clock=clock, checkpoint_root=str(tmp_path / "ckpt"))
-
-
-def team(svc: SchedulerService) -> Principal:
-    svc.create_team(ADMIN, TeamCreate(name="ml"))
-    return svc.authenticate(svc.create_token(ADMIN, "ml").token)
-
-
-def spot_job(svc: SchedulerService, who: Principal, deadline: float) -> JobPublic:
-    """48 h of work under toy_plan (spot $14.25/h, on-demand $55.04/h), spot or on-demand."""
-    spec = spec_dict(tokens=4.8e8, spot="auto")
-    spec["resources"] = {**spec["resources"], "deadline": deadline}  # type: ignore[dict-item]
-    return svc.submit(who, JobCreate(spec=spec))
-
-
-def zone(available: bool, up_h: float = 20.0, preemptions: int = 2, outage_age_h: float = 0.0) -> ZoneSeen:
-    return ZoneSeen(watched_h=30.0, up_h=up_h, preemptions=preemptions, run_h=3.0 if available else 0.0,
-                    available=available, outage_age_h=0.0 if available else outage_age_h)
 
 
 def attempts(store: Store, job_id: str) -> list[Attempt]:
@@ -61,7 +33,7 @@ def log_lines(store: Store, job_id: str) -> list[str]:
 
 def test_a_spot_attempt_whose_zone_loses_capacity_changes_over_to_the_zone_that_has_it(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = spot_job(svc, ml, deadline=70.0)
     feed = StaticZones({"a": zone(True), "b": zone(False)})
     ex = ScriptedExecutor()
@@ -91,7 +63,7 @@ def test_a_spot_attempt_whose_zone_loses_capacity_changes_over_to_the_zone_that_
 
 def test_an_on_demand_attempt_goes_back_to_spot_when_capacity_returns_and_the_slack_allows(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = spot_job(svc, ml, deadline=48.4)  # 0.4 h of slack: no waiting for spot
     feed = StaticZones({"a": zone(False, outage_age_h=5.0), "b": zone(False, outage_age_h=5.0)})
     ex = ScriptedExecutor()
@@ -116,7 +88,7 @@ def test_an_on_demand_attempt_goes_back_to_spot_when_capacity_returns_and_the_sl
 
 def test_a_loop_restarted_between_the_decision_and_the_stop_still_stops_the_attempt(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = spot_job(svc, ml, deadline=70.0)
     feed = StaticZones({"a": zone(True), "b": zone(False)})
     ex = ScriptedExecutor()
@@ -142,7 +114,7 @@ def test_a_loop_restarted_between_the_decision_and_the_stop_still_stops_the_atte
 
 def test_the_loop_feeds_what_it_sees_to_the_zone_feed_and_avoids_a_zone_just_preempted(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = spot_job(svc, ml, deadline=96.0)
     feed = ObservedZones(("a", "b"), probe_s=3600)
     ex = ScriptedExecutor()
@@ -179,7 +151,7 @@ def test_observed_zones_count_runs_and_offer_a_lost_zone_again_after_the_probe_i
 
 
 def test_reconsider_leaves_a_job_without_another_option_where_it_is(svc: SchedulerService, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = spot_job(svc, ml, deadline=200.0)
     with svc.store.read() as session:
         row = session.get(Job, job.id)
@@ -224,7 +196,7 @@ def test_a_changeover_takes_a_just_in_time_checkpoint_where_the_executor_can_and
     from workers.inprocess import InProcessExecutor
 
     assert issubclass(InProcessExecutor, StopsWithCheckpoint)  # its preempt: checkpoint, then PREEMPTED
-    ml = team(svc)
+    ml = ml_team(svc)
     job = spot_job(svc, ml, deadline=70.0)
     feed = ObservedZones(("a", "b"))
     ex = Noticing()
@@ -246,7 +218,7 @@ def test_a_spot_attempt_whose_steps_stall_marks_its_zone_down_and_moves_where_ca
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
     """Ray keeps a preempted attempt RUNNING while it waits for a node in its zone: stalled steps
     are what the loop sees."""
-    ml = team(svc)
+    ml = ml_team(svc)
     job = spot_job(svc, ml, deadline=70.0)
     feed = ObservedZones(("a", "b"))
     ex = ScriptedExecutor()

@@ -7,19 +7,13 @@ from sqlmodel import select
 
 from catalog.errors import ExternalServiceError, NotFound
 from scheduler.loop import Scheduler
-from scheduler.models import Attempt, JobCreate, JobPublic, Spend, TeamCreate
+from scheduler.models import Attempt, JobCreate, Spend
 from scheduler.placement import SpotChooser, StaticZones
-from scheduler.policy import ZoneSeen
-from scheduler.service import ADMIN, Principal, SchedulerService
+from scheduler.service import SchedulerService
 from scheduler.store import Store
-from tests.scheduler.conftest import OFFER, TOY_MTTP_H, spec_dict, toy_plan
+from tests.scheduler.conftest import OFFER, TOY_MTTP_H, ml_team, spec_dict, spot_job, toy_plan, zone
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
 from workers.executor import RunState
-
-
-def team(svc: SchedulerService, budget: float | None = None) -> Principal:
-    svc.create_team(ADMIN, TeamCreate(name="ml", budget_usd=budget))
-    return svc.authenticate(svc.create_token(ADMIN, "ml").token)
 
 
 def spends(store: Store) -> list[Spend]:
@@ -29,7 +23,7 @@ def spends(store: Store) -> list[Spend]:
 
 def test_runs_a_job_and_charges_price_at_launch_times_duration(svc: SchedulerService, store: Store,
                                                                 clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict(spot="always")))
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock)
@@ -54,7 +48,7 @@ def test_runs_a_job_and_charges_price_at_launch_times_duration(svc: SchedulerSer
 
 def test_preempted_attempt_is_requeued_and_resumes_with_the_same_run_name(svc: SchedulerService, store: Store,
                                                                           clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict()))
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock)
@@ -79,7 +73,7 @@ def test_preempted_attempt_is_requeued_and_resumes_with_the_same_run_name(svc: S
 
 def test_failures_retry_with_exponential_backoff_then_fail(svc: SchedulerService, store: Store,
                                                            clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict()))
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock, backoff_base_s=60)
@@ -101,7 +95,7 @@ def test_failures_retry_with_exponential_backoff_then_fail(svc: SchedulerService
 
 def test_every_closed_attempt_keeps_what_it_measured_next_to_the_prediction(svc: SchedulerService, store: Store,
                                                                             clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict()))
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock, backoff_base_s=0)
@@ -128,7 +122,7 @@ def test_every_closed_attempt_keeps_what_it_measured_next_to_the_prediction(svc:
 
 
 def test_cancel_stops_the_live_attempt_and_charges_it(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict()))
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock)
@@ -143,7 +137,7 @@ def test_cancel_stops_the_live_attempt_and_charges_it(svc: SchedulerService, sto
 
 
 def test_restart_reconciles_lost_attempts_and_orphans(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     a = svc.submit(ml, JobCreate(spec=spec_dict(name="a")))
     b = svc.submit(ml, JobCreate(spec=spec_dict(name="b")))
     dead = ScriptedExecutor()
@@ -170,7 +164,7 @@ def test_restart_reconciles_lost_attempts_and_orphans(svc: SchedulerService, sto
 
 
 def test_infeasible_job_fails_with_the_reason(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict()))
     Scheduler(store, ScriptedExecutor(infeasible="needs 1 H100, cluster has none"), clock=clock).tick()
     detail = svc.status(ml, job.id)
@@ -181,7 +175,7 @@ def test_infeasible_job_fails_with_the_reason(svc: SchedulerService, store: Stor
 
 
 def test_priority_and_max_running(svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     low = svc.submit(ml, JobCreate(spec=spec_dict(name="low"), priority=0))
     high = svc.submit(ml, JobCreate(spec=spec_dict(name="high"), priority=5))
     ex = ScriptedExecutor()
@@ -211,7 +205,7 @@ class GrowingLogs(ScriptedExecutor):
 
 def test_executor_logs_are_copied_once_survive_a_loop_restart_and_outlive_the_executor(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict()))
     ex = GrowingLogs()
     loop = Scheduler(store, ex, clock=clock)
@@ -264,7 +258,7 @@ class KeepsOutcomes(ScriptedExecutor):
 
 def test_reconcile_releases_finished_attempts_whose_rows_are_closed_and_keeps_unread_ones(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     first = svc.submit(ml, JobCreate(spec=spec_dict(name="first")))
     second = svc.submit(ml, JobCreate(spec=spec_dict(name="second")))
     ex = KeepsOutcomes()
@@ -286,7 +280,7 @@ def test_reconcile_releases_finished_attempts_whose_rows_are_closed_and_keeps_un
 
 def test_a_cancelled_jobs_log_is_complete_only_once_its_attempt_is_closed_with_its_last_lines(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict()))
     queued = svc.submit(ml, JobCreate(spec=spec_dict(name="never-ran")))
     ex = GrowingLogs()
@@ -308,22 +302,9 @@ def test_a_cancelled_jobs_log_is_complete_only_once_its_attempt_is_closed_with_i
 
 # ---------------------------------------------------------------- the spot policy in the loop
 
-def spot_job(svc: SchedulerService, who: Principal, deadline: float | None) -> JobPublic:
-    """A 48 h job under toy_plan (4.8e8 tokens at $10/h) that may run on spot or on-demand."""
-    spec = spec_dict(tokens=4.8e8, spot="auto")
-    if deadline is not None:
-        spec["resources"] = {**spec["resources"], "deadline": deadline}  # type: ignore[dict-item]
-    return svc.submit(who, JobCreate(spec=spec))
-
-
-def zone(available: bool, up_h: float = 20.0, preemptions: int = 2, outage_age_h: float = 0.0) -> ZoneSeen:
-    return ZoneSeen(watched_h=30.0, up_h=up_h, preemptions=preemptions, run_h=3.0 if available else 0.0,
-                    available=available, outage_age_h=0.0 if available else outage_age_h)
-
-
 def test_spot_chooser_starts_in_a_zone_with_capacity_waits_while_none_and_moves_after_a_preemption(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = spot_job(svc, ml, deadline=70.0)  # 22 h of slack
     feed = StaticZones({"us-east-1a": zone(False), "us-east-1b": zone(True)})
     ex = ScriptedExecutor()
@@ -353,7 +334,7 @@ def test_spot_chooser_starts_in_a_zone_with_capacity_waits_while_none_and_moves_
 
 def test_spot_chooser_takes_on_demand_when_the_deadline_cannot_wait(svc: SchedulerService, store: Store,
                                                                     clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     tight = spot_job(svc, ml, deadline=48.3)  # slack 0.3 h: one restart and a recheck, no more
     feed = StaticZones({"us-east-1a": zone(False, outage_age_h=2.0)})
     ex = ScriptedExecutor()
@@ -371,7 +352,7 @@ def test_spot_chooser_takes_on_demand_when_the_deadline_cannot_wait(svc: Schedul
 
 def test_the_loop_still_takes_plain_market_and_price_pairs(svc: SchedulerService, store: Store,
                                                          clock: FakeClock) -> None:
-    ml = team(svc)
+    ml = ml_team(svc)
     job = svc.submit(ml, JobCreate(spec=spec_dict()))
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock, choose_market=lambda j, now: ("on-demand", 7.0))
