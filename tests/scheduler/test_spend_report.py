@@ -3,32 +3,15 @@ totals summed in the database, the top-N lines the page asks for, the remaining 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from scheduler.loop import Scheduler
-from scheduler.models import JobCreate, TeamCreate
-from scheduler.service import ADMIN, Principal, SchedulerService
+from scheduler.models import JobCreate
+from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import Store
-from tests.scheduler.conftest import spec_dict, toy_plan
+from tests.scheduler.conftest import ml_team, spec_dict
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
 from workers.executor import RunState
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def svc(store: Store, tmp_path: Path, clock: FakeClock) -> SchedulerService:
-    return SchedulerService(store, toy_plan, clock=clock, checkpoint_root=str(tmp_path / "ckpt"))
-
-
-def team(svc: SchedulerService, budget: float | None = None) -> Principal:
-    svc.create_team(ADMIN, TeamCreate(name="ml", budget_usd=budget))
-    return svc.authenticate(svc.create_token(ADMIN, "ml").token)
 
 
 def test_the_top_jobs_report_lists_the_costliest_and_keeps_every_jobs_totals(svc: SchedulerService, store: Store,
@@ -36,7 +19,7 @@ def test_the_top_jobs_report_lists_the_costliest_and_keeps_every_jobs_totals(svc
     # The Spend page asks for the 10 costliest jobs' lines; its totals and remaining budget must
     # stay those of `gpuplan report spend` (every job), and what an active job reserves is its
     # estimate less what it already spent.
-    ml = team(svc, budget=1000)
+    ml = ml_team(svc, budget=1000)
     start = clock()
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock)
