@@ -98,7 +98,8 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
     if remote is not None:
         remote.upload()  # a put that fails fails the attempt: the outputs are not where they should be
     steady = (f"; after the first batch {result.steady_tokens_per_s:,.0f} tokens/s, {result.steady_generate_share:.1%} "
-              "of it inside generate()" if result.steady_tokens_per_s and result.steady_generate_share else "")
+              f"of it decoding ({result.decoder} decoder)"
+              if result.steady_tokens_per_s and result.steady_generate_share else "")
     where = remote.uri if remote is not None else outputs
     on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {where}, "
            f"{result.tokens_per_s:,.0f} tokens/s (model load {result.load_seconds:.1f} s){steady}")
@@ -108,6 +109,6 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
                 "steady_tokens_per_s": result.steady_tokens_per_s or result.tokens_per_s,
                 "tokens_per_s": result.tokens_per_s,
                 "peak_allocated_bytes": result.peak_memory_bytes, "wall_s": result.seconds + result.load_seconds,
-                "predicted": {}}
+                "decoder": result.decoder, "predicted": {}}
     on_progress({"event": "finished", "result": finished})
     return finished
