@@ -150,7 +150,8 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     thr = train_throughput(model, strategy, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
                            network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)
     hours = t.tokens / thr.tokens_per_s / 3600
-    return Outcome(Estimate.model_construct(strategy=strategy, memory=memory, throughput=thr, hours=hours),
+    return Outcome(Estimate.model_construct(strategy=strategy, memory=memory, throughput=thr, hours=hours,
+                                           warnings=[]),
                    tried=found.tried)
 
 
@@ -341,7 +342,7 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
             thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
             assert thr.requests_per_s is not None
             hours = inf.requests / thr.requests_per_s / 3600
-            est = Estimate.model_construct(strategy=s, memory=m, throughput=thr, hours=hours)
+            est = Estimate.model_construct(strategy=s, memory=m, throughput=thr, hours=hours, warnings=[])
             if best is None or thr.tokens_per_s > best.throughput.tokens_per_s * 1.02:
                 best = est
         if best is not None:
