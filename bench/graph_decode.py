@@ -7,6 +7,9 @@ on the same random-init model and prompts, with the planner's prediction for eac
     .venv/bin/python bench/graph_decode.py --fit bench/results/workers/graph_decode_2026-12-01.json \
         --holdout llama-3.2-1b:32x512x128    # least squares into planner/calibration.json
 
+bench/accuracy.py --fit rebuilds planner/calibration.json from planner/calibration.py's defaults, so
+the fitted graph_decode_* values are also those defaults' (set them there too after a new fit).
+
 The fit: per decode step, measured time - (prefill and the bytes-read roofline the planner predicts)
 = layers x (graph_decode_layer_s + graph_decode_row_layer_s x batch), on the non-holdout cases
 (graph_decode_step_s stays 0: three cases cannot also fix a constant).

@@ -303,8 +303,8 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
                      decoder: str | None = None) -> ThroughputEstimate:
     """Output tokens/s of the whole placement (replicas = gpu_count / tensor_parallel).
 
-    ``decoder``: "graph" or "generate"; None predicts what the workers run (``graph_decode``). The
-    H200 reference cases (bench/measure_h200.py) time transformers' generate()."""
+    ``decoder``: "graph" or "generate"; None predicts what the workers run (``planner.decoder.decoder_for``).
+    The H200 reference cases (bench/measure_h200.py) time transformers' generate()."""
     tp = strategy.tensor_parallel
     replicas = max(1, strategy.gpu_count // tp)
     b = strategy.batch

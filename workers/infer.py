@@ -23,7 +23,7 @@ import torch
 
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
-from planner.decoder import graph_decode
+from planner.decoder import decoder_for
 from planner.spec import JobSpec
 from workers.capabilities import supported
 from workers.decode import GraphDecoder
@@ -211,7 +211,8 @@ def run_inference(
 ) -> InferenceResult:
     """Generate for every request of ``prompts`` not yet in ``outputs``; append results batch by batch.
 
-    ``decoder``: "graph" or "generate"; None decodes as the planner predicts (``graph_decode``)."""
+    ``decoder``: "graph" or "generate"; None decodes as the planner predicts
+    (``planner.decoder.decoder_for``)."""
     if batch < 1:
         raise InvalidInput(f"batch must be at least 1, got {batch}", path="infer.batch")
     if max_new_tokens < 1:
@@ -248,7 +249,7 @@ def run_inference(
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
     eos = _eos_ids(model, tokenizer)
-    use_graph = decoder == "graph" if decoder else graph_decode(model_cfg, _vendor(device), weights)
+    use_graph = decoder_for(model_cfg, _vendor(device), weights, decoder) == "graph"
     graph = GraphDecoder(model, compile=on_cuda) if use_graph else None
     todo_all = [r for r in requests if r.key not in finished]
     # one shape per job for the compiled step: every batch padded to the batch size and the widest prompt
