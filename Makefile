@@ -36,7 +36,7 @@ unit: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
