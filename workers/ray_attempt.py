@@ -96,6 +96,7 @@ class AttemptDriver(ProgressActor):
         self._released = False
         self._self: Any = None
         self._task: Any = None  # the ObjectRef of an inference attempt's task, once submitted
+        self._gated = False  # the controller was told to end the run before placing its workers
 
     # -------------------------------------------------------------- called by the executor
 
@@ -143,6 +144,15 @@ class AttemptDriver(ProgressActor):
         if task is not None and not self.snapshot().get("started_at"):  # not running: nothing to flush
             ray.cancel(task, force=True)
 
+    def gate(self) -> bool:
+        """Asked by Ray Train's controller before it places workers (``_cancel_gate``): whether to end the
+        run there (cancelled, or stopped for a changeover), remembered so the error it ends with is not
+        taken for a failure."""
+        with self._lock:
+            if self.stop_requested():
+                self._gated = True
+            return self._gated
+
     def release(self) -> None:
         """The scheduler has recorded the outcome: exit now, or as soon as the attempt ends."""
         with self._lock:
@@ -180,7 +190,7 @@ class AttemptDriver(ProgressActor):
             self._set(RunState.FAILED, str(exc))
         except Exception as exc:  # a job must never vanish: every failure becomes FAILED with its reason
             # the controller ends a stopped run that waits for workers by raising (_cancel_gate)
-            if self.cancelled() or (self.stop_requested() and _PENDING_STOP in _chain_text(exc)):
+            if self.cancelled() or self._gated:
                 self._set_stopped_early("while waiting for its workers")
             else:
                 with self._lock:
@@ -347,19 +357,6 @@ class CancelledWhilePending(Exception):
     """Raised in Ray Train's controller to end a cancelled run that has no training loop to stop."""
 
 
-_PENDING_STOP = "the attempt was stopped before its workers were placed"
-
-
-def _chain_text(exc: BaseException) -> str:
-    """The messages of an exception and of those it wraps (Ray Train wraps the controller's)."""
-    seen: list[str] = []
-    current: BaseException | None = exc
-    while current is not None and len(seen) < 10:
-        seen.append(f"{type(current).__name__}: {current}")
-        current = current.__cause__ or current.__context__
-    return "\n".join(seen)
-
-
 def _cancel_gate(driver: Any) -> Any:
     """A Ray Train controller callback that ends the run, before it places a worker group, once
     the attempt is cancelled.
@@ -375,8 +372,8 @@ def _cancel_gate(driver: Any) -> Any:
             self._driver = driver
 
         def before_controller_execute_resize_decision(self, decision: Any) -> None:
-            if ray.get(self._driver.stop_requested.remote()):
-                raise CancelledWhilePending(_PENDING_STOP)
+            if ray.get(self._driver.gate.remote()):
+                raise CancelledWhilePending("the attempt was stopped before its workers were placed")
 
     return _CancelGate(driver)
 
