@@ -291,7 +291,8 @@ class Scheduler:
             if status is not None:  # predicted vs measured, kept with the attempt (failed ones too)
                 attempt.metrics = attempt_metrics(status, job.plan)
             moving = changeover.marked(attempt)
-            kept = changeover.outcome(status, str(job.spec.get("task", "train")), fell_back) if moving else None
+            kept = (changeover.outcome(status, str(job.spec.get("task", "train")), fell_back)
+                    if moving and status is not None else None)
             if kept is not None:
                 attempt.metrics = {**(attempt.metrics or {}), "changeover": kept.metrics()}
                 message = f"{message}; {kept.note}"

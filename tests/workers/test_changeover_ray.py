@@ -23,8 +23,6 @@ from workers.executor import RunRequest, RunState, StopsForChangeover
 from workers.inprocess import InProcessExecutor
 from workers.ray_executor import RayExecutor
 
-pytestmark = pytest.mark.ray
-
 
 def _executor(tmp_path: Path, gate: Gate | None = None) -> RayExecutor:
     return RayExecutor(storage_path=str(tmp_path / "ray"), backend="gloo", cpu_threads=1, log_every_s=0.0,
@@ -36,6 +34,7 @@ def _request(spec: JobSpec, ckpt: Path, job: str, strategy: Strategy, attempt: i
                       run_name=job)
 
 
+@pytest.mark.ray
 def test_checkpoint_stop_saves_the_step_it_stops_at_and_the_next_attempt_ends_as_an_uninterrupted_run(
         ray_cluster: Any, tmp_path: Path) -> None:
     spec = tiny_spec(write_config(tmp_path / "m"), steps=8, interval=3)  # periodic checkpoints at 3 and 6
@@ -81,6 +80,7 @@ def _infer_request(ckpt: Path, job: str, attempt: int = 1) -> RunRequest:
         update={"task": "infer"}), checkpoint_uri=str(ckpt), run_name=job)
 
 
+@pytest.mark.ray
 def test_checkpoint_stop_of_an_inference_attempt_flushes_its_outputs_and_the_next_attempt_finishes_them(
         ray_cluster: Any, tmp_path: Path) -> None:
     import json
@@ -103,3 +103,25 @@ def test_checkpoint_stop_of_an_inference_attempt_flushes_its_outputs_and_the_nex
     again = local.wait(local.submit(dataclasses.replace(request, attempt=2)), timeout=60)
     assert again.state is RunState.SUCCEEDED and again.progress.resumed_from_step == 2, again.message
     assert sorted(json.loads(line)["id"] for line in outputs.read_text().splitlines()) == list(range(6))
+
+
+def test_in_process_an_inference_attempt_asked_to_checkpoint_and_stop_ends_stopped_after_its_batch(
+        tmp_path: Path) -> None:
+    """The same stop without Ray (InProcessExecutor: what `gpuplan run` and the scheduler's tests use)."""
+    import json
+
+    gate = Gate(str(tmp_path / "gate"))
+    executor = InProcessExecutor(step_hook=gate)
+    request = _infer_request(tmp_path / "out", "gen-co")
+    gate.hold(3)
+    handle = executor.submit(request)
+    gate.wait_held(3)
+    executor.checkpoint_stop(handle)
+    gate.release()
+    status = executor.wait(handle, timeout=60)
+    assert status.state is RunState.STOPPED, (status.message, executor.logs(handle)[-5:])
+    assert status.message == "stopped for a changeover after 3 of 6 requests; outputs flushed"
+    outputs = tmp_path / "out" / "outputs.jsonl"
+    assert [json.loads(line)["id"] for line in outputs.read_text().splitlines()] == [0, 1, 2]
+    assert any("stopped for a changeover after 3 of 6 requests: outputs flushed" in line
+               for line in executor.logs(handle))
