@@ -309,7 +309,9 @@ class Scheduler:
             elif outcome == RunState.STOPPED.value or (
                     moving and outcome in (RunState.PREEMPTED.value, RunState.CANCELLED.value)):
                 # checkpointed and stopped for a changeover (or, unmarked, by hand): nothing failed
-                transition(session, job, JobState.QUEUED, now, f"{note}; requeued to resume from {job.checkpoint_uri}")
+                at = f" (step {kept.resumes_at})" if kept is not None and kept.resumes_at is not None else ""
+                transition(session, job, JobState.QUEUED, now,
+                           f"{note}; requeued to resume from {job.checkpoint_uri}{at}")
                 job.next_run_at = now
                 report.requeued.append(job.id)
             elif outcome == RunState.PREEMPTED.value:
