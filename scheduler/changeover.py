@@ -3,18 +3,26 @@
 The loop (scheduler/loop.py) asks a chooser that can (:class:`Reconsiders`, e.g.
 :class:`scheduler.placement.SpotChooser`) whether each running attempt should move. A move is
 durable before anything is stopped: the attempt's row is marked (its message starts with
-:data:`MARK`), then the executor stops it, with a just-in-time checkpoint where it can
-(:class:`StopsWithCheckpoint`: InProcessExecutor's ``preempt``), else with ``cancel`` (the run
-stops at its next step; the newest periodic checkpoint stands). When the stopped attempt is
-closed, a marked attempt requeues its job instead of cancelling it, and the next attempt starts
-where the chooser said (the loop keeps that target; after a restart the chooser decides again).
-A loop that restarts between the mark and the stop stops the attempt when it next sees it.
+:data:`MARK`). Then the executor is asked to **checkpoint and stop** the attempt
+(:class:`workers.executor.StopsForChangeover`: RayExecutor and InProcessExecutor): the training loop
+takes the spot notice's just-in-time checkpoint of the step it finishes and ends STOPPED with that
+step, an inference attempt stops after the batch it writes. Nothing is lost: the next attempt
+resumes from exactly that step. The loop waits for that outcome, a tick at a time, at most
+``changeover_timeout_s``; an attempt that has not answered by then, or an executor that cannot
+checkpoint on request, is stopped as a cancel stops it (:func:`fall_back`: at its next step, no
+checkpoint), and the work since its newest checkpoint is lost; :func:`outcome` says how much, in
+the attempt's message, its metrics (``changeover``) and the job's log. When the stopped attempt is
+closed (and charged up to then), a marked attempt requeues its job instead of cancelling it, and the
+next attempt starts where the chooser said (the loop keeps that target; after a restart the chooser
+decides again). A loop that restarts between the mark and the stop asks again when it next sees the
+attempt (its wait starts again then).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from sqlmodel import Session
 
@@ -22,7 +30,7 @@ from planner.types import Candidate
 from scheduler import logbook
 from scheduler.models import Attempt, Job
 from scheduler.placement import Placement, Running
-from workers.executor import Executor, RunStatus
+from workers.executor import Executor, RunState, RunStatus, StopsForChangeover
 
 MARK = "changeover: "
 
@@ -31,13 +39,6 @@ MARK = "changeover: "
 class Reconsiders(Protocol):
     def reconsider(self, job: Job, running: Running, now: datetime) -> Placement | None:
         """Where the running attempt should change over to; None: leave it."""
-        ...
-
-
-@runtime_checkable
-class StopsWithCheckpoint(Protocol):
-    def preempt(self, handle: str) -> None:
-        """Stop the attempt after a just-in-time checkpoint; it ends PREEMPTED."""
         ...
 
 
@@ -70,9 +71,49 @@ def mark(session: Session, attempt_id: int | None, target: Placement, now: datet
     return True
 
 
-def stop(executor: Executor, handle: str) -> None:
-    """Stop the attempt, keeping as much work as the executor can (idempotent)."""
-    if isinstance(executor, StopsWithCheckpoint):
-        executor.preempt(handle)
-    else:
-        executor.cancel(handle)
+def stop(executor: Executor, handle: str) -> bool:
+    """Ask the attempt to checkpoint and stop (idempotent); True if the executor can, else it is stopped
+    as a cancel stops it (False: the work since its newest checkpoint is lost)."""
+    if isinstance(executor, StopsForChangeover):
+        executor.checkpoint_stop(handle)
+        return True
+    executor.cancel(handle)
+    return False
+
+
+def fall_back(executor: Executor, handle: str) -> None:
+    """The attempt did not answer the checkpoint-and-stop in time: stop it without a checkpoint."""
+    executor.cancel(handle)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a changed-over attempt ended: where the next attempt resumes and what was lost."""
+
+    resumes_at: int | None  # the step of the newest checkpoint (inference: requests written); None: from the start
+    lost_steps: int  # training steps done after that checkpoint, to be done again
+    note: str
+
+    def metrics(self) -> dict[str, Any]:
+        return {"resumes_at_step": self.resumes_at, "lost_steps": self.lost_steps}
+
+
+def outcome(status: RunStatus | None, task: str, fell_back: bool) -> Outcome:
+    """What the stop of a changed-over attempt kept, from its final status."""
+    progress = status.progress if status is not None else None
+    if task != "train":
+        done = progress.step if progress is not None else None
+        return Outcome(done, 0, "the outputs written stand; the next attempt answers the rest")
+    if status is not None and status.state is RunState.STOPPED:
+        at = progress.checkpoint_step if progress is not None else None
+        where = f"the checkpoint of step {at}" if at is not None else "the start"
+        return Outcome(at, 0, f"nothing lost: the next attempt resumes from {where}")
+    at = progress.checkpoint_step if progress is not None else None
+    step = progress.step if progress is not None else 0
+    lost = max(0, step - (at or 0))
+    if lost == 0:  # e.g. a spot notice's just-in-time checkpoint came first
+        where = f"the checkpoint of step {at}" if at is not None else "the start"
+        return Outcome(at, 0, f"nothing lost: the next attempt resumes from {where}")
+    why = "did not answer the checkpoint-and-stop in time" if fell_back else "was stopped without a checkpoint"
+    where = f"the checkpoint of step {at}" if at is not None else "the start"
+    return Outcome(at, lost, f"it {why}: {lost} step(s) after {where} are lost and done again")

@@ -7,7 +7,8 @@ One ``tick()``:
    its checkpoint: ``run_name`` is the job id), FAILED requeues with exponential backoff until the
    job's ``max_attempts`` failures, a cancelled job's live attempt is stopped; a live attempt that a
    chooser with ``reconsider`` (scheduler.placement.SpotChooser) wants elsewhere is changed over
-   (scheduler.changeover: stopped, requeued, started where the chooser said);
+   (scheduler.changeover: decision recorded, checkpointed and stopped, or stopped without a checkpoint
+   after ``changeover_timeout_s``; requeued, started where the chooser said);
 2. dispatch due queued jobs, highest priority first, that their team's GPU quota admits
    (scheduler.quota: a job that does not fit stays queued with the reason), claimed with
    ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` makes the claim a
@@ -78,6 +79,7 @@ class Scheduler:
         backoff_max_s: float = 3600.0,
         lock: LoopLock | None = None,
         stall_s: float = 600.0,
+        changeover_timeout_s: float = 300.0,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -100,6 +102,11 @@ class Scheduler:
         # steps stalled for stall_s its loss
         self._steps: dict[int, tuple[int, datetime]] = {}
         self.stall_s = stall_s
+        # a changeover asks the attempt to checkpoint and stop, and waits this long (loop clock) for it to end
+        # before stopping it without a checkpoint (scheduler.changeover)
+        self.changeover_timeout_s = changeover_timeout_s
+        # attempt id -> (when the loop asked it to checkpoint and stop, whether it fell back to a plain stop)
+        self._stopping: dict[int, tuple[datetime, bool]] = {}
 
     # -------------------------------------------------------------- main entry points
 
@@ -182,8 +189,8 @@ class Scheduler:
         assert attempt.handle is not None
         now = self.clock()
         self._watch_zone(attempt, status, now)
-        if changeover.marked(attempt):  # stopping already; again, in case a restart came between mark and stop
-            changeover.stop(self.executor, attempt.handle)
+        if changeover.marked(attempt):  # stopping already (after a restart between mark and stop: asks now)
+            self._stop_for_changeover(attempt, now)
             return
         if not isinstance(self.choose_market, changeover.Reconsiders) or job.state != JobState.RUNNING.value:
             return
@@ -194,7 +201,29 @@ class Scheduler:
             if not changeover.mark(session, attempt.id, target, now):
                 return
         self._moves[job.id] = target
-        changeover.stop(self.executor, attempt.handle)
+        self._stop_for_changeover(attempt, now)
+
+    def _stop_for_changeover(self, attempt: Attempt, now: datetime) -> None:
+        """Ask a marked attempt to checkpoint and stop; past ``changeover_timeout_s`` without an outcome,
+        stop it as a cancel does (scheduler.changeover.fall_back), and say so in the job's log."""
+        assert attempt.handle is not None and attempt.id is not None
+        asked = self._stopping.get(attempt.id)
+        if asked is None:
+            checkpoints = changeover.stop(self.executor, attempt.handle)
+            self._stopping[attempt.id] = (now, not checkpoints)
+            return
+        since, fell_back = asked
+        if fell_back:
+            return
+        waited = (now - since).total_seconds()
+        if waited < self.changeover_timeout_s:
+            return
+        changeover.fall_back(self.executor, attempt.handle)
+        self._stopping[attempt.id] = (since, True)
+        with self.store.write() as session:
+            logbook.append(session, attempt.job_id, [logbook.note_line(
+                now, f"attempt {attempt.number} did not checkpoint and stop within {waited:.0f} s of the changeover "
+                "request: stopped without a checkpoint; the work since its newest checkpoint is lost")])
 
     def _watch_zone(self, attempt: Attempt, status: RunStatus, now: datetime) -> None:
         """A spot attempt's steps advancing show its zone's capacity; stalled for ``stall_s`` (after a
@@ -247,9 +276,11 @@ class Scheduler:
 
     def _finish(self, attempt_id: int | None, outcome: str, message: str, report: TickReport,
                 status: RunStatus | None = None) -> None:
+        fell_back = False
         if attempt_id is not None:
             self._copied.pop(attempt_id, None)
             self._steps.pop(attempt_id, None)
+            fell_back = self._stopping.pop(attempt_id, (None, False))[1]
         now = self.clock()
         with self.store.write() as session:
             attempt = session.get(Attempt, attempt_id)
@@ -260,6 +291,11 @@ class Scheduler:
             if status is not None:  # predicted vs measured, kept with the attempt (failed ones too)
                 attempt.metrics = attempt_metrics(status, job.plan)
             moving = changeover.marked(attempt)
+            kept = (changeover.outcome(status, str(job.spec.get("task", "train")), fell_back)
+                    if moving and status is not None else None)
+            if kept is not None:
+                attempt.metrics = {**(attempt.metrics or {}), "changeover": kept.metrics()}
+                message = f"{message}; {kept.note}"
             ledger.close_attempt(session, attempt, job, now, outcome,
                                  f"{attempt.message}; {message}" if moving else message)
             report.finished[job.id] = outcome
@@ -270,8 +306,12 @@ class Scheduler:
             job.message = note[:2000]
             if outcome == RunState.SUCCEEDED.value:
                 transition(session, job, JobState.SUCCEEDED, now, note)
-            elif moving and outcome in (RunState.PREEMPTED.value, RunState.CANCELLED.value):
-                transition(session, job, JobState.QUEUED, now, f"{note}; requeued to resume from {job.checkpoint_uri}")
+            elif outcome == RunState.STOPPED.value or (
+                    moving and outcome in (RunState.PREEMPTED.value, RunState.CANCELLED.value)):
+                # checkpointed and stopped for a changeover (or, unmarked, by hand): nothing failed
+                at = f" (step {kept.resumes_at})" if kept is not None and kept.resumes_at is not None else ""
+                transition(session, job, JobState.QUEUED, now,
+                           f"{note}; requeued to resume from {job.checkpoint_uri}{at}")
                 job.next_run_at = now
                 report.requeued.append(job.id)
             elif outcome == RunState.PREEMPTED.value:
@@ -299,6 +339,8 @@ class Scheduler:
         report.requeued.append(job.id)
 
     def _lose(self, attempt: Attempt, why: str, report: TickReport) -> None:
+        if attempt.id is not None:
+            self._stopping.pop(attempt.id, None)
         now = self.clock()
         with self.store.write() as session:
             fresh = session.get(Attempt, attempt.id)

@@ -118,7 +118,9 @@ class SimOptions:
         0: free continuous checkpoints, nothing is ever lost). Checkpoints come every Young/Daly
         interval from the zone's mean time to preemption (``mttp_h``; None: estimated online).
     checkpoint_write_h: time until a checkpoint is durable. A voluntary changeover waits for it (the
-        old instance is billed meanwhile; the new one boots in parallel).
+        old instance is billed meanwhile; the new one boots in parallel) and loses nothing: the
+        scheduler loop's checkpoint-and-stop (scheduler.changeover), which starts the new attempt only
+        after the write (docs/SPOT.md, "In the scheduler loop").
     notice_h: preemption notice (AWS 2 min, GCP 30 s; 0: none). When it covers the snapshot and the
         write, the job checkpoints just in time and loses at most the notice window; otherwise it
         loses the work since its last periodic checkpoint.

@@ -22,10 +22,14 @@ class RunState(enum.StrEnum):
     FAILED = "failed"
     PREEMPTED = "preempted"  # lost its node; resubmit to resume from the checkpoint
     CANCELLED = "cancelled"
+    # checkpointed and stopped at the scheduler's request (``StopsForChangeover.checkpoint_stop``): training
+    # saved a checkpoint of the step it stopped at, inference flushed its outputs; the next attempt resumes there
+    STOPPED = "stopped"
 
     @property
     def finished(self) -> bool:
-        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.PREEMPTED, RunState.CANCELLED)
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.PREEMPTED, RunState.CANCELLED,
+                        RunState.STOPPED)
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class RunProgress:
     tokens_per_s: float | None = None
     checkpoints: int = 0
     resumed_from_step: int | None = None
+    # the newest step with a durable checkpoint that this attempt knows of (one it wrote, or the one it
+    # resumed from); None: none yet. A changeover that has to stop without a checkpoint loses the steps after it.
+    checkpoint_step: int | None = None
 
 
 @dataclass
@@ -90,6 +97,20 @@ class Executor(Protocol):
         An executor whose attempts outlive its process (RayExecutor) answers from what really runs,
         so a new instance after a restart returns the attempts the old one started.
         """
+
+
+@runtime_checkable
+class StopsForChangeover(Protocol):
+    """An executor that can stop an attempt without losing work, for the scheduler to move it
+    (scheduler.changeover)."""
+
+    def checkpoint_stop(self, handle: str) -> None:
+        """Ask the attempt to stop at its next step boundary and end STOPPED: training first saves a
+        checkpoint of that step (the loop's just-in-time checkpoint, as on a spot notice) and reports
+        the step (``progress.checkpoint_step``); inference stops after the batch it is writing, its
+        outputs flushed. One still waiting for resources stops at once. Returns at once (the attempt
+        answers through ``status``); idempotent; a finished or unknown attempt is left alone. A cancel
+        takes precedence."""
 
 
 @runtime_checkable

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, TypedDict
 
-StopReason = Literal["cancel", "preempt"]
+# cancel: stop at once, no checkpoint; preempt: a spot notice (just-in-time checkpoint); changeover: the
+# scheduler moves the attempt (the same just-in-time checkpoint, then the attempt ends STOPPED)
+StopReason = Literal["cancel", "preempt", "changeover"]
 
 # Test hook an executor injects into its runs (default: none): called with (step, where) wherever a
 # training loop calls ``TrainHooks.fault``, and with (requests done, "batch") after each batch an
@@ -70,6 +72,15 @@ class ResultEvent(TypedDict):
 
 
 ProgressEvent = BootingEvent | StartedEvent | StepEvent | CheckpointEvent | OomBackoffEvent | ResultEvent
+
+
+class StopRequested(Exception):
+    """Raised by an inference run's progress callback after a batch is written, when the scheduler asked the
+    attempt to stop for a changeover: the run ends there with its outputs flushed."""
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"stopped for a changeover after {done} of {total} requests")
+        self.done, self.total = done, total
 
 
 @dataclass(frozen=True)

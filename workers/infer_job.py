@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from catalog.errors import InvalidInput
 from workers.executor import RunRequest
-from workers.hooks import ProgressEvent
+from workers.hooks import ProgressEvent, StopRequested
 
 if TYPE_CHECKING:
     from workers.infer_s3 import S3Outputs
@@ -57,7 +57,11 @@ def _s3_outputs(request: RunRequest, outputs: Path, on_log: Callable[[str], None
 
 
 def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: Callable[[ProgressEvent], None],
-                      on_log: Callable[[str], None], cpu_threads: int | None = None) -> dict[str, Any]:
+                      on_log: Callable[[str], None], cpu_threads: int | None = None,
+                      should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Generate the requests not yet in the outputs; returns the result (``status`` "succeeded", or
+    "stopped" when ``should_stop``, asked after each written batch, said to stop for a changeover: the
+    outputs then hold whole batches, flushed, and on S3 uploaded, for the next attempt to resume from)."""
     from workers.cuda_env import configure_allocator
 
     configure_allocator()  # before torch touches CUDA (workers.infer builds the model)
@@ -84,6 +88,8 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
             remote.upload_if_due()
         on_progress({"event": "step", "step": done, "total_steps": total, "tokens": 0, "loss": None,
                      "tokens_per_s": None})
+        if should_stop is not None and done < total and should_stop():
+            raise StopRequested(done, total)  # the batch is written and fsynced: stop here
 
     planned = request.strategy
     # a planned GPU strategy carries the weights dtype its memory estimate assumed
@@ -91,6 +97,17 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
     try:
         result = run_infer_spec(request.spec, outputs, workdir=folder, seed=seed, device=device, progress=progress,
                                 weights=weights)
+    except StopRequested as stop:
+        if remote is not None:
+            remote.upload()  # the next attempt, on another node, resumes from the object
+        where = remote.uri if remote is not None else outputs
+        on_log(f"{stop}: outputs flushed to {where}; the next attempt resumes there")
+        stopped: dict[str, Any] = {"status": "stopped", "steps": stop.done, "total_steps": stop.total, "tokens": 0,
+                                   "final_loss": None, "checkpoints_written": 0,
+                                   "resumed_from_step": already or None, "checkpoint_step": stop.done,
+                                   "predicted": {}}
+        on_progress({"event": "finished", "result": stopped})
+        return stopped
     except BaseException:
         if remote is not None:
             remote.upload_after_failure()  # what was generated before the failure is kept

@@ -3,7 +3,8 @@
 Used by the scheduler's tests and by ``gpuplan run --no-ray``. It runs the real training loop
 (or, for ``task: infer``, the real batch generation);
 ``preempt(handle)`` plays a spot notice (a just-in-time checkpoint, then PREEMPTED) so tests can
-drive the resume path without a cluster. A resubmission with the same ``checkpoint_uri`` resumes.
+drive the resume path without a cluster; ``checkpoint_stop(handle)`` takes the same checkpoint and ends
+the attempt STOPPED, for a changeover. A resubmission with the same ``checkpoint_uri`` resumes.
 """
 
 from __future__ import annotations
@@ -113,13 +114,23 @@ class InProcessExecutor:
                 attempt.state = RunState.CANCELLED
                 attempt.message = "cancelled before it started"
                 return
+            if attempt.stop == "changeover":
+                attempt.state = RunState.STOPPED
+                attempt.message = "stopped for a changeover before it started"
+                return
             attempt.state = RunState.RUNNING
             if request.spec.task == "infer":
                 from workers.infer_job import run_infer_attempt
 
                 hooks = _Hooks(attempt, self._step_hook)
-                run_infer_attempt(request, device=self._device, on_progress=hooks.on_batch, on_log=hooks.on_log,
-                                  cpu_threads=self._cpu_threads)
+                outcome = run_infer_attempt(request, device=self._device, on_progress=hooks.on_batch,
+                                            on_log=hooks.on_log, cpu_threads=self._cpu_threads,
+                                            should_stop=lambda: attempt.stop == "changeover")
+                if outcome.get("status") == "stopped":
+                    attempt.state = RunState.STOPPED
+                    attempt.message = (f"stopped for a changeover after {outcome['steps']} of "
+                                       f"{outcome['total_steps']} requests; outputs flushed")
+                    return
                 attempt.state = RunState.SUCCEEDED
                 attempt.message = f"generated {attempt.tracker.progress().step} requests"
                 return
@@ -133,6 +144,10 @@ class InProcessExecutor:
                 attempt.state = RunState.PREEMPTED
                 attempt.message = (f"preempted at step {result.steps}; a just-in-time checkpoint was saved, "
                                    "resubmit to resume")
+            elif result.status == "stopped":
+                attempt.state = RunState.STOPPED
+                attempt.message = (f"stopped for a changeover at step {result.steps}; checkpoint of step "
+                                   f"{result.checkpoint_step} saved")
             elif result.status == "cancelled":
                 attempt.state = RunState.CANCELLED
                 attempt.message = f"cancelled at step {result.steps}"
@@ -182,6 +197,13 @@ class InProcessExecutor:
         attempt = self._get(handle)
         if not attempt.state.finished:
             attempt.stop = "preempt"
+
+    def checkpoint_stop(self, handle: str) -> None:
+        """Stop for a changeover (``workers.executor.StopsForChangeover``): training saves a checkpoint of the
+        step it finishes and ends STOPPED; inference stops after the batch it writes. A cancel wins."""
+        attempt = self._get(handle)
+        if not attempt.state.finished and attempt.stop is None:
+            attempt.stop = "changeover"
 
     def active(self) -> list[str]:
         with self._lock:

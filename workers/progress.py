@@ -44,6 +44,7 @@ class ProgressTracker:
                 if resumed is not None:
                     self._resumes += 1
                     p.resumed_from_step = int(resumed)
+                    p.checkpoint_step = _newest(p.checkpoint_step, int(resumed))
             elif event["event"] == "step":
                 p.step, p.total_steps, p.tokens = event["step"], event["total_steps"], event["tokens"]
                 p.loss = event["loss"]
@@ -51,6 +52,7 @@ class ProgressTracker:
                 self._first_step_after_start.setdefault(self._starts, time.time())
             elif event["event"] == "checkpoint":
                 p.checkpoints += 1
+                p.checkpoint_step = _newest(p.checkpoint_step, int(event["step"]))
             elif event["event"] in ("finished", "failed"):  # a failed run reports what it measured up to the failure
                 result = self._result = dict(event["result"])
                 p.step = int(result.get("steps", p.step))
@@ -59,6 +61,8 @@ class ProgressTracker:
                     p.loss = float(result["final_loss"])
                 if result.get("steady_tokens_per_s") is not None:
                     p.tokens_per_s = float(result["steady_tokens_per_s"])
+                if result.get("checkpoint_step") is not None:  # durable: the loop waits for its writes first
+                    p.checkpoint_step = _newest(p.checkpoint_step, int(result["checkpoint_step"]))
 
     def log(self, line: str) -> None:
         with self._lock:
@@ -78,7 +82,7 @@ class ProgressTracker:
             p = self._progress
             return RunProgress(step=p.step, total_steps=p.total_steps, tokens=p.tokens, loss=p.loss,
                                tokens_per_s=p.tokens_per_s, checkpoints=p.checkpoints,
-                               resumed_from_step=p.resumed_from_step)
+                               resumed_from_step=p.resumed_from_step, checkpoint_step=p.checkpoint_step)
 
     @property
     def resumes(self) -> int:
@@ -104,6 +108,10 @@ class ProgressTracker:
         return {"progress": self.progress(), "resumes": self.resumes, "restarts": self.restarts,
                 "result": self.result(), "node_id": node_id, "started_at": started_at, "booting_at": booting_at,
                 "first_step_at": [first_steps.get(i + 1) for i in range(len(started_at))]}
+
+
+def _newest(known: int | None, step: int) -> int:
+    return step if known is None else max(known, step)
 
 
 def result_metrics(result: dict[str, Any] | None, resumes: int) -> dict[str, float]:

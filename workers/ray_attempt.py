@@ -96,6 +96,7 @@ class AttemptDriver(ProgressActor):
         self._released = False
         self._self: Any = None
         self._task: Any = None  # the ObjectRef of an inference attempt's task, once submitted
+        self._gated = False  # the controller was told to end the run before placing its workers
 
     # -------------------------------------------------------------- called by the executor
 
@@ -132,6 +133,26 @@ class AttemptDriver(ProgressActor):
         if task is not None:
             ray.cancel(task, force=True)
 
+    def checkpoint_stop(self) -> None:
+        """Stop for a changeover, keeping all work (``workers.executor.StopsForChangeover``): rank 0 reads
+        the flag with the cancel flag and every rank takes the just-in-time checkpoint of the step, as on
+        a spot notice; the run then ends STOPPED. An inference task stops after the batch it is writing;
+        one not started yet, and a training run waiting for its workers, stop at once as a cancel would."""
+        with self._lock:
+            self._changeover = True
+            task = self._task
+        if task is not None and not self.snapshot().get("started_at"):  # not running: nothing to flush
+            ray.cancel(task, force=True)
+
+    def gate(self) -> bool:
+        """Asked by Ray Train's controller before it places workers (``_cancel_gate``): whether to end the
+        run there (cancelled, or stopped for a changeover), remembered so the error it ends with is not
+        taken for a failure."""
+        with self._lock:
+            if self.stop_requested():
+                self._gated = True
+            return self._gated
+
     def release(self) -> None:
         """The scheduler has recorded the outcome: exit now, or as soon as the attempt ends."""
         with self._lock:
@@ -149,8 +170,8 @@ class AttemptDriver(ProgressActor):
                 self._run_infer()
                 return
             _preflight(request)
-            if self.cancelled():
-                self._set(RunState.CANCELLED, "cancelled before it started")
+            if self.stop_requested():
+                self._set_stopped_early("before it started")
                 return
             result = build_trainer(request, self._settings, self._self).fit()
             outcome = _rank0_outcome(result)
@@ -160,13 +181,17 @@ class AttemptDriver(ProgressActor):
                 self._set(RunState.FAILED, outcome.removeprefix(_FAILED_PREFIX))
             elif finished.get("status") == "cancelled" or self.cancelled():
                 self._set(RunState.CANCELLED, f"cancelled at step {finished.get('steps', 0)}")
+            elif finished.get("status") == "stopped":
+                self._set(RunState.STOPPED, f"stopped for a changeover at step {finished.get('steps', 0)}; "
+                          f"checkpoint of step {finished.get('checkpoint_step')} saved" + resume_note(snapshot))
             else:
                 self._set(RunState.SUCCEEDED, f"finished {finished.get('steps')} steps" + resume_note(snapshot))
         except GpuplanError as exc:
             self._set(RunState.FAILED, str(exc))
         except Exception as exc:  # a job must never vanish: every failure becomes FAILED with its reason
-            if self.cancelled():  # the controller ends a cancelled run that waits for workers by raising
-                self._set(RunState.CANCELLED, self._cancel_note())
+            # the controller ends a stopped run that waits for workers by raising (_cancel_gate)
+            if self.cancelled() or self._gated:
+                self._set_stopped_early("while waiting for its workers")
             else:
                 with self._lock:
                     self._driver_logs.append(traceback.format_exc())
@@ -190,8 +215,11 @@ class AttemptDriver(ProgressActor):
         outputs_folder(request)  # an unusable output location fails before anything is scheduled
         placement = request_placement(request, live_nodes(), self._settings.node_types)
         with self._lock:
-            if self._cancel:
-                self._set_locked(RunState.CANCELLED, "cancelled before it started")
+            if self._cancel or self._changeover:
+                if self._cancel:
+                    self._set_locked(RunState.CANCELLED, "cancelled before it started")
+                else:
+                    self._set_locked(RunState.STOPPED, "stopped for a changeover before it started")
                 return
             task = ray.remote(ray_infer_task).options(
                 **infer_resources(request.strategy, placement), max_retries=self._settings.max_failures,
@@ -201,13 +229,20 @@ class AttemptDriver(ProgressActor):
         try:
             outcome: dict[str, Any] = ray.get(self._task)
         except Exception:
-            if not self.cancelled():
+            if not self.stop_requested():
                 raise
-            self._set(RunState.CANCELLED, self._infer_cancel_note())
+            if self.cancelled():
+                self._set(RunState.CANCELLED, self._infer_cancel_note())
+            else:  # asked to stop before its first batch: force-cancelled, nothing was being written
+                self._set(RunState.STOPPED, "stopped for a changeover " + self._infer_cancel_note().removeprefix(
+                    "cancelled "))
             return
         snapshot = self.snapshot()
         if isinstance(outcome.get("error"), str):
             self._set(RunState.FAILED, outcome["error"])
+        elif outcome.get("status") == "stopped":
+            self._set(RunState.STOPPED, f"stopped for a changeover after {outcome.get('steps')} of "
+                      f"{outcome.get('total_steps')} requests; outputs flushed" + resume_note(snapshot, "infer"))
         elif self.cancelled():  # the cancel came as the last batch was written: it did finish
             self._set(RunState.SUCCEEDED, f"generated {outcome.get('steps')} requests (cancelled as it finished)")
         else:
@@ -244,6 +279,18 @@ class AttemptDriver(ProgressActor):
 
     def _set_locked(self, state: RunState, message: str) -> None:
         self._state, self._message = state, message
+
+    def _set_stopped_early(self, when: str) -> None:
+        """A cancel, or a changeover, of a run with no training loop to take a checkpoint (not started, or
+        waiting for new workers after a node loss): the newest checkpoint stands, and the next attempt
+        starts from it, as this one would have."""
+        if self.cancelled():
+            self._set(RunState.CANCELLED, "cancelled before it started" if when == "before it started"
+                      else self._cancel_note())
+            return
+        step = self.snapshot()["progress"].checkpoint_step
+        newest = f"; its newest checkpoint (step {step}) stands" if step is not None else ""
+        self._set(RunState.STOPPED, f"stopped for a changeover {when}{newest}")
 
     def _cancel_note(self) -> str:
         progress = self.snapshot()["progress"]
@@ -325,8 +372,8 @@ def _cancel_gate(driver: Any) -> Any:
             self._driver = driver
 
         def before_controller_execute_resize_decision(self, decision: Any) -> None:
-            if ray.get(self._driver.cancelled.remote()):
-                raise CancelledWhilePending("the attempt was cancelled before its workers were placed")
+            if ray.get(self._driver.gate.remote()):
+                raise CancelledWhilePending("the attempt was stopped before its workers were placed")
 
     return _CancelGate(driver)
 

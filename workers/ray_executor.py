@@ -33,6 +33,12 @@ A finished attempt keeps its outcome and final progress until ``release`` (the s
 it once the outcome is recorded; at most ``keep_finished_s`` otherwise), then its actor exits;
 its record in the Ray storage path answers ``status`` and ``logs`` from then on.
 
+Checkpoint-and-stop (``checkpoint_stop``, what a changeover of the scheduler asks for): rank 0 reads
+the request with the cancel flag, every rank saves the spot notice's just-in-time checkpoint of the
+step it has finished, and the attempt ends STOPPED with that step (``progress.checkpoint_step``);
+the next attempt resumes there. An inference task stops after the batch it is writing (outputs are
+fsynced per batch). An attempt still waiting for resources stops as a cancel would, nothing lost.
+
 Cancel: a running training loop stops at its next step (rank 0 polls the flag); an inference task
 is force-cancelled at once, running or pending; a training attempt still waiting for resources
 (for its first workers, or for new ones after a node loss) stops at Ray Train's next try to place
@@ -231,6 +237,13 @@ class RayExecutor:
         """Stop the attempt (see the module docstring); one that no longer exists has nothing to stop."""
         with contextlib.suppress(NotFound):
             self._call(self._driver(handle).cancel)
+
+    def checkpoint_stop(self, handle: str) -> None:
+        """Stop the attempt for a changeover with nothing lost (``workers.executor.StopsForChangeover``): a
+        training run checkpoints the step it is at and ends STOPPED; an inference task stops after its
+        current batch. One that no longer exists has nothing to stop."""
+        with contextlib.suppress(NotFound):
+            self._call(self._driver(handle).checkpoint_stop)
 
     def release(self, handle: str) -> None:
         """The outcome is recorded: the driver exits once the attempt has ended (at once if it has)."""

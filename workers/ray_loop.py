@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from catalog.errors import GpuplanError, InvalidInput
-from workers.hooks import ProgressEvent, Signal, StepHook, TrainHooks
+from workers.hooks import ProgressEvent, Signal, StepHook, StopReason, TrainHooks
 from workers.progress import ProgressTracker
 
 if TYPE_CHECKING:
@@ -25,11 +25,12 @@ if TYPE_CHECKING:
 
 
 class ProgressActor:
-    """Collects events and logs from rank 0 and carries the cancel flag to it."""
+    """Collects events and logs from rank 0 and carries the cancel and changeover flags to it."""
 
     def __init__(self) -> None:
         self._tracker = ProgressTracker()
         self._cancel = False
+        self._changeover = False
 
     def event(self, event: ProgressEvent) -> None:
         self._tracker.event(event)
@@ -49,9 +50,25 @@ class ProgressActor:
     def cancelled(self) -> bool:
         return self._cancel
 
+    def checkpoint_stop(self) -> None:
+        self._changeover = True
+
+    def requested(self) -> StopReason | None:
+        """What the scheduler asks of the run: a cancel (it wins), a checkpoint-and-stop, or nothing."""
+        if self._cancel:
+            return "cancel"
+        return "changeover" if self._changeover else None
+
+    def stop_requested(self) -> bool:
+        """Whether the run is to end (cancelled, or asked to checkpoint and stop)."""
+        return self._cancel or self._changeover
+
 
 class _RayHooks(TrainHooks):
-    """Rank 0 reports; every rank polls the same two collectives once per step."""
+    """Rank 0 reports; every rank polls the same two collectives once per step.
+
+    Rank 0 reads the driver's flags (``ProgressActor.requested``) at most every ``cancel_poll_s`` and
+    broadcasts them, so every rank acts on a cancel or a changeover at the same step."""
 
     def __init__(self, progress: Any, rank: int, cancel_poll_s: float = 1.0, step_hook: StepHook | None = None) -> None:
         self._progress = progress
@@ -59,7 +76,7 @@ class _RayHooks(TrainHooks):
         self._step_hook = step_hook
         self._cancel_poll_s = cancel_poll_s
         self._last_cancel_poll = 0.0
-        self._cancel = False
+        self._requested: StopReason | None = None
 
     def on_log(self, line: str) -> None:
         self._progress.log.remote(line)
@@ -81,9 +98,10 @@ class _RayHooks(TrainHooks):
         info = ray.train.get_preemption_info()  # a barrier: every rank, every step
         if self._rank == 0 and time.monotonic() - self._last_cancel_poll >= self._cancel_poll_s:
             self._last_cancel_poll = time.monotonic()
-            self._cancel = bool(ray.get(self._progress.cancelled.remote()))
-        if broadcast_from_rank_zero(self._cancel):
-            return Signal("cancel")
+            self._requested = ray.get(self._progress.requested.remote())
+        requested: StopReason | None = broadcast_from_rank_zero(self._requested)
+        if requested is not None:  # a cancel, or a changeover: the spot notice's just-in-time checkpoint, then stop
+            return Signal(requested)
         if info is None:
             return None
         deadline = info.deadline_ms / 1000 if info.deadline_ms is not None else time.time() + 120
@@ -135,7 +153,8 @@ def ray_infer_task(request: RunRequest, progress: Any, use_gpu: bool, cpu_thread
         torch.set_num_threads(cpu_threads)
     hooks = _InferHooks(progress, step_hook)
     try:
-        return run_infer_attempt(request, device=device, on_progress=hooks.on_progress, on_log=hooks.on_log)
+        return run_infer_attempt(request, device=device, on_progress=hooks.on_progress, on_log=hooks.on_log,
+                                 should_stop=hooks.should_stop)
     except GpuplanError as exc:
         hooks.on_log(f"error: {exc}")
         return {"error": str(exc)}
@@ -161,3 +180,7 @@ class _InferHooks:
         ray.get(self._progress.event.remote(progress))
         if self._step_hook is not None and progress["event"] == "step":
             self._step_hook(progress["step"], "batch")
+
+    def should_stop(self) -> bool:
+        """After each batch: has the scheduler asked this attempt to stop for a changeover?"""
+        return bool(ray.get(self._progress.requested.remote()) == "changeover")

@@ -48,7 +48,7 @@ from workers.train_setup import (
 from workers.train_state import CheckpointWriter, prepare_state, save_state
 from workers.train_state_load import load_state
 
-Status = Literal["succeeded", "preempted", "cancelled"]
+Status = Literal["succeeded", "preempted", "cancelled", "stopped"]
 
 
 @dataclass(frozen=True)
@@ -330,10 +330,18 @@ class _Run:
                           + (f" {rate:,.0f} tokens/s" if rate else ""))
 
     def _obey(self, signal: Signal) -> Status | None:
-        """Act on a cancel or a spot notice; the status that ends the loop, or None to carry on."""
+        """Act on a cancel, a changeover or a spot notice; the status that ends the loop, or None to carry on.
+
+        A changeover and a spot notice take the same just-in-time checkpoint of this step (durable before
+        the loop goes on); a changeover then ends the attempt, for the scheduler to start the next one
+        elsewhere from exactly this step."""
         if signal.kind == "cancel":
             self.log(f"step {self.step}: cancelled")
             return "cancelled"
+        if signal.kind == "changeover":
+            self._checkpoint(self.step, blocking=True)
+            self.log(f"step {self.step}: checkpoint saved; stopped for a changeover, the next attempt resumes here")
+            return "stopped"
         if self.noticed:  # a notice stays up until the node goes; act on it once
             return None
         self.noticed = True
@@ -393,7 +401,7 @@ class _Run:
                 failed = self.measure("failed", str(exc) or type(exc).__name__)
                 self.hooks.on_progress({"event": "failed", "result": failed.to_dict()})
 
-    def measure(self, status: Literal["succeeded", "preempted", "cancelled", "failed"],
+    def measure(self, status: Literal["succeeded", "preempted", "cancelled", "stopped", "failed"],
                 error: str | None = None) -> TrainResult:
         wall = time.perf_counter() - self.started
         loop_s = time.perf_counter() - self.loop_began if self.loop_began is not None else 0.0
@@ -412,6 +420,7 @@ class _Run:
             predicted=dict(self.job.predicted), device=str(self.device.type), world_size=self.world,
             micro_batch=self.micro, grad_accum=self.accum, oom_backoffs=list(self.backoffs),
             cuda_alloc_conf=self.alloc_conf, error=error,
+            checkpoint_step=self.last_saved,
         )
 
 

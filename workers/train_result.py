@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 @dataclass
 class TrainResult:
-    status: Literal["succeeded", "preempted", "cancelled", "failed"]
+    status: Literal["succeeded", "preempted", "cancelled", "stopped", "failed"]
     steps: int
     total_steps: int
     tokens: int
@@ -41,6 +41,8 @@ class TrainResult:
     oom_backoffs: list[dict[str, int]] = field(default_factory=list)  # step, from/to micro_batch and grad_accum
     cuda_alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF the run had
     error: str | None = None  # set on the measurements of a run that failed
+    # the step of the newest checkpoint this attempt saved or resumed from (a stopped run: the step it stopped at)
+    checkpoint_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

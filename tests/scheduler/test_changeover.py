@@ -13,7 +13,7 @@ from planner.calibration import CostCalibration
 from scheduler.api.server import loop_chooser
 from scheduler.loop import Scheduler
 from scheduler.models import Attempt, Job, JobLog, Spend
-from scheduler.placement import ObservedZones, Running, SpotChooser, StaticZones, spot_zones
+from scheduler.placement import ObservedZones, Placement, Running, SpotChooser, StaticZones, spot_zones
 from scheduler.service import SchedulerService
 from scheduler.store import Store
 from tests.scheduler.conftest import ml_team, spot_job, zone
@@ -178,40 +178,154 @@ def test_the_server_moves_jobs_across_zones_only_when_the_cluster_has_spot_in_se
     assert not isinstance(loop_chooser(CostCalibration(), spot_zones(types[:1])), SpotChooser)
 
 
-class Noticing(ScriptedExecutor):
-    """An executor that can stop an attempt after a just-in-time checkpoint (as InProcessExecutor.preempt)."""
+class Stopping(ScriptedExecutor):
+    """An executor that can checkpoint and stop an attempt (as RayExecutor and InProcessExecutor);
+    ``answers``: whether the attempt does so (else it keeps running, as a worker that never hears it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answers: bool = True) -> None:
         super().__init__()
-        self.noticed: list[str] = []
+        self.answers = answers
+        self.asked: list[str] = []
 
-    def preempt(self, handle: str) -> None:
-        self.noticed.append(handle)
-        self.states[handle] = RunState.PREEMPTED
+    def checkpoint_stop(self, handle: str) -> None:
+        self.asked.append(handle)
+        if self.answers and not self.states[handle].finished:
+            at = self.progress.get(handle, RunProgress()).step
+            self.progress[handle] = RunProgress(step=at, total_steps=48, checkpoint_step=at)
+            self.states[handle] = RunState.STOPPED
 
 
-def test_a_changeover_takes_a_just_in_time_checkpoint_where_the_executor_can_and_is_no_preemption(
+def test_a_changeover_checkpoints_and_stops_the_attempt_and_the_next_resumes_at_that_step_no_preemption(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
-    from scheduler.changeover import StopsWithCheckpoint
+    from workers.executor import StopsForChangeover
     from workers.inprocess import InProcessExecutor
 
-    assert issubclass(InProcessExecutor, StopsWithCheckpoint)  # its preempt: checkpoint, then PREEMPTED
+    assert issubclass(InProcessExecutor, StopsForChangeover)  # RayExecutor too: tests/workers/test_changeover_ray.py
     ml = ml_team(svc)
     job = spot_job(svc, ml, deadline=70.0)
     feed = ObservedZones(("a", "b"))
-    ex = Noticing()
+    ex = Stopping()
     loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2))
     loop.tick()
     first = ex.handle_of(job.id)
+    ex.progress[first] = RunProgress(step=7, total_steps=48, checkpoint_step=5)  # periodic checkpoint at 5
     clock.advance(hours=1)
     feed.observe("a", False, clock())  # e.g. a watcher saw the zone's spot requests go unfilled
     loop.tick()
-    assert ex.noticed == [first] and ex.cancelled == []
+    assert ex.asked == [first] and ex.cancelled == []
     clock.advance(seconds=1)
     assert loop.tick().dispatched == [job.id]
     assert ex.requests[ex.handle_of(job.id)].zone == "b"
-    assert [a.outcome for a in attempts(store, job.id)] == ["preempted", None]
+    old, new = attempts(store, job.id)
+    assert (old.outcome, new.outcome) == ("stopped", None)
+    assert old.message.endswith("nothing lost: the next attempt resumes from the checkpoint of step 7")
+    assert old.metrics is not None and old.metrics["changeover"] == {"resumes_at_step": 7, "lost_steps": 0}
     assert feed.seen(clock())["a"].preemptions == 1  # the watcher's, not one more for the changeover
+    assert svc.status(ml, job.id).state == "running"
+    with store.read() as session:
+        [spent] = session.exec(select(Spend).where(Spend.attempt_id == old.id)).all()
+    assert spent.hours == pytest.approx(1.0 + 1 / 3600)  # charged until the loop saw it stop
+
+
+def test_an_attempt_that_does_not_answer_the_checkpoint_and_stop_is_stopped_without_one_and_the_loss_recorded(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ml = ml_team(svc)
+    job = spot_job(svc, ml, deadline=70.0)
+    feed = StaticZones({"a": zone(True), "b": zone(False)})
+    ex = Stopping(answers=False)
+    loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2),
+                     changeover_timeout_s=120)
+    loop.tick()
+    first = ex.handle_of(job.id)
+    ex.progress[first] = RunProgress(step=9, total_steps=48, checkpoint_step=6)
+    feed.zones.update(a=zone(False, outage_age_h=0.1), b=zone(True))
+    loop.tick()
+    assert ex.asked == [first] and ex.cancelled == []
+    clock.advance(seconds=119)
+    loop.tick()
+    assert ex.cancelled == []  # still within the deadline: it may yet answer
+    clock.advance(seconds=1)
+    loop.tick()  # no answer in 120 s: today's stop (the run stops at its next step, no checkpoint)
+    assert ex.cancelled == [first]
+    assert any("did not checkpoint and stop within 120 s" in line for line in log_lines(store, job.id))
+    report = loop.tick()
+    assert report.requeued == [job.id] and report.dispatched == [job.id]
+    assert ex.requests[ex.handle_of(job.id)].zone == "b"
+    old, _ = attempts(store, job.id)
+    assert old.outcome == "cancelled"
+    assert old.message.endswith("it did not answer the checkpoint-and-stop in time: 3 step(s) after the checkpoint "
+                                "of step 6 are lost and done again")
+    assert old.metrics is not None and old.metrics["changeover"] == {"resumes_at_step": 6, "lost_steps": 3}
+    assert svc.status(ml, job.id).state == "running"  # never cancelled: the stop was a changeover
+
+
+class MoveOnce:
+    """A chooser that starts every attempt on-demand and changes the job over once, when told to."""
+
+    def __init__(self) -> None:
+        self.move = False
+
+    def __call__(self, job: Job, now: datetime) -> Placement:
+        return Placement("on-demand", 1.0)
+
+    def reconsider(self, job: Job, running: Running, now: datetime) -> Placement | None:
+        if not self.move:
+            return None
+        self.move = False
+        return Placement("on-demand", 2.0, zone="elsewhere")
+
+
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+def test_a_changeover_of_real_training_loses_no_step_and_ends_as_an_uninterrupted_run(
+        store: Store, tmp_path: Path) -> None:
+    """The real loop on SQLite, the real training loop (InProcessExecutor): the decision is recorded, the
+    attempt checkpoints and stops at the step it finishes, the next attempt resumes from exactly that
+    step, and the final weights equal an uninterrupted run's. (tests/workers/test_changeover_ray.py: Ray.)"""
+    from scheduler.models import JobCreate, TeamCreate
+    from scheduler.service import ADMIN
+    from tests.scheduler.test_loop_inprocess import cpu_plan
+    from tests.workers.tiny import Gate, assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
+    from workers.executor import RunRequest
+    from workers.inprocess import InProcessExecutor
+
+    svc = SchedulerService(store, cpu_plan, checkpoint_root=str(tmp_path / "ckpt"))
+    svc.create_team(ADMIN, TeamCreate(name="ml"))
+    me = svc.authenticate(svc.create_token(ADMIN, "ml").token)
+    config = write_config(tmp_path / "m")
+    reference = tiny_spec(config, steps=8, interval=3)
+    job = svc.submit(me, JobCreate(spec=reference.model_dump(mode="json")))
+    gate = Gate(str(tmp_path / "gate"))
+    chooser = MoveOnce()
+    ex = InProcessExecutor(step_hook=gate)
+    loop = Scheduler(store, ex, choose_market=chooser)
+    gate.hold(4)  # held before step 5: 4 done, the periodic checkpoint of step 3 the newest
+    assert loop.tick().dispatched == [job.id]
+    gate.wait_held(4)
+    chooser.move = True
+    loop.tick()  # the decision on the row, then checkpoint-and-stop
+    [first] = attempts(store, job.id)
+    assert first.message.startswith("changeover: to on-demand in elsewhere") and first.ended_at is None
+    gate.release()
+    ex.wait(str(first.handle), timeout=60)
+    loop.tick()  # closes attempt 1 (stopped), requeues and starts attempt 2
+    [_, second] = attempts(store, job.id)
+    ex.wait(str(second.handle), timeout=60)
+    loop.tick()
+    detail = svc.status(me, job.id)
+    assert detail.state == "succeeded", (detail.message, svc.logs(me, job.id).lines[-8:])
+    old, new = attempts(store, job.id)
+    assert (old.outcome, new.outcome, new.zone) == ("stopped", "succeeded", "elsewhere")
+    assert "stopped for a changeover at step 5; checkpoint of step 5 saved" in old.message
+    assert old.metrics is not None and old.metrics["changeover"] == {"resumes_at_step": 5, "lost_steps": 0}
+    assert ex.status(str(new.handle)).progress.resumed_from_step == 5
+    with store.read() as session:
+        charged = sorted(s.attempt_id for s in session.exec(select(Spend).where(Spend.job_id == job.id)))
+    assert charged == sorted(a.id for a in (old, new))
+    plain = InProcessExecutor()
+    ref = plain.wait(plain.submit(RunRequest(job_id="ref", attempt=1, spec=reference, strategy=cpu_strategy(),
+                                             checkpoint_uri=str(tmp_path / "ref"), run_name="ref")), 60)
+    assert ref.state is RunState.SUCCEEDED, ref.message
+    assert_same_weights(final_state(job.checkpoint_uri)[1], final_state(str(tmp_path / "ref"))[1])
 
 
 def test_a_spot_attempt_whose_steps_stall_marks_its_zone_down_and_moves_where_capacity_is(
