@@ -26,7 +26,7 @@ from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import GIB, MIB, MemoryCalibration
 from planner.decoder import decoder_for
-from planner.types import MemoryEstimate, Strategy
+from planner.types import MemoryEstimate, Strategy, construct
 
 BLOCK = 2 * MIB
 
@@ -227,9 +227,9 @@ def finish_estimate(moments: list[Moment], mode: str, gpu: GpuSpec, gpu_count: i
     if gpu_count > 1:
         breakdown["nccl"] = cal.nccl_bytes
     breakdown["allocator_cache"] = reserved - allocated
-    # model_construct: every field is computed here from validated inputs, and validating thousands of
-    # these per plan() was a third of the planner's time
-    return MemoryEstimate.model_construct(
+    # construct (no validation): every field is computed here from validated inputs, and validating
+    # thousands of these per plan() was a third of the planner's time
+    return construct(MemoryEstimate,
         peak_allocated_bytes=allocated,
         peak_reserved_bytes=reserved,
         total_bytes=total,

@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from catalog.loader import Catalog
-from catalog.params import count_params
+from catalog.params import ParamCount
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 from planner.calibration import Calibration
 from planner.cost import on_demand_cost, spot_cost
@@ -34,7 +34,7 @@ from planner.placement import (
 )
 from planner.resolve import allowed_gpus, check_names, resolve_spec_model
 from planner.spec import JobSpec, Resources
-from planner.types import Candidate, CostEstimate, Estimate, Plan, Rejection, Strategy
+from planner.types import Candidate, CostEstimate, Estimate, Plan, Rejection, Strategy, construct
 
 __all__ = ["Objective", "estimate", "plan", "summarize_rejections"]
 
@@ -77,9 +77,8 @@ def _counts_for(g_per_node: int, pinned: int | None, max_gpus: int) -> list[int]
     return out
 
 
-def _checkpoint_hours(model: ModelConfig, s: Strategy, cal: Calibration) -> tuple[float, float]:
+def _checkpoint_hours(pc: ParamCount, s: Strategy, cal: Calibration) -> tuple[float, float]:
     """(what one checkpoint stops the loop for, snapshot to durable), in hours."""
-    pc = count_params(model)  # cheap; called once per priced candidate
     pb = PRECISION_BYTES.get(s.precision, PRECISION_BYTES["bf16"])
     state = pc.total * (pb.param + 2 * pb.state) if s.finetune == "full" else pc.total * 0.02
     # Checkpoints are written in the background: the loop pays only the snapshot into host memory
@@ -187,7 +186,8 @@ class _Search:
         out = self.outcomes[key]
         if out.estimate is not None and not out.label:
             out.label = out.estimate.strategy.label()
-            out.checkpoint_h, out.durable_h = _checkpoint_hours(self.mdl, out.estimate.strategy, self.cal)
+            out.checkpoint_h, out.durable_h = _checkpoint_hours(self.memo.count(self.mdl), out.estimate.strategy,
+                                                                 self.cal)
         return out
 
     def price(self, out: Outcome, o: Offer, count: int) -> None:
@@ -203,7 +203,7 @@ class _Search:
                 continue
             cost = _cost(out.estimate, (out.checkpoint_h, out.durable_h), market, price * nodes, nodes, o.cloud,
                          self.hazards, res.deadline, self.cal)
-            cand = Candidate.model_construct(estimate=out.estimate, offer=o, cost=cost, nodes=nodes, pareto=False)
+            cand = construct(Candidate, estimate=out.estimate, offer=o, cost=cost, nodes=nodes, pareto=False)
             self.priced.append(cand)
             problem = _deadline_problem(cost, res.deadline, self.cal)
             if problem:

@@ -25,7 +25,7 @@ from planner.memory import (
     mla_expanded_kv_bytes,
     prefill_attention_bytes,
 )
-from planner.types import Strategy, ThroughputEstimate
+from planner.types import Strategy, ThroughputEstimate, construct
 
 PEAK_DTYPE = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
 
@@ -188,17 +188,23 @@ def optimizer_step_s(params: float, state_bytes: int, optimizer: str, gpu: GpuSp
     return params * state_bytes * passes / (gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency)
 
 
+# (tokens/s, seconds per micro-step, compute, exposed comm, optimizer step, mfu): train_step_parts' answer
+StepParts = tuple[float, float, float, float, float, float]
+
+
 def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
                      cal: ThroughputCalibration, *, gpus_per_node: int = 8,
                      network_gbps: float = 100.0, pc: ParamCount | None = None,
-                     memo: dict[tuple[object, ...], float] | None = None) -> ThroughputEstimate:
-    """``memo`` (any dict the caller keeps for one model and seq_len) caches per-token counts."""
-    tokens_per_s, per_micro, compute, exposed, opt, mfu = train_step_parts(
+                     memo: dict[tuple[object, ...], float] | None = None,
+                     parts: StepParts | None = None) -> ThroughputEstimate:
+    """``memo`` (any dict the caller keeps for one model and seq_len) caches per-token counts. ``parts``:
+    train_step_parts' answer for these same arguments, where the caller already has it (the search)."""
+    tokens_per_s, per_micro, compute, exposed, opt, mfu = parts or train_step_parts(
         model, strategy, seq_len, gpu, cal, gpus_per_node=gpus_per_node, network_gbps=network_gbps, pc=pc, memo=memo)
     accum = strategy.grad_accum
-    # model_construct: every field is computed here from validated inputs, and validating thousands of
-    # these per plan() was a third of the planner's time
-    return ThroughputEstimate.model_construct(
+    # construct (no validation): every field is computed here from validated inputs, and validating
+    # thousands of these per plan() was a third of the planner's time
+    return construct(ThroughputEstimate,
         tokens_per_s=tokens_per_s,
         step_time_s=per_micro * accum,
         mfu=min(1.0, mfu),
@@ -222,7 +228,7 @@ def fsdp_collectives(strategy: KnobsLike, layers: int) -> int:
 def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
                      cal: ThroughputCalibration, *, gpus_per_node: int = 8, network_gbps: float = 100.0,
                      pc: ParamCount | None = None, memo: dict[tuple[object, ...], float] | None = None,
-                     ) -> tuple[float, float, float, float, float, float]:
+                     ) -> StepParts:
     """(tokens/s, seconds per micro-step, compute, exposed comm, optimizer step, mfu) as plain floats
     (the search calls this thousands of times)."""
     tp, pp, dp = strategy.tensor_parallel, strategy.pipeline_parallel, strategy.data_parallel
@@ -351,7 +357,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         decode_step += 2 * model.num_layers * (b * h * 2 / link + 2e-5)
     total = prefill + output_tokens * decode_step
     out_tps = b * output_tokens / total * replicas
-    return ThroughputEstimate.model_construct(
+    return construct(ThroughputEstimate,
         tokens_per_s=out_tps,
         step_time_s=total,
         prefill_tokens_per_s=b * prompt_tokens / prefill * replicas,

@@ -5,7 +5,8 @@ All are frozen pydantic models so they serialise to the ``--json`` and REST cont
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,6 +20,50 @@ Market = Literal["spot", "on-demand", "local"]
 
 class _Value(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+V = TypeVar("V", bound=_Value)
+_IMMUTABLE = (type(None), bool, int, float, str, tuple, frozenset)
+_REQUIRED = object()
+# per class: (field name, default value, default factory) in field order
+_FIELD_DEFAULTS: dict[type[_Value], tuple[tuple[str, object, Callable[[], object] | None], ...]] = {}
+
+
+def _field_defaults(cls: type[_Value]) -> tuple[tuple[str, object, Callable[[], object] | None], ...]:
+    rows = []
+    for name, f in cls.model_fields.items():
+        if f.alias not in (None, name) or f.validation_alias is not None:
+            raise TypeError(f"{cls.__name__}.{name} has an alias; construct() does not resolve aliases")
+        factory = f.default_factory
+        if factory is None and not f.is_required() and not isinstance(f.default, _IMMUTABLE):
+            raise TypeError(f"{cls.__name__}.{name}: a mutable default would be shared; use a default_factory")
+        rows.append((name, _REQUIRED if f.is_required() else f.default, factory))
+    _FIELD_DEFAULTS[cls] = out = tuple(rows)  # type: ignore[assignment]
+    return out  # type: ignore[return-value]
+
+
+def construct(cls: type[V], **values: Any) -> V:
+    """The object ``cls.model_construct(**values)`` builds (same fields, defaults and fields-set; no validation)
+    at a fraction of its cost: the search builds thousands of planner values per plan() from values already
+    computed from validated inputs, and pydantic's model_construct resolves aliases and inspects every
+    field's default on each call. Every required field must be given."""
+    spec = _FIELD_DEFAULTS.get(cls) or _field_defaults(cls)
+    fields: dict[str, Any] = {}
+    for name, default, factory in spec:
+        if name in values:
+            fields[name] = values[name]
+        elif factory is not None:
+            fields[name] = factory()
+        elif default is _REQUIRED:
+            raise TypeError(f"{cls.__name__}: the required field {name} is missing")
+        else:
+            fields[name] = default
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", fields)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(values))
+    object.__setattr__(obj, "__pydantic_extra__", None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
 
 
 class Strategy(_Value):
