@@ -248,7 +248,8 @@ def _search_train_knobs(t: TrainSpec, model: ModelConfig, p: Placement, space: _
                 key = (knobs, t.seq_len)
                 lines = memo.lines.get(key)
                 if lines is None:
-                    lines = memo.lines[key] = memory_lines(model, knobs, t.seq_len, mem_cal, pc)
+                    lines = memo.lines[key] = memory_lines(model, knobs, t.seq_len, mem_cal, pc,
+                                                                  memo.per_token)
                 mkey = (knobs, t.seq_len, gpu.id)
                 if mkey in memo.micro_batch:
                     mb = memo.micro_batch[mkey]
