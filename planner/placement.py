@@ -336,7 +336,13 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     problem = degree_problem(support, "infer", "gpus", p.count)
     if problem:
         return Outcome(None, problem, "support")
-    if inf.weights == "auto":
+    note: str | None = None
+    if model.quantization is not None:
+        stored = stored_weights_ladder(model, inf.weights, gpu, support)
+        if isinstance(stored, Outcome):
+            return stored
+        ladder, note = stored
+    elif inf.weights == "auto":
         ladder = auto_weights(gpu)
     else:
         problem = weights_problem(gpu, inf.weights)
@@ -364,6 +370,7 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     tried = 0
     pc = memo.count(model)
     headroom = memory_headroom(spec, cal)
+    warnings = [note] if note else []
     base = Strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision="bf16", batch=inf.batch)
     for weights in ladder:
         for tp in tps:
@@ -377,7 +384,7 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
             thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
             assert thr.requests_per_s is not None
             hours = inf.requests / thr.requests_per_s / 3600
-            est = construct(Estimate, strategy=s, memory=m, throughput=thr, hours=hours, warnings=[])
+            est = construct(Estimate, strategy=s, memory=m, throughput=thr, hours=hours, warnings=list(warnings))
             if best is None or thr.tokens_per_s > best.throughput.tokens_per_s * 1.02:
                 best = est
         if best is not None:
@@ -386,6 +393,31 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
         assert smallest is not None
         return Outcome(None, _memory_reason(smallest[0], gpu, smallest[1]), "memory", tried)
     return Outcome(best, tried=tried)
+
+
+def stored_weights_ladder(model: ModelConfig, weights: str, gpu: GpuSpec,
+                          support: StackSupport) -> tuple[list[str], str | None] | Outcome:
+    """The weights to plan a checkpoint stored quantized (ModelConfig.quantization) with on ``gpu``, and the
+    warning when they are not its own format: its format where the workers' transformers keeps it (auto or
+    pinned), else the 16-bit dtype transformers dequantizes it to on load (auto, or bf16/fp16 pinned). A pinned
+    format the GPU cannot keep is refused with the platform's reason."""
+    q = model.quantization
+    assert q is not None
+    method = q.method
+    native = knob_problem(support, gpu, "infer", "weights", method)
+    if weights == method:
+        return Outcome(None, f"{model.id}: {native}", "support") if native else ([method], None)
+    if weights == "auto" and native is None:
+        return [method], None
+    if weights == "auto":
+        dequantized = auto_weights(gpu)[0]
+        return [dequantized], (f"{model.id} on {gpu.id}: its {method.upper()} experts are planned dequantized to "
+                               f"{dequantized} ({native})")
+    problem = weights_problem(gpu, weights)
+    if problem:
+        return Outcome(None, problem, "dtype")
+    return [weights], (f"{model.id}: weights {weights} pinned, so transformers dequantizes its {method.upper()} "
+                       f"experts on load (Mxfp4Config(dequantize=True)) and the plan counts them at {weights}")
 
 
 def estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration, support: StackSupport,
@@ -428,7 +460,7 @@ def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, calibrati
         raise InvalidInput(out.reason, hint="pin a precision/weights the GPU supports or pick another GPU")
     if out.constraint != "memory":
         raise InvalidInput(out.reason)  # the reason says what to change (the count, the batch...)
-    return _with_model_warnings(_smallest_unfitting(spec, mdl, p, cal), mdl)
+    return _with_model_warnings(_smallest_unfitting(spec, mdl, p, cal, catalog.support), mdl)
 
 
 def require_calibration(calibration: object, caller: str) -> Calibration:
@@ -446,7 +478,8 @@ def _with_model_warnings(est: Estimate, model: ModelConfig) -> Estimate:
     return est.model_copy(update={"warnings": [*est.warnings, *model.assumptions]}) if model.assumptions else est
 
 
-def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration) -> Estimate:
+def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
+                        support: StackSupport) -> Estimate:
     """The estimate of the least memory-hungry strategy (it does not fit)."""
     gpu = p.gpu
     cal = cal.for_vendor(gpu.vendor)
@@ -469,10 +502,16 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     assert spec.infer is not None
     inf = spec.infer
     weights = inf.weights if inf.weights != "auto" else auto_weights(gpu)[-1]
+    notes: list[str] = []
+    if model.quantization is not None:
+        stored = stored_weights_ladder(model, inf.weights, gpu, support)
+        if not isinstance(stored, Outcome):  # a refusal was raised before (constraint support or dtype)
+            weights, notes = stored[0][-1], [stored[1]] if stored[1] else []
     s = _strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes,
                   tensor_parallel=p.count if p.count <= 8 else 8, weights=weights, batch=inf.batch)
     mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory,
                        headroom=memory_headroom(spec, cal))
     thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
     assert thr.requests_per_s is not None
-    return Estimate(strategy=s, memory=mem, throughput=thr, hours=inf.requests / thr.requests_per_s / 3600)
+    return Estimate(strategy=s, memory=mem, throughput=thr, hours=inf.requests / thr.requests_per_s / 3600,
+                    warnings=notes)

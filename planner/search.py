@@ -126,6 +126,7 @@ def plan(spec: JobSpec, catalog: Catalog, *, calibration: Calibration, objective
         raise NoFeasiblePlan(message, hint=hint)
     ranked = _rank(search.candidates, objective)
     warnings: list[str] = list(mdl.assumptions)
+    warnings += [w for w in ranked[0].estimate.warnings if w not in warnings]  # e.g. weights planned dequantized
     stale = _stale_prices_warning(catalog, ranked[:10], today) if today is not None else None
     if stale:
         warnings.append(stale)

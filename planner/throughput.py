@@ -24,6 +24,8 @@ from planner.memory import (
     layer_activation_bytes_per_token,
     mla_expanded_kv_bytes,
     prefill_attention_bytes,
+    runtime_model,
+    stored_bytes_per_param,
 )
 from planner.types import Strategy, ThroughputEstimate, construct
 
@@ -58,6 +60,18 @@ def decode_weight_params(model: ModelConfig, batch: int, pc: ParamCount | None =
     sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)
     touched = e * (1 - (1 - k / e) ** batch)
     return n - lm + sparse_layers * (touched - k) * 3 * model.hidden_size * width
+
+
+def decode_expert_weight_params(model: ModelConfig, batch: int) -> float:
+    """Of decode_weight_params, the routed experts' gate_up/down weights a step reads (the experts some token of
+    the batch picked), which a checkpoint storing its experts quantized (MXFP4) reads at the stored bits."""
+    e, k = model.num_experts, model.experts_per_token
+    if e <= 1:
+        return 0.0
+    width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+    sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)
+    touched = k if batch <= 1 else e * (1 - (1 - k / e) ** batch)
+    return float(sparse_layers * touched * 3 * model.hidden_size * width)
 
 
 def mla_decode_expand(model: ModelConfig, batch: int, context: int) -> tuple[float, float]:
@@ -314,6 +328,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     tp = strategy.tensor_parallel
     replicas = max(1, strategy.gpu_count // tp)
     b = strategy.batch
+    model = runtime_model(model, strategy.weights)
     n, lm = matmul_params(model, pc)
     peak = peak_tflops(gpu, "fp8" if strategy.weights == "fp8" else "bf16") * 1e12
     prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens)) / tp
@@ -327,8 +342,13 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         layers_with = model.num_layers if model.attn.eager else model.attn.sliding_layers
         prefill += 2 * square_bytes * layers_with / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency)
     prefill += expert_loop_s(model, work, 1.0, cal)
-    wb = WEIGHT_BYTES[strategy.weights]
-    weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
+    if strategy.weights == "mxfp4":  # the checkpoint's MXFP4 experts, everything else bf16
+        experts = decode_expert_weight_params(model, b)
+        read = decode_weight_params(model, b, pc)
+        weight_bytes = ((read - experts) * 2 + experts * stored_bytes_per_param(model, "mxfp4") + lm * 2) / tp
+    else:
+        wb = WEIGHT_BYTES[strategy.weights]
+        weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
     avg_ctx = prompt_tokens + output_tokens / 2
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
     expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))

@@ -14,7 +14,7 @@ from catalog.schema import Offer
 
 ResolvedPrecision = Literal["fp32", "amp-bf16", "amp-fp16", "bf16", "fp8"]
 ResolvedSharding = Literal["none", "ddp", "fsdp", "fsdp-grad-op", "zero1"]
-WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4"]
 Market = Literal["spot", "on-demand", "local"]
 
 

@@ -42,7 +42,9 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 """Called after each written batch with (requests finished, requests total)."""
 
-WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8", "int4")
+# mxfp4: a checkpoint stored so (gpt-oss's MXFP4 experts): loaded as it is, transformers' quantizer keeps the
+# experts 4-bit where it has the kernels; the rest of the model is bf16
+WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8", "int4", "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,12 @@ def _check_weights(weights: str, device: str) -> None:
     refused = supported().workers.infer.weights.not_run.get(weights)
     if refused is not None:
         raise InvalidInput(f"{weights} weights are not run by this worker: {refused}", path="infer.weights")
+    if weights == "mxfp4" and not device.startswith("cuda"):
+        raise InvalidInput(
+            "mxfp4 weights stay 4-bit only on a CUDA GPU with transformers' MXFP4 kernels (Hopper, Blackwell)",
+            path="infer.weights",
+            hint="use weights bf16 on this device (transformers dequantizes the checkpoint on load)",
+        )
     if weights == "fp8" and not device.startswith("cuda"):
         raise InvalidInput(
             "fp8 weights need a CUDA GPU with fp8 support (sm89+)",

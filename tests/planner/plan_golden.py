@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from catalog.errors import GpuplanError
 from catalog.loader import Catalog, load_catalog
 from planner.calibration import Calibration, load_calibration
 from planner.search import Objective, plan
@@ -77,7 +78,7 @@ def answer(catalog: Catalog, cal: Calibration, objective: Objective, spec: JobSp
     """The plan as JSON-ready data, or the error it raises (type, message, hint)."""
     try:
         result = plan(spec, catalog, calibration=cal, objective=objective)
-    except Exception as exc:  # noqa: BLE001 - the refusal is part of the pinned answer
+    except GpuplanError as exc:  # the refusal is part of the pinned answer
         return {"error": type(exc).__name__, "message": str(exc), "hint": getattr(exc, "hint", None)}
     loaded: dict[str, Any] = json.loads(result.model_dump_json())
     return loaded
