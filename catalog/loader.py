@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from catalog.errors import CatalogError, InvalidInput, UnknownName
 from catalog.hf_config import model_from_hf_config
 from catalog.offers_io import read_offers
+from catalog.refresh import refresh_commands
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 
 PACKAGED_DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -152,7 +153,7 @@ def stale_offer_warning(stale: Iterable[Offer], today: date, max_age_days: int =
     return (
         f"{len(rows)} offer price(s) from {', '.join(clouds)} are older than {max_age_days} days "
         f"(oldest as of {oldest.isoformat()}, {(today - oldest).days} days ago); prices move, so treat "
-        f"costs as indicative or run `gpuplan catalog refresh aws`"
+        f"costs as indicative or run {refresh_commands(clouds)}"
     )
 
 

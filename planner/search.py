@@ -20,6 +20,7 @@ from pydantic import TypeAdapter
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from catalog.loader import Catalog
 from catalog.params import ParamCount
+from catalog.refresh import refresh_commands
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 from planner.calibration import Calibration
 from planner.cost import on_demand_cost, spot_cost
@@ -158,8 +159,9 @@ def _stale_prices_warning(catalog: Catalog, top: list[Candidate], today: date) -
     if not stale:
         return None
     oldest = min(o.source.as_of for o in stale)
-    return (f"{len(stale)} offer price(s) used here are older than 30 days (oldest {oldest}); "
-            "refresh with `gpuplan catalog refresh aws`")
+    clouds = sorted({o.cloud for o in stale})
+    return (f"{len(stale)} offer price(s) used here from {', '.join(clouds)} are older than 30 days "
+            f"(oldest {oldest}); refresh with {refresh_commands(clouds)}")
 
 
 class _Search:
