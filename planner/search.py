@@ -199,10 +199,10 @@ class _Search:
         res = self.spec.resources
         nodes = math.ceil(count / o.gpu_count)
         for market, price in _markets(o, res.spot):
-            where = f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}"
             if price is None:
                 if res.spot == "always" and market == "spot":
-                    self.funnel.reject(where, f"{o.cloud} {o.instance_type} has no spot price", "price")
+                    self.funnel.reject(_option(out, o, market), f"{o.cloud} {o.instance_type} has no spot price",
+                                       "price")
                 continue
             cost = _cost(out.estimate, (out.checkpoint_h, out.durable_h), market, price * nodes, nodes, o.cloud,
                          self.hazards, res.deadline, self.cal)
@@ -210,11 +210,17 @@ class _Search:
             self.priced.append(cand)
             problem = _deadline_problem(cost, res.deadline, self.cal)
             if problem:
-                self.funnel.reject(where, problem, "deadline")
+                self.funnel.reject(_option(out, o, market), problem, "deadline")
             elif res.budget_usd is not None and cost.usd > res.budget_usd:
-                self.funnel.reject(where, f"costs ${cost.usd:,.0f} > budget ${res.budget_usd:,.0f}", "budget")
+                self.funnel.reject(_option(out, o, market),
+                                   f"costs ${cost.usd:,.0f} > budget ${res.budget_usd:,.0f}", "budget")
             else:
                 self.candidates.append(cand)
+
+
+def _option(out: Outcome, o: Offer, market: str) -> str:
+    """A priced option as a rejection names it (built only for rejections: most options are kept)."""
+    return f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}"
 
 
 def _cost(est: Estimate, checkpoint_h: tuple[float, float], market: str, usd_per_h: float, nodes: int, cloud: str,

@@ -6,6 +6,7 @@ All are frozen pydantic models so they serialise to the ``--json`` and REST cont
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,40 +25,56 @@ class _Value(BaseModel):
 
 V = TypeVar("V", bound=_Value)
 _IMMUTABLE = (type(None), bool, int, float, str, tuple, frozenset)
-_REQUIRED = object()
-# per class: (field name, default value, default factory) in field order
-_FIELD_DEFAULTS: dict[type[_Value], tuple[tuple[str, object, Callable[[], object] | None], ...]] = {}
 
 
-def _field_defaults(cls: type[_Value]) -> tuple[tuple[str, object, Callable[[], object] | None], ...]:
-    rows = []
+@dataclass(frozen=True)
+class _Fields:
+    """A _Value class's fields for construct(): every field in order with its default (None where required or
+    made by a factory), the required names, and the factories."""
+
+    template: dict[str, object]
+    required: frozenset[str]
+    factories: tuple[tuple[str, Callable[[], object]], ...]
+
+
+_FIELDS: dict[type[_Value], _Fields] = {}
+
+
+def _fields_of(cls: type[_Value]) -> _Fields:
+    template: dict[str, object] = {}
+    required: set[str] = set()
+    factories: list[tuple[str, Callable[[], object]]] = []
     for name, f in cls.model_fields.items():
         if f.alias not in (None, name) or f.validation_alias is not None:
             raise TypeError(f"{cls.__name__}.{name} has an alias; construct() does not resolve aliases")
-        factory = f.default_factory
-        if factory is None and not f.is_required() and not isinstance(f.default, _IMMUTABLE):
+        template[name] = None
+        if f.is_required():
+            required.add(name)
+        elif f.default_factory is not None:
+            factories.append((name, f.default_factory))  # type: ignore[arg-type]  # no factory takes data here
+        elif isinstance(f.default, _IMMUTABLE):
+            template[name] = f.default
+        else:
             raise TypeError(f"{cls.__name__}.{name}: a mutable default would be shared; use a default_factory")
-        rows.append((name, _REQUIRED if f.is_required() else f.default, factory))
-    _FIELD_DEFAULTS[cls] = out = tuple(rows)  # type: ignore[assignment]
-    return out  # type: ignore[return-value]
+    _FIELDS[cls] = out = _Fields(template, frozenset(required), tuple(factories))
+    return out
 
 
 def construct(cls: type[V], **values: Any) -> V:
-    """The object ``cls.model_construct(**values)`` builds (same fields, defaults and fields-set; no validation)
-    at a fraction of its cost: the search builds thousands of planner values per plan() from values already
-    computed from validated inputs, and pydantic's model_construct resolves aliases and inspects every
-    field's default on each call. Every required field must be given."""
-    spec = _FIELD_DEFAULTS.get(cls) or _field_defaults(cls)
-    fields: dict[str, Any] = {}
-    for name, default, factory in spec:
-        if name in values:
-            fields[name] = values[name]
-        elif factory is not None:
+    """The object ``cls.model_construct(**values)`` builds (same fields in the same order, defaults and fields-set;
+    no validation) at a fraction of its cost: the search builds thousands of planner values per plan() from values
+    already computed from validated inputs, and pydantic's model_construct resolves aliases and inspects every
+    field's default on each call. Every required field must be given; unknown names are refused."""
+    spec = _FIELDS.get(cls) or _fields_of(cls)
+    if not spec.required <= values.keys() or not values.keys() <= spec.template.keys():
+        missing = sorted(spec.required - values.keys())
+        unknown = sorted(values.keys() - spec.template.keys())
+        raise TypeError(f"{cls.__name__}: missing {missing}, unknown {unknown}")
+    fields = dict(spec.template)
+    fields.update(values)
+    for name, factory in spec.factories:
+        if name not in values:
             fields[name] = factory()
-        elif default is _REQUIRED:
-            raise TypeError(f"{cls.__name__}: the required field {name} is missing")
-        else:
-            fields[name] = default
     obj = cls.__new__(cls)
     object.__setattr__(obj, "__dict__", fields)
     object.__setattr__(obj, "__pydantic_fields_set__", set(values))

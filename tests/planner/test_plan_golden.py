@@ -52,3 +52,28 @@ def test_answers_do_not_depend_on_what_was_planned_before(order: list[int], repe
 def test_each_pinned_answer_is_a_plan_or_a_refusal(name: str) -> None:
     pinned = load_golden()[name]
     assert ("chosen" in pinned and pinned["candidates"]) or pinned["error"] == "NoFeasiblePlan"
+
+
+def test_construct_builds_what_model_construct_builds() -> None:
+    """planner.types.construct is a faster model_construct: the same fields in the same order, the same
+    fields-set, defaults and factories, and the same JSON."""
+    from planner.types import CostEstimate, Estimate, MemoryEstimate, Strategy, ThroughputEstimate, construct
+
+    cases: list[tuple[type[Any], dict[str, Any]]] = [
+        (Strategy, {"gpu": "H200", "gpu_count": 2, "precision": "amp-bf16", "micro_batch": 4}),
+        (CostEstimate, {"market": "spot", "usd_per_h": 1.5, "hours": 2.0, "usd": 3.0}),
+        (ThroughputEstimate, {"tokens_per_s": 10.0}),
+        (MemoryEstimate, {"peak_allocated_bytes": 1, "peak_reserved_bytes": 2, "total_bytes": 3, "usable_bytes": 4,
+                          "fits": True, "breakdown": {"weights": 1}}),
+    ]
+    for cls, values in cases:
+        fast, slow = construct(cls, **values), cls.model_construct(**values)
+        assert fast == slow and list(fast.__dict__) == list(slow.__dict__), cls
+        assert fast.model_fields_set == slow.model_fields_set and fast.model_dump_json() == slow.model_dump_json()
+    est = construct(Estimate, strategy=cases[0][0](**cases[0][1]), memory=construct(MemoryEstimate, **cases[3][1]),
+                    throughput=construct(ThroughputEstimate, tokens_per_s=1.0), hours=1.0)
+    assert est.warnings == [] and est.warnings is not construct(Estimate, **{**est.__dict__, "warnings": []}).warnings
+    with pytest.raises(TypeError, match="missing"):
+        construct(CostEstimate, market="spot")
+    with pytest.raises(TypeError, match="unknown"):
+        construct(ThroughputEstimate, tokens_per_s=1.0, speed=2.0)
