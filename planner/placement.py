@@ -27,8 +27,8 @@ from planner.capability import (
     weights_problem,
 )
 from planner.knobs import Knobs
-from planner.memory import infer_memory
-from planner.memory_train import MemoryLines, max_micro_batch, memory_lines, train_memory
+from planner.memory import Moment, finish_estimate, infer_memory
+from planner.memory_train import MemoryLines, max_micro_batch, memory_lines, train_memory, train_moments
 from planner.resolve import memory_headroom, resolve_spec_model
 from planner.spec import JobSpec, TrainSpec
 from planner.throughput import StepParts, infer_throughput, train_step_parts, train_throughput
@@ -66,6 +66,7 @@ class Memo:
     lines: dict[tuple[Knobs, int], MemoryLines] = field(default_factory=dict)
     per_token: dict[tuple[object, ...], float] = field(default_factory=dict)
     micro_batch: dict[tuple[Knobs, int, str], int | None] = field(default_factory=dict)
+    moments: dict[tuple[Knobs, int], tuple[list[Moment], str]] = field(default_factory=dict)
     precisions: dict[str, list[str] | Outcome] = field(default_factory=dict)
     shardings: list[str] | None = None
     params: ParamCount | None = None
@@ -157,7 +158,12 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     if found.best_amp is not None and found.best_amp[0] >= AMP_PREFERENCE * best[0]:
         best = found.best_amp
     strategy = _to_strategy(best[1], gpu, p)
-    memory = train_memory(model, strategy, t.seq_len, gpu, mem_cal, pc, headroom)
+    # train_memory, with the moments (which depend on the knobs, not the GPU) shared across placements
+    mkey = (best[1], t.seq_len)
+    moments = memo.moments.get(mkey)
+    if moments is None:
+        moments = memo.moments[mkey] = train_moments(model, strategy, t.seq_len, mem_cal, pc, memo.per_token)
+    memory = finish_estimate(moments[0], moments[1], gpu, strategy.gpu_count, mem_cal, headroom=headroom)
     thr = train_throughput(model, strategy, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
                            network_gbps=p.network_gbps, pc=pc, memo=memo.per_token, parts=best[2])
     hours = t.tokens / thr.tokens_per_s / 3600
