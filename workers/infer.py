@@ -76,7 +76,15 @@ def _base_dtype(weights: str, device: str) -> torch.dtype:
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(weights, torch.bfloat16)
 
 
-def _check_weights(weights: str, device: str) -> None:
+def _check_weights(weights: str, device: str, weights_dir: Path | None = None) -> None:
+    if weights == "mxfp4" and weights_dir is None:
+        raise InvalidInput(
+            "mxfp4 weights are a published checkpoint's own (gpt-oss's MXFP4 experts); a random init builds the "
+            "bf16 experts, which the plan did not size",
+            path="model",
+            hint="give the downloaded checkpoint folder as the model (huggingface-cli download openai/gpt-oss-20b "
+            "--local-dir gpt-oss-20b; model: gpt-oss-20b), or plan and run with weights bf16",
+        )
     if weights not in WEIGHT_DTYPES:
         raise InvalidInput(
             f"unknown weights dtype {weights!r}", path="infer.weights", hint="use one of " + ", ".join(WEIGHT_DTYPES)
@@ -129,7 +137,7 @@ def load_model(
 ) -> torch.nn.Module:
     from workers.model import ModelSource, build_model
 
-    _check_weights(weights, device)
+    _check_weights(weights, device, weights_dir)
     source = ModelSource(config=model_cfg, weights_dir=weights_dir)
     # Random init directly on the target device: initialising an 8B model on CPU first takes minutes.
     # (build_model's own device wins over an enclosing `with torch.device(...)`, so it is passed.)
@@ -225,7 +233,7 @@ def run_inference(
         raise InvalidInput(f"batch must be at least 1, got {batch}", path="infer.batch")
     if max_new_tokens < 1:
         raise InvalidInput(f"max_new_tokens must be at least 1, got {max_new_tokens}", path="infer.output_tokens")
-    _check_weights(dtype, device)
+    _check_weights(dtype, device, weights_dir)
     prompts, outputs = Path(prompts), Path(outputs)
     if prompts.resolve() == outputs.resolve():
         raise InvalidInput("the outputs file must differ from the prompts file", path=str(outputs))
