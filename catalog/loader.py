@@ -28,9 +28,9 @@ import yaml
 from pydantic import ValidationError
 
 from catalog.errors import CatalogError, InvalidInput, UnknownName
+from catalog.freshness import refresh_commands
 from catalog.hf_config import model_from_hf_config
 from catalog.offers_io import read_offers
-from catalog.refresh import refresh_commands
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 
 PACKAGED_DATA_DIR = Path(__file__).resolve().parent / "data"

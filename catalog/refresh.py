@@ -8,31 +8,13 @@ file of the same cloud. Delete the file to go back to the packaged prices.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from pathlib import Path
 
 from catalog.errors import InvalidInput, UnknownName
+from catalog.freshness import REFRESHABLE_CLOUDS
 
-REFRESHABLE_CLOUDS = ("aws", "azure")
 AWS_DEFAULT_REGIONS = ("us-east-1", "us-east-2", "us-west-2")  # `gpuplan catalog refresh aws` without --regions
 _CLOUD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
-
-
-def refresh_commands(clouds: Iterable[str]) -> str:
-    """The commands that renew the prices of ``clouds``: `gpuplan catalog refresh <cloud>` for the clouds it
-    refreshes, `gpuplan catalog import` of a skypilot-catalog vms.csv for the others."""
-    names = sorted({c.lower() for c in clouds})
-    parts = [f"`gpuplan catalog refresh {c}`" for c in names if c in REFRESHABLE_CLOUDS]
-    others = [c for c in names if c not in REFRESHABLE_CLOUDS]
-    if len(others) == 1:
-        parts.append(f"`gpuplan catalog import vms.csv --cloud {others[0]}` (skypilot-catalog's "
-                     f"catalogs/v8/{others[0]}/vms.csv)")
-    elif others:
-        parts.append(f"`gpuplan catalog import vms.csv --cloud <cloud>` for {', '.join(others)} (skypilot-catalog's "
-                     "catalogs/v8/<cloud>/vms.csv)")
-    if len(parts) <= 1:
-        return "".join(parts)
-    return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def check_cloud(cloud: str) -> str:

@@ -18,9 +18,9 @@ from typing import Literal
 from pydantic import TypeAdapter
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
+from catalog.freshness import refresh_commands
 from catalog.loader import Catalog
 from catalog.params import ParamCount
-from catalog.refresh import refresh_commands
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 from planner.calibration import Calibration
 from planner.cost import on_demand_cost, spot_cost
