@@ -63,10 +63,10 @@ class Memo:
     the model; the largest micro-batch on the knobs and the GPU type, not on the node shape; the precisions a
     GPU type trains in on that type alone, and the shardings the workers run on nothing."""
 
-    lines: dict[tuple[Knobs, int], MemoryLines] = field(default_factory=dict)
+    lines: dict[tuple[Knobs, int, bool], MemoryLines] = field(default_factory=dict)  # bool: the CPU's constants
     per_token: dict[tuple[object, ...], float] = field(default_factory=dict)
     micro_batch: dict[tuple[Knobs, int, str], int | None] = field(default_factory=dict)
-    moments: dict[tuple[Knobs, int], tuple[list[Moment], str]] = field(default_factory=dict)
+    moments: dict[tuple[Knobs, int, bool], tuple[list[Moment], str]] = field(default_factory=dict)
     precisions: dict[str, list[str] | Outcome] = field(default_factory=dict)
     shardings: list[str] | None = None
     params: ParamCount | None = None
@@ -159,7 +159,7 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
         best = found.best_amp
     strategy = _to_strategy(best[1], gpu, p)
     # train_memory, with the moments (which depend on the knobs, not the GPU) shared across placements
-    mkey = (best[1], t.seq_len)
+    mkey = (best[1], t.seq_len, gpu.vendor == "cpu")
     moments = memo.moments.get(mkey)
     if moments is None:
         moments = memo.moments[mkey] = train_moments(model, strategy, t.seq_len, mem_cal, pc, memo.per_token)
@@ -237,6 +237,7 @@ def _search_train_knobs(t: TrainSpec, model: ModelConfig, p: Placement, space: _
     """Precision x sharding x checkpointing, each at the largest micro-batch that fits; lighter options first,
     and a heavier one only where it buys a larger micro-batch."""
     gpu, mem_cal, thr_cal = p.gpu, cal.memory, cal.throughput
+    cpu = gpu.vendor == "cpu"  # the CPU has memory constants of its own (Calibration.for_vendor)
     mbs, dp = space.micro_batches, space.dp
     found = _TrainBest()
     for precision in space.precisions:
@@ -251,7 +252,7 @@ def _search_train_knobs(t: TrainSpec, model: ModelConfig, p: Placement, space: _
                               activation_checkpointing=ckpt, micro_batch=mbs[0], grad_accum=accum1,
                               finetune=t.finetune, lora_rank=t.lora_rank)
                 found.tried += 1
-                key = (knobs, t.seq_len)
+                key = (knobs, t.seq_len, cpu)
                 lines = memo.lines.get(key)
                 if lines is None:
                     lines = memo.lines[key] = memory_lines(model, knobs, t.seq_len, mem_cal, pc,
