@@ -15,7 +15,16 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from catalog.errors import InvalidInput
-from catalog.schema import AttentionShape, MlaShape, ModelConfig, MoeShape, QkNorm, Source
+from catalog.schema import (
+    AttentionShape,
+    MlaShape,
+    ModelConfig,
+    MoeShape,
+    QkNorm,
+    QuantizedWeights,
+    Source,
+    StoredQuantization,
+)
 
 # First key present wins. Order matters: the HF-standard name first.
 _SYNONYMS: dict[str, tuple[str, ...]] = {
@@ -57,6 +66,12 @@ _FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
     "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                     "max_position_embeddings": 131072, "sliding_window": 4096},
+}
+# Quantized checkpoints the planner models (quantization_config.quant_method): bits per stored weight with its
+# block scales, which weights, and the families transformers' quantizer converts. MXFP4: e2m1 values in blocks
+# of 32 sharing one e8m0 scale (4 + 8/32 bits); transformers' Mxfp4HfQuantizer replaces gpt-oss's experts only.
+_STORED_QUANT: dict[str, tuple[float, QuantizedWeights, frozenset[str]]] = {
+    "mxfp4": (4 + 8 / 32, "experts", frozenset({"gpt_oss"})),
 }
 # Keys that would change the shape if the reader ignored them (experts, low-rank attention, extra layers)...
 _SHAPE_KEY = re.compile(r"expert|moe|lora_rank|nextn|shared|sparse|dense|router|altup|laurel|mamba|ssm")
@@ -194,6 +209,31 @@ def _mla_shape(cfg: Mapping[str, object], where: str) -> MlaShape | None:
     return MlaShape(q_lora_rank=_opt_int(cfg, "q_lora_rank", where), kv_lora_rank=kv_rank, **dims)
 
 
+def _quantization(cfg: Mapping[str, object], family: str, experts: int,
+                  where: str) -> tuple[StoredQuantization | None, list[str]]:
+    """The checkpoint's stored quantization (config.json quantization_config), or None and, for a method the
+    planner does not model, a note saying the weights are counted at the dtype the plan picks."""
+    raw = cfg.get("quantization_config")
+    if raw is None:
+        return None, []
+    if not isinstance(raw, Mapping):
+        raise InvalidInput(f"quantization_config must be an object, got {raw!r}", path=f"{where}.quantization_config")
+    method = raw.get("quant_method")
+    known = _STORED_QUANT.get(method) if isinstance(method, str) else None
+    not_converted = raw.get("modules_to_not_convert") or []
+    if not isinstance(not_converted, list) or not all(isinstance(m, str) for m in not_converted):
+        raise InvalidInput(f"quantization_config.modules_to_not_convert must be a list of module names, got "
+                           f"{not_converted!r}", path=f"{where}.quantization_config.modules_to_not_convert")
+    if known is None or family not in known[2] or experts <= 1 \
+            or any("experts" in m for m in not_converted):
+        return None, [f"quantization_config quant_method {method!r} is not modeled for {family!r}: weights are "
+                      "counted at the dtype the plan picks (infer.weights), not as the checkpoint stores them"]
+    bits, weights, _ = known
+    assert isinstance(method, str)
+    return StoredQuantization(method=method, bits_per_param=bits, weights=weights,
+                              not_converted=list(not_converted)), []
+
+
 def _assumptions(cfg: Mapping[str, object], family: str) -> list[str]:
     """What a count of this config guesses, in words a user can check; empty for modeled families."""
     notes = []
@@ -301,6 +341,7 @@ def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | No
     moe = _moe_shape(cfg, family, intermediate, layers, where) if experts > 1 else None
     mla = _mla_shape(cfg, where)
     attention = _attention_shape(cfg, family, layers, max_pos, where)
+    quantization, quant_notes = _quantization(cfg, family, experts, where)
     hf = dict(cfg)
     hf.setdefault("model_type", family)
     try:
@@ -321,7 +362,8 @@ def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | No
             moe=moe,
             mla=mla,
             attention=attention,
-            assumptions=vision_note + _assumptions(cfg, family),
+            quantization=quantization,
+            assumptions=vision_note + _assumptions(cfg, family) + quant_notes,
             hf_config=hf,
             source=source,
         )

@@ -28,6 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 from catalog.errors import CatalogError, InvalidInput, UnknownName
+from catalog.freshness import refresh_commands
 from catalog.hf_config import model_from_hf_config
 from catalog.offers_io import read_offers
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
@@ -152,7 +153,7 @@ def stale_offer_warning(stale: Iterable[Offer], today: date, max_age_days: int =
     return (
         f"{len(rows)} offer price(s) from {', '.join(clouds)} are older than {max_age_days} days "
         f"(oldest as of {oldest.isoformat()}, {(today - oldest).days} days ago); prices move, so treat "
-        f"costs as indicative or run `gpuplan catalog refresh aws`"
+        f"costs as indicative or run {refresh_commands(clouds)}"
     )
 
 

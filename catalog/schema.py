@@ -152,6 +152,27 @@ class AttentionShape(_Record):
     norms_per_layer: int = Field(default=2, ge=1, le=4, description="RMSNorms of width hidden per layer (Gemma: 4)")
 
 
+QuantMethod = Literal["mxfp4"]
+QuantizedWeights = Literal["experts"]
+
+
+class StoredQuantization(_Record):
+    """Weights a published checkpoint stores quantized (its config.json ``quantization_config``), which
+    transformers keeps quantized on load where it has the kernels, and dequantizes elsewhere.
+
+    MXFP4 (OCP microscaling): 4-bit e2m1 values in blocks of 32 sharing one 8-bit e8m0 scale, 4 + 8/32 =
+    4.25 bits per weight. gpt-oss stores its routed experts' gate_up and down projection weights so; their
+    biases, attention, router, embeddings, lm_head and norms stay bf16 (``modules_to_not_convert``)."""
+
+    method: QuantMethod = Field(description="quantization_config.quant_method")
+    bits_per_param: float = Field(gt=0, le=16, description="bits per quantized weight, block scales included")
+    weights: QuantizedWeights = Field(
+        description="which weights are stored quantized: 'experts' = every routed expert's gate_up and down "
+        "projection weights (not their biases)")
+    not_converted: list[str] = Field(default_factory=list,
+                                     description="quantization_config.modules_to_not_convert as published")
+
+
 class ModelConfig(_Record):
     """A decoder-only transformer's shape: enough to count bytes and FLOPs and to build it."""
 
@@ -172,6 +193,9 @@ class ModelConfig(_Record):
     mla: MlaShape | None = None
     attention: AttentionShape | None = Field(
         default=None, description="None: causal SDPA on every layer, no q/k norm, two norms per layer")
+    quantization: StoredQuantization | None = Field(
+        default=None, description="None: the checkpoint's weights are 16-bit (what the planner's weights knob "
+        "starts from); else how the published checkpoint stores them (inference only)")
     assumptions: list[str] = Field(
         default_factory=list,
         description="what was guessed reading a config the planner does not model exactly; shown as warnings")

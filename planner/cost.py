@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from planner.types import CostEstimate, Market
+from planner.types import CostEstimate, Market, construct
 
 MIN_CHECKPOINT_INTERVAL_H = 30 / 3600  # never checkpoint more often than this, whatever the arithmetic says
 
@@ -49,9 +49,9 @@ def on_demand_cost(
     hours: float, usd_per_h: float, deadline_h: float | None, market: Market = "on-demand"
 ) -> CostEstimate:
     prob = None if deadline_h is None else (1.0 if hours <= deadline_h else 0.0)
-    # model_construct: every field is computed here from validated inputs, and validating thousands of
-    # these per plan() was a third of the planner's time
-    return CostEstimate.model_construct(market=market, usd_per_h=usd_per_h, hours=hours, usd=hours * usd_per_h,
+    # construct (no validation): every field is computed here from validated inputs, and validating
+    # thousands of these per plan() was a third of the planner's time
+    return construct(CostEstimate, market=market, usd_per_h=usd_per_h, hours=hours, usd=hours * usd_per_h,
                         deadline_probability=prob)
 
 
@@ -71,6 +71,6 @@ def spot_cost(hours: float, usd_per_h: float, *, hazard_per_h: float, checkpoint
     if deadline_h is not None:
         slack = deadline_h - base
         prob = 0.0 if slack < 0 else poisson_cdf(int(slack // per_preemption), hazard_per_h * base)
-    return CostEstimate.model_construct(market="spot", usd_per_h=usd_per_h, hours=expected, usd=expected * usd_per_h,
+    return construct(CostEstimate, market="spot", usd_per_h=usd_per_h, hours=expected, usd=expected * usd_per_h,
                         preemption_overhead_h=expected - hours, checkpoint_interval_h=tau, deadline_probability=prob,
                         mean_time_to_preemption_h=mtbf)

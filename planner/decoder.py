@@ -12,7 +12,8 @@ Decoder = Literal["graph", "generate"]
 def graph_decode(model: ModelConfig, vendor: str, weights: str) -> bool:
     """Whether the workers decode with the compiled static-cache step (workers/decode.py) rather than
     transformers' eager generate(): dense models in bf16/fp16 on NVIDIA GPUs, where it was measured.
-    MoE layers route tokens on the host and quantized kernels were not measured captured."""
+    MoE layers route tokens on the host and quantized kernels (torchao int8/fp8, a checkpoint's MXFP4 experts
+    through transformers' triton kernels) were not measured captured: gpt-oss, MXFP4 or not, runs generate()."""
     return vendor == "nvidia" and model.num_experts == 1 and weights in ("bf16", "fp16")
 
 

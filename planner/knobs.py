@@ -7,8 +7,7 @@ attributes, such as a ``Strategy``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from planner.types import Strategy
 
@@ -40,8 +39,9 @@ class KnobsLike(Protocol):
     def lora_rank(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Knobs:
+class Knobs(NamedTuple):
+    """A tuple, so that hashing it as a cache key (thousands of times per plan) runs in C."""
+
     precision: str = "bf16"
     optimizer: str = "adamw"
     sharding: str = "none"
@@ -59,7 +59,7 @@ class Knobs:
         return max(1, self.gpu_count // (self.tensor_parallel * self.pipeline_parallel))
 
     def with_micro_batch(self, micro_batch: int, grad_accum: int | None = None) -> Knobs:
-        # positional construction: dataclasses.replace is several times slower in the search loop
+        # positional construction: _replace is several times slower in the search loop
         return Knobs(self.precision, self.optimizer, self.sharding, self.tensor_parallel, self.pipeline_parallel,
                      self.gpu_count, self.activation_checkpointing, micro_batch,
                      self.grad_accum if grad_accum is None else grad_accum, self.finetune, self.lora_rank)

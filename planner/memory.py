@@ -26,7 +26,7 @@ from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import GIB, MIB, MemoryCalibration
 from planner.decoder import decoder_for
-from planner.types import MemoryEstimate, Strategy
+from planner.types import MemoryEstimate, Strategy, construct
 
 BLOCK = 2 * MIB
 
@@ -52,6 +52,46 @@ PRECISION_BYTES: dict[str, PrecisionBytes] = {
 # Bytes per weight for inference weights, scale overhead included (torchao layouts):
 # int8 weight-only: per-output-channel bf16 scale; fp8: per-row fp32 scale; int4: group 128, bf16 scale+zero.
 WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / 128}
+
+
+def expert_weight_params(model: ModelConfig) -> int:
+    """The routed experts' gate_up and down projection weights over every sparse layer (not their biases):
+    what a checkpoint with StoredQuantization.weights == 'experts' (gpt-oss's MXFP4) stores quantized."""
+    if model.num_experts <= 1:
+        return 0
+    moe = model.moe
+    width = moe.expert_intermediate_size if moe else model.intermediate_size
+    sparse_layers = model.num_layers - (moe.dense_layers if moe else 0)
+    return sparse_layers * model.num_experts * 3 * model.hidden_size * width
+
+
+def stored_bytes_per_param(model: ModelConfig, weights: str) -> float:
+    """Bytes per quantized weight of the checkpoint's own format (``weights`` 'mxfp4'), block scales included."""
+    q = model.quantization
+    if q is None or q.method != weights:
+        raise ValueError(f"{model.id} is not stored as {weights}")
+    return q.bits_per_param / 8
+
+
+def resident_weight_bytes(model: ModelConfig, pc: ParamCount, weights: str) -> float:
+    """Bytes the model's weights occupy on the GPUs (all tensor-parallel ranks together). 'mxfp4': the
+    checkpoint as published, its experts at the stored bits and everything else bf16; otherwise the decoder's
+    linear layers at ``weights`` (torchao) and the rest (embeddings, norms, biases) bf16."""
+    if weights == "mxfp4":
+        experts = expert_weight_params(model)
+        return experts * stored_bytes_per_param(model, weights) + (pc.total - experts) * 2
+    linear = model.num_layers * linear_params_per_layer(model, pc)
+    other = pc.total - linear
+    return linear * WEIGHT_BYTES[weights] + other * 2
+
+
+def runtime_model(model: ModelConfig, weights: str) -> ModelConfig:
+    """The model as transformers runs it with ``weights``: its MXFP4 path (Mxfp4GptOssExperts) routes the
+    experts through grouped triton matmuls (matmul_ogs), so gpt-oss's per-expert Python loop is gone."""
+    moe = model.moe
+    if weights == "mxfp4" and moe is not None and moe.expert_loop:
+        return model.model_copy(update={"moe": moe.model_copy(update={"expert_loop": False})})
+    return model
 
 
 APPLE_WORKING_SET = 0.75  # MPS's recommendedMaxWorkingSetSize is about 3/4 of unified memory
@@ -227,9 +267,9 @@ def finish_estimate(moments: list[Moment], mode: str, gpu: GpuSpec, gpu_count: i
     if gpu_count > 1:
         breakdown["nccl"] = cal.nccl_bytes
     breakdown["allocator_cache"] = reserved - allocated
-    # model_construct: every field is computed here from validated inputs, and validating thousands of
-    # these per plan() was a third of the planner's time
-    return MemoryEstimate.model_construct(
+    # construct (no validation): every field is computed here from validated inputs, and validating
+    # thousands of these per plan() was a third of the planner's time
+    return construct(MemoryEstimate,
         peak_allocated_bytes=allocated,
         peak_reserved_bytes=reserved,
         total_bytes=total,
@@ -302,13 +342,11 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     rule): ``generate()`` with the default DynamicCache, or workers/decode.py's preallocated static cache."""
     graph = decoder_for(model, gpu.vendor, strategy.weights, decoder) == "graph"
     pc = pc or count_params(model)
+    model = runtime_model(model, strategy.weights)
     tp = strategy.tensor_parallel
     b = strategy.batch
     h, _, _, inter = hidden_dims(model)
-    wb = WEIGHT_BYTES[strategy.weights]
-    linear = model.num_layers * linear_params_per_layer(model, pc)
-    other = pc.total - linear
-    weights = (linear * wb + other * 2) / tp
+    weights = resident_weight_bytes(model, pc, strategy.weights) / tp
     ctx = prompt_tokens + output_tokens
     kv_full = kv_cache_bytes(model, b, ctx) / tp
     kv_prompt = kv_cache_bytes(model, b, prompt_tokens) / tp

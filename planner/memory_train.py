@@ -78,15 +78,18 @@ def train_memory(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: Gpu
 
 
 def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: MemoryCalibration,
-                  pc: ParamCount | None = None) -> tuple[list[Moment], str]:
-    """The candidate peak moments (component -> bytes) and the allocator mode."""
+                  pc: ParamCount | None = None, memo: dict[tuple[object, ...], float] | None = None,
+                  ) -> tuple[list[Moment], str]:
+    """The candidate peak moments (component -> bytes) and the allocator mode. ``memo``: a dict the caller
+    keeps for one model and ``seq_len`` (per-token activation bytes)."""
     pc = pc or count_params(model)
     layers_here = math.ceil(model.num_layers / strategy.pipeline_parallel)
     held = _parameter_bytes(model, strategy, pc, layers_here)
     fsdp_like = strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.data_parallel > 1
     act_precision = _shard_data_parallel(held, model, strategy, pc, layers_here)
     tokens = strategy.micro_batch * seq_len
-    saved, backward_end_acts = _activation_bytes(model, strategy, act_precision, tokens, layers_here, seq_len, cal)
+    saved, backward_end_acts = _activation_bytes(model, strategy, act_precision, tokens, layers_here, seq_len, cal,
+                                                 memo)
     # logits: lm_head output (compute dtype) -> .float() copy -> log_softmax (saved) -> grads
     lb = PRECISION_BYTES[act_precision].compute
     bsv = tokens * model.vocab_size / strategy.tensor_parallel * cal.logits_scale
@@ -180,12 +183,18 @@ def _shard_data_parallel(held: _Held, model: ModelConfig, strategy: KnobsLike, p
 
 
 def _activation_bytes(model: ModelConfig, strategy: KnobsLike, act_precision: str, tokens: int, layers_here: int,
-                      seq_len: int, cal: MemoryCalibration) -> tuple[float, float]:
+                      seq_len: int, cal: MemoryCalibration, memo: dict[tuple[object, ...], float] | None = None,
+                      ) -> tuple[float, float]:
     """(activations saved at the start of backward, activations alive at its end): at the end one layer's
     activations (recomputed when checkpointing) and its backward temporaries remain."""
     h = model.hidden_size
-    per_tok_layer = layer_activation_bytes_per_token(model, act_precision, strategy.finetune, strategy.lora_rank,
-                                                     strategy.tensor_parallel, seq_len)
+    key = ("layer_activations", act_precision, strategy.finetune, strategy.lora_rank, strategy.tensor_parallel)
+    per_tok_layer = memo.get(key) if memo is not None else None
+    if per_tok_layer is None:
+        per_tok_layer = layer_activation_bytes_per_token(model, act_precision, strategy.finetune, strategy.lora_rank,
+                                                         strategy.tensor_parallel, seq_len)
+        if memo is not None:
+            memo[key] = per_tok_layer
     per_tok_layer *= cal.activation_scale
     act_bp = PRECISION_BYTES[act_precision]
     final_norm = (4 * h if act_bp.residual == 2 else 0) + 2 * act_bp.residual * h
@@ -225,11 +234,11 @@ MemoryLines = list[tuple[float, float]]
 
 
 def memory_lines(model: ModelConfig, knobs: Knobs, seq_len: int, cal: MemoryCalibration,
-                 pc: ParamCount | None = None) -> MemoryLines:
+                 pc: ParamCount | None = None, memo: dict[tuple[object, ...], float] | None = None) -> MemoryLines:
     """Every peak moment as (bytes at micro_batch 1, bytes per extra sequence): memory is linear in
     the micro-batch, so the search needs only these two numbers per moment, for any GPU."""
-    one, _ = train_moments(model, knobs.with_micro_batch(1), seq_len, cal, pc)
-    two, _ = train_moments(model, knobs.with_micro_batch(2), seq_len, cal, pc)
+    one, _ = train_moments(model, knobs.with_micro_batch(1), seq_len, cal, pc, memo)
+    two, _ = train_moments(model, knobs.with_micro_batch(2), seq_len, cal, pc, memo)
     return [(a.total, b.total - a.total) for a, b in zip(one, two, strict=True)]
 
 

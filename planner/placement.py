@@ -8,7 +8,7 @@ Memory and throughput depend only on the placement, so each strategy is estimate
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from catalog.errors import InvalidInput
@@ -27,12 +27,12 @@ from planner.capability import (
     weights_problem,
 )
 from planner.knobs import Knobs
-from planner.memory import infer_memory
-from planner.memory_train import MemoryLines, max_micro_batch, memory_lines, train_memory
+from planner.memory import Moment, finish_estimate, infer_memory
+from planner.memory_train import MemoryLines, max_micro_batch, memory_lines, train_memory, train_moments
 from planner.resolve import memory_headroom, resolve_spec_model
 from planner.spec import JobSpec, TrainSpec
-from planner.throughput import infer_throughput, train_step_parts, train_throughput
-from planner.types import Estimate, MemoryEstimate, Strategy
+from planner.throughput import StepParts, infer_throughput, train_step_parts, train_throughput
+from planner.types import Estimate, MemoryEstimate, Strategy, construct
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 AMP_PREFERENCE = 0.9  # keep fp32 master weights unless pure bf16 is >10% faster
@@ -59,10 +59,22 @@ class Placement:
 
 @dataclass
 class Memo:
-    """Per-plan caches: memory depends on the knobs, not on the GPU; per-token counts on the model."""
+    """Per-plan caches (one spec, one model): memory depends on the knobs, not on the GPU; per-token counts on
+    the model; the largest micro-batch on the knobs and the GPU type, not on the node shape; the precisions a
+    GPU type trains in on that type alone, and the shardings the workers run on nothing."""
 
-    lines: dict[tuple[Knobs, int], MemoryLines] = field(default_factory=dict)
+    lines: dict[tuple[Knobs, int, bool], MemoryLines] = field(default_factory=dict)  # bool: the CPU's constants
     per_token: dict[tuple[object, ...], float] = field(default_factory=dict)
+    micro_batch: dict[tuple[Knobs, int, str], int | None] = field(default_factory=dict)
+    moments: dict[tuple[Knobs, int, bool], tuple[list[Moment], str]] = field(default_factory=dict)
+    precisions: dict[str, list[str] | Outcome] = field(default_factory=dict)
+    shardings: list[str] | None = None
+    params: ParamCount | None = None
+
+    def count(self, model: ModelConfig) -> ParamCount:
+        if self.params is None:
+            self.params = count_params(model)
+        return self.params
 
 
 @dataclass
@@ -82,8 +94,8 @@ class Outcome:
 
 
 def _strategy(**kw: Any) -> Strategy:
-    # model_construct: the search builds thousands of these from already-valid values
-    return Strategy.model_construct(**kw)
+    # construct (no validation): the search builds thousands of these from already-valid values
+    return construct(Strategy, **kw)
 
 
 def _train_support_problem(t: TrainSpec, gpu: GpuSpec, support: StackSupport) -> str | None:
@@ -120,8 +132,8 @@ class _TrainSpace:
 class _TrainBest:
     """The fastest knobs found (and the fastest mixed-precision ones), or the least memory-hungry miss."""
 
-    best: tuple[float, Knobs] | None = None
-    best_amp: tuple[float, Knobs] | None = None
+    best: tuple[float, Knobs, StepParts] | None = None
+    best_amp: tuple[float, Knobs, StepParts] | None = None
     smallest: tuple[float, Knobs] | None = None
     tried: int = 0
 
@@ -130,10 +142,10 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                     memo: Memo, support: StackSupport) -> Outcome:
     assert spec.train is not None
     t = spec.train
-    space = _train_space(t, p, support)
+    space = _train_space(t, p, support, memo)
     if isinstance(space, Outcome):
         return space
-    pc = count_params(model)
+    pc = memo.count(model)
     headroom = memory_headroom(spec, cal)
     found = _search_train_knobs(t, model, p, space, cal, memo, pc, headroom)
     gpu, mem_cal = p.gpu, cal.memory
@@ -146,18 +158,35 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     if found.best_amp is not None and found.best_amp[0] >= AMP_PREFERENCE * best[0]:
         best = found.best_amp
     strategy = _to_strategy(best[1], gpu, p)
-    memory = train_memory(model, strategy, t.seq_len, gpu, mem_cal, pc, headroom)
+    # train_memory, with the moments (which depend on the knobs, not the GPU) shared across placements
+    mkey = (best[1], t.seq_len, gpu.vendor == "cpu")
+    moments = memo.moments.get(mkey)
+    if moments is None:
+        moments = memo.moments[mkey] = train_moments(model, strategy, t.seq_len, mem_cal, pc, memo.per_token)
+    memory = finish_estimate(moments[0], moments[1], gpu, strategy.gpu_count, mem_cal, headroom=headroom)
     thr = train_throughput(model, strategy, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
-                           network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)
+                           network_gbps=p.network_gbps, pc=pc, memo=memo.per_token, parts=best[2])
     hours = t.tokens / thr.tokens_per_s / 3600
-    return Outcome(Estimate.model_construct(strategy=strategy, memory=memory, throughput=thr, hours=hours,
+    return Outcome(construct(Estimate, strategy=strategy, memory=memory, throughput=thr, hours=hours,
                                            warnings=[]),
                    tried=found.tried)
 
 
-def _train_space(t: TrainSpec, p: Placement, support: StackSupport) -> _TrainSpace | Outcome:
+def _train_space(t: TrainSpec, p: Placement, support: StackSupport, memo: Memo) -> _TrainSpace | Outcome:
     """The knob values to try on this placement, or the Outcome saying why none can run."""
-    gpu = p.gpu
+    precisions = memo.precisions.get(p.gpu.id)
+    if precisions is None:
+        precisions = memo.precisions[p.gpu.id] = _gpu_precisions(t, p.gpu, support)
+    if isinstance(precisions, Outcome):
+        return replace(precisions)  # each placement's Outcome is its own (search.py labels it)
+    if memo.shardings is None:
+        memo.shardings = [x for x in ("ddp", "fsdp-grad-op", "fsdp")
+                          if knob_problem(support, p.gpu, "train", "sharding", x) is None]
+    return _placement_space(t, p, precisions, memo.shardings)
+
+
+def _gpu_precisions(t: TrainSpec, gpu: GpuSpec, support: StackSupport) -> list[str] | Outcome:
+    """The precisions the spec lets ``gpu`` train in (whatever the count), or why it cannot train at all."""
     if t.precision == "auto":
         precisions = auto_precisions(gpu, t.finetune)
     else:
@@ -174,6 +203,13 @@ def _train_space(t: TrainSpec, p: Placement, support: StackSupport) -> _TrainSpa
     precisions = runnable
     if t.finetune == "qlora" and not any(x in ("bf16", "amp-bf16", "amp-fp16") for x in precisions):
         return Outcome(None, f"qlora needs 16-bit compute; {gpu.id} has neither bf16 nor fp16", "dtype")
+    return list(precisions)
+
+
+def _placement_space(t: TrainSpec, p: Placement, precisions: list[str], auto_shardings: list[str],
+                     ) -> _TrainSpace | Outcome:
+    """The knob space of ``p`` given the precisions its GPU trains in and the shardings the workers run
+    (sharding does not depend on the GPU)."""
     tp = t.tensor_parallel if isinstance(t.tensor_parallel, int) else 1
     pp = t.pipeline_parallel if isinstance(t.pipeline_parallel, int) else 1
     if p.count % (tp * pp):
@@ -186,8 +222,7 @@ def _train_space(t: TrainSpec, p: Placement, support: StackSupport) -> _TrainSpa
     if dp == 1:
         shardings = ["none"]
     elif t.sharding == "auto":
-        shardings = [x for x in ("ddp", "fsdp-grad-op", "fsdp")
-                     if knob_problem(support, gpu, "train", "sharding", x) is None]
+        shardings = list(auto_shardings)
     else:
         shardings = [t.sharding]
     ckpts = [False, True] if t.activation_checkpointing == "auto" else [bool(t.activation_checkpointing)]
@@ -202,6 +237,7 @@ def _search_train_knobs(t: TrainSpec, model: ModelConfig, p: Placement, space: _
     """Precision x sharding x checkpointing, each at the largest micro-batch that fits; lighter options first,
     and a heavier one only where it buys a larger micro-batch."""
     gpu, mem_cal, thr_cal = p.gpu, cal.memory, cal.throughput
+    cpu = gpu.vendor == "cpu"  # the CPU has memory constants of its own (Calibration.for_vendor)
     mbs, dp = space.micro_batches, space.dp
     found = _TrainBest()
     for precision in space.precisions:
@@ -216,11 +252,16 @@ def _search_train_knobs(t: TrainSpec, model: ModelConfig, p: Placement, space: _
                               activation_checkpointing=ckpt, micro_batch=mbs[0], grad_accum=accum1,
                               finetune=t.finetune, lora_rank=t.lora_rank)
                 found.tried += 1
-                key = (knobs, t.seq_len)
+                key = (knobs, t.seq_len, cpu)
                 lines = memo.lines.get(key)
                 if lines is None:
-                    lines = memo.lines[key] = memory_lines(model, knobs, t.seq_len, mem_cal, pc)
-                mb = max_micro_batch(lines, p.count, gpu, mem_cal, mbs, headroom)
+                    lines = memo.lines[key] = memory_lines(model, knobs, t.seq_len, mem_cal, pc,
+                                                                  memo.per_token)
+                mkey = (knobs, t.seq_len, gpu.id)
+                if mkey in memo.micro_batch:
+                    mb = memo.micro_batch[mkey]
+                else:
+                    mb = memo.micro_batch[mkey] = max_micro_batch(lines, p.count, gpu, mem_cal, mbs, headroom)
                 if mb is None:
                     need = max(c for c, _ in lines)
                     if found.smallest is None or need < found.smallest[0]:
@@ -235,12 +276,13 @@ def _search_train_knobs(t: TrainSpec, model: ModelConfig, p: Placement, space: _
                     mb_without_ckpt = mb
                 accum = 1 if t.global_batch is None else max(1, math.ceil(t.global_batch / (mb * dp)))
                 knobs = knobs.with_micro_batch(mb, accum)
-                tps = train_step_parts(model, knobs, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
-                                       network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)[0]
+                parts = train_step_parts(model, knobs, t.seq_len, gpu, thr_cal, gpus_per_node=p.gpus_per_node,
+                                         network_gbps=p.network_gbps, pc=pc, memo=memo.per_token)
+                tps = parts[0]
                 if found.best is None or tps > found.best[0]:
-                    found.best = (tps, knobs)
+                    found.best = (tps, knobs, parts)
                 if precision.startswith("amp") and (found.best_amp is None or tps > found.best_amp[0]):
-                    found.best_amp = (tps, knobs)
+                    found.best_amp = (tps, knobs, parts)
                 if not ckpt and mb == mbs[-1]:
                     reached_top = True
                     break  # checkpointing cannot beat a configuration that already runs the largest micro-batch
@@ -275,7 +317,7 @@ def _micro_batches(t: TrainSpec, dp: int) -> list[int] | str:
 
 
 def _to_strategy(k: Knobs, gpu: GpuSpec, p: Placement) -> Strategy:
-    return Strategy(gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision=k.precision,
+    return _strategy(gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision=k.precision,
                     optimizer=k.optimizer, sharding=k.sharding, tensor_parallel=k.tensor_parallel,
                     pipeline_parallel=k.pipeline_parallel, activation_checkpointing=k.activation_checkpointing,
                     micro_batch=k.micro_batch, grad_accum=k.grad_accum, finetune=k.finetune, lora_rank=k.lora_rank)
@@ -294,14 +336,20 @@ def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
 
 
 def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
-                    support: StackSupport) -> Outcome:
+                    support: StackSupport, memo: Memo) -> Outcome:
     assert spec.infer is not None
     inf = spec.infer
     gpu = p.gpu
     problem = degree_problem(support, "infer", "gpus", p.count)
     if problem:
         return Outcome(None, problem, "support")
-    if inf.weights == "auto":
+    note: str | None = None
+    if model.quantization is not None:
+        stored = stored_weights_ladder(model, inf.weights, gpu, support)
+        if isinstance(stored, Outcome):
+            return stored
+        ladder, note = stored
+    elif inf.weights == "auto":
         ladder = auto_weights(gpu)
     else:
         problem = weights_problem(gpu, inf.weights)
@@ -327,8 +375,9 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     best: Estimate | None = None
     smallest: tuple[MemoryEstimate, Strategy] | None = None
     tried = 0
-    pc = count_params(model)
+    pc = memo.count(model)
     headroom = memory_headroom(spec, cal)
+    warnings = [note] if note else []
     base = Strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision="bf16", batch=inf.batch)
     for weights in ladder:
         for tp in tps:
@@ -342,7 +391,7 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
             thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
             assert thr.requests_per_s is not None
             hours = inf.requests / thr.requests_per_s / 3600
-            est = Estimate.model_construct(strategy=s, memory=m, throughput=thr, hours=hours, warnings=[])
+            est = construct(Estimate, strategy=s, memory=m, throughput=thr, hours=hours, warnings=list(warnings))
             if best is None or thr.tokens_per_s > best.throughput.tokens_per_s * 1.02:
                 best = est
         if best is not None:
@@ -351,6 +400,31 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
         assert smallest is not None
         return Outcome(None, _memory_reason(smallest[0], gpu, smallest[1]), "memory", tried)
     return Outcome(best, tried=tried)
+
+
+def stored_weights_ladder(model: ModelConfig, weights: str, gpu: GpuSpec,
+                          support: StackSupport) -> tuple[list[str], str | None] | Outcome:
+    """The weights to plan a checkpoint stored quantized (ModelConfig.quantization) with on ``gpu``, and the
+    warning when they are not its own format: its format where the workers' transformers keeps it (auto or
+    pinned), else the 16-bit dtype transformers dequantizes it to on load (auto, or bf16/fp16 pinned). A pinned
+    format the GPU cannot keep is refused with the platform's reason."""
+    q = model.quantization
+    assert q is not None
+    method = q.method
+    native = knob_problem(support, gpu, "infer", "weights", method)
+    if weights == method:
+        return Outcome(None, f"{model.id}: {native}", "support") if native else ([method], None)
+    if weights == "auto" and native is None:
+        return [method], None
+    if weights == "auto":
+        dequantized = auto_weights(gpu)[0]
+        return [dequantized], (f"{model.id} on {gpu.id}: its {method.upper()} experts are planned dequantized to "
+                               f"{dequantized} ({native})")
+    problem = weights_problem(gpu, weights)
+    if problem:
+        return Outcome(None, problem, "dtype")
+    return [weights], (f"{model.id}: weights {weights} pinned, so transformers dequantizes its {method.upper()} "
+                       f"experts on load (Mxfp4Config(dequantize=True)) and the plan counts them at {weights}")
 
 
 def estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration, support: StackSupport,
@@ -362,9 +436,10 @@ def estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Cal
     if problem:
         return Outcome(None, problem, "support")
     cal = cal.for_vendor(p.gpu.vendor)
+    memo = Memo() if memo is None else memo
     if spec.task == "train":
-        return _train_estimate(spec, model, p, cal, Memo() if memo is None else memo, support)
-    return _infer_estimate(spec, model, p, cal, support)
+        return _train_estimate(spec, model, p, cal, memo, support)
+    return _infer_estimate(spec, model, p, cal, support, memo)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -392,7 +467,7 @@ def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, calibrati
         raise InvalidInput(out.reason, hint="pin a precision/weights the GPU supports or pick another GPU")
     if out.constraint != "memory":
         raise InvalidInput(out.reason)  # the reason says what to change (the count, the batch...)
-    return _with_model_warnings(_smallest_unfitting(spec, mdl, p, cal), mdl)
+    return _with_model_warnings(_smallest_unfitting(spec, mdl, p, cal, catalog.support), mdl)
 
 
 def require_calibration(calibration: object, caller: str) -> Calibration:
@@ -410,7 +485,8 @@ def _with_model_warnings(est: Estimate, model: ModelConfig) -> Estimate:
     return est.model_copy(update={"warnings": [*est.warnings, *model.assumptions]}) if model.assumptions else est
 
 
-def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration) -> Estimate:
+def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
+                        support: StackSupport) -> Estimate:
     """The estimate of the least memory-hungry strategy (it does not fit)."""
     gpu = p.gpu
     cal = cal.for_vendor(gpu.vendor)
@@ -433,10 +509,16 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     assert spec.infer is not None
     inf = spec.infer
     weights = inf.weights if inf.weights != "auto" else auto_weights(gpu)[-1]
+    notes: list[str] = []
+    if model.quantization is not None:
+        stored = stored_weights_ladder(model, inf.weights, gpu, support)
+        if not isinstance(stored, Outcome):  # a refusal was raised before (constraint support or dtype)
+            weights, notes = stored[0][-1], [stored[1]] if stored[1] else []
     s = _strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes,
                   tensor_parallel=p.count if p.count <= 8 else 8, weights=weights, batch=inf.batch)
     mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory,
                        headroom=memory_headroom(spec, cal))
     thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
     assert thr.requests_per_s is not None
-    return Estimate(strategy=s, memory=mem, throughput=thr, hours=inf.requests / thr.requests_per_s / 3600)
+    return Estimate(strategy=s, memory=mem, throughput=thr, hours=inf.requests / thr.requests_per_s / 3600,
+                    warnings=notes)

@@ -18,8 +18,9 @@ from typing import Literal
 from pydantic import TypeAdapter
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
+from catalog.freshness import refresh_commands
 from catalog.loader import Catalog
-from catalog.params import count_params
+from catalog.params import ParamCount
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 from planner.calibration import Calibration
 from planner.cost import on_demand_cost, spot_cost
@@ -34,7 +35,7 @@ from planner.placement import (
 )
 from planner.resolve import allowed_gpus, check_names, resolve_spec_model
 from planner.spec import JobSpec, Resources
-from planner.types import Candidate, CostEstimate, Estimate, Plan, Rejection, Strategy
+from planner.types import Candidate, CostEstimate, Estimate, Plan, Rejection, Strategy, construct
 
 __all__ = ["Objective", "estimate", "plan", "summarize_rejections"]
 
@@ -77,9 +78,8 @@ def _counts_for(g_per_node: int, pinned: int | None, max_gpus: int) -> list[int]
     return out
 
 
-def _checkpoint_hours(model: ModelConfig, s: Strategy, cal: Calibration) -> tuple[float, float]:
+def _checkpoint_hours(pc: ParamCount, s: Strategy, cal: Calibration) -> tuple[float, float]:
     """(what one checkpoint stops the loop for, snapshot to durable), in hours."""
-    pc = count_params(model)  # cheap; called once per priced candidate
     pb = PRECISION_BYTES.get(s.precision, PRECISION_BYTES["bf16"])
     state = pc.total * (pb.param + 2 * pb.state) if s.finetune == "full" else pc.total * 0.02
     # Checkpoints are written in the background: the loop pays only the snapshot into host memory
@@ -127,6 +127,7 @@ def plan(spec: JobSpec, catalog: Catalog, *, calibration: Calibration, objective
         raise NoFeasiblePlan(message, hint=hint)
     ranked = _rank(search.candidates, objective)
     warnings: list[str] = list(mdl.assumptions)
+    warnings += [w for w in ranked[0].estimate.warnings if w not in warnings]  # e.g. weights planned dequantized
     stale = _stale_prices_warning(catalog, ranked[:10], today) if today is not None else None
     if stale:
         warnings.append(stale)
@@ -158,8 +159,9 @@ def _stale_prices_warning(catalog: Catalog, top: list[Candidate], today: date) -
     if not stale:
         return None
     oldest = min(o.source.as_of for o in stale)
-    return (f"{len(stale)} offer price(s) used here are older than 30 days (oldest {oldest}); "
-            "refresh with `gpuplan catalog refresh aws`")
+    clouds = sorted({o.cloud for o in stale})
+    return (f"{len(stale)} offer price(s) used here from {', '.join(clouds)} are older than 30 days "
+            f"(oldest {oldest}); refresh with {refresh_commands(clouds)}")
 
 
 class _Search:
@@ -187,7 +189,8 @@ class _Search:
         out = self.outcomes[key]
         if out.estimate is not None and not out.label:
             out.label = out.estimate.strategy.label()
-            out.checkpoint_h, out.durable_h = _checkpoint_hours(self.mdl, out.estimate.strategy, self.cal)
+            out.checkpoint_h, out.durable_h = _checkpoint_hours(self.memo.count(self.mdl), out.estimate.strategy,
+                                                                 self.cal)
         return out
 
     def price(self, out: Outcome, o: Offer, count: int) -> None:
@@ -196,22 +199,28 @@ class _Search:
         res = self.spec.resources
         nodes = math.ceil(count / o.gpu_count)
         for market, price in _markets(o, res.spot):
-            where = f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}"
             if price is None:
                 if res.spot == "always" and market == "spot":
-                    self.funnel.reject(where, f"{o.cloud} {o.instance_type} has no spot price", "price")
+                    self.funnel.reject(_option(out, o, market), f"{o.cloud} {o.instance_type} has no spot price",
+                                       "price")
                 continue
             cost = _cost(out.estimate, (out.checkpoint_h, out.durable_h), market, price * nodes, nodes, o.cloud,
                          self.hazards, res.deadline, self.cal)
-            cand = Candidate.model_construct(estimate=out.estimate, offer=o, cost=cost, nodes=nodes, pareto=False)
+            cand = construct(Candidate, estimate=out.estimate, offer=o, cost=cost, nodes=nodes, pareto=False)
             self.priced.append(cand)
             problem = _deadline_problem(cost, res.deadline, self.cal)
             if problem:
-                self.funnel.reject(where, problem, "deadline")
+                self.funnel.reject(_option(out, o, market), problem, "deadline")
             elif res.budget_usd is not None and cost.usd > res.budget_usd:
-                self.funnel.reject(where, f"costs ${cost.usd:,.0f} > budget ${res.budget_usd:,.0f}", "budget")
+                self.funnel.reject(_option(out, o, market),
+                                   f"costs ${cost.usd:,.0f} > budget ${res.budget_usd:,.0f}", "budget")
             else:
                 self.candidates.append(cand)
+
+
+def _option(out: Outcome, o: Offer, market: str) -> str:
+    """A priced option as a rejection names it (built only for rejections: most options are kept)."""
+    return f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}"
 
 
 def _cost(est: Estimate, checkpoint_h: tuple[float, float], market: str, usd_per_h: float, nodes: int, cloud: str,

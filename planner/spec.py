@@ -28,7 +28,7 @@ Precision = Literal["auto", "fp32", "amp-bf16", "amp-fp16", "bf16", "fp8"]
 Optimizer = Literal["adamw", "adamw-8bit", "sgd", "adafactor"]
 Sharding = Literal["auto", "ddp", "fsdp", "fsdp-grad-op", "zero1"]
 Finetune = Literal["full", "lora", "qlora"]
-Weights = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"]
+Weights = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4"]
 SpotMode = Literal["auto", "always", "never"]
 AutoBool = bool | Literal["auto"]
 
@@ -225,6 +225,7 @@ def model_problems(spec: JobSpec, model: ModelConfig) -> list[tuple[str, str]]:
     if spec.train is not None and spec.task == "train" and spec.train.seq_len > limit:
         problems.append(("train.seq_len", f"{spec.train.seq_len:,} tokens is longer than {model.id}'s context of "
                                           f"{limit:,} (max_position_embeddings); {fix}"))
+    problems += _stored_quantization_problems(spec, model)
     if spec.infer is not None and spec.task == "infer":
         total = spec.infer.prompt_tokens + spec.infer.output_tokens
         if total > limit:
@@ -251,3 +252,44 @@ def spec_from_dict(data: Any) -> JobSpec:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
         raise _invalid([_problem(e) for e in exc.errors()]) from None
+
+
+# What a checkpoint stored quantized (ModelConfig.quantization) may be planned with: its own format where the
+# GPU runs it (weights auto chooses), or the 16-bit weights transformers dequantizes it to.
+STORED_QUANT_WEIGHTS = ("auto", "bf16", "fp16")
+
+
+def _bf16_form(model: ModelConfig) -> str:
+    """How to name the 16-bit form of a quantized checkpoint: the preset without '-<method>', else the config."""
+    q = model.quantization
+    suffix = f"-{q.method}" if q is not None else ""
+    if suffix and model.id.endswith(suffix):
+        return f"the bf16 preset {model.id.removesuffix(suffix)}"
+    return "the same config.json without its quantization_config"
+
+
+def _stored_quantization_problems(spec: JobSpec, model: ModelConfig) -> list[tuple[str, str]]:
+    """A checkpoint stored quantized (gpt-oss's MXFP4 experts) is inference only, and only in its own format or
+    dequantized; the mxfp4 weights value is only that format."""
+    q = model.quantization
+    weights = spec.infer.weights if spec.infer is not None and spec.task == "infer" else None
+    if q is None:
+        if weights == "mxfp4":
+            return [("infer.weights", f"weights mxfp4 is the format a checkpoint ships in (e.g. the presets "
+                                      f"gpt-oss-20b-mxfp4, gpt-oss-120b-mxfp4, or a config.json whose "
+                                      f"quantization_config has quant_method mxfp4); {model.id} has none: use such "
+                                      "a model, or weights auto, int8 or fp8")]
+        return []
+    method = q.method.upper()
+    if spec.task == "train":
+        return [("task", f"{model.id} stores its experts' weights in {method} ({q.bits_per_param:g} bits), which "
+                         f"transformers runs for inference only (no backward through its {method} kernels); "
+                         f"to train, plan {_bf16_form(model)} (transformers loads these weights dequantized with "
+                         "Mxfp4Config(dequantize=True)), e.g. with finetune: lora to save memory; or set task: "
+                         "infer")]
+    if weights is not None and weights not in (*STORED_QUANT_WEIGHTS, q.method):
+        return [("infer.weights", f"{model.id} ships {method} expert weights; weights {weights} would re-quantize "
+                                  f"a dequantized copy, which the workers do not run: use weights auto ({method} "
+                                  f"where the GPU runs it, else bf16), {q.method} or bf16, or plan "
+                                  f"{_bf16_form(model)} with weights {weights}")]
+    return []

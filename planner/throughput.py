@@ -24,8 +24,10 @@ from planner.memory import (
     layer_activation_bytes_per_token,
     mla_expanded_kv_bytes,
     prefill_attention_bytes,
+    runtime_model,
+    stored_bytes_per_param,
 )
-from planner.types import Strategy, ThroughputEstimate
+from planner.types import Strategy, ThroughputEstimate, construct
 
 PEAK_DTYPE = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
 
@@ -58,6 +60,18 @@ def decode_weight_params(model: ModelConfig, batch: int, pc: ParamCount | None =
     sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)
     touched = e * (1 - (1 - k / e) ** batch)
     return n - lm + sparse_layers * (touched - k) * 3 * model.hidden_size * width
+
+
+def decode_expert_weight_params(model: ModelConfig, batch: int) -> float:
+    """Of decode_weight_params, the routed experts' gate_up/down weights a step reads (the experts some token of
+    the batch picked), which a checkpoint storing its experts quantized (MXFP4) reads at the stored bits."""
+    e, k = model.num_experts, model.experts_per_token
+    if e <= 1:
+        return 0.0
+    width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+    sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)
+    touched = k if batch <= 1 else e * (1 - (1 - k / e) ** batch)
+    return float(sparse_layers * touched * 3 * model.hidden_size * width)
 
 
 def mla_decode_expand(model: ModelConfig, batch: int, context: int) -> tuple[float, float]:
@@ -188,17 +202,23 @@ def optimizer_step_s(params: float, state_bytes: int, optimizer: str, gpu: GpuSp
     return params * state_bytes * passes / (gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency)
 
 
+# (tokens/s, seconds per micro-step, compute, exposed comm, optimizer step, mfu): train_step_parts' answer
+StepParts = tuple[float, float, float, float, float, float]
+
+
 def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
                      cal: ThroughputCalibration, *, gpus_per_node: int = 8,
                      network_gbps: float = 100.0, pc: ParamCount | None = None,
-                     memo: dict[tuple[object, ...], float] | None = None) -> ThroughputEstimate:
-    """``memo`` (any dict the caller keeps for one model and seq_len) caches per-token counts."""
-    tokens_per_s, per_micro, compute, exposed, opt, mfu = train_step_parts(
+                     memo: dict[tuple[object, ...], float] | None = None,
+                     parts: StepParts | None = None) -> ThroughputEstimate:
+    """``memo`` (any dict the caller keeps for one model and seq_len) caches per-token counts. ``parts``:
+    train_step_parts' answer for these same arguments, where the caller already has it (the search)."""
+    tokens_per_s, per_micro, compute, exposed, opt, mfu = parts or train_step_parts(
         model, strategy, seq_len, gpu, cal, gpus_per_node=gpus_per_node, network_gbps=network_gbps, pc=pc, memo=memo)
     accum = strategy.grad_accum
-    # model_construct: every field is computed here from validated inputs, and validating thousands of
-    # these per plan() was a third of the planner's time
-    return ThroughputEstimate.model_construct(
+    # construct (no validation): every field is computed here from validated inputs, and validating
+    # thousands of these per plan() was a third of the planner's time
+    return construct(ThroughputEstimate,
         tokens_per_s=tokens_per_s,
         step_time_s=per_micro * accum,
         mfu=min(1.0, mfu),
@@ -222,7 +242,7 @@ def fsdp_collectives(strategy: KnobsLike, layers: int) -> int:
 def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
                      cal: ThroughputCalibration, *, gpus_per_node: int = 8, network_gbps: float = 100.0,
                      pc: ParamCount | None = None, memo: dict[tuple[object, ...], float] | None = None,
-                     ) -> tuple[float, float, float, float, float, float]:
+                     ) -> StepParts:
     """(tokens/s, seconds per micro-step, compute, exposed comm, optimizer step, mfu) as plain floats
     (the search calls this thousands of times)."""
     tp, pp, dp = strategy.tensor_parallel, strategy.pipeline_parallel, strategy.data_parallel
@@ -308,6 +328,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     tp = strategy.tensor_parallel
     replicas = max(1, strategy.gpu_count // tp)
     b = strategy.batch
+    model = runtime_model(model, strategy.weights)
     n, lm = matmul_params(model, pc)
     peak = peak_tflops(gpu, "fp8" if strategy.weights == "fp8" else "bf16") * 1e12
     prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens)) / tp
@@ -321,8 +342,13 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         layers_with = model.num_layers if model.attn.eager else model.attn.sliding_layers
         prefill += 2 * square_bytes * layers_with / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency)
     prefill += expert_loop_s(model, work, 1.0, cal)
-    wb = WEIGHT_BYTES[strategy.weights]
-    weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
+    if strategy.weights == "mxfp4":  # the checkpoint's MXFP4 experts, everything else bf16
+        experts = decode_expert_weight_params(model, b)
+        read = decode_weight_params(model, b, pc)
+        weight_bytes = ((read - experts) * 2 + experts * stored_bytes_per_param(model, "mxfp4") + lm * 2) / tp
+    else:
+        wb = WEIGHT_BYTES[strategy.weights]
+        weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
     avg_ctx = prompt_tokens + output_tokens / 2
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
     expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
@@ -351,7 +377,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         decode_step += 2 * model.num_layers * (b * h * 2 / link + 2e-5)
     total = prefill + output_tokens * decode_step
     out_tps = b * output_tokens / total * replicas
-    return ThroughputEstimate.model_construct(
+    return construct(ThroughputEstimate,
         tokens_per_s=out_tps,
         step_time_s=total,
         prefill_tokens_per_s=b * prompt_tokens / prefill * replicas,

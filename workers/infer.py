@@ -42,7 +42,9 @@ logger = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 """Called after each written batch with (requests finished, requests total)."""
 
-WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8", "int4")
+# mxfp4: a checkpoint stored so (gpt-oss's MXFP4 experts): loaded as it is, transformers' quantizer keeps the
+# experts 4-bit where it has the kernels; the rest of the model is bf16
+WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8", "int4", "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,15 @@ def _base_dtype(weights: str, device: str) -> torch.dtype:
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(weights, torch.bfloat16)
 
 
-def _check_weights(weights: str, device: str) -> None:
+def _check_weights(weights: str, device: str, weights_dir: Path | None = None) -> None:
+    if weights == "mxfp4" and weights_dir is None:
+        raise InvalidInput(
+            "mxfp4 weights are a published checkpoint's own (gpt-oss's MXFP4 experts); a random init builds the "
+            "bf16 experts, which the plan did not size",
+            path="model",
+            hint="give the downloaded checkpoint folder as the model (huggingface-cli download openai/gpt-oss-20b "
+            "--local-dir gpt-oss-20b; model: gpt-oss-20b), or plan and run with weights bf16",
+        )
     if weights not in WEIGHT_DTYPES:
         raise InvalidInput(
             f"unknown weights dtype {weights!r}", path="infer.weights", hint="use one of " + ", ".join(WEIGHT_DTYPES)
@@ -82,6 +92,12 @@ def _check_weights(weights: str, device: str) -> None:
     refused = supported().workers.infer.weights.not_run.get(weights)
     if refused is not None:
         raise InvalidInput(f"{weights} weights are not run by this worker: {refused}", path="infer.weights")
+    if weights == "mxfp4" and not device.startswith("cuda"):
+        raise InvalidInput(
+            "mxfp4 weights stay 4-bit only on a CUDA GPU with transformers' MXFP4 kernels (Hopper, Blackwell)",
+            path="infer.weights",
+            hint="use weights bf16 on this device (transformers dequantizes the checkpoint on load)",
+        )
     if weights == "fp8" and not device.startswith("cuda"):
         raise InvalidInput(
             "fp8 weights need a CUDA GPU with fp8 support (sm89+)",
@@ -121,7 +137,7 @@ def load_model(
 ) -> torch.nn.Module:
     from workers.model import ModelSource, build_model
 
-    _check_weights(weights, device)
+    _check_weights(weights, device, weights_dir)
     source = ModelSource(config=model_cfg, weights_dir=weights_dir)
     # Random init directly on the target device: initialising an 8B model on CPU first takes minutes.
     # (build_model's own device wins over an enclosing `with torch.device(...)`, so it is passed.)
@@ -217,7 +233,7 @@ def run_inference(
         raise InvalidInput(f"batch must be at least 1, got {batch}", path="infer.batch")
     if max_new_tokens < 1:
         raise InvalidInput(f"max_new_tokens must be at least 1, got {max_new_tokens}", path="infer.output_tokens")
-    _check_weights(dtype, device)
+    _check_weights(dtype, device, weights_dir)
     prompts, outputs = Path(prompts), Path(outputs)
     if prompts.resolve() == outputs.resolve():
         raise InvalidInput("the outputs file must differ from the prompts file", path=str(outputs))

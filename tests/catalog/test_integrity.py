@@ -30,6 +30,7 @@ PUBLISHED = {
     "llama-3.3-70b": (70.6e9, None), "deepseek-r1": (671e9, 37e9),
     # gpt-oss: the model card's active figure leaves out the input embedding (0.58B), counted here
     "gpt-oss-20b": (20.91e9, 3.61e9 + 0.579e9), "gpt-oss-120b": (116.83e9, 5.13e9 + 0.579e9),
+    "gpt-oss-20b-mxfp4": (20.91e9, 3.61e9 + 0.579e9), "gpt-oss-120b-mxfp4": (116.83e9, 5.13e9 + 0.579e9),
     # Gemma 3 4B-27B: the text decoder the preset builds (the published total less the 0.42B vision tower)
     "gemma-3-1b": (1.0e9, None), "gemma-3-4b": (4.30e9 - 0.42e9, None), "gemma-3-12b": (12.19e9 - 0.42e9, None),
     "gemma-3-27b": (27.43e9 - 0.42e9, None), "mistral-small-3-24b": (23.57e9, None), "phi-4": (14.66e9, None),
@@ -123,6 +124,21 @@ def test_model_presets_match_their_hf_config(cat: Catalog) -> None:
     for m in cat.models:
         parsed = model_from_hf_config(m.hf_config, model_id=m.id)
         assert parsed.model_dump(exclude={"source"}) == m.model_dump(exclude={"source"}), m.id
+
+
+def test_quantized_presets_name_their_bf16_preset(cat: Catalog) -> None:
+    """A preset of a checkpoint as published (stored quantization, inference only) is '<bf16 preset>-<method>',
+    the bf16 preset of the same shape exists (training is refused with its name), and the stored format is one
+    the workers run (support.yaml)."""
+    quantized = [m for m in cat.models if m.quantization is not None]
+    assert {m.id for m in quantized} >= {"gpt-oss-20b-mxfp4", "gpt-oss-120b-mxfp4"}
+    for m in quantized:
+        assert m.quantization is not None and m.id.endswith(f"-{m.quantization.method}")
+        bf16 = cat.model(m.id.removesuffix(f"-{m.quantization.method}"))
+        assert bf16.quantization is None
+        assert m.model_dump(include={"hidden_size", "num_layers", "num_experts", "moe", "attention"}) == \
+            bf16.model_dump(include={"hidden_size", "num_layers", "num_experts", "moe", "attention"})
+        assert m.quantization.method in cat.support.workers.infer.weights.run
 
 
 @pytest.mark.parametrize("model_id", sorted(PUBLISHED))

@@ -71,6 +71,15 @@ def test_stale_offers_and_warning(catalog: Catalog) -> None:
     text = stale_offer_warning(stale, date(2026, 3, 15))
     assert text is not None and "older than 30 days" in text and "2026-01-01" in text
     assert stale_offer_warning([], date(2026, 3, 15)) is None
+    # the command that renews each stale cloud: refresh where gpuplan refreshes it, an import elsewhere
+    assert "`gpuplan catalog import vms.csv --cloud test`" in text and "refresh aws" not in text
+    mixed = [_offer(cloud="azure"), _offer(cloud="lambda"), _offer(cloud="aws"), _offer(cloud="runpod")]
+    text = stale_offer_warning(mixed, date(2026, 3, 15))
+    assert text is not None and text.endswith(
+        "run `gpuplan catalog refresh aws`, `gpuplan catalog refresh azure` and `gpuplan catalog import vms.csv "
+        "--cloud <cloud>` for lambda, runpod (skypilot-catalog's catalogs/v8/<cloud>/vms.csv)")
+    only_azure = stale_offer_warning([_offer(cloud="azure")], date(2026, 3, 15))
+    assert only_azure is not None and only_azure.endswith("run `gpuplan catalog refresh azure`")
     local = _offer(as_of=date(2000, 1, 1), cloud="local")
     assert cat.with_offers([local]).stale_offers(date(2026, 3, 15)) == stale
 

@@ -15,6 +15,7 @@ from commands.specfile import load_spec
 from planner.calibration import load_calibration
 from planner.search import estimate, plan
 from planner.spec import spec_from_dict
+from tests.planner.factory import llama
 
 CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
@@ -89,3 +90,23 @@ def test_a_faster_cpu_never_predicts_a_slower_run(gflops: float, gbps: float) ->
     slow = estimate(spec, machine(gflops, gbps), "cpu", 1, calibration=CAL).throughput.tokens_per_s
     fast = estimate(spec, machine(gflops * 2, gbps * 2), "cpu", 1, calibration=CAL).throughput.tokens_per_s
     assert 0 < slow < fast <= 2 * slow * (1 + 1e-9)
+
+
+def test_the_cpu_and_a_gpu_with_the_same_knobs_keep_their_own_memory_constants() -> None:
+    """The per-plan memo of memory lines and moments is per calibration section: the CPU's memory constants
+    differ from the GPUs', so a GPU placement with the CPU's very knobs (fp32, one device, micro-batch 2) must
+    not hand it its numbers, whichever is planned first."""
+    # two wide layers, a small vocabulary: the peak is at the end of backward, where the CPU's constants
+    # (one layer of backward working memory) and the GPUs' (none) differ
+    model = llama("two-wide-layers", 2048, 2, 16, 16, 8192, 1000)
+    spec = spec_from_dict({"task": "train", "model": "two-wide-layers",
+                           "train": {"tokens": 1e5, "seq_len": 512, "precision": "fp32", "micro_batch": 4,
+                                     "activation_checkpointing": False},
+                           "resources": {"accelerators": ["cpu", "L4"], "max_gpus": 1}})
+    p = plan(spec, CAT, calibration=CAL, model=model)
+    by_gpu = {c.estimate.strategy.gpu: c.estimate for c in p.candidates}
+    assert set(by_gpu) == {"cpu", "L4"}
+    assert by_gpu["cpu"].memory.peak_moment == "backward end"
+    for gpu, planned in by_gpu.items():
+        alone = estimate(spec, CAT, gpu, 1, calibration=CAL, model=model)
+        assert planned.memory == alone.memory and planned.strategy == alone.strategy, gpu

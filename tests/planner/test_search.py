@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput, NoFeasiblePlan, UnknownName
+from catalog.loader import Catalog
 from catalog.params import count_params
 from planner.calibration import load_calibration
 from planner.search import estimate, plan, summarize_rejections
@@ -311,3 +313,20 @@ def test_count_that_does_not_divide_the_global_batch_names_the_counts_that_do() 
     with pytest.raises(InvalidInput, match="use at most 64 GPUs or a global_batch of at least 1000") as info:
         estimate(spec, CAT, "H200", 1000, calibration=CAL)
     assert "precision" not in str(info.value)
+
+
+def test_stale_price_warning_names_the_command_for_each_stale_cloud() -> None:
+    """The plan's warning asks for the refresh of the clouds whose prices it used, not always `refresh aws`."""
+    base = small_catalog()
+    old = [o.model_copy(update={"source": o.source.model_copy(update={"as_of": date(2026, 1, 1)})})
+           for o in base.offers]
+    cat = Catalog(gpus=base.gpus, offers=tuple(old), models=base.models)
+    spec = spec_from_dict({"task": "infer", "model": "llama-3.2-1b", "resources": {"clouds": ["lambda"]}})
+    result = plan(spec, cat, calibration=load_calibration(), today=date(2026, 3, 1))
+    (warning,) = result.warnings
+    assert "from lambda are older than 30 days" in warning
+    assert warning.endswith("refresh with `gpuplan catalog import vms.csv --cloud lambda` (skypilot-catalog's "
+                            "catalogs/v8/lambda/vms.csv)")
+    aws = plan(spec.model_copy(update={"resources": spec.resources.model_copy(update={"clouds": ["aws"]})}), cat,
+                calibration=load_calibration(), today=date(2026, 3, 1))
+    assert aws.warnings[-1].endswith("refresh with `gpuplan catalog refresh aws`")

@@ -272,6 +272,10 @@ def test_other_bad_input(reference: tuple[Path, Path], tmp_path: Path) -> None:
         _run(prompts, tmp_path / "o.jsonl", dtype="int4")
     with pytest.raises(InvalidInput, match="fp8 weights need a CUDA"):
         _run(prompts, tmp_path / "o.jsonl", dtype="fp8")
+    with pytest.raises(InvalidInput, match="a random init builds the bf16 experts"):
+        _run(prompts, tmp_path / "o.jsonl", dtype="mxfp4")
+    with pytest.raises(InvalidInput, match="mxfp4 weights stay 4-bit only on a CUDA GPU"):
+        _run(prompts, tmp_path / "o.jsonl", dtype="mxfp4", weights_dir=tmp_path)
     with pytest.raises(InvalidInput, match="unknown weights dtype"):
         _run(prompts, tmp_path / "o.jsonl", dtype="fp64")
     with pytest.raises(InvalidInput, match="batch must be at least 1"):
