@@ -80,9 +80,16 @@ def resident_weight_bytes(model: ModelConfig, pc: ParamCount, weights: str) -> f
     if weights == "mxfp4":
         experts = expert_weight_params(model)
         return experts * stored_bytes_per_param(model, weights) + (pc.total - experts) * 2
-    linear = model.num_layers * linear_params_per_layer(model, pc)
+    linear = torchao_linear_params(model, pc)
     other = pc.total - linear
     return linear * WEIGHT_BYTES[weights] + other * 2
+
+
+def torchao_linear_params(model: ModelConfig, pc: ParamCount) -> float:
+    """The weights the workers' torchao passes quantize (int8/fp8 inference, QLoRA's NF4): the decoder's
+    ``nn.Linear`` layers. transformers 5 keeps a mixture of experts' routed experts in fused 3-D parameters
+    (Qwen3MoeExperts, MixtralExperts, GptOssExperts, DeepseekV3Experts), not ``nn.Linear``, so they stay bf16."""
+    return max(0.0, model.num_layers * linear_params_per_layer(model, pc) - expert_weight_params(model))
 
 
 def runtime_model(model: ModelConfig, weights: str) -> ModelConfig:

@@ -25,6 +25,7 @@ from planner.memory import (
     layer_activation_bytes_per_token,
     limit_bytes,
     linear_params_per_layer,
+    torchao_linear_params,
 )
 from planner.types import MemoryEstimate
 
@@ -266,9 +267,6 @@ def max_micro_batch(lines: MemoryLines, gpu_count: int, gpu: GpuSpec, cal: Memor
 
 
 def _nf4_linear_per_layer(model: ModelConfig, pc: ParamCount) -> float:
-    """What QLoRA stores in NF4 per layer: the linear layers. A mixture of experts keeps its experts
-    in fused 3-D weights (transformers 5), which the workers' NF4 pass leaves in bf16."""
-    linear = linear_params_per_layer(model, pc)
-    if model.num_experts > 1:
-        linear -= 3 * model.hidden_size * model.intermediate_size * model.num_experts
-    return max(0.0, linear)
+    """What QLoRA stores in NF4 per layer, on average over the layers: the torchao-quantizable linear layers
+    (a mixture of experts' fused 3-D expert weights stay bf16)."""
+    return torchao_linear_params(model, pc) / model.num_layers
