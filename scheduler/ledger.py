@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from sqlalchemy import Float, case, delete, func, or_
+from sqlalchemy import Float, case, delete, func
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
@@ -124,8 +124,8 @@ def midnight(day: date) -> datetime:
 @dataclass(frozen=True)
 class DaySplit:
     """A window [since, until] as the whole UTC days ``first``..``last`` (both included; none when
-    ``first > last``), read from ``spend_day``, and the rest, read from ``spend``: [since, edge_to)
-    and [edge_from, until] (one interval, the whole window, when there are no whole days)."""
+    ``first > last``), read from ``spend_day``, and the rest, read from ``spend``: [since, first's
+    midnight) and [the midnight after last, until] (the whole window when there are no whole days)."""
 
     since: datetime
     until: datetime
@@ -136,12 +136,15 @@ class DaySplit:
     def has_days(self) -> bool:
         return self.first <= self.last
 
-    def raw(self, recorded_at: Any) -> Any:
-        """The condition on a spend row's ``recorded_at`` for the parts outside the whole days."""
+    def raw(self, recorded_at: Any) -> list[Any]:
+        """The conditions on a spend row's ``recorded_at`` for the parts outside the whole days, one
+        range each (one query each: an OR of two ranges made SQLite read the team's whole index)."""
         if not self.has_days:
-            return (recorded_at >= self.since) & (recorded_at <= self.until)
-        return or_((recorded_at >= self.since) & (recorded_at < midnight(self.first)),
-                   (recorded_at >= midnight(self.last + timedelta(days=1))) & (recorded_at <= self.until))
+            return [(recorded_at >= self.since) & (recorded_at <= self.until)]
+        ranges = [(recorded_at >= midnight(self.last + timedelta(days=1))) & (recorded_at <= self.until)]
+        if self.since < midnight(self.first):
+            ranges.insert(0, (recorded_at >= self.since) & (recorded_at < midnight(self.first)))
+        return ranges
 
 
 def day_split(since: datetime, until: datetime) -> DaySplit:
@@ -253,20 +256,21 @@ def spend_by_team_between(session: Session, since: datetime, until: datetime, te
     days = (sa_select(_spend_day.c.team_id, _spend_day.c.market, func.sum(inside), func.sum(_spend_day.c.usd))
             .group_by(_spend_day.c.team_id, _spend_day.c.market))
     spend = Spend.__table__  # type: ignore[attr-defined]
-    edges = (sa_select(spend.c.team_id, spend.c.market, func.sum(spend.c.usd))
-             .where(split.raw(spend.c.recorded_at)).group_by(spend.c.team_id, spend.c.market))
+    edges = [sa_select(spend.c.team_id, spend.c.market, func.sum(spend.c.usd)).where(inside_edge)
+             .group_by(spend.c.team_id, spend.c.market) for inside_edge in split.raw(spend.c.recorded_at)]
     if team_ids is not None:
         days = days.where(_spend_day.c.team_id.in_(team_ids))
-        edges = edges.where(spend.c.team_id.in_(team_ids))
+        edges = [edge.where(spend.c.team_id.in_(team_ids)) for edge in edges]
     in_window: dict[tuple[int, str], float] = {}
     ever: dict[int, float] = {}
     for team_id, market, usd, total in sorted(session.execute(days).all(), key=lambda r: (r[0], r[1])):
         if usd is not None:  # the market had spend on a whole day of the window
             in_window[int(team_id), str(market)] = float(usd)
         ever[int(team_id)] = ever.get(int(team_id), 0.0) + float(total)
-    for team_id, market, usd in session.execute(edges).all():
-        key = (int(team_id), str(market))
-        in_window[key] = in_window.get(key, 0.0) + float(usd)
+    for edge in edges:  # the window's start, then its end
+        for team_id, market, usd in session.execute(edge).all():
+            key = (int(team_id), str(market))
+            in_window[key] = in_window.get(key, 0.0) + float(usd)
     window: dict[int, dict[str, float]] = {}
     for (team_id, market), usd in sorted(in_window.items()):
         window.setdefault(team_id, {})[market] = usd
