@@ -33,6 +33,7 @@ from sqlalchemy import insert, select  # noqa: E402
 
 from catalog.loader import load_catalog  # noqa: E402
 from commands.specfile import load_spec  # noqa: E402
+from scheduler import ledger  # noqa: E402
 from scheduler.accuracy import predicted_from_plan  # noqa: E402
 from scheduler.api import create_app  # noqa: E402
 from scheduler.api.server import catalog_planner  # noqa: E402
@@ -148,6 +149,7 @@ def seed(service: SchedulerService, n_jobs: int, n_spend: int, rng: random.Rando
         for table, rows_ in ((Job, jobs), (Attempt, attempts), (Spend, spend), (Event, events), (JobLog, logs)):
             for chunk in range(0, len(rows_), 2000):
                 session.execute(insert(table.__table__), rows_[chunk:chunk + 2000])  # type: ignore[union-attr]
+        ledger.rebuild_days(session)  # the rows went around the ledger: sum them into spend_day as 0008 does
     for name, budget in TEAMS.items():
         if budget is not None:
             service.update_team(ADMIN, name, TeamUpdate(budget_usd=budget))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from pydantic import ConfigDict, field_validator
@@ -338,6 +338,23 @@ class Spend(SQLModel, table=True):
     hours: float
     usd: float
     recorded_at: datetime = _ts(index=True)
+
+
+class SpendDay(SQLModel, table=True):
+    """Spend summed per team, UTC day, GPU type and market: what the spend reports and the Spend
+    page group by, kept by the ledger in the transaction that writes each Spend row (migration
+    0008 filled it from the rows before it). A report reads whole days here and only the partial
+    days at its window's edges from ``spend``."""
+
+    __tablename__ = "spend_day"
+    __table_args__ = (Index("ix_spend_day_day", "day"),)  # every team's days (the admin's Spend page)
+    team_id: int = Field(foreign_key="team.id", primary_key=True)
+    day: date = Field(primary_key=True)
+    gpu: str = Field(primary_key=True, max_length=64)  # the job's GPU type ("" when it has none)
+    market: str = Field(primary_key=True, max_length=16)
+    usd: float
+    hours: float
+    attempts: int  # the Spend rows summed here
 
 
 class SpendLine(SQLModel):

@@ -14,13 +14,15 @@ from sqlalchemy import String, cast, func, or_
 from sqlalchemy import select as sa_select
 from sqlalchemy.sql.elements import ColumnElement
 
-from scheduler.models import Attempt, Job, JobPublic, Spend, Team
+from scheduler import ledger
+from scheduler.models import Attempt, Job, JobPublic, Spend, SpendDay, Team
 from scheduler.store import Store
 
 _job = Job.__table__  # type: ignore[attr-defined]
 _spend = Spend.__table__  # type: ignore[attr-defined]
 _attempt = Attempt.__table__  # type: ignore[attr-defined]
 _team = Team.__table__  # type: ignore[attr-defined]
+_spend_day = SpendDay.__table__  # type: ignore[attr-defined]
 
 
 def _like_escape(text: str) -> str:
@@ -56,44 +58,66 @@ def _day(store: Store) -> ColumnElement[Any]:
     return func.date(_spend.c.recorded_at)  # SQLite stores naive UTC text
 
 
-def _window(stmt: Any, team_id: int | None, since: datetime | None, until: datetime | None) -> Any:
+def _date(d: Any) -> date:
+    return d if isinstance(d, date) else date.fromisoformat(str(d))
+
+
+def _days(stmt: Any, team_id: int | None, first: date | None, until: datetime | None) -> Any:
+    """``stmt`` over ``spend_day`` limited to the team and the whole days from ``first`` to the day
+    before ``until``'s (its own day is partial: read from the ledger)."""
     if team_id is not None:
-        stmt = stmt.where(_spend.c.team_id == team_id)
-    if since is not None:
-        stmt = stmt.where(_spend.c.recorded_at >= datetime.combine(since.date(), time(), tzinfo=UTC))
+        stmt = stmt.where(_spend_day.c.team_id == team_id)
+    if first is not None:
+        stmt = stmt.where(_spend_day.c.day >= first)
     if until is not None:
-        stmt = stmt.where(_spend.c.recorded_at <= until)
+        stmt = stmt.where(_spend_day.c.day < ledger.utc_day(until))
     return stmt
 
 
-def _date(d: Any) -> date:
-    return d if isinstance(d, date) else date.fromisoformat(str(d))
+def _last_day(stmt: Any, team_id: int | None, start: datetime | None, until: datetime) -> Any:
+    """``stmt`` over the ledger limited to the team and [until's UTC midnight (or ``start`` if
+    later), until]: the partial day the summary's whole days stop before."""
+    if team_id is not None:
+        stmt = stmt.where(_spend.c.team_id == team_id)
+    lower = ledger.midnight(ledger.utc_day(until))
+    return stmt.where(_spend.c.recorded_at >= (lower if start is None else max(start, lower)),
+                      _spend.c.recorded_at <= until)
 
 
 def spend_by_day(store: Store, team_id: int | None, since: datetime | None = None,
                  until: datetime | None = None) -> list[tuple[date, str, str, float]]:
     """(UTC day, GPU type, market, USD) for one team (None: every team), oldest first; ``since``
-    counts whole days from its own (the chart's bars are days)."""
-    day = _day(store).label("day")
-    # A job's spend rows carry its team: joining on (team, id) reads ix_job_team_id_id_gpu alone
-    # (SQLite looks each job up in it; PostgreSQL hashes it, one team's part when one is asked for)
-    on = (_job.c.team_id == (_spend.c.team_id if team_id is None else team_id)) & (_job.c.id == _spend.c.job_id)
-    stmt = _window(sa_select(day, _job.c.gpu, _spend.c.market, func.sum(_spend.c.usd)).join(_job, on),
-                   team_id, since, until).group_by(day, _job.c.gpu, _spend.c.market)
+    counts whole days from its own (the chart's bars are days). Whole days are the summary's
+    (``spend_day``); ``until``'s own day is summed from its spend rows, joined to their jobs."""
+    start = None if since is None else datetime.combine(since.date(), time(), tzinfo=UTC)
+    key = (_spend_day.c.day, _spend_day.c.gpu, _spend_day.c.market)  # one team's rows are one each already
+    days = _days(sa_select(*key, func.sum(_spend_day.c.usd)), team_id, None if start is None else start.date(),
+                 until).group_by(*key)
     with store.read() as session:
-        rows = session.execute(stmt).all()
-    # sorted here, not by the database: an ORDER BY leads PostgreSQL to sort every spend row to
-    # group them (it cannot estimate how few days there are), instead of hashing them into groups
-    return sorted((_date(d), str(g or "?"), str(m), float(u)) for d, g, m, u in rows)
+        rows = [(_date(d), str(g or "?"), str(m), float(u)) for d, g, m, u in session.execute(days).all()]
+        if until is not None:
+            day = _day(store).label("day")
+            # A job's spend rows carry its team: joining on (team, id) reads ix_job_team_id_id_gpu alone
+            on = ((_job.c.team_id == (_spend.c.team_id if team_id is None else team_id))
+                  & (_job.c.id == _spend.c.job_id))
+            last = _last_day(sa_select(day, _job.c.gpu, _spend.c.market, func.sum(_spend.c.usd)).join(_job, on),
+                             team_id, start, until).group_by(day, _job.c.gpu, _spend.c.market)
+            rows += [(_date(d), str(g or "?"), str(m), float(u)) for d, g, m, u in session.execute(last).all()]
+    # sorted here, not by the database: the groups of the summary and of the last day never meet
+    return sorted(rows)
 
 
 def spend_per_day(store: Store, team_id: int, until: datetime) -> list[tuple[date, float]]:
     """(UTC day, USD) of every day the team spent on up to ``until``, oldest first: the burn-down's
-    history, summed from the spend index alone (no GPU type, so no join)."""
+    history, the whole days summed from the summary's (GPU type, market) rows, ``until``'s own
+    day from its spend rows."""
+    days = _days(sa_select(_spend_day.c.day, func.sum(_spend_day.c.usd)), team_id, None, until).group_by(
+        _spend_day.c.day)
     day = _day(store).label("day")
-    stmt = _window(sa_select(day, func.sum(_spend.c.usd)), team_id, None, until).group_by(day)
+    last = _last_day(sa_select(day, func.sum(_spend.c.usd)), team_id, None, until).group_by(day)
     with store.read() as session:
-        return sorted((_date(d), float(u)) for d, u in session.execute(stmt).all())  # as spend_by_day
+        rows = [*session.execute(days).all(), *session.execute(last).all()]
+    return sorted((_date(d), float(u)) for d, u in rows)
 
 
 def accuracy_records(store: Store, team_id: int, limit: int = 500) -> list[tuple[str, str, dict[str, Any]]]:

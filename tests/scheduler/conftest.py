@@ -80,7 +80,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, _migrated_sqlite: Path
             pytest.skip(pg_reason() or "no PostgreSQL")
         s = Store(_migrated_pg)
         with s.engine.begin() as conn:
-            conn.execute(text("TRUNCATE team, api_token, job, attempt, job_log, event, spend "
+            conn.execute(text("TRUNCATE team, api_token, job, attempt, job_log, event, spend, spend_day "
                               "RESTART IDENTITY CASCADE"))
     try:
         yield s

@@ -106,6 +106,60 @@ def test_upgrade_to_attempt_metrics_keeps_old_attempts_without_metrics(db_url: s
         new.dispose()
 
 
+def test_upgrade_to_spend_day_sums_the_existing_ledger_per_utc_day(db_url: str) -> None:
+    # Revision 0008 fills spend_day from the spend rows so far: per team, UTC day (on PostgreSQL
+    # whatever the session's time zone), the job's GPU type and market; and goes back down.
+    old = Store(db_url)
+    old.migrate("0007")
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    late, early = datetime(2026, 1, 1, 23, 59, 59, 999999, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
+    rows = [  # (team, job, market, usd, hours, at)
+        (1, "j-1", "spot", 5.0, 2.0, late), (1, "j-1", "spot", 1.5, 0.5, late), (1, "j-1", "spot", 2.0, 1.0, early),
+        (1, "j-1", "on-demand", 8.0, 1.0, late), (1, "j-2", "spot", 3.0, 1.0, late),
+        (2, "j-3", "spot", 0.25, 0.125, early)]
+    with old.engine.begin() as conn:
+        for team in (1, 2):
+            conn.execute(text("INSERT INTO team (id, name, created_at) VALUES (:i, :n, :t)"),
+                         {"i": team, "n": f"t{team}", "t": t0})
+        for job, team, gpu in (("j-1", 1, "H100"), ("j-2", 1, ""), ("j-3", 2, "H100")):
+            conn.execute(text(
+                "INSERT INTO job (id, team_id, name, spec, spec_hash, plan, state, priority, estimated_usd, "
+                "estimated_hours, gpus, gpu, market, usd_per_h, attempts, max_attempts, checkpoint_uri, message, "
+                "created_at, updated_at) VALUES (:j, :team, 'old', '{}', 'h', '{}', 'succeeded', 0, 1, 1, 1, :gpu, "
+                "'spot', 2.5, 1, 3, '/c', '', :t, :t)"), {"j": job, "team": team, "gpu": gpu, "t": t0})
+        for n, (team, job, market, usd, hours, at) in enumerate(rows, 1):
+            conn.execute(text("INSERT INTO attempt (id, job_id, number, market, usd_per_h, started_at, message) "
+                              "VALUES (:n, :j, :n, :m, 1, :t, '')"), {"n": n, "j": job, "m": market, "t": t0})
+            conn.execute(text("INSERT INTO spend (team_id, job_id, attempt_id, market, usd_per_h, hours, usd, "
+                              "recorded_at) VALUES (:team, :j, :n, :m, 1, :h, :u, :t)"),
+                         {"team": team, "j": job, "n": n, "m": market, "h": hours, "u": usd,
+                          "t": at.replace(tzinfo=None) if db_url.startswith("sqlite") else at})  # as the app stores it
+    old.dispose()
+    # a session 14 hours ahead of UTC: 23:59 UTC is the next day there, but not in the summary
+    new = Store(db_url.replace("options=", "options=-cTimeZone%3DPacific/Kiritimati%20") if "options=" in db_url
+                else db_url)
+    new.migrate()
+    try:
+        with new.engine.connect() as conn:
+            got = conn.execute(text("SELECT team_id, day, gpu, market, usd, hours, attempts FROM spend_day")).all()
+        d1, d2 = late.date(), early.date()
+        assert sorted((t, d if isinstance(d, type(d1)) else type(d1).fromisoformat(d), g, m, u, h, n)
+                      for t, d, g, m, u, h, n in got) == [
+            (1, d1, "", "spot", 3.0, 1.0, 1), (1, d1, "H100", "on-demand", 8.0, 1.0, 1),
+            (1, d1, "H100", "spot", 6.5, 2.5, 2), (1, d2, "H100", "spot", 2.0, 1.0, 1),
+            (2, d2, "H100", "spot", 0.25, 0.125, 1)]
+        from alembic import command
+
+        cfg = new.alembic_config()
+        with new.engine.begin() as conn:  # and back down
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "0007")
+        with new.engine.connect() as conn:
+            assert "spend_day" not in inspect(conn).get_table_names()
+    finally:
+        new.dispose()
+
+
 def test_transition_writes_an_event_and_refuses_illegal_moves(store: Store) -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     with store.write() as session:
