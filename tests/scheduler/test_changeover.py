@@ -134,7 +134,7 @@ def test_the_loop_feeds_what_it_sees_to_the_zone_feed_and_avoids_a_zone_just_pre
     assert ex.requests[ex.handle_of(job.id)].zone == "b"  # a just lost its capacity
     seen = feed.seen(clock())
     assert (seen["a"].available, seen["a"].preemptions, seen["b"].available) == (False, 1, True)
-    assert seen["a"].up_h == pytest.approx(2.0, abs=1e-3)
+    assert seen["a"].up_h == pytest.approx(2.0, rel=0.02)
 
 
 def test_observed_zones_count_runs_and_offer_a_lost_zone_again_after_the_probe_interval() -> None:
@@ -144,10 +144,12 @@ def test_observed_zones_count_runs_and_offer_a_lost_zone_again_after_the_probe_i
     feed.observe("x", False, t0 + timedelta(hours=3))
     feed.observe("elsewhere", False, t0)  # not a zone of the cluster: ignored
     seen = feed.seen(t0 + timedelta(hours=3, minutes=10))
-    assert (seen["x"].available, seen["x"].preemptions) == (False, 1) and seen["x"].up_h == pytest.approx(3.0)
+    # Counts decay with the rates' half-life (96 h): minutes and hours later they are still ~1 and ~3.
+    assert not seen["x"].available and seen["x"].preemptions == pytest.approx(1, rel=0.01)
+    assert seen["x"].up_h == pytest.approx(3.0, rel=0.05)
     assert seen["x"].outage_age_h == pytest.approx(10 / 60) and seen["y"].available
     later = feed.seen(t0 + timedelta(hours=3, minutes=31))
-    assert later["x"].available and later["x"].preemptions == 1  # asked again; still one preemption
+    assert later["x"].available and later["x"].preemptions == pytest.approx(1, rel=0.01)  # still one preemption
 
 
 def test_reconsider_leaves_a_job_without_another_option_where_it_is(svc: SchedulerService, clock: FakeClock) -> None:
@@ -211,7 +213,8 @@ def test_a_changeover_takes_a_just_in_time_checkpoint_where_the_executor_can_and
     assert loop.tick().dispatched == [job.id]
     assert ex.requests[ex.handle_of(job.id)].zone == "b"
     assert [a.outcome for a in attempts(store, job.id)] == ["preempted", None]
-    assert feed.seen(clock())["a"].preemptions == 1  # the watcher's, not one more for the changeover
+    # The watcher's, not one more for the changeover (counts decay with the rates' half-life).
+    assert feed.seen(clock())["a"].preemptions == pytest.approx(1, rel=0.01)
 
 
 def test_a_spot_attempt_whose_steps_stall_marks_its_zone_down_and_moves_where_capacity_is(
@@ -235,7 +238,7 @@ def test_a_spot_attempt_whose_steps_stall_marks_its_zone_down_and_moves_where_ca
     assert ex.cancelled == [] and feed.seen(clock())["a"].available  # 9 min without a step: not yet
     clock.advance(minutes=1)
     loop.tick()  # 10 min: zone a counts as lost, and the attempt changes over
-    assert feed.seen(clock())["a"].preemptions == 1 and ex.cancelled == [first]
+    assert feed.seen(clock())["a"].preemptions == pytest.approx(1, rel=0.01) and ex.cancelled == [first]
     loop.tick()
     assert ex.requests[ex.handle_of(job.id)].zone == "b"
 
