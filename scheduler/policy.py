@@ -31,9 +31,9 @@ feasible. Leaving on-demand for spot pays one more changeover, so it needs ``res
 top. Hence: any job whose initial slack covers one changeover meets its deadline under these
 policies, whatever the spot trace does.
 
-``gpuplan`` has no knob fitted to traces. It prices slack with what it has seen of the zone, in
-spot dollars (``ratio`` = on-demand $/h over spot $/h; ``c`` = a changeover: restart + the checkpoint
-it waits for; ``loss`` = the work a preemption loses):
+``gpuplan`` has one number chosen on traces, on one family only (``RATE_HALF_LIFE_H``). It prices
+slack with what it has seen of the zone, in spot dollars (``ratio`` = on-demand $/h over spot $/h;
+``c`` = a changeover: restart + the checkpoint it waits for; ``loss`` = the work a preemption loses):
 
 - **Alternating pays?** Once the slack is short a job can still use spot by alternating: spot while
   capacity lasts, on-demand through each outage. A return to spot for a run of the zone's mean length
@@ -52,8 +52,10 @@ it waits for; ``loss`` = the work a preemption loses):
 - **Return to spot** from on-demand when the expected run pays for its two changeovers (and, when
   the slack is short, for the slack they burn).
 - **Rates online**: ``mean run = (hours up + prior) / (preemptions + 1)``, counted from what the
-  caller has watched (:class:`ZoneSeen`); the prior is one preemption per ``1 / spot_hazard`` hours
-  (planner/calibration.py's AWS hazard), so a zone never seen starts at the planner's estimate.
+  caller has watched (:class:`ZoneSeen`), recent hours weighing more (counts decay with a half-life
+  of ``RATE_HALF_LIFE_H``: a zone's capacity comes in regimes of days); the prior is one preemption
+  per ``1 / spot_hazard`` hours (planner/calibration.py's AWS hazard), which does not decay, so a
+  zone never seen starts at the planner's estimate.
 
 A job without a deadline (``deadline_h=None``) takes the cheapest expected cost: spot when
 available, otherwise wait for it.
@@ -91,6 +93,11 @@ POLICIES: tuple[str, ...] = ("gpuplan", "uniform-progress", "greedy", "spot-only
 PRIOR_MEAN_RUN_H = 1.0 / 0.08
 # The planner's deadline confidence (CostCalibration.deadline_confidence = 0.9) as a normal quantile.
 HEDGE_Z = NormalDist().inv_cdf(0.9)
+# Half-life of what was watched of a zone in the online rates (EWMA counts). The one number of the
+# policy chosen on traces: on the tuning family only (AWS Feb 15 2023 availability, 9 zones; 24, 48,
+# 96, 192 h and no decay tried; 48 and 96 h tied on cells below greedy, 96 h had the lower median),
+# never on the held-out family (AWS Apr 22 2023 preemption); see docs/SPOT.md.
+RATE_HALF_LIFE_H = 96.0
 
 
 class Decision(enum.StrEnum):
@@ -131,22 +138,26 @@ class ZoneSeen:
     """Counts of what the caller watched of one zone: a pure summary, updated with :meth:`step`."""
 
     watched_h: float = 0.0
-    up_h: float = 0.0
-    preemptions: int = 0
+    up_h: float = 0.0  # hours with capacity, each weighted by its recency (half-life ``half_life_h``)
+    preemptions: float = 0.0  # preemptions seen, weighted the same way
     run_h: float = 0.0  # age of the current run of capacity (0: none now)
     available: bool = False
     outage_age_h: float = 0.0  # age of the current outage (0: capacity now)
+    half_life_h: float = RATE_HALF_LIFE_H  # inf: every hour watched weighs the same
 
     def step(self, available: bool, dt_h: float) -> ZoneSeen:
-        """The counts after watching ``dt_h`` more hours whose capacity was ``available``."""
+        """The counts after watching ``dt_h`` more hours whose capacity was ``available``: what was
+        counted before decays by ``0.5 ** (dt_h / half_life_h)``."""
         ended = self.available and not available
+        keep = 0.5 ** (dt_h / self.half_life_h)
         return ZoneSeen(
             watched_h=self.watched_h + dt_h,
-            up_h=self.up_h + (dt_h if available else 0.0),
-            preemptions=self.preemptions + int(ended),
+            up_h=self.up_h * keep + (dt_h if available else 0.0),
+            preemptions=self.preemptions * keep + float(ended),
             run_h=self.run_h + dt_h if available else 0.0,
             available=available,
             outage_age_h=0.0 if available else self.outage_age_h + dt_h,
+            half_life_h=self.half_life_h,
         )
 
     def rates(self, loss_h: float = 0.0, switch_h: float = 0.0,
@@ -221,7 +232,7 @@ def decide_arrays(
     outage_age_h: FloatArray | float = math.inf,
     loss_h: FloatArray | float = 0.0,
     switch_h: FloatArray | float = 0.0,
-    price_ratio: float = DEFAULT_PRICES.on_demand / DEFAULT_PRICES.spot,
+    price_ratio: FloatArray | float = DEFAULT_PRICES.on_demand / DEFAULT_PRICES.spot,
 ) -> IntArray:
     """Vectorised :func:`decide`: one decision code (WAIT/SPOT/ON_DEMAND) per job.
 

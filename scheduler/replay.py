@@ -14,7 +14,16 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput
-from scheduler.policy import NONE, ON_DEMAND, SPOT, WAIT, check_policy, decide_arrays, mean_run_estimate
+from scheduler.policy import (
+    NONE,
+    ON_DEMAND,
+    RATE_HALF_LIFE_H,
+    SPOT,
+    WAIT,
+    check_policy,
+    decide_arrays,
+    mean_run_estimate,
+)
 from scheduler.sim_model import FloatArray, IntArray, Jobs, Outcome, Prices, SimOptions, spot_prices
 from scheduler.traces import Zones
 
@@ -31,20 +40,35 @@ def young_daly_array(c: float, mtbf: FloatArray) -> FloatArray:
     return np.where(np.isinf(mtbf), np.inf, np.where(c >= 2 * m, m, tau))
 
 
-def online_mean_run(zones: Zones, prior_mean_run_h: float) -> FloatArray:
+def online_mean_run(zones: Zones, prior_mean_run_h: float, half_life_h: float = RATE_HALF_LIFE_H) -> FloatArray:
     """Per zone and tick: the mean run of capacity the policy estimates from ticks before this one
-    (:func:`scheduler.policy.mean_run_estimate`), never from the future."""
+    (:func:`scheduler.policy.mean_run_estimate`), never from the future: hours up and preemptions
+    (a preemption is seen at the tick without capacity) weighted by recency, as
+    :meth:`scheduler.policy.ZoneSeen.step` counts them (``half_life_h`` inf: no decay)."""
     av = zones.available
-    up = np.concatenate([np.zeros((av.shape[0], 1)), np.cumsum(av, axis=1)[:, :-1]], axis=1) * zones.gap_h
-    ends = np.zeros(av.shape)
-    ends[:, 1:] = np.cumsum(av[:, :-1] & ~av[:, 1:], axis=1)
-    return mean_run_estimate(up, ends, prior_mean_run_h)
+    if not np.isfinite(half_life_h):
+        up = np.concatenate([np.zeros((av.shape[0], 1)), np.cumsum(av, axis=1)[:, :-1]], axis=1) * zones.gap_h
+        ends = np.zeros(av.shape)
+        ends[:, 1:] = np.cumsum(av[:, :-1] & ~av[:, 1:], axis=1)
+        return mean_run_estimate(up, ends, prior_mean_run_h)
+    keep = 0.5 ** (zones.gap_h / half_life_h)
+    ended = np.zeros(av.shape)
+    ended[:, 1:] = av[:, :-1] & ~av[:, 1:]
+    up_w = np.zeros(av.shape)
+    ends_w = np.zeros(av.shape)
+    up_k = np.zeros(av.shape[0])
+    ends_k = np.zeros(av.shape[0])
+    for k in range(av.shape[1]):  # ZoneSeen.step over ticks < k, then what tick k shows
+        up_w[:, k], ends_w[:, k] = up_k, ends_k + ended[:, k]
+        up_k = up_k * keep + av[:, k] * zones.gap_h
+        ends_k = ends_k * keep + ended[:, k]
+    return mean_run_estimate(up_w, ends_w, prior_mean_run_h)
 
 
 def _mean_runs(zones: Zones, opts: SimOptions) -> FloatArray:
     """(zones, ticks) mean time to preemption the policy and the checkpoint interval use."""
     if opts.mttp_h is None:
-        return online_mean_run(zones, opts.prior_mean_run_h)
+        return online_mean_run(zones, opts.prior_mean_run_h, opts.rate_half_life_h)
     if len(opts.mttp_h) != len(zones.names):
         raise InvalidInput(f"give one mean time to preemption per zone ({len(zones.names)})")
     return np.broadcast_to(np.asarray(opts.mttp_h, dtype=np.float64)[:, None], zones.available.shape)
@@ -71,7 +95,6 @@ class _Setup:
     tau: FloatArray  # (zones, ticks) hours of spot work between periodic checkpoints
     loss: FloatArray  # (zones, ticks) work a preemption loses on average
     od_price: float
-    ratio: float  # on-demand $/h over the median spot $/h
 
     @property
     def n_zones(self) -> int:
@@ -95,7 +118,7 @@ def _setup(zones: Zones, prices: Prices, opts: SimOptions) -> _Setup:
     half = np.where(np.isfinite(tau), tau / 2, 0.0)  # a preemption loses half an interval on average
     loss = np.minimum(half, opts.notice_h) if opts.just_in_time else half
     return _Setup(opts, zones.gap_h, spot_price, run_lengths(zones.available), mean_run, all_down, tau, loss,
-                  prices.on_demand, prices.on_demand / float(np.nanmedian(spot_price)))
+                  prices.on_demand)
 
 
 @dataclass
@@ -160,7 +183,10 @@ def _decisions(policy: str, s: _State, setup: _Setup, jobs: Jobs, now: float, tt
         start_h=np.zeros(len(jobs)), restart_h=jobs.restart_h + np.where(s.ckpt_zone >= 0, move, 0.0),
         current=s.market, spot_available=spot_any, uncommitted_h=setup.at_risk(s.unc), tick_h=setup.gap,
         params=setup.opts.params, mean_run_h=means[np.arange(len(jobs)), target], outage_age_h=setup.all_down[tt],
-        loss_h=setup.loss[target, tt], switch_h=setup.opts.checkpoint_write_h, price_ratio=setup.ratio,
+        loss_h=setup.loss[target, tt], switch_h=setup.opts.checkpoint_write_h,
+        # The spot price now in the zone the job would run in: what the caller sees (the median over
+        # the whole trace, used before, read the future).
+        price_ratio=setup.od_price / setup.spot_price[target, tt],
     )
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput
-from scheduler.policy import DEFAULT_PARAMS, PRIOR_MEAN_RUN_H, PolicyParams
+from scheduler.policy import DEFAULT_PARAMS, PRIOR_MEAN_RUN_H, RATE_HALF_LIFE_H, PolicyParams
 from scheduler.traces import Zones
 
 FloatArray = npt.NDArray[np.float64]
@@ -126,6 +126,7 @@ class SimOptions:
         loses the work since its last periodic checkpoint.
     move_h: checkpoint transfer when the job starts in another zone than the one its checkpoint is in.
     prior_mean_run_h: the policy's prior mean run of capacity for a zone it has not watched yet.
+    rate_half_life_h: half-life of what was watched in the online rates (inf: no decay).
     """
 
     checkpoint_cost_h: float = 0.0
@@ -136,6 +137,7 @@ class SimOptions:
     notice_h: float = 0.0
     move_h: float = 0.0
     prior_mean_run_h: float = PRIOR_MEAN_RUN_H
+    rate_half_life_h: float = RATE_HALF_LIFE_H
 
     @property
     def just_in_time(self) -> bool:

@@ -134,7 +134,7 @@ def test_the_loop_feeds_what_it_sees_to_the_zone_feed_and_avoids_a_zone_just_pre
     assert ex.requests[ex.handle_of(job.id)].zone == "b"  # a just lost its capacity
     seen = feed.seen(clock())
     assert (seen["a"].available, seen["a"].preemptions, seen["b"].available) == (False, 1, True)
-    assert seen["a"].up_h == pytest.approx(2.0, abs=1e-3)
+    assert seen["a"].up_h == pytest.approx(2.0, rel=0.02)
 
 
 def test_observed_zones_count_runs_and_offer_a_lost_zone_again_after_the_probe_interval() -> None:
@@ -144,10 +144,12 @@ def test_observed_zones_count_runs_and_offer_a_lost_zone_again_after_the_probe_i
     feed.observe("x", False, t0 + timedelta(hours=3))
     feed.observe("elsewhere", False, t0)  # not a zone of the cluster: ignored
     seen = feed.seen(t0 + timedelta(hours=3, minutes=10))
-    assert (seen["x"].available, seen["x"].preemptions) == (False, 1) and seen["x"].up_h == pytest.approx(3.0)
+    # Counts decay with the rates' half-life (96 h): minutes and hours later they are still ~1 and ~3.
+    assert not seen["x"].available and seen["x"].preemptions == pytest.approx(1, rel=0.01)
+    assert seen["x"].up_h == pytest.approx(3.0, rel=0.05)
     assert seen["x"].outage_age_h == pytest.approx(10 / 60) and seen["y"].available
     later = feed.seen(t0 + timedelta(hours=3, minutes=31))
-    assert later["x"].available and later["x"].preemptions == 1  # asked again; still one preemption
+    assert later["x"].available and later["x"].preemptions == pytest.approx(1, rel=0.01)  # still one preemption
 
 
 def test_reconsider_leaves_a_job_without_another_option_where_it_is(svc: SchedulerService, clock: FakeClock) -> None:
@@ -220,7 +222,8 @@ def test_a_changeover_checkpoints_and_stops_the_attempt_and_the_next_resumes_at_
     assert (old.outcome, new.outcome) == ("stopped", None)
     assert old.message.endswith("nothing lost: the next attempt resumes from the checkpoint of step 7")
     assert old.metrics is not None and old.metrics["changeover"] == {"resumes_at_step": 7, "lost_steps": 0}
-    assert feed.seen(clock())["a"].preemptions == 1  # the watcher's, not one more for the changeover
+    # The watcher's, not one more for the changeover (counts decay with the rates' half-life).
+    assert feed.seen(clock())["a"].preemptions == pytest.approx(1, rel=0.01)
     assert svc.status(ml, job.id).state == "running"
     with store.read() as session:
         [spent] = session.exec(select(Spend).where(Spend.attempt_id == old.id)).all()
@@ -349,7 +352,7 @@ def test_a_spot_attempt_whose_steps_stall_marks_its_zone_down_and_moves_where_ca
     assert ex.cancelled == [] and feed.seen(clock())["a"].available  # 9 min without a step: not yet
     clock.advance(minutes=1)
     loop.tick()  # 10 min: zone a counts as lost, and the attempt changes over
-    assert feed.seen(clock())["a"].preemptions == 1 and ex.cancelled == [first]
+    assert feed.seen(clock())["a"].preemptions == pytest.approx(1, rel=0.01) and ex.cancelled == [first]
     loop.tick()
     assert ex.requests[ex.handle_of(job.id)].zone == "b"
 

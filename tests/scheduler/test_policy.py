@@ -12,6 +12,7 @@ from catalog.errors import InvalidInput, UnknownName
 from scheduler.policy import (
     POLICIES,
     PRIOR_MEAN_RUN_H,
+    RATE_HALF_LIFE_H,
     Decision,
     JobProgress,
     PriceRatio,
@@ -166,7 +167,7 @@ def test_gpuplan_waits_out_young_outages_and_bridges_old_ones_below_the_reserve(
 
 
 def test_zone_seen_counts_what_was_watched_and_estimates_with_the_planner_prior() -> None:
-    seen = ZoneSeen()
+    seen = ZoneSeen(half_life_h=math.inf)
     for avail in [True, True, False, False, True, True, True, False]:
         seen = seen.step(avail, 0.5)
     assert (seen.watched_h, seen.up_h, seen.preemptions, seen.available) == (4.0, 2.5, 2, False)
@@ -175,6 +176,16 @@ def test_zone_seen_counts_what_was_watched_and_estimates_with_the_planner_prior(
     assert seen.rates().mean_run_h == pytest.approx((2.5 + PRIOR_MEAN_RUN_H) / 3)
     assert ZoneSeen().rates().mean_run_h == pytest.approx(PRIOR_MEAN_RUN_H)
     assert choose_zone([True, True], None, [0.1, 3.0], mean_run_h=[9.0, 2.0]) == 0
+
+
+def test_zone_seen_weighs_recent_hours_more_with_its_half_life() -> None:
+    seen = ZoneSeen(half_life_h=1.0)
+    for avail in [True, False] + [True] * 4:
+        seen = seen.step(avail, 0.5)
+    # The preemption seen 2 h ago counts half... of a half: 0.5 ** 2; hours up likewise by age.
+    assert seen.preemptions == pytest.approx(0.25)
+    assert seen.up_h == pytest.approx(0.5 * 0.5 ** 2.5 + sum(0.5 * 0.5 ** (0.5 * k) for k in range(4)))
+    assert ZoneSeen().half_life_h == RATE_HALF_LIFE_H
 
 
 @given(done=st.floats(0, 47.9), now=st.floats(0, 69.9), restart=st.floats(0, 2), run=st.floats(0.01, 100),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput, UnknownName
-from scheduler.policy import young_daly_interval
+from scheduler.policy import ZoneSeen, young_daly_interval
 from scheduler.simulate import (
     Jobs,
     Prices,
@@ -247,9 +248,60 @@ def test_a_move_to_another_zone_pays_the_checkpoint_transfer() -> None:
 def test_online_estimates_never_read_the_future(avail: list[bool], cut: int) -> None:
     cut = min(cut, len(avail) - 1)
     flipped = avail[:cut] + [not x for x in avail[cut:]]
-    a = online_mean_run(zones_from([int(x) for x in avail]), 12.5)
-    b = online_mean_run(zones_from([int(x) for x in flipped]), 12.5)
-    np.testing.assert_array_equal(a[:, :cut], b[:, :cut])  # tick t may use what is seen at t
+    for half_life in (math.inf, 2.0):
+        a = online_mean_run(zones_from([int(x) for x in avail]), 12.5, half_life)
+        b = online_mean_run(zones_from([int(x) for x in flipped]), 12.5, half_life)
+        np.testing.assert_array_equal(a[:, :cut], b[:, :cut])  # tick t may use what is seen at t
+
+
+@given(avail=st.lists(st.booleans(), min_size=2, max_size=60), half_life=st.sampled_from([math.inf, 1.0, 96.0]))
+@settings(max_examples=30, deadline=None)
+def test_simulated_rates_are_what_the_live_zone_feed_counts(avail: list[bool], half_life: float) -> None:
+    """The replay's per-tick estimate is ZoneSeen's (what the server keeps) after the ticks before,
+    plus the preemption seen at this tick: the simulator measures the server's estimator."""
+    z = zones_from([int(x) for x in avail])
+    sim = online_mean_run(z, 12.5, half_life)[0]
+    seen = ZoneSeen(half_life_h=half_life)
+    for t, now in enumerate(avail):
+        # At tick t the caller sees the capacity of tick t: a preemption if it just went away.
+        look = seen.step(now, 0.0) if seen.watched_h > 0 else seen
+        assert sim[t] == pytest.approx(look.rates(prior_mean_run_h=12.5).mean_run_h, rel=1e-9)
+        seen = seen.step(now, z.gap_h)
+
+
+def test_recent_preemptions_weigh_more_than_old_ones() -> None:
+    calm_then_flaky = [1] * 200 + [1, 0] * 20 + [1] * 5
+    flaky_then_calm = [1, 0] * 20 + [1] * 205
+    late = online_mean_run(zones_from(calm_then_flaky), 12.5, 2.0)[0, -1]
+    early = online_mean_run(zones_from(flaky_then_calm), 12.5, 2.0)[0, -1]
+    assert late < early  # the same counts, but the recent flapping dominates
+    # Without decay both have seen the same hours up and preemptions.
+    assert online_mean_run(zones_from(calm_then_flaky), 12.5, math.inf)[0, -1] == pytest.approx(
+        online_mean_run(zones_from(flaky_then_calm), 12.5, math.inf)[0, -1], rel=0.05)
+
+
+def test_the_policy_reads_the_spot_price_now_not_the_future_prices() -> None:
+    """Fair comparison: what gpuplan decides up to tick t depends on prices up to t only."""
+    avail = ([1] * 30 + [0] * 20) * 4 + [1] * 100
+    cut = 120
+    def priced(later: float) -> Zones:
+        prices = [0.3] * cut + [later] * (len(avail) - cut)
+        return align([trace_from_dict({"metadata": {"gap_seconds": 360.0}, "data": avail, "prices": prices}, "z")])
+    jobs = Jobs.make([0], 12.0, 16.0, 0.2)
+    opts = SimOptions(timeline=True)
+    a = run_policy(priced(0.3), jobs, "gpuplan", PRICES, opts)
+    b = run_policy(priced(2.9), jobs, "gpuplan", PRICES, opts)
+    assert a.timeline_market is not None and b.timeline_market is not None
+    np.testing.assert_array_equal(a.timeline_market[:cut], b.timeline_market[:cut])
+
+
+def test_replay_is_deterministic() -> None:
+    z = zones_of("flaky-a")
+    jobs = Jobs.make([0, 7, 100], [10.0, 12.5, 3.0], [20.0, 20.0, 5.0], [0.0, 0.3, 0.1])
+    opts = SimOptions(checkpoint_cost_h=0.01, checkpoint_write_h=0.02, notice_h=0.05)
+    a, b = (run_policy(z, jobs, "gpuplan", PRICES, opts) for _ in range(2))
+    np.testing.assert_array_equal(a.cost_usd, b.cost_usd)
+    np.testing.assert_array_equal(a.finish_h, b.finish_h)
 
 
 def test_measured_costs_come_from_the_calibration() -> None:
