@@ -65,8 +65,12 @@ def _train_variants() -> list[dict[str, Any]]:
     return out
 
 
+MXFP4_MODEL = "gpt-oss-20b-mxfp4"  # mxfp4 is a checkpoint's own format: only a model stored in it may pin it
+
+
 def _infer_variants() -> list[dict[str, Any]]:
-    return [_infer(), *(_infer(weights=w) for w in _values(Weights))]
+    pinned = [{**_infer(weights=w), **({"model": MXFP4_MODEL} if w == "mxfp4" else {})} for w in _values(Weights)]
+    return [_infer(), {**_infer(), "model": MXFP4_MODEL}, *pinned]
 
 
 def _plans(cat: Catalog, specs: list[dict[str, Any]]) -> list[Plan | NoFeasiblePlan]:
