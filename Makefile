@@ -33,10 +33,12 @@ unit: $(STAMP)
 
 # Two pytest workers, each test file whole on one of them (its module fixtures, and the Ray tests of a file
 # on one local Ray instance per worker): most tests wait on processes, so two overlap on these 2 cores.
+# Ray and slow files go first (tests/conftest.py orders them; xdist would reorder by test count), and the
+# 25 slowest tests are listed so that every CI log says where the time went.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
