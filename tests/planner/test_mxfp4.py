@@ -184,3 +184,4 @@ def test_pinned_bf16_plans_the_dequantized_model_with_a_note() -> None:
     same_as_bf16_preset = estimate(spec_from_dict(_infer("gpt-oss-20b", weights="bf16")), CAT, "H200", 1,
                                    calibration=CAL)
     assert est.memory == same_as_bf16_preset.memory and est.throughput == same_as_bf16_preset.throughput
+
