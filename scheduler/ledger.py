@@ -99,7 +99,7 @@ def rebuild_days(session: Session) -> int:
     """Refill ``spend_day`` from the ledger (what migration 0008 did): for rows written around the
     ledger, as bench/ui_pages.py's bulk seed does. Returns the number of summary rows."""
     spend, job = Spend.__table__, Job.__table__  # type: ignore[attr-defined]
-    day = _spend_day_of(session, spend.c.recorded_at).label("day")
+    day = utc_day_of(session.get_bind().dialect.name, spend.c.recorded_at).label("day")
     session.execute(delete(_spend_day))
     select_rows = (sa_select(spend.c.team_id, day, job.c.gpu, spend.c.market, func.sum(spend.c.usd),
                              func.sum(spend.c.hours), func.count())
@@ -110,9 +110,9 @@ def rebuild_days(session: Session) -> int:
     return int(session.execute(sa_select(func.count()).select_from(_spend_day)).scalar_one())
 
 
-def _spend_day_of(session: Session, column: Any) -> Any:
-    """The UTC day of a timestamp column, in SQL."""
-    if session.get_bind().dialect.name == "postgresql":  # the session's time zone must not move a row
+def utc_day_of(dialect: str, column: Any) -> Any:
+    """The UTC day of a timestamp column, in SQL (the ledger's rebuild and the dashboard's edge days)."""
+    if dialect == "postgresql":  # the session's time zone must not move a row to another day
         return func.date(func.timezone("UTC", column))
     return func.date(column)  # SQLite stores naive UTC text
 

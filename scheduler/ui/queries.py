@@ -53,9 +53,7 @@ def team_names(store: Store) -> list[str]:
 
 
 def _day(store: Store) -> ColumnElement[Any]:
-    if store.dialect == "postgresql":  # the session's time zone must not move a row to another day
-        return func.date(func.timezone("UTC", _spend.c.recorded_at))
-    return func.date(_spend.c.recorded_at)  # SQLite stores naive UTC text
+    return ledger.utc_day_of(store.dialect, _spend.c.recorded_at)  # type: ignore[no-any-return]
 
 
 def _date(d: Any) -> date:
