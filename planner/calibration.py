@@ -79,6 +79,11 @@ class MemoryCalibration(_Cal):
     backward_working_layers: float = Field(
         default=1.0, description="extra per-layer activation copies live while a layer's backward runs"
     )
+    eager_score_grad_buffers: float = Field(
+        default=3.0, ge=0.0,
+        description="seq x seq gradient buffers alive beside the saved probabilities while an eager "
+        "attention's backward runs (softmax/slice/scale grads); counted from the allocator trace at the "
+        "peak of a gpt-oss step on the H200 (bench/memory_peak_probe.py: 3), 2 on the CPU (MemTracker)")
 
 
 class ThroughputCalibration(_Cal):

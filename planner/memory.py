@@ -202,6 +202,22 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
     return norm1 + norm2 + attn + mlp + lse + qk_norm + extra_norms + window_mask
 
 
+def eager_attention_backward_bytes_per_token(model: ModelConfig, precision: str, finetune: str, seq_len: int,
+                                             layer_bytes_per_token: float, grad_buffers: float, tp: int = 1) -> float:
+    """Bytes per token alive while one layer's eager attention runs its backward (0 for SDPA models): the
+    layer's saved tensors less its MLP's, whose backward ran first and freed them, plus ``grad_buffers``
+    seq x seq gradients of the scores beside the saved probabilities. On the H200 this moment is a gpt-oss
+    step's peak at long sequences (bench/memory_peak_probe.py: probabilities + 3 buffers of 4.0 GiB each at
+    seq 4096, micro-batch 2, with activation checkpointing)."""
+    if not model.attn.eager:
+        return 0.0
+    c = PRECISION_BYTES[precision].compute
+    scores = model.num_attention_heads / tp * (seq_len + model.attn.sinks) * c
+    per_element = (3 * c + 4) if finetune in ("lora", "qlora") else _mlp_act_factor(model) * c
+    mlp = (per_element * moe_mlp_width(model) + moe_dispatch_bytes(model, c)) / tp
+    return max(0.0, layer_bytes_per_token - mlp) + grad_buffers * scores
+
+
 # Families whose RMSNorm multiplies its weight in fp32 and casts after (transformers' Gemma, gpt-oss, OLMo 2)
 FP32_WEIGHT_NORM_FAMILIES = frozenset({"gemma2", "gemma3_text", "gpt_oss", "olmo2"})
 

@@ -20,6 +20,7 @@ from planner.memory import (
     BLOCK,
     PRECISION_BYTES,
     Moment,
+    eager_attention_backward_bytes_per_token,
     finish_estimate,
     hidden_dims,
     layer_activation_bytes_per_token,
@@ -200,13 +201,16 @@ def _activation_bytes(model: ModelConfig, strategy: KnobsLike, act_precision: st
     act_bp = PRECISION_BYTES[act_precision]
     final_norm = (4 * h if act_bp.residual == 2 else 0) + 2 * act_bp.residual * h
     embed_out = act_bp.residual * h if model.family == "gpt2" else 0.0
+    # one layer's backward: its activations (recomputed when checkpointing) and working copies, or, for an
+    # eager attention, the moment its seq x seq score gradients are alive, whichever is larger
+    eager = eager_attention_backward_bytes_per_token(model, act_precision, strategy.finetune, seq_len, per_tok_layer,
+                                                     cal.eager_score_grad_buffers, strategy.tensor_parallel)
+    layer_backward = tokens * max(per_tok_layer * (1 + cal.backward_working_layers), eager)
     if strategy.activation_checkpointing:
         saved = tokens * (layers_here * act_bp.residual * h + final_norm + embed_out)
-        recompute = tokens * per_tok_layer * (1 + cal.backward_working_layers)
-        return saved, recompute + saved
+        return saved, layer_backward + saved
     saved = tokens * (layers_here * per_tok_layer + final_norm + embed_out)
-    recompute = tokens * per_tok_layer * cal.backward_working_layers
-    return saved, recompute + tokens * per_tok_layer
+    return saved, layer_backward
 
 
 def _autocast_copies(held: _Held, model: ModelConfig, strategy: KnobsLike, pc: ParamCount) -> tuple[float, float]:

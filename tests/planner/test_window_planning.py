@@ -8,8 +8,13 @@ import pytest
 
 from catalog.hf_config import model_from_hf_config
 from planner.calibration import MemoryCalibration, ThroughputCalibration
-from planner.memory import infer_memory, kv_cache_bytes, layer_activation_bytes_per_token
-from planner.memory_train import train_memory
+from planner.memory import (
+    eager_attention_backward_bytes_per_token,
+    infer_memory,
+    kv_cache_bytes,
+    layer_activation_bytes_per_token,
+)
+from planner.memory_train import train_memory, train_moments
 from planner.throughput import (
     attention_flops_per_token,
     decode_attention_flops,
@@ -46,6 +51,34 @@ def test_masked_layers_compute_the_whole_square() -> None:
     assert attention_flops_per_token(oss, 64) == 2 * 64 * 64 * 64 * 48
     # decoding reads only the cached window in sliding layers
     assert decode_attention_flops(gemma, 8192) == 2 * hq * (4 * 8192 + 22 * 511)
+
+
+def test_an_eager_attention_backward_holds_its_score_gradients_beside_the_probabilities() -> None:
+    """With activation checkpointing a gpt-oss step peaks in a layer's attention backward at long sequences:
+    the recomputed layer less its MLP (whose backward ran first) and 3 seq x seq score gradients beside the
+    probabilities (H200 allocator trace, bench/memory_peak_probe.py); SDPA models keep the layer rule."""
+    oss = model("gpt-oss-20b", num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
+    cal = MemoryCalibration(backward_working_layers=0.0, eager_score_grad_buffers=3.0)
+    s = Strategy(gpu="H200", gpu_count=1, precision="bf16", optimizer="adamw", activation_checkpointing=True,
+                 micro_batch=2, finetune="full")
+    tokens, scores = 2 * 4096, 64 * (4096 + 1) * 2  # heads x (keys + the sink column) x bf16
+    # gpt-oss's clamped SwiGLU saves 7 tensors per element of the 4 experts a token visits, and the router
+    # dispatch 2 copies of the hidden state per visit plus the router's logits and probabilities
+    mlp = 7 * 2 * 4 * 2880 + 4 * 2 * 2 * 2880 + 2 * 2 * 32
+    layer = layer_activation_bytes_per_token(oss, "bf16", "full", 16, seq_len=4096)
+    assert eager_attention_backward_bytes_per_token(oss, "bf16", "full", 4096, layer, 3.0) == \
+        pytest.approx(layer - mlp + 3 * scores)
+    moments = {m.name: m for m in train_moments(oss, s, 4096, cal)[0]}
+    saved = moments["backward start"].parts["activations"]
+    assert moments["backward end"].parts["activations"] - saved == pytest.approx(tokens * (layer - mlp + 3 * scores))
+    assert max(moments.values(), key=lambda m: m.total).name == "backward end"
+    # at a short sequence the layer's own activations are the larger: the layer rule holds
+    short = {m.name: m for m in train_moments(oss, s, 256, cal)[0]}
+    layer_short = layer_activation_bytes_per_token(oss, "bf16", "full", 16, seq_len=256)
+    assert short["backward end"].parts["activations"] - short["backward start"].parts["activations"] == \
+        pytest.approx(2 * 256 * layer_short)
+    llama = CAT.model("llama-3-8b")
+    assert eager_attention_backward_bytes_per_token(llama, "bf16", "full", 4096, 1e6, 3.0) == 0.0
 
 
 def test_eager_scores_grow_with_the_sequence_and_sdpa_does_not() -> None:
