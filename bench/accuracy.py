@@ -45,6 +45,7 @@ from planner.calibration import (  # noqa: E402
 from planner.memory import infer_memory, kv_cache_bytes  # noqa: E402
 from planner.memory_train import lora_params_per_layer, train_memory  # noqa: E402
 from planner.throughput import (  # noqa: E402
+    eager_score_bytes,
     efficiency,
     expert_loop_s,
     fsdp_collectives,
@@ -237,6 +238,7 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration, results_names: tuple[s
     thr = _fit_generate_throughput([r for r in train_rows if not r.train], gpu, thr)
     thr = _fit_ddp(train_rows, gpu, thr)
     thr = _fit_fsdp(train_rows, gpu, thr)
+    thr = _fit_eager_scores(train_rows, gpu, thr)
     thr = _fit_expert_loop(train_rows, gpu, thr)
     return Calibration(
         source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
@@ -446,6 +448,25 @@ def _fit_fsdp(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> Thr
     if not per_collective:
         return base
     return base.model_copy(update={"fsdp_collective_s": round(statistics.median(per_collective), 7)})
+
+
+def _fit_eager_scores(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+    """Memory passes over eager attention's seq x seq scores in a training step: the median over the non-holdout
+    single-GPU eager training cases of (measured - predicted without them and without the expert loop) / the
+    time of one pass. Fitted before the expert loop, which then takes only what is left."""
+    off = base.model_copy(update={"eager_score_passes": 0.0, "expert_loop_s": 0.0})
+    ratios: list[float] = []
+    for r in rows:
+        s = r.strategy
+        if not (r.train and r.model.attn.eager and r.tps_ok and s.gpu_count == 1 and r.measured.get("median_step_s")):
+            continue
+        seq = int(r.case["seq_len"])
+        without = train_throughput(r.model, s, seq, gpu, off).step_time_s
+        one_pass = (eager_score_bytes(r.model, s, seq, r.model.num_layers)
+                    * (4 / 3 if s.activation_checkpointing else 1.0) / (gpu.memory_bandwidth_gbps * 1e9))
+        if one_pass > 0:
+            ratios.append(max(0.0, float(r.measured["median_step_s"]) - without) / one_pass)
+    return base.model_copy(update={"eager_score_passes": float(statistics.median(ratios))}) if ratios else base
 
 
 def _fit_expert_loop(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:

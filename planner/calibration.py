@@ -141,6 +141,11 @@ class ThroughputCalibration(_Cal):
     decode_expert_loop_s: float = Field(
         default=1.5e-4, ge=0.0,
         description="expert_loop_s for a decode step (generate()), whose visits carry a few tokens each")
+    eager_score_passes: float = Field(
+        default=0.0, ge=0.0,
+        description="training: memory passes over every eager-attention layer's seq x seq scores beyond the "
+        "saved-activation traffic (scale, mask, sink concat, max, softmax and their backward run as separate "
+        "kernels, several below full bandwidth); fitted on the non-holdout eager cases")
     optimizer_passes: dict[str, float] = Field(
         default_factory=lambda: {"adamw": 10.0, "adamw-8bit": 6.0, "sgd": 5.0, "adafactor": 8.0},
         description="memory passes over (trainable params x state bytes) per optimizer step",

@@ -195,6 +195,16 @@ def traffic_bytes_per_token(model: ModelConfig, strategy: KnobsLike, seq_len: in
     return layers * per_layer + 12.0 * model.vocab_size / strategy.tensor_parallel
 
 
+def eager_score_bytes(model: ModelConfig, strategy: KnobsLike, seq_len: int, layers: int) -> float:
+    """Bytes of one micro-step's seq x seq attention scores over ``layers`` eager-attention layers (0 for SDPA
+    models, whose fused kernels never materialise them): heads x seq x (keys + sinks) x micro-batch."""
+    if not model.attn.eager:
+        return 0.0
+    c = 4 if strategy.precision == "fp32" else 2
+    heads = model.num_attention_heads / strategy.tensor_parallel
+    return layers * strategy.micro_batch * heads * seq_len * (seq_len + model.attn.sinks) * c
+
+
 def optimizer_step_s(params: float, state_bytes: int, optimizer: str, gpu: GpuSpec,
                      cal: ThroughputCalibration) -> float:
     """The optimizer step streams params, grads and states through memory (foreach kernels)."""
@@ -270,7 +280,8 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     traffic = memo[tkey] * tokens_micro * recompute_factor
     loop_passes = 2.0 + (1.0 if strategy.activation_checkpointing else 0.0)
     kernel_layers = layers_here * recompute_factor * layer_kernel_weight(model)
-    gpu_time = (flops / (peak * eff) + cal.traffic_factor * traffic / (gpu.memory_bandwidth_gbps * 1e9)
+    scores = cal.eager_score_passes * eager_score_bytes(model, strategy, seq_len, layers_here) * recompute_factor
+    gpu_time = ((flops / (peak * eff)) + (cal.traffic_factor * traffic + scores) / (gpu.memory_bandwidth_gbps * 1e9)
                 + cal.layer_overhead_s * kernel_layers)
     # the GPU runs behind the host's kernel launches: a small step waits on the host instead
     compute = (max(gpu_time, cal.host_layer_s * kernel_layers)

@@ -188,3 +188,24 @@ def test_activation_bytes_match_the_real_layers(name: str) -> None:
     predicted = layer_activation_bytes_per_token(model_from_hf_config({**cfg, "num_hidden_layers": 4}), "bf16",
                                                  "full", 16, seq_len=SEQ)
     assert predicted == pytest.approx(_saved_bytes_per_layer(cfg), rel=0.02)
+
+
+def test_eager_scores_cost_memory_passes_in_a_training_step() -> None:
+    """Eager attention materialises seq x seq scores that a dozen separate kernels read and write (H200
+    profile: softmax, mask add, sink concat, max, copies); SDPA models never do."""
+    oss = model("gpt-oss-20b", num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
+    s = Strategy(gpu="H200", gpu_count=1, precision="bf16", optimizer="adamw", activation_checkpointing=True,
+                 micro_batch=1, finetune="full")
+    none, sixty = ThroughputCalibration(eager_score_passes=0.0), ThroughputCalibration(eager_score_passes=60.0)
+    scores = 4 * 1 * 64 * 8192 * (8192 + 1) * 2  # layers x micro-batch x heads x queries x (keys + sink) x bf16
+    extra = 60 * scores * 4 / 3 / (H200.memory_bandwidth_gbps * 1e9)  # the recompute reads them once more
+
+    def added(seq: int) -> float:
+        with_scores = train_throughput(oss, s, seq, H200, sixty).step_time_s
+        return with_scores - train_throughput(oss, s, seq, H200, none).step_time_s
+
+    assert added(8192) == pytest.approx(extra)
+    assert added(1024) == pytest.approx(extra * (1024 * 1025) / (8192 * 8193))  # quadratic in the sequence
+    llama = CAT.model("llama-3-8b")
+    assert train_throughput(llama, s, 8192, H200, sixty).step_time_s == \
+        train_throughput(llama, s, 8192, H200, none).step_time_s
