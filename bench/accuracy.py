@@ -817,6 +817,15 @@ torch.cat, so after the prefill every sliding layer holds the whole prompt: gemm
 dense bf16/fp16 models on NVIDIA with a compiled static-cache step (workers/decode.py), priced
 separately (`graph_decode_*`, bench/graph_decode.py; docs/PERFORMANCE.md).
 
+**Eager attention in training (2026-12-02).** An H200 profile showed a long-sequence gpt-oss step spends ~2/3 of
+its time in separate kernels over eager attention's seq x seq scores, and transformers 5.17 trains its experts
+with grouped_mm, not a loop. A training step now pays `eager_score_passes` memory passes over the scores (fitted
+first, on the non-holdout eager cases: 60 and 59 passes apart, 60.5 together), and `expert_loop_s` only what is
+left (~0 in training). Held-out gpt-oss training tok/s -17.0% -> +3.1% here; four more held-out shapes and a real
+`gpuplan run` of the full gpt-oss-20b in docs/MEASUREMENTS.md (+80%/+71%/+103% -> +8%/+2%/+4%). The peak of an
+eager layer's backward counts 3 seq x seq gradient buffers beside the probabilities (`eager_score_grad_buffers`,
+from the allocator trace): oss20l4 ckpt s4096 -10.3% -> +3.2% allocated.
+
 **Honesty notes.** The first complete evaluation showed four hold-out misses that came from
 modelling mistakes, not constants; each was fixed from PyTorch/transformers behaviour and the
 calibration refit on the non-holdout cases only: (1) Adafactor has no full-size foreach temporaries
