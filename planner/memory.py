@@ -158,7 +158,6 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
     window_mask = 0.0
     if shape.sliding_window is not None and not shape.eager and seq_len >= shape.sliding_window:
         window_mask = c * seq_len * shape.sliding_layers / model.num_layers
-    mlp_width = moe_mlp_width(model) / tp
     if model.family == "gpt2":
         ln_out = 2 * h if pb.autocast else c * h
         # python gelu_new saves its input (pow), tanh out, 0.5*x, 1+tanh, and its output (c_proj);
@@ -177,7 +176,7 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
         if shape.eager:
             attn = 4 * c * hq + 4 * hq + heads * (seq_len + shape.sinks) * c
             lse = 8 * heads if shape.sinks else 0.0
-        mlp = 3 * c * mlp_width + 4 * mlp_width + moe_dispatch_bytes(model, c) / tp
+        mlp = _mlp_saved_per_token(model, c, True, tp)
         small = 7 * 4 * rank
         return 2 * norm + attn_in + mlp_in + attn + mlp + small + lse + qk_norm + extra_norms + window_mask
     if pb.autocast:
@@ -198,7 +197,7 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
         # the softmax probabilities (seq^2) and a contiguous copy of the output
         attn = 4 * c * hq + c * hq + 4 * heads * seq_len
     # gate out, silu out, up out, product (of every routed expert a token visits), plus an MoE's dispatch
-    mlp = _mlp_act_factor(model) * c * mlp_width + moe_dispatch_bytes(model, c) / tp
+    mlp = _mlp_saved_per_token(model, c, False, tp)
     return norm1 + norm2 + attn + mlp + lse + qk_norm + extra_norms + window_mask
 
 
@@ -213,9 +212,16 @@ def eager_attention_backward_bytes_per_token(model: ModelConfig, precision: str,
         return 0.0
     c = PRECISION_BYTES[precision].compute
     scores = model.num_attention_heads / tp * (seq_len + model.attn.sinks) * c
-    per_element = (3 * c + 4) if finetune in ("lora", "qlora") else _mlp_act_factor(model) * c
-    mlp = (per_element * moe_mlp_width(model) + moe_dispatch_bytes(model, c)) / tp
+    mlp = _mlp_saved_per_token(model, c, finetune in ("lora", "qlora"), tp)
     return max(0.0, layer_bytes_per_token - mlp) + grad_buffers * scores
+
+
+def _mlp_saved_per_token(model: ModelConfig, c: int, adapters: bool, tp: int) -> float:
+    """Bytes the MLP of the mean layer saves per token: gate out, act out, up out, product of every routed
+    expert a token visits (compute dtype; with frozen adapters' fp32 input casts instead of the gate's), plus an
+    MoE's dispatch."""
+    per_element = (3 * c + 4) if adapters else _mlp_act_factor(model) * c
+    return per_element * moe_mlp_width(model) / tp + moe_dispatch_bytes(model, c) / tp
 
 
 # Families whose RMSNorm multiplies its weight in fp32 and casts after (transformers' Gemma, gpt-oss, OLMo 2)
