@@ -12,7 +12,6 @@ Used to find which tensors a planner moment misses (docs/MEASUREMENTS.md).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import measure_h200 as mh
+import probe_cases
 
 GIB = 2**30
 
@@ -76,22 +75,7 @@ def replay(trace: list[dict[str, Any]], start: int) -> dict[str, Any]:
 def probe(case: dict[str, Any], models: dict[str, Any], steps: int) -> dict[str, Any]:
     import torch
 
-    prec = case["precision"]
-    weight_dtype = torch.float32 if prec in ("fp32", "amp-bf16") else torch.bfloat16
-    cfg = mh.hf_config(models, case, tiny=False)
-    model = mh.build_model(cfg, weight_dtype, "cuda", train=True)
-    if case["activation_checkpointing"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    opt = mh.make_optimizer(case["optimizer"], [p for p in model.parameters() if p.requires_grad])
-    mb, seq = int(case["micro_batch"]), int(case["seq_len"])
-    x = torch.randint(0, int(cfg.vocab_size), (mb, seq), device="cuda")
-
-    def step() -> None:
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    step = probe_cases.training_step(case, models)
     step()  # the optimizer's states exist from here on: the steady state
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -121,25 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    models, cases = mh.load_cases(Path(args.cases))
-    wanted = args.only.split(",")
-    out: dict[str, Any] = {"versions": mh.library_versions(), "results": {}}
-    for case in cases:
-        if case["id"] in wanted:
-            print("probing", case["id"], flush=True)
-            try:
-                out["results"][case["id"]] = probe(case, models, args.steps)
-            except Exception as exc:
-                out["results"][case["id"]] = {"error": repr(exc)}
-            import gc
-
-            import torch
-
-            gc.collect()
-            torch.cuda.empty_cache()
-            r = out["results"][case["id"]]
-            print(json.dumps({k: v for k, v in r.items() if k != "top_blocks"}, indent=1), flush=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    probe_cases.run_cases(args.cases, args.only, args.out, lambda case, models: probe(case, models, args.steps),
+                          "top_blocks")
     return 0
 
 
