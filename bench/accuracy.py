@@ -45,7 +45,6 @@ from planner.calibration import (  # noqa: E402
 from planner.memory import infer_memory, kv_cache_bytes  # noqa: E402
 from planner.memory_train import lora_params_per_layer, train_memory  # noqa: E402
 from planner.throughput import (  # noqa: E402
-    eager_score_bytes,
     efficiency,
     expert_loop_s,
     fsdp_collectives,
@@ -455,6 +454,7 @@ def _fit_eager_scores(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration
     single-GPU eager training cases of (measured - predicted without them and without the expert loop) / the
     time of one pass. Fitted before the expert loop, which then takes only what is left."""
     off = base.model_copy(update={"eager_score_passes": 0.0, "expert_loop_s": 0.0})
+    one = off.model_copy(update={"eager_score_passes": 1.0})
     ratios: list[float] = []
     for r in rows:
         s = r.strategy
@@ -462,8 +462,7 @@ def _fit_eager_scores(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration
             continue
         seq = int(r.case["seq_len"])
         without = train_throughput(r.model, s, seq, gpu, off).step_time_s
-        one_pass = (eager_score_bytes(r.model, s, seq, r.model.num_layers)
-                    * (4 / 3 if s.activation_checkpointing else 1.0) / (gpu.memory_bandwidth_gbps * 1e9))
+        one_pass = train_throughput(r.model, s, seq, gpu, one).step_time_s - without  # the planner's own price
         if one_pass > 0:
             ratios.append(max(0.0, float(r.measured["median_step_s"]) - without) / one_pass)
     return base.model_copy(update={"eager_score_passes": float(statistics.median(ratios))}) if ratios else base
