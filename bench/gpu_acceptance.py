@@ -7,6 +7,7 @@ expandable segments themselves unless PYTORCH_CUDA_ALLOC_CONF is set). Cases:
   8b-lora-auto     llama-3-8b LoRA, everything else auto
   config-path      a model given as a Hugging Face config.json path (Qwen3-0.6B's shape)
   infer            an inference job (llama-3.2-1b, JSONL-style prompts synthetic)
+  infer-gemma      the same job on gemma-3-1b: sliding-window layers through the compiled decoder
   kill-resume      the 1B run killed with SIGKILL after its first checkpoint, then `--resume`
 
 A case passes when the run succeeds with zero OOMs (no OOM back-off either), peak allocated is
@@ -226,6 +227,15 @@ def case_infer(work: Path, timeout: float) -> Outcome:
     return _simple("infer", spec, work, timeout)
 
 
+def case_infer_gemma(work: Path, timeout: float) -> Outcome:
+    """Gemma 3's sliding layers decode through the graph with a full-length static cache (workers/decode.py),
+    priced as such; its compile once recompiled every token (docs/PERFORMANCE.md)."""
+    spec = {"name": "acc-infer-gemma", "task": "infer", "model": "gemma-3-1b",
+            "infer": {"batch": 32, "prompt_tokens": 512, "output_tokens": 128, "requests": 128},
+            "resources": {"spot": "never"}}
+    return _simple("infer-gemma", spec, work, timeout)
+
+
 def case_kill_resume(work: Path, timeout: float) -> Outcome:
     """SIGKILL the run after its first complete checkpoint, then `--resume` it to the end."""
     from workers.checkpoint import open_store
@@ -284,6 +294,7 @@ CASES: dict[str, Callable[[Path, float], Outcome]] = {
     "8b-lora-auto": case_8b_lora,
     "config-path": case_config_path,
     "infer": case_infer,
+    "infer-gemma": case_infer_gemma,
     "kill-resume": case_kill_resume,
 }
 

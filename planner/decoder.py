@@ -14,11 +14,13 @@ def graph_decode(model: ModelConfig, vendor: str, weights: str) -> bool:
     transformers' eager generate(): dense models in bf16/fp16 on NVIDIA GPUs, where it was measured.
     MoE layers route tokens on the host and quantized kernels (torchao int8/fp8, a checkpoint's MXFP4 experts
     through transformers' triton kernels) were not measured captured: gpt-oss, MXFP4 or not, runs generate().
-    Sliding-window layers (Gemma 3) also keep generate(): on the H200 their mask recompiled the step every
-    token until torch.compile's limit, 680 tok/s against 5,969 planned and a 375 s first batch
-    (bench/results/workers/graph_decode_gemma_2026-12-02.txt)."""
-    return (vendor == "nvidia" and model.num_experts == 1 and weights in ("bf16", "fp16")
-            and (model.attn.sliding_window is None or model.attn.sliding_layers == 0))
+    Sliding-window layers (Gemma 3, Mistral) take the graph too, since 2026-12-02: their static cache is
+    built as if every layer were full attention, so the step compiles once. Before, transformers' sliding
+    static layer recompiled the step every token on the H200 (680 tok/s against 5,969 planned and a 375 s
+    first batch, bench/results/workers/graph_decode_gemma_2026-12-02.txt). The plan prices what that costs:
+    a full-length KV cache in every layer, read whole each step (planner/memory.py, planner/throughput.py).
+    Not yet measured on a GPU with the fix (docs/PERFORMANCE.md)."""
+    return vendor == "nvidia" and model.num_experts == 1 and weights in ("bf16", "fp16")
 
 
 def decoder_for(model: ModelConfig, vendor: str, weights: str, given: str | None = None) -> Decoder:

@@ -319,21 +319,24 @@ def linear_params_per_layer(model: ModelConfig, pc: ParamCount) -> float:
     return pc.per_layer - 2 * h
 
 
-def cached_layer_tokens(model: ModelConfig, context: int) -> int:
+def cached_layer_tokens(model: ModelConfig, context: int, *, full_length: bool = False) -> int:
     """Tokens the cache holds summed over layers: a sliding-window layer keeps only its last window - 1
-    (transformers' DynamicSlidingWindowLayer), the others the whole context."""
+    (transformers' DynamicSlidingWindowLayer), the others the whole context. ``full_length``: every layer
+    the whole context, as the graph decoder's static cache holds it (workers/decode.py: sliding layers get a
+    full-length buffer, the window is only in the mask)."""
     shape = model.attn
-    if shape.sliding_window is None:
+    if shape.sliding_window is None or full_length:
         return model.num_layers * context
     kept = min(context, shape.sliding_window - 1)
     return (model.num_layers - shape.sliding_layers) * context + shape.sliding_layers * kept
 
 
-def kv_cache_bytes(model: ModelConfig, batch: int, context: int, bytes_per: int = 2) -> int:
+def kv_cache_bytes(model: ModelConfig, batch: int, context: int, bytes_per: int = 2, *,
+                   full_length: bool = False) -> int:
     """2 (K and V) x layers x kv_heads x head_dim x context x batch x bytes (sliding-window layers: the
-    window, not the context). MLA caches the compressed latent and the shared RoPE key instead:
-    (kv_lora_rank + qk_rope_head_dim) per layer."""
-    tokens = cached_layer_tokens(model, context)
+    window, not the context, unless ``full_length``: the graph decoder's static cache). MLA caches the
+    compressed latent and the shared RoPE key instead: (kv_lora_rank + qk_rope_head_dim) per layer."""
+    tokens = cached_layer_tokens(model, context, full_length=full_length)
     if model.mla is not None:
         return (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * tokens * batch * bytes_per
     return 2 * model.num_kv_heads * model.head_size * tokens * batch * bytes_per
@@ -349,17 +352,22 @@ def mla_expanded_kv_bytes(model: ModelConfig, batch: int, context: int, bytes_pe
     return width * context * batch * bytes_per
 
 
-def prefill_attention_bytes(model: ModelConfig, batch: int, prompt: int, c: int = 2) -> float:
-    """Transient seq^2 tensors of one prefill forward. Eager attention (gpt-oss): the masked scores, the
-    scores with the sink column and their softmax are alive at once, beside the float masks transformers
-    builds (one per attention type). SDPA with a sliding window the prompt reaches: the boolean mask and
-    the compute-dtype bias SDPA converts it to. Plain causal SDPA (flash): none."""
+def prefill_attention_bytes(model: ModelConfig, batch: int, prompt: int, c: int = 2, *,
+                            keys: int | None = None) -> float:
+    """Transient prompt x keys tensors of one prefill forward. Eager attention (gpt-oss): the masked scores,
+    the scores with the sink column and their softmax are alive at once, beside the float masks transformers
+    builds (one per attention type). SDPA with a sliding window the keys reach: the boolean mask and the
+    compute-dtype bias SDPA converts it to. Plain causal SDPA (flash): none. ``keys``: the key length, the
+    prompt's (generate()'s growing cache, the default) or the graph decoder's whole static cache (prompt +
+    output tokens), which the sliding layers' mask spans; its full-attention layers still run causal SDPA
+    without a mask (transformers skips it when the cache starts empty and no row is padded)."""
     shape = model.attn
-    square = batch * prompt * prompt
+    kv = prompt if keys is None else keys
+    square = batch * prompt * kv
     if shape.eager:
         masks = 2 if shape.sliding_window is not None else 1
-        return 3 * model.num_attention_heads * batch * prompt * (prompt + 1) * c + masks * square * c
-    if shape.sliding_window is not None and prompt >= shape.sliding_window:
+        return 3 * model.num_attention_heads * batch * prompt * (kv + 1) * c + masks * square * c
+    if shape.sliding_window is not None and kv >= shape.sliding_window:
         return square * (1 + c)
     return 0.0
 
@@ -377,7 +385,8 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     h, _, _, inter = hidden_dims(model)
     weights = resident_weight_bytes(model, pc, strategy.weights) / tp
     ctx = prompt_tokens + output_tokens
-    kv_full = kv_cache_bytes(model, b, ctx) / tp
+    # the graph decoder's static cache holds every layer's whole context, sliding layers too
+    kv_full = kv_cache_bytes(model, b, ctx, full_length=graph) / tp
     kv_prompt = kv_cache_bytes(model, b, prompt_tokens) / tp
     # one layer's torch.cat copy of the cache, and (MLA) the per-head K/V expanded for the layer being run
     kv_layer = kv_full / model.num_layers + mla_expanded_kv_bytes(model, b, ctx) / tp
@@ -410,7 +419,9 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
             mlp_work = k * 2 * (2 * h + 3 * width) / tp
         if moe is not None and moe.shared_intermediate_size:
             mlp_work += mlp_bytes * moe.shared_intermediate_size / tp
-    prefill_work = t * max(mlp_work, 14 * h) + t * 2 * h * 3 + prefill_attention_bytes(model, b, prompt_tokens) / tp
+    # (the graph decoder's masks of a decode step, rows x cache length per attention type, are kilobytes)
+    square = prefill_attention_bytes(model, b, prompt_tokens, keys=ctx if graph else None) / tp
+    prefill_work = t * max(mlp_work, 14 * h) + t * 2 * h * 3 + square
     logits = b * model.vocab_size * (2 + 4 + 4)
     moments = [
         Moment("prefill", {"weights": weights, "kv_cache": kv_prefill, "prefill_activations": prefill_work,

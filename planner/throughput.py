@@ -85,27 +85,31 @@ def mla_decode_expand(model: ModelConfig, batch: int, context: int) -> tuple[flo
     return model.num_layers * 2.0 * expanded, model.num_layers * flops_per_token * context * batch
 
 
-def attention_flops_per_token(model: ModelConfig, seq_len: int) -> float:
+def attention_flops_per_token(model: ModelConfig, seq_len: int, keys: int | None = None) -> float:
     """Forward flops of QK^T and PV per token over a sequence of ``seq_len``. Causal SDPA (flash) skips the
     masked half of the square. Kernels given an explicit mask compute the whole square: eager attention
     (gpt-oss), and SDPA on a sliding-window layer once the sequence reaches its window (transformers passes
-    a mask then, and SDPA's memory-efficient kernel visits every block) - a window saves no training FLOPs."""
+    a mask then, and SDPA's memory-efficient kernel visits every block) - a window saves no training FLOPs.
+    ``keys``: what a masked layer's query meets, the sequence (default) or the graph decoder's whole static
+    cache in its prefill (prompt + output tokens; planner.memory.prefill_attention_bytes)."""
     hq = model.num_attention_heads * model.head_size
+    kv = seq_len if keys is None else keys
     shape = model.attn
     if shape.eager:
         square = model.num_layers
-    elif shape.sliding_window is not None and seq_len >= shape.sliding_window:
+    elif shape.sliding_window is not None and kv >= shape.sliding_window:
         square = shape.sliding_layers
     else:
         square = 0
-    return 2.0 * seq_len * hq * (model.num_layers + square)
+    return 2.0 * hq * (seq_len * (model.num_layers - square) + 2 * kv * square)
 
 
-def decode_attention_flops(model: ModelConfig, context: int) -> float:
+def decode_attention_flops(model: ModelConfig, context: int, *, full_length: bool = False) -> float:
     """Attention flops of one decoded token over its cache (in the causal convention of
-    attention_flops_per_token): sliding-window layers read only the window they cache."""
+    attention_flops_per_token): sliding-window layers read only the window they cache, unless
+    ``full_length`` (the graph decoder: SDPA over the static cache's whole buffer, the window in the mask)."""
     hq = model.num_attention_heads * model.head_size
-    return 2.0 * hq * cached_layer_tokens(model, context)
+    return 2.0 * hq * cached_layer_tokens(model, context, full_length=full_length)
 
 
 # Kernels an eager forward of one decoder layer launches, read off the transformers code: Llama 2 RMSNorms
@@ -342,13 +346,18 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     model = runtime_model(model, strategy.weights)
     n, lm = matmul_params(model, pc)
     peak = peak_tflops(gpu, "fp8" if strategy.weights == "fp8" else "bf16") * 1e12
-    prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens)) / tp
+    graph = decoder_for(model, gpu.vendor, strategy.weights, decoder) == "graph"
+    # the graph decoder's static cache: every layer holds and reads the whole context (workers/decode.py), so
+    # a sliding layer's prefill mask spans it and its decode steps read all of it, not the window
+    ctx = prompt_tokens + output_tokens
+    keys = ctx if graph else None
+    prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens, keys)) / tp
     h = model.hidden_size
     work = b * prompt_tokens
     prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
     prefill = prefill_flops / (peak * prefill_eff)
     # seq^2 tensors of eager attention / a sliding window's mask: written and read once per layer that has them
-    square_bytes = prefill_attention_bytes(model, b, prompt_tokens) / tp
+    square_bytes = prefill_attention_bytes(model, b, prompt_tokens, keys=keys) / tp
     if square_bytes:
         layers_with = model.num_layers if model.attn.eager else model.attn.sliding_layers
         prefill += 2 * square_bytes * layers_with / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency)
@@ -365,14 +374,13 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
     bw = gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
     speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
-    graph = decoder_for(model, gpu.vendor, strategy.weights, decoder) == "graph"
     # HF's DynamicCache grows by torch.cat: every step re-reads and re-writes the cache besides
     # attention reading it, hence kv_traffic_factor passes; the static cache is written in place and
-    # its attention reads the whole preallocated length
-    kv_time = (kv_cache_bytes(model, b, prompt_tokens + output_tokens) / tp if graph else kv * cal.kv_traffic_factor)
+    # its attention reads the whole preallocated length, in every layer (sliding ones too)
+    kv_time = (kv_cache_bytes(model, b, ctx, full_length=True) / tp if graph else kv * cal.kv_traffic_factor)
     mem_time = (weight_bytes / speed + kv_time + expand_bytes / tp) / bw
-    compute_time = (b * (2 * n + decode_attention_flops(model, int(avg_ctx))) + expand_flops) / tp / (
-        peak * cal.prefill_mfu)
+    attention = decode_attention_flops(model, int(avg_ctx), full_length=graph)
+    compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
     if graph:
         # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
         # read, per layer (gaps between small kernels) and growing with the rows (skinny GEMMs, attention)

@@ -8,6 +8,16 @@ on one day's host and 2,842 on another's (bench/results/decode_modes_2026-12-01.
 docs/PERFORMANCE.md): no plan can predict the host. Here the host work per token is a graph replay,
 so the step time is the GPU's: the weights and the KV cache read at memory bandwidth.
 
+Sliding-window layers (Gemma 3, Mistral): transformers' static cache gives them a window-sized ring buffer
+whose update and mask sizes branch on a Python int that grows every token, so torch.compile guarded on it and
+built a new graph per token until its recompile limit (680 tok/s against 5,969 planned for gemma-3-1b on an
+H200, bench/results/workers/graph_decode_gemma_2026-12-02.txt). Here their cache is built as if every layer
+were full attention: a full-length buffer written by position, whose offset is a tensor as for dense models,
+and the window lives only in the mask, which the model's own mask code builds per layer type (the sliding
+one from the model's config) against that buffer. The step then compiles once (CPU: one graph, no recompile,
+tests/workers/test_decode.py) and its tokens equal generate()'s past the window. The price is a full-length
+KV cache for the sliding layers, read whole every step; the planner prices that (planner/decoder.py).
+
 Greedy decoding of independent rows: every row is decoded to ``max_new_tokens``; the caller cuts each
 row at its first EOS, and the loop stops early (one host sync every ``check_every`` tokens) once
 every row has produced one. The tokens equal ``generate(do_sample=False)``'s for the same inputs.
@@ -15,6 +25,7 @@ every row has produced one. The tokens equal ``generate(do_sample=False)``'s for
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -55,6 +66,9 @@ class GraphDecoder:
         device = input_ids.device
         config: Any = getattr(self._model, "config")  # noqa: B009 - every HF causal LM has one
         cache = StaticCache(config=config, max_cache_len=width + max_new_tokens)
+        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+            # the buffers are allocated on first use: this replaces nothing but the layers' bookkeeping
+            cache = StaticCache(config=full_attention_config(config), max_cache_len=width + max_new_tokens)
         mask = torch.zeros((rows, width + max_new_tokens), dtype=torch.long, device=device)
         mask[:, :width] = attention_mask
         # positions count real tokens only, as generate() does for left padding
@@ -83,3 +97,14 @@ class GraphDecoder:
     @staticmethod
     def _all_ended(tokens: torch.Tensor, eos_ids: torch.Tensor) -> bool:
         return bool(torch.isin(tokens, eos_ids).any(dim=-1).all())
+
+
+def full_attention_config(config: Any) -> Any:
+    """A copy of the model's (text) config whose every layer is full attention, to size a static cache from:
+    sliding layers then get a full-length buffer written by position (see the module docstring). The model
+    keeps its own config, so its masks still apply the window."""
+    flat = copy.deepcopy(config.get_text_config(decoder=True))
+    if getattr(flat, "layer_types", None) is not None:
+        flat.layer_types = ["full_attention"] * len(flat.layer_types)
+    flat.sliding_window = None
+    return flat

@@ -1,6 +1,7 @@
 """Sliding-window layers, eager attention with sinks, q/k norms, Gemma's extra norms and per-expert MoE loops
-in the planner: the KV cache keeps only the window, masked kernels compute the whole square, and the
-activation bytes follow the autograd graph of the real transformers layers (checked against a CPU probe)."""
+in the planner: generate()'s KV cache keeps only the window (the graph decoder's static cache the whole
+context), masked kernels compute the whole square, and the activation bytes follow the autograd graph of the
+real transformers layers (checked against a CPU probe)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,39 @@ def test_masked_layers_compute_the_whole_square() -> None:
     assert attention_flops_per_token(oss, 64) == 2 * 64 * 64 * 64 * 48
     # decoding reads only the cached window in sliding layers
     assert decode_attention_flops(gemma, 8192) == 2 * hq * (4 * 8192 + 22 * 511)
+
+
+def test_the_graph_decoder_prices_full_length_sliding_caches() -> None:
+    """workers/decode.py builds Gemma 3's static cache as full attention: every layer holds and reads the whole
+    context and the window is only in the mask. So under the graph decoder the windowed model decodes and
+    caches like one without a window; generate()'s DynamicSlidingWindowLayer keeps the window's saving."""
+    gemma, windowless = model("gemma-3-1b"), model("gemma-3-1b", sliding_window=None)
+    per_token_layer = 2 * 1 * 256 * 2
+    assert kv_cache_bytes(gemma, 1, 8192, full_length=True) == per_token_layer * 26 * 8192
+    hq = 4 * 256
+    assert decode_attention_flops(gemma, 8192, full_length=True) == 2 * hq * 26 * 8192
+    # the prefill of a 256-token prompt meets the 640-token static cache: its sliding layers' mask spans the
+    # window, so they compute 256 x 640 in full; the full-attention layers stay causal over the prompt
+    assert attention_flops_per_token(gemma, 256, keys=640) == 2 * hq * (256 * 4 + 2 * 640 * 22)
+    assert attention_flops_per_token(gemma, 2048, keys=2048) == attention_flops_per_token(gemma, 2048)
+    s = Strategy(task="infer", gpu="H200", gpu_count=1, batch=8)
+    b, p, o = 8, 4096, 128
+    graph = {m.attn.sliding_window: infer_throughput(m, s, p, o, H200, TCAL, decoder="graph")
+             for m in (gemma, windowless)}
+    assert graph[512].decode_tokens_per_s == pytest.approx(graph[None].decode_tokens_per_s)
+    generate = infer_throughput(gemma, s, p, o, H200, TCAL, decoder="generate")
+    assert generate.decode_tokens_per_s < graph[512].decode_tokens_per_s  # host-bound eager steps
+    assert generate.breakdown_s["decode"] < \
+        infer_throughput(windowless, s, p, o, H200, TCAL, decoder="generate").breakdown_s["decode"]
+    cal = MemoryCalibration()
+    mem = {m.attn.sliding_window: infer_memory(m, s, p, o, H200, cal, decoder="graph") for m in (gemma, windowless)}
+    assert mem[512].breakdown["kv_cache"] == mem[None].breakdown["kv_cache"] == kv_cache_bytes(gemma, b, p + o,
+                                                                                               full_length=True)
+    # the sliding layers' prefill mask over the static cache: bool + the bf16 bias SDPA makes of it
+    extra = mem[512].breakdown["prefill_activations"] - mem[None].breakdown["prefill_activations"]
+    assert extra == pytest.approx(b * p * (p + o) * 3)
+    assert infer_memory(gemma, s, p, o, H200, cal, decoder="generate").breakdown["kv_cache"] < mem[512].breakdown[
+        "kv_cache"]
 
 
 def test_an_eager_attention_backward_holds_its_score_gradients_beside_the_probabilities() -> None:

@@ -1,7 +1,8 @@
 """The graph decoder's tokens equal transformers' greedy ``generate()`` for the same left-padded batch,
 on the families whose KV cache differs (full attention, sliding-window layers, GPT-2's learned positions),
 and it stops early only when every row has produced an EOS. Run eagerly on CPU; the CUDA graph is the
-same step captured (bench/decode_modes_probe.py checks it on the GPU)."""
+same step captured (bench/decode_modes_probe.py checks it on the GPU). Sliding-window models also run
+the step through torch.compile on CPU, to show it compiles once rather than once per token."""
 
 from __future__ import annotations
 
@@ -23,7 +24,16 @@ FAMILIES: dict[str, dict[str, Any]] = {
                        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
                        "vocab_size": 97, "max_position_embeddings": 128, "sliding_window": 6,
                        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+    # every layer through the window, no layer_types: one mask, not a dict per layer type
+    "mistral-sliding": {"model_type": "mistral", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97,
+                        "max_position_embeddings": 128, "sliding_window": 6},
 }
+# Gemma 3 as the probe (bench/decode_sliding_probe.py): an 8-token window, one sliding and one full layer
+GEMMA3_WINDOW_8: dict[str, Any] = {
+    "model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 256,
+    "max_position_embeddings": 256, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
 
 
 def _model(hf: dict[str, Any]) -> torch.nn.Module:
@@ -70,3 +80,53 @@ def test_stops_early_only_once_every_row_has_ended() -> None:
     early = checked.decode(ids, mask, max_new_tokens=12, eos=ended_both)
     assert early.shape[1] == 4  # both rows ended by step 3: stopped at the first check
     assert torch.equal(early, full[:, :4])
+
+
+def _greedy(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, new: int) -> torch.Tensor:
+    with torch.inference_mode():
+        out: torch.Tensor = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,  # type: ignore[operator]
+                                           do_sample=False, min_new_tokens=new, pad_token_id=0, eos_token_id=None)
+    return out[:, ids.shape[1]:]
+
+
+def test_gemma3_past_the_window_with_left_padding_equals_generate() -> None:
+    """Prompts longer than the 8-token window, rows left-padded to different lengths, 12 new tokens: the
+    prefill and every step read a full-length cache for the sliding layer, the window only in the mask."""
+    model = _model(GEMMA3_WINDOW_8)
+    ids, mask = _batch([14, 5, 10], vocab=256)
+    expected = _greedy(model, ids, mask, 12)
+    assert torch.equal(GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=12, eos=set()), expected)
+
+
+def _eager_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GraphDecoder's torch.compile with dynamo's "eager" backend: the same guards and recompiles as
+    reduce-overhead's CUDA graphs (those are decided by dynamo, before any backend), without inductor's
+    C++ builds on CPU; a recompile raises."""
+    compile_ = torch.compile
+
+    def eager(fn: Any, **kwargs: Any) -> Any:
+        return compile_(fn, backend="eager", fullgraph=kwargs.get("fullgraph", False), dynamic=kwargs.get("dynamic"))
+
+    monkeypatch.setattr(torch, "compile", eager)
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    torch._dynamo.reset()
+
+
+def test_gemma3_compiled_step_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 recompiled Gemma 3's step every token (the sliding layers' Python-int offset); with the
+    full-length cache the step is traced once for the whole decode and gives generate()'s tokens."""
+    from torch._dynamo.exc import RecompileError
+
+    import workers.decode as decode
+
+    _eager_compile(monkeypatch)
+    model = _model(GEMMA3_WINDOW_8)
+    ids, mask = _batch([14, 5, 10], vocab=256)
+    expected = _greedy(model, ids, mask, 12)
+    assert torch.equal(GraphDecoder(model, compile=True).decode(ids, mask, max_new_tokens=12, eos=set()), expected)
+    # the check sees the failure it guards against: transformers' own sliding cache recompiles
+    torch._dynamo.reset()
+    monkeypatch.setattr(decode, "full_attention_config", lambda config: config)
+    with pytest.raises(RecompileError):
+        GraphDecoder(model, compile=True).decode(ids, mask, max_new_tokens=12, eos=set())
+    torch._dynamo.reset()
