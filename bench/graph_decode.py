@@ -5,14 +5,17 @@ on the same random-init model and prompts, with the planner's prediction for eac
     python3 bench/graph_decode.py --out $OUT/graph_decode.json
     python3 bench/graph_decode.py --cases llama-3.2-1b:32x512x128 --out /tmp/g.json
     .venv/bin/python bench/graph_decode.py --fit bench/results/workers/graph_decode_2026-12-01.json \
-        --holdout llama-3.2-1b:32x512x128    # least squares into planner/calibration.json
+        --fit bench/results/workers/graph_decode_gemma_2026-12-02_fixed.json \
+        --holdout llama-3.2-1b:32x512x128,gemma-3-1b:32x512x128    # least squares into planner/calibration.json
 
 bench/accuracy.py --fit rebuilds planner/calibration.json from planner/calibration.py's defaults, so
 the fitted graph_decode_* values are also those defaults' (set them there too after a new fit).
 
 The fit: per decode step, measured time - (prefill and the bytes-read roofline the planner predicts)
-= layers x (graph_decode_layer_s + graph_decode_row_layer_s x batch), on the non-holdout cases
-(graph_decode_step_s stays 0: three cases cannot also fix a constant).
+= layers x graph_decode_layer_s + batch x (the decoder layers' matmul params) x graph_decode_row_param_s, on
+the non-holdout cases of every --fit record (graph_decode_row_layer_s and graph_decode_step_s stay 0). The
+row term was per layer until the Gemma 3 cases (2026-12-02): rows x layers could not price gemma-3-1b (-28%)
+and gemma-3-4b (+23%) at once; rows x matmul weights (skinny GEMMs) did, leave-one-out max 14.5%.
 
 Steady tokens/s drops the first batch (the compile, for "graph"). ``first_batch_s`` is that batch.
 ``same_tokens``: the share of requests whose new tokens are identical between the two decoders
@@ -101,40 +104,46 @@ def run_case(spec: str, batches: int, work: Path) -> dict[str, Any]:
     return rec
 
 
-def fit(results: Path, holdout: set[str], calibration: Path) -> None:
+def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
     import numpy as np
 
     from planner.calibration import Calibration
+    from planner.throughput import matmul_params
 
     catalog = load_catalog()
     gpu = catalog.gpu("H200")
     cal = Calibration.model_validate_json(calibration.read_text())
     zero = cal.throughput.model_copy(update={"graph_decode_layer_s": 0.0, "graph_decode_row_layer_s": 0.0,
-                                             "graph_decode_step_s": 0.0})
-    rows, ys = [], []
-    for c in json.loads(results.read_text())["cases"]:
-        measured = c.get("graph", {}).get("steady_tokens_per_s")
-        if c["case"] in holdout or not measured:
-            continue
-        model = resolve_model(catalog, c["model"])
-        b, p, o = c["batch"], c["prompt"], c["output"]
-        est = infer_throughput(model, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=b), p, o, gpu, zero,
-                               decoder="graph")
-        step = (b * o / measured - est.breakdown_s["prefill"]) / o
-        rows.append([model.num_layers, model.num_layers * b])
-        ys.append(step - est.breakdown_s["decode"] / o)
-    (layer_s, row_layer_s), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)
+                                             "graph_decode_row_param_s": 0.0, "graph_decode_step_s": 0.0})
+    rows, ys, names = [], [], []
+    for record in results:
+        for c in json.loads(record.read_text())["cases"]:
+            measured = c.get("graph", {}).get("steady_tokens_per_s")
+            if c["case"] in holdout or not measured:
+                continue
+            model = resolve_model(catalog, c["model"])
+            b, p, o = c["batch"], c["prompt"], c["output"]
+            est = infer_throughput(model, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=b), p, o, gpu,
+                                   zero, decoder="graph")
+            step = (b * o / measured - est.breakdown_s["prefill"]) / o
+            n, lm = matmul_params(model)
+            rows.append([model.num_layers, b * (n - lm)])
+            ys.append(step - est.breakdown_s["decode"] / o)
+            names.append(c["case"])
+    (layer_s, row_param_s), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)
     data = json.loads(calibration.read_text())
     data["throughput"].update({"graph_decode_step_s": 0.0, "graph_decode_layer_s": max(0.0, float(layer_s)),
-                               "graph_decode_row_layer_s": max(0.0, float(row_layer_s))})
+                               "graph_decode_row_layer_s": 0.0,
+                               "graph_decode_row_param_s": max(0.0, float(row_param_s))})
     calibration.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"fitted on {len(rows)} cases: graph_decode_layer_s {layer_s * 1e6:.1f} us, "
-          f"graph_decode_row_layer_s {row_layer_s * 1e6:.2f} us -> {calibration}")
+    print(f"fitted on {len(rows)} cases ({', '.join(names)}): graph_decode_layer_s {layer_s * 1e6:.1f} us, "
+          f"graph_decode_row_param_s {row_param_s:.3e} s -> {calibration}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fit", type=Path, help="fit the planner's graph-decode constants from this record")
+    parser.add_argument("--fit", type=Path, action="append",
+                        help="fit the planner's graph-decode constants from this record (repeatable)")
     parser.add_argument("--holdout", default="", help="cases left out of --fit, comma-separated")
     parser.add_argument("--calibration", type=Path, default=Path(__file__).resolve().parents[1] / "planner"
                         / "calibration.json")

@@ -120,15 +120,20 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
-    # the graph_decode_* defaults: bench/graph_decode.py --fit on 3 cases of
-    # bench/results/workers/graph_decode_2026-12-01.json (the GPU acceptance's infer shape held out)
+    # the graph_decode_* defaults: bench/graph_decode.py --fit on 5 cases of
+    # bench/results/workers/graph_decode_2026-12-01.json and graph_decode_gemma_2026-12-02_fixed.json (the GPU
+    # acceptance's two inference shapes, llama-3.2-1b and gemma-3-1b at 32x512x128, held out)
     graph_decode_layer_s: float = Field(
-        default=7.11e-5, ge=0.0,
+        default=7.49e-5, ge=0.0,
         description="compiled static-cache decode (workers/decode.py): GPU seconds per layer per token "
         "beyond the bytes read (gaps between its small kernels)")
     graph_decode_row_layer_s: float = Field(
-        default=1.60e-6, ge=0.0,
+        default=0.0, ge=0.0,
         description="compiled decode: GPU seconds per layer per token per batch row beyond the bytes read")
+    graph_decode_row_param_s: float = Field(
+        default=2.05e-14, ge=0.0,
+        description="compiled decode: GPU seconds per token per batch row per matmul parameter of the decoder "
+        "layers, beyond the bytes read (skinny GEMMs)")
     graph_decode_step_s: float = Field(
         default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
     # ASSUMED (not yet measured; bench/cases_models.yaml measures it): transformers' per-expert Python loop

@@ -383,9 +383,11 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
     if graph:
         # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
-        # read, per layer (gaps between small kernels) and growing with the rows (skinny GEMMs, attention)
+        # read, per layer (gaps between small kernels) and growing with the rows times the layers' matmul
+        # weights (skinny GEMMs: a few rows per weight tile run far below peak); a flat per-row-per-layer
+        # term mispriced Gemma 3 by -28%..+23% across sizes (bench/graph_decode.py --fit, docs/ACCURACY.md)
         overhead = (model.num_layers * (cal.graph_decode_layer_s + cal.graph_decode_row_layer_s * b / tp)
-                    + cal.graph_decode_step_s)
+                    + cal.graph_decode_row_param_s * b * (n - lm) / tp + cal.graph_decode_step_s)
     else:
         overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
                      + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))
