@@ -305,9 +305,10 @@ def _cpu_pins(args: argparse.Namespace) -> dict[str, Any]:
     return {"precision": "fp32", "micro_batch": 2} if args.device == "cpu" else {}
 
 
-def _build_problem(model_id: str, strategy: Any, gpu: str) -> str | None:
-    """Why the worker cannot build this model: it materialises the whole model on each GPU before
-    FSDP shards it (workers.train_setup.prepare_model), so the unsharded weights must fit one GPU."""
+def _build_problem(model_id: str, strategy: Any, gpu: str, ckpt_root: str | None) -> str | None:
+    """Why this run cannot go here: the worker materialises the whole model on each GPU before FSDP
+    shards it (workers.train_setup.prepare_model), so the unsharded weights must fit one GPU; and the
+    host must hold its checkpoint."""
     from catalog.loader import load_catalog
     from catalog.params import count_params
 
@@ -318,6 +319,25 @@ def _build_problem(model_id: str, strategy: Any, gpu: str) -> str | None:
     if total and nbytes > total * GIB:
         return (f"the worker builds the whole model on each GPU before sharding: {nbytes / GIB:.0f} GiB of "
                 f"{strategy.precision} weights > {total:.0f} GiB (needs meta-device init)")
+    return _host_problem(params, nbytes // params, strategy, ckpt_root)
+
+
+def _host_problem(params: int, weight_bytes: int, strategy: Any, ckpt_root: str | None) -> str | None:
+    """Why the host cannot hold the run's end-of-run checkpoint (run_training always writes one): every
+    rank pins a host buffer of its share of the state, and the files go to ``ckpt_root`` (RAM too when
+    that is /dev/shm). The state: weights plus two AdamW moments of the trainable part (fp32, 8 bytes)."""
+    trainable = params if strategy.finetune == "full" else params // 100
+    state = params * weight_bytes + trainable * 8
+    root = ckpt_root or tempfile.gettempdir()
+    in_ram = root.startswith("/dev/shm")
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    need = state * (2 if in_ram else 1)
+    if need > 0.8 * ram:
+        where = " + files in /dev/shm" if in_ram else ""
+        return (f"its checkpoint of ~{state / 1e9:.0f} GB (pinned host buffers{where}) needs {need / 1e9:.0f} GB "
+                f"of host RAM > 80% of {ram / 1e9:.0f} GB")
+    if shutil.disk_usage(root).free < state * 1.05:
+        return f"its checkpoint of ~{state / 1e9:.0f} GB does not fit the free space of {root}"
     return None
 
 
@@ -340,7 +360,8 @@ def part_train(args: argparse.Namespace, deadline: float) -> dict[str, Any]:
                                "predicted_peak_reserved_gib": est.memory.peak_reserved_bytes / GIB,
                                "predicted_tokens_per_s": est.throughput.tokens_per_s}
         problem = None if est.memory.fits else "the planner says it does not fit"
-        problem = problem or (_build_problem(case["model"], strategy, args.gpu) if args.device == "cuda" else None)
+        if problem is None and args.device == "cuda":
+            problem = _build_problem(case["model"], strategy, args.gpu, args.ckpt_root)
         if problem is None and time.monotonic() + args.train_case_s > deadline:
             problem = f"skipped: less than {args.train_case_s:.0f} s of the time budget left"
         if problem:
@@ -466,8 +487,8 @@ def part_checkpoint(args: argparse.Namespace) -> dict[str, Any]:
 
 class _KillHooks:
     """Training hooks of the kill runs: record the step this attempt started at; park every rank after
-    ``hold`` steps (the parent kills them there); SIGKILL this process while it writes its shards of the
-    checkpoint of ``die_in_save``."""
+    ``hold`` steps (the parent kills them there); SIGKILL this process once it has written half of its
+    shards of the checkpoint of ``die_in_save`` (the store's write patched in this rank's process only)."""
 
     def __init__(self, rank: int, marks: str, hold: int | None, die_in_save: int | None) -> None:
         from workers.hooks import TrainHooks
@@ -516,7 +537,7 @@ def _kill_rank(rank: int, world: int, device: str, job: Any, marks: str, hold: i
                die_in_save: int | None) -> dict[str, Any]:
     from workers.train import run_training
 
-    hooks = _KillHooks(rank, marks, hold, die_in_save).hooks
+    hooks = _KillHooks(rank, marks, hold, die_in_save if rank == world - 1 else None).hooks
     result = run_training(job, hooks)
     return {"resumed_from_step": result.resumed_from_step, "steps": result.steps, "world_size": result.world_size}
 
