@@ -23,6 +23,42 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+def planned(model: str, gpus: int, gpu: str, *, seq_len: int, steps: int, micro_batch: int | None = None,
+            precision: str | None = None, sharding: str | None = None, finetune: str = "full",
+            activation_checkpointing: bool | None = None, interval: int | None = None) -> tuple[Any, Any]:
+    """(spec, estimate) of ``steps`` steps of ``model`` on ``gpus`` x ``gpu``: what is None is the
+    planner's pick (as `gpuplan estimate` resolves it); the token count is sized to ``steps`` steps of
+    the chosen micro-batch, accumulation and data parallelism. ``interval``: checkpoint every so many
+    steps (default: once, at the end)."""
+    from catalog.loader import load_catalog
+    from planner.calibration import load_calibration
+    from planner.search import estimate
+    from planner.spec import spec_from_dict
+
+    train: dict[str, Any] = {"seq_len": seq_len, "finetune": finetune,
+                             "checkpoint_interval_steps": interval or steps}
+    pins = {"micro_batch": micro_batch, "precision": precision, "sharding": sharding,
+            "activation_checkpointing": activation_checkpointing}
+    train.update({k: v for k, v in pins.items() if v is not None})
+    catalog, calibration = load_catalog(), load_calibration()
+
+    def spec_for(tokens: int) -> Any:
+        return spec_from_dict({"name": "fsdp-bench", "task": "train", "model": model,
+                               "train": {"tokens": tokens, **train}})
+
+    first = estimate(spec_for(seq_len * gpus), catalog, gpu, gpus, calibration=calibration).strategy
+    tokens = steps * first.micro_batch * first.grad_accum * first.data_parallel * seq_len
+    spec = spec_for(tokens)
+    return spec, estimate(spec, catalog, gpu, gpus, calibration=calibration)
+
+
+def predicted(est: Any) -> dict[str, float]:
+    """The estimate's numbers a TrainJob carries (``TrainJob.predicted``)."""
+    return {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
+            "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
+            "tokens_per_s": est.throughput.tokens_per_s}
+
+
 def _rank(rank: int, world: int, port: int, job: Any, queue: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -61,26 +97,16 @@ def main() -> int:
 
     import torch.multiprocessing as mp
 
-    from catalog.loader import load_catalog
-    from planner.calibration import load_calibration
-    from planner.search import estimate
-    from planner.spec import spec_from_dict
     from workers.train import TrainJob
 
-    tokens = args.steps * args.micro_batch * args.seq_len * args.gpus
-    spec = spec_from_dict({"name": "fsdp-bench", "task": "train", "model": args.model,
-                           "train": {"tokens": tokens, "seq_len": args.seq_len, "micro_batch": args.micro_batch,
-                                     "precision": args.precision, "sharding": args.sharding,
-                                     "finetune": args.finetune,
-                                     "activation_checkpointing": False, "checkpoint_interval_steps": args.steps}})
-    est = estimate(spec, load_catalog(), args.gpu, args.gpus, calibration=load_calibration())
+    spec, est = planned(args.model, args.gpus, args.gpu, seq_len=args.seq_len, steps=args.steps,
+                        micro_batch=args.micro_batch, precision=args.precision, sharding=args.sharding,
+                        finetune=args.finetune, activation_checkpointing=False)
     strategy = est.strategy
     with tempfile.TemporaryDirectory(prefix="gpuplan-fsdp-", dir=args.checkpoint_dir) as tmp:
         job = TrainJob(job_id="fsdp-bench", spec=spec, strategy=strategy, checkpoint_uri=str(Path(tmp) / "ck"),
                        device=args.device, log_every_s=60.0, cpu_threads=1 if args.device == "cpu" else None,
-                       predicted={"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
-                                  "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
-                                  "tokens_per_s": est.throughput.tokens_per_s})
+                       predicted=predicted(est))
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
