@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from catalog.errors import InvalidInput
+from catalog.params import count_params
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
 from workers.model import (
@@ -29,6 +30,9 @@ from workers.model import (
 
 # Seeding the global RNG and building a model must not interleave between two in-process runs.
 _BUILD_LOCK = threading.Lock()
+# The whole model, as built, may take at most this share of the GPU to be built there (fast random init);
+# bigger models are built in host memory and reach the GPU smaller (NF4) or a shard at a time (FSDP2).
+GPU_BUILD_SHARE = 0.5
 
 
 def pick_device(requested: str) -> torch.device:
@@ -117,23 +121,41 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+def build_device(strategy: Strategy, source: ModelSource, device: torch.device,
+                 gpu_bytes: int | None = None, share: float = GPU_BUILD_SHARE) -> torch.device:
+    """Where to build the model before it is quantized or sharded: ``device`` when the whole model in its
+    build dtype takes at most ``share`` of the GPU (``gpu_bytes``: its total memory), else the host.
+
+    Why: the plan prices what a rank holds while training (NF4 weights for QLoRA, a 1/N shard under FSDP), not
+    the whole bf16/fp32 model, so building that on the GPU first ran out of memory on plans that fit, e.g.
+    Mixtral-8x7B QLoRA (93 GB in bf16) over 8 x H100-80GB (examples/mixtral-qlora.yaml). The rule is fixed
+    by the model and the GPU, not by free memory, so every rank and every resume decides the same."""
+    if device.type != "cuda":
+        return device
+    total = gpu_bytes if gpu_bytes is not None else torch.cuda.get_device_properties(device).total_memory
+    build_bytes = count_params(source.config).total * torch.empty((), dtype=weights_dtype(strategy)).element_size()
+    return device if build_bytes <= share * total else torch.device("cpu")
+
+
 def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: torch.device,
                   world: int) -> tuple[torch.nn.Module, bool]:
     """The model on ``device`` as ``strategy`` trains it; True when FSDP2 shards it."""
+    built_on = build_device(strategy, source, device)
     with _BUILD_LOCK:
-        model = build_model(source, seed=seed, weights_dtype=weights_dtype(strategy), device=device)
+        model = build_model(source, seed=seed, weights_dtype=weights_dtype(strategy), device=built_on)
     if strategy.finetune == "qlora":
         quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
     if strategy.finetune in ("lora", "qlora"):
         model = apply_lora(model, strategy.lora_rank)
     if strategy.activation_checkpointing:
         enable_activation_checkpointing(model)
-    model.to(device)
+    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
+    if not (sharded and built_on != device):
+        model.to(device)  # a host-built model FSDP2 will shard moves one unit at a time, as fully_shard wraps it
     if strategy.precision == "fp8":
         from torchao.float8 import convert_to_float8_training
 
         convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: "lm_head" not in fqn)
-    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
     if sharded:
         _shard(model, strategy)
     elif world > 1:
