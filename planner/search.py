@@ -24,7 +24,7 @@ from catalog.params import ParamCount
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 from planner.calibration import Calibration
 from planner.cost import on_demand_cost, spot_cost
-from planner.memory import PRECISION_BYTES
+from planner.host_memory import checkpoint_state_bytes, host_memory_problem
 from planner.placement import (
     Memo,
     Outcome,
@@ -80,8 +80,7 @@ def _counts_for(g_per_node: int, pinned: int | None, max_gpus: int) -> list[int]
 
 def _checkpoint_hours(pc: ParamCount, s: Strategy, cal: Calibration) -> tuple[float, float]:
     """(what one checkpoint stops the loop for, snapshot to durable), in hours."""
-    pb = PRECISION_BYTES.get(s.precision, PRECISION_BYTES["bf16"])
-    state = pc.total * (pb.param + 2 * pb.state) if s.finetune == "full" else pc.total * 0.02
+    state = checkpoint_state_bytes(pc, s)
     # Checkpoints are written in the background: the loop pays only the snapshot into host memory
     # (the workers keep the interval above twice the write time, so no snapshot waits for a write).
     snapshot_h = state / (cal.cost.checkpoint_snapshot_gbps * 1e9) / 3600
@@ -121,7 +120,7 @@ def plan(spec: JobSpec, catalog: Catalog, *, calibration: Calibration, objective
             for count in _counts_for(o.gpu_count, pinned_counts.get(gpu.id), spec.resources.max_gpus):
                 out = search.placement(gpu, count, o)
                 if out.estimate is not None:
-                    search.price(out, o, count)
+                    search.price(out, o, count, gpu)
     if not search.candidates:
         message, hint = _explain(spec, search.funnel, search.priced, mdl, cal)
         raise NoFeasiblePlan(message, hint=hint)
@@ -193,11 +192,18 @@ class _Search:
                                                                  self.cal)
         return out
 
-    def price(self, out: Outcome, o: Offer, count: int) -> None:
-        """Offer ``o`` in each allowed market: a candidate, or a rejection (no price, deadline, budget)."""
+    def price(self, out: Outcome, o: Offer, count: int, gpu: GpuSpec) -> None:
+        """Offer ``o`` in each allowed market: a candidate, or a rejection (host memory, no price, deadline,
+        budget)."""
         assert out.estimate is not None
         res = self.spec.resources
         nodes = math.ceil(count / o.gpu_count)
+        if self.spec.task == "train":
+            short = host_memory_problem(self.memo.count(self.mdl), out.estimate.strategy, gpu,
+                                        min(count, o.gpu_count), o.ram_gib, o.instance_type)
+            if short:
+                self.funnel.reject(f"{out.label} on {o.cloud} {o.instance_type} {o.region}", short, "host-memory")
+                return
         for market, price in _markets(o, res.spot):
             if price is None:
                 if res.spot == "always" and market == "spot":

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from catalog.errors import InvalidInput
 from catalog.params import count_params
+from planner.host_memory import build_bytes, builds_on_host
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
 from workers.model import (
@@ -30,9 +31,6 @@ from workers.model import (
 
 # Seeding the global RNG and building a model must not interleave between two in-process runs.
 _BUILD_LOCK = threading.Lock()
-# The whole model, as built, may take at most this share of the GPU to be built there (fast random init);
-# bigger models are built in host memory and reach the GPU smaller (NF4) or a shard at a time (FSDP2).
-GPU_BUILD_SHARE = 0.5
 
 
 def pick_device(requested: str) -> torch.device:
@@ -122,9 +120,10 @@ def world() -> tuple[int, int]:
 
 
 def build_device(strategy: Strategy, source: ModelSource, device: torch.device,
-                 gpu_bytes: int | None = None, share: float = GPU_BUILD_SHARE) -> torch.device:
-    """Where to build the model before it is quantized or sharded: ``device`` when the whole model in its
-    build dtype takes at most ``share`` of the GPU (``gpu_bytes``: its total memory), else the host.
+                 gpu_bytes: int | None = None) -> torch.device:
+    """Where to build the model before it is quantized or sharded: ``device`` unless the whole model in its
+    build dtype would not fit the GPU (``gpu_bytes``: its total memory; planner.host_memory.GPU_BUILD_SHARE
+    of it), then the host (the plan checks the node's RAM with the same rule).
 
     Why: the plan prices what a rank holds while training (NF4 weights for QLoRA, a 1/N shard under FSDP), not
     the whole bf16/fp32 model, so building that on the GPU first ran out of memory on plans that fit, e.g.
@@ -133,8 +132,8 @@ def build_device(strategy: Strategy, source: ModelSource, device: torch.device,
     if device.type != "cuda":
         return device
     total = gpu_bytes if gpu_bytes is not None else torch.cuda.get_device_properties(device).total_memory
-    build_bytes = count_params(source.config).total * torch.empty((), dtype=weights_dtype(strategy)).element_size()
-    return device if build_bytes <= share * total else torch.device("cpu")
+    model = build_bytes(count_params(source.config).total, strategy.precision)
+    return torch.device("cpu") if builds_on_host(model, total) else device
 
 
 def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: torch.device,

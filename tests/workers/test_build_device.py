@@ -1,6 +1,6 @@
-"""Where the workers build a model before quantizing or sharding it: on the GPU only when the whole model, in
-the dtype it is built in, takes at most half of it; otherwise in host memory, so a plan that fits the GPU
-while training (NF4 weights, an FSDP shard) does not run out of memory while the model is being built."""
+"""Where the workers build a model before quantizing or sharding it: on the GPU when the whole model, in the
+dtype it is built in, fits it; otherwise in host memory, so a plan that fits the GPU while training (NF4
+weights, an FSDP shard) does not run out of memory while the model is being built."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import torch
 
 from catalog.loader import load_catalog, resolve_model
 from catalog.params import count_params
+from planner.host_memory import GPU_BUILD_SHARE
 from planner.types import Strategy
 from workers.model import ModelSource
-from workers.train_setup import GPU_BUILD_SHARE, build_device
+from workers.train_setup import build_device
 
 GIB = 1 << 30
 CUDA = torch.device("cuda", 3)
@@ -34,10 +35,12 @@ def test_the_examples_mixtral_qlora_is_built_in_host_memory_not_on_an_80gb_gpu()
     assert build_device(strategy(), mixtral, CUDA, gpu_bytes=80 * GIB) == torch.device("cpu")
 
 
-def test_a_model_that_fits_half_the_gpu_is_built_on_that_gpu_as_before() -> None:
+def test_a_model_that_fits_the_gpu_is_built_on_that_gpu_as_before() -> None:
     small = source("llama-3.2-1b")
     assert build_device(strategy(), small, CUDA, gpu_bytes=80 * GIB) == CUDA
     assert build_device(strategy(finetune="full", sharding="ddp"), small, CUDA, gpu_bytes=141 * GIB) == CUDA
+    # llama-3-70b LoRA in bf16 on an H200 (131.5 GiB of the 139.8 torch sees): tight, but it always built there
+    assert build_device(strategy(finetune="lora"), source("llama-3-70b"), CUDA, gpu_bytes=int(139.8 * GIB)) == CUDA
 
 
 @pytest.mark.parametrize(("precision", "expected"), [("bf16", CUDA), ("amp-bf16", torch.device("cpu"))])
@@ -45,7 +48,7 @@ def test_the_build_dtype_decides_fp32_master_weights_take_twice_the_room(precisi
                                                                           expected: torch.device) -> None:
     eight_b = source("llama-3-8b")  # 8.03B: 15 GiB in bf16, 30 GiB in fp32
     assert build_device(strategy(finetune="full", precision=precision), eight_b, CUDA,
-                        gpu_bytes=48 * GIB) == expected
+                        gpu_bytes=24 * GIB) == expected
 
 
 def test_a_cpu_run_builds_on_the_cpu_whatever_the_size() -> None:

@@ -1,0 +1,73 @@
+"""Host memory a training run needs on each node: one rule for the plan (planner.search rejects an offer
+whose RAM is short) and for the workers (workers.train_setup builds where this module says).
+
+Two moments, whichever is larger, plus each rank's process:
+
+- **The build.** A model whose whole weights, in the dtype it is built in, would not fit the GPU
+  (``GPU_BUILD_SHARE`` of what torch can allocate) is built in host memory and reaches the GPU smaller
+  (QLoRA's NF4) or one FSDP2 unit at a time; every rank on the node builds its own copy. Models that fit
+  are built on the GPU as before (fast random init, no host copy).
+- **The checkpoint snapshot.** The workers copy the checkpointed state (trainable parameters and optimizer
+  states) into host buffers allocated once, pinned on CUDA, and write them in the background
+  (workers/train_state.py): under FSDP every rank its shard, under DDP rank 0 the whole state.
+
+A 70B full fine-tune with AdamW snapshots ~850 GB per node over 8 GPUs: more than a 560 GiB node holds.
+"""
+
+from __future__ import annotations
+
+from catalog.params import ParamCount
+from catalog.schema import GpuSpec
+from planner.calibration import GIB
+from planner.memory import PRECISION_BYTES, usable_bytes
+from planner.types import Strategy
+
+# The whole model is built on the GPU when it takes at most this share of what torch can allocate there (the
+# rest: CUDA context, cuBLAS workspaces, the quantizer's temporaries); a model that does not fit this ran out of
+# memory at the build before the host build existed, so the rule changes nothing for the models that ran.
+GPU_BUILD_SHARE = 0.95
+# ASSUMED: a training rank's own resident memory besides the model (CUDA context, torch, transformers, the
+# data pipeline): ~3-4 GiB RSS per CUDA process is typical.
+HOST_PROCESS_BYTES = 4 * GIB
+# The share of a node's RAM a run may count on (the OS, page cache of the data, other daemons keep the rest).
+HOST_RAM_SHARE = 0.9
+# LoRA/QLoRA checkpoints hold the adapters and their optimizer states: a few percent of the model at most.
+ADAPTER_STATE_PER_PARAM = 0.02
+
+
+def build_bytes(total_params: int, precision: str) -> float:
+    """The whole model in the dtype the workers build it in (fp32 master weights under fp32/amp, else 16-bit)."""
+    return total_params * PRECISION_BYTES.get(precision, PRECISION_BYTES["bf16"]).param
+
+
+def builds_on_host(model_bytes: float, gpu_bytes: float) -> bool:
+    return model_bytes > GPU_BUILD_SHARE * gpu_bytes
+
+
+def checkpoint_state_bytes(pc: ParamCount, strategy: Strategy) -> float:
+    """What a checkpoint holds over all ranks: parameters + AdamW's two states (full), or the adapters'."""
+    pb = PRECISION_BYTES.get(strategy.precision, PRECISION_BYTES["bf16"])
+    if strategy.finetune == "full":
+        return pc.total * (pb.param + 2 * pb.state)
+    return pc.total * ADAPTER_STATE_PER_PARAM
+
+
+def host_bytes_per_node(pc: ParamCount, strategy: Strategy, gpu: GpuSpec, ranks_per_node: int) -> float:
+    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.gpu_count > 1
+    state = checkpoint_state_bytes(pc, strategy)
+    snapshot = state * ranks_per_node / strategy.gpu_count if sharded else state
+    model = build_bytes(pc.total, strategy.precision)
+    build = ranks_per_node * model if builds_on_host(model, usable_bytes(gpu)) else 0.0
+    return max(snapshot, build) + ranks_per_node * HOST_PROCESS_BYTES
+
+
+def host_memory_problem(pc: ParamCount, strategy: Strategy, gpu: GpuSpec, ranks_per_node: int,
+                        ram_gib: float, instance: str) -> str | None:
+    """Why a node with ``ram_gib`` of RAM cannot hold the run's host side (None when it can)."""
+    need = host_bytes_per_node(pc, strategy, gpu, ranks_per_node)
+    room = HOST_RAM_SHARE * ram_gib * GIB
+    if need <= room:
+        return None
+    return (f"needs {need / GIB:,.0f} GiB of host memory per node (the checkpoint snapshot or the model build of "
+            f"{ranks_per_node} rank(s), + {HOST_PROCESS_BYTES / GIB:.0f} GiB per rank) > {room / GIB:,.0f} GiB "
+            f"usable of {instance}'s {ram_gib:,.0f} GiB")
