@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.pool import NullPool
 from sqlalchemy.sql.selectable import GenerativeSelect
 from sqlmodel import Session, col, or_, select
@@ -50,6 +50,22 @@ class LoopLock:
         if self._release is not None:
             release, self._release = self._release, None
             release()
+
+
+def _unlock_and_drop(conn: Connection) -> None:
+    """Release the loop's advisory lock on its own session, then drop that session.
+
+    Why both: the unlock returns once the server has released the lock, so whoever asks next gets it;
+    closing the connection alone frees it only when the server's backend notices the client has gone, a
+    moment later (a second store asking at once was refused: tests/scheduler/test_store.py under load).
+    Invalidate, not close: a pooled connection would keep any session state for its next user."""
+    try:
+        conn.execute(text("SELECT pg_advisory_unlock(hashtext(current_schema() || '.gpuplan-loop'))"))
+        conn.commit()
+    except DBAPIError:
+        pass  # the session is already broken: the server drops its locks with it
+    finally:
+        conn.invalidate()
 
 
 def _normalise(url: str) -> str:
@@ -135,8 +151,7 @@ class Store:
             if not held:
                 conn.close()
                 raise refused
-            # Invalidate, not close: a pooled connection would keep the session lock for its next user.
-            return LoopLock(conn.invalidate)
+            return LoopLock(lambda: _unlock_and_drop(conn))
         database = make_url(self.url).database or ""
         if not database or database == ":memory:":
             return LoopLock(lambda: None)  # private to this process: nobody else can run a loop on it
