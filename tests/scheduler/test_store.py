@@ -210,3 +210,16 @@ def test_one_loop_lock_per_database_released_with_its_holder(db_url: str) -> Non
     finally:
         first.dispose()
         second.dispose()
+
+
+def test_a_released_loop_lock_is_free_the_moment_release_returns(db_url: str) -> None:
+    # PostgreSQL: dropping the session alone freed the lock only once the server noticed (a second store asking
+    # at once was refused, 62 times in 400 under two busy cores); release now unlocks before it drops the session
+    first, second = Store(db_url), Store(db_url)
+    try:
+        for _ in range(50):
+            first.loop_lock().release()
+            second.loop_lock().release()
+    finally:
+        first.dispose()
+        second.dispose()
