@@ -23,7 +23,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy import select as sa_select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 from sqlalchemy.sql.selectable import GenerativeSelect
 from sqlmodel import Session, col, or_, select
@@ -62,7 +62,7 @@ def _unlock_and_drop(conn: Connection) -> None:
     try:
         conn.execute(text("SELECT pg_advisory_unlock(hashtext(current_schema() || '.gpuplan-loop'))"))
         conn.commit()
-    except DBAPIError:
+    except SQLAlchemyError:
         pass  # the session is already broken: the server drops its locks with it
     finally:
         conn.invalidate()
