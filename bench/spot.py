@@ -30,6 +30,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,17 @@ def options(fam: Family, params: PolicyParams | None = None) -> SimOptions:
     return opts if params is None else replace(opts, params=params)
 
 
+def bounded_grids(fam: Family) -> Iterator[tuple[Zones, Jobs, np.ndarray, np.ndarray, np.ndarray]]:
+    """Each zone of the family on its own with its job grid: (zones, jobs, omniscient bound, where the bound
+    is finite, each job's slack rounded to the grid's)."""
+    for zones in fam.singles:
+        jobs = job_grid(zones)
+        if jobs is None:
+            continue
+        omni = bound(zones, jobs)
+        yield zones, jobs, omni, np.isfinite(omni), np.round(jobs.deadline_h / jobs.work_h - 1, 2)
+
+
 Result = dict[str, dict[str, np.ndarray]]
 
 
@@ -161,13 +173,7 @@ def run_family(fam: Family, policies: tuple[str, ...] = POLICIES, params: Policy
     """Single-zone runs: every zone of the family on its own. policy -> arrays over every job."""
     keys = ("ratio", "cost", "met", "slack", "restart", "work", "lost", "pre")
     out: dict[str, dict[str, list[np.ndarray]]] = {p: {k: [] for k in keys} for p in (*policies, "omniscient")}
-    for zones in fam.singles:
-        jobs = job_grid(zones)
-        if jobs is None:
-            continue
-        omni = bound(zones, jobs)
-        ok = np.isfinite(omni)
-        sl = np.round(jobs.deadline_h / jobs.work_h - 1, 2)
+    for zones, jobs, omni, ok, sl in bounded_grids(fam):
         outs: dict[str, Outcome] = {p: run_policy(zones, jobs, p, PRICES, options(fam, params)) for p in policies}
         for p, o in outs.items():
             d = out[p]
@@ -248,13 +254,8 @@ def floor(fams: list[Family], min_slack: float = 0.5) -> list[str]:
     lines = [f"| family | {head} |", "|---|" + "---|" * len(RESTARTS)]
     for fam in fams:
         acc: dict[tuple[str, float], list[np.ndarray]] = {}
-        for zones in fam.singles:
-            jobs = job_grid(zones)
-            if jobs is None:
-                continue
-            omni = bound(zones, jobs)
-            ok = np.isfinite(omni)
-            cell = (np.round(jobs.deadline_h / jobs.work_h - 1, 2) >= min_slack) & ok
+        for zones, jobs, omni, ok, sl in bounded_grids(fam):
+            cell = (sl >= min_slack) & ok
             for label, opts in (("honest", options(fam)), ("free", SimOptions())):
                 ratio = run_policy(zones, jobs, "greedy", PRICES, opts).cost_usd / omni
                 for r in RESTARTS:
