@@ -17,7 +17,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def one(case: str, finetune: str, shard: bool) -> dict[str, Any]:
+def one(case: str, finetune: str, shard: bool, host: bool = True) -> dict[str, Any]:
     import torch
 
     import workers.train_setup as ts
@@ -31,7 +31,8 @@ def one(case: str, finetune: str, shard: bool) -> dict[str, Any]:
     device = torch.device("cuda", 0)
     torch.cuda.reset_peak_memory_stats()
     real = ts.build_device
-    ts.build_device = lambda *a, **k: torch.device("cpu")  # as for a model bigger than half the GPU
+    if host:  # as for a model bigger than the GPU's build share
+        ts.build_device = lambda *a, **k: torch.device("cpu")
     try:
         if shard:  # prepare_model shards only with world > 1: wrap the host-built model as it would
             model, _ = ts.prepare_model(st, 0, src, device, 1)
@@ -60,19 +61,25 @@ def main() -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--cases", default="1,2,3", help="which cases, by number (4: case 3 built on the GPU)")
     args = p.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     rows = []
-    for case, finetune, shard in (("qlora, one GPU, host-built then .to()", "qlora", False),
-                                  ("full, FSDP2 wrap of a host-built model", "full", True),
-                                  ("qlora, FSDP2 wrap of a host-built model", "qlora", True)):
+    cases = (("qlora, one GPU, host-built then .to()", "qlora", False, True),
+             ("full, FSDP2 wrap of a host-built model", "full", True, True),
+             ("qlora, FSDP2 wrap of a host-built model", "qlora", True, True),
+             ("qlora, FSDP2 wrap of a GPU-built model", "qlora", True, False))
+    for number in (int(n) for n in args.cases.split(",")):
+        case, finetune, shard, host = cases[number - 1]
         try:
-            rows.append(one(case, finetune, shard))
+            rows.append(one(case, finetune, shard, host))
         except Exception as exc:
-            rows.append({"case": case, "error": repr(exc)[:600]})
+            import traceback
+
+            rows.append({"case": case, "error": repr(exc)[:600], "traceback": traceback.format_exc()[-4000:]})
         print(json.dumps(rows[-1]), flush=True)
     args.out.write_text(json.dumps(rows, indent=1))
     dist.destroy_process_group()

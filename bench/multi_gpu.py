@@ -283,8 +283,8 @@ def _train_rank(rank: int, world: int, device: str, job: Any) -> dict[str, Any]:
 
 
 def train_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """(name, model, pins) of the runs: the planner's pick, the other FSDP mode and DDP+LoRA forced, and
-    a 70B preset on 8 GPUs."""
+    """(name, model, pins) of the runs: the planner's pick, the other FSDP mode, DDP+LoRA and (on GPUs)
+    FSDP+QLoRA forced, and a 70B preset on 8 GPUs."""
     first = {"name": "planner", "model": args.model, "pins": {}}
     pick = planned(args.model, args.gpus, args.gpu, seq_len=args.seq_len, steps=args.steps,
                    **_cpu_pins(args))[1].strategy.sharding
@@ -295,6 +295,10 @@ def train_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     if pick != "ddp":
         cases.append({"name": "forced ddp lora", "model": args.model,
                       "pins": {"sharding": "ddp", "finetune": "lora"}})
+    if args.device == "cuda":  # NF4 under FSDP2 needs two ranks or more (torch's one-rank shortcut gathers
+        # only the first of NF4's three all-gather inputs), so one GPU cannot check it: docs/PERFORMANCE.md
+        cases.append({"name": "forced fsdp qlora", "model": args.model,
+                      "pins": {"sharding": "fsdp", "finetune": "qlora"}})
     if args.gpus >= 8 and args.big_model:
         cases.append({"name": "planner 70B-class", "model": args.big_model, "pins": {}})
     return cases
