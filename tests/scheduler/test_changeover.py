@@ -309,10 +309,10 @@ def test_a_changeover_of_real_training_loses_no_step_and_ends_as_an_uninterrupte
     [first] = attempts(store, job.id)
     assert first.message.startswith("changeover: to on-demand in elsewhere") and first.ended_at is None
     gate.release()
-    ex.wait(str(first.handle), timeout=60)
+    ex.wait(str(first.handle), timeout=300)
     loop.tick()  # closes attempt 1 (stopped), requeues and starts attempt 2
     [_, second] = attempts(store, job.id)
-    ex.wait(str(second.handle), timeout=60)
+    ex.wait(str(second.handle), timeout=300)
     loop.tick()
     detail = svc.status(me, job.id)
     assert detail.state == "succeeded", (detail.message, svc.logs(me, job.id).lines[-8:])

@@ -25,7 +25,7 @@ def test_runs_a_job_to_success_with_metrics_and_logs(tmp_path: Path) -> None:
     assert isinstance(executor, Executor)
     request = _request(write_config(tmp_path / "m"), tmp_path / "ck", steps=8, interval=4)
     handle = executor.submit(request)
-    status = executor.wait(handle, timeout=120)
+    status = executor.wait(handle, timeout=300)
     assert status.state is RunState.SUCCEEDED, status.message
     assert status.progress.step == 8 and status.progress.total_steps == 8
     assert status.progress.checkpoints == 2
