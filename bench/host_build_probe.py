@@ -1,8 +1,11 @@
-"""GPU check of workers.train_setup's host build: a model built in host memory (as a plan whose whole model
-does not fit half the GPU is) reaches the GPU as NF4 for QLoRA (``model.to``) or a shard at a time through
-FSDP2's ``fully_shard`` (here one rank, NCCL), then trains a step there.
+"""GPU check of workers.train_setup's host build: a model built in host memory (as is a model whose whole
+weights exceed planner.host_memory.GPU_BUILD_SHARE of the GPU) reaches the GPU as NF4 for QLoRA (``model.to``)
+or a shard at a time through FSDP2's ``fully_shard`` (here one rank, NCCL), then trains a step there.
 
     python3 bench/host_build_probe.py --out $OUT/host_build.json      # on a GPU machine
+
+Cases 3 and 4 (QLoRA under FSDP2) cannot pass on one rank: FSDP2's one-rank shortcut hands NF4's
+fsdp_post_all_gather one of its three inputs (bench/results/workers/host_build_2026-12-02.txt).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +81,6 @@ def main() -> int:
         try:
             rows.append(one(case, finetune, shard, host))
         except Exception as exc:
-            import traceback
-
             rows.append({"case": case, "error": repr(exc)[:600], "traceback": traceback.format_exc()[-4000:]})
         print(json.dumps(rows[-1]), flush=True)
     args.out.write_text(json.dumps(rows, indent=1))

@@ -296,7 +296,8 @@ def train_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
         cases.append({"name": "forced ddp lora", "model": args.model,
                       "pins": {"sharding": "ddp", "finetune": "lora"}})
     if args.device == "cuda":  # NF4 under FSDP2 needs two ranks or more (torch's one-rank shortcut gathers
-        # only the first of NF4's three all-gather inputs), so one GPU cannot check it: docs/PERFORMANCE.md
+        # only the first of NF4's three all-gather inputs), so one GPU cannot check it: bench/results/workers/
+        # host_build_2026-12-02.txt
         cases.append({"name": "forced fsdp qlora", "model": args.model,
                       "pins": {"sharding": "fsdp", "finetune": "qlora"}})
     if args.gpus >= 8 and args.big_model:
