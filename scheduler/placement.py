@@ -325,8 +325,10 @@ class SpotChooser:
         if seen:  # no capacity anywhere: the zone a start would take once it comes back
             best = max(seen, key=lambda z: seen[z].rates().mean_run_h)
             age = min(s.outage_age_h for s in seen.values())
+            # The outage of every zone ends when any zone comes back: the shortest mean outage.
+            outage = min(s.rates().mean_outage_h for s in seen.values())
             return ZoneRates(mean_run_h=seen[best].rates().mean_run_h, outage_age_h=age,
-                             loss_h=self.loss_h, switch_h=self.switch_h)
+                             loss_h=self.loss_h, switch_h=self.switch_h, mean_outage_h=outage)
         return ZoneRates(outage_age_h=math.inf, loss_h=self.loss_h, switch_h=self.switch_h)
 
     def _spot(self, offer: _Offer, seen: Mapping[str, ZoneSeen], zone: str) -> Placement:

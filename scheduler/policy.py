@@ -31,31 +31,29 @@ feasible. Leaving on-demand for spot pays one more changeover, so it needs ``res
 top. Hence: any job whose initial slack covers one changeover meets its deadline under these
 policies, whatever the spot trace does.
 
-``gpuplan`` has one number chosen on traces, on one family only (``RATE_HALF_LIFE_H``). It prices
-slack with what it has seen of the zone, in spot dollars (``ratio`` = on-demand $/h over spot $/h;
-``c`` = a changeover: restart + the checkpoint it waits for; ``loss`` = the work a preemption loses):
+``gpuplan`` has three numbers chosen on traces, on one family only (``RATE_HALF_LIFE_H``,
+``PRIOR_MEAN_OUTAGE_H`` and the young-outage gate below). It prices slack with what it has seen of
+the zone, in spot dollars (``ratio`` = on-demand $/h over spot $/h; ``c`` = a changeover: restart +
+the checkpoint it waits for; ``loss`` = the work a preemption loses):
 
-- **Alternating pays?** Once the slack is short a job can still use spot by alternating: spot while
-  capacity lasts, on-demand through each outage. A return to spot for a run of the zone's mean length
-  ``R`` saves ``(ratio - 1) R`` and costs two changeovers of on-demand time plus the lost work, and
-  burns that much slack, worth ``ratio - 1`` an hour when slack is short. Where that does not pay
-  (runs too short for the restart) the job never alternates: it waits, as greedy does.
-- **Reserve (hedging on the slack that remains).** Where alternating pays, the reserve is the slack
-  it needs for the work left: ``(n + z sqrt(n)) (2c + loss)`` with ``n = work left / mean run`` (the
-  expected preemptions; ``z sqrt(n)`` hedges their Poisson spread at the planner's 90% deadline
-  confidence). Above the reserve the job waits out outages (waiting is free).
-- **Below the reserve, ski rental.** The job bridges an outage on on-demand only once waiting (which
-  burns slack worth ``ratio - 1`` an hour) has cost what the bridge costs (a changeover billed on
-  on-demand, one back on spot, and their slack): never worse than twice the better choice in
-  hindsight, whatever the outage lengths; short outages are waited out. A bridge lasts until
-  capacity returns (leaving mid-outage would only buy the same bridge again).
+- **Wait, bridge, or leave spot: the value of slack.** :mod:`scheduler.slack_value` solves a dynamic
+  program over (time left, work left, market held, capacity now) on an on/off model of the zone (runs
+  of capacity end at rate ``1 / mean run``, outages at ``1 / mean outage``, both online estimates) and
+  the job takes its cheapest action: where slack is plentiful it waits out outages; where it is short,
+  it bridges them on on-demand (or leaves spot early) as far as the zone's rates make that pay. Traces
+  are heavy-tailed (half of all outages end within 30 minutes), so an outage younger than one
+  changeover is always waited out: a bridge could not have begun any sooner.
 - **Return to spot** from on-demand when the expected run pays for its two changeovers (and, when
-  the slack is short, for the slack they burn).
-- **Rates online**: ``mean run = (hours up + prior) / (preemptions + 1)``, counted from what the
-  caller has watched (:class:`ZoneSeen`), recent hours weighing more (counts decay with a half-life
-  of ``RATE_HALF_LIFE_H``: a zone's capacity comes in regimes of days); the prior is one preemption
-  per ``1 / spot_hazard`` hours (planner/calibration.py's AWS hazard), which does not decay, so a
-  zone never seen starts at the planner's estimate.
+  the slack is short, for the slack they burn): ``(ratio - 1) min(R, work left)`` against
+  ``(2c + loss)(2 ratio - 1)``, short meaning below the reserve ``(n + z sqrt(n)) (2c + loss)`` with
+  ``n = work left / R`` (expected preemptions, hedged at the planner's 90% deadline confidence). Not
+  the program's: its memoryless runs overrate a fresh run where most runs are short.
+- **Rates online**: ``mean run = (hours up + prior) / (preemptions + 1)``, ``mean outage = (hours
+  down + prior) / (outages ended + 1)``, counted from what the caller has watched (:class:`ZoneSeen`),
+  recent hours weighing more (counts decay with a half-life of ``RATE_HALF_LIFE_H``: a zone's
+  capacity comes in regimes of days); the run prior is one preemption per ``1 / spot_hazard`` hours
+  (planner/calibration.py's AWS hazard), the outage prior one outage of ``PRIOR_MEAN_OUTAGE_H``;
+  neither decays, so a zone never seen starts at the planner's estimate.
 
 A job without a deadline (``deadline_h=None``) takes the cheapest expected cost: spot when
 available, otherwise wait for it.
@@ -74,6 +72,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput, UnknownName
+from scheduler.slack_value import NONE_DOWN, NONE_UP, OD_DOWN, OD_UP, SPOT_UP, best_actions
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int8]
@@ -98,6 +97,8 @@ HEDGE_Z = NormalDist().inv_cdf(0.9)
 # 96, 192 h and no decay tried; 48 and 96 h tied on cells below greedy, 96 h had the lower median),
 # never on the held-out family (AWS Apr 22 2023 preemption); see docs/SPOT.md.
 RATE_HALF_LIFE_H = 96.0
+# Prior mean outage of a zone never watched: the tuning family's mean outage (1.88 h over 1,893 outages).
+PRIOR_MEAN_OUTAGE_H = 1.9
 
 
 class Decision(enum.StrEnum):
@@ -131,6 +132,7 @@ class ZoneRates:
     outage_age_h: float = 0.0  # how long the current outage (no capacity anywhere) has lasted
     loss_h: float = 0.0  # work a preemption loses on average (0: just-in-time checkpoint on the notice)
     switch_h: float = 0.0  # time a voluntary changeover waits for its checkpoint to be durable
+    mean_outage_h: float = PRIOR_MEAN_OUTAGE_H  # mean length of an outage of capacity
 
 
 @dataclass(frozen=True)
@@ -144,11 +146,14 @@ class ZoneSeen:
     available: bool = False
     outage_age_h: float = 0.0  # age of the current outage (0: capacity now)
     half_life_h: float = RATE_HALF_LIFE_H  # inf: every hour watched weighs the same
+    down_h: float = 0.0  # hours without capacity, weighted like ``up_h``
+    recoveries: float = 0.0  # outages seen to end, weighted the same way
 
     def step(self, available: bool, dt_h: float) -> ZoneSeen:
         """The counts after watching ``dt_h`` more hours whose capacity was ``available``: what was
         counted before decays by ``0.5 ** (dt_h / half_life_h)``."""
         ended = self.available and not available
+        recovered = self.watched_h > 0 and not self.available and available
         keep = 0.5 ** (dt_h / self.half_life_h)
         return ZoneSeen(
             watched_h=self.watched_h + dt_h,
@@ -158,12 +163,17 @@ class ZoneSeen:
             available=available,
             outage_age_h=0.0 if available else self.outage_age_h + dt_h,
             half_life_h=self.half_life_h,
+            down_h=self.down_h * keep + (0.0 if available else dt_h),
+            recoveries=self.recoveries * keep + float(recovered),
         )
 
     def rates(self, loss_h: float = 0.0, switch_h: float = 0.0,
-              prior_mean_run_h: float = PRIOR_MEAN_RUN_H) -> ZoneRates:
+              prior_mean_run_h: float = PRIOR_MEAN_RUN_H,
+              prior_mean_outage_h: float = PRIOR_MEAN_OUTAGE_H) -> ZoneRates:
         mean = float(mean_run_estimate(self.up_h, self.preemptions, prior_mean_run_h))
-        return ZoneRates(mean_run_h=mean, outage_age_h=self.outage_age_h, loss_h=loss_h, switch_h=switch_h)
+        outage = float(mean_run_estimate(self.down_h, self.recoveries, prior_mean_outage_h))
+        return ZoneRates(mean_run_h=mean, outage_age_h=self.outage_age_h, loss_h=loss_h, switch_h=switch_h,
+                         mean_outage_h=outage)
 
 
 def mean_run_estimate(up_h: float | FloatArray, preemptions: float | FloatArray,
@@ -233,6 +243,7 @@ def decide_arrays(
     loss_h: FloatArray | float = 0.0,
     switch_h: FloatArray | float = 0.0,
     price_ratio: FloatArray | float = DEFAULT_PRICES.on_demand / DEFAULT_PRICES.spot,
+    mean_outage_h: FloatArray | float = PRIOR_MEAN_OUTAGE_H,
 ) -> IntArray:
     """Vectorised :func:`decide`: one decision code (WAIT/SPOT/ON_DEMAND) per job.
 
@@ -240,7 +251,7 @@ def decide_arrays(
     codes; a job whose spot instance was just preempted must be passed as NONE. ``mean_run_h``,
     ``outage_age_h`` (inf: unknown), ``loss_h``, ``switch_h``: the zone's
     :class:`ZoneRates` (per job or one for all);
-    ``price_ratio``: on-demand $/h over spot $/h.
+    ``price_ratio``: on-demand $/h over spot $/h; ``mean_outage_h``: the zone's mean outage (online).
     """
     check_policy(policy)
     n = work_done_h.shape[0]
@@ -281,12 +292,6 @@ def decide_arrays(
         reserve = need + np.where(pays_short, cycles * cycle_h, 0.0)
         short = slack < reserve + 2.0 * change
         may_return = may_leave & np.where(short, pays_short, run_gain > cycle_h * price_ratio)
-        # Below the reserve, bridge an outage on on-demand only once waiting has cost what the
-        # bridge costs (ski rental: never worse than twice the better choice in hindsight, whatever
-        # the outage lengths). A bridge bills a changeover on on-demand and one back on spot and
-        # burns 2 changeovers (+ lost work) of slack; waiting burns (ratio - 1) of slack an hour.
-        bridge_price = change * (1.0 + price_ratio) + cycle_h * (price_ratio - 1.0)
-        bridge = np.asarray(outage_age_h) * (price_ratio - 1.0) >= bridge_price
     else:
         p = GREEDY_PARAMS if policy == "greedy" else UNIFORM_PARAMS
         span = np.where(has_deadline, deadline_h - start_h, 1.0)
@@ -303,13 +308,21 @@ def decide_arrays(
     # Without spot: wait while above the reserve line; on-demand stays put a changeover longer.
     keep_reserve = reserve + np.where(on_od, restart_h, 0.0)
     without_spot = np.where(slack >= keep_reserve, WAIT, ON_DEMAND)
-    if policy == "gpuplan":
-        # A bridge lasts until capacity returns: leaving on-demand mid-outage would only buy the same
-        # bridge again (the outage is as old as ever) and pay another changeover.
-        without_spot = np.where(on_od, ON_DEMAND, np.where(bridge, without_spot, WAIT))
     if policy == "greedy":
         without_spot = np.where(on_od, ON_DEMAND, without_spot)
     deadline_rule = np.where(~safe, ON_DEMAND, np.where(spot_available, with_spot, without_spot))
+    if policy == "gpuplan":
+        # Waiting or bridging, and leaving spot for on-demand: the slack-value program (priced on the
+        # zone's online rates). Returning from on-demand to spot: the reserve rule above (the program's
+        # memoryless runs overrate a fresh run on heavy-tailed traces). An outage younger than one
+        # changeover is waited out: a bridge could not have started any sooner than that.
+        column = np.where(on_od, np.where(spot_available, OD_UP, OD_DOWN),
+                          np.where(spot_available, np.where(current == SPOT, SPOT_UP, NONE_UP), NONE_DOWN))
+        dp = best_actions(time_left, work_left, work_total_h, column, restart_h=restart_h, switch_h=switch_h,
+                          loss_h=loss_h, mean_run_h=mean_run_h, mean_outage_h=mean_outage_h, price_ratio=price_ratio)
+        dp = np.where(~safe | (on_od & ~may_leave), ON_DEMAND, dp)
+        young = ~spot_available & ~on_od & (np.asarray(outage_age_h) < change)
+        deadline_rule = np.where(on_od & spot_available, deadline_rule, np.where(young & safe, WAIT, dp))
     return np.where(has_deadline, deadline_rule, spot_or_wait).astype(np.int8)
 
 
@@ -353,6 +366,7 @@ def decide(
         loss_h=rates.loss_h,
         switch_h=rates.switch_h,
         price_ratio=prices.on_demand / prices.spot,
+        mean_outage_h=rates.mean_outage_h,
     )
     return _DECISION_BY_CODE[int(code[0])]
 

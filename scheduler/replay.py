@@ -17,6 +17,7 @@ from catalog.errors import InvalidInput
 from scheduler.policy import (
     NONE,
     ON_DEMAND,
+    PRIOR_MEAN_OUTAGE_H,
     RATE_HALF_LIFE_H,
     SPOT,
     WAIT,
@@ -65,6 +66,25 @@ def online_mean_run(zones: Zones, prior_mean_run_h: float, half_life_h: float = 
     return mean_run_estimate(up_w, ends_w, prior_mean_run_h)
 
 
+def online_mean_outage(zones: Zones, prior_mean_outage_h: float, half_life_h: float = RATE_HALF_LIFE_H) -> FloatArray:
+    """Per zone and tick: the mean outage the policy estimates from ticks before this one, counted like
+    :func:`online_mean_run` with the roles of capacity and outage swapped (an outage ends at the tick
+    that shows capacity again)."""
+    down = ~zones.available
+    keep = 0.5 ** (zones.gap_h / half_life_h) if np.isfinite(half_life_h) else 1.0
+    ended = np.zeros(down.shape)
+    ended[:, 1:] = down[:, :-1] & ~down[:, 1:]
+    down_w = np.zeros(down.shape)
+    ends_w = np.zeros(down.shape)
+    down_k = np.zeros(down.shape[0])
+    ends_k = np.zeros(down.shape[0])
+    for k in range(down.shape[1]):
+        down_w[:, k], ends_w[:, k] = down_k, ends_k + ended[:, k]
+        down_k = down_k * keep + down[:, k] * zones.gap_h
+        ends_k = ends_k * keep + ended[:, k]
+    return mean_run_estimate(down_w, ends_w, prior_mean_outage_h)
+
+
 def _mean_runs(zones: Zones, opts: SimOptions) -> FloatArray:
     """(zones, ticks) mean time to preemption the policy and the checkpoint interval use."""
     if opts.mttp_h is None:
@@ -91,6 +111,7 @@ class _Setup:
     spot_price: FloatArray  # (zones, ticks) $/h
     runs: FloatArray  # (zones, ticks) age of the current run of capacity, in ticks
     mean_run: FloatArray  # (zones, ticks) mean run of capacity the policy estimates
+    mean_outage: FloatArray  # (zones, ticks) mean outage the policy estimates
     all_down: FloatArray  # (ticks,) hours the outage of every zone has lasted
     tau: FloatArray  # (zones, ticks) hours of spot work between periodic checkpoints
     loss: FloatArray  # (zones, ticks) work a preemption loses on average
@@ -117,8 +138,9 @@ def _setup(zones: Zones, prices: Prices, opts: SimOptions) -> _Setup:
     tau = young_daly_array(opts.checkpoint_cost_h, mean_run)
     half = np.where(np.isfinite(tau), tau / 2, 0.0)  # a preemption loses half an interval on average
     loss = np.minimum(half, opts.notice_h) if opts.just_in_time else half
-    return _Setup(opts, zones.gap_h, spot_price, run_lengths(zones.available), mean_run, all_down, tau, loss,
-                  prices.on_demand)
+    mean_outage = online_mean_outage(zones, PRIOR_MEAN_OUTAGE_H, opts.rate_half_life_h)
+    return _Setup(opts, zones.gap_h, spot_price, run_lengths(zones.available), mean_run, mean_outage, all_down, tau,
+                  loss, prices.on_demand)
 
 
 @dataclass
@@ -187,6 +209,7 @@ def _decisions(policy: str, s: _State, setup: _Setup, jobs: Jobs, now: float, tt
         # The spot price now in the zone the job would run in: what the caller sees (the median over
         # the whole trace, used before, read the future).
         price_ratio=setup.od_price / setup.spot_price[target, tt],
+        mean_outage_h=setup.mean_outage[target, tt],
     )
 
 

@@ -64,14 +64,14 @@ def test_a_spot_attempt_whose_zone_loses_capacity_changes_over_to_the_zone_that_
 def test_an_on_demand_attempt_goes_back_to_spot_when_capacity_returns_and_the_slack_allows(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
     ml = ml_team(svc)
-    job = spot_job(svc, ml, deadline=48.4)  # 0.4 h of slack: no waiting for spot
+    job = spot_job(svc, ml, deadline=48.25)  # 0.25 h of slack: below the safety net, no waiting for spot
     feed = StaticZones({"a": zone(False, outage_age_h=5.0), "b": zone(False, outage_age_h=5.0)})
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2, recheck_s=300))
     loop.tick()
     first = ex.handle_of(job.id)
     assert ex.requests[first].market == "on-demand"
-    # Long runs of capacity come back in b, but 0.4 h of slack cannot pay a changeover there and back.
+    # Long runs of capacity come back in b, but 0.25 h of slack cannot pay a changeover there and back.
     clock.advance(hours=10)
     ex.progress[first] = RunProgress(step=10, total_steps=48)
     feed.zones["b"] = zone(True, up_h=200.0, preemptions=1)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from catalog.errors import InvalidInput, UnknownName
 from scheduler.policy import (
     POLICIES,
+    PRIOR_MEAN_OUTAGE_H,
     PRIOR_MEAN_RUN_H,
     RATE_HALF_LIFE_H,
     Decision,
@@ -71,10 +72,14 @@ def test_uniform_progress_goes_on_demand_when_behind_the_line_and_back_only_when
 def test_gpuplan_prefers_staying_on_spot_and_waits_when_ahead() -> None:
     assert decide("gpuplan", progress(20.0, 30.0, current="spot"), True, tick_h=TICK) is Decision.SPOT
     assert decide("gpuplan", progress(20.0, 25.0), False, tick_h=TICK) is Decision.WAIT
-    # Below the reserve without spot: on-demand once the outage has outlasted two changeovers.
-    lasting = ZoneRates(outage_age_h=1.0)
-    assert decide("gpuplan", progress(10.0, 31.0), False, tick_h=TICK, rates=lasting) is Decision.ON_DEMAND
-    assert decide("gpuplan", progress(10.0, 31.0), False, tick_h=TICK) is Decision.WAIT
+    # Near the safety net (0.5 h of slack, 0.2 h restarts) without spot: on-demand once the outage is
+    # older than a changeover; a fresh one is waited out (it may end before a bridge could start).
+    edge = progress(10.0, 31.5)
+    assert decide("gpuplan", edge, False, tick_h=TICK, rates=ZoneRates(outage_age_h=0.8)) is Decision.ON_DEMAND
+    assert decide("gpuplan", edge, False, tick_h=TICK, rates=ZoneRates(outage_age_h=0.1)) is Decision.WAIT
+    # With 20 h of slack the same outage is waited out.
+    assert decide("gpuplan", progress(10.0, 12.0), False, tick_h=TICK, rates=ZoneRates(outage_age_h=0.8)) \
+        is Decision.WAIT
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -148,22 +153,18 @@ def test_gpuplan_returns_to_spot_only_when_the_expected_run_pays_for_two_changeo
         is Decision.ON_DEMAND
 
 
-def test_gpuplan_waits_out_young_outages_and_bridges_old_ones_below_the_reserve() -> None:
-    # 10 h of slack; a zone preempting every 1.5 h: alternating pays, and its reserve for the 38 h
-    # left (about 33 cycles of two changeovers) exceeds the slack.
-    flaky = progress(10.0, 22.0)
-    young = ZoneRates(mean_run_h=1.5, outage_age_h=0.1)
-    # Ski rental: buy (on-demand) once waiting, at (ratio - 1) of slack an hour, has cost what a
-    # bridge costs: 0.2 h changeovers at (ratio + 1) and 0.4 h of slack at (ratio - 1): 0.77 h here.
-    old = ZoneRates(mean_run_h=1.5, outage_age_h=0.8)
-    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=young) is Decision.WAIT
-    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=old) is Decision.ON_DEMAND
-    # A zone that rarely preempts needs little reserve: the same slack waits through any outage.
-    steady = ZoneRates(mean_run_h=40.0, outage_age_h=5.0)
-    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=steady) is Decision.WAIT
-    # Nor does one whose runs are too short for a return to pay: alternating there never happens.
-    hopeless = ZoneRates(mean_run_h=0.3, outage_age_h=5.0)
-    assert decide("gpuplan", flaky, False, tick_h=TICK, rates=hopeless) is Decision.WAIT
+def test_gpuplan_leaves_on_demand_in_an_outage_only_when_outages_are_short_and_slack_plentiful() -> None:
+    # On on-demand through an outage, 38 h of work left. Short outages (0.3 h) in a zone that runs 5 h:
+    # with 20 h of slack waiting for spot is worth a changeover; with 2 h the slack is worth more kept.
+    short_outages = ZoneRates(mean_run_h=5.0, mean_outage_h=0.3, outage_age_h=0.8)
+    assert decide("gpuplan", progress(10.0, 12.0, current="on-demand"), False, tick_h=TICK,
+                  rates=short_outages) is Decision.WAIT
+    assert decide("gpuplan", progress(10.0, 30.0, current="on-demand"), False, tick_h=TICK,
+                  rates=short_outages) is Decision.ON_DEMAND
+    # Outages of 10 h in a zone that runs 1.5 h: stay on on-demand even with 20 h of slack.
+    long_outages = ZoneRates(mean_run_h=1.5, mean_outage_h=10.0, outage_age_h=0.8)
+    assert decide("gpuplan", progress(10.0, 12.0, current="on-demand"), False, tick_h=TICK,
+                  rates=long_outages) is Decision.ON_DEMAND
 
 
 def test_zone_seen_counts_what_was_watched_and_estimates_with_the_planner_prior() -> None:
@@ -174,6 +175,9 @@ def test_zone_seen_counts_what_was_watched_and_estimates_with_the_planner_prior(
     assert seen.outage_age_h == 0.5 and seen.run_h == 0.0
     # (hours up + prior) / (preemptions + 1): the prior is one preemption after 1/0.08 h.
     assert seen.rates().mean_run_h == pytest.approx((2.5 + PRIOR_MEAN_RUN_H) / 3)
+    # Outages likewise: 1.5 h without capacity, one outage seen to end (the last is still going).
+    assert (seen.down_h, seen.recoveries) == (1.5, 1)
+    assert seen.rates().mean_outage_h == pytest.approx((1.5 + PRIOR_MEAN_OUTAGE_H) / 2)
     assert ZoneSeen().rates().mean_run_h == pytest.approx(PRIOR_MEAN_RUN_H)
     assert choose_zone([True, True], None, [0.1, 3.0], mean_run_h=[9.0, 2.0]) == 0
 
