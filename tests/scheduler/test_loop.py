@@ -335,7 +335,7 @@ def test_spot_chooser_starts_in_a_zone_with_capacity_waits_while_none_and_moves_
 def test_spot_chooser_takes_on_demand_when_the_deadline_cannot_wait(svc: SchedulerService, store: Store,
                                                                     clock: FakeClock) -> None:
     ml = ml_team(svc)
-    tight = spot_job(svc, ml, deadline=48.3)  # slack 0.3 h: one restart and a recheck, no more
+    tight = spot_job(svc, ml, deadline=48.25)  # slack 0.25 h: under one restart and a recheck
     feed = StaticZones({"us-east-1a": zone(False, outage_age_h=2.0)})
     ex = ScriptedExecutor()
     loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2, recheck_s=300))
