@@ -23,9 +23,8 @@ Pure: values in, values out; tables are cached by their bucketed inputs (:func:`
 
 from __future__ import annotations
 
-import math
+from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -83,20 +82,14 @@ def table_for(mean_run_h: float, mean_outage_h: float, restart_h: float, loss_h:
     if min(restart_h, loss_h, switch_h) < 0:
         raise InvalidInput("restart, loss and switch hours must be >= 0")
     key = _keys(*(np.array([x], dtype=np.float64) for x in (mean_run_h, mean_outage_h, restart_h, loss_h,
-                                                             switch_h, price_ratio, step_h)))[0]
-    return _table(*(float(x) for x in key))
+                                                             switch_h, price_ratio, step_h)))
+    return _tables(key)[0]
 
 
 def _keys(run: FloatArray, outage: FloatArray, restart: FloatArray, loss: FloatArray, switch: FloatArray,
           ratio: FloatArray, step: FloatArray) -> FloatArray:
     return np.stack([_log_bucket(run), _log_bucket(outage), np.maximum(1.0, np.round(restart / step)),
                      np.round(loss / step * 2.0) / 2.0, np.round(switch / step, 2), _log_bucket(ratio), step], axis=1)
-
-
-def _table(run_b: float, outage_b: float, restart_steps: float, loss_steps: float, switch_steps: float,
-           ratio_b: float, step_h: float) -> SlackTable:
-    return _solve(2.0 ** (run_b / _LOG_BUCKET), 2.0 ** (outage_b / _LOG_BUCKET), int(restart_steps), loss_steps,
-                  switch_steps, 2.0 ** (ratio_b / _LOG_BUCKET), step_h)
 
 
 def best_actions(time_left_h: FloatArray, work_left_h: FloatArray, work_total_h: FloatArray,
@@ -115,55 +108,90 @@ def best_actions(time_left_h: FloatArray, work_left_h: FloatArray, work_total_h:
     out = np.zeros(n, dtype=np.int8)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
-    for g, key in enumerate(uniq):
+    for g, table in enumerate(_tables(uniq)):
         idx = np.nonzero(inverse == g)[0]
-        table = _table(*(float(x) for x in key))
         out[idx] = table.lookup(time_left_h[idx], work_left_h[idx], column[idx])
     return out
 
 
-# A table is 1.7 MB; one zone's replay visits ~200 buckets, a live server a handful.
-@lru_cache(maxsize=256)
-def _solve(mean_run_h: float, mean_outage_h: float, restart_steps: int, loss_steps: float, switch_steps: float,
-           price_ratio: float, step_h: float) -> SlackTable:
-    h, r, k = step_h, price_ratio, restart_steps
-    p_end = 1.0 - math.exp(-h / mean_run_h)  # a run of capacity ends within a step
-    p_back = 1.0 - math.exp(-h / mean_outage_h)  # an outage ends within a step
-    one = np.array([[1.0 - p_end, p_end], [p_back, 1.0 - p_back]])
-    pk = np.linalg.matrix_power(one, k)  # availability after a restart of k steps, from up / down
+# Solved tables by bucket key, least recently used first. A table is 1.7 MB; one zone's replay meets ~200
+# buckets, a live server a handful. Memoisation only: a table is a pure function of its key.
+_CACHE: OrderedDict[tuple[float, ...], SlackTable] = OrderedDict()
+_CACHE_SIZE = 256
+
+
+def _tables(keys: FloatArray) -> list[SlackTable]:
+    """The table of every key (rows of :func:`_keys`); those not cached are solved together, one batch per
+    (restart steps, grid step): a batch of dozens costs little more than one table (the loop over levels
+    is interpreter-bound)."""
+    wanted = [tuple(float(x) for x in row) for row in keys]
+    groups: dict[tuple[float, float], list[tuple[float, ...]]] = {}
+    for k in sorted({k for k in wanted if k not in _CACHE}):
+        groups.setdefault((k[2], k[6]), []).append(k)
+    for (restart_steps, step_h), batch in groups.items():
+        b = np.array(batch)
+        solved = _solve_batch(2.0 ** (b[:, 0] / _LOG_BUCKET), 2.0 ** (b[:, 1] / _LOG_BUCKET), int(restart_steps),
+                              b[:, 3], b[:, 4], 2.0 ** (b[:, 5] / _LOG_BUCKET), step_h)
+        for k, table in zip(batch, solved, strict=True):
+            _CACHE[k] = table
+    out = []
+    for k in wanted:
+        _CACHE.move_to_end(k)
+        out.append(_CACHE[k])
+    while len(_CACHE) > max(_CACHE_SIZE, len(wanted)):
+        _CACHE.popitem(last=False)
+    return out
+
+
+def _solve_batch(mean_run_h: FloatArray, mean_outage_h: FloatArray, restart_steps: int, loss_steps: FloatArray,
+                 switch_steps: FloatArray, price_ratio: FloatArray, step_h: float) -> list[SlackTable]:
+    """Backward induction over time left, for B buckets sharing a restart and a grid step (arrays (B, work))."""
+    h, k = step_h, restart_steps
+    col = (slice(None), None)
+    r = price_ratio[col]
+    p_end = (1.0 - np.exp(-h / mean_run_h))  # a run of capacity ends within a step
+    p_back = (1.0 - np.exp(-h / mean_outage_h))  # an outage ends within a step
+    one = np.stack([np.stack([1.0 - p_end, p_end], axis=1), np.stack([p_back, 1.0 - p_back], axis=1)], axis=1)
+    pk = np.linalg.matrix_power(one, k)  # (B, 2, 2): availability after a restart of k steps, from up / down
+    pe, pb = p_end[col], p_back[col]
+    k00, k01, k10, k11 = (pk[:, i, j][col] for i, j in ((0, 0), (0, 1), (1, 0), (1, 1)))
     restart = k * h
-    switch = switch_steps * h
-    levels = GRID * 2 + 1
+    switch = (switch_steps * h)[col]
+    nb = mean_run_h.shape[0]
     n = GRID + 1
     w = np.arange(n)
-    lo = math.floor(loss_steps)
-    frac = loss_steps - lo
-    actions = np.zeros((n, n, 5), dtype=np.int8)
-    # Ring of the last k + 1 levels' values: columns NONE_UP .. OD_DOWN.
-    ring = np.zeros((k + 1, 5, n))
-    pad = np.full(lo + 3, _INFEASIBLE)
+    lo = np.floor(loss_steps).astype(np.int64)
+    frac = (loss_steps - lo)[col]
+    pad = int(lo.max()) + 3
+    # Gather indices into [0 (done), values..., infeasible pad] for w - 1 + lo and w + lo.
+    at_lo = np.clip(w[None, :] + lo[:, None], 0, n + pad)
+    at_hi = np.clip(w[None, :] + lo[:, None] + 1, 0, n + pad)
+    rows = np.arange(nb)[:, None]
+    actions = np.zeros((nb, n, n, 5), dtype=np.int8)
+    ring = np.zeros((k + 1, 5, nb, n))
+    infeasible = np.full((5, nb, n), _INFEASIBLE)
+    ext = np.full((nb, n + 1 + pad), _INFEASIBLE)
+    ext[:, 0] = 0.0
 
-    def ahead(arr: FloatArray, offset: int) -> FloatArray:
-        """arr[w + offset] for every w (offset >= -1; past the grid: infeasible; w + offset < 0 is done)."""
-        ext = np.concatenate([[0.0], arr, pad])
-        return ext[1 + offset: 1 + offset + n]
+    def minus_one(arr: FloatArray) -> FloatArray:
+        """arr[w - 1] for every w (w = 0 is done: 0)."""
+        return np.concatenate([np.zeros((nb, 1)), arr[:, :-1]], axis=1)
 
-    for t in range(levels):
-        prev = ring[(t - 1) % (k + 1)] if t >= 1 else np.full((5, n), _INFEASIBLE)
-        back = ring[(t - k) % (k + 1)] if t >= k else np.full((5, n), _INFEASIBLE)
-        nu, nd, su, ou, od = prev
+    for t in range(GRID * 2 + 1):
+        nu, nd, su, ou, od = ring[(t - 1) % (k + 1)] if t >= 1 else infeasible
+        _, bd, bsu, bou, bod = ring[(t - k) % (k + 1)] if t >= k else infeasible
         # Expected next-step values by availability now (up / down).
-        n_up, n_dn = (1 - p_end) * nu + p_end * nd, p_back * nu + (1 - p_back) * nd
-        o_up, o_dn = (1 - p_end) * ou + p_end * od, p_back * ou + (1 - p_back) * od
-        preempted = (1 - frac) * ahead(nd, lo - 1) + frac * ahead(nd, lo)
-        hold_spot = h + (1 - p_end) * ahead(su, -1) + p_end * preempted
-        hold_od_up = r * h + ahead(o_up, -1)
-        hold_od_dn = r * h + ahead(o_dn, -1)
-        _, bd, bsu, bou, bod = back
+        n_up, n_dn = (1 - pe) * nu + pe * nd, pb * nu + (1 - pb) * nd
+        o_up, o_dn = (1 - pe) * ou + pe * od, pb * ou + (1 - pb) * od
+        ext[:, 1:n + 1] = nd
+        preempted = (1 - frac) * ext[rows, at_lo] + frac * ext[rows, at_hi]  # nd at w - 1 + loss
+        hold_spot = h + (1 - pe) * minus_one(su) + pe * preempted
+        hold_od_up = r * h + minus_one(o_up)
+        hold_od_dn = r * h + minus_one(o_dn)
         # After a restart of k steps: spot lands on capacity or on an outage (no work lost yet).
-        land_spot = restart + pk[0, 0] * bsu + pk[0, 1] * bd
-        land_od_up = r * restart + pk[0, 0] * bou + pk[0, 1] * bod
-        land_od_dn = r * restart + pk[1, 0] * bou + pk[1, 1] * bod
+        land_spot = restart + k00 * bsu + k01 * bd
+        land_od_up = r * restart + k00 * bou + k01 * bod
+        land_od_dn = r * restart + k10 * bou + k11 * bod
         # NONE_UP: wait / spot / on-demand.
         v_nu = np.minimum(np.minimum(n_up, land_spot), land_od_up)
         a_nu = np.where(land_spot <= np.minimum(n_up, land_od_up), SPOT, np.where(land_od_up < n_up, ON_DEMAND, WAIT))
@@ -183,9 +211,9 @@ def _solve(mean_run_h: float, mean_outage_h: float, restart_steps: int, loss_ste
         v_od = np.minimum(hold_od_dn, leave)
         a_od = np.where(leave < hold_od_dn, WAIT, ON_DEMAND)
         vals = np.stack([v_nu, v_nd, v_su, v_ou, v_od])
-        vals[:, w > t] = _INFEASIBLE
-        vals[:, 0] = 0.0
+        vals[:, :, w > t] = _INFEASIBLE
+        vals[:, :, 0] = 0.0
         ring[t % (k + 1)] = vals
         ws = np.arange(max(0, t - GRID), min(t, GRID) + 1)
-        actions[t - ws, ws] = np.stack([a_nu, a_nd, a_su, a_ou, a_od], axis=1)[ws]
-    return SlackTable(step_h=h, actions=actions)
+        actions[:, t - ws, ws] = np.stack([a_nu, a_nd, a_su, a_ou, a_od], axis=2)[:, ws]
+    return [SlackTable(step_h=h, actions=actions[i]) for i in range(nb)]
