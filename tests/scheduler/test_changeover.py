@@ -18,6 +18,7 @@ from scheduler.service import SchedulerService
 from scheduler.store import Store
 from tests.scheduler.conftest import ml_team, spot_job, zone
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
+from tests.waits import RUN_END_S
 from workers.executor import RunProgress, RunState
 
 
@@ -309,10 +310,10 @@ def test_a_changeover_of_real_training_loses_no_step_and_ends_as_an_uninterrupte
     [first] = attempts(store, job.id)
     assert first.message.startswith("changeover: to on-demand in elsewhere") and first.ended_at is None
     gate.release()
-    ex.wait(str(first.handle), timeout=300)
+    ex.wait(str(first.handle), timeout=RUN_END_S)
     loop.tick()  # closes attempt 1 (stopped), requeues and starts attempt 2
     [_, second] = attempts(store, job.id)
-    ex.wait(str(second.handle), timeout=300)
+    ex.wait(str(second.handle), timeout=RUN_END_S)
     loop.tick()
     detail = svc.status(me, job.id)
     assert detail.state == "succeeded", (detail.message, svc.logs(me, job.id).lines[-8:])

@@ -17,6 +17,7 @@ import pytest
 
 from planner.spec import JobSpec
 from planner.types import Strategy
+from tests.waits import RUN_END_S
 from tests.workers.tiny import Gate, assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.checkpoint import open_store
 from workers.executor import RunRequest, RunState, StopsForChangeover
@@ -51,7 +52,7 @@ def test_checkpoint_stop_saves_the_step_it_stops_at_and_the_next_attempt_ends_as
     gate.wait_held(4)
     executor.checkpoint_stop(handle)  # the flag is set before the run may go on: no race
     gate.release()
-    status = executor.wait(handle, timeout=300)
+    status = executor.wait(handle, timeout=RUN_END_S)
     assert status.state is RunState.STOPPED, (status.message, executor.logs(handle)[-5:])
     # stopped at the next step boundary, with a checkpoint of exactly that step (not the periodic one of 3)
     assert status.progress.step == 5 and status.progress.checkpoint_step == 5
@@ -65,7 +66,7 @@ def test_checkpoint_stop_saves_the_step_it_stops_at_and_the_next_attempt_ends_as
 
     # The next attempt resumes from the store, whatever runs it: in this process, to keep the test short
     # (a second Ray Train start costs ~20 s here; tests/workers/test_executor_ray.py resumes on Ray).
-    again = reference.wait(reference.submit(dataclasses.replace(request, attempt=2)), timeout=300)
+    again = reference.wait(reference.submit(dataclasses.replace(request, attempt=2)), timeout=RUN_END_S)
     assert again.state is RunState.SUCCEEDED, again.message
     assert again.progress.resumed_from_step == 5 and again.progress.step == 8
     assert_same_weights(final_state(str(tmp_path / "ck"))[1], final_state(str(tmp_path / "ref"))[1])
@@ -93,14 +94,14 @@ def test_checkpoint_stop_of_an_inference_attempt_flushes_its_outputs_and_the_nex
     gate.wait_held(2)
     executor.checkpoint_stop(handle)
     gate.release()
-    status = executor.wait(handle, timeout=300)
+    status = executor.wait(handle, timeout=RUN_END_S)
     assert status.state is RunState.STOPPED, (status.message, executor.logs(handle)[-5:])
     assert status.message == "stopped for a changeover after 2 of 6 requests; outputs flushed"
     outputs = tmp_path / "out" / "outputs.jsonl"
     assert [json.loads(line)["id"] for line in outputs.read_text().splitlines()] == [0, 1]
     executor.release(handle)
     local = InProcessExecutor()  # the next attempt, here (see above): it answers only the other 4
-    again = local.wait(local.submit(dataclasses.replace(request, attempt=2)), timeout=300)
+    again = local.wait(local.submit(dataclasses.replace(request, attempt=2)), timeout=RUN_END_S)
     assert again.state is RunState.SUCCEEDED and again.progress.resumed_from_step == 2, again.message
     assert sorted(json.loads(line)["id"] for line in outputs.read_text().splitlines()) == list(range(6))
 
@@ -118,7 +119,7 @@ def test_in_process_an_inference_attempt_asked_to_checkpoint_and_stop_ends_stopp
     gate.wait_held(3)
     executor.checkpoint_stop(handle)
     gate.release()
-    status = executor.wait(handle, timeout=300)
+    status = executor.wait(handle, timeout=RUN_END_S)
     assert status.state is RunState.STOPPED, (status.message, executor.logs(handle)[-5:])
     assert status.message == "stopped for a changeover after 3 of 6 requests; outputs flushed"
     outputs = tmp_path / "out" / "outputs.jsonl"

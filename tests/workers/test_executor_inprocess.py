@@ -8,6 +8,7 @@ import pytest
 
 from catalog.errors import Infeasible
 from planner.types import Strategy
+from tests.waits import RUN_END_S
 from tests.workers.tiny import Gate, assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.executor import Executor, RunRequest, RunState
 from workers.inprocess import InProcessExecutor
@@ -25,7 +26,7 @@ def test_runs_a_job_to_success_with_metrics_and_logs(tmp_path: Path) -> None:
     assert isinstance(executor, Executor)
     request = _request(write_config(tmp_path / "m"), tmp_path / "ck", steps=8, interval=4)
     handle = executor.submit(request)
-    status = executor.wait(handle, timeout=300)
+    status = executor.wait(handle, timeout=RUN_END_S)
     assert status.state is RunState.SUCCEEDED, status.message
     assert status.progress.step == 8 and status.progress.total_steps == 8
     assert status.progress.checkpoints == 2

@@ -14,6 +14,7 @@ import pytest
 
 from catalog.errors import Infeasible, NotFound
 from planner.types import Strategy
+from tests.waits import RUN_END_S
 from tests.workers.ray_runs import Holder, executor_on, infer_request, train_request
 from tests.workers.tiny import Gate, cpu_strategy, write_config
 from workers.executor import Executor, RunState
@@ -107,7 +108,7 @@ def test_cancelling_an_attempt_that_waits_for_resources_stops_it(ray_cluster: An
         executor.release(first)
         wait_for_a_pending_placement_group()
         executor.cancel(handle)
-        status = executor.wait(handle, timeout=300)
+        status = executor.wait(handle, timeout=RUN_END_S)
         assert status.state is RunState.CANCELLED, (status.message, executor.logs(handle)[-5:])
         assert status.message == "cancelled while waiting for resources"
         assert executor.active() == []
@@ -144,12 +145,12 @@ def test_executors_in_different_namespaces_do_not_see_each_others_attempts(ray_c
         assert team_b.active() == [other] and team_a.active() == [handle]
         assert not team_a.status(handle).state.finished
         team_b.cancel(other)
-        assert team_b.wait(other, timeout=300).state is RunState.CANCELLED
+        assert team_b.wait(other, timeout=RUN_END_S).state is RunState.CANCELLED
         team_b.release(other)
         assert not team_a.status(handle).state.finished
     finally:
         team_a.cancel(handle)
-        assert team_a.wait(handle, timeout=300).state is RunState.CANCELLED
+        assert team_a.wait(handle, timeout=RUN_END_S).state is RunState.CANCELLED
         team_a.release(handle)
         gate.release()
 

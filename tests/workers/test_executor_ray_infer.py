@@ -11,6 +11,7 @@ import pytest
 
 from catalog.errors import Infeasible
 from planner.types import Strategy
+from tests.waits import RUN_END_S
 from tests.workers.ray_runs import (
     FAKE_GPU,
     Holder,
@@ -58,7 +59,7 @@ def test_cancel_stops_a_running_inference_job_and_the_next_attempt_finishes_it(
     handle = executor.submit(request)
     gate.wait_held(2)
     executor.cancel(handle)
-    status = executor.wait(handle, timeout=300)
+    status = executor.wait(handle, timeout=RUN_END_S)
     assert status.state is RunState.CANCELLED, (status.message, executor.logs(handle)[-5:])
     assert status.message == "cancelled after 2 of 8 requests"
     assert output_ids(tmp_path / "out") == [0, 1]  # whole batches only: the kill left no torn line to read
@@ -83,7 +84,7 @@ def test_an_inference_job_with_a_missing_prompts_file_fails_with_the_reason(ray_
     executor.release(status.handle)
     to_gcs = dataclasses.replace(infer_request(tmp_path / "out", "ray-gen-gs", cpu_strategy()),
                                  checkpoint_uri="gs://bucket/gen")  # s3:// works (tests/workers/test_infer_s3.py)
-    gcs = executor.wait(executor.submit(to_gcs), timeout=300)
+    gcs = executor.wait(executor.submit(to_gcs), timeout=RUN_END_S)
     assert gcs.state is RunState.FAILED and "cannot go to 'gs://bucket/gen'" in gcs.message
     executor.release(gcs.handle)
 
@@ -112,7 +113,7 @@ def test_an_inference_job_holds_its_planned_gpu_waits_for_it_and_is_refused_when
         status = executor.status(first)
         assert status.state is RunState.PENDING and status.message == "waiting for workers to start"
         executor.cancel(first)
-        status = executor.wait(first, timeout=300)
+        status = executor.wait(first, timeout=RUN_END_S)
         # Which words depend on whether the driver had handed Ray its task when the cancel came (a busy
         # box can be slower to get there than the test to cancel); either way it never ran.
         assert status.state is RunState.CANCELLED and status.message in (
