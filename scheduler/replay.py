@@ -41,48 +41,38 @@ def young_daly_array(c: float, mtbf: FloatArray) -> FloatArray:
     return np.where(np.isinf(mtbf), np.inf, np.where(c >= 2 * m, m, tau))
 
 
-def online_mean_run(zones: Zones, prior_mean_run_h: float, half_life_h: float = RATE_HALF_LIFE_H) -> FloatArray:
-    """Per zone and tick: the mean run of capacity the policy estimates from ticks before this one
-    (:func:`scheduler.policy.mean_run_estimate`), never from the future: hours up and preemptions
-    (a preemption is seen at the tick without capacity) weighted by recency, as
+def _online_mean(state: npt.NDArray[np.bool_], gap_h: float, prior_h: float, half_life_h: float) -> FloatArray:
+    """Per row and tick: the mean length of a spell of ``state`` estimated from ticks before this one
+    (:func:`scheduler.policy.mean_run_estimate`), never from the future: hours in the state and spells
+    ended (an end is seen at the first tick out of the state) weighted by recency, as
     :meth:`scheduler.policy.ZoneSeen.step` counts them (``half_life_h`` inf: no decay)."""
-    av = zones.available
+    ended = np.zeros(state.shape)
+    ended[:, 1:] = state[:, :-1] & ~state[:, 1:]
     if not np.isfinite(half_life_h):
-        up = np.concatenate([np.zeros((av.shape[0], 1)), np.cumsum(av, axis=1)[:, :-1]], axis=1) * zones.gap_h
-        ends = np.zeros(av.shape)
-        ends[:, 1:] = np.cumsum(av[:, :-1] & ~av[:, 1:], axis=1)
-        return mean_run_estimate(up, ends, prior_mean_run_h)
-    keep = 0.5 ** (zones.gap_h / half_life_h)
-    ended = np.zeros(av.shape)
-    ended[:, 1:] = av[:, :-1] & ~av[:, 1:]
-    up_w = np.zeros(av.shape)
-    ends_w = np.zeros(av.shape)
-    up_k = np.zeros(av.shape[0])
-    ends_k = np.zeros(av.shape[0])
-    for k in range(av.shape[1]):  # ZoneSeen.step over ticks < k, then what tick k shows
-        up_w[:, k], ends_w[:, k] = up_k, ends_k + ended[:, k]
-        up_k = up_k * keep + av[:, k] * zones.gap_h
+        hours = np.concatenate([np.zeros((state.shape[0], 1)), np.cumsum(state, axis=1)[:, :-1]], axis=1) * gap_h
+        return mean_run_estimate(hours, np.cumsum(ended, axis=1), prior_h)
+    keep = 0.5 ** (gap_h / half_life_h)
+    hours_w = np.zeros(state.shape)
+    ends_w = np.zeros(state.shape)
+    hours_k = np.zeros(state.shape[0])
+    ends_k = np.zeros(state.shape[0])
+    for k in range(state.shape[1]):  # ZoneSeen.step over ticks < k, then what tick k shows
+        hours_w[:, k], ends_w[:, k] = hours_k, ends_k + ended[:, k]
+        hours_k = hours_k * keep + state[:, k] * gap_h
         ends_k = ends_k * keep + ended[:, k]
-    return mean_run_estimate(up_w, ends_w, prior_mean_run_h)
+    return mean_run_estimate(hours_w, ends_w, prior_h)
+
+
+def online_mean_run(zones: Zones, prior_mean_run_h: float, half_life_h: float = RATE_HALF_LIFE_H) -> FloatArray:
+    """Per zone and tick: the mean run of capacity the policy estimates from ticks before this one: hours up
+    and preemptions (a preemption is seen at the tick without capacity), see :func:`_online_mean`."""
+    return _online_mean(zones.available, zones.gap_h, prior_mean_run_h, half_life_h)
 
 
 def online_mean_outage(zones: Zones, prior_mean_outage_h: float, half_life_h: float = RATE_HALF_LIFE_H) -> FloatArray:
-    """Per zone and tick: the mean outage the policy estimates from ticks before this one, counted like
-    :func:`online_mean_run` with the roles of capacity and outage swapped (an outage ends at the tick
-    that shows capacity again)."""
-    down = ~zones.available
-    keep = 0.5 ** (zones.gap_h / half_life_h) if np.isfinite(half_life_h) else 1.0
-    ended = np.zeros(down.shape)
-    ended[:, 1:] = down[:, :-1] & ~down[:, 1:]
-    down_w = np.zeros(down.shape)
-    ends_w = np.zeros(down.shape)
-    down_k = np.zeros(down.shape[0])
-    ends_k = np.zeros(down.shape[0])
-    for k in range(down.shape[1]):
-        down_w[:, k], ends_w[:, k] = down_k, ends_k + ended[:, k]
-        down_k = down_k * keep + down[:, k] * zones.gap_h
-        ends_k = ends_k * keep + ended[:, k]
-    return mean_run_estimate(down_w, ends_w, prior_mean_outage_h)
+    """Per zone and tick: the mean outage the policy estimates, counted like :func:`online_mean_run` with the
+    roles of capacity and outage swapped (an outage ends at the tick that shows capacity again)."""
+    return _online_mean(~zones.available, zones.gap_h, prior_mean_outage_h, half_life_h)
 
 
 def _mean_runs(zones: Zones, opts: SimOptions) -> FloatArray:
