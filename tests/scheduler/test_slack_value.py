@@ -18,6 +18,8 @@ from scheduler.slack_value import (
     SPOT,
     SPOT_UP,
     WAIT,
+    _compiled_induction,
+    _induction,
     best_actions,
     step_for,
     table_for,
@@ -77,3 +79,83 @@ def test_no_spot_is_ever_chosen_without_capacity(work: float, slack: float, run:
                        restart_h=restart, switch_h=0.0, loss_h=0.0, mean_run_h=run, mean_outage_h=outage,
                        price_ratio=3.3)
     assert int(out[0]) in (WAIT, ON_DEMAND)
+
+
+def _vectorised_reference(run: np.ndarray, outage: np.ndarray, k: int, loss_steps: np.ndarray,
+                          switch_steps: np.ndarray, ratio: np.ndarray, h: float, n: int) -> np.ndarray:
+    """The same program written another way (the module's first, numpy-vectorised form): every level of
+    time left at once over all work, with the infeasible region masked. Returns actions (B, n+1, n+1, 5)."""
+    big = 1e7
+    col = (slice(None), None)
+    r = ratio[col]
+    p_end, p_back = 1.0 - np.exp(-h / run), 1.0 - np.exp(-h / outage)
+    one = np.stack([np.stack([1.0 - p_end, p_end], axis=1), np.stack([p_back, 1.0 - p_back], axis=1)], axis=1)
+    pk = np.linalg.matrix_power(one, k)
+    pe, pb = p_end[col], p_back[col]
+    k00, k01, k10, k11 = (pk[:, i, j][col] for i, j in ((0, 0), (0, 1), (1, 0), (1, 1)))
+    restart, switch = k * h, (switch_steps * h)[col]
+    nb, width = run.shape[0], n + 1
+    w = np.arange(width)
+    lo = np.floor(loss_steps).astype(np.int64)
+    frac = (loss_steps - lo)[col]
+    pad = int(lo.max()) + 3
+    at_lo = np.clip(w[None, :] + lo[:, None], 0, width + pad)
+    at_hi = np.clip(w[None, :] + lo[:, None] + 1, 0, width + pad)
+    rows = np.arange(nb)[:, None]
+    actions = np.zeros((nb, width, width, 5), dtype=np.int8)
+    ring = np.zeros((k + 1, 5, nb, width))
+    infeasible = np.full((5, nb, width), big)
+    ext = np.full((nb, width + 1 + pad), big)
+    ext[:, 0] = 0.0
+
+    def minus_one(arr: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.zeros((nb, 1)), arr[:, :-1]], axis=1)
+
+    for t in range(2 * n + 1):
+        nu, nd, su, ou, od = ring[(t - 1) % (k + 1)] if t >= 1 else infeasible
+        _, bd, bsu, bou, bod = ring[(t - k) % (k + 1)] if t >= k else infeasible
+        n_up, n_dn = (1 - pe) * nu + pe * nd, pb * nu + (1 - pb) * nd
+        o_up, o_dn = (1 - pe) * ou + pe * od, pb * ou + (1 - pb) * od
+        ext[:, 1:width + 1] = nd
+        preempted = (1 - frac) * ext[rows, at_lo] + frac * ext[rows, at_hi]
+        hold_spot = h + (1 - pe) * minus_one(su) + pe * preempted
+        hold_od_up, hold_od_dn = r * h + minus_one(o_up), r * h + minus_one(o_dn)
+        land_spot = restart + k00 * bsu + k01 * bd
+        land_od_up = r * restart + k00 * bou + k01 * bod
+        land_od_dn = r * restart + k10 * bou + k11 * bod
+        a_nu = np.where(land_spot <= np.minimum(n_up, land_od_up), SPOT, np.where(land_od_up < n_up, ON_DEMAND, WAIT))
+        a_nd = np.where(land_od_dn < n_dn, ON_DEMAND, WAIT)
+        to_od, to_spot, leave = switch + land_od_up, r * switch + land_spot, r * switch + n_dn
+        a_su = np.where(to_od < hold_spot, ON_DEMAND, SPOT)
+        a_ou = np.where(to_spot < hold_od_up, SPOT, ON_DEMAND)
+        a_od = np.where(leave < hold_od_dn, WAIT, ON_DEMAND)
+        vals = np.stack([np.minimum(np.minimum(n_up, land_spot), land_od_up), np.minimum(n_dn, land_od_dn),
+                         np.minimum(hold_spot, to_od), np.minimum(hold_od_up, to_spot), np.minimum(hold_od_dn, leave)])
+        vals[:, :, w > t] = big
+        vals[:, :, 0] = 0.0
+        ring[t % (k + 1)] = vals
+        ws = np.arange(max(1, t - n), min(t, n) + 1)  # work 0 is done: no action
+        actions[:, t - ws, ws] = np.stack([a_nu, a_nd, a_su, a_ou, a_od], axis=2)[:, ws]
+    return actions
+
+
+@given(restart=st.integers(1, 6), loss=st.sampled_from([0.0, 0.5, 1.0, 2.5]), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=25, deadline=None)
+def test_the_compiled_induction_equals_the_vectorised_program(restart: int, loss: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    nb, n, h = 3, 40, 1 / 12
+    run, outage = 2.0 ** rng.uniform(-3, 6, nb), 2.0 ** rng.uniform(-3, 4, nb)
+    switch, ratio = np.round(rng.uniform(0, 2, nb), 2), 2.0 ** rng.uniform(-1, 2, nb)
+    want = _vectorised_reference(run, outage, restart, np.full(nb, loss), switch, ratio, h, n)
+    p_end, p_back = 1.0 - np.exp(-h / run), 1.0 - np.exp(-h / outage)
+    pk = np.stack([np.linalg.matrix_power(np.array([[1 - e, e], [b, 1 - b]]), restart)
+                   for e, b in zip(p_end, p_back, strict=True)])
+    lo = np.full(nb, int(np.floor(loss)))
+    args = (p_end, p_back, pk[:, 0, 0].copy(), pk[:, 0, 1].copy(), pk[:, 1, 0].copy(), pk[:, 1, 1].copy(), ratio,
+            switch * h, np.full(nb, restart), lo, np.full(nb, loss) - lo, np.full(nb, h))
+    got = np.zeros_like(want)
+    _compiled_induction()(*args, got)
+    np.testing.assert_array_equal(got, want)
+    interpreted = np.zeros_like(want)
+    _induction(*args, interpreted)  # the same function run by Python: what numba compiled is what is written
+    np.testing.assert_array_equal(interpreted, want)
