@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.policy import ON_DEMAND, SPOT
+from scheduler.market_codes import ON_DEMAND, SPOT
 from scheduler.simulate import Outcome
 from scheduler.traces import Zones
 

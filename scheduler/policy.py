@@ -72,15 +72,13 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput, UnknownName
+from scheduler.market_codes import NONE, ON_DEMAND, SPOT, WAIT
 from scheduler.slack_value import NONE_DOWN, NONE_UP, OD_DOWN, OD_UP, SPOT_UP, best_actions
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int8]
 BoolArray = npt.NDArray[np.bool_]
 
-# Integer codes used by the vectorised core (markets a job is on, and decisions).
-NONE, SPOT, ON_DEMAND = 0, 1, 2
-WAIT = 0
 
 Current = Literal["spot", "on-demand", "none"]
 _CURRENT_CODE: dict[str, int] = {"none": NONE, "spot": SPOT, "on-demand": ON_DEMAND}

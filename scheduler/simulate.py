@@ -33,7 +33,8 @@ import numpy as np
 
 from catalog.errors import InvalidInput
 from scheduler.bound import default_resolution, omniscient
-from scheduler.policy import ON_DEMAND, POLICIES, SPOT, WAIT
+from scheduler.market_codes import ON_DEMAND, SPOT, WAIT
+from scheduler.policy import POLICIES
 from scheduler.replay import online_mean_run, run_lengths, run_policy, young_daly_array
 from scheduler.sim_model import Jobs, Outcome, Prices, SimOptions
 from scheduler.traces import Zones

@@ -35,12 +35,11 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput
+from scheduler.market_codes import ON_DEMAND, SPOT, WAIT
 
 FloatArray = npt.NDArray[np.float64]
 Int8Array = npt.NDArray[np.int8]
 
-# Action codes (the policy's: WAIT=0, SPOT=1, ON_DEMAND=2).
-WAIT, SPOT, ON_DEMAND = 0, 1, 2
 # State columns of a table: the market held and whether spot has capacity now.
 NONE_UP, NONE_DOWN, SPOT_UP, OD_UP, OD_DOWN = range(5)
 

@@ -8,16 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput
+from scheduler.market_codes import ON_DEMAND, SPOT, WAIT
 from scheduler.slack_value import (
     GRID,
     NONE_DOWN,
     NONE_UP,
     OD_DOWN,
     OD_UP,
-    ON_DEMAND,
-    SPOT,
     SPOT_UP,
-    WAIT,
     _compiled_induction,
     _induction,
     best_actions,
