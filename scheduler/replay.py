@@ -14,13 +14,10 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput
+from scheduler.market_codes import NONE, ON_DEMAND, SPOT, WAIT
 from scheduler.policy import (
-    NONE,
-    ON_DEMAND,
     PRIOR_MEAN_OUTAGE_H,
     RATE_HALF_LIFE_H,
-    SPOT,
-    WAIT,
     check_policy,
     decide_arrays,
     mean_run_estimate,
