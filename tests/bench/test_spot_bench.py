@@ -1,4 +1,4 @@
-"""bench/spot.py's trace handling: 5-minute ticks, N-node availability, families from folders."""
+"""bench/spot.py's trace handling (5-minute ticks, N-node availability, families from folders) and its cell counts."""
 
 from __future__ import annotations
 
@@ -36,3 +36,17 @@ def test_a_family_is_one_folder_of_zones_and_its_jobs_fit_in_the_trace(tmp_path:
     assert jobs is not None and len(jobs) > 0
     ends = jobs.start_tick * fam.zones.gap_h + jobs.deadline_h
     assert np.all(ends <= fam.singles[0].hours)
+
+
+def test_cells_count_the_median_and_the_mean_each_on_their_own() -> None:
+    # One cell (slack 50%, restart 0.4 h): gpuplan pays a little more on the median job and far less on the
+    # worst one, so its median is above greedy's and its mean below.
+    spot = load_script("spot", "spot_bench")
+    n = 3
+    cell = {"slack": np.full(n, 0.5), "restart": np.full(n, 0.4)}
+    res = {"gpuplan": {"ratio": np.array([1.0, 1.1, 1.2]), **cell},
+           "greedy": {"ratio": np.array([1.0, 1.05, 2.0]), **cell}}
+    lines, below, within, cells, level = spot.cell_table(res)
+    assert within == 0  # 1.1 > 1.02 x the bound
+    assert (below, level, cells) == (0, 0, 1) and "1.100 / 1.050" in "\n".join(lines)
+    assert spot.cell_table(res, np.mean)[1] == 1
