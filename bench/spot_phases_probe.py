@@ -10,6 +10,7 @@ old) and spot x (young, old). It replaces the policy's table lookup by monkeypat
 ``gpuplan`` (safety net, young-outage gate, returns by the reserve rule) is unchanged.
 
     .venv/bin/python bench/spot_phases_probe.py --traces DIR "aws-02-15-2023 1-node availability"
+    HAZARD_BUCKETS=2 .venv/bin/python bench/spot_phases_probe.py --traces DIR   # hazards 41% apart
     TAU=0.25 .venv/bin/python bench/spot_phases_probe.py --traces DIR aws-08-27
 
 Costs: four hazards to bucket instead of two means, so ~4x the tables of the product's program and ~4x
@@ -53,6 +54,7 @@ from scheduler.slack_value import (  # noqa: E402
 
 TAU = float(os.environ.get("TAU", "0.5"))  # hours: a spell is young until then
 INF = 1e7
+HAZARD_BUCKETS = float(os.environ.get("HAZARD_BUCKETS", "4"))  # per doubling (the product's means: 4)
 
 
 # Chain states: 0 up young, 1 up old, 2 down young, 3 down old. Table columns: no market at chain state c
@@ -137,7 +139,7 @@ def tables(keys: np.ndarray) -> list[np.ndarray]:
     missing = sorted({k for k in wanted if k not in CACHE})
     if missing:
         b = np.array(missing)
-        lam = 2.0 ** (b[:, :4] / _LOG_BUCKET)
+        lam = 2.0 ** (b[:, :4] / HAZARD_BUCKETS)
         steps = b[:, 8]
         ms = np.stack([chain(*lam[i], steps[i]) for i in range(len(b))])
         ks = np.stack([np.linalg.matrix_power(ms[i], int(b[i, 4])) for i in range(len(b))])
@@ -170,8 +172,11 @@ def best_actions(time_left_h: np.ndarray, work_left_h: np.ndarray, work_total_h:
 
     hz_r, hz_o, run_phase, out_phase = STASH["hz_r"], STASH["hz_o"], STASH["rp"], STASH["op"]
     step = step_for(work_total_h)
-    keys = np.stack([_log_bucket(hz_r[:, 0]), _log_bucket(hz_r[:, 1]), _log_bucket(hz_o[:, 0]),
-                     _log_bucket(hz_o[:, 1]), np.maximum(1.0, np.round(full(restart_h) / step)),
+    def bucket(x: np.ndarray) -> np.ndarray:
+        return np.round(np.log2(np.clip(x, 1e-6, 1e4)) * HAZARD_BUCKETS)
+
+    keys = np.stack([bucket(hz_r[:, 0]), bucket(hz_r[:, 1]), bucket(hz_o[:, 0]),
+                     bucket(hz_o[:, 1]), np.maximum(1.0, np.round(full(restart_h) / step)),
                      np.round(full(loss_h) / step * 2.0) / 2.0, np.round(full(switch_h) / step, 2),
                      _log_bucket(full(price_ratio)), step], axis=1)
     col = np.select([column == NONE_UP, column == NONE_DOWN, column == SPOT_UP, column == OD_UP, column == OD_DOWN],
