@@ -50,3 +50,15 @@ def test_cells_count_the_median_and_the_mean_each_on_their_own() -> None:
     assert within == 0  # 1.1 > 1.02 x the bound
     assert (below, level, cells) == (0, 0, 1) and "1.100 / 1.050" in "\n".join(lines)
     assert spot.cell_table(res, np.mean)[1] == 1
+
+
+def test_a_cell_is_won_job_by_job_when_more_jobs_cost_less_than_cost_more() -> None:
+    spot = load_script("spot", "spot_bench")
+    cell = {"slack": np.full(4, 0.2), "restart": np.full(4, 0.02)}
+    # The median of gpuplan's own costs is the higher one, yet it is cheaper on two jobs and dearer on one.
+    res = {"gpuplan": {"cost": np.array([1.0, 1.3, 1.4, 1.5]), "ratio": np.array([1.0, 1.3, 1.4, 1.5]), **cell},
+           "greedy": {"cost": np.array([1.0, 1.1, 2.0, 2.0]), "ratio": np.array([1.0, 1.1, 2.0, 2.0]), **cell}}
+    assert spot.cell_table(res)[1] == 1  # 1.35 < 1.55: here the medians agree
+    res["greedy"]["cost"] = res["greedy"]["ratio"] = np.array([1.0, 1.1, 1.45, 2.0])
+    assert spot.cell_table(res)[1] == 0  # medians 1.35 vs 1.275: above greedy
+    assert spot.paired_cells(res) == (1, 1)  # cheaper on jobs 3 and 4, dearer on job 2
