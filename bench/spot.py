@@ -219,6 +219,14 @@ FAMILY_HEADER = ["| family | jobs | gpuplan deadlines met | greedy met | gpuplan
                  "|---|---|---|---|---|---|---|---|---|---|"]
 
 
+JUDGED_SLACK = 0.2  # the issue judges cells with at least this much slack
+
+
+def cell_mask(res: Result, slack: float, restart: float) -> np.ndarray:
+    """The jobs of one (slack, restart) cell (the same rows in every policy's arrays)."""
+    return (res["gpuplan"]["slack"] == slack) & (res["gpuplan"]["restart"] == restart)
+
+
 def cell_table(res: Result, stat: Callable[[np.ndarray], Any] = np.median) -> tuple[list[str], int, int, int, int]:
     """``stat`` (median) x bound of gpuplan / greedy per (slack, restart) cell; counts of cells with slack
     >= 20% where gpuplan is below greedy, within 1.02 of the bound, and level with greedy (exactly the same
@@ -230,12 +238,12 @@ def cell_table(res: Result, stat: Callable[[np.ndarray], Any] = np.median) -> tu
     for slack in SLACKS:
         cells = []
         for r in RESTARTS:
-            m = (g["slack"] == slack) & (g["restart"] == r)
+            m = cell_mask(res, slack, r)
             if not m.any():
                 cells.append("-")
                 continue
             a, b = float(stat(g["ratio"][m])), float(stat(gr["ratio"][m]))
-            if slack >= 0.2:
+            if slack >= JUDGED_SLACK:
                 cells_20 += 1
                 below += a < b - 1e-12
                 level += abs(a - b) <= 1e-12
@@ -249,16 +257,9 @@ def paired_cells(res: Result) -> tuple[int, int]:
     """Job by job (the same jobs on the same traces): cells with slack >= 20% where gpuplan costs less than
     greedy on more jobs than it costs more, and the number of such cells."""
     g, gr = res["gpuplan"], res["greedy"]
-    won = cells = 0
-    for slack in SLACKS:
-        for r in RESTARTS:
-            m = (g["slack"] == slack) & (g["restart"] == r)
-            if slack < 0.2 or not m.any():
-                continue
-            cells += 1
-            d = g["cost"][m] - gr["cost"][m]
-            won += int((d < -1e-9).sum() > (d > 1e-9).sum())
-    return won, cells
+    masks = [cell_mask(res, slack, r) for slack in SLACKS if slack >= JUDGED_SLACK for r in RESTARTS]
+    diffs = [g["cost"][m] - gr["cost"][m] for m in masks if m.any()]
+    return sum(int((d < -1e-9).sum() > (d > 1e-9).sum()) for d in diffs), len(diffs)
 
 
 def floor(fams: list[Family], min_slack: float = 0.5) -> list[str]:

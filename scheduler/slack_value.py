@@ -109,10 +109,11 @@ def best_actions(time_left_h: FloatArray, work_left_h: FloatArray, work_total_h:
     keys = _keys(full(mean_run_h), full(mean_outage_h), full(restart_h), full(loss_h), full(switch_h),
                  full(price_ratio), step)
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
     w, s = _cells(time_left_h, work_left_h, step)
     # Jobs grouped by table: sorted by group, each group one slice of the order.
-    order = np.argsort(inverse.reshape(-1), kind="stable")
-    bounds = np.searchsorted(inverse.reshape(-1)[order], np.arange(len(uniq) + 1))
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
     out = np.zeros(n, dtype=np.int8)
     for g, table in enumerate(_tables(uniq)):
         idx = order[bounds[g]:bounds[g + 1]]
