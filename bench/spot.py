@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from scheduler.policy import RATE_HALF_LIFE_H, PolicyParams  # noqa: E402
 from scheduler.simulate import Jobs, Outcome, Prices, SimOptions, omniscient, run_policy  # noqa: E402
+from scheduler.slack_value import YOUNG_H, YOUNG_OUTAGE_HAZARD_RATIO, YOUNG_RUN_HAZARD_RATIO  # noqa: E402
 from scheduler.traces import Zones  # noqa: E402
 
 PRICES = Prices(on_demand=3.06, spot=0.92)
@@ -475,19 +476,23 @@ def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: s
         f"({ck.move_h * 3600:.1f} s); every start, restart and changeover pays the restart delay.",
         "",
         "`gpuplan` (scheduler/policy.py; rule in the section above): waits and bridges come from the "
-        "slack-value program (scheduler/slack_value.py) on an on/off model of the zone whose mean run and "
-        "mean outage are estimated online; returns from on-demand to spot from the reserve rule; its priors and "
-        "hedge come from planner/calibration.py. **Tuning / held-out split:** the numbers chosen on traces "
-        f"are the half-life of the online rates (`RATE_HALF_LIFE_H` = {RATE_HALF_LIFE_H:g} h, from 24/48/96/192 h "
-        "and no decay), the prior mean outage (the tuning family's mean outage, 1.9 h) and the gate that waits "
-        "out an outage younger than one changeover (from none / one / two changeovers), all on the **tuning "
+        "slack-value program (scheduler/slack_value.py) on a model of the zone whose runs of capacity and "
+        "outages are young (the first "
+        f"{YOUNG_H * 60:g} min, ending {YOUNG_RUN_HAZARD_RATIO:g}x / {YOUNG_OUTAGE_HAZARD_RATIO:g}x as fast) or "
+        "old, with the mean run and mean outage estimated online; returns from on-demand to spot from the "
+        "reserve rule; its priors and hedge come from planner/calibration.py. **Tuning / held-out split:** the "
+        "numbers chosen on traces are the half-life of the online rates (`RATE_HALF_LIFE_H` = "
+        f"{RATE_HALF_LIFE_H:g} h, from 24/48/96/192 h and no decay), the prior mean outage (the tuning family's "
+        "mean outage, 1.9 h), the gate that waits out an outage younger than one changeover (from none / one / "
+        "two changeovers) and the young/old shape (the young phase's length, the tuning family's median spell, "
+        "and its two hazard ratios, the medians over the tuning family's nine zones), all on the **tuning "
         f"family {TUNING_FAMILY} only**; every other family is held out "
         f"({', '.join(f.name for f in fams if f.name != TUNING_FAMILY) or 'none present'}): another date, "
         "another cloud, another node count, another kind of trace. Honestly: earlier sessions revised the "
-        "rule's *structure* while looking at all seven families under earlier versions of the policy, and this "
-        "session ran two program variants (with and without the gate) on the held-out families before keeping "
-        "the gate, so the held-out families are unseen by the numbers, not by the people; "
-        "`--holdout-family NAME` reruns any family alone.",
+        "rule's *structure* while looking at all seven families under earlier versions of the policy, and "
+        "program variants (with and without the gate; memoryless and young/old) were each run once on the "
+        "held-out families before being kept, so the held-out families are unseen by the numbers, not by the "
+        "people; `--holdout-family NAME` reruns any family alone.",
         "",
         "### Trace families (single zone)",
         "",

@@ -131,6 +131,7 @@ class ZoneRates:
     loss_h: float = 0.0  # work a preemption loses on average (0: just-in-time checkpoint on the notice)
     switch_h: float = 0.0  # time a voluntary changeover waits for its checkpoint to be durable
     mean_outage_h: float = PRIOR_MEAN_OUTAGE_H  # mean length of an outage of capacity
+    run_age_h: float = math.inf  # how long the current run of capacity has lasted (inf: unknown)
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,9 @@ class ZoneSeen:
         mean = float(mean_run_estimate(self.up_h, self.preemptions, prior_mean_run_h))
         outage = float(mean_run_estimate(self.down_h, self.recoveries, prior_mean_outage_h))
         return ZoneRates(mean_run_h=mean, outage_age_h=self.outage_age_h, loss_h=loss_h, switch_h=switch_h,
-                         mean_outage_h=outage)
+                         mean_outage_h=outage,
+                         # A zone believed up without being watched has a run of unknown age.
+                         run_age_h=self.run_h if self.available and self.watched_h > 0 else math.inf)
 
 
 def mean_run_estimate(up_h: float | FloatArray, preemptions: float | FloatArray,
@@ -242,6 +245,7 @@ def decide_arrays(
     switch_h: FloatArray | float = 0.0,
     price_ratio: FloatArray | float = DEFAULT_PRICES.on_demand / DEFAULT_PRICES.spot,
     mean_outage_h: FloatArray | float = PRIOR_MEAN_OUTAGE_H,
+    run_age_h: FloatArray | float = math.inf,
 ) -> IntArray:
     """Vectorised :func:`decide`: one decision code (WAIT/SPOT/ON_DEMAND) per job.
 
@@ -249,7 +253,8 @@ def decide_arrays(
     codes; a job whose spot instance was just preempted must be passed as NONE. ``mean_run_h``,
     ``outage_age_h`` (inf: unknown), ``loss_h``, ``switch_h``: the zone's
     :class:`ZoneRates` (per job or one for all);
-    ``price_ratio``: on-demand $/h over spot $/h; ``mean_outage_h``: the zone's mean outage (online).
+    ``price_ratio``: on-demand $/h over spot $/h; ``mean_outage_h``: the zone's mean outage (online);
+    ``run_age_h``: how long the zone's current run of capacity has lasted (inf: unknown).
     """
     check_policy(policy)
     n = work_done_h.shape[0]
@@ -317,7 +322,8 @@ def decide_arrays(
         column = np.where(on_od, np.where(spot_available, OD_UP, OD_DOWN),
                           np.where(spot_available, np.where(current == SPOT, SPOT_UP, NONE_UP), NONE_DOWN))
         dp = best_actions(time_left, work_left, work_total_h, column, restart_h=restart_h, switch_h=switch_h,
-                          loss_h=loss_h, mean_run_h=mean_run_h, mean_outage_h=mean_outage_h, price_ratio=price_ratio)
+                          loss_h=loss_h, mean_run_h=mean_run_h, mean_outage_h=mean_outage_h, price_ratio=price_ratio,
+                          run_age_h=run_age_h, outage_age_h=outage_age_h)
         dp = np.where(~safe | (on_od & ~may_leave), ON_DEMAND, dp)
         young = ~spot_available & ~on_od & (np.asarray(outage_age_h) < change)
         deadline_rule = np.where(on_od & spot_available, deadline_rule, np.where(young & safe, WAIT, dp))
@@ -365,6 +371,7 @@ def decide(
         switch_h=rates.switch_h,
         price_ratio=prices.on_demand / prices.spot,
         mean_outage_h=rates.mean_outage_h,
+        run_age_h=rates.run_age_h,
     )
     return _DECISION_BY_CODE[int(code[0])]
 

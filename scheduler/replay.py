@@ -197,6 +197,8 @@ def _decisions(policy: str, s: _State, setup: _Setup, jobs: Jobs, now: float, tt
         # the whole trace, used before, read the future).
         price_ratio=setup.od_price / setup.spot_price[target, tt],
         mean_outage_h=setup.mean_outage[target, tt],
+        # The run of capacity in the zone the job would run in: its age at the tick's start (none: unknown).
+        run_age_h=np.where(setup.runs[target, tt] > 0, (setup.runs[target, tt] - 1.0) * setup.gap, np.inf),
     )
 
 

@@ -40,8 +40,19 @@ from scheduler.market_codes import ON_DEMAND, SPOT, WAIT
 FloatArray = npt.NDArray[np.float64]
 Int8Array = npt.NDArray[np.int8]
 
-# State columns of a table: the market held and whether spot has capacity now.
+# What the caller holds and sees: the market held and whether spot has capacity now.
 NONE_UP, NONE_DOWN, SPOT_UP, OD_UP, OD_DOWN = range(5)
+# A spell (a run of capacity, an outage) is young until YOUNG_H old, then old: on the traces the young ones
+# end several times as fast (half of all spells end within 30 min, the mean is hours). The ratios are the
+# medians over the tuning family's nine zones (young / old hazard, pooled per zone: runs 2.4-16, outages
+# 2.0-8.6); the old hazard is set so that a spell's mean is the online mean (:func:`phase_hazards`).
+YOUNG_H = 0.5
+YOUNG_RUN_HAZARD_RATIO = 6.0
+YOUNG_OUTAGE_HAZARD_RATIO = 3.0
+# Chain states of the market (up young, up old, down young, down old) and the table's ten columns: no
+# market at each chain state (0-3), spot at each up phase (4-5), on-demand at each chain state (6-9).
+UP_YOUNG, UP_OLD, DOWN_YOUNG, DOWN_OLD = range(4)
+_SPOT_COL, _OD_COL = 4, 6
 
 BASE_STEP_H = 1.0 / 12.0  # 5 minutes: the traces' tick and well under every restart delay worth modelling
 GRID = 576  # steps of work and of slack a table covers (48 h each at the base step)
@@ -55,12 +66,22 @@ class SlackTable:
     """Best action per (time-left step, work-left step, state column) for one bucket."""
 
     step_h: float
-    actions: Int8Array  # (GRID + 1 slack steps, GRID + 1 work steps, 5 state columns)
+    packed: Int8Array  # (GRID + 1 slack steps, GRID + 1 work steps, 5): columns 2j and 2j + 1 in byte j
 
     def lookup(self, time_left_h: FloatArray, work_left_h: FloatArray, column: npt.NDArray[np.int64]) -> Int8Array:
-        """Actions for many jobs at their (time left, work left, column); see :func:`_cells`."""
+        """Actions for many jobs at their (time left, work left, table column); see :func:`_cells`."""
         w, s = _cells(time_left_h, work_left_h, self.step_h)
-        return self.actions[s, w, column]
+        return np.asarray((self.packed[s, w, column // 2] >> (2 * (column % 2))) & 3, dtype=np.int8)
+
+
+def table_column(column: npt.NDArray[np.int64], run_age_h: FloatArray | float,
+                 outage_age_h: FloatArray | float) -> npt.NDArray[np.int64]:
+    """The table's column for what the caller holds and sees (NONE_UP ... OD_DOWN) and the age of the
+    zone's current run of capacity or outage (inf: unknown, read as old)."""
+    run = np.where(np.asarray(run_age_h) < YOUNG_H, UP_YOUNG, UP_OLD)
+    out = np.where(np.asarray(outage_age_h) < YOUNG_H, DOWN_YOUNG, DOWN_OLD)
+    return np.asarray(np.select([column == NONE_UP, column == NONE_DOWN, column == SPOT_UP, column == OD_UP],
+                                [run, out, _SPOT_COL + run, _OD_COL + run], _OD_COL + out), dtype=np.int64)
 
 
 def step_for(work_total_h: FloatArray | float) -> FloatArray:
@@ -97,9 +118,11 @@ def _keys(run: FloatArray, outage: FloatArray, restart: FloatArray, loss: FloatA
 def best_actions(time_left_h: FloatArray, work_left_h: FloatArray, work_total_h: FloatArray,
                  column: npt.NDArray[np.int64], *, restart_h: FloatArray | float, switch_h: FloatArray | float,
                  loss_h: FloatArray | float, mean_run_h: FloatArray | float, mean_outage_h: FloatArray | float,
-                 price_ratio: FloatArray | float) -> Int8Array:
+                 price_ratio: FloatArray | float, run_age_h: FloatArray | float = np.inf,
+                 outage_age_h: FloatArray | float = np.inf) -> Int8Array:
     """The program's action (WAIT / SPOT / ON_DEMAND) for many jobs: one cached table per bucket of
-    their inputs (jobs of one zone and restart share a few), looked up at each job's state."""
+    their inputs (jobs of one zone and restart share a few), looked up at each job's state: ``column``
+    (NONE_UP ... OD_DOWN) and the age of the zone's run of capacity or outage (young or old)."""
     n = time_left_h.shape[0]
 
     def full(x: FloatArray | float) -> FloatArray:
@@ -111,13 +134,15 @@ def best_actions(time_left_h: FloatArray, work_left_h: FloatArray, work_total_h:
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     w, s = _cells(time_left_h, work_left_h, step)
+    column = table_column(column, run_age_h, outage_age_h)
     # Jobs grouped by table: sorted by group, each group one slice of the order.
     order = np.argsort(inverse, kind="stable")
     bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
     out = np.zeros(n, dtype=np.int8)
     for g, table in enumerate(_tables(uniq)):
         idx = order[bounds[g]:bounds[g + 1]]
-        out[idx] = table.actions[s[idx], w[idx], column[idx]]
+        c = column[idx]
+        out[idx] = (table.packed[s[idx], w[idx], c // 2] >> (2 * (c % 2))) & 3
     return out
 
 
@@ -130,10 +155,11 @@ def _cells(time_left_h: FloatArray, work_left_h: FloatArray,
     return w, s
 
 
-# Solved tables by bucket key, least recently used first. A table is 1.7 MB; one zone's replay meets ~200
-# buckets, a live server a handful. Memoisation only: a table is a pure function of its key.
+# Solved tables by bucket key, least recently used first. A table is 1.7 MB (two actions a byte); one zone's
+# replay meets ~200 buckets, a live server a handful. Memoisation only: a table is a pure function of its key.
 _CACHE: OrderedDict[tuple[float, ...], SlackTable] = OrderedDict()
 _CACHE_SIZE = 256
+_SOLVE_CHUNK = 16  # buckets solved per call: one scratch array, copied out per table
 
 
 def _tables(keys: FloatArray) -> list[SlackTable]:
@@ -155,94 +181,145 @@ def _tables(keys: FloatArray) -> list[SlackTable]:
     return out
 
 
+def phase_hazards(mean_h: FloatArray, young_ratio: float) -> tuple[FloatArray, FloatArray]:
+    """(young, old) hazards per hour of a spell whose young phase (the first YOUNG_H hours, a geometric
+    clock in the program) ends ``young_ratio`` times as fast as its old one, and whose mean is ``mean_h``:
+    the mean falls as the old hazard grows, so bisection on its log finds it."""
+    age_out = 1.0 / YOUNG_H
+    lo, hi = np.full(mean_h.shape, -30.0), np.full(mean_h.shape, 30.0)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        old = np.exp(mid)
+        leave = young_ratio * old + age_out  # rate of leaving the young phase
+        mean = 1.0 / leave + age_out / leave / old
+        lo, hi = np.where(mean > mean_h, mid, lo), np.where(mean > mean_h, hi, mid)
+    old = np.exp((lo + hi) / 2)
+    return young_ratio * old, old
+
+
+def _chain(mean_run_h: FloatArray, mean_outage_h: FloatArray, step_h: FloatArray,
+           run_ratio: float = YOUNG_RUN_HAZARD_RATIO,
+           outage_ratio: float = YOUNG_OUTAGE_HAZARD_RATIO) -> npt.NDArray[np.float64]:
+    """One step of the market's chain per bucket (B, 4, 4): a run or an outage ends at its phase's
+    hazard; a young one that goes on turns old with probability step / YOUNG_H (ratios 1: memoryless)."""
+    run_y, run_o = phase_hazards(mean_run_h, run_ratio)
+    out_y, out_o = phase_hazards(mean_outage_h, outage_ratio)
+    e_y, e_o = -np.expm1(-run_y * step_h), -np.expm1(-run_o * step_h)  # a run ends within a step
+    b_y, b_o = -np.expm1(-out_y * step_h), -np.expm1(-out_o * step_h)  # an outage ends within a step
+    g = np.minimum(1.0, step_h / YOUNG_H)
+    m = np.zeros((len(step_h), 4, 4))
+    m[:, UP_YOUNG, UP_YOUNG], m[:, UP_YOUNG, UP_OLD] = (1 - e_y) * (1 - g), (1 - e_y) * g
+    m[:, UP_YOUNG, DOWN_YOUNG] = e_y
+    m[:, UP_OLD, UP_OLD], m[:, UP_OLD, DOWN_YOUNG] = 1 - e_o, e_o
+    m[:, DOWN_YOUNG, DOWN_YOUNG], m[:, DOWN_YOUNG, DOWN_OLD] = (1 - b_y) * (1 - g), (1 - b_y) * g
+    m[:, DOWN_YOUNG, UP_YOUNG] = b_y
+    m[:, DOWN_OLD, DOWN_OLD], m[:, DOWN_OLD, UP_YOUNG] = 1 - b_o, b_o
+    return m
+
+
 def _solve_batch(mean_run_h: FloatArray, mean_outage_h: FloatArray, restart_steps: npt.NDArray[np.int64],
                  loss_steps: FloatArray, switch_steps: FloatArray, price_ratio: FloatArray,
                  step_h: FloatArray) -> list[SlackTable]:
-    """Tables for B buckets (arrays (B,)): the per-step probabilities in numpy, the induction compiled."""
-    p_end = 1.0 - np.exp(-step_h / mean_run_h)  # a run of capacity ends within a step
-    p_back = 1.0 - np.exp(-step_h / mean_outage_h)  # an outage ends within a step
-    # Availability after a restart of k steps, from up / down: the one-step chain to the k-th power.
-    pk = np.stack([np.linalg.matrix_power(np.array([[1.0 - e, e], [b, 1.0 - b]]), int(k))
-                   for e, b, k in zip(p_end, p_back, restart_steps, strict=True)])
+    """Tables for B buckets (arrays (B,)): the chain in numpy, the induction compiled."""
+    one = _chain(mean_run_h, mean_outage_h, step_h)
+    after_restart = np.stack([np.linalg.matrix_power(one[i], int(k)) for i, k in enumerate(restart_steps)])
     lo = np.floor(loss_steps).astype(np.int64)
-    actions = np.zeros((len(mean_run_h), GRID + 1, GRID + 1, 5), dtype=np.int8)
-    _compiled_induction()(p_end, p_back, pk[:, 0, 0].copy(), pk[:, 0, 1].copy(), pk[:, 1, 0].copy(),
-                          pk[:, 1, 1].copy(), price_ratio, switch_steps * step_h, restart_steps, lo,
-                          loss_steps - lo, step_h, actions)
-    # One array per table, so that evicting one from the cache frees it.
-    return [SlackTable(step_h=float(h), actions=actions[i].copy()) for i, h in enumerate(step_h)]
+    switch_h = switch_steps * step_h
+    tables = []
+    for a in range(0, len(mean_run_h), _SOLVE_CHUNK):
+        part = slice(a, a + _SOLVE_CHUNK)
+        packed = np.zeros((len(mean_run_h[part]), GRID + 1, GRID + 1, 5), dtype=np.int8)
+        _compiled_induction()(one[part], after_restart[part], price_ratio[part], switch_h[part],
+                              restart_steps[part], lo[part], loss_steps[part] - lo[part], step_h[part], packed)
+        tables += [SlackTable(step_h=float(h), packed=packed[i].copy()) for i, h in enumerate(step_h[part])]
+    return tables
 
 
-def _induction(p_end: FloatArray, p_back: FloatArray, k00: FloatArray, k01: FloatArray, k10: FloatArray,
-               k11: FloatArray, ratio: FloatArray, switch_h: FloatArray, restart_steps: npt.NDArray[np.int64],
-               loss_lo: npt.NDArray[np.int64], loss_frac: FloatArray, step_h: FloatArray,
-               actions: Int8Array) -> None:
+def _induction(one: npt.NDArray[np.float64], after_restart: npt.NDArray[np.float64], ratio: FloatArray,
+               switch_h: FloatArray, restart_steps: npt.NDArray[np.int64], loss_lo: npt.NDArray[np.int64],
+               loss_frac: FloatArray, step_h: FloatArray, packed: Int8Array) -> None:
     """Backward induction over time left t (in steps) for each bucket, writing the best action of every
-    (slack s = t - w, work w, column) into ``actions`` (B, GRID + 1, GRID + 1, 5).
+    (slack s = t - w, work w, column c) into ``packed`` (B, GRID + 1, GRID + 1, 5), zeros on entry:
+    two bits each, column c in byte c // 2 at bit 2 (c % 2) (the tables' size halves).
 
-    Values are kept for the last k + 1 levels of t (a restart of k steps reads level t - k) over work
-    0..GRID plus a pad past it (a preemption can add work); a level only computes the work whose slack
-    is within the table (transitions never add slack), the rest of a level is infeasible or unread.
-    Plain loops: compiled by numba (:func:`_compiled_induction`), about 10x numpy's vectorised levels;
-    runs as Python too (the tests' reference on small cases)."""
-    n = actions.shape[2] - 1
-    for b in range(actions.shape[0]):
+    ``one`` / ``after_restart``: the chain's transition over one step / over a restart of k steps (B, 4,
+    4). Values are kept for the last k + 1 levels of t (a restart reads level t - k) over work 0..GRID
+    plus a pad past it (a preemption can add work); a level only computes the work whose slack is within
+    the table (transitions never add slack), the rest of a level is infeasible or unread. Plain loops:
+    compiled by numba (:func:`_compiled_induction`), ~10x numpy's vectorised levels; runs as Python too."""
+    n = packed.shape[2] - 1
+    for b in range(packed.shape[0]):
         k, lo, frac = restart_steps[b], loss_lo[b], loss_frac[b]
-        pe, pb, r, h, switch = p_end[b], p_back[b], ratio[b], step_h[b], switch_h[b]
+        r, h, switch = ratio[b], step_h[b], switch_h[b]
         restart = k * h
-        ring = np.full((k + 1, 5, n + lo + 2), _INFEASIBLE)
+        ring = np.full((k + 1, 10, n + lo + 2), _INFEASIBLE)
         ring[:, :, 0] = 0.0  # no work left: done
+        # Per work step, what the four chain states read: next step's values (no market, on-demand one step
+        # of work on, spot one step on, no market after a preemption) and the values after a restart.
+        none_next, od_next_w, spot_next, preempted = np.empty(4), np.empty(4), np.empty(4), np.empty(4)
+        spot_after, od_after = np.empty(4), np.empty(4)
         for t in range(1, 2 * n + 1):
             now, prev, back = ring[t % (k + 1)], ring[(t - 1) % (k + 1)], ring[(t - k) % (k + 1)]
             for w in range(max(1, t - n), min(t, n) + 1):
-                nu, nd = prev[NONE_UP, w], prev[NONE_DOWN, w]
-                # Expected next-step values by availability now (up / down).
-                n_up, n_dn = (1 - pe) * nu + pe * nd, pb * nu + (1 - pb) * nd
-                o_up = (1 - pe) * prev[OD_UP, w - 1] + pe * prev[OD_DOWN, w - 1]
-                o_dn = pb * prev[OD_UP, w - 1] + (1 - pb) * prev[OD_DOWN, w - 1]
-                # A preemption drops to no market with the loss added to the work (between two steps).
-                preempted = (1 - frac) * prev[NONE_DOWN, w - 1 + lo] + frac * prev[NONE_DOWN, w + lo]
-                hold_spot = h + (1 - pe) * prev[SPOT_UP, w - 1] + pe * preempted
-                hold_od_up = r * h + o_up
-                hold_od_dn = r * h + o_dn
-                # After a restart of k steps: spot lands on capacity or on an outage (no work lost yet).
-                if t >= k:
-                    bd, bsu, bou, bod = back[NONE_DOWN, w], back[SPOT_UP, w], back[OD_UP, w], back[OD_DOWN, w]
-                else:
-                    bd = bsu = bou = bod = _INFEASIBLE
-                land_spot = restart + k00[b] * bsu + k01[b] * bd
-                land_od_up = r * restart + k00[b] * bou + k01[b] * bod
-                land_od_dn = r * restart + k10[b] * bou + k11[b] * bod
                 s = t - w
-                # NONE_UP: wait / spot / on-demand.
-                now[NONE_UP, w] = min(min(n_up, land_spot), land_od_up)
-                actions[b, s, w, NONE_UP] = (SPOT if land_spot <= min(n_up, land_od_up)
-                                             else ON_DEMAND if land_od_up < n_up else WAIT)
-                # NONE_DOWN: wait / on-demand.
-                now[NONE_DOWN, w] = min(n_dn, land_od_dn)
-                actions[b, s, w, NONE_DOWN] = ON_DEMAND if land_od_dn < n_dn else WAIT
-                # SPOT_UP: hold / on-demand (pays the checkpoint write on spot).
-                to_od = switch + land_od_up
-                now[SPOT_UP, w] = min(hold_spot, to_od)
-                actions[b, s, w, SPOT_UP] = ON_DEMAND if to_od < hold_spot else SPOT
-                # OD_UP: hold / spot (pays the write on on-demand).
-                to_spot = r * switch + land_spot
-                now[OD_UP, w] = min(hold_od_up, to_spot)
-                actions[b, s, w, OD_UP] = SPOT if to_spot < hold_od_up else ON_DEMAND
-                # OD_DOWN: hold / wait.
-                leave = r * switch + n_dn
-                now[OD_DOWN, w] = min(hold_od_dn, leave)
-                actions[b, s, w, OD_DOWN] = WAIT if leave < hold_od_dn else ON_DEMAND
+                for c2 in range(4):
+                    none_next[c2] = prev[c2, w]
+                    od_next_w[c2] = prev[_OD_COL + c2, w - 1]
+                    if c2 < DOWN_YOUNG:
+                        spot_next[c2] = prev[_SPOT_COL + c2, w - 1]
+                        spot_after[c2] = back[_SPOT_COL + c2, w] if t >= k else _INFEASIBLE
+                    else:
+                        preempted[c2] = (1 - frac) * prev[c2, w - 1 + lo] + frac * prev[c2, w + lo]
+                        spot_after[c2] = back[c2, w] if t >= k else _INFEASIBLE
+                    od_after[c2] = back[_OD_COL + c2, w] if t >= k else _INFEASIBLE
+                for c in range(4):
+                    bit = (c & 1) * 2  # the columns of chain state c sit at this bit (the column offsets are even)
+                    # Next step without a change: no market waits, on-demand works (either way the
+                    # market moves on its chain); a change of market lands after the restart.
+                    wait = 0.0
+                    od_next = 0.0
+                    land_spot = restart
+                    land_od = r * restart
+                    for c2 in range(4):
+                        wait += one[b, c, c2] * none_next[c2]
+                        od_next += one[b, c, c2] * od_next_w[c2]
+                        land_spot += after_restart[b, c, c2] * spot_after[c2]
+                        land_od += after_restart[b, c, c2] * od_after[c2]
+                    hold_od = r * h + od_next
+                    if c < DOWN_YOUNG:
+                        # No market, capacity: wait / spot / on-demand.
+                        now[c, w] = min(min(wait, land_spot), land_od)
+                        best = SPOT if land_spot <= min(wait, land_od) else ON_DEMAND if land_od < wait else WAIT
+                        packed[b, s, w, c >> 1] |= best << bit
+                        # Spot: hold (a preemption drops to no market with the loss added to the work,
+                        # between two steps) / on-demand (pays the checkpoint write on spot).
+                        hold_spot = h
+                        for c2 in range(4):
+                            hold_spot += one[b, c, c2] * (spot_next[c2] if c2 < DOWN_YOUNG else preempted[c2])
+                        to_od = switch + land_od
+                        now[_SPOT_COL + c, w] = min(hold_spot, to_od)
+                        packed[b, s, w, (_SPOT_COL + c) >> 1] |= (ON_DEMAND if to_od < hold_spot else SPOT) << bit
+                        # On-demand, capacity: hold / spot (pays the write on on-demand).
+                        to_spot = r * switch + land_spot
+                        now[_OD_COL + c, w] = min(hold_od, to_spot)
+                        packed[b, s, w, (_OD_COL + c) >> 1] |= (SPOT if to_spot < hold_od else ON_DEMAND) << bit
+                    else:
+                        # No market, no capacity: wait / on-demand.
+                        now[c, w] = min(wait, land_od)
+                        packed[b, s, w, c >> 1] |= (ON_DEMAND if land_od < wait else WAIT) << bit
+                        # On-demand, no capacity: hold / leave it and wait.
+                        leave = r * switch + wait
+                        now[_OD_COL + c, w] = min(hold_od, leave)
+                        packed[b, s, w, (_OD_COL + c) >> 1] |= (WAIT if leave < hold_od else ON_DEMAND) << bit
 
 
-_Induction = Callable[[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray, FloatArray, FloatArray,
-                       FloatArray, npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray, FloatArray,
-                       Int8Array], None]
+_Induction = Callable[[npt.NDArray[np.float64], npt.NDArray[np.float64], FloatArray, FloatArray,
+                       npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray, FloatArray, Int8Array], None]
 
 
 @functools.cache
 def _compiled_induction() -> _Induction:
-    """:func:`_induction` compiled on first use (about 2 s; numba caches the machine code on disk)."""
+    """:func:`_induction` compiled on first use (a few seconds; numba caches the machine code on disk)."""
     import numba
 
     return cast(_Induction, numba.njit(cache=True, nogil=True)(_induction))

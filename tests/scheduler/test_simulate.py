@@ -209,8 +209,8 @@ def test_honest_costs_keep_the_guarantees_in_one_zone_and_across_two(
 
 def test_a_voluntary_changeover_waits_for_its_checkpoint_on_the_old_instance() -> None:
     z = zones_from([0] * 20 + [1] * 400, gap_s=360.0)  # no spot for 2 h, then spot for good
-    jobs = Jobs.make([0], 10.0, 13.0, 0.2)
-    # A zone that runs 2 h between preemptions, 3 h of slack: the job bridges the outage on on-demand
+    jobs = Jobs.make([0], 10.0, 12.0, 0.2)
+    # A zone that runs 2 h between preemptions, 2 h of slack: the job bridges the outage on on-demand
     # (when is the policy's call: the slack-value program's), then goes back to spot when it returns (a
     # voluntary changeover). Whenever the bridge began, the accounting of the changeover is the same.
     out = run_policy(z, jobs, "gpuplan", PRICES, SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05))
