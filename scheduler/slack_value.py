@@ -239,78 +239,78 @@ def _induction(one: npt.NDArray[np.float64], after_restart: npt.NDArray[np.float
                switch_h: FloatArray, restart_steps: npt.NDArray[np.int64], loss_lo: npt.NDArray[np.int64],
                loss_frac: FloatArray, step_h: FloatArray, packed: Int8Array) -> None:
     """Backward induction over time left t (in steps) for each bucket, writing the best action of every
-    (slack s = t - w, work w, column c) into ``packed`` (B, GRID + 1, GRID + 1, 5), zeros on entry:
-    two bits each, column c in byte c // 2 at bit 2 (c % 2) (the tables' size halves).
+    (slack s = t - w, work w, column c) into ``packed`` (B, GRID + 1, GRID + 1, 5): two bits each, column
+    c in byte c // 2 at bit 2 (c % 2) (the tables' size halves).
 
     ``one`` / ``after_restart``: the chain's transition over one step / over a restart of k steps (B, 4,
     4). Values are kept for the last k + 1 levels of t (a restart reads level t - k) over work 0..GRID
-    plus a pad past it (a preemption can add work); a level only computes the work whose slack is within
-    the table (transitions never add slack), the rest of a level is infeasible or unread. Plain loops:
-    compiled by numba (:func:`_compiled_induction`), ~10x numpy's vectorised levels; runs as Python too."""
+    plus a pad past it (a preemption can add work), the ten columns of a work step side by side; a level
+    only computes the work whose slack is within the table (transitions never add slack), the rest of a
+    level is infeasible or unread. Plain loops: compiled by numba (:func:`_compiled_induction`), ~10x
+    numpy's vectorised levels; runs as Python too. The one-step chain is sparse (a run ends in a young
+    outage, an outage in a young run, a young spell may turn old), so its products are written out."""
     n = packed.shape[2] - 1
     for b in range(packed.shape[0]):
         k, lo, frac = restart_steps[b], loss_lo[b], loss_frac[b]
         r, h, switch = ratio[b], step_h[b], switch_h[b]
         restart = k * h
-        ring = np.full((k + 1, 10, n + lo + 2), _INFEASIBLE)
-        ring[:, :, 0] = 0.0  # no work left: done
-        # Per work step, what the four chain states read: next step's values (no market, on-demand one step
-        # of work on, spot one step on, no market after a preemption) and the values after a restart.
-        none_next, od_next_w, spot_next, preempted = np.empty(4), np.empty(4), np.empty(4), np.empty(4)
-        spot_after, od_after = np.empty(4), np.empty(4)
+        m, land = one[b], after_restart[b]
+        ring = np.full((k + 1, n + lo + 2, 10), _INFEASIBLE)
+        ring[:, 0, :] = 0.0  # no work left: done
+        never = np.full(10, _INFEASIBLE)  # what a restart reads before level k exists
+        codes = np.zeros(10, dtype=np.int8)  # one work step's actions, packed into five bytes
         for t in range(1, 2 * n + 1):
             now, prev, back = ring[t % (k + 1)], ring[(t - 1) % (k + 1)], ring[(t - k) % (k + 1)]
             for w in range(max(1, t - n), min(t, n) + 1):
+                p, q = prev[w], prev[w - 1]  # next step's values: no progress / one step of work done
+                after = back[w] if t >= k else never
+                # Next step without a change, per chain state now: no market waits, on-demand works, spot works
+                # (a preemption, into a young outage, adds the loss to the work, between two steps).
+                wait_uy = m[0, 0] * p[0] + m[0, 1] * p[1] + m[0, 2] * p[2]
+                wait_uo = m[1, 1] * p[1] + m[1, 2] * p[2]
+                wait_dy = m[2, 0] * p[0] + m[2, 2] * p[2] + m[2, 3] * p[3]
+                wait_do = m[3, 0] * p[0] + m[3, 3] * p[3]
+                hold_od_uy = r * h + (m[0, 0] * q[6] + m[0, 1] * q[7] + m[0, 2] * q[8])
+                hold_od_uo = r * h + (m[1, 1] * q[7] + m[1, 2] * q[8])
+                hold_od_dy = r * h + (m[2, 0] * q[6] + m[2, 2] * q[8] + m[2, 3] * q[9])
+                hold_od_do = r * h + (m[3, 0] * q[6] + m[3, 3] * q[9])
+                preempted = (1 - frac) * prev[w - 1 + lo, DOWN_YOUNG] + frac * prev[w + lo, DOWN_YOUNG]
+                hold_spot_uy = h + m[0, 0] * q[4] + m[0, 1] * q[5] + m[0, 2] * preempted
+                hold_spot_uo = h + m[1, 1] * q[5] + m[1, 2] * preempted
+                # A change of market lands after the restart: spot on capacity (work on) or on an outage (none).
                 s = t - w
-                for c2 in range(4):
-                    none_next[c2] = prev[c2, w]
-                    od_next_w[c2] = prev[_OD_COL + c2, w - 1]
-                    if c2 < DOWN_YOUNG:
-                        spot_next[c2] = prev[_SPOT_COL + c2, w - 1]
-                        spot_after[c2] = back[_SPOT_COL + c2, w] if t >= k else _INFEASIBLE
-                    else:
-                        preempted[c2] = (1 - frac) * prev[c2, w - 1 + lo] + frac * prev[c2, w + lo]
-                        spot_after[c2] = back[c2, w] if t >= k else _INFEASIBLE
-                    od_after[c2] = back[_OD_COL + c2, w] if t >= k else _INFEASIBLE
                 for c in range(4):
-                    bit = (c & 1) * 2  # the columns of chain state c sit at this bit (the column offsets are even)
-                    # Next step without a change: no market waits, on-demand works (either way the
-                    # market moves on its chain); a change of market lands after the restart.
-                    wait = 0.0
-                    od_next = 0.0
-                    land_spot = restart
-                    land_od = r * restart
-                    for c2 in range(4):
-                        wait += one[b, c, c2] * none_next[c2]
-                        od_next += one[b, c, c2] * od_next_w[c2]
-                        land_spot += after_restart[b, c, c2] * spot_after[c2]
-                        land_od += after_restart[b, c, c2] * od_after[c2]
-                    hold_od = r * h + od_next
+                    land_spot = (restart + land[c, 0] * after[4] + land[c, 1] * after[5] + land[c, 2] * after[2]
+                                 + land[c, 3] * after[3])
+                    land_od = (r * restart + land[c, 0] * after[6] + land[c, 1] * after[7] + land[c, 2] * after[8]
+                               + land[c, 3] * after[9])
                     if c < DOWN_YOUNG:
+                        wait = wait_uy if c == UP_YOUNG else wait_uo
+                        hold_od = hold_od_uy if c == UP_YOUNG else hold_od_uo
+                        hold_spot = hold_spot_uy if c == UP_YOUNG else hold_spot_uo
                         # No market, capacity: wait / spot / on-demand.
-                        now[c, w] = min(min(wait, land_spot), land_od)
-                        best = SPOT if land_spot <= min(wait, land_od) else ON_DEMAND if land_od < wait else WAIT
-                        packed[b, s, w, c >> 1] |= best << bit
-                        # Spot: hold (a preemption drops to no market with the loss added to the work,
-                        # between two steps) / on-demand (pays the checkpoint write on spot).
-                        hold_spot = h
-                        for c2 in range(4):
-                            hold_spot += one[b, c, c2] * (spot_next[c2] if c2 < DOWN_YOUNG else preempted[c2])
+                        now[w, c] = min(min(wait, land_spot), land_od)
+                        codes[c] = SPOT if land_spot <= min(wait, land_od) else ON_DEMAND if land_od < wait else WAIT
+                        # Spot: hold / on-demand (pays the checkpoint write on spot).
                         to_od = switch + land_od
-                        now[_SPOT_COL + c, w] = min(hold_spot, to_od)
-                        packed[b, s, w, (_SPOT_COL + c) >> 1] |= (ON_DEMAND if to_od < hold_spot else SPOT) << bit
+                        now[w, _SPOT_COL + c] = min(hold_spot, to_od)
+                        codes[_SPOT_COL + c] = ON_DEMAND if to_od < hold_spot else SPOT
                         # On-demand, capacity: hold / spot (pays the write on on-demand).
                         to_spot = r * switch + land_spot
-                        now[_OD_COL + c, w] = min(hold_od, to_spot)
-                        packed[b, s, w, (_OD_COL + c) >> 1] |= (SPOT if to_spot < hold_od else ON_DEMAND) << bit
+                        now[w, _OD_COL + c] = min(hold_od, to_spot)
+                        codes[_OD_COL + c] = SPOT if to_spot < hold_od else ON_DEMAND
                     else:
+                        wait = wait_dy if c == DOWN_YOUNG else wait_do
+                        hold_od = hold_od_dy if c == DOWN_YOUNG else hold_od_do
                         # No market, no capacity: wait / on-demand.
-                        now[c, w] = min(wait, land_od)
-                        packed[b, s, w, c >> 1] |= (ON_DEMAND if land_od < wait else WAIT) << bit
+                        now[w, c] = min(wait, land_od)
+                        codes[c] = ON_DEMAND if land_od < wait else WAIT
                         # On-demand, no capacity: hold / leave it and wait.
                         leave = r * switch + wait
-                        now[_OD_COL + c, w] = min(hold_od, leave)
-                        packed[b, s, w, (_OD_COL + c) >> 1] |= (WAIT if leave < hold_od else ON_DEMAND) << bit
+                        now[w, _OD_COL + c] = min(hold_od, leave)
+                        codes[_OD_COL + c] = WAIT if leave < hold_od else ON_DEMAND
+                for j in range(5):
+                    packed[b, s, w, j] = codes[2 * j] | (codes[2 * j + 1] << 2)
 
 
 _Induction = Callable[[npt.NDArray[np.float64], npt.NDArray[np.float64], FloatArray, FloatArray,
