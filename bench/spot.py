@@ -10,9 +10,9 @@ docs/img/spot-*.png.
     .venv/bin/python bench/spot.py --speed-only             # 45 days x 9 zones x 1000 jobs timing
 
 A family is one folder of the collection: one cloud, one date, one node count (e.g. ``aws-02-15-2023
-1-node availability``). The ``gpuplan`` policy's hedge and prior come from planner/calibration.py; its
-one number chosen on traces (the half-life of its online rates) was chosen on aws-02-15-2023 1-node
-availability only, so every other family is held out; ``--holdout-family``
+1-node availability``). The ``gpuplan`` policy's prior comes from planner/calibration.py; its choices made
+on traces (docs/SPOT.md lists them) were made on aws-02-15-2023 1-node availability only, so every other
+family is held out; ``--holdout-family``
 (repeatable, substring match) restricts the run to the named ones.
 
 Every trace is put on 5-minute ticks (a tick is available only if the whole 5 minutes were; traces
@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler.policy import RATE_HALF_LIFE_H, PolicyParams  # noqa: E402
+from scheduler.policy import RATE_HALF_LIFE_H  # noqa: E402
 from scheduler.simulate import Jobs, Outcome, Prices, SimOptions, omniscient, run_policy  # noqa: E402
 from scheduler.slack_value import YOUNG_H, YOUNG_OUTAGE_HAZARD_RATIO, YOUNG_RUN_HAZARD_RATIO  # noqa: E402
 from scheduler.traces import Zones  # noqa: E402
@@ -151,9 +151,8 @@ def bound(zones: Zones, jobs: Jobs) -> np.ndarray:
     return np.asarray(cache[key], dtype=np.float64)
 
 
-def options(fam: Family, params: PolicyParams | None = None) -> SimOptions:
-    opts = SimOptions.measured(notice_s=fam.notice_s)
-    return opts if params is None else replace(opts, params=params)
+def options(fam: Family) -> SimOptions:
+    return SimOptions.measured(notice_s=fam.notice_s)
 
 
 def bounded_grids(fam: Family) -> Iterator[tuple[Zones, Jobs, np.ndarray, np.ndarray, np.ndarray]]:
@@ -170,12 +169,12 @@ def bounded_grids(fam: Family) -> Iterator[tuple[Zones, Jobs, np.ndarray, np.nda
 Result = dict[str, dict[str, np.ndarray]]
 
 
-def run_family(fam: Family, policies: tuple[str, ...] = POLICIES, params: PolicyParams | None = None) -> Result:
+def run_family(fam: Family, policies: tuple[str, ...] = POLICIES) -> Result:
     """Single-zone runs: every zone of the family on its own. policy -> arrays over every job."""
     keys = ("ratio", "cost", "met", "slack", "restart", "work", "lost", "pre")
     out: dict[str, dict[str, list[np.ndarray]]] = {p: {k: [] for k in keys} for p in (*policies, "omniscient")}
     for zones, jobs, omni, ok, sl in bounded_grids(fam):
-        outs: dict[str, Outcome] = {p: run_policy(zones, jobs, p, PRICES, options(fam, params)) for p in policies}
+        outs: dict[str, Outcome] = {p: run_policy(zones, jobs, p, PRICES, options(fam)) for p in policies}
         for p, o in outs.items():
             d = out[p]
             d["ratio"].append((o.cost_usd / omni)[ok])
@@ -413,13 +412,12 @@ def _od_entries(o: Outcome) -> np.ndarray:
     return entries
 
 
-def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: str, source: str = "",
-              params: PolicyParams | None = None) -> None:
+def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: str, source: str = "") -> None:
     t_start = time.time()
     per_family: dict[str, Result] = {}
     for fam in fams:
         print(f"family {fam.name}: {len(fam.singles)} zones", flush=True)
-        res = run_family(fam, params=params)
+        res = run_family(fam)
         if len(res["gpuplan"]["ratio"]):
             per_family[fam.name] = res
     allres = merge(list(per_family.values()))
@@ -479,20 +477,21 @@ def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: s
         "slack-value program (scheduler/slack_value.py) on a model of the zone whose runs of capacity and "
         "outages are young (the first "
         f"{YOUNG_H * 60:g} min, ending {YOUNG_RUN_HAZARD_RATIO:g}x / {YOUNG_OUTAGE_HAZARD_RATIO:g}x as fast) or "
-        "old, with the mean run and mean outage estimated online; returns from on-demand to spot from the "
-        "reserve rule; its priors and hedge come from planner/calibration.py. **Tuning / held-out split:** the "
-        "numbers chosen on traces are the half-life of the online rates (`RATE_HALF_LIFE_H` = "
+        "old, with the mean run and mean outage estimated online (returns to spot too, since 2026-12-03); "
+        "its prior mean run comes from planner/calibration.py. **Tuning / held-out split:** the "
+        "choices made on traces are the half-life of the online rates (`RATE_HALF_LIFE_H` = "
         f"{RATE_HALF_LIFE_H:g} h, from 24/48/96/192 h and no decay), the prior mean outage (the tuning family's "
-        "mean outage, 1.9 h), the gate that waits out an outage younger than one changeover (from none / one / "
-        "two changeovers) and the young/old shape (the young phase's length, the tuning family's median spell, "
-        "and its two hazard ratios, the medians over the tuning family's nine zones), all on the **tuning "
+        "mean outage, 1.9 h), the young/old shape (the young phase's length, the tuning family's median spell, "
+        "and its two hazard ratios, the medians over the tuning family's nine zones) and letting the program "
+        "decide returns and young outages (a reserve rule and a gate before), all on the **tuning "
         f"family {TUNING_FAMILY} only**; every other family is held out "
         f"({', '.join(f.name for f in fams if f.name != TUNING_FAMILY) or 'none present'}): another date, "
         "another cloud, another node count, another kind of trace. Honestly: earlier sessions revised the "
         "rule's *structure* while looking at all seven families under earlier versions of the policy, and "
-        "program variants (with and without the gate; memoryless and young/old) were each run once on the "
-        "held-out families before being kept, so the held-out families are unseen by the numbers, not by the "
-        "people; `--holdout-family NAME` reruns any family alone.",
+        "program variants (with and without a gate; memoryless and young/old; returns by the program) were "
+        "each run once on the held-out families, after being chosen on the tuning family, so the held-out "
+        "families are unseen by the numbers, not by the people; `--holdout-family NAME` reruns any family "
+        "alone.",
         "",
         "### Trace families (single zone)",
         "",
@@ -575,9 +574,6 @@ def main() -> int:
     parser.add_argument("--holdout-family", action="append", default=[],
                         help="run only families whose name contains this (repeatable); default: every family")
     parser.add_argument("--speed-only", action="store_true")
-    parser.add_argument("--hedge-z", type=float, default=None,
-                        help="gpuplan's hedge (normal quantile; default: the planner's 90%% confidence, 1.28) for a "
-                        "sensitivity run; prints only")
     parser.add_argument("--insurance", action="store_true",
                         help="only print, per family, where gpuplan costs more or less than greedy at slack >= 50%% "
                         "and restart >= 0.2 h")
@@ -599,9 +595,8 @@ def main() -> int:
         return 0
     command = ("python bench/spot.py" + (f" --traces {args.traces}" if args.traces else "")
                + "".join(f" --holdout-family {h}" for h in args.holdout_family))
-    params = None if args.hedge_z is None else PolicyParams(hedge_z=args.hedge_z)
-    out = None if args.no_write or params is not None else Path(args.out)
-    benchmark(fams, out, ROOT / "docs" / "img", command, str(root), params)
+    out = None if args.no_write else Path(args.out)
+    benchmark(fams, out, ROOT / "docs" / "img", command, str(root))
     return 0
 
 

@@ -31,23 +31,21 @@ feasible. Leaving on-demand for spot pays one more changeover, so it needs ``res
 top. Hence: any job whose initial slack covers one changeover meets its deadline under these
 policies, whatever the spot trace does.
 
-``gpuplan`` has three numbers chosen on traces, on one family only (``RATE_HALF_LIFE_H``,
-``PRIOR_MEAN_OUTAGE_H`` and the young-outage gate below). It prices slack with what it has seen of
-the zone, in spot dollars (``ratio`` = on-demand $/h over spot $/h; ``c`` = a changeover: restart +
-the checkpoint it waits for; ``loss`` = the work a preemption loses):
+``gpuplan`` has three choices made on traces, on one family only (``RATE_HALF_LIFE_H``,
+``PRIOR_MEAN_OUTAGE_H`` and the young/old shape of a spell in :mod:`scheduler.slack_value`). It prices
+slack with what it has seen of the zone, in spot dollars (``ratio`` = on-demand $/h over spot $/h; a
+changeover = the restart, billed at the new market, plus the checkpoint write it waits for, billed at
+the old; ``loss`` = the work a preemption loses):
 
-- **Wait, bridge, or leave spot: the value of slack.** :mod:`scheduler.slack_value` solves a dynamic
-  program over (time left, work left, market held, capacity now) on an on/off model of the zone (runs
-  of capacity end at rate ``1 / mean run``, outages at ``1 / mean outage``, both online estimates) and
-  the job takes its cheapest action: where slack is plentiful it waits out outages; where it is short,
-  it bridges them on on-demand (or leaves spot early) as far as the zone's rates make that pay. Traces
-  are heavy-tailed (half of all outages end within 30 minutes), so an outage younger than one
-  changeover is always waited out: a bridge could not have begun any sooner.
-- **Return to spot** from on-demand when the expected run pays for its two changeovers (and, when
-  the slack is short, for the slack they burn): ``(ratio - 1) min(R, work left)`` against
-  ``(2c + loss)(2 ratio - 1)``, short meaning below the reserve ``(n + z sqrt(n)) (2c + loss)`` with
-  ``n = work left / R`` (expected preemptions, hedged at the planner's 90% deadline confidence). Not
-  the program's: its memoryless runs overrate a fresh run where most runs are short.
+- **Every choice the safety net leaves open** (wait, take spot, bridge an outage on on-demand, leave
+  spot, return to it) is the cheapest expected action of :mod:`scheduler.slack_value`'s dynamic program
+  over (time left, work left, market held, capacity now, age of the current spell). Its model of the
+  zone: runs of capacity and outages whose young phase (the first 30 minutes) ends several times as fast
+  as the old one (the traces are heavy-tailed: half of all spells end within 30 minutes, the mean is
+  hours), with the mean run and mean outage estimated online. Where slack is plentiful it waits out
+  outages; where it is short it bridges them, as far as the zone's rates make that pay. Since
+  2026-12-03 it also decides returns to spot and young outages, which a reserve formula and a gate
+  decided while the model was memoryless (it overrated fresh runs and underrated young outages).
 - **Rates online**: ``mean run = (hours up + prior) / (preemptions + 1)``, ``mean outage = (hours
   down + prior) / (outages ended + 1)``, counted from what the caller has watched (:class:`ZoneSeen`),
   recent hours weighing more (counts decay with a half-life of ``RATE_HALF_LIFE_H``: a zone's
@@ -65,7 +63,6 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -88,12 +85,9 @@ POLICIES: tuple[str, ...] = ("gpuplan", "uniform-progress", "greedy", "spot-only
 # Prior for a zone never watched: planner/calibration.py CostCalibration.spot_hazard_per_h["aws"]
 # (0.08 preemptions per instance-hour), counted as one observed preemption.
 PRIOR_MEAN_RUN_H = 1.0 / 0.08
-# The planner's deadline confidence (CostCalibration.deadline_confidence = 0.9) as a normal quantile.
-HEDGE_Z = NormalDist().inv_cdf(0.9)
-# Half-life of what was watched of a zone in the online rates (EWMA counts). The one number of the
-# policy chosen on traces: on the tuning family only (AWS Feb 15 2023 availability, 9 zones; 24, 48,
-# 96, 192 h and no decay tried; 48 and 96 h tied on cells below greedy, 96 h had the lower median),
-# never on the held-out family (AWS Apr 22 2023 preemption); see docs/SPOT.md.
+# Half-life of what was watched of a zone in the online rates (EWMA counts). Chosen on traces, on the
+# tuning family only (AWS Feb 15 2023 availability, 9 zones; 24, 48, 96, 192 h and no decay tried; 48
+# and 96 h tied on cells below greedy, 96 h had the lower median); see docs/SPOT.md.
 RATE_HALF_LIFE_H = 96.0
 # Prior mean outage of a zone never watched: the tuning family's mean outage (1.88 h over 1,893 outages).
 PRIOR_MEAN_OUTAGE_H = 1.9
@@ -205,16 +199,13 @@ class PolicyParams:
     reserve_cap_h: the reserve never exceeds this many hours.
     return_restarts: extra slack, in restart delays, before going back from on-demand to spot
         (inf = never go back, like greedy).
-    hedge_z: ``gpuplan``'s hedge on the spread of the preemption count (normal quantile).
     """
 
     reserve_fraction: float = 0.0
     reserve_cap_h: float = math.inf
     return_restarts: float = math.inf
-    hedge_z: float = HEDGE_Z
 
 
-DEFAULT_PARAMS = PolicyParams()
 GREEDY_PARAMS = PolicyParams(reserve_fraction=0.0, return_restarts=math.inf)
 UNIFORM_PARAMS = PolicyParams(reserve_fraction=1.0, reserve_cap_h=math.inf, return_restarts=2.0)
 
@@ -238,7 +229,6 @@ def decide_arrays(
     spot_available: BoolArray,
     uncommitted_h: FloatArray | float = 0.0,
     tick_h: float = 0.0,
-    params: PolicyParams = DEFAULT_PARAMS,
     mean_run_h: FloatArray | float = PRIOR_MEAN_RUN_H,
     outage_age_h: FloatArray | float = math.inf,
     loss_h: FloatArray | float = 0.0,
@@ -276,25 +266,14 @@ def decide_arrays(
     may_leave = slack >= need + restart_h + switch_h
 
     if policy == "gpuplan":
-        runs = np.maximum(np.asarray(mean_run_h, dtype=np.float64), 1e-9)
-        change = np.asarray(restart_h) + np.asarray(switch_h)
-        loss = np.asarray(loss_h)
-        # Returning to spot for a run of R hours instead of staying on on-demand for the same work
-        # (in spot-$): saves (ratio - 1) R, pays two changeovers of on-demand time (the one now
-        # delays the work, the one back when the run ends) and the work the preemption loses, and
-        # burns that much slack, worth (ratio - 1) an hour once slack is short (an hour of slack
-        # less is an hour more on on-demand at the end).
-        cycle_h = 2.0 * change + loss
-        run_gain = (price_ratio - 1.0) * np.minimum(runs, work_left)
-        pays_short = run_gain > cycle_h * (2.0 * price_ratio - 1.0)
-        # Reserve: the slack that alternating (spot while capacity lasts, on-demand through each
-        # outage) needs for the work left, if alternating pays at all in this zone; n = expected
-        # preemptions, hedged by z sqrt(n). Where it does not pay, the reserve is the safety net.
-        expected = work_left / runs
-        cycles = expected + params.hedge_z * np.sqrt(expected)
-        reserve = need + np.where(pays_short, cycles * cycle_h, 0.0)
-        short = slack < reserve + 2.0 * change
-        may_return = may_leave & np.where(short, pays_short, run_gain > cycle_h * price_ratio)
+        # Every choice the safety net leaves open (wait, take spot, bridge on on-demand, leave spot, return
+        # to it): the slack-value program, priced on the zone's online rates and the age of its spell.
+        column = np.where(on_od, np.where(spot_available, OD_UP, OD_DOWN),
+                          np.where(spot_available, np.where(current == SPOT, SPOT_UP, NONE_UP), NONE_DOWN))
+        dp = best_actions(time_left, work_left, work_total_h, column, restart_h=restart_h, switch_h=switch_h,
+                          loss_h=loss_h, mean_run_h=mean_run_h, mean_outage_h=mean_outage_h, price_ratio=price_ratio,
+                          run_age_h=run_age_h, outage_age_h=outage_age_h)
+        deadline_rule = np.where(~safe | (on_od & ~may_leave), ON_DEMAND, dp)
     else:
         p = GREEDY_PARAMS if policy == "greedy" else UNIFORM_PARAMS
         span = np.where(has_deadline, deadline_h - start_h, 1.0)
@@ -306,27 +285,15 @@ def decide_arrays(
             may_return = slack >= reserve + p.return_restarts * np.asarray(restart_h)
         else:
             may_return = np.zeros(n, dtype=bool)
-    # With spot available: take it, unless on on-demand without room (or reason) to come back.
-    with_spot = np.where(on_od & ~may_return, ON_DEMAND, SPOT)
-    # Without spot: wait while above the reserve line; on-demand stays put a changeover longer.
-    keep_reserve = reserve + np.where(on_od, restart_h, 0.0)
-    without_spot = np.where(slack >= keep_reserve, WAIT, ON_DEMAND)
-    if policy == "greedy":
-        without_spot = np.where(on_od, ON_DEMAND, without_spot)
-    deadline_rule = np.where(~safe, ON_DEMAND, np.where(spot_available, with_spot, without_spot))
-    if policy == "gpuplan":
-        # Waiting or bridging, and leaving spot for on-demand: the slack-value program (priced on the
-        # zone's online rates). Returning from on-demand to spot: the reserve rule above (the program's
-        # memoryless runs overrate a fresh run on heavy-tailed traces). An outage younger than one
-        # changeover is waited out: a bridge could not have started any sooner than that.
-        column = np.where(on_od, np.where(spot_available, OD_UP, OD_DOWN),
-                          np.where(spot_available, np.where(current == SPOT, SPOT_UP, NONE_UP), NONE_DOWN))
-        dp = best_actions(time_left, work_left, work_total_h, column, restart_h=restart_h, switch_h=switch_h,
-                          loss_h=loss_h, mean_run_h=mean_run_h, mean_outage_h=mean_outage_h, price_ratio=price_ratio,
-                          run_age_h=run_age_h, outage_age_h=outage_age_h)
-        dp = np.where(~safe | (on_od & ~may_leave), ON_DEMAND, dp)
-        young = ~spot_available & ~on_od & (np.asarray(outage_age_h) < change)
-        deadline_rule = np.where(on_od & spot_available, deadline_rule, np.where(young & safe, WAIT, dp))
+        # With spot available: take it, unless on on-demand without room (or reason) to come back.
+        with_spot = np.where(on_od & ~may_return, ON_DEMAND, SPOT)
+        # Without spot: wait while above the reserve line; on-demand stays put a changeover longer (greedy:
+        # for good).
+        keep_reserve = reserve + np.where(on_od, restart_h, 0.0)
+        without_spot = np.where(slack >= keep_reserve, WAIT, ON_DEMAND)
+        if policy == "greedy":
+            without_spot = np.where(on_od, ON_DEMAND, without_spot)
+        deadline_rule = np.where(~safe, ON_DEMAND, np.where(spot_available, with_spot, without_spot))
     return np.where(has_deadline, deadline_rule, spot_or_wait).astype(np.int8)
 
 
@@ -336,7 +303,6 @@ def decide(
     spot_available: bool,
     *,
     tick_h: float = 0.0,
-    params: PolicyParams = DEFAULT_PARAMS,
     rates: ZoneRates = DEFAULT_RATES,
     prices: PriceRatio = DEFAULT_PRICES,
 ) -> Decision:
@@ -364,7 +330,6 @@ def decide(
         spot_available=np.array([spot_available]),
         uncommitted_h=progress.uncommitted_h,
         tick_h=tick_h,
-        params=params,
         mean_run_h=rates.mean_run_h,
         outage_age_h=rates.outage_age_h,
         loss_h=rates.loss_h,

@@ -191,7 +191,7 @@ def _decisions(policy: str, s: _State, setup: _Setup, jobs: Jobs, now: float, tt
         policy, work_done_h=s.done, work_total_h=jobs.work_h, now_h=now, deadline_h=jobs.deadline_h,
         start_h=np.zeros(len(jobs)), restart_h=jobs.restart_h + np.where(s.ckpt_zone >= 0, move, 0.0),
         current=s.market, spot_available=spot_any, uncommitted_h=setup.at_risk(s.unc), tick_h=setup.gap,
-        params=setup.opts.params, mean_run_h=means[np.arange(len(jobs)), target], outage_age_h=setup.all_down[tt],
+        mean_run_h=means[np.arange(len(jobs)), target], outage_age_h=setup.all_down[tt],
         loss_h=setup.loss[target, tt], switch_h=setup.opts.checkpoint_write_h,
         # The spot price now in the zone the job would run in: what the caller sees (the median over
         # the whole trace, used before, read the future).

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput
-from scheduler.policy import DEFAULT_PARAMS, PRIOR_MEAN_RUN_H, RATE_HALF_LIFE_H, PolicyParams
+from scheduler.policy import PRIOR_MEAN_RUN_H, RATE_HALF_LIFE_H
 from scheduler.traces import Zones
 
 FloatArray = npt.NDArray[np.float64]
@@ -130,7 +130,6 @@ class SimOptions:
     """
 
     checkpoint_cost_h: float = 0.0
-    params: PolicyParams = field(default_factory=lambda: DEFAULT_PARAMS)
     mttp_h: tuple[float, ...] | None = None  # per zone; None: estimated online from the trace so far
     timeline: bool = False
     checkpoint_write_h: float = 0.0

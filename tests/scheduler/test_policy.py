@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -72,14 +73,21 @@ def test_uniform_progress_goes_on_demand_when_behind_the_line_and_back_only_when
 def test_gpuplan_prefers_staying_on_spot_and_waits_when_ahead() -> None:
     assert decide("gpuplan", progress(20.0, 30.0, current="spot"), True, tick_h=TICK) is Decision.SPOT
     assert decide("gpuplan", progress(20.0, 25.0), False, tick_h=TICK) is Decision.WAIT
-    # Near the safety net (0.5 h of slack, 0.2 h restarts) without spot: on-demand once the outage is
-    # older than a changeover; a fresh one is waited out (it may end before a bridge could start).
-    edge = progress(10.0, 31.5)
-    assert decide("gpuplan", edge, False, tick_h=TICK, rates=ZoneRates(outage_age_h=0.8)) is Decision.ON_DEMAND
-    assert decide("gpuplan", edge, False, tick_h=TICK, rates=ZoneRates(outage_age_h=0.1)) is Decision.WAIT
-    # With 20 h of slack the same outage is waited out.
-    assert decide("gpuplan", progress(10.0, 12.0), False, tick_h=TICK, rates=ZoneRates(outage_age_h=0.8)) \
-        is Decision.WAIT
+    # Below the safety net (0.25 h of slack, 0.2 h restarts, 0.1 h ticks) there is no choice: on-demand.
+    for age in (0.0, 5.0):
+        assert decide("gpuplan", progress(10.0, 31.75), False, tick_h=TICK,
+                      rates=ZoneRates(outage_age_h=age)) is Decision.ON_DEMAND
+    # 3 h of slack for 24 h of work in a zone whose outages last 2 h: an outage that has lasted 30 min is
+    # bridged on on-demand; a fresh one is waited out (young outages end several times as fast).
+    zone = {"mean_run_h": 5.0, "mean_outage_h": 2.0, "loss_h": 0.03, "switch_h": 0.001}
+    for now in (42.8, 43.0, 43.2):
+        assert decide("gpuplan", progress(24.0, now), False, tick_h=TICK,
+                      rates=ZoneRates(outage_age_h=0.0, **zone)) is Decision.WAIT
+        assert decide("gpuplan", progress(24.0, now), False, tick_h=TICK,
+                      rates=ZoneRates(outage_age_h=1.0, **zone)) is Decision.ON_DEMAND
+    # With 20 h of slack the old outage is waited out too.
+    assert decide("gpuplan", progress(10.0, 12.0), False, tick_h=TICK,
+                  rates=ZoneRates(outage_age_h=1.0, **zone)) is Decision.WAIT
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -144,13 +152,17 @@ def test_choose_zone_stays_put_then_picks_the_longest_running_zone() -> None:
 
 def test_gpuplan_returns_to_spot_only_when_the_expected_run_pays_for_two_changeovers() -> None:
     on_od = progress(30.0, 35.0, current="on-demand")  # slack 17 h, 18 h of work left
-    short, long = ZoneRates(mean_run_h=0.3), ZoneRates(mean_run_h=5.0)
+    # Capacity just came back (a run of age 0): in a zone whose runs last 0.3 h it will not pay for the
+    # changeovers there and back; where they last 5 h it will.
+    short, long = ZoneRates(mean_run_h=0.3, run_age_h=0.0), ZoneRates(mean_run_h=5.0, run_age_h=0.0)
     assert decide("gpuplan", on_od, True, tick_h=TICK, rates=short) is Decision.ON_DEMAND
     assert decide("gpuplan", on_od, True, tick_h=TICK, rates=long) is Decision.SPOT
-    # Cheaper on-demand makes the same run not worth the changeovers.
+    # A run of the short zone that has lasted 36 min is old: old runs end several times as slowly.
+    assert decide("gpuplan", on_od, True, tick_h=TICK, rates=replace(short, run_age_h=0.6)) is Decision.SPOT
+    # Cheaper on-demand makes a fresh run not worth the changeovers.
     near = PriceRatio(on_demand=1.1, spot=1.0)
-    assert decide("gpuplan", on_od, True, tick_h=TICK, rates=ZoneRates(mean_run_h=1.0), prices=near) \
-        is Decision.ON_DEMAND
+    assert decide("gpuplan", on_od, True, tick_h=TICK, rates=ZoneRates(mean_run_h=1.0, run_age_h=0.0),
+                  prices=near) is Decision.ON_DEMAND
 
 
 def test_gpuplan_leaves_on_demand_in_an_outage_only_when_outages_are_short_and_slack_plentiful() -> None:

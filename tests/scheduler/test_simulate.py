@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput, UnknownName
+from scheduler.market_codes import NONE, ON_DEMAND, SPOT
 from scheduler.policy import ZoneSeen, young_daly_interval
 from scheduler.replay import online_mean_outage
 from scheduler.simulate import (
@@ -210,18 +211,22 @@ def test_honest_costs_keep_the_guarantees_in_one_zone_and_across_two(
 def test_a_voluntary_changeover_waits_for_its_checkpoint_on_the_old_instance() -> None:
     z = zones_from([0] * 20 + [1] * 400, gap_s=360.0)  # no spot for 2 h, then spot for good
     jobs = Jobs.make([0], 10.0, 12.0, 0.2)
-    # A zone that runs 2 h between preemptions, 2 h of slack: the job bridges the outage on on-demand
-    # (when is the policy's call: the slack-value program's), then goes back to spot when it returns (a
-    # voluntary changeover). Whenever the bridge began, the accounting of the changeover is the same.
-    out = run_policy(z, jobs, "gpuplan", PRICES, SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05))
-    assert out.preemptions[0] == 0
-    # On-demand from the bridge's start to 2 h (0.2 h of it the restart), then 0.05 h more for the checkpoint.
+    # A zone that runs 2 h between preemptions, 2 h of slack: the job bridges the outage on on-demand,
+    # then goes back to spot once capacity is back (a voluntary changeover). When the bridge begins and
+    # ends is the policy's call (the slack-value program's); the accounting of the changeover is the same.
+    out = run_policy(z, jobs, "gpuplan", PRICES, SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05, timeline=True))
+    assert out.preemptions[0] == 0 and out.timeline_market is not None
+    market = out.timeline_market[:, 0]
+    back_h = 0.1 * int(np.argmax(market == SPOT))  # the tick the job went back to spot
+    assert back_h >= 2.0 and set(market[market != NONE]) == {SPOT, ON_DEMAND}
+    # On-demand from the bridge's start until the return (0.2 h of it the restart), then 0.05 h more for the
+    # checkpoint.
     bridge_h = out.on_demand_h[0] - 0.05
-    assert 0.2 < bridge_h <= 2.0 and bridge_h * 10 == pytest.approx(round(bridge_h * 10))  # whole 6-min ticks
+    assert 0.2 < bridge_h <= back_h and bridge_h * 10 == pytest.approx(round(bridge_h * 10))  # whole 6-min ticks
     work_on_od = bridge_h - 0.2
     # Spot boots meanwhile: restart 0.2 h, then the work left; no extra delay.
     assert out.spot_h[0] == pytest.approx(0.2 + 10.0 - work_on_od)
-    assert out.finish_h[0] == pytest.approx(2.0 + 0.2 + 10.0 - work_on_od)
+    assert out.finish_h[0] == pytest.approx(back_h + 0.2 + 10.0 - work_on_od)
     assert out.cost_usd[0] == pytest.approx((bridge_h + 0.05) * PRICES.on_demand + out.spot_h[0] * PRICES.spot)
 
 
