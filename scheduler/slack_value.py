@@ -1,11 +1,14 @@
 """What an hour of slack is worth: a dynamic program over (time left, work left, market) for one job
-on an on/off spot market, solved once per (rates, restart, loss, prices) bucket and cached.
+on a spot market whose capacity comes and goes, solved once per (rates, restart, loss, prices) bucket
+and cached.
 
-The market model is a two-state Markov chain: a run of spot capacity ends at rate ``1 / mean_run_h``,
-an outage ends at rate ``1 / mean_outage_h`` (both estimated online from what the policy has watched,
-:class:`scheduler.policy.ZoneSeen`). On a grid of ``step_h`` hours the program finds, for every
-(time left, work left, availability, market held), the action with the lowest expected cost to finish
-by the deadline, in spot-hours (spot costs 1 an hour, on-demand ``price_ratio``):
+The market model is a four-state Markov chain: capacity is up or down, and the current spell (a run of
+capacity, an outage) is young (its first ``YOUNG_H`` hours) or old. A young spell ends several times as
+fast as an old one (``YOUNG_RUN_HAZARD_RATIO``, ``YOUNG_OUTAGE_HAZARD_RATIO``), and the two hazards are
+set so that a spell's mean is the zone's mean run or mean outage, estimated online from what the policy
+has watched (:class:`scheduler.policy.ZoneSeen`). On a grid of ``step_h`` hours the program finds, for
+every (time left, work left, chain state, market held), the action with the lowest expected cost to
+finish by the deadline, in spot-hours (spot costs 1 an hour, on-demand ``price_ratio``):
 
 - hold spot (works; a preemption loses ``loss_h`` of work and drops the job to no market);
 - hold on-demand (works at ``price_ratio`` an hour; never preempted);
@@ -14,13 +17,13 @@ by the deadline, in spot-hours (spot costs 1 an hour, on-demand ``price_ratio``)
   checkpoint a voluntary changeover waits for) billed at the old one.
 
 A state whose work no longer fits before the deadline costs ``_INFEASIBLE``; the policy's safety net
-keeps real jobs out of it. The program prices the slack that the reserve rule of earlier versions
-set by formula: where slack is plentiful, waiting out an outage is free and the table says wait;
-where it is short, it says bridge on on-demand or alternate, as far as the zone's rates make that pay.
+keeps real jobs out of it. Where slack is plentiful, waiting out an outage is free and the table says
+wait; where it is short, it says bridge on on-demand or alternate, as far as the zone's rates make that
+pay; a fresh run or outage is judged by how young spells end.
 
 Pure: values in, values out; tables are cached by their bucketed inputs (:func:`table_for`). The
-induction is plain loops compiled by numba (a full table in ~7 ms; numpy's vectorised levels took
-~60-120 ms, which made a 45-day, 9-zone replay of 1,000 jobs take 30 s).
+induction is plain loops compiled by numba (a full table in ~11 ms; numpy's vectorised levels took
+~60-120 ms for the two-state chain, which made a 45-day, 9-zone replay of 1,000 jobs take 30 s).
 """
 
 from __future__ import annotations
