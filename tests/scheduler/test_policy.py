@@ -192,6 +192,10 @@ def test_zone_seen_counts_what_was_watched_and_estimates_with_the_planner_prior(
     assert seen.rates().mean_outage_h == pytest.approx((1.5 + PRIOR_MEAN_OUTAGE_H) / 2)
     assert ZoneSeen().rates().mean_run_h == pytest.approx(PRIOR_MEAN_RUN_H)
     assert choose_zone([True, True], None, [0.1, 3.0], mean_run_h=[9.0, 2.0]) == 0
+    # The program reads the age of the current run: watched up for 1.5 h; a zone never watched: unknown.
+    up = seen.step(True, 0.5).step(True, 0.5).step(True, 0.5)
+    assert up.rates().run_age_h == pytest.approx(1.5) and up.rates().outage_age_h == 0.0
+    assert ZoneSeen().rates().run_age_h == math.inf
 
 
 def test_zone_seen_weighs_recent_hours_more_with_its_half_life() -> None:
