@@ -62,3 +62,7 @@ def test_a_cell_is_won_job_by_job_when_more_jobs_cost_less_than_cost_more() -> N
     res["greedy"]["cost"] = res["greedy"]["ratio"] = np.array([1.0, 1.1, 1.45, 2.0])
     assert spot.cell_table(res)[1] == 0  # medians 1.35 vs 1.275: above greedy
     assert spot.paired_cells(res) == (1, 1)  # cheaper on jobs 3 and 4, dearer on job 2
+    # The cell is listed among those above greedy, with the job-by-job count and both statistics.
+    assert spot.above_cells("fam", res) == ["| fam | 20% | 0.02 h | 4 | 2 / 1 / 1 | 1.350 / 1.275 | 1.300 / 1.387 |"]
+    res["greedy"]["ratio"] = np.array([1.0, 1.3, 1.4, 1.5])
+    assert spot.above_cells("fam", res) == []  # level: not listed
