@@ -155,6 +155,19 @@ def options(fam: Family) -> SimOptions:
     return SimOptions.measured(notice_s=fam.notice_s)
 
 
+def hindsight_rates(zones: Zones) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per zone, the mean run of capacity and the mean outage over the whole trace (what an online policy
+    can only estimate): hours up / runs and hours down / outages (at least one of each)."""
+    runs, outages = [], []
+    for av in zones.available:
+        starts = int(av[0]) + int(np.count_nonzero(av[1:] & ~av[:-1]))  # runs of capacity
+        downs = int(not av[0]) + int(np.count_nonzero(~av[1:] & av[:-1]))  # outages
+        up = float(np.count_nonzero(av)) * zones.gap_h
+        runs.append(max(up, zones.gap_h) / max(starts, 1))
+        outages.append(max(len(av) * zones.gap_h - up, zones.gap_h) / max(downs, 1))
+    return tuple(runs), tuple(outages)
+
+
 def bounded_grids(fam: Family) -> Iterator[tuple[Zones, Jobs, np.ndarray, np.ndarray, np.ndarray]]:
     """Each zone of the family on its own with its job grid: (zones, jobs, omniscient bound, where the bound
     is finite, each job's slack rounded to the grid's)."""
@@ -169,12 +182,17 @@ def bounded_grids(fam: Family) -> Iterator[tuple[Zones, Jobs, np.ndarray, np.nda
 Result = dict[str, dict[str, np.ndarray]]
 
 
-def run_family(fam: Family, policies: tuple[str, ...] = POLICIES) -> Result:
-    """Single-zone runs: every zone of the family on its own. policy -> arrays over every job."""
+def run_family(fam: Family, policies: tuple[str, ...] = POLICIES, hindsight: bool = False) -> Result:
+    """Single-zone runs: every zone of the family on its own. policy -> arrays over every job. ``hindsight``:
+    the policies are told each zone's whole-trace mean run and mean outage instead of estimating them."""
     keys = ("ratio", "cost", "met", "slack", "restart", "work", "lost", "pre")
     out: dict[str, dict[str, list[np.ndarray]]] = {p: {k: [] for k in keys} for p in (*policies, "omniscient")}
     for zones, jobs, omni, ok, sl in bounded_grids(fam):
-        outs: dict[str, Outcome] = {p: run_policy(zones, jobs, p, PRICES, options(fam)) for p in policies}
+        opts = options(fam)
+        if hindsight:
+            run, outage = hindsight_rates(zones)
+            opts = replace(opts, mttp_h=run, mean_outage_h=outage)
+        outs: dict[str, Outcome] = {p: run_policy(zones, jobs, p, PRICES, opts) for p in policies}
         for p, o in outs.items():
             d = out[p]
             d["ratio"].append((o.cost_usd / omni)[ok])
@@ -286,6 +304,22 @@ def above_cells(name: str, res: Result) -> list[str]:
                         f"{int(m.sum()) - cheaper - dearer} | {a:.3f} / {b:.3f} | "
                         f"{float(np.mean(g['ratio'][m])):.3f} / {float(np.mean(gr['ratio'][m])):.3f} |")
     return rows
+
+
+def hindsight_table(fams: list[Family]) -> list[str]:
+    """Per family: gpuplan (and greedy, whose checkpoint interval uses the mean run) with online rates and
+    with the whole trace's: cells below / level / above greedy (slack >= 20%), median and mean x bound."""
+    lines = ["| family | rates | cells below / level / above greedy | gpuplan median x bound | gpuplan mean x bound |",
+             "|---|---|---|---|---|"]
+    for fam in fams:
+        for label, hindsight in (("online", False), ("whole trace (hindsight)", True)):
+            res = run_family(fam, ("gpuplan", "greedy"), hindsight=hindsight)
+            _, below, _, n, level = cell_table(res)
+            g = res["gpuplan"]["ratio"]
+            lines.append(f"| {role(fam.name)} | {label} | {below} / {level} / {n - below - level} | "
+                         f"{fmt(np.median(g))} | {fmt(np.mean(g))} |")
+            print(lines[-1], flush=True)
+    return lines
 
 
 def floor(fams: list[Family], min_slack: float = 0.5) -> list[str]:
@@ -610,6 +644,9 @@ def main() -> int:
     parser.add_argument("--insurance", action="store_true",
                         help="only print, per family, where gpuplan costs more or less than greedy at slack >= 50%% "
                         "and restart >= 0.2 h")
+    parser.add_argument("--hindsight-rates", action="store_true",
+                        help="only print, per family, gpuplan with the rates estimated online against gpuplan told "
+                        "each zone's whole-trace mean run and mean outage (what estimating them costs)")
     parser.add_argument("--no-write", action="store_true", help="print the tables, leave docs/ alone")
     parser.add_argument("--out", default=str(ROOT / "docs" / "SPOT.md"), help="Markdown to update (between markers)")
     args = parser.parse_args()
@@ -625,6 +662,9 @@ def main() -> int:
         return 0
     if args.insurance:
         print("\n".join(insurance(fams)))
+        return 0
+    if args.hindsight_rates:
+        print("\n".join(hindsight_table(fams)))
         return 0
     command = ("python bench/spot.py" + (f" --traces {args.traces}" if args.traces else "")
                + "".join(f" --holdout-family {h}" for h in args.holdout_family))

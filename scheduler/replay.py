@@ -8,6 +8,7 @@ changeovers (checkpoint, restart, transfer), then the work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,13 +73,20 @@ def online_mean_outage(zones: Zones, prior_mean_outage_h: float, half_life_h: fl
     return _online_mean(~zones.available, zones.gap_h, prior_mean_outage_h, half_life_h)
 
 
+def _per_zone(given: tuple[float, ...] | None, online: Callable[[], FloatArray], zones: Zones,
+              what: str) -> FloatArray:
+    """(zones, ticks): the per-zone values the options give, else the online estimate."""
+    if given is None:
+        return online()
+    if len(given) != len(zones.names) or not all(x > 0 for x in given):
+        raise InvalidInput(f"give one positive {what} per zone ({len(zones.names)}), in hours")
+    return np.broadcast_to(np.asarray(given, dtype=np.float64)[:, None], zones.available.shape)
+
+
 def _mean_runs(zones: Zones, opts: SimOptions) -> FloatArray:
     """(zones, ticks) mean time to preemption the policy and the checkpoint interval use."""
-    if opts.mttp_h is None:
-        return online_mean_run(zones, opts.prior_mean_run_h, opts.rate_half_life_h)
-    if len(opts.mttp_h) != len(zones.names):
-        raise InvalidInput(f"give one mean time to preemption per zone ({len(zones.names)})")
-    return np.broadcast_to(np.asarray(opts.mttp_h, dtype=np.float64)[:, None], zones.available.shape)
+    return _per_zone(opts.mttp_h, lambda: online_mean_run(zones, opts.prior_mean_run_h, opts.rate_half_life_h),
+                     zones, "mean time to preemption")
 
 
 def run_lengths(available: npt.NDArray[np.bool_]) -> FloatArray:
@@ -125,7 +133,9 @@ def _setup(zones: Zones, prices: Prices, opts: SimOptions) -> _Setup:
     tau = young_daly_array(opts.checkpoint_cost_h, mean_run)
     half = np.where(np.isfinite(tau), tau / 2, 0.0)  # a preemption loses half an interval on average
     loss = np.minimum(half, opts.notice_h) if opts.just_in_time else half
-    mean_outage = online_mean_outage(zones, PRIOR_MEAN_OUTAGE_H, opts.rate_half_life_h)
+    mean_outage = _per_zone(opts.mean_outage_h,
+                            lambda: online_mean_outage(zones, PRIOR_MEAN_OUTAGE_H, opts.rate_half_life_h),
+                            zones, "mean outage")
     return _Setup(opts, zones.gap_h, spot_price, run_lengths(zones.available), mean_run, mean_outage, all_down, tau,
                   loss, prices.on_demand)
 

@@ -127,10 +127,13 @@ class SimOptions:
     move_h: checkpoint transfer when the job starts in another zone than the one its checkpoint is in.
     prior_mean_run_h: the policy's prior mean run of capacity for a zone it has not watched yet.
     rate_half_life_h: half-life of what was watched in the online rates (inf: no decay).
+    mean_outage_h: per zone, the mean outage the policy is told (None: estimated online), like
+        ``mttp_h`` for runs: what knowing the rates in hindsight is worth (bench/spot.py --hindsight-rates).
     """
 
     checkpoint_cost_h: float = 0.0
     mttp_h: tuple[float, ...] | None = None  # per zone; None: estimated online from the trace so far
+    mean_outage_h: tuple[float, ...] | None = None  # per zone; None: estimated online from the trace so far
     timeline: bool = False
     checkpoint_write_h: float = 0.0
     notice_h: float = 0.0

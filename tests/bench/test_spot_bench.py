@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scheduler.traces import align, trace_from_dict
 from tests.bench.scripts import load_script
 
 
@@ -66,3 +67,12 @@ def test_a_cell_is_won_job_by_job_when_more_jobs_cost_less_than_cost_more() -> N
     assert spot.above_cells("fam", res) == ["| fam | 20% | 0.02 h | 4 | 2 / 1 / 1 | 1.350 / 1.275 | 1.300 / 1.387 |"]
     res["greedy"]["ratio"] = np.array([1.0, 1.3, 1.4, 1.5])
     assert spot.above_cells("fam", res) == []  # level: not listed
+
+
+def test_hindsight_rates_are_the_whole_traces_mean_run_and_outage() -> None:
+    spot = load_script("spot", "spot_bench")
+    zones = align([trace_from_dict({"metadata": {"gap_seconds": 3600}, "data": [1, 1, 0, 0, 0, 1]}, "a"),
+                   trace_from_dict({"metadata": {"gap_seconds": 3600}, "data": [0, 1, 1, 1, 1, 1]}, "b")])
+    runs, outages = spot.hindsight_rates(zones)
+    assert runs == (1.5, 5.0)  # 3 h up over 2 runs; 5 h in one run
+    assert outages == (3.0, 1.0)

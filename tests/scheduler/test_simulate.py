@@ -358,3 +358,16 @@ def test_job_validation() -> None:
         compare(z, Jobs.make([0], 1.0, 2.0, 0.0), PRICES, policies=["omnicsient"])
     with pytest.raises(InvalidInput):
         Prices(on_demand=0.0, spot=1.0)
+
+
+def test_the_policy_can_be_told_each_zones_mean_outage_instead_of_estimating_it() -> None:
+    # Up 2 h, an outage of 3 h, then up for good; 10 h of work with 3 h of slack. Told that outages last
+    # 0.2 h the job waits for spot; told 20 h it bridges the outage on on-demand and stays there.
+    z = zones_from([1] * 20 + [0] * 30 + [1] * 200)
+    jobs = Jobs.make([0], 10.0, 13.0, 0.2)
+    short, long = (run_policy(z, jobs, "gpuplan", PRICES, SimOptions(mttp_h=(20.0,), mean_outage_h=(m,)))
+                   for m in (0.2, 20.0))
+    assert short.deadline_met[0] and long.deadline_met[0]
+    assert short.on_demand_h[0] < 3.0 < long.on_demand_h[0]
+    with pytest.raises(InvalidInput, match="one positive mean outage per zone"):
+        run_policy(z, jobs, "gpuplan", PRICES, SimOptions(mean_outage_h=(1.0, 2.0)))
