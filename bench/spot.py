@@ -306,6 +306,41 @@ def above_cells(name: str, res: Result) -> list[str]:
     return rows
 
 
+AGE_BINS_H = (0.0, 0.5, 2.0, 6.0, np.inf)
+
+
+def spell_lengths(available: np.ndarray, gap_h: float, up: bool) -> np.ndarray:
+    """Hours of every run of capacity (``up``) or outage in one zone's ticks, including cut-off ones."""
+    x = (available if up else ~available).astype(np.int8)
+    d = np.diff(np.concatenate([[0], x, [0]]))
+    return np.asarray((np.flatnonzero(d == -1) - np.flatnonzero(d == 1)) * gap_h, dtype=np.float64)
+
+
+def hazard_by_age(lengths: np.ndarray, bins: tuple[float, ...] = AGE_BINS_H) -> np.ndarray:
+    """Per bin of age [lo, hi): spells ending in it per hour spent in it (the empirical hazard)."""
+    out = []
+    for lo, hi in itertools.pairwise(bins):
+        exposure = float((np.clip(lengths, lo, hi) - lo).sum())
+        ends = int(((lengths > lo) & (lengths <= hi)).sum())
+        out.append(ends / exposure if exposure > 0 else np.nan)
+    return np.asarray(out)
+
+
+def hazard_table(fams: list[Family]) -> list[str]:
+    """Per family, the median over its zones of the hazard of a run of capacity and of an outage by age:
+    how far the traces are from memoryless (the slack-value program's young/old shape)."""
+    bins = [f"{lo:g}-{hi:g} h" if np.isfinite(hi) else f"> {lo:g} h"
+            for lo, hi in itertools.pairwise(AGE_BINS_H)]
+    lines = ["| family | spell | " + " | ".join(f"ends per hour at age {b}" for b in bins) + " |",
+             "|---|---|" + "---|" * len(bins)]
+    for fam in fams:
+        for up, label in ((True, "run of capacity"), (False, "outage")):
+            h = np.array([hazard_by_age(spell_lengths(z.available[0], z.gap_h, up)) for z in fam.singles])
+            lines.append(f"| {role(fam.name)} | {label} | "
+                         + " | ".join(f"{x:.2f}" for x in np.nanmedian(h, axis=0)) + " |")
+    return lines
+
+
 def hindsight_table(fams: list[Family]) -> list[str]:
     """Per family: gpuplan (and greedy, whose checkpoint interval uses the mean run) with online rates and
     with the whole trace's: cells below / level / above greedy (slack >= 20%), median and mean x bound."""
@@ -647,6 +682,8 @@ def main() -> int:
     parser.add_argument("--hindsight-rates", action="store_true",
                         help="only print, per family, gpuplan with the rates estimated online against gpuplan told "
                         "each zone's whole-trace mean run and mean outage (what estimating them costs)")
+    parser.add_argument("--hazards", action="store_true",
+                        help="only print, per family, how often runs of capacity and outages end by their age")
     parser.add_argument("--no-write", action="store_true", help="print the tables, leave docs/ alone")
     parser.add_argument("--out", default=str(ROOT / "docs" / "SPOT.md"), help="Markdown to update (between markers)")
     args = parser.parse_args()
@@ -662,6 +699,9 @@ def main() -> int:
         return 0
     if args.insurance:
         print("\n".join(insurance(fams)))
+        return 0
+    if args.hazards:
+        print("\n".join(hazard_table(fams)))
         return 0
     if args.hindsight_rates:
         print("\n".join(hindsight_table(fams)))

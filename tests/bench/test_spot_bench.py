@@ -76,3 +76,14 @@ def test_hindsight_rates_are_the_whole_traces_mean_run_and_outage() -> None:
     runs, outages = spot.hindsight_rates(zones)
     assert runs == (1.5, 5.0)  # 3 h up over 2 runs; 5 h in one run
     assert outages == (3.0, 1.0)
+
+
+def test_the_hazard_by_age_counts_ends_per_hour_spent_at_that_age() -> None:
+    spot = load_script("spot", "spot_bench")
+    runs = spot.spell_lengths(np.array([1, 1, 0, 1, 1, 1, 1, 0], dtype=bool), 0.25, up=True)
+    np.testing.assert_allclose(runs, [0.5, 1.0])
+    outages = spot.spell_lengths(np.array([1, 1, 0, 1, 1, 1, 1, 0], dtype=bool), 0.25, up=False)
+    np.testing.assert_allclose(outages, [0.25, 0.25])
+    # Runs of 0.5 h and 1 h: one ends in [0, 0.5] after 1 h spent there, one in (0.5, 2] after 0.5 h.
+    np.testing.assert_allclose(spot.hazard_by_age(runs)[:2], [1.0, 2.0])
+    assert np.isnan(spot.hazard_by_age(runs)[3])  # nobody reached 6 h
