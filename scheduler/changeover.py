@@ -49,7 +49,8 @@ def marked(attempt: Attempt) -> bool:
 
 def describe(target: Placement) -> str:
     where = f" in {target.zone}" if target.zone else ""
-    return f"{MARK}to {target.market}{where} at ${target.usd_per_h:,.2f}/h"
+    why = f" ({target.why})" if target.why else ""
+    return f"{MARK}to {target.market}{where} at ${target.usd_per_h:,.2f}/h{why}"
 
 
 def running(job: Job, attempt: Attempt, status: RunStatus) -> Running:

@@ -378,7 +378,7 @@ class Scheduler:
                 choice = self._moves.pop(job.id, None) or self.choose_market(job, now)
                 place = choice if isinstance(choice, Placement) else Placement(*choice)
                 if place.wait_s is not None:  # the spot policy waits for capacity: stays queued
-                    self._wait_for_spot(session, job, now, place.wait_s)
+                    self._wait_for_spot(session, job, now, place.wait_s, place.why)
                     continue
                 market, price = place.market, place.usd_per_h
                 try:
@@ -398,7 +398,8 @@ class Scheduler:
                 session.add(attempt)
                 job.market, job.usd_per_h, job.next_run_at = Market(market), price, None
                 transition(session, job, JobState.RUNNING, now, f"attempt {attempt.number} on {market}"
-                           + (f" in {place.zone}" if place.zone else "") + f" at ${price:,.2f}/h")
+                           + (f" in {place.zone}" if place.zone else "") + f" at ${price:,.2f}/h"
+                           + (f" ({place.why})" if place.why else ""))
                 claimed.append((job, attempt, request))
             session.flush()
         for job, attempt, request in claimed:
@@ -426,14 +427,16 @@ class Scheduler:
             logbook.append(session, job_id, [logbook.note_line(now, reason)])
 
     @staticmethod
-    def _wait_for_spot(session: Session, job: Job, now: datetime, wait_s: float) -> None:
+    def _wait_for_spot(session: Session, job: Job, now: datetime, wait_s: float, why: str = "") -> None:
         """Leave a claimed job queued until ``now + wait_s`` (no spot capacity, and its deadline
-        can afford the wait); the reason goes to its message and, when it changes, its log."""
+        can afford the wait). The reason, with what the policy weighed now, goes to its message; its
+        log gets it when the job starts waiting (not at every recheck, whose numbers move)."""
         job.next_run_at = now + timedelta(seconds=wait_s)
         reason = "waiting for spot capacity (the deadline leaves room to wait)"
-        if job.message != reason:
-            job.message = reason
-            logbook.append(session, job.id, [logbook.note_line(now, reason)])
+        message = f"{reason}: {why}" if why else reason
+        if not job.message.startswith(reason):
+            logbook.append(session, job.id, [logbook.note_line(now, message)])
+        job.message = message[:2000]
         session.add(job)
 
     @staticmethod

@@ -56,6 +56,7 @@ class Placement:
     zone: str | None = None
     wait_s: float | None = None
     mttp_h: float | None = None  # spot: the zone's online mean time to preemption (checkpoint interval)
+    why: str = ""  # what the spot policy weighed, in words, for the job's log ("" when no policy decided)
 
 
 # (market, $/h) or a Placement (adds the zone, or "wait: ask again later"): the loop's choose_market.
@@ -261,10 +262,10 @@ class SpotChooser:
         zone = _best_zone(seen)
         if not offer.both:  # spot: always (or no on-demand price): spot where there is capacity, else wait
             return self._spot(offer, seen, zone) if zone is not None else self._wait(offer)
-        decision = self._decide(job, offer, now, seen, zone, current="none", work_done_h=self.progress(job))
+        decision, why = self._decide(job, offer, now, seen, zone, current="none", work_done_h=self.progress(job))
         if decision is Decision.SPOT and zone is not None:
-            return self._spot(offer, seen, zone)
-        return self._wait(offer) if decision is Decision.WAIT else self._on_demand(offer)
+            return dataclasses.replace(self._spot(offer, seen, zone), why=why)
+        return dataclasses.replace(self._wait(offer) if decision is Decision.WAIT else self._on_demand(offer), why=why)
 
     # -------------------------------------------------------------- a running attempt
 
@@ -284,40 +285,43 @@ class SpotChooser:
         if running.market == "spot" and here:
             if not offer.both:
                 return None
-            decision = self._decide(job, offer, now, seen, running.zone, current="spot",
-                                    work_done_h=running.work_done_h)
-            return self._on_demand(offer) if decision is Decision.ON_DEMAND else None
+            decision, why = self._decide(job, offer, now, seen, running.zone, current="spot",
+                                         work_done_h=running.work_done_h)
+            return dataclasses.replace(self._on_demand(offer), why=why) if decision is Decision.ON_DEMAND else None
         zone = _best_zone(seen)
         if running.market == "spot":
             if not offer.both:
                 return self._spot(offer, seen, zone) if zone is not None else None
-            decision = self._decide(job, offer, now, seen, zone, current="none", work_done_h=running.work_done_h,
-                                    moves=zone != running.zone)
+            decision, why = self._decide(job, offer, now, seen, zone, current="none",
+                                         work_done_h=running.work_done_h, moves=zone != running.zone)
         elif offer.both and zone is not None:
-            decision = self._decide(job, offer, now, seen, zone, current="on-demand",
-                                    work_done_h=running.work_done_h, moves=zone != running.zone)
+            decision, why = self._decide(job, offer, now, seen, zone, current="on-demand",
+                                         work_done_h=running.work_done_h, moves=zone != running.zone)
         else:
             return None
         if decision is Decision.SPOT and zone is not None:
-            return self._spot(offer, seen, zone)
+            return dataclasses.replace(self._spot(offer, seen, zone), why=why)
         if decision is Decision.ON_DEMAND and running.market == "spot":
-            return self._on_demand(offer)
+            return dataclasses.replace(self._on_demand(offer), why=why)
         return None
 
     # -------------------------------------------------------------- the policy, and what it answers
 
     def _decide(self, job: Job, offer: _Offer, now: datetime, seen: Mapping[str, ZoneSeen], zone: str | None, *,
-                current: Current, work_done_h: float, moves: bool = False) -> Decision:
-        """The policy's answer for this job; spot counts as available when there is a zone to run it in
-        (or the job runs on spot now)."""
+                current: Current, work_done_h: float, moves: bool = False) -> tuple[Decision, str]:
+        """The policy's answer for this job, and what it weighed in words; spot counts as available when
+        there is a zone to run it in (or the job runs on spot now)."""
         assert offer.spot is not None and offer.on_demand is not None
-        return decide(self.policy, JobProgress(
+        progress = JobProgress(
             work_done_h=min(work_done_h, offer.hours), work_total_h=offer.hours,
             now_h=(now - job.created_at).total_seconds() / 3600.0, deadline_h=offer.deadline_h,
             restart_h=self.restart_h + (self.move_h if moves else 0.0), current=current, start_h=0.0,
             uncommitted_h=self.loss_h if current == "spot" else 0.0,
-        ), zone is not None or current == "spot", tick_h=self.recheck_s / 3600.0, rates=self._rates(seen, zone),
-            prices=PriceRatio(on_demand=offer.on_demand, spot=offer.spot))
+        )
+        available, rates = zone is not None or current == "spot", self._rates(seen, zone)
+        decision = decide(self.policy, progress, available, tick_h=self.recheck_s / 3600.0, rates=rates,
+                          prices=PriceRatio(on_demand=offer.on_demand, spot=offer.spot))
+        return decision, situation(progress, available, rates)
 
     def _rates(self, seen: Mapping[str, ZoneSeen], zone: str | None) -> ZoneRates:
         if zone is not None and zone in seen:
@@ -342,6 +346,24 @@ class SpotChooser:
     @staticmethod
     def _on_demand(offer: _Offer) -> Placement:
         return Placement("on-demand", (offer.on_demand or offer.planned) * offer.nodes)
+
+
+def situation(progress: JobProgress, available: bool, rates: ZoneRates) -> str:
+    """What the spot policy weighed, in words: slack and work left, capacity now and for how long, and the
+    zone's mean run and outage (e.g. "3.2 h of slack for 20.0 h of work; no spot capacity for 1.4 h;
+    runs last 6.0 h and outages 1.9 h on average")."""
+    left = progress.work_total_h - progress.work_done_h
+    if progress.deadline_h is None:
+        budget = f"no deadline, {left:.1f} h of work"
+    else:
+        budget = f"{progress.deadline_h - progress.now_h - left:.1f} h of slack for {left:.1f} h of work"
+    if available:
+        now = f"spot capacity for {rates.run_age_h:.1f} h" if math.isfinite(rates.run_age_h) else "spot capacity"
+    else:
+        now = (f"no spot capacity for {rates.outage_age_h:.1f} h" if math.isfinite(rates.outage_age_h)
+               else "no spot capacity")
+    return (f"{budget}; {now}; runs last {rates.mean_run_h:.1f} h and outages {rates.mean_outage_h:.1f} h "
+            "on average")
 
 
 def _best_zone(seen: Mapping[str, ZoneSeen]) -> str | None:

@@ -55,6 +55,7 @@ def test_a_spot_attempt_whose_zone_loses_capacity_changes_over_to_the_zone_that_
     old, new = attempts(store, job.id)
     assert (old.zone, old.outcome, new.zone) == ("a", "cancelled", "b")
     assert old.message.startswith("changeover: to spot in b")
+    assert "h of slack for 48.0 h of work; spot capacity" in old.message  # what the policy weighed
     assert svc.status(ml, job.id).state == "running"  # never cancelled: the stop was a changeover
     assert any("changeover: to spot in b" in line for line in log_lines(store, job.id))
     with store.read() as session:

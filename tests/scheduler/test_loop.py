@@ -323,7 +323,19 @@ def test_spot_chooser_starts_in_a_zone_with_capacity_waits_while_none_and_moves_
     assert report.requeued == [job.id] and report.dispatched == []
     status = svc.status(ml, job.id)
     assert status.state == "queued" and "waiting for spot capacity" in status.message
+    # With what the policy weighed: 22 h of slack less the hour gone, no work checkpointed, no capacity.
+    assert status.message.endswith("21.0 h of slack for 48.0 h of work; no spot capacity for 0.0 h; "
+                                   "runs last 10.8 h and outages 1.9 h on average")
     assert loop.tick().dispatched == []  # not due again before the recheck
+    # Due again, still nothing anywhere: the message has the new numbers, the log still one line of it.
+    clock.advance(seconds=600)
+    assert loop.tick().dispatched == []
+    assert "20.8 h of slack" in svc.status(ml, job.id).message
+    lines = svc.logs(ml, job.id).lines
+    assert len([line for line in lines if "waiting for spot capacity" in line]) == 1
+    assert any(line.endswith("attempt 1 on spot in us-east-1b at $14.25/h (22.0 h of slack for 48.0 h of work; "
+                             "spot capacity for 3.0 h; runs last 10.8 h and outages 1.9 h on average)")
+               for line in lines)
     # Capacity comes back in the other zone: the job moves there when it is due.
     feed.zones["us-east-1a"] = zone(True)
     clock.advance(seconds=600)
