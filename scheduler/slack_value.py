@@ -37,7 +37,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from catalog.errors import InvalidInput
+from catalog.errors import ExecutionError, InvalidInput
 from scheduler.market_codes import ON_DEMAND, SPOT, WAIT
 
 FloatArray = npt.NDArray[np.float64]
@@ -323,6 +323,10 @@ _Induction = Callable[[npt.NDArray[np.float64], npt.NDArray[np.float64], FloatAr
 @functools.cache
 def _compiled_induction() -> _Induction:
     """:func:`_induction` compiled on first use (a few seconds; numba caches the machine code on disk)."""
-    import numba
+    try:
+        import numba
+    except ImportError as exc:  # interpreted, a table takes minutes: no silent fallback
+        raise ExecutionError(f"the spot policy's slack-value program needs numba, which is not installed ({exc})",
+                             hint="pip install 'numba>=0.60' (gpuplan's own requirements include it)") from None
 
     return cast(_Induction, numba.njit(cache=True, nogil=True)(_induction))

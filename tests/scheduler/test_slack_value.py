@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog.errors import InvalidInput
+from catalog.errors import ExecutionError, InvalidInput
 from scheduler.market_codes import ON_DEMAND, SPOT, WAIT
 from scheduler.slack_value import (
     GRID,
@@ -191,3 +193,13 @@ def test_phase_hazards_keep_the_mean() -> None:
         leave = young + 1.0 / YOUNG_H
         np.testing.assert_allclose(1.0 / leave + (1.0 / YOUNG_H) / leave / old, mean, rtol=1e-9)
         np.testing.assert_allclose(young, ratio * old)
+
+
+def test_without_numba_the_program_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    _compiled_induction.cache_clear()
+    monkeypatch.setitem(sys.modules, "numba", None)  # import numba raises ImportError
+    try:
+        with pytest.raises(ExecutionError, match=r"needs numba.*pip install 'numba>=0.60'"):
+            _compiled_induction()
+    finally:
+        _compiled_induction.cache_clear()  # the next caller compiles (numba's disk cache makes it quick)
