@@ -268,7 +268,9 @@ def _induction(one: npt.NDArray[np.float64], after_restart: npt.NDArray[np.float
                 p, q = prev[w], prev[w - 1]  # next step's values: no progress / one step of work done
                 after = back[w] if t >= k else never
                 # Next step without a change, per chain state now: no market waits, on-demand works, spot works
-                # (a preemption, into a young outage, adds the loss to the work, between two steps).
+                # (a preemption, into a young outage, adds the loss to the work, between two steps). Indices:
+                # chain states 0-3 = UP_YOUNG, UP_OLD, DOWN_YOUNG, DOWN_OLD (no market); columns 4-5 spot and
+                # 6-9 on-demand at those states; ``m``'s zeros (an old spell never turns young) are left out.
                 wait_uy = m[0, 0] * p[0] + m[0, 1] * p[1] + m[0, 2] * p[2]
                 wait_uo = m[1, 1] * p[1] + m[1, 2] * p[2]
                 wait_dy = m[2, 0] * p[0] + m[2, 2] * p[2] + m[2, 3] * p[3]
