@@ -182,13 +182,16 @@ def bounded_grids(fam: Family) -> Iterator[tuple[Zones, Jobs, np.ndarray, np.nda
 Result = dict[str, dict[str, np.ndarray]]
 
 
-def run_family(fam: Family, policies: tuple[str, ...] = POLICIES, hindsight: bool = False) -> Result:
+def run_family(fam: Family, policies: tuple[str, ...] = POLICIES, hindsight: bool = False,
+               half_life_h: float | None = None) -> Result:
     """Single-zone runs: every zone of the family on its own. policy -> arrays over every job. ``hindsight``:
     the policies are told each zone's whole-trace mean run and mean outage instead of estimating them."""
     keys = ("ratio", "cost", "met", "slack", "restart", "work", "lost", "pre")
     out: dict[str, dict[str, list[np.ndarray]]] = {p: {k: [] for k in keys} for p in (*policies, "omniscient")}
     for zones, jobs, omni, ok, sl in bounded_grids(fam):
         opts = options(fam)
+        if half_life_h is not None:
+            opts = replace(opts, rate_half_life_h=half_life_h)
         if hindsight:
             run, outage = hindsight_rates(zones)
             opts = replace(opts, mttp_h=run, mean_outage_h=outage)
@@ -338,6 +341,22 @@ def hazard_table(fams: list[Family]) -> list[str]:
             h = np.array([hazard_by_age(spell_lengths(z.available[0], z.gap_h, up)) for z in fam.singles])
             lines.append(f"| {role(fam.name)} | {label} | "
                          + " | ".join(f"{x:.2f}" for x in np.nanmedian(h, axis=0)) + " |")
+    return lines
+
+
+def half_life_table(fams: list[Family], half_lives: list[float]) -> list[str]:
+    """Per family and half-life of the online rates: cells below / level / above greedy (slack >= 20%),
+    gpuplan's median and mean x bound (greedy's checkpoint interval follows the same online mean run)."""
+    lines = ["| family | half-life | cells below / level / above greedy | gpuplan median x bound "
+             "| gpuplan mean x bound |", "|---|---|---|---|---|"]
+    for fam in fams:
+        for hl in half_lives:
+            res = run_family(fam, ("gpuplan", "greedy"), half_life_h=hl)
+            _, below, _, n, level = cell_table(res)
+            g = res["gpuplan"]["ratio"]
+            lines.append(f"| {role(fam.name)} | {hl:g} h | {below} / {level} / {n - below - level} | "
+                         f"{np.median(g):.4f} | {np.mean(g):.4f} |")
+            print(lines[-1], flush=True)
     return lines
 
 
@@ -684,6 +703,9 @@ def main() -> int:
                         "each zone's whole-trace mean run and mean outage (what estimating them costs)")
     parser.add_argument("--hazards", action="store_true",
                         help="only print, per family, how often runs of capacity and outages end by their age")
+    parser.add_argument("--half-life", type=float, nargs="+", metavar="H",
+                        help="only print, per family, gpuplan with each half-life (hours; inf: no decay) of its "
+                        "online rates instead of RATE_HALF_LIFE_H: a sensitivity run")
     parser.add_argument("--no-write", action="store_true", help="print the tables, leave docs/ alone")
     parser.add_argument("--out", default=str(ROOT / "docs" / "SPOT.md"), help="Markdown to update (between markers)")
     args = parser.parse_args()
@@ -699,6 +721,9 @@ def main() -> int:
         return 0
     if args.insurance:
         print("\n".join(insurance(fams)))
+        return 0
+    if args.half_life:
+        print("\n".join(half_life_table(fams, args.half_life)))
         return 0
     if args.hazards:
         print("\n".join(hazard_table(fams)))

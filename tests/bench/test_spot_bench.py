@@ -87,3 +87,18 @@ def test_the_hazard_by_age_counts_ends_per_hour_spent_at_that_age() -> None:
     # Runs of 0.5 h and 1 h: one ends in [0, 0.5] after 1 h spent there, one in (0.5, 2] after 0.5 h.
     np.testing.assert_allclose(spot.hazard_by_age(runs)[:2], [1.0, 2.0])
     assert np.isnan(spot.hazard_by_age(runs)[3])  # nobody reached 6 h
+
+
+def test_the_half_life_sensitivity_runs_the_policy_once_per_half_life(tmp_path: Path) -> None:
+    spot = load_script("spot", "spot_bench")
+    folder = tmp_path / "availability" / "1-node" / "aws-02-15-2023"
+    folder.mkdir(parents=True)
+    # Capacity 4 h of every 6 h: runs and outages the online rates learn, at any half-life.
+    data = ([1] * 48 + [0] * 24) * 12
+    (folder / "us-east-1a_v100_1.json").write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": data}))
+    [fam] = spot.families(tmp_path)
+    lines = spot.half_life_table([fam], [24.0, float("inf")])
+    assert [line.split(" | ")[1] for line in lines[2:]] == ["24 h", "inf h"]
+    for line in lines[2:]:
+        below, level, above = (int(x) for x in line.split(" | ")[2].split(" / "))
+        assert below + level + above == 20  # every judged cell has jobs
