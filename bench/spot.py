@@ -339,41 +339,39 @@ def hazard_table(fams: list[Family]) -> list[str]:
     for fam in fams:
         for up, label in ((True, "run of capacity"), (False, "outage")):
             h = np.array([hazard_by_age(spell_lengths(z.available[0], z.gap_h, up)) for z in fam.singles])
-            lines.append(f"| {role(fam.name)} | {label} | "
-                         + " | ".join(f"{x:.2f}" for x in np.nanmedian(h, axis=0)) + " |")
+            # "-": no zone's spells reach that age
+            cells = [f"{np.median(col[~np.isnan(col)]):.2f}" if (~np.isnan(col)).any() else "-" for col in h.T]
+            lines.append(f"| {role(fam.name)} | {label} | " + " | ".join(cells) + " |")
     return lines
 
 
-def half_life_table(fams: list[Family], half_lives: list[float]) -> list[str]:
-    """Per family and half-life of the online rates: cells below / level / above greedy (slack >= 20%),
-    gpuplan's median and mean x bound (greedy's checkpoint interval follows the same online mean run)."""
-    lines = ["| family | half-life | cells below / level / above greedy | gpuplan median x bound "
+def variant_table(fams: list[Family], what: str, variants: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Per family and variant (a label and ``run_family``'s keyword arguments): gpuplan's cells below / level
+    / above greedy (slack >= 20%) and its median and mean x bound; printed as it comes (runs take minutes)."""
+    lines = [f"| family | {what} | cells below / level / above greedy | gpuplan median x bound "
              "| gpuplan mean x bound |", "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     for fam in fams:
-        for hl in half_lives:
-            res = run_family(fam, ("gpuplan", "greedy"), half_life_h=hl)
+        for label, kwargs in variants:
+            res = run_family(fam, ("gpuplan", "greedy"), **kwargs)
             _, below, _, n, level = cell_table(res)
             g = res["gpuplan"]["ratio"]
-            lines.append(f"| {role(fam.name)} | {hl:g} h | {below} / {level} / {n - below - level} | "
+            lines.append(f"| {role(fam.name)} | {label} | {below} / {level} / {n - below - level} | "
                          f"{np.median(g):.4f} | {np.mean(g):.4f} |")
             print(lines[-1], flush=True)
     return lines
 
 
+def half_life_table(fams: list[Family], half_lives: list[float]) -> list[str]:
+    """gpuplan with each half-life of its online rates (greedy's checkpoint interval follows the same
+    online mean run)."""
+    return variant_table(fams, "half-life", [(f"{hl:g} h", {"half_life_h": hl}) for hl in half_lives])
+
+
 def hindsight_table(fams: list[Family]) -> list[str]:
-    """Per family: gpuplan (and greedy, whose checkpoint interval uses the mean run) with online rates and
-    with the whole trace's: cells below / level / above greedy (slack >= 20%), median and mean x bound."""
-    lines = ["| family | rates | cells below / level / above greedy | gpuplan median x bound | gpuplan mean x bound |",
-             "|---|---|---|---|---|"]
-    for fam in fams:
-        for label, hindsight in (("online", False), ("whole trace (hindsight)", True)):
-            res = run_family(fam, ("gpuplan", "greedy"), hindsight=hindsight)
-            _, below, _, n, level = cell_table(res)
-            g = res["gpuplan"]["ratio"]
-            lines.append(f"| {role(fam.name)} | {label} | {below} / {level} / {n - below - level} | "
-                         f"{fmt(np.median(g))} | {fmt(np.mean(g))} |")
-            print(lines[-1], flush=True)
-    return lines
+    """gpuplan (and greedy, whose checkpoint interval uses the mean run) with online rates and with the
+    whole trace's."""
+    return variant_table(fams, "rates", [("online", {}), ("whole trace (hindsight)", {"hindsight": True})])
 
 
 def floor(fams: list[Family], min_slack: float = 0.5) -> list[str]:
@@ -716,21 +714,17 @@ def main() -> int:
     fams = families(root)
     if args.holdout_family:
         fams = [f for f in fams if any(h in f.name for h in args.holdout_family)]
-    if args.speed_only:
-        print("\n".join(speed(fams)))
-        return 0
-    if args.insurance:
-        print("\n".join(insurance(fams)))
-        return 0
-    if args.half_life:
-        print("\n".join(half_life_table(fams, args.half_life)))
-        return 0
-    if args.hazards:
-        print("\n".join(hazard_table(fams)))
-        return 0
-    if args.hindsight_rates:
-        print("\n".join(hindsight_table(fams)))
-        return 0
+    # Print-only modes: (asked for, the table, whether it printed its rows as they came).
+    modes: list[tuple[object, Callable[[], list[str]], bool]] = [
+        (args.speed_only, lambda: speed(fams), False), (args.insurance, lambda: insurance(fams), False),
+        (args.half_life, lambda: half_life_table(fams, args.half_life), True),
+        (args.hazards, lambda: hazard_table(fams), False), (args.hindsight_rates, lambda: hindsight_table(fams), True)]
+    for asked, table, streamed in modes:
+        if asked:
+            lines = table()
+            if not streamed:
+                print("\n".join(lines))
+            return 0
     command = ("python bench/spot.py" + (f" --traces {args.traces}" if args.traces else "")
                + "".join(f" --holdout-family {h}" for h in args.holdout_family))
     out = None if args.no_write else Path(args.out)
