@@ -160,11 +160,9 @@ def hindsight_rates(zones: Zones) -> tuple[tuple[float, ...], tuple[float, ...]]
     can only estimate): hours up / runs and hours down / outages (at least one of each)."""
     runs, outages = [], []
     for av in zones.available:
-        starts = int(av[0]) + int(np.count_nonzero(av[1:] & ~av[:-1]))  # runs of capacity
-        downs = int(not av[0]) + int(np.count_nonzero(~av[1:] & av[:-1]))  # outages
-        up = float(np.count_nonzero(av)) * zones.gap_h
-        runs.append(max(up, zones.gap_h) / max(starts, 1))
-        outages.append(max(len(av) * zones.gap_h - up, zones.gap_h) / max(downs, 1))
+        for means, up in ((runs, True), (outages, False)):
+            spells = spell_lengths(av, zones.gap_h, up)
+            means.append(max(float(spells.sum()), zones.gap_h) / max(len(spells), 1))
     return tuple(runs), tuple(outages)
 
 
@@ -274,13 +272,27 @@ def cell_table(res: Result, stat: Callable[[np.ndarray], Any] = np.median) -> tu
     return lines, below, within, cells_20, level
 
 
+def judged_cells(res: Result) -> Iterator[tuple[float, float, np.ndarray]]:
+    """(slack, restart, jobs) of every cell the issue judges (slack >= 20%) that has jobs."""
+    for slack in SLACKS:
+        for r in RESTARTS:
+            m = cell_mask(res, slack, r)
+            if slack >= JUDGED_SLACK and m.any():
+                yield slack, r, m
+
+
+def job_by_job(res: Result, m: np.ndarray) -> tuple[int, int]:
+    """Of the jobs ``m``, how many cost gpuplan less than greedy, and how many more (the same jobs on the
+    same traces)."""
+    d = res["gpuplan"]["cost"][m] - res["greedy"]["cost"][m]
+    return int((d < -1e-9).sum()), int((d > 1e-9).sum())
+
+
 def paired_cells(res: Result) -> tuple[int, int]:
-    """Job by job (the same jobs on the same traces): cells with slack >= 20% where gpuplan costs less than
-    greedy on more jobs than it costs more, and the number of such cells."""
-    g, gr = res["gpuplan"], res["greedy"]
-    masks = [cell_mask(res, slack, r) for slack in SLACKS if slack >= JUDGED_SLACK for r in RESTARTS]
-    diffs = [g["cost"][m] - gr["cost"][m] for m in masks if m.any()]
-    return sum(int((d < -1e-9).sum() > (d > 1e-9).sum()) for d in diffs), len(diffs)
+    """Job by job: cells with slack >= 20% where gpuplan costs less than greedy on more jobs than it costs
+    more, and the number of such cells."""
+    counts = [job_by_job(res, m) for _, _, m in judged_cells(res)]
+    return sum(int(cheaper > dearer) for cheaper, dearer in counts), len(counts)
 
 
 ABOVE_HEADER = ["| family | slack | restart | jobs | gpuplan cheaper / dearer / equal (job by job) "
@@ -293,19 +305,14 @@ def above_cells(name: str, res: Result) -> list[str]:
     compared one by one and the means beside the medians."""
     g, gr = res["gpuplan"], res["greedy"]
     rows = []
-    for slack in SLACKS:
-        for r in RESTARTS:
-            m = cell_mask(res, slack, r)
-            if slack < JUDGED_SLACK or not m.any():
-                continue
-            a, b = float(np.median(g["ratio"][m])), float(np.median(gr["ratio"][m]))
-            if a <= b + 1e-12:
-                continue
-            d = g["cost"][m] - gr["cost"][m]
-            cheaper, dearer = int((d < -1e-9).sum()), int((d > 1e-9).sum())
-            rows.append(f"| {name} | {slack:.0%} | {r:g} h | {int(m.sum())} | {cheaper} / {dearer} / "
-                        f"{int(m.sum()) - cheaper - dearer} | {a:.3f} / {b:.3f} | "
-                        f"{float(np.mean(g['ratio'][m])):.3f} / {float(np.mean(gr['ratio'][m])):.3f} |")
+    for slack, r, m in judged_cells(res):
+        a, b = float(np.median(g["ratio"][m])), float(np.median(gr["ratio"][m]))
+        if a <= b + 1e-12:
+            continue
+        cheaper, dearer = job_by_job(res, m)
+        rows.append(f"| {name} | {slack:.0%} | {r:g} h | {int(m.sum())} | {cheaper} / {dearer} / "
+                    f"{int(m.sum()) - cheaper - dearer} | {a:.3f} / {b:.3f} | "
+                    f"{float(np.mean(g['ratio'][m])):.3f} / {float(np.mean(gr['ratio'][m])):.3f} |")
     return rows
 
 

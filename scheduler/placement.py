@@ -264,8 +264,8 @@ class SpotChooser:
             return self._spot(offer, seen, zone) if zone is not None else self._wait(offer)
         decision, why = self._decide(job, offer, now, seen, zone, current="none", work_done_h=self.progress(job))
         if decision is Decision.SPOT and zone is not None:
-            return dataclasses.replace(self._spot(offer, seen, zone), why=why)
-        return dataclasses.replace(self._wait(offer) if decision is Decision.WAIT else self._on_demand(offer), why=why)
+            return self._spot(offer, seen, zone, why)
+        return self._wait(offer, why) if decision is Decision.WAIT else self._on_demand(offer, why)
 
     # -------------------------------------------------------------- a running attempt
 
@@ -287,7 +287,7 @@ class SpotChooser:
                 return None
             decision, why = self._decide(job, offer, now, seen, running.zone, current="spot",
                                          work_done_h=running.work_done_h)
-            return dataclasses.replace(self._on_demand(offer), why=why) if decision is Decision.ON_DEMAND else None
+            return self._on_demand(offer, why) if decision is Decision.ON_DEMAND else None
         zone = _best_zone(seen)
         if running.market == "spot":
             if not offer.both:
@@ -300,9 +300,9 @@ class SpotChooser:
         else:
             return None
         if decision is Decision.SPOT and zone is not None:
-            return dataclasses.replace(self._spot(offer, seen, zone), why=why)
+            return self._spot(offer, seen, zone, why)
         if decision is Decision.ON_DEMAND and running.market == "spot":
-            return dataclasses.replace(self._on_demand(offer), why=why)
+            return self._on_demand(offer, why)
         return None
 
     # -------------------------------------------------------------- the policy, and what it answers
@@ -335,17 +335,17 @@ class SpotChooser:
                              loss_h=self.loss_h, switch_h=self.switch_h, mean_outage_h=outage)
         return ZoneRates(outage_age_h=math.inf, loss_h=self.loss_h, switch_h=self.switch_h)
 
-    def _spot(self, offer: _Offer, seen: Mapping[str, ZoneSeen], zone: str) -> Placement:
+    def _spot(self, offer: _Offer, seen: Mapping[str, ZoneSeen], zone: str, why: str = "") -> Placement:
         assert offer.spot is not None
-        return Placement("spot", offer.spot * offer.nodes, zone, mttp_h=seen[zone].rates().mean_run_h)
+        return Placement("spot", offer.spot * offer.nodes, zone, mttp_h=seen[zone].rates().mean_run_h, why=why)
 
-    def _wait(self, offer: _Offer) -> Placement:
+    def _wait(self, offer: _Offer, why: str = "") -> Placement:
         assert offer.spot is not None
-        return Placement("spot", offer.spot * offer.nodes, None, wait_s=self.recheck_s)
+        return Placement("spot", offer.spot * offer.nodes, None, wait_s=self.recheck_s, why=why)
 
     @staticmethod
-    def _on_demand(offer: _Offer) -> Placement:
-        return Placement("on-demand", (offer.on_demand or offer.planned) * offer.nodes)
+    def _on_demand(offer: _Offer, why: str = "") -> Placement:
+        return Placement("on-demand", (offer.on_demand or offer.planned) * offer.nodes, why=why)
 
 
 def situation(progress: JobProgress, available: bool, rates: ZoneRates) -> str:

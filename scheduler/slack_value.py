@@ -74,6 +74,10 @@ class SlackTable:
     def lookup(self, time_left_h: FloatArray, work_left_h: FloatArray, column: npt.NDArray[np.int64]) -> Int8Array:
         """Actions for many jobs at their (time left, work left, table column); see :func:`_cells`."""
         w, s = _cells(time_left_h, work_left_h, self.step_h)
+        return self.at(s, w, column)
+
+    def at(self, s: npt.NDArray[np.int64], w: npt.NDArray[np.int64], column: npt.NDArray[np.int64]) -> Int8Array:
+        """Actions at (slack step, work step, table column) cells: two bits of the column's byte."""
         return np.asarray((self.packed[s, w, column // 2] >> (2 * (column % 2))) & 3, dtype=np.int8)
 
 
@@ -144,8 +148,7 @@ def best_actions(time_left_h: FloatArray, work_left_h: FloatArray, work_total_h:
     out = np.zeros(n, dtype=np.int8)
     for g, table in enumerate(_tables(uniq)):
         idx = order[bounds[g]:bounds[g + 1]]
-        c = column[idx]
-        out[idx] = (table.packed[s[idx], w[idx], c // 2] >> (2 * (c % 2))) & 3
+        out[idx] = table.at(s[idx], w[idx], column[idx])
     return out
 
 
