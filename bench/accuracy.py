@@ -235,10 +235,12 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration, results_names: tuple[s
     thr = _fit_train_throughput([r for r in train_rows if r.train], gpu, base.throughput)
     thr = _fit_host_layer(train_rows, gpu, thr)
     thr = _fit_generate_throughput([r for r in train_rows if not r.train], gpu, thr)
+    thr = _fit_prefill_scores(train_rows, gpu, thr)
     thr = _fit_ddp(train_rows, gpu, thr)
     thr = _fit_fsdp(train_rows, gpu, thr)
     thr = _fit_eager_scores(train_rows, gpu, thr)
     thr = _fit_expert_loop(train_rows, gpu, thr)
+    thr = _fit_expert_gather(train_rows, gpu, thr)
     return Calibration(
         source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
                f"({datetime.now(UTC).date().isoformat()}); results {', '.join(results_names)}; "
@@ -469,38 +471,61 @@ def _fit_eager_scores(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration
 
 
 def _fit_expert_loop(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
-    """Seconds per expert visit of transformers' per-expert loop (gpt-oss): the median over the non-holdout
-    looped-MoE cases of (measured - predicted without the loop) / the loop's visits, apart for training
-    (thousands of tokens per visit) and decode steps (a few)."""
-    off = base.model_copy(update={"expert_loop_s": 0.0, "decode_expert_loop_s": 0.0})
-    one = base.model_copy(update={"expert_loop_s": 1.0, "decode_expert_loop_s": 1.0})
+    """Seconds per expert visit of transformers' per-expert loop (gpt-oss) in a training step: the median over
+    the non-holdout looped-MoE training cases of (measured - predicted without the loop) / the loop's visits."""
+    off = base.model_copy(update={"expert_loop_s": 0.0})
+    one = base.model_copy(update={"expert_loop_s": 1.0})
     ratios: list[float] = []
-    decode_ratios: list[float] = []
     for r in rows:
-        if r.model.moe is None or not r.model.moe.expert_loop or not r.tps_ok:
-            continue
         s = r.strategy
-        if r.train and r.measured.get("median_step_s") and s.gpu_count == 1:
-            seq = int(r.case["seq_len"])
-            measured = float(r.measured["median_step_s"])
-            without = train_throughput(r.model, s, seq, gpu, off).step_time_s
-            visits = expert_loop_s(r.model, s.micro_batch * seq, 3.0 if s.activation_checkpointing else 2.0, one)
-        elif not r.train and r.measured.get("decode_tokens_per_s"):
-            measured = s.batch / float(r.measured["decode_tokens_per_s"])
-            est = generate_throughput(r.model, s, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]), gpu, off)
-            assert est.decode_tokens_per_s is not None
-            without = s.batch / est.decode_tokens_per_s
-            visits = expert_loop_s(r.model, s.batch, 1.0, one, decode=True)
-        else:
+        if (r.model.moe is None or not r.model.moe.expert_loop or not r.tps_ok or not r.train
+                or not r.measured.get("median_step_s") or s.gpu_count != 1):
             continue
+        seq = int(r.case["seq_len"])
+        without = train_throughput(r.model, s, seq, gpu, off).step_time_s
+        visits = expert_loop_s(r.model, s.micro_batch * seq, 3.0 if s.activation_checkpointing else 2.0, one)
         if visits > 0:
-            (ratios if r.train else decode_ratios).append(max(0.0, measured - without) / visits)
-    update = {}
-    if ratios:
-        update["expert_loop_s"] = float(statistics.median(ratios))
-    if decode_ratios:
-        update["decode_expert_loop_s"] = float(statistics.median(decode_ratios))
-    return base.model_copy(update=update)
+            ratios.append(max(0.0, float(r.measured["median_step_s"]) - without) / visits)
+    return base.model_copy(update={"expert_loop_s": float(statistics.median(ratios))}) if ratios else base
+
+
+def _fit_prefill_scores(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+    """Memory passes over eager attention's scores in a prefill: the median over the non-holdout eager inference
+    cases of (measured prefill - predicted without the scores) / the time of one pass."""
+    off = base.model_copy(update={"prefill_score_passes": 0.0})
+    one = base.model_copy(update={"prefill_score_passes": 1.0})
+    ratios: list[float] = []
+    for r in rows:
+        if r.train or not r.model.attn.eager or not r.tps_ok or not r.measured.get("prefill_tokens_per_s"):
+            continue
+        s, p, o = r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"])
+        without, with_one = (generate_throughput(r.model, s, p, o, gpu, c).breakdown_s["prefill"] for c in (off, one))
+        measured = s.batch * p / float(r.measured["prefill_tokens_per_s"])
+        if with_one > without:
+            ratios.append(max(0.0, measured - without) / (with_one - without))
+    return base.model_copy(update={"prefill_score_passes": float(statistics.median(ratios))}) if ratios else base
+
+
+def _fit_expert_gather(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+    """The bandwidth share of generate()'s batched_mm gathers (planner.memory.gathered_expert_bytes): the
+    median over the non-holdout MoE inference cases of (the gathers' time at full bandwidth) / (the measured
+    decode step - the step predicted without them)."""
+    fast = base.model_copy(update={"decode_gather_bw_efficiency": 1e12})
+    full = base.model_copy(update={"decode_gather_bw_efficiency": 1.0})
+    ratios: list[float] = []
+    for r in rows:
+        if r.train or r.model.num_experts <= 1 or not r.tps_ok or not r.measured.get("decode_tokens_per_s"):
+            continue
+        s, p, o = r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"])
+        steps = [s.batch / float(generate_throughput(r.model, s, p, o, gpu, c).decode_tokens_per_s or 1e-12)
+                 for c in (fast, full)]
+        gather = steps[1] - steps[0]
+        rest = s.batch / float(r.measured["decode_tokens_per_s"]) - steps[0]
+        if gather > 0 and rest > 0:
+            ratios.append(gather / rest)
+    if not ratios:
+        return base
+    return base.model_copy(update={"decode_gather_bw_efficiency": float(statistics.median(ratios))})
 
 
 def _bounded_lstsq(a: Any, y: Any, lower: dict[int, float]) -> Any:
@@ -528,7 +553,8 @@ def _fit_generate_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCali
     """Prefill: one efficiency (median ratio). Decode: the bandwidth efficiency stays at its prior and
     HF generate()'s per-layer overhead is the median of what the roofline leaves unexplained."""
     updated = base
-    pre = [r for r in rows if r.measured.get("prefill_tokens_per_s") and r.tps_ok]
+    # eager attention's scores are priced apart (_fit_prefill_scores)
+    pre = [r for r in rows if r.measured.get("prefill_tokens_per_s") and r.tps_ok and not r.model.attn.eager]
     if pre:
         ratios = []
         for r in pre:
@@ -550,7 +576,8 @@ def _fit_generate_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCali
             assert est.decode_tokens_per_s is not None
             return r.strategy.batch / est.decode_tokens_per_s
 
-        plain = [r for r in dec if r.strategy.weights == "bf16"]
+        # dense models only: a mixture of experts' decode adds batched_mm's gathers (_fit_expert_gather)
+        plain = [r for r in dec if r.strategy.weights == "bf16" and r.model.num_experts <= 1]
         a_rows, y = [], []
         for r in plain:
             t = r.strategy.batch / float(r.measured["decode_tokens_per_s"])
@@ -569,13 +596,14 @@ def _fit_generate_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCali
         mult = dict(base.quant_layer_overhead)
         for weights in {r.strategy.weights for r in dec} - {"bf16"}:
             ratios = []
-            for r in (r for r in dec if r.strategy.weights == weights):
+            for r in (r for r in dec if r.strategy.weights == weights and r.model.num_experts <= 1):
                 t = r.strategy.batch / float(r.measured["decode_tokens_per_s"])
                 roofline = step_s(r, updated.model_copy(update={"decode_layer_overhead_s": 0.0,
                                                                 "decode_step_overhead_s": 0.0}))
                 fixed = overhead * r.model.num_layers * layer_kernel_weight(r.model) + per_step
                 ratios.append(max(0.0, t - roofline) / max(fixed, 1e-6))
-            mult[weights] = statistics.median(ratios)
+            if ratios:
+                mult[weights] = statistics.median(ratios)
         updated = updated.model_copy(update={"quant_layer_overhead": mult})
     return updated
 
@@ -808,9 +836,7 @@ behind eager PyTorch's kernel launches, so small steps (batch 1 at 128-256 token
 wait on the host. host time = `host_layer_s` x layers x kernel weight, the median over the two
 non-holdout launch-bound cases (gpt2 and llama-3.2-1b at s128 b1) of the step left after the optimizer;
 those cases are kept out of the large-step least squares. The held-out qwen3-0.6b s256 b1 went from
-+212.6% to -23.4%. gpt-oss's per-expert loop is priced apart for training and prefill visits
-(`expert_loop_s`) and for decode visits of a few tokens (`decode_expert_loop_s`): held-out
-inf-oss20 b8 -42.5% -> -33.8%. transformers' DynamicSlidingWindowLayer keeps a view of the prefill's
++212.6% to -23.4%. transformers' DynamicSlidingWindowLayer keeps a view of the prefill's
 torch.cat, so after the prefill every sliding layer holds the whole prompt: gemma-3 inference memory
 -18.6% / -8.1% -> +0.6% / -0.2%. The inference rows here time generate(); the workers now decode
 dense bf16/fp16 models on NVIDIA with a compiled static-cache step (workers/decode.py), priced
@@ -824,6 +850,21 @@ left (~0 in training). Held-out gpt-oss training tok/s -17.0% -> +3.1% here; fou
 `gpuplan run` of the full gpt-oss-20b in docs/MEASUREMENTS.md (+80%/+71%/+103% -> +8%/+2%/+4%). The peak of an
 eager layer's backward counts 3 seq x seq gradient buffers beside the probabilities (`eager_score_grad_buffers`,
 from the allocator trace): oss20l4 ckpt s4096 -10.3% -> +3.2% allocated.
+
+**A mixture of experts under generate() (2026-12-03).** On a GPU, generate() switches transformers 5's fused
+experts (every MoE family) from grouped GEMMs to `batched_mm` for its decode steps, which copies each (token,
+expert) pair's gate_up and down weights before a bmm: an H200 profile of gpt-oss-20b showed 52-57% of the GPU
+time in that gather and 30-34% in the bmm, so a step grows with batch x top-k (27-31 ms at batch 1-4, 49 at 8,
+67 at 16, 107 at 32), not with the distinct experts the batch visits. The earlier model (each visited expert
+read once, plus a fitted per-visit loop cost, `decode_expert_loop_s`, which transformers 5 no longer runs)
+priced those steps 30-50% slow and, fitted on end-to-end tokens/s, hid the error in a too-fast prefill (2x).
+Now a decode step reads 3 x batch x top-k experts' weights per sparse layer at `decode_gather_bw_efficiency`
+of the bandwidth (fitted on the non-holdout MoE cases: above 1, part of the repeated reads hit L2) and holds
+one layer's gathered weights at the decode peak (gpt-oss b32: 6.4 GB, -4.2% -> -0.3% allocated), and a gpt-oss
+prefill pays `prefill_score_passes` memory passes over its eager scores. Eleven new gpt-oss and Qwen3-MoE shapes
+(bench/cases_moe_infer.yaml, all fitted); the three held-out MoE inference cases, tok/s before -> after:
+gpt-oss b8 bf16 -31.6% -> +12.5%, gpt-oss b8 int8 -44.3% -> -18.3%, qwen3-30b-a3b b16 int8 +8.1% -> -13.1%.
+The per-layer decode overhead and the int8/fp8 multipliers are now fitted on dense models only.
 
 **Honesty notes.** The first complete evaluation showed four hold-out misses that came from
 modelling mistakes, not constants; each was fixed from PyTorch/transformers behaviour and the

@@ -236,6 +236,16 @@ def case_infer_gemma(work: Path, timeout: float) -> Outcome:
     return _simple("infer-gemma", spec, work, timeout)
 
 
+def case_infer_moe(work: Path, timeout: float) -> Outcome:
+    """A mixture of experts served through generate(): on a GPU transformers decodes its experts with batched_mm,
+    which gathers every (token, expert) pair's weights: a decode step's time and its transient memory grow
+    with batch x top-k (planner.memory.gathered_expert_bytes; bench/results/h200_moe_infer.json)."""
+    spec = {"name": "acc-infer-moe", "task": "infer", "model": "gpt-oss-20b",
+            "infer": {"batch": 32, "prompt_tokens": 512, "output_tokens": 64, "requests": 64},
+            "resources": {"spot": "never"}}
+    return _simple("infer-moe", spec, work, timeout)
+
+
 def case_kill_resume(work: Path, timeout: float) -> Outcome:
     """SIGKILL the run after its first complete checkpoint, then `--resume` it to the end."""
     from workers.checkpoint import open_store
@@ -295,6 +305,7 @@ CASES: dict[str, Callable[[Path, float], Outcome]] = {
     "config-path": case_config_path,
     "infer": case_infer,
     "infer-gemma": case_infer_gemma,
+    "infer-moe": case_infer_moe,
     "kill-resume": case_kill_resume,
 }
 

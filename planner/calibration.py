@@ -143,9 +143,15 @@ class ThroughputCalibration(_Cal):
         default=1.5e-4, ge=0.0,
         description="seconds per expert visited, per MoE layer, per forward pass, when transformers loops over "
         "the experts in Python (MoeShape.expert_loop); backward replays the kernels without the syncs")
-    decode_expert_loop_s: float = Field(
-        default=1.5e-4, ge=0.0,
-        description="expert_loop_s for a decode step (generate()), whose visits carry a few tokens each")
+    prefill_score_passes: float = Field(
+        default=6.0, ge=0.0,
+        description="inference prefill: memory passes over every eager-attention layer's prompt x prompt scores "
+        "(their separate elementwise kernels); fitted on the non-holdout gpt-oss prefills")
+    decode_gather_bw_efficiency: float = Field(
+        default=1.0, gt=0.0,
+        description="generate()'s decode of a mixture of experts on a GPU (transformers' batched_mm): the share "
+        "of the memory bandwidth its gathers of each (token, expert) pair's weights and their bmm reach; large "
+        "streams, some reads served from L2 (fitted on the non-holdout MoE inference cases)")
     eager_score_passes: float = Field(
         default=0.0, ge=0.0,
         description="training: memory passes over every eager-attention layer's seq x seq scores beyond the "

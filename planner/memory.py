@@ -92,6 +92,24 @@ def torchao_linear_params(model: ModelConfig, pc: ParamCount) -> float:
     return max(0.0, model.num_layers * linear_params_per_layer(model, pc) - expert_weight_params(model))
 
 
+def gathered_expert_bytes(model: ModelConfig, batch: int, weights: str, graph: bool) -> float:
+    """Bytes of routed-expert weights that a decode step of ``generate()`` copies in one sparse layer.
+
+    On a GPU, generate() switches transformers 5's fused experts (every MoE family with
+    ``@use_experts_implementation``) from grouped GEMMs to ``batched_mm`` for the decode steps, which gathers
+    each (token, expert) pair's gate_up and down weights (``gate_up_proj[expert_ids]``) before its bmm:
+    batch x top-k experts' weights, in the compute dtype (torchao leaves the fused experts bf16). The gathered
+    gate_up is still referenced while the down weights are gathered, so both are alive at once. 0 for dense
+    models, the compiled graph decoder and MXFP4 checkpoints (their triton kernels read the experts in place).
+    H200, gpt-oss-20b b32 (bench/results/h200_moe_infer.json): 6.4 GB above the weights and the cache."""
+    if model.num_experts <= 1 or graph or weights == "mxfp4":
+        return 0.0
+    moe = model.moe
+    width = moe.expert_intermediate_size if moe else model.intermediate_size
+    per_pair = 3 * model.hidden_size * width + (2 * width + model.hidden_size if moe and moe.expert_bias else 0)
+    return float(batch * model.experts_per_token * per_pair * 2)
+
+
 def runtime_model(model: ModelConfig, weights: str) -> ModelConfig:
     """The model as transformers runs it with ``weights``: its MXFP4 path (Mxfp4GptOssExperts) routes the
     experts through grouped triton matmuls (matmul_ogs), so gpt-oss's per-expert Python loop is gone."""
@@ -426,7 +444,8 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     moments = [
         Moment("prefill", {"weights": weights, "kv_cache": kv_prefill, "prefill_activations": prefill_work,
                             "logits": logits}),
-        Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits}),
+        Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits,
+                              "gathered_experts": gathered_expert_bytes(model, b, strategy.weights, graph) / tp}),
     ]
     # DynamicCache grows by torch.cat, so every step frees blocks one token too small to reuse
     fragmentation = 0.0 if graph else cal.kv_fragmentation * kv_full

@@ -20,6 +20,7 @@ from planner.knobs import KnobsLike
 from planner.memory import (
     WEIGHT_BYTES,
     cached_layer_tokens,
+    gathered_expert_bytes,
     kv_cache_bytes,
     layer_activation_bytes_per_token,
     mla_expanded_kv_bytes,
@@ -151,17 +152,15 @@ def experts_visited(model: ModelConfig, tokens: float) -> float:
     return float(e * (1 - (1 - k / e) ** max(1.0, tokens)))
 
 
-def expert_loop_s(model: ModelConfig, tokens: float, passes: float, cal: ThroughputCalibration, *,
-                  decode: bool = False) -> float:
+def expert_loop_s(model: ModelConfig, tokens: float, passes: float, cal: ThroughputCalibration) -> float:
     """Fixed seconds of transformers' per-expert loop (MoeShape.expert_loop) over every sparse layer for
-    ``passes`` (forward 1; forward + backward 2; + recompute 3); 0 for grouped experts. A decode step's
-    visit (a few tokens per expert) costs less than a training or prefill visit (thousands)."""
+    ``passes`` (forward 1; forward + backward 2; + recompute 3) of a training step or a prefill; 0 for
+    grouped experts. generate()'s decode steps run batched_mm instead (planner.memory.gathered_expert_bytes)."""
     moe = model.moe
     if moe is None or not moe.expert_loop:
         return 0.0
     sparse_layers = model.num_layers - moe.dense_layers
-    per_visit = cal.decode_expert_loop_s if decode else cal.expert_loop_s
-    return per_visit * experts_visited(model, tokens) * sparse_layers * passes
+    return cal.expert_loop_s * experts_visited(model, tokens) * sparse_layers * passes
 
 
 def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, checkpointing: bool,
@@ -356,11 +355,16 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     work = b * prompt_tokens
     prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
     prefill = prefill_flops / (peak * prefill_eff)
-    # seq^2 tensors of eager attention / a sliding window's mask: written and read once per layer that has them
-    square_bytes = prefill_attention_bytes(model, b, prompt_tokens, keys=keys) / tp
-    if square_bytes:
-        layers_with = model.num_layers if model.attn.eager else model.attn.sliding_layers
-        prefill += 2 * square_bytes * layers_with / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency)
+    if model.attn.eager:
+        # eager attention's prompt x (prompt + sinks) scores: scale, mask, sink concat, max, fp32 softmax, cast,
+        # slice, each a separate kernel over every layer's scores (passes fitted on the gpt-oss prefills)
+        scores = b * model.num_attention_heads / tp * prompt_tokens * (prompt_tokens + model.attn.sinks) * 2
+        prefill += cal.prefill_score_passes * scores * model.num_layers / (gpu.memory_bandwidth_gbps * 1e9)
+    else:
+        # a sliding window's mask and bias (prompt x keys): written and read once per sliding layer
+        square_bytes = prefill_attention_bytes(model, b, prompt_tokens, keys=keys) / tp
+        prefill += (2 * square_bytes * model.attn.sliding_layers
+                    / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency))
     prefill += expert_loop_s(model, work, 1.0, cal)
     if strategy.weights == "mxfp4":  # the checkpoint's MXFP4 experts, everything else bf16
         experts = decode_expert_weight_params(model, b)
@@ -369,6 +373,15 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     else:
         wb = WEIGHT_BYTES[strategy.weights]
         weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
+    # generate()'s batched_mm experts (planner.memory.gathered_expert_bytes): each (token, expert) pair's
+    # weights are gathered (read and written) and read again by its bmm, instead of each expert read once
+    gathered = gathered_expert_bytes(model, b, strategy.weights, graph)
+    gather_time = 0.0
+    if gathered:
+        sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)
+        weight_bytes -= decode_expert_weight_params(model, b) * WEIGHT_BYTES[strategy.weights] / tp
+        gather_time = (3 * gathered * sparse_layers / tp
+                       / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_gather_bw_efficiency))
     avg_ctx = prompt_tokens + output_tokens / 2
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
     expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
@@ -378,7 +391,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     # attention reading it, hence kv_traffic_factor passes; the static cache is written in place and
     # its attention reads the whole preallocated length, in every layer (sliding ones too)
     kv_time = (kv_cache_bytes(model, b, ctx, full_length=True) / tp if graph else kv * cal.kv_traffic_factor)
-    mem_time = (weight_bytes / speed + kv_time + expand_bytes / tp) / bw
+    mem_time = (weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
     attention = decode_attention_flops(model, int(avg_ctx), full_length=graph)
     compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
     if graph:
@@ -391,7 +404,6 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     else:
         overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
                      + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))
-        overhead += expert_loop_s(model, b, 1.0, cal, decode=True)
     decode_step = max(mem_time, compute_time) + overhead
     if tp > 1:
         link = gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency

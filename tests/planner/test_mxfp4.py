@@ -14,7 +14,14 @@ from catalog.loader import PACKAGED_DATA_DIR, load_catalog
 from catalog.params import count_params
 from planner.calibration import MemoryCalibration, ThroughputCalibration, load_calibration
 from planner.decoder import decoder_for
-from planner.memory import GIB, expert_weight_params, infer_memory, resident_weight_bytes, runtime_model
+from planner.memory import (
+    GIB,
+    expert_weight_params,
+    gathered_expert_bytes,
+    infer_memory,
+    resident_weight_bytes,
+    runtime_model,
+)
 from planner.search import estimate, plan
 from planner.spec import spec_from_dict
 from planner.throughput import decode_expert_weight_params, decode_weight_params, infer_throughput, matmul_params
@@ -115,8 +122,9 @@ def test_a_plan_chosen_on_a_gpu_without_the_kernels_carries_the_warning() -> Non
 
 
 def test_decode_reads_the_experts_at_mxfp4_bytes() -> None:
-    """Memory-bound decode: against bf16 weights on the same (grouped-expert) model, a step is shorter by exactly
-    the expert bytes MXFP4 saves over the bandwidth."""
+    """Memory-bound decode: MXFP4's triton kernels read each visited expert once at its stored bits, where bf16
+    weights under generate() gather every (token, expert) pair's weights (batched_mm: read, write, read again),
+    so a step is shorter by exactly that difference over the bandwidth."""
     m = CAT.model("gpt-oss-20b-mxfp4")
     grouped = runtime_model(m, "mxfp4")
     assert grouped.moe is not None and not grouped.moe.expert_loop  # transformers' MXFP4 path: grouped matmul_ogs
@@ -128,9 +136,12 @@ def test_decode_reads_the_experts_at_mxfp4_bytes() -> None:
         bf16 = infer_throughput(grouped, Strategy(task="infer", gpu="H200", gpu_count=1, weights="bf16",
                                                   batch=batch), 256, 128, h200, tcal)
         assert fp4.decode_tokens_per_s is not None and bf16.decode_tokens_per_s is not None
-        saved = decode_expert_weight_params(m, batch) * (2 - 4.25 / 8)
+        bw = h200.memory_bandwidth_gbps * 1e9
+        gathered = 3 * gathered_expert_bytes(grouped, batch, "bf16", graph=False) * 24
+        read = decode_expert_weight_params(m, batch) * 4.25 / 8
         step_gap = batch / bf16.decode_tokens_per_s - batch / fp4.decode_tokens_per_s
-        assert step_gap == pytest.approx(saved / (h200.memory_bandwidth_gbps * 1e9 * tcal.decode_bw_efficiency))
+        assert step_gap == pytest.approx(gathered / (bw * tcal.decode_gather_bw_efficiency)
+                                         - read / (bw * tcal.decode_bw_efficiency))
     # one token visits k of the experts: those are what it reads
     n, lm = matmul_params(m)
     assert decode_expert_weight_params(m, 1) == 24 * 4 * 3 * 2880 * 2880
