@@ -862,9 +862,9 @@ Now a decode step reads 3 x batch x top-k experts' weights per sparse layer at `
 of the bandwidth (fitted on the non-holdout MoE cases: above 1, part of the repeated reads hit L2) and holds
 one layer's gathered weights at the decode peak (gpt-oss b32: 6.4 GB, -4.2% -> -0.3% allocated), and a gpt-oss
 prefill pays `prefill_score_passes` memory passes over its eager scores. Seven new gpt-oss shapes
-(bench/cases_moe_infer.yaml, all fitted; docs/MEASUREMENTS.md); the three held-out MoE inference cases, tok/s before -> after:
-gpt-oss b8 bf16 -31.6% -> +12.5%, gpt-oss b8 int8 -44.3% -> -18.3%, qwen3-30b-a3b b16 int8 +8.1% -> -13.1%.
-The per-layer decode overhead and the int8/fp8 multipliers are now fitted on dense models only.
+(bench/cases_moe_infer.yaml, all fitted; docs/MEASUREMENTS.md); the three held-out MoE inference cases, tok/s
+before -> after: gpt-oss b8 bf16 -31.6% -> +12.5%, gpt-oss b8 int8 -44.3% -> -18.3%, qwen3-30b-a3b b16 int8
++8.1% -> -13.1%. The per-layer decode overhead and the int8/fp8 multipliers are now fitted on dense models only.
 
 **Honesty notes.** The first complete evaluation showed four hold-out misses that came from
 modelling mistakes, not constants; each was fixed from PyTorch/transformers behaviour and the

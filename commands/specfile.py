@@ -34,7 +34,7 @@ def load_spec(path: str | Path) -> JobSpec:
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise InvalidInput(f"{path} is not valid YAML: {problem}{where}",
                            hint="fix the file; see examples/ for well-formed specs") from None
-    return rebase_paths(spec_from_dict(data), path.parent)
+    return size_from_prompts(rebase_paths(spec_from_dict(data), path.parent))
 
 
 def _rebase(path: str, base_dir: Path) -> str:
@@ -55,3 +55,27 @@ def rebase_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
         if changed:
             update[section] = value.model_copy(update=changed)
     return spec.model_copy(update=update) if update else spec
+
+
+def size_from_prompts(spec: JobSpec) -> JobSpec:
+    """A prompts file says how long its prompts are and how many there are: unless the spec sets them,
+    ``infer.prompt_tokens`` is the longest prompt's token count (the workers' tokenizer: the spec's, the one
+    saved beside the model's weights, else byte-level) and ``infer.requests`` the number of prompts, so the
+    plan, its price and the context check are about the prompts that will run, not the defaults (1,024
+    tokens, 1,000 requests). A missing or malformed file is left to the run, which says what to fix."""
+    infer = spec.infer
+    if spec.task != "infer" or infer is None or not infer.prompts:
+        return spec
+    unset = {"prompt_tokens", "requests"} - infer.model_fields_set
+    path = Path(infer.prompts).expanduser()
+    if not unset or not path.is_file():
+        return spec
+    from workers.infer import infer_tokenizer_dir
+    from workers.infer_io import ByteTokenizer, HfTokenizer, Tokenizer, prompt_lengths
+
+    weights = Path(spec.model).expanduser() if isinstance(spec.model, str) else None
+    folder = infer_tokenizer_dir(infer.tokenizer, weights if weights is not None and weights.is_dir() else None)
+    tokenizer: Tokenizer = HfTokenizer(folder) if folder is not None else ByteTokenizer()
+    lengths = prompt_lengths(path, tokenizer)
+    sized = {"prompt_tokens": max(lengths), "requests": float(len(lengths))}
+    return spec.model_copy(update={"infer": infer.model_copy(update={k: sized[k] for k in unset})})

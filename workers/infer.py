@@ -392,12 +392,12 @@ def run_infer_spec(
         seed=seed,
         device=device,
         weights_dir=source.weights_dir,
-        tokenizer_dir=_tokenizer_dir(infer.tokenizer, source.weights_dir),
+        tokenizer_dir=infer_tokenizer_dir(infer.tokenizer, source.weights_dir),
         progress=progress,
     )
 
 
-def _tokenizer_dir(given: str | None, weights_dir: Path | None) -> Path | None:
+def infer_tokenizer_dir(given: str | None, weights_dir: Path | None) -> Path | None:
     """The spec's tokenizer, else the one saved beside the model's weights, else none (byte-level)."""
     from workers.text_data import has_tokenizer
 

@@ -144,6 +144,13 @@ def read_requests(path: Path, tokenizer: Tokenizer, *, vocab_size: int, max_posi
     return requests
 
 
+def prompt_lengths(path: Path, tokenizer: Tokenizer) -> list[int]:
+    """Tokens of every prompt in a prompts file, validated as :func:`read_requests` does (the model's own
+    vocabulary and context are checked when the job runs)."""
+    unbounded = 1 << 62
+    return [len(r.input_ids) for r in read_requests(path, tokenizer, vocab_size=unbounded, max_positions=unbounded)]
+
+
 def _input_ids(item: dict[str, Any], tokenizer: Tokenizer, lineno: int, where: str) -> list[int]:
     if "input_ids" in item:
         ids = item["input_ids"]

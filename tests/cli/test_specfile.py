@@ -55,3 +55,45 @@ def test_data_tokenizer_prompts_and_weights_paths_are_relative_to_the_spec(tmp_p
     spec = load_spec(infer)
     assert spec.model == "llama-3-8b" and spec.infer is not None  # a preset id is not a path
     assert spec.infer.prompts == str(tmp_path / "p.jsonl") and spec.infer.tokenizer == str(tmp_path / "tok")
+
+
+def _prompts_spec(tmp_path: Path, infer: str) -> Path:
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": "Hello"}\n'
+                                      '{"id": "b", "input_ids": [1, 2, 3, 4, 5, 6, 7]}\n'
+                                      '{"id": "c", "prompt": "héllo"}\n')
+    path = tmp_path / "job.yaml"
+    path.write_text(f"task: infer\nmodel: tiny-llama\ninfer:\n  prompts: p.jsonl\n  output_tokens: 16\n{infer}")
+    return path
+
+
+def test_a_prompts_file_sizes_the_job(tmp_path: Path) -> None:
+    """The README's tiny-infer example once failed its context check: prompt_tokens defaulted to 1,024, and
+    1,024 + 16 output tokens is past tiny-llama's context. The prompts file says how long the prompts are
+    (7 tokens: the input_ids line; "héllo" is 6 bytes) and how many (3)."""
+    spec = load_spec(_prompts_spec(tmp_path, ""))
+    assert spec.infer is not None
+    assert (spec.infer.prompt_tokens, spec.infer.requests) == (7, 3)
+
+
+def test_what_the_spec_sets_is_kept(tmp_path: Path) -> None:
+    spec = load_spec(_prompts_spec(tmp_path, "  prompt_tokens: 100\n  requests: 50\n"))
+    assert spec.infer is not None
+    assert (spec.infer.prompt_tokens, spec.infer.requests) == (100, 50)
+    spec = load_spec(_prompts_spec(tmp_path, "  requests: 50\n"))
+    assert spec.infer is not None and (spec.infer.prompt_tokens, spec.infer.requests) == (7, 50)
+
+
+def test_a_bad_prompts_line_is_reported_when_the_spec_is_read(tmp_path: Path) -> None:
+    path = _prompts_spec(tmp_path, "")
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": ""}\n')
+    with pytest.raises(InvalidInput, match="needs a non-empty 'prompt'"):
+        load_spec(path)
+
+
+def test_the_readme_inference_example_plans(tmp_path: Path) -> None:
+    from catalog.loader import load_catalog
+    from planner.resolve import resolve_spec_model
+
+    spec = load_spec(Path(__file__).resolve().parents[2] / "examples" / "tiny-infer.yaml")
+    resolve_spec_model(spec, load_catalog(), None)  # the context check that refused it
+    assert spec.infer is not None and spec.infer.requests == 5
