@@ -28,3 +28,9 @@ def decoder_for(model: ModelConfig, vendor: str, weights: str, given: str | None
     if given is not None:
         return "graph" if given == "graph" else "generate"
     return "graph" if graph_decode(model, vendor, weights) else "generate"
+
+
+def batched_mm_decode(vendor: str, graph: bool) -> bool:
+    """Whether a mixture of experts' decode steps run transformers' batched_mm (planner.memory.
+    gathered_expert_bytes): generate() switches to it on any accelerator, not on a CPU (grouped_mm stays)."""
+    return not graph and vendor != "cpu"

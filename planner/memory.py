@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import GIB, MIB, MemoryCalibration
-from planner.decoder import decoder_for
+from planner.decoder import batched_mm_decode, decoder_for
 from planner.types import MemoryEstimate, Strategy, construct
 
 BLOCK = 2 * MIB
@@ -92,7 +92,7 @@ def torchao_linear_params(model: ModelConfig, pc: ParamCount) -> float:
     return max(0.0, model.num_layers * linear_params_per_layer(model, pc) - expert_weight_params(model))
 
 
-def gathered_expert_bytes(model: ModelConfig, batch: int, weights: str, graph: bool) -> float:
+def gathered_expert_bytes(model: ModelConfig, batch: int, weights: str, *, batched_mm: bool) -> float:
     """Bytes of routed-expert weights that a decode step of ``generate()`` copies in one sparse layer.
 
     On a GPU, generate() switches transformers 5's fused experts (every MoE family with
@@ -100,9 +100,10 @@ def gathered_expert_bytes(model: ModelConfig, batch: int, weights: str, graph: b
     each (token, expert) pair's gate_up and down weights (``gate_up_proj[expert_ids]``) before its bmm:
     batch x top-k experts' weights, in the compute dtype (torchao leaves the fused experts bf16). The gathered
     gate_up is still referenced while the down weights are gathered, so both are alive at once. 0 for dense
-    models, the compiled graph decoder and MXFP4 checkpoints (their triton kernels read the experts in place).
+    models, MXFP4 checkpoints (their triton kernels read the experts in place) and unless ``batched_mm``
+    (planner.decoder.batched_mm_decode: generate() on a GPU, not the compiled decoder nor a CPU).
     H200, gpt-oss-20b b32 (bench/results/h200_moe_infer.json): 6.4 GB above the weights and the cache."""
-    if model.num_experts <= 1 or graph or weights == "mxfp4":
+    if model.num_experts <= 1 or not batched_mm or weights == "mxfp4":
         return 0.0
     moe = model.moe
     width = moe.expert_intermediate_size if moe else model.intermediate_size
@@ -445,7 +446,8 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
         Moment("prefill", {"weights": weights, "kv_cache": kv_prefill, "prefill_activations": prefill_work,
                             "logits": logits}),
         Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits,
-                              "gathered_experts": gathered_expert_bytes(model, b, strategy.weights, graph) / tp}),
+                              "gathered_experts": gathered_expert_bytes(
+                                  model, b, strategy.weights, batched_mm=batched_mm_decode(gpu.vendor, graph)) / tp}),
     ]
     # DynamicCache grows by torch.cat, so every step frees blocks one token too small to reuse
     fragmentation = 0.0 if graph else cal.kv_fragmentation * kv_full

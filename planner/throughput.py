@@ -15,7 +15,7 @@ import math
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import ThroughputCalibration
-from planner.decoder import decoder_for
+from planner.decoder import batched_mm_decode, decoder_for
 from planner.knobs import KnobsLike
 from planner.memory import (
     WEIGHT_BYTES,
@@ -375,7 +375,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
     # generate()'s batched_mm experts (planner.memory.gathered_expert_bytes): each (token, expert) pair's
     # weights are gathered (read and written) and read again by its bmm, instead of each expert read once
-    gathered = gathered_expert_bytes(model, b, strategy.weights, graph)
+    gathered = gathered_expert_bytes(model, b, strategy.weights, batched_mm=batched_mm_decode(gpu.vendor, graph))
     gather_time = 0.0
     if gathered:
         sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)

@@ -137,7 +137,7 @@ def test_decode_reads_the_experts_at_mxfp4_bytes() -> None:
                                                   batch=batch), 256, 128, h200, tcal)
         assert fp4.decode_tokens_per_s is not None and bf16.decode_tokens_per_s is not None
         bw = h200.memory_bandwidth_gbps * 1e9
-        gathered = 3 * gathered_expert_bytes(grouped, batch, "bf16", graph=False) * 24
+        gathered = 3 * gathered_expert_bytes(grouped, batch, "bf16", batched_mm=True) * 24
         read = decode_expert_weight_params(m, batch) * 4.25 / 8
         step_gap = batch / bf16.decode_tokens_per_s - batch / fp4.decode_tokens_per_s
         assert step_gap == pytest.approx(gathered / (bw * tcal.decode_gather_bw_efficiency)
