@@ -114,6 +114,21 @@ def test_infer_writes_outputs_and_a_rerun_only_answers_what_is_missing(project: 
     assert outputs.read_text().splitlines() == lines  # greedy and batched as before: the same answers
 
 
+def test_a_prompts_file_sizes_the_job_so_prompt_tokens_can_be_left_out(project: Path) -> None:
+    """Left out, prompt_tokens once defaulted to 1,024, past this model's 64-token context: refused."""
+    spec = _spec(project, "sized", task="infer", model={"config": "model/config.json"},
+                 infer={"prompts": "prompts.jsonl", "tokenizer": "tok", "batch": 2, "output_tokens": 4})
+    out = _invoke("run", str(spec), "--checkpoint-dir", str(project / "sized-answers"))
+    assert out["status"] == "succeeded" and out["steps"] == 3
+
+
+def test_the_readme_inference_example_runs(project: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-infer.yaml"
+    out = _invoke("run", str(example), "--checkpoint-dir", str(project / "readme"))
+    assert out["status"] == "succeeded" and out["steps"] == 5
+    assert len(Path(out["outputs"]).read_text().splitlines()) == 5
+
+
 def test_bad_inputs_get_clear_errors_that_name_no_internals(project: Path) -> None:
     missing = _spec(project, "m1", task="train", model={"config": "nope/config.json"}, train=_train())
     assert "does not exist" in _error("run", str(missing), code=2)
