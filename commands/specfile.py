@@ -70,8 +70,8 @@ def size_from_prompts(spec: JobSpec) -> JobSpec:
     path = Path(infer.prompts).expanduser()
     if not unset or not path.is_file():
         return spec
-    from workers.infer import infer_tokenizer_dir
-    from workers.infer_io import ByteTokenizer, HfTokenizer, Tokenizer, prompt_lengths
+    # workers.infer_io, not workers.infer: reading a spec must not import torch
+    from workers.infer_io import ByteTokenizer, HfTokenizer, Tokenizer, infer_tokenizer_dir, prompt_lengths
 
     weights = Path(spec.model).expanduser() if isinstance(spec.model, str) else None
     folder = infer_tokenizer_dir(infer.tokenizer, weights if weights is not None and weights.is_dir() else None)

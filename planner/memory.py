@@ -54,15 +54,18 @@ PRECISION_BYTES: dict[str, PrecisionBytes] = {
 WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 4 / 128}
 
 
+def sparse_layer_count(model: ModelConfig) -> int:
+    """Layers whose MLP is a mixture of experts (every layer of a MoE model but its dense ones)."""
+    return model.num_layers - (model.moe.dense_layers if model.moe else 0)
+
+
 def expert_weight_params(model: ModelConfig) -> int:
     """The routed experts' gate_up and down projection weights over every sparse layer (not their biases):
     what a checkpoint with StoredQuantization.weights == 'experts' (gpt-oss's MXFP4) stores quantized."""
     if model.num_experts <= 1:
         return 0
-    moe = model.moe
-    width = moe.expert_intermediate_size if moe else model.intermediate_size
-    sparse_layers = model.num_layers - (moe.dense_layers if moe else 0)
-    return sparse_layers * model.num_experts * 3 * model.hidden_size * width
+    width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+    return sparse_layer_count(model) * model.num_experts * 3 * model.hidden_size * width
 
 
 def stored_bytes_per_param(model: ModelConfig, weights: str) -> float:

@@ -26,6 +26,7 @@ from planner.memory import (
     mla_expanded_kv_bytes,
     prefill_attention_bytes,
     runtime_model,
+    sparse_layer_count,
     stored_bytes_per_param,
 )
 from planner.types import Strategy, ThroughputEstimate, construct
@@ -58,9 +59,8 @@ def decode_weight_params(model: ModelConfig, batch: int, pc: ParamCount | None =
     if e <= 1 or batch <= 1:
         return n - lm
     width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
-    sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)
     touched = e * (1 - (1 - k / e) ** batch)
-    return n - lm + sparse_layers * (touched - k) * 3 * model.hidden_size * width
+    return n - lm + sparse_layer_count(model) * (touched - k) * 3 * model.hidden_size * width
 
 
 def decode_expert_weight_params(model: ModelConfig, batch: int) -> float:
@@ -70,9 +70,8 @@ def decode_expert_weight_params(model: ModelConfig, batch: int) -> float:
     if e <= 1:
         return 0.0
     width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
-    sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)
     touched = k if batch <= 1 else e * (1 - (1 - k / e) ** batch)
-    return float(sparse_layers * touched * 3 * model.hidden_size * width)
+    return float(sparse_layer_count(model) * touched * 3 * model.hidden_size * width)
 
 
 def mla_decode_expand(model: ModelConfig, batch: int, context: int) -> tuple[float, float]:
@@ -140,7 +139,7 @@ def layer_kernel_weight(model: ModelConfig) -> float:
     if shape.eager:
         extra += 10
     if model.num_experts > 1 and not (model.moe is not None and model.moe.expert_loop):
-        extra += 12 * (model.num_layers - (model.moe.dense_layers if model.moe else 0)) / model.num_layers
+        extra += 12 * sparse_layer_count(model) / model.num_layers
     return (LLAMA_LAYER_KERNELS + extra) / LLAMA_LAYER_KERNELS
 
 
@@ -159,8 +158,7 @@ def expert_loop_s(model: ModelConfig, tokens: float, passes: float, cal: Through
     moe = model.moe
     if moe is None or not moe.expert_loop:
         return 0.0
-    sparse_layers = model.num_layers - moe.dense_layers
-    return cal.expert_loop_s * experts_visited(model, tokens) * sparse_layers * passes
+    return cal.expert_loop_s * experts_visited(model, tokens) * sparse_layer_count(model) * passes
 
 
 def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, checkpointing: bool,
@@ -366,6 +364,11 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         prefill += (2 * square_bytes * model.attn.sliding_layers
                     / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency))
     prefill += expert_loop_s(model, work, 1.0, cal)
+    # generate()'s batched_mm experts (planner.memory.gathered_expert_bytes): each (token, expert) pair's
+    # weights are gathered (read and written) and read again by its bmm, instead of each expert read once
+    gathered = gathered_expert_bytes(model, b, strategy.weights, batched_mm=batched_mm_decode(gpu.vendor, graph))
+    gather_time = 3 * gathered * sparse_layer_count(model) / tp / (gpu.memory_bandwidth_gbps * 1e9
+                                                                   * cal.decode_gather_bw_efficiency)
     if strategy.weights == "mxfp4":  # the checkpoint's MXFP4 experts, everything else bf16
         experts = decode_expert_weight_params(model, b)
         read = decode_weight_params(model, b, pc)
@@ -373,15 +376,8 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     else:
         wb = WEIGHT_BYTES[strategy.weights]
         weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
-    # generate()'s batched_mm experts (planner.memory.gathered_expert_bytes): each (token, expert) pair's
-    # weights are gathered (read and written) and read again by its bmm, instead of each expert read once
-    gathered = gathered_expert_bytes(model, b, strategy.weights, batched_mm=batched_mm_decode(gpu.vendor, graph))
-    gather_time = 0.0
-    if gathered:
-        sparse_layers = model.num_layers - (model.moe.dense_layers if model.moe else 0)
-        weight_bytes -= decode_expert_weight_params(model, b) * WEIGHT_BYTES[strategy.weights] / tp
-        gather_time = (3 * gathered * sparse_layers / tp
-                       / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_gather_bw_efficiency))
+        if gathered:  # the routed experts are the gathers' bytes, not read once each
+            weight_bytes -= decode_expert_weight_params(model, b) * wb / tp
     avg_ctx = prompt_tokens + output_tokens / 2
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
     expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))

@@ -33,6 +33,7 @@ from workers.infer_io import (
     OutputWriter,
     Request,
     Tokenizer,
+    infer_tokenizer_dir,
     load_finished,
     read_requests,
 )
@@ -395,12 +396,3 @@ def run_infer_spec(
         tokenizer_dir=infer_tokenizer_dir(infer.tokenizer, source.weights_dir),
         progress=progress,
     )
-
-
-def infer_tokenizer_dir(given: str | None, weights_dir: Path | None) -> Path | None:
-    """The spec's tokenizer, else the one saved beside the model's weights, else none (byte-level)."""
-    from workers.text_data import has_tokenizer
-
-    if given is not None:
-        return Path(given).expanduser()
-    return weights_dir if weights_dir is not None and has_tokenizer(weights_dir) else None

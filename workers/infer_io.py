@@ -144,6 +144,15 @@ def read_requests(path: Path, tokenizer: Tokenizer, *, vocab_size: int, max_posi
     return requests
 
 
+def infer_tokenizer_dir(given: str | None, weights_dir: Path | None) -> Path | None:
+    """The spec's tokenizer, else the one saved beside the model's weights, else none (byte-level)."""
+    from workers.text_data import has_tokenizer
+
+    if given is not None:
+        return Path(given).expanduser()
+    return weights_dir if weights_dir is not None and has_tokenizer(weights_dir) else None
+
+
 def prompt_lengths(path: Path, tokenizer: Tokenizer) -> list[int]:
     """Tokens of every prompt in a prompts file, validated as :func:`read_requests` does (the model's own
     vocabulary and context are checked when the job runs)."""
