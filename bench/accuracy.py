@@ -60,7 +60,8 @@ from planner.types import Strategy  # noqa: E402
 
 # Every inference record here timed transformers' generate() (bench/measure_h200.py, bench/infer_worker.py),
 # not the workers' compiled decoder: predict that.
-generate_throughput = functools.partial(infer_throughput, decoder="generate")
+# bench/measure_h200.py times stock generate(): its own decoder, and on a GPU its switch of every MoE to batched_mm
+generate_throughput = functools.partial(infer_throughput, decoder="generate", moe_kernel="batched_mm")
 
 GIB = 1 << 30
 CPU_SECTION = "<!-- cpu-accuracy: written by bench/cpu_accuracy.py -->"
@@ -153,7 +154,7 @@ def predict(row: Row, gpu: GpuSpec, cal: Calibration) -> dict[str, Any]:
         tps = thr.tokens_per_s
     else:
         mem = infer_memory(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu, cal.memory,
-                           decoder="generate")
+                           decoder="generate", moe_kernel="batched_mm")
         thr = generate_throughput(row.model, row.strategy, int(c["prompt_tokens"]), int(c["output_tokens"]), gpu,
                                cal.throughput)
         tps = thr.tokens_per_s
@@ -244,9 +245,10 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration, results_names: tuple[s
     return Calibration(
         source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
                f"({datetime.now(UTC).date().isoformat()}); results {', '.join(results_names)}; "
-               "memory.expandable_overhead and throughput.graph_decode_*: planner/calibration.py's defaults "
-               "(measured by bench/gpu_acceptance.py with the workers' allocator, and by bench/graph_decode.py "
-               "--fit with the workers' compiled decoder; these cases ran neither)",
+               "memory.expandable_overhead, throughput.graph_decode_* and throughput.decode_grouped_layer_s: "
+               "planner/calibration.py's defaults (measured by bench/gpu_acceptance.py with the workers' "
+               "allocator, by bench/graph_decode.py --fit with the workers' compiled decoder and by "
+               "bench/moe_decode_fit.py with the workers' grouped_mm decode; these cases ran none of them)",
         fitted_on=fitted_ids, memory=mem, throughput=thr, cost=base.cost,
     )
 

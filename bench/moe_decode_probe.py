@@ -12,7 +12,7 @@ python3, no gpuplan; results in docs/MEASUREMENTS.md "A mixture of experts under
 - ``profile``: torch.profiler over generate(), the top kernels by CUDA time (prefill included: keep the
   prompt short).
 - ``impl``: the decode step with generate()'s switch to ``batched_mm`` (every (token, expert) pair's weights
-  gathered) and with ``grouped_mm`` kept (each routed expert read once).
+  gathered) and with ``grouped_mm`` kept as the workers keep it (each routed expert read once), alternating.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workers.moe_decode (torch and transformers only)
 
 import measure_h200 as M
 
@@ -101,15 +102,21 @@ def routing(model: Any, cfg: Any, batch: int, a: argparse.Namespace) -> list[dic
 
 
 def impl(model: Any, cfg: Any, batch: int, a: argparse.Namespace) -> list[dict[str, Any]]:
-    row: dict[str, Any] = {"model": a.model, "batch": batch, "prompt": a.prompt,
-                           "batched_mm_step_ms": _timed(model, cfg, batch, a)["decode_step_ms_median"],
-                           "grouped_mm_step_ms": None}
-    if hasattr(model, "_optimize_model_for_decode"):  # keep grouped_mm for the decode steps too
-        model._optimize_model_for_decode = contextlib.nullcontext
-        try:
-            row["grouped_mm_step_ms"] = _timed(model, cfg, batch, a)["decode_step_ms_median"]
-        finally:
-            del model._optimize_model_for_decode
+    """The decode step with generate()'s switch to batched_mm and with grouped_mm kept the way the workers keep
+    it (workers/moe_decode.py), alternating ``--repeat`` times so that a change of the host's speed shows."""
+    from workers.moe_decode import keep_grouped_mm
+
+    original = model.get_experts_implementation()
+    row: dict[str, Any] = {"model": a.model, "batch": batch, "prompt": a.prompt, "batched_mm_step_ms": [],
+                           "grouped_mm_step_ms": [], "host_python_loop_2m_s": []}
+    for _ in range(a.repeat):
+        row["host_python_loop_2m_s"].append(M.host_probe(a.device)["python_loop_2m_s"])
+        row["batched_mm_step_ms"].append(_timed(model, cfg, batch, a)["decode_step_ms_median"])
+        if keep_grouped_mm(model):
+            try:
+                row["grouped_mm_step_ms"].append(_timed(model, cfg, batch, a)["decode_step_ms_median"])
+            finally:
+                model.set_experts_implementation(original)
     return [row]
 
 
@@ -138,6 +145,7 @@ def main() -> int:
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--output", type=int, default=64, help="new tokens per generate()")
+    p.add_argument("--repeat", type=int, default=2, help="impl: alternations of the two kernels per batch")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     import torch

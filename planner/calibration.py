@@ -152,6 +152,13 @@ class ThroughputCalibration(_Cal):
         description="generate()'s decode of a mixture of experts on a GPU (transformers' batched_mm): the share "
         "of the memory bandwidth its gathers of each (token, expert) pair's weights and their bmm reach; large "
         "streams, some reads served from L2 (fitted on the non-holdout MoE inference cases)")
+    # default: bench/moe_decode_fit.py on the gpt-oss-20b rows of
+    # bench/results/workers/moe_decode_impl_oss_2026-12-03b.json (the Qwen3-30B-A3B rows held out)
+    decode_grouped_layer_s: float = Field(
+        default=8.5e-4, ge=0.0,
+        description="generate()'s decode of a mixture of experts on a GPU with grouped_mm kept (workers/"
+        "moe_decode.py): host seconds per sparse layer per token beyond the dense decode overhead (its sort, "
+        "histogram, offsets, masks and grouped GEMMs)")
     eager_score_passes: float = Field(
         default=0.0, ge=0.0,
         description="training: memory passes over every eager-attention layer's seq x seq scores beyond the "

@@ -7,6 +7,7 @@ from typing import Literal
 from catalog.schema import ModelConfig
 
 Decoder = Literal["graph", "generate"]
+MoeKernel = Literal["batched_mm", "grouped_mm"]
 
 
 def graph_decode(model: ModelConfig, vendor: str, weights: str) -> bool:
@@ -30,7 +31,25 @@ def decoder_for(model: ModelConfig, vendor: str, weights: str, given: str | None
     return "graph" if graph_decode(model, vendor, weights) else "generate"
 
 
-def batched_mm_decode(vendor: str, graph: bool) -> bool:
-    """Whether a mixture of experts' decode steps run transformers' batched_mm (planner.memory.
-    gathered_expert_bytes): generate() switches to it on any accelerator, not on a CPU (grouped_mm stays)."""
-    return not graph and vendor != "cpu"
+# generate()'s batched_mm copies each (token, expert) pair's weights three passes over; grouped_mm reads each routed
+# expert once but issues more kernels (a host cost per sparse layer). From two visits per expert per step on,
+# grouped wins on an H200 (bench/results/workers/moe_decode_impl_*_2026-12-03b.json: gpt-oss-20b level at batch 16,
+# 1.7x faster at 32 and 4x at 64; Qwen3-30B-A3B slower at 16, 1.3x faster at 32, 1.5x at 64)
+GROUPED_FROM_VISITS = 2
+
+
+def moe_decode_kernel(model: ModelConfig, vendor: str, weights: str, batch: int, *, graph: bool = False,
+                      given: str | None = None) -> MoeKernel | None:
+    """The kernel a mixture of experts' decode steps run under generate(), one rule for the plan's time and memory
+    and the workers (workers/moe_decode.py): None for a dense model, the compiled decoder (dense only) and an
+    MXFP4 checkpoint (its triton kernels read the experts in place); "grouped_mm" on a CPU (generate() keeps it
+    there) and, on a GPU, once batch x top-k reaches ``GROUPED_FROM_VISITS`` x the experts (the workers keep
+    grouped_mm then); otherwise "batched_mm", generate()'s own switch. ``given`` wins over the rule (bench/
+    measure_h200.py times stock generate(): "batched_mm" on a GPU)."""
+    if model.num_experts <= 1 or graph or weights == "mxfp4":
+        return None
+    if given is not None:
+        return "grouped_mm" if given == "grouped_mm" else "batched_mm"
+    if vendor == "cpu" or batch * model.experts_per_token >= GROUPED_FROM_VISITS * model.num_experts:
+        return "grouped_mm"
+    return "batched_mm"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import GIB, MIB, MemoryCalibration
-from planner.decoder import batched_mm_decode, decoder_for
+from planner.decoder import decoder_for, moe_decode_kernel
 from planner.types import MemoryEstimate, Strategy, construct
 
 BLOCK = 2 * MIB
@@ -104,7 +104,7 @@ def gathered_expert_bytes(model: ModelConfig, batch: int, weights: str, *, batch
     batch x top-k experts' weights, in the compute dtype (torchao leaves the fused experts bf16). The gathered
     gate_up is still referenced while the down weights are gathered, so both are alive at once. 0 for dense
     models, MXFP4 checkpoints (their triton kernels read the experts in place) and unless ``batched_mm``
-    (planner.decoder.batched_mm_decode: generate() on a GPU, not the compiled decoder nor a CPU).
+    (planner.decoder.moe_decode_kernel: generate() on a GPU below two visits per expert per step).
     H200, gpt-oss-20b b32 (bench/results/h200_moe_infer.json): 6.4 GB above the weights and the cache."""
     if model.num_experts <= 1 or not batched_mm or weights == "mxfp4":
         return 0.0
@@ -396,9 +396,11 @@ def prefill_attention_bytes(model: ModelConfig, batch: int, prompt: int, c: int 
 
 def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int, gpu: GpuSpec,
                  cal: MemoryCalibration, pc: ParamCount | None = None, headroom: float | None = None, *,
-                 decoder: str | None = None) -> MemoryEstimate:
+                 decoder: str | None = None, moe_kernel: str | None = None) -> MemoryEstimate:
     """Peak memory per GPU of the workers' decoder (``decoder``: "graph" or "generate"; None: the workers'
-    rule): ``generate()`` with the default DynamicCache, or workers/decode.py's preallocated static cache."""
+    rule): ``generate()`` with the default DynamicCache, or workers/decode.py's preallocated static cache.
+    ``moe_kernel``: a mixture of experts' decode kernel ("batched_mm" or "grouped_mm"); None: the workers' rule
+    (planner.decoder.moe_decode_kernel)."""
     graph = decoder_for(model, gpu.vendor, strategy.weights, decoder) == "graph"
     pc = pc or count_params(model)
     model = runtime_model(model, strategy.weights)
@@ -445,12 +447,13 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     square = prefill_attention_bytes(model, b, prompt_tokens, keys=ctx if graph else None) / tp
     prefill_work = t * max(mlp_work, 14 * h) + t * 2 * h * 3 + square
     logits = b * model.vocab_size * (2 + 4 + 4)
+    kernel = moe_decode_kernel(model, gpu.vendor, strategy.weights, b, graph=graph, given=moe_kernel)
     moments = [
         Moment("prefill", {"weights": weights, "kv_cache": kv_prefill, "prefill_activations": prefill_work,
                             "logits": logits}),
         Moment("decode end", {"weights": weights, "kv_cache": kv_full + kv_layer, "logits": logits,
-                              "gathered_experts": gathered_expert_bytes(
-                                  model, b, strategy.weights, batched_mm=batched_mm_decode(gpu.vendor, graph)) / tp}),
+                              "gathered_experts": gathered_expert_bytes(model, b, strategy.weights,
+                                                                        batched_mm=kernel == "batched_mm") / tp}),
     ]
     # DynamicCache grows by torch.cat, so every step frees blocks one token too small to reuse
     fragmentation = 0.0 if graph else cal.kv_fragmentation * kv_full

@@ -15,7 +15,7 @@ import math
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import ThroughputCalibration
-from planner.decoder import batched_mm_decode, decoder_for
+from planner.decoder import decoder_for, moe_decode_kernel
 from planner.knobs import KnobsLike
 from planner.memory import (
     WEIGHT_BYTES,
@@ -332,10 +332,12 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
 
 def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int,
                      gpu: GpuSpec, cal: ThroughputCalibration, pc: ParamCount | None = None, *,
-                     decoder: str | None = None) -> ThroughputEstimate:
+                     decoder: str | None = None, moe_kernel: str | None = None) -> ThroughputEstimate:
     """Output tokens/s of the whole placement (replicas = gpu_count / tensor_parallel).
 
     ``decoder``: "graph" or "generate"; None predicts what the workers run (``planner.decoder.decoder_for``).
+    ``moe_kernel``: "batched_mm" or "grouped_mm" for a mixture of experts' decode steps; None: the workers' rule
+    (``planner.decoder.moe_decode_kernel``).
     The H200 reference cases (bench/measure_h200.py) time transformers' generate()."""
     tp = strategy.tensor_parallel
     replicas = max(1, strategy.gpu_count // tp)
@@ -366,7 +368,8 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     prefill += expert_loop_s(model, work, 1.0, cal)
     # generate()'s batched_mm experts (planner.memory.gathered_expert_bytes): each (token, expert) pair's
     # weights are gathered (read and written) and read again by its bmm, instead of each expert read once
-    gathered = gathered_expert_bytes(model, b, strategy.weights, batched_mm=batched_mm_decode(gpu.vendor, graph))
+    kernel = moe_decode_kernel(model, gpu.vendor, strategy.weights, b, graph=graph, given=moe_kernel)
+    gathered = gathered_expert_bytes(model, b, strategy.weights, batched_mm=kernel == "batched_mm")
     gather_time = 3 * gathered * sparse_layer_count(model) / tp / (gpu.memory_bandwidth_gbps * 1e9
                                                                    * cal.decode_gather_bw_efficiency)
     if strategy.weights == "mxfp4":  # the checkpoint's MXFP4 experts, everything else bf16
@@ -400,6 +403,10 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     else:
         overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
                      + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))
+        if kernel == "grouped_mm" and gpu.vendor != "cpu":
+            # grouped_mm's sort, histogram, offsets, masks and two grouped GEMMs per sparse layer: host work that
+            # batched_mm's gather + bmm does not issue (a CPU's fitted decode overhead already holds it)
+            overhead += cal.decode_grouped_layer_s * sparse_layer_count(model)
     decode_step = max(mem_time, compute_time) + overhead
     if tp > 1:
         link = gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency

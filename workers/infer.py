@@ -23,7 +23,7 @@ import torch
 
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
-from planner.decoder import decoder_for
+from planner.decoder import decoder_for, moe_decode_kernel
 from planner.spec import JobSpec
 from workers.capabilities import supported
 from workers.decode import GraphDecoder
@@ -37,6 +37,7 @@ from workers.infer_io import (
     load_finished,
     read_requests,
 )
+from workers.moe_decode import keep_grouped_mm
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class InferenceResult:
     # worker's own per-batch cost (padding, moving ids, trimming, JSONL append + fsync, progress)
     steady_generate_share: float | None = None
     decoder: str = "generate"  # "graph" (workers/decode.py) or "generate" (transformers), as planned
+    moe_kernel: str | None = None  # a mixture of experts' decode kernel under generate(): batched_mm or grouped_mm
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -268,6 +270,11 @@ def run_inference(
     eos = _eos_ids(model, tokenizer)
     use_graph = decoder_for(model_cfg, _vendor(device), weights, decoder) == "graph"
     graph = GraphDecoder(model, compile=on_cuda) if use_graph else None
+    moe_kernel = moe_decode_kernel(model_cfg, _vendor(device), weights, batch, graph=use_graph)
+    if moe_kernel == "grouped_mm" and not keep_grouped_mm(model):
+        moe_kernel = "batched_mm" if on_cuda else moe_kernel
+        logger.warning("could not keep grouped_mm experts for the decode steps (this transformers has no experts "
+                       "interface): generate() decodes with its own choice, slower than planned at this batch")
     todo_all = [r for r in requests if r.key not in finished]
     # one shape per job for the compiled step: every batch padded to the batch size and the widest prompt
     shape = (batch, max(len(r.input_ids) for r in todo_all)) if graph is not None and on_cuda else None
@@ -339,6 +346,7 @@ def run_inference(
         outputs=str(outputs),
         steady_generate_share=share,
         decoder="graph" if graph is not None else "generate",
+        moe_kernel=moe_kernel,
     )
 
 

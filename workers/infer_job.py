@@ -115,7 +115,8 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
     if remote is not None:
         remote.upload()  # a put that fails fails the attempt: the outputs are not where they should be
     steady = (f"; after the first batch {result.steady_tokens_per_s:,.0f} tokens/s, {result.steady_generate_share:.1%} "
-              f"of it decoding ({result.decoder} decoder)"
+              f"of it decoding ({result.decoder} decoder"
+              + (f", {result.moe_kernel} experts)" if result.moe_kernel else ")")
               if result.steady_tokens_per_s and result.steady_generate_share else "")
     where = remote.uri if remote is not None else outputs
     on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {where}, "
@@ -126,6 +127,6 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
                 "steady_tokens_per_s": result.steady_tokens_per_s or result.tokens_per_s,
                 "tokens_per_s": result.tokens_per_s,
                 "peak_allocated_bytes": result.peak_memory_bytes, "wall_s": result.seconds + result.load_seconds,
-                "decoder": result.decoder, "predicted": {}}
+                "decoder": result.decoder, "moe_kernel": result.moe_kernel, "predicted": {}}
     on_progress({"event": "finished", "result": finished})
     return finished
