@@ -8,6 +8,8 @@ expandable segments themselves unless PYTORCH_CUDA_ALLOC_CONF is set). Cases:
   config-path      a model given as a Hugging Face config.json path (Qwen3-0.6B's shape)
   infer            an inference job (llama-3.2-1b, JSONL-style prompts synthetic)
   infer-gemma      the same job on gemma-3-1b: sliding-window layers through the compiled decoder
+  infer-moe        gpt-oss-20b served at batch 32: grouped_mm experts kept for the decode steps
+  infer-moe-b8     gpt-oss-20b at batch 8: generate()'s batched_mm experts
   kill-resume      the 1B run killed with SIGKILL after its first checkpoint, then `--resume`
 
 A case passes when the run succeeds with zero OOMs (no OOM back-off either), peak allocated is
@@ -236,14 +238,22 @@ def case_infer_gemma(work: Path, timeout: float) -> Outcome:
     return _simple("infer-gemma", spec, work, timeout)
 
 
-def case_infer_moe(work: Path, timeout: float) -> Outcome:
-    """A mixture of experts served through generate(): on a GPU transformers decodes its experts with batched_mm,
-    which gathers every (token, expert) pair's weights: a decode step's time and its transient memory grow
-    with batch x top-k (planner.memory.gathered_expert_bytes; bench/results/h200_moe_infer.json)."""
-    spec = {"name": "acc-infer-moe", "task": "infer", "model": "gpt-oss-20b",
-            "infer": {"batch": 32, "prompt_tokens": 512, "output_tokens": 64, "requests": 64},
+def _moe_spec(batch: int, requests: int) -> dict[str, Any]:
+    return {"name": f"acc-infer-moe-b{batch}", "task": "infer", "model": "gpt-oss-20b",
+            "infer": {"batch": batch, "prompt_tokens": 512, "output_tokens": 64, "requests": requests},
             "resources": {"spot": "never"}}
-    return _simple("infer-moe", spec, work, timeout)
+
+
+def case_infer_moe(work: Path, timeout: float) -> Outcome:
+    """A mixture of experts served at batch 32: the workers keep grouped_mm for the decode steps (each routed
+    expert read once; planner.decoder.moe_decode_kernel, workers/moe_decode.py) where generate() would switch to
+    batched_mm and gather every (token, expert) pair's weights (107 ms a step against 37-69 on an H200)."""
+    return _simple("infer-moe", _moe_spec(32, 128), work, timeout)
+
+
+def case_infer_moe_b8(work: Path, timeout: float) -> Outcome:
+    """The same model at batch 8, below two visits per expert: generate()'s own batched_mm, its gathers priced."""
+    return _simple("infer-moe-b8", _moe_spec(8, 48), work, timeout)
 
 
 def case_kill_resume(work: Path, timeout: float) -> Outcome:
@@ -306,6 +316,7 @@ CASES: dict[str, Callable[[Path, float], Outcome]] = {
     "infer": case_infer,
     "infer-gemma": case_infer_gemma,
     "infer-moe": case_infer_moe,
+    "infer-moe-b8": case_infer_moe_b8,
     "kill-resume": case_kill_resume,
 }
 
