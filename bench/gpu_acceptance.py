@@ -10,6 +10,8 @@ expandable segments themselves unless PYTORCH_CUDA_ALLOC_CONF is set). Cases:
   infer-gemma      the same job on gemma-3-1b: sliding-window layers through the compiled decoder
   infer-moe        gpt-oss-20b served at batch 32: grouped_mm experts kept for the decode steps
   infer-moe-b8     gpt-oss-20b at batch 8: generate()'s batched_mm experts
+  infer-moe-b64    gpt-oss-20b at batch 64: grouped_mm kept (batched_mm would gather 12.7 GB a step)
+  infer-moe-qwen3  qwen3-30b-a3b at batch 32: grouped_mm kept, a model held out of the kernel's fit
   kill-resume      the 1B run killed with SIGKILL after its first checkpoint, then `--resume`
 
 A case passes when the run succeeds with zero OOMs (no OOM back-off either), peak allocated is
@@ -238,8 +240,8 @@ def case_infer_gemma(work: Path, timeout: float) -> Outcome:
     return _simple("infer-gemma", spec, work, timeout)
 
 
-def _moe_spec(batch: int, requests: int) -> dict[str, Any]:
-    return {"name": f"acc-infer-moe-b{batch}", "task": "infer", "model": "gpt-oss-20b",
+def _moe_spec(batch: int, requests: int, model: str = "gpt-oss-20b") -> dict[str, Any]:
+    return {"name": f"acc-infer-moe-{model}-b{batch}", "task": "infer", "model": model,
             "infer": {"batch": batch, "prompt_tokens": 512, "output_tokens": 64, "requests": requests},
             "resources": {"spot": "never"}}
 
@@ -254,6 +256,17 @@ def case_infer_moe(work: Path, timeout: float) -> Outcome:
 def case_infer_moe_b8(work: Path, timeout: float) -> Outcome:
     """The same model at batch 8, below two visits per expert: generate()'s own batched_mm, its gathers priced."""
     return _simple("infer-moe-b8", _moe_spec(8, 48), work, timeout)
+
+
+def case_infer_moe_b64(work: Path, timeout: float) -> Outcome:
+    """gpt-oss-20b at batch 64: batched_mm would gather 12.7 GB of experts a step (204 ms); grouped_mm ~50 ms."""
+    return _simple("infer-moe-b64", _moe_spec(64, 192), work, timeout)
+
+
+def case_infer_moe_qwen3(work: Path, timeout: float) -> Outcome:
+    """Qwen3-30B-A3B (128 experts, top-8, 48 layers) at batch 32: grouped_mm kept; held out of the fit of its
+    host cost (bench/moe_decode_fit.py fitted it on gpt-oss)."""
+    return _simple("infer-moe-qwen3", _moe_spec(32, 96, "qwen3-30b-a3b"), work, timeout)
 
 
 def case_kill_resume(work: Path, timeout: float) -> Outcome:
@@ -317,6 +330,8 @@ CASES: dict[str, Callable[[Path, float], Outcome]] = {
     "infer-gemma": case_infer_gemma,
     "infer-moe": case_infer_moe,
     "infer-moe-b8": case_infer_moe_b8,
+    "infer-moe-b64": case_infer_moe_b64,
+    "infer-moe-qwen3": case_infer_moe_qwen3,
     "kill-resume": case_kill_resume,
 }
 
