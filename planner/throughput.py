@@ -419,5 +419,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         prefill_tokens_per_s=b * prompt_tokens / prefill * replicas,
         decode_tokens_per_s=b / decode_step * replicas,
         requests_per_s=b / total * replicas,
+        decoder="graph" if graph else "generate",
+        moe_kernel=kernel,
         breakdown_s={"prefill": prefill, "decode": output_tokens * decode_step},
     )

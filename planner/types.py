@@ -155,6 +155,9 @@ class ThroughputEstimate(_Value):
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
     requests_per_s: float | None = None
+    decoder: str | None = Field(default=None, description="inference: the workers' decoder, graph or generate")
+    moe_kernel: str | None = Field(
+        default=None, description="inference of a mixture of experts: its decode kernel, batched_mm or grouped_mm")
     breakdown_s: dict[str, float] = Field(default_factory=dict, description="compute/comm/other per step")
 
 

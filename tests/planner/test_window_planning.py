@@ -207,6 +207,13 @@ def test_moe_decode_kernel_rule(name: str, batched_below: int) -> None:
     assert moe_decode_kernel(m, "nvidia", "mxfp4", 64) is None  # the checkpoint's triton kernels
     assert moe_decode_kernel(m, "nvidia", "bf16", 64, graph=True) is None
     assert moe_decode_kernel(model("qwen3-0.6b"), "nvidia", "bf16", 64) is None
+    # the estimate says which it priced (gpuplan plan --json)
+    for b, kernel in ((batched_below - 1, "batched_mm"), (batched_below, "grouped_mm")):
+        est = infer_throughput(m, Strategy(task="infer", gpu="H200", gpu_count=1, batch=b), 512, 64, H200, TCAL)
+        assert (est.decoder, est.moe_kernel) == ("generate", kernel)
+    dense = infer_throughput(model("qwen3-0.6b"), Strategy(task="infer", gpu="H200", gpu_count=1, batch=8), 512, 64,
+                             H200, TCAL)
+    assert (dense.decoder, dense.moe_kernel) == ("graph", None)
 
 
 def test_grouped_decode_pays_host_work_per_sparse_layer_and_reads_each_expert_once() -> None:
