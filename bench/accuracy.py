@@ -19,6 +19,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -453,59 +454,63 @@ def _fit_fsdp(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> Thr
     return base.model_copy(update={"fsdp_collective_s": round(statistics.median(per_collective), 7)})
 
 
-def _fit_eager_scores(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
-    """Memory passes over eager attention's seq x seq scores in a training step: the median over the non-holdout
-    single-GPU eager training cases of (measured - predicted without them and without the expert loop) / the
-    time of one pass. Fitted before the expert loop, which then takes only what is left."""
-    off = base.model_copy(update={"eager_score_passes": 0.0, "expert_loop_s": 0.0})
-    one = off.model_copy(update={"eager_score_passes": 1.0})
+def _fit_linear_term(rows: list[Row], base: ThroughputCalibration, name: str, off: ThroughputCalibration,
+                     eligible: Callable[[Row], bool], measured: Callable[[Row], float],
+                     predicted: Callable[[Row, ThroughputCalibration], float]) -> ThroughputCalibration:
+    """A constant the planner's time is linear in: the median over the eligible rows of (measured - predicted with
+    it at 0) / (predicted with it at 1 - predicted with it at 0), the planner's own price of one unit."""
+    one = off.model_copy(update={name: 1.0})
     ratios: list[float] = []
     for r in rows:
-        s = r.strategy
-        if not (r.train and r.model.attn.eager and r.tps_ok and s.gpu_count == 1 and r.measured.get("median_step_s")):
+        if not eligible(r):
             continue
-        seq = int(r.case["seq_len"])
-        without = train_throughput(r.model, s, seq, gpu, off).step_time_s
-        one_pass = train_throughput(r.model, s, seq, gpu, one).step_time_s - without  # the planner's own price
-        if one_pass > 0:
-            ratios.append(max(0.0, float(r.measured["median_step_s"]) - without) / one_pass)
-    return base.model_copy(update={"eager_score_passes": float(statistics.median(ratios))}) if ratios else base
+        without = predicted(r, off)
+        unit = predicted(r, one) - without
+        if unit > 0:
+            ratios.append(max(0.0, measured(r) - without) / unit)
+    return base.model_copy(update={name: float(statistics.median(ratios))}) if ratios else base
+
+
+def _train_step_s(r: Row, gpu: GpuSpec, cal: ThroughputCalibration) -> float:
+    return train_throughput(r.model, r.strategy, int(r.case["seq_len"]), gpu, cal).step_time_s
+
+
+def _measured_step_s(r: Row) -> float:
+    return float(r.measured["median_step_s"])
+
+
+def _fit_eager_scores(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
+    """Memory passes over eager attention's seq x seq scores in a training step, over the non-holdout single-GPU
+    eager training cases, priced without the expert loop. Fitted before the expert loop, which then takes only
+    what is left."""
+    return _fit_linear_term(
+        rows, base, "eager_score_passes", base.model_copy(update={"eager_score_passes": 0.0, "expert_loop_s": 0.0}),
+        lambda r: bool(r.train and r.model.attn.eager and r.tps_ok and r.strategy.gpu_count == 1
+                       and r.measured.get("median_step_s")),
+        _measured_step_s, lambda r, c: _train_step_s(r, gpu, c))
 
 
 def _fit_expert_loop(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
-    """Seconds per expert visit of transformers' per-expert loop (gpt-oss) in a training step: the median over
-    the non-holdout looped-MoE training cases of (measured - predicted without the loop) / the loop's visits."""
-    off = base.model_copy(update={"expert_loop_s": 0.0})
-    one = base.model_copy(update={"expert_loop_s": 1.0})
-    ratios: list[float] = []
-    for r in rows:
-        s = r.strategy
-        if (r.model.moe is None or not r.model.moe.expert_loop or not r.tps_ok or not r.train
-                or not r.measured.get("median_step_s") or s.gpu_count != 1):
-            continue
-        seq = int(r.case["seq_len"])
-        without = train_throughput(r.model, s, seq, gpu, off).step_time_s
-        visits = expert_loop_s(r.model, s.micro_batch * seq, 3.0 if s.activation_checkpointing else 2.0, one)
-        if visits > 0:
-            ratios.append(max(0.0, float(r.measured["median_step_s"]) - without) / visits)
-    return base.model_copy(update={"expert_loop_s": float(statistics.median(ratios))}) if ratios else base
+    """Seconds per expert visit of transformers' per-expert loop (gpt-oss) in a training step, over the
+    non-holdout looped-MoE single-GPU training cases."""
+    return _fit_linear_term(
+        rows, base, "expert_loop_s", base.model_copy(update={"expert_loop_s": 0.0}),
+        lambda r: bool(r.model.moe is not None and r.model.moe.expert_loop and r.tps_ok and r.train
+                       and r.measured.get("median_step_s") and r.strategy.gpu_count == 1),
+        _measured_step_s, lambda r, c: _train_step_s(r, gpu, c))
 
 
 def _fit_prefill_scores(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
-    """Memory passes over eager attention's scores in a prefill: the median over the non-holdout eager inference
-    cases of (measured prefill - predicted without the scores) / the time of one pass."""
-    off = base.model_copy(update={"prefill_score_passes": 0.0})
-    one = base.model_copy(update={"prefill_score_passes": 1.0})
-    ratios: list[float] = []
-    for r in rows:
-        if r.train or not r.model.attn.eager or not r.tps_ok or not r.measured.get("prefill_tokens_per_s"):
-            continue
-        s, p, o = r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"])
-        without, with_one = (generate_throughput(r.model, s, p, o, gpu, c).breakdown_s["prefill"] for c in (off, one))
-        measured = s.batch * p / float(r.measured["prefill_tokens_per_s"])
-        if with_one > without:
-            ratios.append(max(0.0, measured - without) / (with_one - without))
-    return base.model_copy(update={"prefill_score_passes": float(statistics.median(ratios))}) if ratios else base
+    """Memory passes over eager attention's scores in a prefill, over the non-holdout eager inference cases."""
+    def prefill_s(r: Row, c: ThroughputCalibration) -> float:
+        return generate_throughput(r.model, r.strategy, int(r.case["prompt_tokens"]), int(r.case["output_tokens"]),
+                                   gpu, c).breakdown_s["prefill"]
+
+    return _fit_linear_term(
+        rows, base, "prefill_score_passes", base.model_copy(update={"prefill_score_passes": 0.0}),
+        lambda r: bool(not r.train and r.model.attn.eager and r.tps_ok and r.measured.get("prefill_tokens_per_s")),
+        lambda r: r.strategy.batch * int(r.case["prompt_tokens"]) / float(r.measured["prefill_tokens_per_s"]),
+        prefill_s)
 
 
 def _fit_expert_gather(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> ThroughputCalibration:
