@@ -271,8 +271,8 @@ def run_inference(
     use_graph = decoder_for(model_cfg, _vendor(device), weights, decoder) == "graph"
     graph = GraphDecoder(model, compile=on_cuda) if use_graph else None
     moe_kernel = moe_decode_kernel(model_cfg, _vendor(device), weights, batch, graph=use_graph)
-    if moe_kernel == "grouped_mm" and not keep_grouped_mm(model):
-        moe_kernel = "batched_mm" if on_cuda else moe_kernel
+    if moe_kernel == "grouped_mm" and not keep_grouped_mm(model) and on_cuda:
+        moe_kernel = "batched_mm"
         logger.warning("could not keep grouped_mm experts for the decode steps (this transformers has no experts "
                        "interface): generate() decodes with its own choice, slower than planned at this batch")
     todo_all = [r for r in requests if r.key not in finished]
