@@ -872,6 +872,9 @@ prefill pays `prefill_score_passes` memory passes over its eager scores. Seven n
 (bench/cases_moe_infer.yaml, all fitted; docs/MEASUREMENTS.md); the three held-out MoE inference cases, tok/s
 before -> after: gpt-oss b8 bf16 -31.6% -> +12.5%, gpt-oss b8 int8 -44.3% -> -18.3%, qwen3-30b-a3b b16 int8
 +8.1% -> -13.1%. The per-layer decode overhead and the int8/fp8 multipliers are now fitted on dense models only.
+These cases time stock generate(), so they are predicted with batched_mm at every batch; the workers keep
+grouped_mm from two visits per expert per step (planner.decoder.moe_decode_kernel), priced and measured apart
+(bench/moe_decode_fit.py, docs/MEASUREMENTS.md "The workers keep grouped_mm for large decode batches").
 
 **Honesty notes.** The first complete evaluation showed four hold-out misses that came from
 modelling mistakes, not constants; each was fixed from PyTorch/transformers behaviour and the
