@@ -31,7 +31,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,80 +45,34 @@ from scheduler.simulate import Jobs, Outcome, Prices, SimOptions, omniscient, ru
 from scheduler.slack_value import YOUNG_H, YOUNG_OUTAGE_HAZARD_RATIO, YOUNG_RUN_HAZARD_RATIO  # noqa: E402
 from scheduler.traces import Zones  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the trace families and the cell statistics live beside this script; their names are this module's too
+from spot_cells import (  # noqa: E402
+    ABOVE_HEADER,
+    FAMILY_HEADER,
+    RESTARTS,
+    SLACKS,
+    Result,
+    above_cells,
+    cell_table,
+    family_row,
+    fmt,
+    paired_cells,
+)
+from spot_families import (  # noqa: E402
+    TUNING_FAMILY,
+    Family,
+    families,
+    find_traces,
+    role,
+)
+
 PRICES = Prices(on_demand=3.06, spot=0.92)
-TICK_S = 300.0
 WORKS = (48.0, 12.0)
-SLACKS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
-RESTARTS = (0.02, 0.1, 0.2, 0.4)
 POLICIES = ("on-demand", "spot-only", "greedy", "uniform-progress", "gpuplan")
-NOTICE_S = {"aws": 120.0, "gcp": 30.0}
 BEGIN = "<!-- bench/spot.py results: begin -->"
 END = "<!-- bench/spot.py results: end -->"
 CACHE = Path("/tmp/gpuplan-spot-omniscient-v2.json")
-# The family RATE_HALF_LIFE_H was chosen on; every other family is held out.
-TUNING_FAMILY = "aws-02-15-2023 1-node availability"
-
-
-def role(name: str) -> str:
-    return f"{name} (tuning)" if name == TUNING_FAMILY else f"{name} (held out)"
-
-
-def find_traces() -> Path | None:
-    for parent in ROOT.parents:
-        cand = parent / "shared" / "data" / "spot-traces"
-        if cand.is_dir():
-            return cand
-    return None
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str  # e.g. "aws-02-15-2023 1-node availability"
-    cloud: str
-    nodes: int
-    zones: Zones  # every zone of the family on one 5-minute grid (cut to the shortest)
-    singles: tuple[Zones, ...]  # each zone alone, at its full length
-
-    @property
-    def notice_s(self) -> float:
-        return NOTICE_S.get(self.cloud, 0.0)
-
-
-def resample(name: str, counts: np.ndarray, gap_s: float, nodes: int) -> tuple[np.ndarray, float]:
-    """Availability on a ``TICK_S`` grid: a tick is available when all N nodes were for all of it."""
-    avail = counts >= nodes
-    if gap_s >= TICK_S:
-        return avail, gap_s
-    idx = np.floor(np.arange(len(avail)) * gap_s / TICK_S).astype(np.int64)
-    n_out = int(idx[-1])  # drop the last, partial tick
-    out = np.ones(n_out, dtype=bool)
-    np.logical_and.at(out, idx[idx < n_out], avail[idx < n_out])
-    return out, TICK_S
-
-
-def load_family(folder: Path) -> Family:
-    kind, node_dir, label = folder.parts[-3:]
-    nodes = int(node_dir.split("-")[0])
-    traces: list[tuple[str, np.ndarray, float]] = []
-    for path in sorted(folder.glob("*.json")):
-        doc = json.loads(path.read_text())
-        avail, gap = resample(path.stem, np.asarray(doc["data"], dtype=np.float64),
-                              float(doc["metadata"]["gap_seconds"]), nodes)
-        traces.append((path.stem, avail, gap))
-    gap = traces[0][2]
-
-    def zones_of(items: list[tuple[str, np.ndarray, float]]) -> Zones:
-        ticks = min(len(t[1]) for t in items)
-        av = np.stack([t[1][:ticks] for t in items])
-        return Zones(names=tuple(t[0] for t in items), gap_seconds=gap, available=av,
-                     prices=np.full(av.shape, np.nan))
-
-    return Family(name=f"{label} {node_dir} {kind}", cloud=label.split("-")[0], nodes=nodes,
-                  zones=zones_of(traces), singles=tuple(zones_of([t]) for t in traces))
-
-
-def families(root: Path) -> list[Family]:
-    return [load_family(d) for d in sorted(root.glob("*/*-node/*")) if any(d.glob("*.json"))]
 
 
 def job_grid(zones: Zones, works: tuple[float, ...] = WORKS, slacks: tuple[float, ...] = SLACKS,
@@ -177,7 +131,6 @@ def bounded_grids(fam: Family) -> Iterator[tuple[Zones, Jobs, np.ndarray, np.nda
         yield zones, jobs, omni, np.isfinite(omni), np.round(jobs.deadline_h / jobs.work_h - 1, 2)
 
 
-Result = dict[str, dict[str, np.ndarray]]
 
 
 def run_family(fam: Family, policies: tuple[str, ...] = POLICIES, hindsight: bool = False,
@@ -212,108 +165,6 @@ def run_family(fam: Family, policies: tuple[str, ...] = POLICIES, hindsight: boo
             out[p]["restart"].append(jobs.restart_h[ok])
             out[p]["work"].append(jobs.work_h[ok])
     return {p: {k: np.concatenate(v) if v else np.zeros(0) for k, v in d.items()} for p, d in out.items()}
-
-
-def fmt(x: float | np.floating[Any]) -> str:
-    return f"{x:.3f}"
-
-
-def family_row(name: str, res: Result) -> str:
-    g, gr = res["gpuplan"], res["greedy"]
-    od = res["on-demand"]["cost"]
-    return (f"| {name} | {len(g['ratio'])} | {g['met'].mean():.1%} | {greedy_met(res):.1%} | "
-            f"{fmt(np.median(g['ratio']))} | {fmt(np.median(gr['ratio']))} | "
-            f"{fmt(np.median(res['uniform-progress']['ratio']))} | {fmt(np.median(g['ratio'] / gr['ratio']))} | "
-            f"{fmt(np.mean(g['ratio']))} / {fmt(np.mean(gr['ratio']))} | "
-            f"{np.median(1 - g['cost'] / od):.0%} |")
-
-
-def greedy_met(res: Result) -> float:
-    return float(res["greedy"]["met"].mean())
-
-
-FAMILY_HEADER = ["| family | jobs | gpuplan deadlines met | greedy met | gpuplan median x bound "
-                 "| greedy median x bound | uniform-progress median | gpuplan/greedy (median per job) "
-                 "| mean x bound gpuplan / greedy | gpuplan saving vs on-demand (median) |",
-                 "|---|---|---|---|---|---|---|---|---|---|"]
-
-
-JUDGED_SLACK = 0.2  # the issue judges cells with at least this much slack
-
-
-def cell_mask(res: Result, slack: float, restart: float) -> np.ndarray:
-    """The jobs of one (slack, restart) cell (the same rows in every policy's arrays)."""
-    return (res["gpuplan"]["slack"] == slack) & (res["gpuplan"]["restart"] == restart)
-
-
-def cell_table(res: Result, stat: Callable[[np.ndarray], Any] = np.median) -> tuple[list[str], int, int, int, int]:
-    """``stat`` (median) x bound of gpuplan / greedy per (slack, restart) cell; counts of cells with slack
-    >= 20% where gpuplan is below greedy, within 1.02 of the bound, and level with greedy (exactly the same
-    value: with the median, both policies did the same thing to the median job)."""
-    g, gr = res["gpuplan"], res["greedy"]
-    lines = ["| slack \\ restart | " + " | ".join(f"{r:g} h" for r in RESTARTS) + " |",
-             "|---|" + "---|" * len(RESTARTS)]
-    below = within = cells_20 = level = 0
-    for slack in SLACKS:
-        cells = []
-        for r in RESTARTS:
-            m = cell_mask(res, slack, r)
-            if not m.any():
-                cells.append("-")
-                continue
-            a, b = float(stat(g["ratio"][m])), float(stat(gr["ratio"][m]))
-            if slack >= JUDGED_SLACK:
-                cells_20 += 1
-                below += a < b - 1e-12
-                level += abs(a - b) <= 1e-12
-                within += a <= 1.02
-            cells.append(f"{a:.3f} / {b:.3f}")
-        lines.append(f"| {slack:.0%} | " + " | ".join(cells) + " |")
-    return lines, below, within, cells_20, level
-
-
-def judged_cells(res: Result) -> Iterator[tuple[float, float, np.ndarray]]:
-    """(slack, restart, jobs) of every cell the issue judges (slack >= 20%) that has jobs."""
-    for slack in SLACKS:
-        for r in RESTARTS:
-            m = cell_mask(res, slack, r)
-            if slack >= JUDGED_SLACK and m.any():
-                yield slack, r, m
-
-
-def job_by_job(res: Result, m: np.ndarray) -> tuple[int, int]:
-    """Of the jobs ``m``, how many cost gpuplan less than greedy, and how many more (the same jobs on the
-    same traces)."""
-    d = res["gpuplan"]["cost"][m] - res["greedy"]["cost"][m]
-    return int((d < -1e-9).sum()), int((d > 1e-9).sum())
-
-
-def paired_cells(res: Result) -> tuple[int, int]:
-    """Job by job: cells with slack >= 20% where gpuplan costs less than greedy on more jobs than it costs
-    more, and the number of such cells."""
-    counts = [job_by_job(res, m) for _, _, m in judged_cells(res)]
-    return sum(int(cheaper > dearer) for cheaper, dearer in counts), len(counts)
-
-
-ABOVE_HEADER = ["| family | slack | restart | jobs | gpuplan cheaper / dearer / equal (job by job) "
-                "| median x bound gpuplan / greedy | mean x bound gpuplan / greedy |",
-                "|---|---|---|---|---|---|---|"]
-
-
-def above_cells(name: str, res: Result) -> list[str]:
-    """Rows of the cells (slack >= 20%) where gpuplan's median is above greedy's, with the same jobs
-    compared one by one and the means beside the medians."""
-    g, gr = res["gpuplan"], res["greedy"]
-    rows = []
-    for slack, r, m in judged_cells(res):
-        a, b = float(np.median(g["ratio"][m])), float(np.median(gr["ratio"][m]))
-        if a <= b + 1e-12:
-            continue
-        cheaper, dearer = job_by_job(res, m)
-        rows.append(f"| {name} | {slack:.0%} | {r:g} h | {int(m.sum())} | {cheaper} / {dearer} / "
-                    f"{int(m.sum()) - cheaper - dearer} | {a:.3f} / {b:.3f} | "
-                    f"{float(np.mean(g['ratio'][m])):.3f} / {float(np.mean(gr['ratio'][m])):.3f} |")
-    return rows
 
 
 AGE_BINS_H = (0.0, 0.5, 2.0, 6.0, np.inf)

@@ -1,4 +1,5 @@
-"""bench/spot.py's trace handling (5-minute ticks, N-node availability, families from folders) and its cell counts."""
+"""bench/spot.py's trace handling (spot_families: 5-minute ticks, N-node availability, families from folders), its
+cell counts (spot_cells) and its probes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tests.bench.scripts import load_script
 
 
 def test_resample_keeps_a_tick_only_when_all_nodes_were_there_all_along() -> None:
-    spot = load_script("spot", "spot_bench")
+    spot = load_script("spot_families", "spot_families")
     counts = np.array([4, 4, 4, 3, 4, 4, 4, 4, 4, 4, 0, 4, 4, 4, 4, 4], dtype=np.float64)  # 100 s ticks
     avail, gap = spot.resample("z", counts, 100.0, nodes=4)
     assert gap == 300.0
@@ -30,7 +31,7 @@ def test_a_family_is_one_folder_of_zones_and_its_jobs_fit_in_the_trace(tmp_path:
     folder.mkdir(parents=True)
     for name, n in (("us-east-1f_v100_1", 700), ("us-west-2c_v100_1", 800)):
         (folder / f"{name}.json").write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [4] * n}))
-    [fam] = spot.families(tmp_path)
+    [fam] = load_script("spot_families", "spot_families").families(tmp_path)
     assert (fam.name, fam.cloud, fam.nodes, fam.notice_s) == ("aws-08-03-2023 4-node preemption", "aws", 4, 120.0)
     assert fam.zones.ticks == 700 and [z.ticks for z in fam.singles] == [700, 800]
     jobs = spot.job_grid(fam.singles[0])
@@ -42,7 +43,7 @@ def test_a_family_is_one_folder_of_zones_and_its_jobs_fit_in_the_trace(tmp_path:
 def test_cells_count_the_median_and_the_mean_each_on_their_own() -> None:
     # One cell (slack 50%, restart 0.4 h): gpuplan pays a little more on the median job and far less on the
     # worst one, so its median is above greedy's and its mean below.
-    spot = load_script("spot", "spot_bench")
+    spot = load_script("spot_cells", "spot_cells")
     n = 3
     cell = {"slack": np.full(n, 0.5), "restart": np.full(n, 0.4)}
     res = {"gpuplan": {"ratio": np.array([1.0, 1.1, 1.2]), **cell},
@@ -54,7 +55,7 @@ def test_cells_count_the_median_and_the_mean_each_on_their_own() -> None:
 
 
 def test_a_cell_is_won_job_by_job_when_more_jobs_cost_less_than_cost_more() -> None:
-    spot = load_script("spot", "spot_bench")
+    spot = load_script("spot_cells", "spot_cells")
     cell = {"slack": np.full(4, 0.2), "restart": np.full(4, 0.02)}
     # The median of gpuplan's own costs is the higher one, yet it is cheaper on two jobs and dearer on one.
     res = {"gpuplan": {"cost": np.array([1.0, 1.3, 1.4, 1.5]), "ratio": np.array([1.0, 1.3, 1.4, 1.5]), **cell},
