@@ -117,6 +117,8 @@ def _chosen_line(chosen: Any) -> str:
         extra = f", checkpoint every {chosen.cost.checkpoint_interval_h * 60:.0f} min"
     if chosen.cost.deadline_probability is not None:  # None: the job has no deadline
         extra += f", {chosen.cost.deadline_probability:.0%} chance to meet the deadline"
+    if e.throughput.moe_kernel is not None:  # the decode kernel moves a MoE's speed several-fold (docs/MEASUREMENTS.md)
+        extra += f", experts decoded with {e.throughput.moe_kernel}"
     return (f"{e.strategy.label()} on {chosen.offer.cloud} {chosen.offer.instance_type} ({chosen.offer.region}, "
             f"{chosen.cost.market}): {chosen.cost.hours:,.1f} h, ${chosen.cost.usd:,.0f}, needs "
             f"{gib(e.memory.required_bytes)} of {gib(e.memory.limit_bytes)} GiB "
