@@ -104,8 +104,11 @@ def plan_locally(spec: JobSpec, *, home: Path,
                                    f"{m.required_bytes / 2**30:.1f} GiB of {m.limit_bytes / 2**30:.1f} GiB "
                                    f"({m.usable_bytes / 2**30:.1f} GiB usable less {m.headroom:.0%} headroom)",
                                    hint="see gpuplan plan for placements that fit, or lower resources.memory_headroom")
+            # a MoE's decode kernel moves its speed several-fold; the workers follow the same rule (moe_decode_kernel)
+            kernel = f", experts decoded with {est.throughput.moe_kernel}" if est.throughput.moe_kernel else ""
             return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
-                             note=f"planned for the local {gpu.id}", inputs=planner_inputs(spec, source.config, gpu))
+                             note=f"planned for the local {gpu.id}{kernel}",
+                             inputs=planner_inputs(spec, source.config, gpu))
     strategy = cpu_strategy(spec)
     _check_fits_in_ram(source.config, strategy, ram_bytes())
     doing = "training" if spec.task == "train" else "generating"
