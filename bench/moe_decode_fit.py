@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,24 +38,27 @@ from planner.calibration import ThroughputCalibration, load_calibration  # noqa:
 from planner.decoder import moe_decode_kernel  # noqa: E402
 from planner.memory import sparse_layer_count  # noqa: E402
 from planner.throughput import infer_throughput  # noqa: E402
-from planner.types import Strategy  # noqa: E402
+from planner.types import Strategy, ThroughputEstimate  # noqa: E402
+
+
+def _estimate(model: ModelConfig, batch: int, prompt: int, output: int, gpu: GpuSpec, cal: ThroughputCalibration,
+              kernel: str | None = None) -> ThroughputEstimate:
+    """The planner's bf16 generate() estimate; ``kernel`` None: the workers' rule."""
+    return infer_throughput(model, Strategy(task="infer", gpu=gpu.id, gpu_count=1, weights="bf16", batch=batch),
+                            prompt, output, gpu, cal, decoder="generate", moe_kernel=kernel)
 
 
 def step_ms(model: ModelConfig, batch: int, prompt: int, output: int, gpu: GpuSpec, cal: ThroughputCalibration,
             kernel: str) -> float:
-    est = infer_throughput(model, Strategy(task="infer", gpu=gpu.id, gpu_count=1, weights="bf16", batch=batch),
-                           prompt, output, gpu, cal, decoder="generate", moe_kernel=kernel)
-    return est.breakdown_s["decode"] / output * 1e3
+    return _estimate(model, batch, prompt, output, gpu, cal, kernel).breakdown_s["decode"] / output * 1e3
 
 
 def run_tokens_per_s(model: ModelConfig, batch: int, gpu: GpuSpec, cal: ThroughputCalibration) -> float:
-    est = infer_throughput(model, Strategy(task="infer", gpu=gpu.id, gpu_count=1, weights="bf16", batch=batch),
-                           RUN_PROMPT, RUN_OUTPUT, gpu, cal)
-    return est.tokens_per_s
+    return _estimate(model, batch, RUN_PROMPT, RUN_OUTPUT, gpu, cal).tokens_per_s
 
 
-def layer_cost_closing(model: ModelConfig, gpu: GpuSpec, cal: ThroughputCalibration, measured: float,
-                       predict: Any) -> float:
+def layer_cost_closing(cal: ThroughputCalibration, measured: float,
+                       predict: Callable[[ThroughputCalibration], float]) -> float:
     """The decode_grouped_layer_s at which ``predict(cal)`` equals ``measured`` (a rate: falls as the cost rises;
     0 when even no cost predicts too slow)."""
     lo, hi = 0.0, 1e-2
@@ -100,7 +104,7 @@ def main() -> int:
              for r in rows if r["model"] == a.fit_model for t in r["grouped_mm_step_ms"]]
     for run in runs:
         model = catalog.model(run["model"])
-        run["closing"] = layer_cost_closing(model, gpu, cal, run["measured"],
+        run["closing"] = layer_cost_closing(cal, run["measured"],
                                             lambda c, m=model, b=run["batch"]: run_tokens_per_s(m, b, gpu, c))
         if run["model"] == a.fit_model:
             costs.append(run["closing"])

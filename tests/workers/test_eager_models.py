@@ -25,8 +25,11 @@ def test_gpt_oss_builds_with_eager_attention_and_trains_a_step() -> None:
     model(input_ids=ids, labels=ids).loss.backward()
 
 
+# the same shape as a dense Llama (no experts, no sliding window)
+TINY_LLAMA = {**{k: v for k, v in TINY_OSS.items() if k not in ("layer_types", "num_local_experts",
+                                                                "num_experts_per_tok", "sliding_window")},
+              "model_type": "llama"}
+
+
 def test_llama_keeps_sdpa() -> None:
-    llama = {**{k: v for k, v in TINY_OSS.items() if k not in ("layer_types", "num_local_experts",
-                                                                  "num_experts_per_tok", "sliding_window")},
-             "model_type": "llama"}
-    assert attn_implementation(model_from_hf_config(llama)) == "sdpa"
+    assert attn_implementation(model_from_hf_config(TINY_LLAMA)) == "sdpa"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from catalog.hf_config import model_from_hf_config
-from tests.workers.test_eager_models import TINY_OSS
+from tests.workers.test_eager_models import TINY_LLAMA, TINY_OSS
 from workers.infer import run_inference
 from workers.model import ModelSource, build_model
 from workers.moe_decode import KEPT_GROUPED_MM, keep_grouped_mm
@@ -64,10 +64,7 @@ def test_kept_grouped_mm_survives_generate_and_decodes_the_same_tokens(on_a_gpu:
 
 
 def test_dense_models_are_left_alone() -> None:
-    llama = {**{k: v for k, v in TINY_OSS.items() if k not in ("layer_types", "num_local_experts",
-                                                                  "num_experts_per_tok", "sliding_window")},
-             "model_type": "llama"}
-    model: Any = build_model(ModelSource(config=model_from_hf_config(llama), weights_dir=None), seed=0,
+    model: Any = build_model(ModelSource(config=model_from_hf_config(TINY_LLAMA), weights_dir=None), seed=0,
                              weights_dtype=torch.float32)
     assert not keep_grouped_mm(model)
     assert not keep_grouped_mm(torch.nn.Linear(2, 2))
