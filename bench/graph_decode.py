@@ -58,7 +58,38 @@ def _outputs(path: Path) -> dict[str, list[int]]:
     return {r["id"]: r["output_ids"] for r in map(json.loads, path.read_text().splitlines())}
 
 
-def run_case(spec: str, batches: int, work: Path) -> dict[str, Any]:
+def argmax_gaps(cfg: Any, prompts: Path, outputs: dict[str, Path], rows: int, device: str = "cuda",
+                weights: str = "bf16") -> dict[str, Any]:
+    """Teacher-forced check of each decoder's tokens: one eager forward (no cache) over prompt + new tokens of
+    ``rows`` requests; per new token, the gap between the position's largest logit and the chosen token's, in units
+    of the logits' standard deviation. A decoder that computes wrong (a stale cache slot, a broken mask, a misrouted
+    expert) picks tokens far from the maximum; bf16 near-ties of a random-weight model stay near 0. Equal token
+    sequences are no test here: random weights make near-ties, and one flip changes every later token."""
+    from workers.infer import load_model
+
+    model = load_model(cfg, weights=weights, seed=0, device=device)
+    reqs = {r["id"]: r["input_ids"] for r in map(json.loads, prompts.read_text().splitlines())}
+    result: dict[str, Any] = {}
+    for decoder, path in outputs.items():
+        gaps: list[float] = []
+        for rid, new in list(_outputs(path).items())[:rows]:
+            ids = torch.tensor([reqs[rid] + new], device=device)
+            with torch.inference_mode():
+                logits = model(input_ids=ids, use_cache=False).logits[0].float()
+            p = len(reqs[rid])
+            pos = logits[p - 1 : p - 1 + len(new)]
+            chosen = pos.gather(1, torch.tensor(new, device=device)[:, None])[:, 0]
+            gaps += ((pos.max(-1).values - chosen) / pos.std(-1)).tolist()
+        g = torch.tensor(gaps)
+        result[decoder] = {"tokens": len(gaps), "median_gap_sd": float(g.median()),
+                           "p99_gap_sd": float(g.quantile(0.99)), "max_gap_sd": float(g.max()),
+                           "share_within_0.1_sd": float((g <= 0.1).float().mean())}
+    del model
+    return result
+
+
+def run_case(spec: str, batches: int, work: Path, decoders: tuple[str, ...] = ("graph", "generate"),
+             check_rows: int = 0) -> dict[str, Any]:
     model_id, shape = spec.split(":")
     b, p, o = (int(x) for x in shape.split("x"))
     catalog = load_catalog()
@@ -69,7 +100,7 @@ def run_case(spec: str, batches: int, work: Path) -> dict[str, Any]:
     _prompts(prompts, b * batches, p, cfg.vocab_size, seed=0)
     rec: dict[str, Any] = {"case": spec, "model": model_id, "batch": b, "prompt": p, "output": o}
     outs: dict[str, Path] = {}
-    for decoder in ("graph", "generate"):
+    for decoder in decoders:
         outs[decoder] = work / f"{model_id}-{shape}-{decoder}.jsonl"
         firsts: list[float] = []
         last = [time.perf_counter()]
@@ -96,48 +127,102 @@ def run_case(spec: str, batches: int, work: Path) -> dict[str, Any]:
                         "predicted_tokens_per_s": predicted, "load_s": res.load_seconds}
         print(spec, decoder, json.dumps({k: v for k, v in rec[decoder].items() if k != "batch_s"}), flush=True)
         torch.cuda.empty_cache()
-    if all(outs[d].is_file() for d in outs) and "error" not in rec.get("graph", {}):
+    if len(outs) == 2 and all(outs[d].is_file() for d in outs) and "error" not in rec.get("graph", {}):
         a, g = _outputs(outs["graph"]), _outputs(outs["generate"])
         rec["same_tokens"] = sum(a[k] == g.get(k) for k in a) / max(1, len(a))
         rec["same_first_16"] = sum(a[k][:16] == g.get(k, [])[:16] for k in a) / max(1, len(a))
     torch._dynamo.reset()
+    if check_rows:
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        rec["argmax_gaps"] = argmax_gaps(cfg, prompts, {d: o for d, o in outs.items() if o.is_file()}, check_rows)
+        print(spec, "argmax gaps", json.dumps(rec["argmax_gaps"]), flush=True)
     return rec
 
 
+def _decode_step_gap(c: dict[str, Any], cal: Any, gpu: Any, model: Any) -> tuple[float, Any]:
+    """(measured decode step - the planner's step under ``cal``, the estimate); the prefill is the planner's."""
+    b, p, o = c["batch"], c["prompt"], c["output"]
+    est = infer_throughput(model, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=b), p, o, gpu, cal,
+                           decoder="graph")
+    step = (b * o / c["graph"]["steady_tokens_per_s"] - est.breakdown_s["prefill"]) / o
+    return step - est.breakdown_s["decode"] / o, est
+
+
 def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
+    """Dense cases: least squares of the step's excess over the bytes read on layers and rows x matmul params.
+    Mixtures of experts, after: ``graph_moe_layer_s``, the mean excess per sparse layer of the non-holdout MoE
+    cases over the dense terms (a MoE step pays those too)."""
     import numpy as np
 
     from planner.calibration import Calibration
+    from planner.memory import sparse_layer_count
     from planner.throughput import matmul_params
 
     catalog = load_catalog()
     gpu = catalog.gpu("H200")
     cal = Calibration.model_validate_json(calibration.read_text())
     zero = cal.throughput.model_copy(update={"graph_decode_layer_s": 0.0, "graph_decode_row_layer_s": 0.0,
-                                             "graph_decode_row_param_s": 0.0, "graph_decode_step_s": 0.0})
-    rows, ys, names = [], [], []
+                                             "graph_decode_row_param_s": 0.0, "graph_decode_step_s": 0.0,
+                                             "graph_moe_layer_s": 0.0})
+    rows, ys, names, moe = [], [], [], []
     for record in results:
         for c in json.loads(record.read_text())["cases"]:
-            measured = c.get("graph", {}).get("steady_tokens_per_s")
-            if c["case"] in holdout or not measured:
+            if c["case"] in holdout or not c.get("graph", {}).get("steady_tokens_per_s"):
                 continue
             model = resolve_model(catalog, c["model"])
-            b, p, o = c["batch"], c["prompt"], c["output"]
-            est = infer_throughput(model, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=b), p, o, gpu,
-                                   zero, decoder="graph")
-            step = (b * o / measured - est.breakdown_s["prefill"]) / o
+            if model.num_experts > 1:
+                moe.append(c)
+                continue
+            gap, _ = _decode_step_gap(c, zero, gpu, model)
             n, lm = matmul_params(model)
-            rows.append([model.num_layers, b * (n - lm)])
-            ys.append(step - est.breakdown_s["decode"] / o)
+            rows.append([model.num_layers, c["batch"] * (n - lm)])
+            ys.append(gap)
             names.append(c["case"])
     (layer_s, row_param_s), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)
+    dense = zero.model_copy(update={"graph_decode_layer_s": max(0.0, float(layer_s)),
+                                    "graph_decode_row_param_s": max(0.0, float(row_param_s))})
+    per_layer = [_decode_step_gap(c, dense, gpu, m)[0] / sparse_layer_count(m)
+                 for c in moe for m in [resolve_model(catalog, c["model"])]]
+    moe_layer_s = max(0.0, float(np.mean(per_layer))) if per_layer else cal.throughput.graph_moe_layer_s
     data = json.loads(calibration.read_text())
-    data["throughput"].update({"graph_decode_step_s": 0.0, "graph_decode_layer_s": max(0.0, float(layer_s)),
+    data["throughput"].update({"graph_decode_step_s": 0.0, "graph_decode_layer_s": dense.graph_decode_layer_s,
                                "graph_decode_row_layer_s": 0.0,
-                               "graph_decode_row_param_s": max(0.0, float(row_param_s))})
+                               "graph_decode_row_param_s": dense.graph_decode_row_param_s,
+                               "graph_moe_layer_s": moe_layer_s})
     calibration.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"fitted on {len(rows)} cases ({', '.join(names)}): graph_decode_layer_s {layer_s * 1e6:.1f} us, "
-          f"graph_decode_row_param_s {row_param_s:.3e} s -> {calibration}")
+    print(f"fitted on {len(rows)} dense cases ({', '.join(names)}): graph_decode_layer_s {layer_s * 1e6:.1f} us, "
+          f"graph_decode_row_param_s {row_param_s:.3e} s; on {len(moe)} MoE cases "
+          f"({', '.join(c['case'] for c in moe)}): graph_moe_layer_s {moe_layer_s * 1e6:.1f} us -> {calibration}")
+
+
+def report(results: list[Path], calibration: Path) -> None:
+    """Measured against planned, every graph case of the records (fitted and held out alike)."""
+    from planner.calibration import Calibration
+
+    catalog = load_catalog()
+    gpu = catalog.gpu("H200")
+    cal = Calibration.model_validate_json(calibration.read_text())
+    print("| case | planned tok/s | measured tok/s | error | planned peak GiB | measured peak GiB | error |")
+    print("|---|---|---|---|---|---|---|")
+    from planner.memory import infer_memory
+
+    for record in results:
+        for c in json.loads(record.read_text())["cases"]:
+            g = c.get("graph", {})
+            if not g.get("steady_tokens_per_s"):
+                continue
+            model = resolve_model(catalog, c["model"])
+            s = Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=c["batch"])
+            est = infer_throughput(model, s, c["prompt"], c["output"], gpu, cal.throughput, decoder="graph")
+            mem = infer_memory(model, s, c["prompt"], c["output"], gpu, cal.memory, decoder="graph")
+            tps, peak = g["steady_tokens_per_s"], g.get("peak_allocated_bytes")
+            planned_peak = mem.peak_allocated_bytes
+            merr = f"{(planned_peak - peak) / peak:+.1%}" if peak else "-"
+            print(f"| {c['case']} | {est.tokens_per_s:,.0f} | {tps:,.0f} | {(est.tokens_per_s - tps) / tps:+.1%} "
+                  f"| {planned_peak / 2**30:.1f} | {peak / 2**30 if peak else float('nan'):.1f} | {merr} |")
 
 
 def main() -> None:
@@ -145,14 +230,24 @@ def main() -> None:
     parser.add_argument("--fit", type=Path, action="append",
                         help="fit the planner's graph-decode constants from this record (repeatable)")
     parser.add_argument("--holdout", default="", help="cases left out of --fit, comma-separated")
+    parser.add_argument("--report", type=Path, action="append",
+                        help="print planned against measured for every graph case of this record (repeatable)")
     parser.add_argument("--calibration", type=Path, default=Path(__file__).resolve().parents[1] / "planner"
                         / "calibration.json")
     parser.add_argument("--cases", default=DEFAULT_CASES, help="model:BATCHxPROMPTxOUTPUT, comma-separated")
     parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--decoders", default="graph,generate",
+                        help="which decoders, in order (one per process keeps a compiled model's memory out of "
+                        "the next)")
+    parser.add_argument("--check-rows", type=int, default=0,
+                        help="teacher-force this many requests' tokens through an eager forward (argmax_gaps)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.fit:
         fit(args.fit, set(filter(None, args.holdout.split(","))), args.calibration)
+        return
+    if args.report:
+        report(args.report, args.calibration)
         return
     if args.out is None:
         parser.error("--out is required to measure")
@@ -160,7 +255,8 @@ def main() -> None:
                               "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": []}
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.cases.split(","):
-            record["cases"].append(run_case(spec, args.batches, Path(tmp)))
+            record["cases"].append(run_case(spec, args.batches, Path(tmp), tuple(args.decoders.split(",")),
+                                            args.check_rows))
             args.out.write_text(json.dumps(record, indent=1))
 
 

@@ -13,6 +13,7 @@ from catalog.errors import InvalidInput, NoFeasiblePlan
 from commands import output
 from commands.output import JSON_OPTION, Col, gib, handle_errors, print_json, print_table, styled, to_jsonable, warn
 from commands.settings import Settings
+from planner.decoder import moe_decode_phrase
 
 app = typer.Typer()  # plan and estimate: top-level commands
 
@@ -117,8 +118,7 @@ def _chosen_line(chosen: Any) -> str:
         extra = f", checkpoint every {chosen.cost.checkpoint_interval_h * 60:.0f} min"
     if chosen.cost.deadline_probability is not None:  # None: the job has no deadline
         extra += f", {chosen.cost.deadline_probability:.0%} chance to meet the deadline"
-    if e.throughput.moe_kernel is not None:  # the decode kernel moves a MoE's speed several-fold (docs/MEASUREMENTS.md)
-        extra += f", experts decoded with {e.throughput.moe_kernel}"
+    extra += moe_decode_phrase(e.throughput.decoder, e.throughput.moe_kernel)
     return (f"{e.strategy.label()} on {chosen.offer.cloud} {chosen.offer.instance_type} ({chosen.offer.region}, "
             f"{chosen.cost.market}): {chosen.cost.hours:,.1f} h, ${chosen.cost.usd:,.0f}, needs "
             f"{gib(e.memory.required_bytes)} of {gib(e.memory.limit_bytes)} GiB "

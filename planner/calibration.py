@@ -136,6 +136,11 @@ class ThroughputCalibration(_Cal):
         "layers, beyond the bytes read (skinny GEMMs)")
     graph_decode_step_s: float = Field(
         default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
+    graph_moe_layer_s: float = Field(
+        default=1.474e-4, ge=0.0,
+        description="compiled decode of a mixture of experts: GPU seconds per sparse layer per token beyond the "
+        "routed experts' bytes (the routing's kernels and two grouped GEMMs); bench/graph_decode.py --fit on "
+        "gpt-oss-20b, Qwen3-30B-A3B held out")
     # ASSUMED (not yet measured; bench/cases_models.yaml measures it): transformers' per-expert Python loop
     # (gpt-oss) syncs the host on every expert it visits (`for expert_idx in expert_hit`) and launches about
     # a dozen small kernels for it: ~12 x 10 us + a 30 us sync

@@ -10,25 +10,49 @@ Decoder = Literal["graph", "generate"]
 MoeKernel = Literal["batched_mm", "grouped_mm"]
 
 
-def graph_decode(model: ModelConfig, vendor: str, weights: str) -> bool:
+def grouped_gemm_gpu(vendor: str, capability: str | None) -> bool:
+    """Whether torch's grouped GEMM runs on the GPU (NVIDIA compute capability 8.0 and later); an unknown
+    capability counts as yes (the workers read the real one from the driver)."""
+    if vendor != "nvidia":
+        return False
+    if capability is None:
+        return True
+    try:
+        return int(capability.split(".")[0]) >= 8
+    except ValueError:
+        return False
+
+
+def graph_decode(model: ModelConfig, vendor: str, weights: str, capability: str | None = None) -> bool:
     """Whether the workers decode with the compiled static-cache step (workers/decode.py) rather than
-    transformers' eager generate(): dense models in bf16/fp16 on NVIDIA GPUs, where it was measured.
-    MoE layers route tokens on the host and quantized kernels (torchao int8/fp8, a checkpoint's MXFP4 experts
-    through transformers' triton kernels) were not measured captured: gpt-oss, MXFP4 or not, runs generate().
-    Sliding-window layers (Gemma 3, Mistral) take the graph too, since 2026-12-02: their static cache is
-    built as if every layer were full attention, so the step compiles once. Before, transformers' sliding
-    static layer recompiled the step every token on the H200 (680 tok/s against 5,969 planned and a 375 s
-    first batch, bench/results/workers/graph_decode_gemma_2026-12-02.txt). The plan prices what that costs:
-    a full-length KV cache in every layer, read whole each step (planner/memory.py, planner/throughput.py).
-    Not yet measured on a GPU with the fix (docs/PERFORMANCE.md)."""
-    return vendor == "nvidia" and model.num_experts == 1 and weights in ("bf16", "fp16")
+    transformers' eager generate(), on an NVIDIA GPU of compute ``capability`` ("9.0"; None: unknown):
+
+    - dense models in bf16/fp16, where it was measured first. Sliding-window layers (Gemma 3, Mistral) too, since
+      2026-12-02: their static cache is built as if every layer were full attention, so the step compiles once.
+      Before, transformers' sliding static layer recompiled the step every token on the H200 (680 tok/s against
+      5,969 planned and a 375 s first batch, bench/results/workers/graph_decode_gemma_2026-12-02.txt). The plan
+      prices what that costs: a full-length KV cache in every layer, read whole each step.
+    - a mixture of experts in bf16 on a GPU with grouped GEMMs (sm80+), since 2026-12-03: transformers' grouped_mm
+      experts route on the GPU (a sort, a histogram, offsets: no host sync), so the whole step is one CUDA graph
+      (no graph break, no recompile). On one H200 it decodes gpt-oss-20b 2.0-2.4x and Qwen3-30B-A3B 2.6x as fast
+      as generate() with grouped_mm kept (bench/results/workers/graph_decode_moe_2026-12-03.json). Not fp16
+      (inductor lowers grouped_mm for bf16 only; other dtypes take a fallback that syncs the host per expert),
+      not an MXFP4 checkpoint (its triton kernels were not measured captured), not int8/fp8 (torchao's kernels,
+      likewise).
+    """
+    if vendor != "nvidia":
+        return False
+    if model.num_experts > 1:
+        return weights == "bf16" and grouped_gemm_gpu(vendor, capability)
+    return weights in ("bf16", "fp16")
 
 
-def decoder_for(model: ModelConfig, vendor: str, weights: str, given: str | None = None) -> Decoder:
+def decoder_for(model: ModelConfig, vendor: str, weights: str, given: str | None = None,
+                capability: str | None = None) -> Decoder:
     """``given`` ("graph" or "generate") wins; None is the workers' rule."""
     if given is not None:
         return "graph" if given == "graph" else "generate"
-    return "graph" if graph_decode(model, vendor, weights) else "generate"
+    return "graph" if graph_decode(model, vendor, weights, capability) else "generate"
 
 
 # generate()'s batched_mm copies each (token, expert) pair's weights three passes over; grouped_mm reads each routed
@@ -40,16 +64,27 @@ GROUPED_FROM_VISITS = 2
 
 def moe_decode_kernel(model: ModelConfig, vendor: str, weights: str, batch: int, *, graph: bool = False,
                       given: str | None = None) -> MoeKernel | None:
-    """The kernel a mixture of experts' decode steps run under generate(), one rule for the plan's time and memory
-    and the workers (workers/moe_decode.py): None for a dense model, the compiled decoder (dense only) and an
-    MXFP4 checkpoint (its triton kernels read the experts in place); "grouped_mm" on a CPU (generate() keeps it
-    there) and, on a GPU, once batch x top-k reaches ``GROUPED_FROM_VISITS`` x the experts (the workers keep
-    grouped_mm then); otherwise "batched_mm", generate()'s own switch. ``given`` wins over the rule (bench/
-    measure_h200.py times stock generate(): "batched_mm" on a GPU)."""
-    if model.num_experts <= 1 or graph or weights == "mxfp4":
+    """The kernel a mixture of experts' decode steps run, one rule for the plan's time and memory and the workers
+    (workers/moe_decode.py): None for a dense model and an MXFP4 checkpoint (its triton kernels read the experts
+    in place); "grouped_mm" in the compiled decoder (``graph``: the model's own kernel, captured), on a CPU
+    (generate() keeps it there) and, on a GPU under generate(), once batch x top-k reaches
+    ``GROUPED_FROM_VISITS`` x the experts (the workers keep grouped_mm then); otherwise "batched_mm",
+    generate()'s own switch. ``given`` wins over the rule for generate() (bench/measure_h200.py times stock
+    generate(): "batched_mm" on a GPU)."""
+    if model.num_experts <= 1 or weights == "mxfp4":
         return None
+    if graph:
+        return "grouped_mm"
     if given is not None:
         return "grouped_mm" if given == "grouped_mm" else "batched_mm"
     if vendor == "cpu" or batch * model.experts_per_token >= GROUPED_FROM_VISITS * model.num_experts:
         return "grouped_mm"
     return "batched_mm"
+
+
+def moe_decode_phrase(decoder: str | None, kernel: str | None) -> str:
+    """The words a plan and a run put after their numbers about a MoE's decode ("" for a dense model): the kernel
+    moves its speed several-fold (docs/MEASUREMENTS.md)."""
+    if kernel is None:
+        return ""
+    return f", experts decoded with {kernel}" + (" in a CUDA graph" if decoder == "graph" else "")

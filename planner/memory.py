@@ -401,7 +401,7 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
     rule): ``generate()`` with the default DynamicCache, or workers/decode.py's preallocated static cache.
     ``moe_kernel``: a mixture of experts' decode kernel ("batched_mm" or "grouped_mm"); None: the workers' rule
     (planner.decoder.moe_decode_kernel)."""
-    graph = decoder_for(model, gpu.vendor, strategy.weights, decoder) == "graph"
+    graph = decoder_for(model, gpu.vendor, strategy.weights, decoder, gpu.compute_capability) == "graph"
     pc = pc or count_params(model)
     model = runtime_model(model, strategy.weights)
     tp = strategy.tensor_parallel

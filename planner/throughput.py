@@ -345,7 +345,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     model = runtime_model(model, strategy.weights)
     n, lm = matmul_params(model, pc)
     peak = peak_tflops(gpu, "fp8" if strategy.weights == "fp8" else "bf16") * 1e12
-    graph = decoder_for(model, gpu.vendor, strategy.weights, decoder) == "graph"
+    graph = decoder_for(model, gpu.vendor, strategy.weights, decoder, gpu.compute_capability) == "graph"
     # the graph decoder's static cache: every layer holds and reads the whole context (workers/decode.py), so
     # a sliding layer's prefill mask spans it and its decode steps read all of it, not the window
     ctx = prompt_tokens + output_tokens
@@ -390,6 +390,11 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     # attention reading it, hence kv_traffic_factor passes; the static cache is written in place and
     # its attention reads the whole preallocated length, in every layer (sliding ones too)
     kv_time = (kv_cache_bytes(model, b, ctx, full_length=True) / tp if graph else kv * cal.kv_traffic_factor)
+    if graph and model.attn.eager:
+        # eager attention (gpt-oss) repeats each KV head for its query heads before its matmuls: the whole
+        # static cache expanded heads / kv_heads times, written and read every step (bench/graph_decode.py MoE
+        # cases: the extra step time grows with the batch at this rate; SDPA models expand nothing)
+        kv_time += 2 * kv_time * (model.num_attention_heads // model.num_kv_heads)
     mem_time = (weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
     attention = decode_attention_flops(model, int(avg_ctx), full_length=graph)
     compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
@@ -400,6 +405,10 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         # term mispriced Gemma 3 by -28%..+23% across sizes (bench/graph_decode.py --fit, docs/ACCURACY.md)
         overhead = (model.num_layers * (cal.graph_decode_layer_s + cal.graph_decode_row_layer_s * b / tp)
                     + cal.graph_decode_row_param_s * b * (n - lm) / tp + cal.graph_decode_step_s)
+        if kernel == "grouped_mm":
+            # the routing's small kernels (sort, histogram, offsets, gathers, the weighted sum) and two grouped
+            # GEMMs per sparse layer, replayed, beyond the routed experts' bytes (fitted on gpt-oss-20b)
+            overhead += cal.graph_moe_layer_s * sparse_layer_count(model)
     else:
         overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
                      + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))

@@ -66,7 +66,7 @@ class InferenceResult:
     # worker's own per-batch cost (padding, moving ids, trimming, JSONL append + fsync, progress)
     steady_generate_share: float | None = None
     decoder: str = "generate"  # "graph" (workers/decode.py) or "generate" (transformers), as planned
-    moe_kernel: str | None = None  # a mixture of experts' decode kernel under generate(): batched_mm or grouped_mm
+    moe_kernel: str | None = None  # a mixture of experts' decode kernel: batched_mm or grouped_mm
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -159,6 +159,25 @@ def _vendor(device: str) -> str:
     if not device.startswith("cuda"):
         return "cpu"
     return "amd" if getattr(torch.version, "hip", None) else "nvidia"
+
+
+def _capability(device: str) -> str | None:
+    """The GPU's compute capability as the catalog writes it ("9.0"); None off an NVIDIA GPU."""
+    if _vendor(device) != "nvidia":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}.{minor}"
+
+
+def _generate_moe_kernel(model: torch.nn.Module, model_cfg: ModelConfig, device: str, weights: str,
+                         batch: int) -> str | None:
+    """The experts' kernel of generate()'s decode steps by the planner's rule, grouped_mm kept where it says so."""
+    kernel = moe_decode_kernel(model_cfg, _vendor(device), weights, batch)
+    if kernel == "grouped_mm" and not keep_grouped_mm(model) and device.startswith("cuda"):
+        logger.warning("could not keep grouped_mm experts for the decode steps (this transformers has no experts "
+                       "interface): generate() decodes with its own choice, slower than planned at this batch")
+        return "batched_mm"
+    return kernel
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Tokenizer) -> set[int]:
@@ -268,13 +287,11 @@ def run_inference(
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
     eos = _eos_ids(model, tokenizer)
-    use_graph = decoder_for(model_cfg, _vendor(device), weights, decoder) == "graph"
+    use_graph = decoder_for(model_cfg, _vendor(device), weights, decoder, _capability(device)) == "graph"
     graph = GraphDecoder(model, compile=on_cuda) if use_graph else None
-    moe_kernel = moe_decode_kernel(model_cfg, _vendor(device), weights, batch, graph=use_graph)
-    if moe_kernel == "grouped_mm" and not keep_grouped_mm(model) and on_cuda:
-        moe_kernel = "batched_mm"
-        logger.warning("could not keep grouped_mm experts for the decode steps (this transformers has no experts "
-                       "interface): generate() decodes with its own choice, slower than planned at this batch")
+    # the compiled step runs the model's own grouped_mm experts; generate() needs them kept (workers/moe_decode.py)
+    moe_kernel = (moe_decode_kernel(model_cfg, _vendor(device), weights, batch, graph=True) if use_graph
+                  else _generate_moe_kernel(model, model_cfg, device, weights, batch))
     todo_all = [r for r in requests if r.key not in finished]
     # one shape per job for the compiled step: every batch padded to the batch size and the widest prompt
     shape = (batch, max(len(r.input_ids) for r in todo_all)) if graph is not None and on_cuda else None
@@ -298,6 +315,7 @@ def run_inference(
                 logger.warning("the compiled decoder failed on the first batch (%r); decoding with "
                                "transformers' generate() instead, slower than planned", exc)
                 graph = shape = None
+                moe_kernel = _generate_moe_kernel(model, model_cfg, device, weights, batch)
                 results = generate_batch(model, todo, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
                                          eos=eos, device=device)
             if warm is not None:  # generate_batch ends in a host copy of the tokens: the GPU is done here

@@ -23,6 +23,7 @@ from catalog.errors import Conflict, GpuplanError, InvalidInput
 from catalog.local_cpu import training_threads
 from catalog.schema import ModelConfig
 from planner.calibration import Calibration
+from planner.decoder import moe_decode_phrase
 from planner.spec import JobSpec
 from planner.types import Strategy
 from workers.executor import RunRequest, RunStatus
@@ -104,8 +105,8 @@ def plan_locally(spec: JobSpec, *, home: Path,
                                    f"{m.required_bytes / 2**30:.1f} GiB of {m.limit_bytes / 2**30:.1f} GiB "
                                    f"({m.usable_bytes / 2**30:.1f} GiB usable less {m.headroom:.0%} headroom)",
                                    hint="see gpuplan plan for placements that fit, or lower resources.memory_headroom")
-            # a MoE's decode kernel moves its speed several-fold; the workers follow the same rule (moe_decode_kernel)
-            kernel = f", experts decoded with {est.throughput.moe_kernel}" if est.throughput.moe_kernel else ""
+            # the workers follow the same rules (decoder_for, moe_decode_kernel)
+            kernel = moe_decode_phrase(est.throughput.decoder, est.throughput.moe_kernel)
             return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
                              note=f"planned for the local {gpu.id}{kernel}",
                              inputs=planner_inputs(spec, source.config, gpu))

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from catalog.loader import load_catalog, resolve_model
-from planner.decoder import decoder_for
+from planner.decoder import decoder_for, grouped_gemm_gpu, moe_decode_phrase
 
 
 def test_dense_models_decode_with_the_graph_sliding_windows_included() -> None:
     """Gemma 3's sliding layers once recompiled the captured step every token on the H200 (680 tok/s against
     5,969 planned); the workers now build their static cache as full attention (workers/decode.py), so
-    sliding-window models take the graph like any dense model. MoE and quantized weights keep generate()."""
+    sliding-window models take the graph like any dense model. Quantized weights keep generate()."""
     catalog = load_catalog()
     gemma = resolve_model(catalog, "gemma-3-1b")
     assert gemma.attn.sliding_window is not None and gemma.attn.sliding_layers > 0
@@ -20,5 +20,32 @@ def test_dense_models_decode_with_the_graph_sliding_windows_included() -> None:
     assert decoder_for(llama, "nvidia", "bf16") == "graph"
     assert decoder_for(llama, "nvidia", "int8") == "generate"  # quantized kernels were not measured captured
     assert decoder_for(llama, "amd", "bf16") == "generate"
-    assert decoder_for(resolve_model(catalog, "gpt-oss-20b"), "nvidia", "bf16") == "generate"  # MoE
     assert decoder_for(gemma, "nvidia", "bf16", given="generate") == "generate"  # a caller's choice still wins
+
+
+def test_mixtures_of_experts_decode_with_the_graph_in_bf16_on_grouped_gemm_gpus() -> None:
+    """transformers' grouped_mm experts route on the GPU, so a MoE's decode step is one CUDA graph (2.0-2.6x
+    generate() on an H200); inductor lowers grouped_mm for bf16 only and torch runs it from sm80."""
+    catalog = load_catalog()
+    for name in ("gpt-oss-20b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"):
+        moe = resolve_model(catalog, name)
+        assert decoder_for(moe, "nvidia", "bf16") == "graph"
+        assert decoder_for(moe, "nvidia", "bf16", capability="9.0") == "graph"
+        assert decoder_for(moe, "nvidia", "bf16", capability="8.0") == "graph"
+        assert decoder_for(moe, "nvidia", "bf16", capability="7.5") == "generate"  # T4: no grouped GEMM
+        assert decoder_for(moe, "nvidia", "fp16") == "generate"  # inductor's grouped_mm is bf16 only
+        assert decoder_for(moe, "nvidia", "int8") == "generate"
+        assert decoder_for(moe, "amd", "bf16") == "generate"
+        assert decoder_for(moe, "cpu", "bf16") == "generate"
+    assert decoder_for(resolve_model(catalog, "gpt-oss-20b-mxfp4"), "nvidia", "mxfp4") == "generate"
+    # a dense model needs no grouped GEMM: the capability does not matter to it
+    assert decoder_for(resolve_model(catalog, "llama-3.2-1b"), "nvidia", "fp16", capability="7.0") == "graph"
+
+
+def test_grouped_gemm_gpus_and_the_words_a_plan_prints() -> None:
+    assert grouped_gemm_gpu("nvidia", "10.3") and grouped_gemm_gpu("nvidia", "8.9") and grouped_gemm_gpu("nvidia", None)
+    assert not grouped_gemm_gpu("nvidia", "7.0") and not grouped_gemm_gpu("amd", "gfx942")
+    assert not grouped_gemm_gpu("nvidia", "sm_90")  # not the catalog's form: no claim
+    assert moe_decode_phrase("graph", None) == ""
+    assert moe_decode_phrase("graph", "grouped_mm") == ", experts decoded with grouped_mm in a CUDA graph"
+    assert moe_decode_phrase("generate", "batched_mm") == ", experts decoded with batched_mm"

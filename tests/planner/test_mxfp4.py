@@ -134,7 +134,7 @@ def test_decode_reads_the_experts_at_mxfp4_bytes() -> None:
         fp4 = infer_throughput(m, Strategy(task="infer", gpu="H200", gpu_count=1, weights="mxfp4", batch=batch),
                                256, 128, h200, tcal)
         bf16 = infer_throughput(grouped, Strategy(task="infer", gpu="H200", gpu_count=1, weights="bf16",
-                                                  batch=batch), 256, 128, h200, tcal)
+                                                  batch=batch), 256, 128, h200, tcal, decoder="generate")
         assert fp4.decode_tokens_per_s is not None and bf16.decode_tokens_per_s is not None
         bw = h200.memory_bandwidth_gbps * 1e9
         gathered = 3 * gathered_expert_bytes(grouped, batch, "bf16", batched_mm=True) * 24

@@ -170,7 +170,7 @@ def test_generate_decode_gathers_every_token_experts_weights(name: str) -> None:
     steps = {}
     for b in (16, 32):
         est = infer_throughput(m, Strategy(task="infer", gpu="H200", gpu_count=1, batch=b), 512, 64, H200, TCAL,
-                               moe_kernel="batched_mm")
+                               decoder="generate", moe_kernel="batched_mm")
         assert est.decode_tokens_per_s is not None
         steps[b] = b / est.decode_tokens_per_s
     gathered = 3 * 16 * m.experts_per_token * _pair_bytes(m) * m.num_layers
@@ -205,12 +205,16 @@ def test_moe_decode_kernel_rule(name: str, batched_below: int) -> None:
     assert moe_decode_kernel(m, "cpu", "bf16", 1) == "grouped_mm"  # generate() switches only on an accelerator
     assert moe_decode_kernel(m, "nvidia", "bf16", 64, given="batched_mm") == "batched_mm"
     assert moe_decode_kernel(m, "nvidia", "mxfp4", 64) is None  # the checkpoint's triton kernels
-    assert moe_decode_kernel(m, "nvidia", "bf16", 64, graph=True) is None
+    assert moe_decode_kernel(m, "nvidia", "bf16", 1, graph=True) == "grouped_mm"  # the compiled step's own
+    assert moe_decode_kernel(m, "nvidia", "bf16", 1, graph=True, given="batched_mm") == "grouped_mm"
     assert moe_decode_kernel(model("qwen3-0.6b"), "nvidia", "bf16", 64) is None
-    # the estimate says which it priced (gpuplan plan --json)
+    # the estimate says which it priced (gpuplan plan --json): generate() where the graph is not taken (fp16)
     for b, kernel in ((batched_below - 1, "batched_mm"), (batched_below, "grouped_mm")):
-        est = infer_throughput(m, Strategy(task="infer", gpu="H200", gpu_count=1, batch=b), 512, 64, H200, TCAL)
+        est = infer_throughput(m, Strategy(task="infer", gpu="H200", gpu_count=1, batch=b, weights="fp16"), 512, 64,
+                               H200, TCAL)
         assert (est.decoder, est.moe_kernel) == ("generate", kernel)
+    est = infer_throughput(m, Strategy(task="infer", gpu="H200", gpu_count=1, batch=1), 512, 64, H200, TCAL)
+    assert (est.decoder, est.moe_kernel) == ("graph", "grouped_mm")
     dense = infer_throughput(model("qwen3-0.6b"), Strategy(task="infer", gpu="H200", gpu_count=1, batch=8), 512, 64,
                              H200, TCAL)
     assert (dense.decoder, dense.moe_kernel) == ("graph", None)
@@ -225,17 +229,50 @@ def test_grouped_decode_pays_host_work_per_sparse_layer_and_reads_each_expert_on
     for b in (16, 64):
         for kernel in ("batched_mm", "grouped_mm"):
             est = infer_throughput(oss, Strategy(task="infer", gpu="H200", gpu_count=1, batch=b), 512, 64, H200,
-                                   TCAL, moe_kernel=kernel)
+                                   TCAL, decoder="generate", moe_kernel=kernel)
             assert est.decode_tokens_per_s is not None
             steps[b, kernel] = b / est.decode_tokens_per_s
     assert steps[64, "batched_mm"] > 3 * steps[64, "grouped_mm"]
     assert steps[64, "grouped_mm"] - steps[16, "grouped_mm"] < 0.1 * steps[16, "grouped_mm"]
     free = TCAL.model_copy(update={"decode_grouped_layer_s": 0.0})
     est = infer_throughput(oss, Strategy(task="infer", gpu="H200", gpu_count=1, batch=64), 512, 64, H200, free,
-                           moe_kernel="grouped_mm")
+                           decoder="generate", moe_kernel="grouped_mm")
     assert est.decode_tokens_per_s is not None
     assert steps[64, "grouped_mm"] - 64 / est.decode_tokens_per_s == pytest.approx(
         TCAL.decode_grouped_layer_s * oss.num_layers)
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b"])
+def test_compiled_moe_decode_pays_its_sparse_layers_and_no_host(name: str) -> None:
+    """The compiled step (a CUDA graph, bench/results/workers/graph_decode_moe_2026-12-03.json) prices the routed
+    experts' bytes, ``graph_moe_layer_s`` per sparse layer and no host work: far faster than generate()."""
+    m = model(name)
+    strategy = Strategy(task="infer", gpu="H200", gpu_count=1, batch=32)
+    graph = infer_throughput(m, strategy, 512, 64, H200, TCAL)
+    assert (graph.decoder, graph.moe_kernel) == ("graph", "grouped_mm")
+    eager = infer_throughput(m, strategy, 512, 64, H200, TCAL, decoder="generate")
+    assert graph.tokens_per_s > 1.5 * eager.tokens_per_s
+    free = infer_throughput(m, strategy, 512, 64, H200, TCAL.model_copy(update={"graph_moe_layer_s": 0.0}))
+    assert graph.decode_tokens_per_s is not None and free.decode_tokens_per_s is not None
+    assert 32 / graph.decode_tokens_per_s - 32 / free.decode_tokens_per_s == pytest.approx(
+        TCAL.graph_moe_layer_s * m.num_layers)  # every layer of both is sparse
+
+
+def test_compiled_eager_attention_reads_its_expanded_cache_every_step() -> None:
+    """gpt-oss's eager attention repeats each KV head for its 8 query heads before the matmuls; in the compiled
+    step the whole static cache is expanded, written and read every token, so the step grows with the batch at
+    17x the cache's bytes (1 + 2 x 8). Qwen3-30B-A3B runs SDPA: nothing expanded."""
+    oss = model("gpt-oss-20b")
+    assert oss.attn.eager and oss.num_attention_heads // oss.num_kv_heads == 8
+    cal = TCAL.model_copy(update={"graph_decode_row_param_s": 0.0})
+    step = {}
+    for b in (32, 64):
+        est = infer_throughput(oss, Strategy(task="infer", gpu="H200", gpu_count=1, batch=b), 512, 128, H200, cal)
+        assert est.decode_tokens_per_s is not None
+        step[b] = b / est.decode_tokens_per_s
+    cache = kv_cache_bytes(oss, 32, 640, full_length=True)
+    bw = H200.memory_bandwidth_gbps * 1e9 * TCAL.decode_bw_efficiency
+    assert step[64] - step[32] == pytest.approx(17 * cache / bw, rel=0.05)
 
 
 def test_kernel_weight_is_one_for_llama_and_more_for_heavier_layers() -> None:

@@ -78,3 +78,23 @@ def test_the_worker_decodes_a_mixture_of_experts_with_the_planned_kernel(tmp_pat
     assert result.moe_kernel == "grouped_mm" and result.requests_done == 3  # a CPU: generate() keeps grouped_mm too
     records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in records) == ["r0", "r1", "r2"]
+
+
+def test_the_compiled_decoder_decodes_a_mixture_of_experts_as_generate_does(tmp_path: Path) -> None:
+    """The decoder the plan picks for a bf16 MoE on a GPU (workers/decode.py; its step is captured there, eager
+    here): the same tokens as generate() for requests of different lengths (left padding), sliding and full
+    layers (the tiny gpt-oss alternates them), grouped_mm experts both ways."""
+    rng = torch.Generator().manual_seed(3)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(
+        json.dumps({"id": f"r{i}", "input_ids": torch.randint(3, 128, (int(n),), generator=rng).tolist()}) + "\n"
+        for i, n in enumerate(torch.randint(3, 14, (5,), generator=rng))))
+    outs: dict[str, dict[str, list[int]]] = {}
+    for decoder in ("graph", "generate"):
+        result = run_inference(OSS, prompts, tmp_path / f"{decoder}.jsonl", batch=2, max_new_tokens=7, dtype="fp32",
+                               seed=0, decoder=decoder)
+        assert (result.decoder, result.moe_kernel, result.requests_done) == (decoder, "grouped_mm", 5)
+        outs[decoder] = {r["id"]: r["output_ids"] for r in map(json.loads, (tmp_path / f"{decoder}.jsonl")
+                                                               .read_text().splitlines())}
+    assert outs["graph"] == outs["generate"]
+    assert len({tuple(v) for v in outs["graph"].values()}) > 1  # the rows are not all one sequence

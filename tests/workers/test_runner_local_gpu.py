@@ -20,19 +20,20 @@ def an_h200(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(catalog.local, "detect_local_device", lambda: H200)
 
 
-def _serve(model: str, batch: int) -> JobSpec:
+def _serve(model: str, batch: int, weights: str = "bf16") -> JobSpec:
     return JobSpec.model_validate({"name": "serve", "task": "infer", "model": model,
                                    "infer": {"requests": 1000, "prompt_tokens": 512, "output_tokens": 64,
-                                             "batch": batch, "weights": "bf16"}})
+                                             "batch": batch, "weights": weights}})
 
 
 @pytest.mark.usefixtures("an_h200")
-@pytest.mark.parametrize(("batch", "kernel"), [(8, "batched_mm"), (64, "grouped_mm")])
+@pytest.mark.parametrize(("batch", "weights", "how"), [
+    (8, "bf16", "grouped_mm in a CUDA graph"), (8, "fp16", "batched_mm"), (64, "fp16", "grouped_mm")])
 def test_a_mixture_of_experts_plan_for_the_local_gpu_says_how_its_experts_decode(
-        tmp_path: Path, batch: int, kernel: str) -> None:
-    plan = plan_locally(_serve("gpt-oss-20b", batch), home=tmp_path)
+        tmp_path: Path, batch: int, weights: str, how: str) -> None:
+    plan = plan_locally(_serve("gpt-oss-20b", batch, weights), home=tmp_path)
     assert plan.device == "cuda" and plan.strategy.gpu == "H200" and plan.strategy.batch == batch
-    assert plan.note == f"planned for the local H200, experts decoded with {kernel}"
+    assert plan.note == f"planned for the local H200, experts decoded with {how}"
     assert plan.predicted["tokens_per_s"] > 0
 
 
