@@ -8,10 +8,10 @@ expandable segments themselves unless PYTORCH_CUDA_ALLOC_CONF is set). Cases:
   config-path      a model given as a Hugging Face config.json path (Qwen3-0.6B's shape)
   infer            an inference job (llama-3.2-1b, JSONL-style prompts synthetic)
   infer-gemma      the same job on gemma-3-1b: sliding-window layers through the compiled decoder
-  infer-moe        gpt-oss-20b served at batch 32: grouped_mm experts kept for the decode steps
-  infer-moe-b8     gpt-oss-20b at batch 8: generate()'s batched_mm experts
-  infer-moe-b64    gpt-oss-20b at batch 64: grouped_mm kept (batched_mm would gather 12.7 GB a step)
-  infer-moe-qwen3  qwen3-30b-a3b at batch 32: grouped_mm kept, a model held out of the kernel's fit
+  infer-moe        gpt-oss-20b served at batch 32: grouped_mm experts decoded in a CUDA graph
+  infer-moe-b8     gpt-oss-20b at batch 8, the same decoder
+  infer-moe-b64    gpt-oss-20b at batch 64, the same decoder
+  infer-moe-qwen3  qwen3-30b-a3b at batch 32: a model held out of the graph's MoE fit
   kill-resume      the 1B run killed with SIGKILL after its first checkpoint, then `--resume`
 
 A case passes when the run succeeds with zero OOMs (no OOM back-off either), peak allocated is
@@ -247,25 +247,25 @@ def _moe_spec(batch: int, requests: int, model: str = "gpt-oss-20b") -> dict[str
 
 
 def case_infer_moe(work: Path, timeout: float) -> Outcome:
-    """A mixture of experts served at batch 32: the workers keep grouped_mm for the decode steps (each routed
-    expert read once; planner.decoder.moe_decode_kernel, workers/moe_decode.py) where generate() would switch to
-    batched_mm and gather every (token, expert) pair's weights (107 ms a step against 37-69 on an H200)."""
+    """A mixture of experts served at batch 32 in bf16: the workers decode with the compiled static-cache step, its
+    grouped_mm experts routed on the GPU (planner.decoder.graph_decode; 2x generate() with grouped_mm kept, which
+    was 2x generate()'s own batched_mm on an H200)."""
     return _simple("infer-moe", _moe_spec(32, 128), work, timeout)
 
 
 def case_infer_moe_b8(work: Path, timeout: float) -> Outcome:
-    """The same model at batch 8, below two visits per expert: generate()'s own batched_mm, its gathers priced."""
+    """The same model at batch 8 (under generate() it would run batched_mm here): the compiled step."""
     return _simple("infer-moe-b8", _moe_spec(8, 48), work, timeout)
 
 
 def case_infer_moe_b64(work: Path, timeout: float) -> Outcome:
-    """gpt-oss-20b at batch 64: batched_mm would gather 12.7 GB of experts a step (204 ms); grouped_mm ~50 ms."""
+    """gpt-oss-20b at batch 64: eager attention's expanded cache grows the compiled step with the batch."""
     return _simple("infer-moe-b64", _moe_spec(64, 192), work, timeout)
 
 
 def case_infer_moe_qwen3(work: Path, timeout: float) -> Outcome:
-    """Qwen3-30B-A3B (128 experts, top-8, 48 layers) at batch 32: grouped_mm kept; held out of the fit of its
-    host cost (bench/moe_decode_fit.py fitted it on gpt-oss)."""
+    """Qwen3-30B-A3B (128 experts, top-8, 48 layers, SDPA) at batch 32: held out of the fit of the compiled step's
+    cost per sparse layer (bench/graph_decode.py --fit fitted it on gpt-oss)."""
     return _simple("infer-moe-qwen3", _moe_spec(32, 96, "qwen3-30b-a3b"), work, timeout)
 
 
