@@ -187,15 +187,27 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
     per_layer = [_decode_step_gap(c, dense, gpu, m)[0] / sparse_layer_count(m)
                  for c in moe for m in [resolve_model(catalog, c["model"])]]
     moe_layer_s = max(0.0, float(np.mean(per_layer))) if per_layer else cal.throughput.graph_moe_layer_s
+    # the capture in a fresh process: a record's first case, or every case of a record run one process per case
+    # (later cases of a process reuse inductor's caches: 1.1-1.5 s a layer instead of 1.8-3.3)
+    compile_per_layer = []
+    for record in results:
+        data = json.loads(record.read_text())
+        for i, c in enumerate(data["cases"]):
+            batches = c.get("graph", {}).get("batch_s") or []
+            if len(batches) > 1 and (i == 0 or "one process per case" in data.get("command", "")):
+                layers = resolve_model(catalog, c["model"]).num_layers
+                compile_per_layer.append((batches[0] - float(np.median(batches[1:]))) / layers)
+    compile_layer_s = round(float(np.median(compile_per_layer)), 2)
     data = json.loads(calibration.read_text())
     data["throughput"].update({"graph_decode_step_s": 0.0, "graph_decode_layer_s": dense.graph_decode_layer_s,
                                "graph_decode_row_layer_s": 0.0,
                                "graph_decode_row_param_s": dense.graph_decode_row_param_s,
-                               "graph_moe_layer_s": moe_layer_s})
+                               "graph_moe_layer_s": moe_layer_s, "graph_compile_layer_s": compile_layer_s})
     calibration.write_text(json.dumps(data, indent=1) + "\n")
     print(f"fitted on {len(rows)} dense cases ({', '.join(names)}): graph_decode_layer_s {layer_s * 1e6:.1f} us, "
           f"graph_decode_row_param_s {row_param_s:.3e} s; on {len(moe)} MoE cases "
-          f"({', '.join(c['case'] for c in moe)}): graph_moe_layer_s {moe_layer_s * 1e6:.1f} us -> {calibration}")
+          f"({', '.join(c['case'] for c in moe)}): graph_moe_layer_s {moe_layer_s * 1e6:.1f} us; the capture "
+          f"{compile_layer_s} s a layer (median of {len(compile_per_layer)} fresh processes) -> {calibration}")
 
 
 def report(results: list[Path], calibration: Path) -> None:

@@ -136,6 +136,11 @@ class ThroughputCalibration(_Cal):
         "layers, beyond the bytes read (skinny GEMMs)")
     graph_decode_step_s: float = Field(
         default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
+    graph_compile_layer_s: float = Field(
+        default=2.45, ge=0.0,
+        description="compiled decode: one-time seconds per layer to capture the step in a fresh process "
+        "(torch.compile: dynamo, inductor, the CUDA graph); bench/graph_decode.py --fit, the median over its "
+        "first-in-process cases (1.8-3.3 s; a process that compiled before takes 1.1-1.5)")
     graph_moe_layer_s: float = Field(
         default=1.474e-4, ge=0.0,
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per token beyond the "

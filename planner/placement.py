@@ -390,7 +390,7 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                 continue
             thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
             assert thr.requests_per_s is not None
-            hours = inf.requests / thr.requests_per_s / 3600
+            hours = (inf.requests / thr.requests_per_s + thr.warmup_s) / 3600
             est = construct(Estimate, strategy=s, memory=m, throughput=thr, hours=hours, warnings=list(warnings))
             if best is None or thr.tokens_per_s > best.throughput.tokens_per_s * 1.02:
                 best = est
@@ -520,5 +520,6 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
                        headroom=memory_headroom(spec, cal))
     thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
     assert thr.requests_per_s is not None
-    return Estimate(strategy=s, memory=mem, throughput=thr, hours=inf.requests / thr.requests_per_s / 3600,
+    return Estimate(strategy=s, memory=mem, throughput=thr,
+                    hours=(inf.requests / thr.requests_per_s + thr.warmup_s) / 3600,
                     warnings=notes)

@@ -430,5 +430,6 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         requests_per_s=b / total * replicas,
         decoder="graph" if graph else "generate",
         moe_kernel=kernel,
+        warmup_s=cal.graph_compile_layer_s * model.num_layers if graph else 0.0,
         breakdown_s={"prefill": prefill, "decode": output_tokens * decode_step},
     )

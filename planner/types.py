@@ -158,6 +158,9 @@ class ThroughputEstimate(_Value):
     decoder: str | None = Field(default=None, description="inference: the workers' decoder, graph or generate")
     moe_kernel: str | None = Field(
         default=None, description="inference of a mixture of experts: its decode kernel, batched_mm or grouped_mm")
+    warmup_s: float = Field(
+        default=0.0, ge=0.0, description="inference: one-time seconds per worker before the first batch runs at "
+        "speed (the compiled decoder's capture; in the job's hours)")
     breakdown_s: dict[str, float] = Field(default_factory=dict, description="compute/comm/other per step")
 
 

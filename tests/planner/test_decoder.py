@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from catalog.loader import load_catalog, resolve_model
 from planner.decoder import decoder_for, grouped_gemm_gpu, moe_decode_phrase
 
@@ -49,3 +51,28 @@ def test_grouped_gemm_gpus_and_the_words_a_plan_prints() -> None:
     assert moe_decode_phrase("graph", None) == ""
     assert moe_decode_phrase("graph", "grouped_mm") == ", experts decoded with grouped_mm in a CUDA graph"
     assert moe_decode_phrase("generate", "batched_mm") == ", experts decoded with batched_mm"
+
+
+def test_the_compiled_decoders_capture_is_in_the_jobs_hours() -> None:
+    """The first batch of a compiled job holds the capture (18-114 s on the H200, per fresh process, growing with
+    the layers): the plan's hours include it once, generate() pays none."""
+    from planner.calibration import load_calibration
+    from planner.search import plan
+    from planner.spec import spec_from_dict
+
+    catalog, cal = load_catalog(), load_calibration()
+
+    def chosen(weights: str) -> tuple[float, float, float]:
+        spec = spec_from_dict({"name": "serve", "task": "infer", "model": "llama-3.2-1b",
+                               "infer": {"requests": 64, "prompt_tokens": 256, "output_tokens": 64, "batch": 32,
+                                         "weights": weights},
+                               "resources": {"accelerators": ["H200:1"], "spot": "never"}})
+        e = plan(spec, catalog, calibration=cal).chosen.estimate
+        assert e.throughput.requests_per_s is not None
+        return e.hours, e.throughput.warmup_s, 64 / e.throughput.requests_per_s
+
+    hours, warmup, run_s = chosen("bf16")
+    assert warmup == cal.throughput.graph_compile_layer_s * 16 > 0
+    assert hours * 3600 == pytest.approx(run_s + warmup)
+    hours, warmup, run_s = chosen("int8")  # generate(): nothing to capture
+    assert warmup == 0.0 and hours * 3600 == pytest.approx(run_s)
