@@ -212,7 +212,13 @@ def _print_estimate(result: Any, slack: float) -> None:
         line += f" (MFU {thr.mfu:.0%})"
     if thr.requests_per_s is not None:
         line += f", {thr.requests_per_s:,.2f} requests/s"
-    output.console.print(f"{line}; {result.hours:,.1f} h for the job", highlight=False)
+    how = ""
+    if thr.decoder is not None:  # inference: which decoder the workers run, and its one-time capture
+        how = f" ({'compiled decoder' if thr.decoder == 'graph' else 'generate()'}"
+        how += f", {thr.warmup_s:,.0f} s capture included" if thr.warmup_s else ""
+        how += f", experts {thr.moe_kernel}" if thr.moe_kernel else ""
+        how += ")"
+    output.console.print(f"{line}; {result.hours:,.1f} h for the job{how}", highlight=False)
 
 
 cluster_app = typer.Typer(help="Ray cluster configs for running plans on spot instances.\n\nExample:\n\n"

@@ -75,6 +75,15 @@ def test_inference_example_plans_and_estimates() -> None:
     assert est.exit_code == 0, est.output
     body = json.loads(est.stdout)
     assert body["throughput"]["requests_per_s"] > 0 and "kv_cache" in body["memory"]["breakdown"]
+    # the table says which decoder the hours assume and that the compiled one's capture is in them: on an L4 the
+    # 8B model needs quantized weights (generate()), on an H100 it runs bf16 through the compiled decoder
+    assert body["throughput"]["warmup_s"] == 0
+    shown = " ".join(runner.invoke(app, ["estimate", serve, "--gpu", "L4", "--count", "1"]).stdout.split())
+    assert "h for the job (generate())" in shown
+    h100 = json.loads(runner.invoke(app, ["estimate", serve, "--gpu", "H100-SXM", "--count", "1", "--json"]).stdout)
+    warmup = h100["throughput"]["warmup_s"]
+    shown = " ".join(runner.invoke(app, ["estimate", serve, "--gpu", "H100-SXM", "--count", "1"]).stdout.split())
+    assert warmup > 0 and f"h for the job (compiled decoder, {warmup:,.0f} s capture included)" in shown
 
 
 def test_model_given_as_hf_config_path(tmp_path: Path) -> None:
