@@ -6,6 +6,7 @@ the step through torch.compile on CPU, to show it compiles once rather than once
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,12 +37,12 @@ GEMMA3_WINDOW_8: dict[str, Any] = {
     "max_position_embeddings": 256, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
 
 
-def _model(hf: dict[str, Any]) -> torch.nn.Module:
+def _model(hf: dict[str, Any], dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(**hf)
     torch.manual_seed(0)
-    model: torch.nn.Module = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model: torch.nn.Module = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
 
 
@@ -98,20 +99,25 @@ def test_gemma3_past_the_window_with_left_padding_equals_generate() -> None:
     assert torch.equal(GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=12, eos=set()), expected)
 
 
-def _eager_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def eager_compile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """GraphDecoder's torch.compile with dynamo's "eager" backend: the same guards and recompiles as
     reduce-overhead's CUDA graphs (those are decided by dynamo, before any backend), without inductor's
-    C++ builds on CPU; a recompile raises."""
+    C++ builds on CPU; a recompile raises. (dynamo's config through its own patch: undoing a monkeypatched
+    setattr on that module deletes the option for every later test of the process.)"""
     compile_ = torch.compile
 
     def eager(fn: Any, **kwargs: Any) -> Any:
         return compile_(fn, backend="eager", fullgraph=kwargs.get("fullgraph", False), dynamic=kwargs.get("dynamic"))
 
     monkeypatch.setattr(torch, "compile", eager)
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
     torch._dynamo.reset()
 
 
+@pytest.mark.usefixtures("eager_compile")
 def test_gemma3_compiled_step_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The H200 recompiled Gemma 3's step every token (the sliding layers' Python-int offset); with the
     full-length cache the step is traced once for the whole decode and gives generate()'s tokens."""
@@ -119,7 +125,6 @@ def test_gemma3_compiled_step_compiles_once(monkeypatch: pytest.MonkeyPatch) -> 
 
     import workers.decode as decode
 
-    _eager_compile(monkeypatch)
     model = _model(GEMMA3_WINDOW_8)
     ids, mask = _batch([14, 5, 10], vocab=256)
     expected = _greedy(model, ids, mask, 12)
@@ -129,4 +134,49 @@ def test_gemma3_compiled_step_compiles_once(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(decode, "full_attention_config", lambda config: config)
     with pytest.raises(RecompileError):
         GraphDecoder(model, compile=True).decode(ids, mask, max_new_tokens=12, eos=set())
+    torch._dynamo.reset()
+
+
+_TINY = {"hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "max_position_embeddings": 128}
+# every mixture-of-experts architecture of the catalog (gpt-oss, Qwen3-MoE, Mixtral, DeepSeek-V3/R1)
+MOE_FAMILIES: dict[str, dict[str, Any]] = {
+    "gpt-oss": {**_TINY, "model_type": "gpt_oss", "num_local_experts": 4, "num_experts_per_tok": 2,
+                "sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]},
+    "qwen3-moe": {**_TINY, "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32},
+    "mixtral": {**_TINY, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+    "deepseek-v3": {**_TINY, "model_type": "deepseek_v3", "head_dim": 8, "num_key_value_heads": 4,
+                    "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                    "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1,
+                    "kv_lora_rank": 16, "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                    "v_head_dim": 16},
+}
+
+
+@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
+def test_a_mixture_of_experts_decode_step_is_one_graph(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner sends bf16 mixtures of experts to the compiled decoder (planner.decoder.graph_decode) because
+    transformers' grouped_mm experts route without leaving the GPU: the step must trace as one graph (fullgraph:
+    a break raises) and once for the whole decode (a recompile raises), and give the eager step's tokens."""
+    compile_ = torch.compile
+
+    def one_graph(fn: Any, **kwargs: Any) -> Any:
+        return compile_(fn, backend="eager", fullgraph=True, dynamic=kwargs.get("dynamic"))
+
+    monkeypatch.setattr(torch, "compile", one_graph)
+    torch._dynamo.reset()
+    model: Any = _model(MOE_FAMILIES[family], dtype=torch.bfloat16)
+    assert model.config._experts_implementation == "grouped_mm"
+    ids, mask = _batch([9, 4, 7], vocab=97)
+    eager = GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=6, eos=set())
+    # config.patch, not monkeypatch: undoing a setattr on dynamo's config module deletes the option
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = GraphDecoder(model, compile=True).decode(ids, mask, max_new_tokens=6, eos=set())
+    assert torch.equal(compiled, eager)
+    # the check has teeth: transformers' per-expert loop (the "eager" experts) syncs on the experts hit
+    torch._dynamo.reset()
+    model.set_experts_implementation("eager")
+    with pytest.raises(Exception, match=r"(?i)data.dependent|nonzero|graph break|unsupported"):
+        GraphDecoder(model, compile=True).decode(ids, mask, max_new_tokens=2, eos=set())
     torch._dynamo.reset()
