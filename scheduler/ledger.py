@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-from sqlalchemy import Float, case, delete, func
+from sqlalchemy import Float, case, delete, func, or_
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
@@ -181,13 +181,20 @@ def _greatest_sqlite(element: _greatest, compiler: Any, **kw: Any) -> str:
 def _reserved_by_team(team_ids: list[int] | None) -> Any:
     """(team id, USD still reserved by active jobs' estimates beyond what they spent, GPUs of queued
     jobs) per team: each active job's spend is summed from its own index entries (named once in
-    the statement, so it is summed once per job), not the teams' whole ledgers."""
-    spend, job = Spend.__table__, Job.__table__  # type: ignore[attr-defined]
+    the statement, so it is summed once per job), not the teams' whole ledgers.
+
+    A cancelled job whose attempt is still open (the loop has not stopped it yet) keeps its reservation:
+    its GPUs are billed until then and its spend is written when the attempt closes, so releasing the
+    estimate at the cancel let a new job be admitted into money about to be charged (the team went over
+    its budget: tests/scheduler/test_invariants.py found it)."""
+    spend, job, attempt = Spend.__table__, Job.__table__, Attempt.__table__  # type: ignore[attr-defined]
     spent = (sa_select(func.coalesce(func.sum(spend.c.usd), 0.0)).where(spend.c.job_id == job.c.id)
              .correlate(job).scalar_subquery())
+    open_attempt = sa_select(attempt.c.job_id).where(attempt.c.ended_at.is_(None))
     stmt = (sa_select(job.c.team_id, func.coalesce(func.sum(_greatest(job.c.estimated_usd - spent, 0.0)), 0.0),
                       func.coalesce(func.sum(case((job.c.state == JobState.QUEUED.value, job.c.gpus), else_=0)), 0))
-            .where(job.c.state.in_([s.value for s in ACTIVE])).group_by(job.c.team_id))
+            .where(or_(job.c.state.in_([s.value for s in ACTIVE]), job.c.id.in_(open_attempt)))
+            .group_by(job.c.team_id))
     return stmt if team_ids is None else stmt.where(job.c.team_id.in_(team_ids))
 
 

@@ -85,6 +85,10 @@ def _public(job: Job, spent_usd: float) -> JobPublic:
     return JobPublic.model_validate({name: getattr(job, name) for name in _PUBLIC_FIELDS} | {"spent_usd": spent_usd})
 
 
+def _random_job_id() -> str:
+    return "j-" + secrets.token_hex(8)
+
+
 class SchedulerService:
     def __init__(
         self,
@@ -97,10 +101,14 @@ class SchedulerService:
         max_attempts: int = 3,
         plan_cache_size: int = 512,
         auth_cache_s: float = 2.0,
+        job_ids: Callable[[], str] | None = None,
     ) -> None:
         self.store = store
         self.planner = planner
         self.clock = clock
+        # injected like the clock: a test that replays steps (Hypothesis) needs the same ids each time,
+        # since jobs submitted at one instant start in id order
+        self.job_ids = job_ids or _random_job_id
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.max_attempts = max_attempts
         self._plans: OrderedDict[str, Plan] = OrderedDict()
@@ -226,7 +234,7 @@ class SchedulerService:
         chosen = plan.chosen
         assert chosen is not None
         strategy = chosen.estimate.strategy
-        job_id = "j-" + secrets.token_hex(8)
+        job_id = self.job_ids()
         stored_plan = plan.model_dump(mode="json", include={"job", "objective", "chosen", "warnings"})
         stored_plan["alternatives"] = [c.model_dump(mode="json") for c in plan.candidates[:4]]
         now = self.clock()

@@ -7,8 +7,10 @@ import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from sqlmodel import col, select
 
+from catalog.errors import LimitExceeded
 from scheduler.loop import Scheduler
 from scheduler.models import Attempt, Job, JobCreate, TeamCreate, TeamUpdate
 from scheduler.service import ADMIN, SchedulerService
@@ -140,3 +142,26 @@ def test_concurrent_submits_while_the_loop_runs_never_run_more_than_the_quota(st
     assert len(jobs) == 18 and all(j.state == "succeeded" and "waiting" not in j.message for j in jobs)
     for s in services:
         s.store.dispose()
+
+
+def test_a_cancelled_job_keeps_its_budget_until_the_loop_has_stopped_and_charged_it(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    """Cancelling marks the job; its attempt runs (and is billed) until the loop stops it. Releasing the estimate
+    at the cancel let a new job be admitted into money about to be charged: the team went over budget (found by
+    tests/scheduler/test_invariants.py)."""
+    svc.create_team(ADMIN, TeamCreate(name="ml", budget_usd=20.0))
+    ml = svc.authenticate(svc.create_token(ADMIN, "ml").token)
+    loop = Scheduler(store, ScriptedExecutor(), clock=clock)
+    running = svc.submit(ml, JobCreate(spec=spec_dict(tokens=12e6, name="running")))  # $12 at $10/h
+    assert loop.tick().dispatched == [running.id]
+    clock.advance(minutes=60)
+    svc.cancel(ml, running.id)
+    team = svc.get_team(ml)
+    assert (team.spent_usd, team.reserved_usd) == (0.0, 12.0)  # the attempt is still open: still reserved
+    with pytest.raises(LimitExceeded, match=r"exceeds team ml's remaining budget \$8\.00"):
+        svc.submit(ml, JobCreate(spec=spec_dict(tokens=15e6, name="too-much")))
+    loop.tick()  # stops the attempt and charges its hour
+    team = svc.get_team(ml)
+    assert (team.spent_usd, team.reserved_usd) == (10.0, 0.0)
+    assert svc.submit(ml, JobCreate(spec=spec_dict(tokens=9e6, name="fits"))).state == "queued"
+    assert svc.get_team(ml).spent_usd + svc.get_team(ml).reserved_usd <= 20.0
