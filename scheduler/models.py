@@ -143,7 +143,9 @@ class TeamPublic(TeamBase):
     id: int
     created_at: datetime
     spent_usd: float = 0.0
-    reserved_usd: float = Field(default=0.0, description="estimates of active jobs not yet spent")
+    reserved_usd: float = Field(
+        default=0.0,
+        description="estimates not yet spent of active jobs and of cancelled jobs whose attempt is still being stopped")
     remaining_usd: float | None = None
     gpus_in_use: int = Field(default=0, description="GPUs of jobs running now: what the quota caps")
     gpus_queued: int = Field(default=0, description="GPUs of queued jobs, waiting to start")
