@@ -34,7 +34,7 @@ def graph_decode(model: ModelConfig, vendor: str, weights: str, capability: str 
       prices what that costs: a full-length KV cache in every layer, read whole each step.
     - a mixture of experts in bf16 on a GPU with grouped GEMMs (sm80+), since 2026-12-03: transformers' grouped_mm
       experts route on the GPU (a sort, a histogram, offsets: no host sync), so the whole step is one CUDA graph
-      (no graph break, no recompile). On one H200 it decodes gpt-oss-20b 2.0-2.4x and Qwen3-30B-A3B 2.6x as fast
+      (no graph break, no recompile). On one H200 it decodes gpt-oss-20b 1.7-2.4x and Qwen3-30B-A3B 2.6x as fast
       as generate() with grouped_mm kept (bench/results/workers/graph_decode_moe_2026-12-03.json). Not fp16
       (inductor lowers grouped_mm for bf16 only; other dtypes take a fallback that syncs the host per expert),
       not an MXFP4 checkpoint (its triton kernels were not measured captured), not int8/fp8 (torchao's kernels,

@@ -26,7 +26,7 @@ def test_dense_models_decode_with_the_graph_sliding_windows_included() -> None:
 
 
 def test_mixtures_of_experts_decode_with_the_graph_in_bf16_on_grouped_gemm_gpus() -> None:
-    """transformers' grouped_mm experts route on the GPU, so a MoE's decode step is one CUDA graph (2.0-2.6x
+    """transformers' grouped_mm experts route on the GPU, so a MoE's decode step is one CUDA graph (1.7-2.6x
     generate() on an H200); inductor lowers grouped_mm for bf16 only and torch runs it from sm80."""
     catalog = load_catalog()
     for name in ("gpt-oss-20b", "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3"):
