@@ -213,14 +213,13 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
 def report(results: list[Path], calibration: Path) -> None:
     """Measured against planned, every graph case of the records (fitted and held out alike)."""
     from planner.calibration import Calibration
+    from planner.memory import infer_memory
 
     catalog = load_catalog()
     gpu = catalog.gpu("H200")
     cal = Calibration.model_validate_json(calibration.read_text())
     print("| case | planned tok/s | measured tok/s | error | planned peak GiB | measured peak GiB | error |")
     print("|---|---|---|---|---|---|---|")
-    from planner.memory import infer_memory
-
     for record in results:
         for c in json.loads(record.read_text())["cases"]:
             g = c.get("graph", {})

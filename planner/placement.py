@@ -30,9 +30,9 @@ from planner.knobs import Knobs
 from planner.memory import Moment, finish_estimate, infer_memory
 from planner.memory_train import MemoryLines, max_micro_batch, memory_lines, train_memory, train_moments
 from planner.resolve import memory_headroom, resolve_spec_model
-from planner.spec import JobSpec, TrainSpec
+from planner.spec import InferSpec, JobSpec, TrainSpec
 from planner.throughput import StepParts, infer_throughput, train_step_parts, train_throughput
-from planner.types import Estimate, MemoryEstimate, Strategy, construct
+from planner.types import Estimate, MemoryEstimate, Strategy, ThroughputEstimate, construct
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 AMP_PREFERENCE = 0.9  # keep fp32 master weights unless pure bf16 is >10% faster
@@ -335,6 +335,13 @@ def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
             f"(smallest: {s.label()})")
 
 
+def _infer_hours(inf: InferSpec, thr: ThroughputEstimate) -> float:
+    """Wall-clock hours of an inference job: its requests at the estimated rate plus the decoder's one-time
+    capture (``warmup_s``), one formula for the searched and the pinned estimate."""
+    assert thr.requests_per_s is not None
+    return (inf.requests / thr.requests_per_s + thr.warmup_s) / 3600
+
+
 def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
                     support: StackSupport, memo: Memo) -> Outcome:
     assert spec.infer is not None
@@ -389,9 +396,8 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                     smallest = (m, s)
                 continue
             thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
-            assert thr.requests_per_s is not None
-            hours = (inf.requests / thr.requests_per_s + thr.warmup_s) / 3600
-            est = construct(Estimate, strategy=s, memory=m, throughput=thr, hours=hours, warnings=list(warnings))
+            est = construct(Estimate, strategy=s, memory=m, throughput=thr, hours=_infer_hours(inf, thr),
+                            warnings=list(warnings))
             if best is None or thr.tokens_per_s > best.throughput.tokens_per_s * 1.02:
                 best = est
         if best is not None:
@@ -519,7 +525,4 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory,
                        headroom=memory_headroom(spec, cal))
     thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
-    assert thr.requests_per_s is not None
-    return Estimate(strategy=s, memory=mem, throughput=thr,
-                    hours=(inf.requests / thr.requests_per_s + thr.warmup_s) / 3600,
-                    warnings=notes)
+    return Estimate(strategy=s, memory=mem, throughput=thr, hours=_infer_hours(inf, thr), warnings=notes)
