@@ -393,7 +393,10 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     if graph and model.attn.eager:
         # eager attention (gpt-oss) repeats each KV head for its query heads before its matmuls: the whole
         # static cache expanded heads / kv_heads times, written and read every step (bench/graph_decode.py MoE
-        # cases: the extra step time grows with the batch at this rate; SDPA models expand nothing)
+        # cases: the extra step time grows with the batch at this rate). SDPA models with several KV heads
+        # repeat them too (transformers' repeat_kv under a mask; bench/moe_step_profile.py), but the dense fit's
+        # per-layer and skinny-GEMM terms hold that cost at the fitted models' 2-4 query heads per KV head;
+        # pricing it here too made the refit worse (docs/MEASUREMENTS.md, "Where a compiled step's time goes")
         kv_time += 2 * kv_time * (model.num_attention_heads // model.num_kv_heads)
     mem_time = (weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
     attention = decode_attention_flops(model, int(avg_ctx), full_length=graph)
