@@ -1,0 +1,121 @@
+"""How much the compiled decode step would gain if grouped-query attention stopped copying K/V (a probe, not the
+product): the workers' decoder (workers/decode.py) timed as it is, then with SDPA given each KV head's query heads
+packed as its query rows.
+
+Why: bench/moe_step_profile.py showed every model with several KV heads copying its whole static cache out to its
+query heads every step (transformers' ``repeat_kv``: SDPA may not do GQA itself under a mask, and the static-cache
+decoder always passes one), then attention reading the copies: 29-52% of a step. For one new token per row the
+query heads that share a KV head can be that head's query rows instead, (b, heads, 1, d) -> (b, kv_heads, heads /
+kv_heads, d), with the mask (b, 1, 1, L) broadcast over them: the same scores, K/V read once, nothing copied.
+transformers 5.25 does this itself (``pack_gqa``), but not under torch.compile, i.e. not in this decoder.
+
+    python3 bench/gqa_pack_probe.py --cases llama-3.2-1b:32x512x128,qwen3-8b:16x1024x128 --out $OUT/gqa_pack.json
+
+Per case and variant: the decode step (CUDA events over ``--repeat`` decodes of the same shape after two that
+capture the graph) and the share of rows whose tokens equal the stock variant's (bf16 kernels may flip near-ties).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from catalog.loader import load_catalog, resolve_model
+from workers.decode import GraphDecoder
+from workers.infer import load_model
+
+
+def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, except one new token per row: query heads packed under their KV head."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    b, heads, q, d = query.shape
+    if groups > 1 and q == 1 and (attention_mask is None or attention_mask.shape[1] == 1):
+        packed = query.reshape(b, heads // groups, groups, d)
+        out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
+                                                               scale=scaling)
+        return out.reshape(b, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                    is_causal=is_causal, **kwargs)
+    return out, None
+
+
+def time_decoder(model: torch.nn.Module, ids: torch.Tensor, new: int, repeat: int) -> tuple[float, torch.Tensor]:
+    decoder = GraphDecoder(model, compile=True)
+    mask = torch.ones_like(ids)
+    for _ in range(2):
+        tokens = decoder.decode(ids, mask, max_new_tokens=new, eos=set())
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    one = torch.cuda.Event(enable_timing=True)
+    total = prefill = 0.0
+    for _ in range(repeat):
+        start.record()
+        decoder.decode(ids, mask, max_new_tokens=new, eos=set())
+        end.record()
+        torch.cuda.synchronize()
+        total += start.elapsed_time(end)
+    # the prefill alone (eager, no graph): a decode of one token
+    for _ in range(repeat):
+        start.record()
+        decoder.decode(ids, mask, max_new_tokens=1, eos=set())
+        one.record()
+        torch.cuda.synchronize()
+        prefill += start.elapsed_time(one)
+    torch._dynamo.reset()
+    return (total - prefill) / repeat / (new - 1), tokens
+
+
+def run_case(spec: str, repeat: int) -> dict[str, Any]:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    model_id, shape = spec.split(":")
+    batch, prompt, new = (int(x) for x in shape.split("x"))
+    cfg = resolve_model(load_catalog(), model_id)
+    model = load_model(cfg, weights="bf16", seed=0, device="cuda")
+    ids = torch.randint(1, cfg.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0)).cuda()
+    rec: dict[str, Any] = {"case": spec, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads,
+                           "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None)}
+    try:
+        stock_ms, stock = time_decoder(model, ids, new, repeat)
+        AttentionInterface.register("sdpa", packed_sdpa)  # every "sdpa" model now runs the packed form
+        try:
+            packed_ms, tokens = time_decoder(model, ids, new, repeat)
+        finally:
+            AttentionInterface.register("sdpa", sdpa_attention_forward)
+        rec.update(stock_step_ms=round(stock_ms * 1e3, 4) / 1e3, packed_step_ms=round(packed_ms * 1e3, 4) / 1e3,
+                   speedup=round(stock_ms / packed_ms, 3),
+                   same_rows=float((tokens == stock).all(dim=-1).float().mean()),
+                   same_tokens=float((tokens == stock).float().mean()))
+    except Exception as exc:  # a probe: record and go on to the next case
+        rec["error"] = repr(exc)[:500]
+    print(json.dumps(rec), flush=True)
+    del model
+    torch.cuda.empty_cache()
+    return rec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="llama-3.2-1b:32x512x128,qwen3-8b:16x1024x128,qwen3-30b-a3b:32x512x128")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    out = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(0),
+           "cases": [run_case(spec, args.repeat) for spec in args.cases.split(",")]}
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
