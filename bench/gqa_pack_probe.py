@@ -31,6 +31,10 @@ from catalog.loader import load_catalog, resolve_model
 from workers.decode import GraphDecoder
 from workers.infer import load_model
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the same timing as the kernel profile's
+from moe_step_profile import decode_step_ms
+
 
 def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
@@ -51,28 +55,10 @@ def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
 
 
 def time_decoder(model: torch.nn.Module, ids: torch.Tensor, new: int, repeat: int) -> tuple[float, torch.Tensor]:
-    decoder = GraphDecoder(model, compile=True)
-    mask = torch.ones_like(ids)
-    for _ in range(2):
-        tokens = decoder.decode(ids, mask, max_new_tokens=new, eos=set())
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    one = torch.cuda.Event(enable_timing=True)
-    total = prefill = 0.0
-    for _ in range(repeat):
-        start.record()
-        decoder.decode(ids, mask, max_new_tokens=new, eos=set())
-        end.record()
-        torch.cuda.synchronize()
-        total += start.elapsed_time(end)
-    # the prefill alone (eager, no graph): a decode of one token
-    for _ in range(repeat):
-        start.record()
-        decoder.decode(ids, mask, max_new_tokens=1, eos=set())
-        one.record()
-        torch.cuda.synchronize()
-        prefill += start.elapsed_time(one)
+    """(ms per compiled step, the new tokens) of a fresh compiled decoder of ``model``; dynamo is reset after."""
+    step_ms, _, tokens = decode_step_ms(GraphDecoder(model, compile=True), ids, new, repeat)
     torch._dynamo.reset()
-    return (total - prefill) / repeat / (new - 1), tokens
+    return step_ms, tokens
 
 
 def run_case(spec: str, repeat: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import json
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.loader import load_catalog, resolve_model
+from planner.memory import sparse_layer_count
 from workers.decode import GraphDecoder
 from workers.infer import load_model
 
@@ -47,6 +49,41 @@ def group_of(name: str) -> str:
     return "elementwise/norm/other"
 
 
+def _elapsed_ms(run: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    run()
+    end.record()
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(end))
+
+
+def decode_step_ms(decoder: GraphDecoder, ids: torch.Tensor, new: int,
+                   repeat: int = 1) -> tuple[float, float, torch.Tensor]:
+    """(ms per compiled step, ms of the prefill alone, the new tokens) of ``decoder`` on ``ids``: two decodes of
+    ``new`` tokens capture the graph (reduce-overhead records on its second call) at the measured cache length
+    (another ``new`` is another static cache shape, hence another compile), then ``repeat`` timed decodes less as
+    many decodes of one token (the prefill, eager, no graph)."""
+    mask = torch.ones_like(ids)
+    for _ in range(2):
+        tokens = decoder.decode(ids, mask, max_new_tokens=new, eos=set())
+    total = sum(_elapsed_ms(lambda: decoder.decode(ids, mask, max_new_tokens=new, eos=set())) for _ in range(repeat))
+    prefill = sum(_elapsed_ms(lambda: decoder.decode(ids, mask, max_new_tokens=1, eos=set())) for _ in range(repeat))
+    return (total - prefill) / repeat / (new - 1), prefill / repeat, tokens
+
+
+def _kernel_us(decoder: GraphDecoder, ids: torch.Tensor, new: int, sign: float,
+               into: dict[str, list[float]]) -> None:
+    """Each CUDA kernel's time (us, times ``sign``) in one profiled decode of ``new`` tokens, by kernel name."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        decoder.decode(ids, torch.ones_like(ids), max_new_tokens=new, eos=set())
+        torch.cuda.synchronize()
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+            into[ev.name].append(sign * ev.device_time_total)
+
+
 def profile_case(spec: str, steps: int) -> dict[str, Any]:
     model_id, shape = spec.split(":")
     batch, prompt = (int(x) for x in shape.split("x"))
@@ -55,40 +92,11 @@ def profile_case(spec: str, steps: int) -> dict[str, Any]:
     decoder = GraphDecoder(model, compile=True)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(1, cfg.vocab_size, (batch, prompt), generator=gen).cuda()
-    mask = torch.ones_like(ids)
-    # two runs capture the graph (reduce-overhead records on its second call) at the measured run's cache length:
-    # another max_new_tokens is another static cache shape, hence another compile
-    for _ in range(2):
-        decoder.decode(ids, mask, max_new_tokens=steps + 1, eos=set())
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    decoder.decode(ids, mask, max_new_tokens=steps + 1, eos=set())
-    end.record()
-    torch.cuda.synchronize()
-    with_prefill_ms = start.elapsed_time(end)
-    start.record()
-    decoder.decode(ids, mask, max_new_tokens=1, eos=set())
-    end.record()
-    torch.cuda.synchronize()
-    prefill_ms = start.elapsed_time(end)
-    step_ms = (with_prefill_ms - prefill_ms) / steps
-
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        decoder.decode(ids, mask, max_new_tokens=steps + 1, eos=set())
-        torch.cuda.synchronize()
+    step_ms, prefill_ms, _ = decode_step_ms(decoder, ids, steps + 1)
     kernels: dict[str, list[float]] = defaultdict(list)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
-            kernels[ev.name].append(ev.device_time_total)
+    _kernel_us(decoder, ids, steps + 1, 1.0, kernels)
     # the prefill's kernels are in the trace too: subtract one prefill's profile, taken alone
-    with torch.profiler.profile(activities=activities) as prof1:
-        decoder.decode(ids, mask, max_new_tokens=1, eos=set())
-        torch.cuda.synchronize()
-    for ev in prof1.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
-            kernels[ev.name].append(-ev.device_time_total)
+    _kernel_us(decoder, ids, 1, -1.0, kernels)
     groups: dict[str, dict[str, float]] = defaultdict(lambda: {"us": 0.0, "count": 0.0})
     names: list[dict[str, Any]] = []
     for name, times in kernels.items():
@@ -100,7 +108,7 @@ def profile_case(spec: str, steps: int) -> dict[str, Any]:
                       "group": group_of(name)})
     names.sort(key=lambda r: -float(r["us_per_step"]))
     busy_us = sum(g["us"] for g in groups.values())
-    sparse = cfg.num_layers - (cfg.moe.dense_layers if cfg.moe is not None else 0) if cfg.num_experts > 1 else 0
+    sparse = sparse_layer_count(cfg) if cfg.num_experts > 1 else 0
     rec = {"case": spec, "model": model_id, "batch": batch, "prompt": prompt, "steps": steps,
            "step_ms": round(step_ms, 4), "prefill_ms": round(prefill_ms, 3),
            "kernel_busy_us_per_step": round(busy_us, 1),
