@@ -8,6 +8,7 @@ decoder always passes one), then attention reading the copies: 29-52% of a step.
 query heads that share a KV head can be that head's query rows instead, (b, heads, 1, d) -> (b, kv_heads, heads /
 kv_heads, d), with the mask (b, 1, 1, L) broadcast over them: the same scores, K/V read once, nothing copied.
 transformers 5.25 does this itself (``pack_gqa``), but not under torch.compile, i.e. not in this decoder.
+Since 2026-12-03 the workers' decoder packs (workers/gqa_attention.py): "stock" is ``GraphDecoder(pack_gqa=False)``.
 
     python3 bench/gqa_pack_probe.py --cases llama-3.2-1b:32x512x128,qwen3-8b:16x1024x128 --out $OUT/gqa_pack.json
 
@@ -36,35 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from moe_step_profile import decode_step_ms
 
 
-def packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, except one new token per row: query heads packed under their KV head."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    b, heads, q, d = query.shape
-    if groups > 1 and q == 1 and (attention_mask is None or attention_mask.shape[1] == 1):
-        packed = query.reshape(b, heads // groups, groups, d)
-        out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
-                                                               scale=scaling)
-        return out.reshape(b, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
-    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                    is_causal=is_causal, **kwargs)
-    return out, None
-
-
-def time_decoder(model: torch.nn.Module, ids: torch.Tensor, new: int, repeat: int) -> tuple[float, torch.Tensor]:
+def time_decoder(model: torch.nn.Module, ids: torch.Tensor, new: int, repeat: int,
+                 pack_gqa: bool) -> tuple[float, torch.Tensor]:
     """(ms per compiled step, the new tokens) of a fresh compiled decoder of ``model``; dynamo is reset after."""
-    step_ms, _, tokens = decode_step_ms(GraphDecoder(model, compile=True), ids, new, repeat)
+    decoder = GraphDecoder(model, compile=True, pack_gqa=pack_gqa)
+    step_ms, _, tokens = decode_step_ms(decoder, ids, new, repeat)
+    decoder.release()
     torch._dynamo.reset()
     return step_ms, tokens
 
 
 def run_case(spec: str, repeat: int) -> dict[str, Any]:
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     model_id, shape = spec.split(":")
     batch, prompt, new = (int(x) for x in shape.split("x"))
     cfg = resolve_model(load_catalog(), model_id)
@@ -73,12 +56,8 @@ def run_case(spec: str, repeat: int) -> dict[str, Any]:
     rec: dict[str, Any] = {"case": spec, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads,
                            "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None)}
     try:
-        stock_ms, stock = time_decoder(model, ids, new, repeat)
-        AttentionInterface.register("sdpa", packed_sdpa)  # every "sdpa" model now runs the packed form
-        try:
-            packed_ms, tokens = time_decoder(model, ids, new, repeat)
-        finally:
-            AttentionInterface.register("sdpa", sdpa_attention_forward)
+        stock_ms, stock = time_decoder(model, ids, new, repeat, pack_gqa=False)
+        packed_ms, tokens = time_decoder(model, ids, new, repeat, pack_gqa=True)
         rec.update(stock_step_ms=round(stock_ms * 1e3, 4) / 1e3, packed_step_ms=round(packed_ms * 1e3, 4) / 1e3,
                    speedup=round(stock_ms / packed_ms, 3),
                    same_rows=float((tokens == stock).all(dim=-1).float().mean()),

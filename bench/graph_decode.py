@@ -124,6 +124,7 @@ def run_case(spec: str, batches: int, work: Path, decoders: tuple[str, ...] = ("
         rec[decoder] = {"steady_tokens_per_s": res.steady_tokens_per_s, "first_batch_s": firsts[0] if firsts else None,
                         "batch_s": firsts, "peak_allocated_bytes": res.peak_memory_bytes,
                         "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()), "decoder_used": res.decoder,
+                        "packed_gqa": res.packed_gqa,
                         "predicted_tokens_per_s": predicted, "load_s": res.load_seconds}
         print(spec, decoder, json.dumps({k: v for k, v in rec[decoder].items() if k != "batch_s"}), flush=True)
         torch.cuda.empty_cache()

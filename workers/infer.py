@@ -67,6 +67,7 @@ class InferenceResult:
     steady_generate_share: float | None = None
     decoder: str = "generate"  # "graph" (workers/decode.py) or "generate" (transformers), as planned
     moe_kernel: str | None = None  # a mixture of experts' decode kernel: batched_mm or grouped_mm
+    packed_gqa: bool = False  # the compiled decoder's grouped-query attention read K/V once (workers/gqa_attention.py)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -314,6 +315,7 @@ def run_inference(
                     raise
                 logger.warning("the compiled decoder failed on the first batch (%r); decoding with "
                                "transformers' generate() instead, slower than planned", exc)
+                graph.release()  # generate() on the model's own attention, whatever broke the compiled step
                 graph = shape = None
                 moe_kernel = _generate_moe_kernel(model, model_cfg, device, weights, batch)
                 results = generate_batch(model, todo, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
@@ -365,6 +367,7 @@ def run_inference(
         steady_generate_share=share,
         decoder="graph" if graph is not None else "generate",
         moe_kernel=moe_kernel,
+        packed_gqa=graph is not None and graph.packed_gqa,
     )
 
 
