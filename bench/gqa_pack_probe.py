@@ -38,16 +38,17 @@ from moe_step_profile import decode_step_ms
 
 
 def time_decoder(model: torch.nn.Module, ids: torch.Tensor, new: int, repeat: int,
-                 pack_gqa: bool) -> tuple[float, torch.Tensor]:
-    """(ms per compiled step, the new tokens) of a fresh compiled decoder of ``model``; dynamo is reset after."""
+                 pack_gqa: bool) -> tuple[float, float, torch.Tensor]:
+    """(ms per compiled step, ms of the prefill, the new tokens) of a fresh compiled decoder of ``model``; dynamo is
+    reset after."""
     decoder = GraphDecoder(model, compile=True, pack_gqa=pack_gqa)
-    step_ms, _, tokens = decode_step_ms(decoder, ids, new, repeat)
+    step_ms, prefill_ms, tokens = decode_step_ms(decoder, ids, new, repeat)
     decoder.release()
     torch._dynamo.reset()
-    return step_ms, tokens
+    return step_ms, prefill_ms, tokens
 
 
-def run_case(spec: str, repeat: int) -> dict[str, Any]:
+def run_case(spec: str, repeat: int, variants: tuple[str, ...] = ("stock", "packed")) -> dict[str, Any]:
     model_id, shape = spec.split(":")
     batch, prompt, new = (int(x) for x in shape.split("x"))
     cfg = resolve_model(load_catalog(), model_id)
@@ -56,12 +57,15 @@ def run_case(spec: str, repeat: int) -> dict[str, Any]:
     rec: dict[str, Any] = {"case": spec, "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads,
                            "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None)}
     try:
-        stock_ms, stock = time_decoder(model, ids, new, repeat, pack_gqa=False)
-        packed_ms, tokens = time_decoder(model, ids, new, repeat, pack_gqa=True)
-        rec.update(stock_step_ms=round(stock_ms * 1e3, 4) / 1e3, packed_step_ms=round(packed_ms * 1e3, 4) / 1e3,
-                   speedup=round(stock_ms / packed_ms, 3),
-                   same_rows=float((tokens == stock).all(dim=-1).float().mean()),
-                   same_tokens=float((tokens == stock).float().mean()))
+        tokens: dict[str, torch.Tensor] = {}
+        for variant in variants:
+            step_ms, prefill_ms, tokens[variant] = time_decoder(model, ids, new, repeat, pack_gqa=variant == "packed")
+            rec[f"{variant}_step_ms"] = round(step_ms, 4)
+            rec[f"{variant}_prefill_ms"] = round(prefill_ms, 3)
+        if len(tokens) == 2:
+            rec.update(speedup=round(rec["stock_step_ms"] / rec["packed_step_ms"], 3),
+                       same_rows=float((tokens["packed"] == tokens["stock"]).all(dim=-1).float().mean()),
+                       same_tokens=float((tokens["packed"] == tokens["stock"]).float().mean()))
     except Exception as exc:  # a probe: record and go on to the next case
         rec["error"] = repr(exc)[:500]
     print(json.dumps(rec), flush=True)
@@ -74,12 +78,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="llama-3.2-1b:32x512x128,qwen3-8b:16x1024x128,qwen3-30b-a3b:32x512x128")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--variants", default="stock,packed", help="which decoders: stock (pack_gqa=False), packed")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    out = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(0),
-           "cases": [run_case(spec, args.repeat) for spec in args.cases.split(",")]}
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1))
+    out: dict[str, Any] = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(0), "cases": []}
+    for spec in args.cases.split(","):  # written after every case: a cut-off run keeps what it measured
+        out["cases"].append(run_case(spec, args.repeat, tuple(args.variants.split(","))))
+        if args.out:
+            args.out.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

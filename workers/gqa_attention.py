@@ -9,9 +9,12 @@ bench/results/workers/gqa_pack_probe_2026-12-03.json). The scores are the same d
 repeat path's (tests/workers/test_gqa_attention.py). transformers 5.25 packs too (``pack_gqa``), but not under
 torch.compile, i.e. not in this decoder.
 
-Anything else (a prompt, dropout, soft-capping, attention sinks, one query head per KV head) goes to transformers'
-own SDPA function unchanged. The model's masks stay SDPA's: the implementation is registered with SDPA's mask
-builder under its own name, so models that never ask for it are untouched.
+Not for one KV head (gemma-3-1b): there ``repeat_kv`` is a stride-0 view, nothing is copied, and packing only
+takes parallelism from the kernel (b x heads blocks become b): gemma-3-1b decoded 8-13% slower packed on the H200
+(bench/results/workers/graph_decode_packed_2026-12-03_raw.json). Anything else (a prompt, dropout, soft-capping,
+attention sinks, one query head per KV head) goes to transformers' own SDPA function unchanged. The model's masks
+stay SDPA's: the implementation is registered with SDPA's mask builder under its own name, so models that never ask
+for it are untouched.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def packed_gqa_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     groups = int(getattr(module, "num_key_value_groups", 1))
     b, heads, q, d = query.shape
     plain = dropout == 0.0 and kwargs.get("softcap") is None and kwargs.get("s_aux") is None
-    if plain and groups > 1 and q == 1 and (attention_mask is None or attention_mask.shape[1] == 1):
+    one_mask = attention_mask is None or attention_mask.shape[1] == 1
+    if plain and groups > 1 and key.shape[1] > 1 and q == 1 and one_mask:
         # the mask (b, 1, 1, L) broadcasts over the packed rows: every query head of a row sees the same keys
         packed = query.reshape(b, heads // groups, groups, d)
         out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
@@ -53,17 +57,20 @@ def _register() -> None:
     AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
 
 
-def _groups(model: torch.nn.Module) -> int:
-    return max((int(getattr(m, "num_key_value_groups", 1)) for m in model.modules()), default=1)
+def _copies_kv(model: torch.nn.Module, config: Any) -> bool:
+    """Whether transformers' SDPA path copies the cache: several query heads per KV head, and several KV heads."""
+    groups = max((int(getattr(m, "num_key_value_groups", 1)) for m in model.modules()), default=1)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return groups > 1 and int(getattr(text, "num_key_value_heads", 0) or 0) > 1
 
 
 def use_packed_gqa(model: torch.nn.Module) -> bool:
     """Switch an SDPA model with grouped-query attention to the packed form; whether it now runs packed (an eager
-    model, e.g. gpt-oss's sinks, or one KV head per query head, keeps its own)."""
+    model, e.g. gpt-oss's sinks, one KV head per query head, or a single KV head, keeps its own)."""
     config: Any = getattr(model, "config", None)
     if getattr(config, "_attn_implementation", None) == PACKED_SDPA:
         return True
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or _groups(model) <= 1:
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not _copies_kv(model, config):
         return False
     _register()
     model.set_attn_implementation(PACKED_SDPA)  # type: ignore[operator]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.workers.test_decode import FAMILIES, _batch, _model
+from tests.workers.test_decode import FAMILIES, GEMMA3_WINDOW_8, _batch, _model
 from workers.decode import GraphDecoder
 from workers.gqa_attention import PACKED_SDPA, packed_gqa_sdpa, use_packed_gqa, use_stock_sdpa
 
@@ -80,6 +80,8 @@ def test_the_decoder_packs_and_decodes_the_stock_tokens(family: str, sdpa_calls:
 def test_a_model_without_grouped_heads_or_sdpa_keeps_its_attention() -> None:
     gpt2: Any = _model(FAMILIES["gpt2"])  # one KV head per query head: nothing to pack
     assert not use_packed_gqa(gpt2) and gpt2.config._attn_implementation == "sdpa"
+    single: Any = _model(GEMMA3_WINDOW_8)  # one KV head: repeat_kv is a view, packing only costs parallelism
+    assert not use_packed_gqa(single) and single.config._attn_implementation == "sdpa"
     eager: Any = _model(FAMILIES["llama"])
     eager.set_attn_implementation("eager")  # gpt-oss's sinks run eager: its own expansion stays
     assert not GraphDecoder(eager, compile=False).packed_gqa and eager.config._attn_implementation == "eager"
@@ -105,3 +107,10 @@ def test_the_packed_step_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
         compiled = decoder.decode(ids, mask, max_new_tokens=8, eos=set())
     assert decoder.packed_gqa and torch.equal(compiled, eager)
     torch._dynamo.reset()
+
+
+def test_a_single_kv_head_attends_as_transformers_does() -> None:
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 8)
+    got, _ = packed_gqa_sdpa(_Attention(), q, k, v, torch.ones(2, 1, 1, 6, dtype=torch.bool), scaling=0.5)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k.expand(2, 4, 6, 8), v.expand(2, 4, 6, 8), scale=0.5)
+    torch.testing.assert_close(got, want.transpose(1, 2))
