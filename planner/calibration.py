@@ -120,18 +120,21 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
-    # the graph_decode_* defaults: bench/graph_decode.py --fit on 5 cases of
-    # bench/results/workers/graph_decode_2026-12-01.json and graph_decode_gemma_2026-12-02_fixed.json (the GPU
-    # acceptance's two inference shapes, llama-3.2-1b and gemma-3-1b at 32x512x128, held out)
+    # the graph_decode_* defaults: bench/graph_decode.py --fit on the 5 dense cases of
+    # bench/results/workers/graph_decode_packed_2026-12-03.json (the decoder with packed grouped-query attention,
+    # workers/gqa_attention.py; the GPU acceptance's two inference shapes, llama-3.2-1b and gemma-3-1b at 32x512x128,
+    # and the 8B models held out) and the gpt-oss cases of graph_decode_moe_2026-12-03.json (Qwen3-30B-A3B held out).
+    # The rows x matmul-params term fitted to 0 once K/V stopped being copied: it had been pricing the copy, which
+    # grows with the rows (docs/MEASUREMENTS.md, "Packed grouped-query attention")
     graph_decode_layer_s: float = Field(
-        default=7.49e-5, ge=0.0,
+        default=6.97e-5, ge=0.0,
         description="compiled static-cache decode (workers/decode.py): GPU seconds per layer per token "
         "beyond the bytes read (gaps between its small kernels)")
     graph_decode_row_layer_s: float = Field(
         default=0.0, ge=0.0,
         description="compiled decode: GPU seconds per layer per token per batch row beyond the bytes read")
     graph_decode_row_param_s: float = Field(
-        default=2.05e-14, ge=0.0,
+        default=0.0, ge=0.0,
         description="compiled decode: GPU seconds per token per batch row per matmul parameter of the decoder "
         "layers, beyond the bytes read (skinny GEMMs)")
     graph_decode_step_s: float = Field(
@@ -142,7 +145,7 @@ class ThroughputCalibration(_Cal):
         "(torch.compile: dynamo, inductor, the CUDA graph); bench/graph_decode.py --fit, the median over its "
         "first-in-process cases (1.8-3.3 s; a process that compiled before takes 1.1-1.5)")
     graph_moe_layer_s: float = Field(
-        default=1.474e-4, ge=0.0,
+        default=2.301e-4, ge=0.0,
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per token beyond the "
         "routed experts' bytes (the routing's kernels and two grouped GEMMs); bench/graph_decode.py --fit on "
         "gpt-oss-20b, Qwen3-30B-A3B held out")

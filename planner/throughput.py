@@ -393,19 +393,17 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     if graph and model.attn.eager:
         # eager attention (gpt-oss) repeats each KV head for its query heads before its matmuls: the whole
         # static cache expanded heads / kv_heads times, written and read every step (bench/graph_decode.py MoE
-        # cases: the extra step time grows with the batch at this rate). SDPA models with several KV heads
-        # repeat them too (transformers' repeat_kv under a mask; bench/moe_step_profile.py), but the dense fit's
-        # per-layer and skinny-GEMM terms hold that cost at the fitted models' 2-4 query heads per KV head;
-        # pricing it here too made the refit worse (docs/MEASUREMENTS.md, "Where a compiled step's time goes")
+        # cases: the extra step time grows with the batch at this rate). SDPA models copy nothing: the workers
+        # pack each KV head's query heads as its query rows (workers/gqa_attention.py) since 2026-12-03
         kv_time += 2 * kv_time * (model.num_attention_heads // model.num_kv_heads)
     mem_time = (weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
     attention = decode_attention_flops(model, int(avg_ctx), full_length=graph)
     compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
     if graph:
         # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
-        # read, per layer (gaps between small kernels) and growing with the rows times the layers' matmul
-        # weights (skinny GEMMs: a few rows per weight tile run far below peak); a flat per-row-per-layer
-        # term mispriced Gemma 3 by -28%..+23% across sizes (bench/graph_decode.py --fit, docs/ACCURACY.md)
+        # read, per layer (gaps between small kernels); a term in rows x the layers' matmul weights priced the
+        # K/V copy while the decoder made one and fits to 0 without it (bench/graph_decode.py --fit,
+        # docs/MEASUREMENTS.md "Packed grouped-query attention"); the fields stay for a refit to use
         overhead = (model.num_layers * (cal.graph_decode_layer_s + cal.graph_decode_row_layer_s * b / tp)
                     + cal.graph_decode_row_param_s * b * (n - lm) / tp + cal.graph_decode_step_s)
         if kernel == "grouped_mm":
