@@ -15,7 +15,11 @@ The fit: per decode step, measured time - (prefill and the bytes-read roofline t
 = layers x graph_decode_layer_s + batch x (the decoder layers' matmul params) x graph_decode_row_param_s, on
 the non-holdout cases of every --fit record (graph_decode_row_layer_s and graph_decode_step_s stay 0). The
 row term was per layer until the Gemma 3 cases (2026-12-02): rows x layers could not price gemma-3-1b (-28%)
-and gemma-3-4b (+23%) at once; rows x matmul weights (skinny GEMMs) did, leave-one-out max 14.5%.
+and gemma-3-4b (+23%) at once; rows x matmul weights did, leave-one-out max 14.5%. Since the decoder packs
+grouped-query attention (2026-12-03) that term fits to 0: it had been pricing the K/V copy, which grows with the rows.
+The packed decoder's fit: --fit bench/results/workers/graph_decode_packed_2026-12-03.json
+--fit bench/results/workers/graph_decode_moe_2026-12-03.json --holdout llama-3.2-1b:32x512x128,gemma-3-1b:32x512x128,
+qwen3-8b:16x1024x128,llama-3-8b:32x512x128,qwen3-30b-a3b:32x512x128.
 
 Steady tokens/s drops the first batch (the compile, for "graph"). ``first_batch_s`` is that batch.
 ``same_tokens``: the share of requests whose new tokens are identical between the two decoders

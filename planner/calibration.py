@@ -136,7 +136,7 @@ class ThroughputCalibration(_Cal):
     graph_decode_row_param_s: float = Field(
         default=0.0, ge=0.0,
         description="compiled decode: GPU seconds per token per batch row per matmul parameter of the decoder "
-        "layers, beyond the bytes read (skinny GEMMs)")
+        "layers, beyond the bytes read (it priced the K/V copy; 0 since the decoder packs grouped-query attention)")
     graph_decode_step_s: float = Field(
         default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
     graph_compile_layer_s: float = Field(
