@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
 from tests.processes import kill_9_when_ready
-from workers.infer import run_inference
+from workers.infer import generate_batch, run_inference
 
 TINY_HF = {
     "model_type": "llama",
@@ -105,9 +105,33 @@ def test_graph_decoder_writes_the_same_outputs_as_generate(reference: tuple[Path
     prompts, _ = reference
     outputs = tmp_path / "out.jsonl"
     result = run_inference(TINY, prompts, outputs, batch=4, max_new_tokens=6, dtype="fp32", seed=3, decoder="graph")
-    assert result.decoder == "graph"
+    assert result.decoder == "graph" and result.packed_gqa  # 4 query heads on 2 KV heads
     assert _by_id(outputs) == _by_id(reference[1])
     assert [r["finish_reason"] for r in _records(outputs)] == [r["finish_reason"] for r in _records(reference[1])]
+
+
+def test_a_failed_compiled_step_hands_generate_the_models_own_attention(
+        reference: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import workers.decode
+
+    implementations: list[str] = []
+
+    def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("inductor could not lower this")
+
+    def spy_generate(model: Any, *args: Any, **kwargs: Any) -> Any:
+        implementations.append(model.config._attn_implementation)
+        return generate_batch(model, *args, **kwargs)
+
+    monkeypatch.setattr(workers.decode.GraphDecoder, "decode", broken)
+    monkeypatch.setattr("workers.infer.generate_batch", spy_generate)
+    outputs = tmp_path / "out.jsonl"
+    result = run_inference(TINY, reference[0], outputs, batch=4, max_new_tokens=6, dtype="fp32", seed=3,
+                           decoder="graph")
+    assert result.decoder == "generate" and not result.packed_gqa
+    # the first call is the compiled decoder's (packed), every generate() after it on SDPA
+    assert implementations[0] == "gpuplan_packed_gqa_sdpa" and set(implementations[1:]) == {"sdpa"}
+    assert _by_id(outputs) == _by_id(reference[1])
 
 
 def test_rerun_skips_everything_finished(reference: tuple[Path, Path], tmp_path: Path) -> None:
