@@ -57,20 +57,22 @@ def _register() -> None:
     AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
 
 
-def _copies_kv(model: torch.nn.Module, config: Any) -> bool:
+def _copies_kv(config: Any) -> bool:
     """Whether transformers' SDPA path copies the cache: several query heads per KV head, and several KV heads."""
-    groups = max((int(getattr(m, "num_key_value_groups", 1)) for m in model.modules()), default=1)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return groups > 1 and int(getattr(text, "num_key_value_heads", 0) or 0) > 1
+    heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    kv_heads = int(getattr(text, "num_key_value_heads", 0) or 0)
+    return 1 < kv_heads < heads
 
 
 def use_packed_gqa(model: torch.nn.Module) -> bool:
     """Switch an SDPA model with grouped-query attention to the packed form; whether it now runs packed (an eager
     model, e.g. gpt-oss's sinks, one KV head per query head, or a single KV head, keeps its own)."""
     config: Any = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", None) == PACKED_SDPA:
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation == PACKED_SDPA:
         return True
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not _copies_kv(model, config):
+    if implementation != "sdpa" or not _copies_kv(config):
         return False
     _register()
     model.set_attn_implementation(PACKED_SDPA)  # type: ignore[operator]

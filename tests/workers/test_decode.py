@@ -6,7 +6,6 @@ the step through torch.compile on CPU, to show it compiles once rather than once
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -99,24 +98,6 @@ def test_gemma3_past_the_window_with_left_padding_equals_generate() -> None:
     assert torch.equal(GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=12, eos=set()), expected)
 
 
-@pytest.fixture
-def eager_compile(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """GraphDecoder's torch.compile with dynamo's "eager" backend: the same guards and recompiles as
-    reduce-overhead's CUDA graphs (those are decided by dynamo, before any backend), without inductor's
-    C++ builds on CPU; a recompile raises. (dynamo's config through its own patch: undoing a monkeypatched
-    setattr on that module deletes the option for every later test of the process.)"""
-    compile_ = torch.compile
-
-    def eager(fn: Any, **kwargs: Any) -> Any:
-        return compile_(fn, backend="eager", fullgraph=kwargs.get("fullgraph", False), dynamic=kwargs.get("dynamic"))
-
-    monkeypatch.setattr(torch, "compile", eager)
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.usefixtures("eager_compile")
 def test_gemma3_compiled_step_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The H200 recompiled Gemma 3's step every token (the sliding layers' Python-int offset); with the
@@ -155,24 +136,16 @@ MOE_FAMILIES: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
-def test_a_mixture_of_experts_decode_step_is_one_graph(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("one_graph_compile")
+def test_a_mixture_of_experts_decode_step_is_one_graph(family: str) -> None:
     """The planner sends bf16 mixtures of experts to the compiled decoder (planner.decoder.graph_decode) because
     transformers' grouped_mm experts route without leaving the GPU: the step must trace as one graph (fullgraph:
     a break raises) and once for the whole decode (a recompile raises), and give the eager step's tokens."""
-    compile_ = torch.compile
-
-    def one_graph(fn: Any, **kwargs: Any) -> Any:
-        return compile_(fn, backend="eager", fullgraph=True, dynamic=kwargs.get("dynamic"))
-
-    monkeypatch.setattr(torch, "compile", one_graph)
-    torch._dynamo.reset()
     model: Any = _model(MOE_FAMILIES[family], dtype=torch.bfloat16)
     assert model.config._experts_implementation == "grouped_mm"
     ids, mask = _batch([9, 4, 7], vocab=97)
     eager = GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=6, eos=set())
-    # config.patch, not monkeypatch: undoing a setattr on dynamo's config module deletes the option
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        compiled = GraphDecoder(model, compile=True).decode(ids, mask, max_new_tokens=6, eos=set())
+    compiled = GraphDecoder(model, compile=True).decode(ids, mask, max_new_tokens=6, eos=set())
     assert torch.equal(compiled, eager)
     # the check has teeth: transformers' per-expert loop (the "eager" experts) syncs on the experts hit
     torch._dynamo.reset()

@@ -89,24 +89,16 @@ def test_a_model_without_grouped_heads_or_sdpa_keeps_its_attention() -> None:
     assert eager.config._attn_implementation == "eager"
 
 
-def test_the_packed_step_compiles_once(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("one_graph_compile")
+def test_the_packed_step_compiles_once() -> None:
     """The compiled decoder captures the packed step as one graph for the whole decode (a break or a recompile
     raises), as the CUDA graph on the GPU needs."""
-    compile_ = torch.compile
-
-    def one_graph(fn: Any, **kwargs: Any) -> Any:
-        return compile_(fn, backend="eager", fullgraph=True, dynamic=kwargs.get("dynamic"))
-
-    monkeypatch.setattr(torch, "compile", one_graph)
-    torch._dynamo.reset()
     model = _model(FAMILIES["qwen3"])
     ids, mask = _batch([9, 4, 12], vocab=97)
     eager = GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=8, eos=set())
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        decoder = GraphDecoder(model, compile=True)
-        compiled = decoder.decode(ids, mask, max_new_tokens=8, eos=set())
+    decoder = GraphDecoder(model, compile=True)
+    compiled = decoder.decode(ids, mask, max_new_tokens=8, eos=set())
     assert decoder.packed_gqa and torch.equal(compiled, eager)
-    torch._dynamo.reset()
 
 
 def test_a_single_kv_head_attends_as_transformers_does() -> None:
