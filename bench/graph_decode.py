@@ -121,15 +121,20 @@ def run_case(spec: str, batches: int, work: Path, decoders: tuple[str, ...] = ("
         except Exception as exc:
             rec[decoder] = {"error": repr(exc)[:400]}
             continue
-        predicted = None
+        predicted = est = None
         if gpu is not None:
-            predicted = infer_throughput(cfg, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=b), p, o, gpu,
-                                         cal.throughput, decoder=decoder).tokens_per_s
+            est = infer_throughput(cfg, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=b), p, o, gpu,
+                                   cal.throughput, decoder=decoder)
+            predicted = est.tokens_per_s
         rec[decoder] = {"steady_tokens_per_s": res.steady_tokens_per_s, "first_batch_s": firsts[0] if firsts else None,
                         "batch_s": firsts, "peak_allocated_bytes": res.peak_memory_bytes,
                         "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()), "decoder_used": res.decoder,
                         "packed_gqa": res.packed_gqa,
-                        "predicted_tokens_per_s": predicted, "load_s": res.load_seconds}
+                        "predicted_tokens_per_s": predicted, "load_s": res.load_seconds,
+                        # the compiled decoder's own split (CUDA events, after the first batch) and the plan's
+                        "prefill_s": res.steady_prefill_s, "step_s": res.steady_step_s,
+                        "predicted_prefill_s": est.breakdown_s["prefill"] if est else None,
+                        "predicted_step_s": est.breakdown_s["decode"] / o if est else None}
         print(spec, decoder, json.dumps({k: v for k, v in rec[decoder].items() if k != "batch_s"}), flush=True)
         torch.cuda.empty_cache()
     if len(outs) == 2 and all(outs[d].is_file() for d in outs) and "error" not in rec.get("graph", {}):
@@ -148,11 +153,13 @@ def run_case(spec: str, batches: int, work: Path, decoders: tuple[str, ...] = ("
 
 
 def _decode_step_gap(c: dict[str, Any], cal: Any, gpu: Any, model: Any) -> tuple[float, Any]:
-    """(measured decode step - the planner's step under ``cal``, the estimate); the prefill is the planner's."""
+    """(measured decode step - the planner's step under ``cal``, the estimate). The measured step is the decoder's
+    own (``step_s``, CUDA events) where the record has it; older records only had tokens/s, from which the planned
+    prefill was subtracted (so an error in the prefill's model went into the step's fit)."""
     b, p, o = c["batch"], c["prompt"], c["output"]
     est = infer_throughput(model, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=b), p, o, gpu, cal,
                            decoder="graph")
-    step = (b * o / c["graph"]["steady_tokens_per_s"] - est.breakdown_s["prefill"]) / o
+    step = c["graph"].get("step_s") or (b * o / c["graph"]["steady_tokens_per_s"] - est.breakdown_s["prefill"]) / o
     return step - est.breakdown_s["decode"] / o, est
 
 

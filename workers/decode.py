@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,6 +43,40 @@ from workers.gqa_attention import use_packed_gqa, use_stock_sdpa
 logger = logging.getLogger(__name__)
 
 StepFn = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DecodeTiming:
+    """Where one ``decode`` call's time went, so a run can price its prompt and its tokens apart (the plan
+    does: planner.throughput.infer_throughput's prefill and decode step). On CUDA these are the GPU's own
+    times between events queued with the work (no host sync inside the loop); on a CPU, wall times."""
+
+    prefill_s: float  # the prompt's forward pass (eager), its static cache filled
+    steps: int  # compiled decode steps after it (new tokens - 1)
+    steps_s: float  # those steps, together
+
+
+class _Stopwatch:
+    """Marks on the device's stream (CUDA events) or the host's clock; read after the work is done."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            event.record()
+            self._marks.append(event)
+        else:
+            self._marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Seconds between consecutive marks; waits for the last mark's work on CUDA."""
+        if self._cuda:
+            self._marks[-1].synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self._marks, self._marks[1:], strict=False)]
+        return [b - a for a, b in zip(self._marks, self._marks[1:], strict=False)]
 
 
 class GraphDecoder:
@@ -53,6 +89,8 @@ class GraphDecoder:
         self.packed_gqa = use_packed_gqa(model) if pack_gqa else False
         self._check_every = check_every
         self._step: StepFn = self._next_token
+        self._watch: _Stopwatch | None = None
+        self._steps = 0
         if compile:
             self._step = torch.compile(self._next_token, mode="reduce-overhead", fullgraph=False, dynamic=False)
 
@@ -61,6 +99,14 @@ class GraphDecoder:
         if self.packed_gqa:
             use_stock_sdpa(self._model)
             self.packed_gqa = False
+
+    def timing(self) -> DecodeTiming | None:
+        """The last ``decode`` call's prefill and step times (None before the first call). On CUDA this waits
+        for that call's work, which the caller's copy of its tokens has waited for anyway."""
+        if self._watch is None:
+            return None
+        prefill, steps = self._watch.seconds()
+        return DecodeTiming(prefill_s=prefill, steps=self._steps, steps_s=steps)
 
     def _next_token(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache_position: torch.Tensor,
                     attention_mask: torch.Tensor, cache: Any) -> torch.Tensor:
@@ -89,8 +135,11 @@ class GraphDecoder:
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = torch.empty((rows, max_new_tokens), dtype=torch.long, device=device)
         eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=device) if eos else None
+        watch = _Stopwatch(device)
         with torch.inference_mode():
+            watch.mark()
             token = self._next_token(input_ids, positions, torch.arange(width, device=device), mask, cache)
+            watch.mark()
             position = positions[:, -1:] + 1
             cache_position = torch.tensor([width], dtype=torch.long, device=device)
             steps = max_new_tokens
@@ -106,6 +155,8 @@ class GraphDecoder:
                 token = self._step(token[:, None], position, cache_position, mask, cache).clone()
                 position = position + 1
                 cache_position = cache_position + 1
+            watch.mark()
+        self._watch, self._steps = watch, steps - 1
         return out[:, :steps]
 
     @staticmethod

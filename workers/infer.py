@@ -68,6 +68,10 @@ class InferenceResult:
     decoder: str = "generate"  # "graph" (workers/decode.py) or "generate" (transformers), as planned
     moe_kernel: str | None = None  # a mixture of experts' decode kernel: batched_mm or grouped_mm
     packed_gqa: bool = False  # the compiled decoder's grouped-query attention read K/V once (workers/gqa_attention.py)
+    # the compiled decoder's time after the first batch, split as the plan splits it (workers/decode.DecodeTiming):
+    # seconds of one batch's prompt pass, and of one decode step; None under generate() or with one batch
+    steady_prefill_s: float | None = None
+    steady_step_s: float | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -301,6 +305,8 @@ def run_inference(
     t1 = time.perf_counter()
     warm: tuple[float, int] | None = None  # (time, tokens) once the first batch is done: kernels chosen, caches warm
     in_generate = 0.0  # seconds inside generate() after the first batch
+    prefills: list[float] = []  # the compiled decoder's prompt passes after the first batch
+    steps = steps_s = 0.0
     try:
         for start in range(0, total, batch):
             todo = [r for r in requests[start : start + batch] if r.key not in finished]
@@ -322,6 +328,10 @@ def run_inference(
                                          eos=eos, device=device)
             if warm is not None:  # generate_batch ends in a host copy of the tokens: the GPU is done here
                 in_generate += time.perf_counter() - began
+                timing = graph.timing() if graph is not None else None
+                if timing is not None:
+                    prefills.append(timing.prefill_s)
+                    steps, steps_s = steps + timing.steps, steps_s + timing.steps_s
             records: list[dict[str, object]] = []
             for req, (new_ids, reason) in zip(todo, results, strict=True):
                 records.append(
@@ -368,6 +378,8 @@ def run_inference(
         decoder="graph" if graph is not None else "generate",
         moe_kernel=moe_kernel,
         packed_gqa=graph is not None and graph.packed_gqa,
+        steady_prefill_s=sum(prefills) / len(prefills) if prefills and graph is not None else None,
+        steady_step_s=steps_s / steps if steps and graph is not None else None,
     )
 
 

@@ -118,6 +118,9 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
               f"of it decoding ({result.decoder} decoder"
               + (f", {result.moe_kernel} experts)" if result.moe_kernel else ")")
               if result.steady_tokens_per_s and result.steady_generate_share else "")
+    if result.steady_prefill_s is not None and result.steady_step_s is not None:
+        steady += (f"; a batch's prompt pass {result.steady_prefill_s * 1e3:,.1f} ms, a decode step "
+                   f"{result.steady_step_s * 1e3:,.2f} ms")
     where = remote.uri if remote is not None else outputs
     on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {where}, "
            f"{result.tokens_per_s:,.0f} tokens/s (model load {result.load_seconds:.1f} s){steady}")

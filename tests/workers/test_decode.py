@@ -82,6 +82,25 @@ def test_stops_early_only_once_every_row_has_ended() -> None:
     assert torch.equal(early, full[:, :4])
 
 
+def test_timing_splits_the_prompt_pass_from_the_steps() -> None:
+    """What a run reports of its prefill and its decode steps: every step counted (new tokens - 1; fewer when
+    every row ended early), both times measured, nothing before the first call."""
+    model = _model(FAMILIES["llama"])
+    ids, mask = _batch([5, 7], vocab=97)
+    decoder = GraphDecoder(model, compile=False, check_every=4)
+    assert decoder.timing() is None
+    full = decoder.decode(ids, mask, max_new_tokens=9, eos=set())
+    timing = decoder.timing()
+    assert timing is not None and timing.steps == 8 and timing.prefill_s > 0 and timing.steps_s > 0
+    early = decoder.decode(ids, mask, max_new_tokens=9, eos={int(full[0, 1]), int(full[1, 2])})
+    assert early.shape[1] == 4
+    timing = decoder.timing()
+    assert timing is not None and timing.steps == 3
+    decoder.decode(ids, mask, max_new_tokens=1, eos=set())
+    timing = decoder.timing()
+    assert timing is not None and timing.steps == 0 and timing.steps_s >= 0
+
+
 def _greedy(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, new: int) -> torch.Tensor:
     with torch.inference_mode():
         out: torch.Tensor = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,  # type: ignore[operator]

@@ -95,6 +95,7 @@ def test_one_output_per_request(reference: tuple[Path, Path], tmp_path: Path) ->
     assert (result.requests_total, result.requests_done, result.requests_skipped) == (10, 10, 0)
     assert result.tokens_generated == sum(r["new_tokens"] for r in records)
     assert result.tokens_per_s > 0 and result.peak_memory_bytes is None and result.weights == "fp32"
+    assert result.steady_prefill_s is None and result.steady_step_s is None  # generate() is not split
     assert seen == [(3, 10), (6, 10), (9, 10), (10, 10)]
     # Left padding + attention mask: batch composition does not change greedy outputs.
     assert _by_id(outputs) == _by_id(reference[1])
@@ -107,6 +108,9 @@ def test_graph_decoder_writes_the_same_outputs_as_generate(reference: tuple[Path
     result = run_inference(TINY, prompts, outputs, batch=4, max_new_tokens=6, dtype="fp32", seed=3, decoder="graph")
     assert result.decoder == "graph" and result.packed_gqa  # 4 query heads on 2 KV heads
     assert _by_id(outputs) == _by_id(reference[1])
+    # the prompt pass and the steps timed apart after the first batch, as the plan prices them
+    assert result.steady_prefill_s is not None and result.steady_prefill_s > 0
+    assert result.steady_step_s is not None and result.steady_step_s > 0
     assert [r["finish_reason"] for r in _records(outputs)] == [r["finish_reason"] for r in _records(reference[1])]
 
 

@@ -1,0 +1,149 @@
+"""The compiled decoder's prompt pass on one GPU, timed alone over many shapes, against the plan's prefill.
+
+Why: the plan prices a served batch as one prefill plus its decode steps. The prefill's efficiency curve
+(``prefill_mfu`` and ``tokens_half``) was fitted on transformers' generate() (bench/accuracy.py), yet the workers
+run their own static-cache decoder (workers/decode.py), whose prompt pass is eager and reads a cache as long as
+prompt + new tokens. Fitting its steps on end-to-end tokens/s minus the *planned* prefill put any error of that
+prefill into the step's constants (2026-12-03: the 8B models' prefill planned 25-34% long, their steps 12-16%).
+Here each prefill is the decoder's own, timed by its CUDA events (``GraphDecoder.timing``), with nothing compiled:
+a decode whose every token counts as an end of sequence stops after the prompt pass, with the cache of the real
+job's length.
+
+    python3 bench/prefill_probe.py --out $OUT/prefill.json
+    python3 bench/prefill_probe.py --cases llama-3.2-1b:32x512x128 --out /tmp/p.json
+    .venv/bin/python bench/prefill_probe.py --report bench/results/workers/prefill_probe_2026-12-03.json
+
+Per case: the median of ``--repeat`` timed prompt passes after one untimed one (cuBLAS picks its kernels, the
+allocator grows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from catalog.loader import load_catalog, resolve_model
+from planner.calibration import load_calibration
+from planner.throughput import infer_throughput
+from planner.types import Strategy
+
+DEFAULT_CASES = (
+    "llama-3.2-1b:1x32x128,llama-3.2-1b:1x512x128,llama-3.2-1b:8x1024x128,llama-3.2-1b:32x512x128,"
+    "llama-3.2-1b:32x1024x128,llama-3.2-1b:64x512x128,"
+    "qwen3-1.7b:16x256x128,qwen3-1.7b:32x512x128,qwen3-1.7b:8x2048x128,"
+    "gemma-3-1b:8x512x128,gemma-3-1b:32x512x128,gemma-3-1b:32x1024x128,"
+    "gemma-3-4b:8x1024x128,gemma-3-4b:32x512x128,"
+    "qwen3-8b:4x512x128,qwen3-8b:16x1024x128,qwen3-8b:32x512x128,"
+    "llama-3-8b:1x512x128,llama-3-8b:8x2048x128,llama-3-8b:32x512x128,"
+    "gemma-3-12b:32x512x128,"
+    "qwen3-30b-a3b:8x512x128,qwen3-30b-a3b:16x1024x128,qwen3-30b-a3b:32x512x128,"
+    "gpt-oss-20b:8x512x128,gpt-oss-20b:32x512x128,gpt-oss-20b:64x512x128"
+)
+
+
+def prefill_seconds(decoder: Any, ids: torch.Tensor, new: int, vocab: int) -> float:
+    """One prompt pass of ``decoder`` with a static cache of prompt + ``new`` tokens, by its own events."""
+    everything = set(range(vocab))
+    decoder.decode(ids, torch.ones_like(ids), max_new_tokens=max(2, new), eos=everything)
+    timing = decoder.timing()
+    assert timing is not None
+    return float(timing.prefill_s)
+
+
+def measure(cases: list[str], repeat: int, save: Any = None) -> list[dict[str, Any]]:
+    """The records of ``cases``; ``save(records)`` after each (a run cut short keeps what it measured)."""
+    from workers.decode import GraphDecoder
+    from workers.infer import load_model
+
+    catalog = load_catalog()
+    by_model: dict[str, list[tuple[int, int, int]]] = {}
+    for spec in cases:
+        model_id, shape = spec.split(":")
+        b, p, o = (int(x) for x in shape.split("x"))
+        by_model.setdefault(model_id, []).append((b, p, o))
+    out: list[dict[str, Any]] = []
+    for model_id, shapes in by_model.items():
+        cfg = resolve_model(catalog, model_id)
+        t0 = time.perf_counter()
+        model = load_model(cfg, weights="bf16", seed=0, device="cuda")
+        load_s = time.perf_counter() - t0
+        # check_every=1: the first step's check ends the decode (every token is an "end"), so only the prompt runs
+        decoder = GraphDecoder(model, compile=False, check_every=1)
+        gen = torch.Generator().manual_seed(0)
+        for b, p, o in shapes:
+            ids = torch.randint(1, cfg.vocab_size, (b, p), generator=gen).cuda()
+            rec: dict[str, Any] = {"case": f"{model_id}:{b}x{p}x{o}", "model": model_id, "batch": b, "prompt": p,
+                                   "output": o, "load_s": load_s}
+            try:
+                prefill_seconds(decoder, ids, o, cfg.vocab_size)
+                times = [prefill_seconds(decoder, ids, o, cfg.vocab_size) for _ in range(repeat)]
+                rec.update(prefill_s=statistics.median(times), prefill_s_all=times,
+                           peak_allocated_bytes=int(torch.cuda.max_memory_allocated()))
+            except torch.cuda.OutOfMemoryError as exc:
+                rec["error"] = repr(exc)[:300]
+            print(json.dumps({k: v for k, v in rec.items() if k != "prefill_s_all"}), flush=True)
+            out.append(rec)
+            if save is not None:
+                save(out)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        decoder.release()
+        del decoder, model
+        torch.cuda.empty_cache()
+    return out
+
+
+def planned_prefill_s(case: dict[str, Any], cal: Any) -> float:
+    catalog = load_catalog()
+    model = resolve_model(catalog, case["model"])
+    est = infer_throughput(model, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=case["batch"]),
+                           case["prompt"], case["output"], catalog.gpu("H200"), cal, decoder="graph")
+    return float(est.breakdown_s["prefill"])
+
+
+def report(records: list[Path]) -> None:
+    cal = load_calibration().throughput
+    print("| case | prompt tokens | planned prefill ms | measured ms | error |")
+    print("|---|---|---|---|---|")
+    for record in records:
+        for c in json.loads(record.read_text())["cases"]:
+            if "prefill_s" not in c:
+                continue
+            plan = planned_prefill_s(c, cal)
+            print(f"| {c['case']} | {c['batch'] * c['prompt']:,} | {plan * 1e3:,.1f} | {c['prefill_s'] * 1e3:,.1f} "
+                  f"| {(plan - c['prefill_s']) / c['prefill_s']:+.1%} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default=DEFAULT_CASES, help="model:BATCHxPROMPTxOUTPUT, comma-separated")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--report", type=Path, action="append", help="planned against measured for this record")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if args.report:
+        report(args.report)
+        return
+    if args.out is None:
+        parser.error("--out is required to measure")
+    record: dict[str, Any] = {"command": " ".join(["python3", *sys.argv]), "torch": torch.__version__,
+                              "gpu": torch.cuda.get_device_name(0),
+                              "measured_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cases": []}
+
+    def save(cases: list[dict[str, Any]]) -> None:
+        args.out.write_text(json.dumps({**record, "cases": cases}, indent=1) + "\n")
+
+    save(measure(args.cases.split(","), args.repeat, save))
+
+
+if __name__ == "__main__":
+    main()
