@@ -20,7 +20,9 @@ allocator grows).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import statistics
 import sys
 import time
@@ -102,12 +104,59 @@ def measure(cases: list[str], repeat: int, save: Any = None) -> list[dict[str, A
     return out
 
 
+@functools.cache
+def _catalog() -> Any:
+    return load_catalog()
+
+
 def planned_prefill_s(case: dict[str, Any], cal: Any) -> float:
-    catalog = load_catalog()
+    catalog = _catalog()
     model = resolve_model(catalog, case["model"])
     est = infer_throughput(model, Strategy(gpu="H200", gpu_count=1, weights="bf16", batch=case["batch"]),
                            case["prompt"], case["output"], catalog.gpu("H200"), cal, decoder="graph")
     return float(est.breakdown_s["prefill"])
+
+
+def _rms_error(cases: list[dict[str, Any]], cal: Any) -> float:
+    errors = [planned_prefill_s(c, cal) / c["prefill_s"] - 1 for c in cases]
+    return math.sqrt(sum(e * e for e in errors) / len(errors))
+
+
+def fit(records: list[Path], holdout: set[str], calibration: Path) -> None:
+    """Grid search of the relative error's root mean square: the dense terms (``graph_prefill_mfu``,
+    ``graph_prefill_hidden_half``, ``graph_prefill_layer_s``) on the dense non-holdout cases, then
+    ``graph_prefill_expert_mfu`` on the mixtures' non-holdout cases with the dense terms fixed. A holdout entry is a
+    model id (every shape of it) or a case."""
+    from planner.calibration import Calibration
+
+    cal = Calibration.model_validate_json(calibration.read_text())
+    catalog = load_catalog()
+    cases = [c for r in records for c in json.loads(r.read_text())["cases"]
+             if "prefill_s" in c and c["model"] not in holdout and c["case"] not in holdout]
+    dense = [c for c in cases if resolve_model(catalog, c["model"]).num_experts <= 1]
+    moe = [c for c in cases if resolve_model(catalog, c["model"]).num_experts > 1]
+    best: tuple[float, dict[str, float]] | None = None
+    for mfu in (0.30 + 0.01 * i for i in range(61)):
+        for half in (0.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 3000.0):
+            for layer in (5e-5 * i for i in range(41)):
+                update = {"graph_prefill_mfu": round(mfu, 2), "graph_prefill_hidden_half": half,
+                          "graph_prefill_layer_s": round(layer, 6)}
+                err = _rms_error(dense, cal.throughput.model_copy(update=update))
+                if best is None or err < best[0]:
+                    best = (err, update)
+    assert best is not None
+    dense_err, update = best
+    fitted = cal.throughput.model_copy(update=update)
+    moe_err = float("nan")
+    if moe:
+        moe_err, expert_mfu = min((_rms_error(moe, fitted.model_copy(update={"graph_prefill_expert_mfu": e})), e)
+                                  for e in (round(0.02 + 0.005 * i, 3) for i in range(157)))
+        update["graph_prefill_expert_mfu"] = expert_mfu
+    data = json.loads(calibration.read_text())
+    data["throughput"].update(update)
+    calibration.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"fitted on {len(dense)} dense cases (rms {dense_err:.1%}) and {len(moe)} MoE cases (rms {moe_err:.1%}), "
+          f"held out {sorted(holdout)}: {update} -> {calibration}")
 
 
 def report(records: list[Path]) -> None:
@@ -128,8 +177,16 @@ def main() -> None:
     parser.add_argument("--cases", default=DEFAULT_CASES, help="model:BATCHxPROMPTxOUTPUT, comma-separated")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--report", type=Path, action="append", help="planned against measured for this record")
+    parser.add_argument("--fit", type=Path, action="append",
+                        help="fit the planner's graph_prefill_* constants on this record (repeatable)")
+    parser.add_argument("--holdout", default="", help="models or cases left out of --fit, comma-separated")
+    parser.add_argument("--calibration", type=Path, default=Path(__file__).resolve().parents[1] / "planner"
+                        / "calibration.json")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.fit:
+        fit(args.fit, set(filter(None, args.holdout.split(","))), args.calibration)
+        return
     if args.report:
         report(args.report)
         return

@@ -149,6 +149,24 @@ class ThroughputCalibration(_Cal):
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per token beyond the "
         "routed experts' bytes (the routing's kernels and two grouped GEMMs); bench/graph_decode.py --fit on "
         "gpt-oss-20b, Qwen3-30B-A3B held out")
+    # the graph_prefill_* defaults: bench/prefill_probe.py --fit on bench/results/workers/prefill_probe_2026-12-03.json
+    # (the compiled decoder's own prompt pass timed by its CUDA events on one H200; fitted on the 1-4B models,
+    # the 8B models, gemma-3-12b and Qwen3-30B-A3B held out; docs/MEASUREMENTS.md "The compiled decoder's prompt pass")
+    graph_prefill_mfu: float = Field(
+        default=0.63, gt=0.0, le=1.0,
+        description="the compiled decoder's eager prompt pass (workers/decode.py): the share of peak bf16 FLOP/s its "
+        "dense matmuls reach at an infinite hidden size; times h / (h + graph_prefill_hidden_half)")
+    graph_prefill_hidden_half: float = Field(
+        default=1500.0, ge=0.0,
+        description="the hidden size at which the prompt pass's matmuls reach half of graph_prefill_mfu")
+    graph_prefill_layer_s: float = Field(
+        default=1.4e-3, ge=0.0,
+        description="the prompt pass is never faster than layers x this: eager PyTorch issuing a layer's kernels "
+        "(one row of a short prompt)")
+    graph_prefill_expert_mfu: float = Field(
+        default=0.175, gt=0.0, le=1.0,
+        description="the prompt pass of a mixture of experts: the share of peak bf16 FLOP/s the routed experts' "
+        "grouped GEMMs reach, eager (fitted on gpt-oss-20b)")
     # ASSUMED (not yet measured; bench/cases_models.yaml measures it): transformers' per-expert Python loop
     # (gpt-oss) syncs the host on every expert it visits (`for expert_idx in expert_hit`) and launches about
     # a dozen small kernels for it: ~12 x 10 us + a 30 us sync

@@ -330,6 +330,21 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     return tokens_per_s, per_micro, compute, exposed, opt, mfu
 
 
+def graph_prefill_s(model: ModelConfig, batch: int, prompt_tokens: int, keys: int, tp: int, peak: float,
+                    cal: ThroughputCalibration, n: float, lm: float) -> float:
+    """The compiled decoder's prompt pass (workers/decode.py: eager, a static cache of ``keys`` positions), before
+    the attention extras every prefill pays (eager scores, sliding masks). Its own fit, not generate()'s curve
+    (bench/prefill_probe.py, timed by the decoder's CUDA events): the lm head runs on each row's last position only
+    (``logits_to_keep=1``), the matmuls reach more of the peak as the hidden size grows, a mixture's routed experts
+    run as eager grouped GEMMs at their own efficiency, and eager PyTorch launches set a floor per layer."""
+    h = model.hidden_size
+    experts = decode_expert_weight_params(model, 1)  # the k routed experts' matmul params per token, every layer
+    dense = batch * prompt_tokens * (2 * (n - lm - experts) + attention_flops_per_token(model, prompt_tokens, keys))
+    flops_time = ((dense + 2 * batch * lm) / (cal.graph_prefill_mfu * h / (h + cal.graph_prefill_hidden_half))
+                  + 2 * batch * prompt_tokens * experts / cal.graph_prefill_expert_mfu) / (tp * peak)
+    return max(flops_time, model.num_layers * cal.graph_prefill_layer_s)
+
+
 def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int,
                      gpu: GpuSpec, cal: ThroughputCalibration, pc: ParamCount | None = None, *,
                      decoder: str | None = None, moe_kernel: str | None = None) -> ThroughputEstimate:
@@ -350,11 +365,14 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     # a sliding layer's prefill mask spans it and its decode steps read all of it, not the window
     ctx = prompt_tokens + output_tokens
     keys = ctx if graph else None
-    prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens, keys)) / tp
     h = model.hidden_size
     work = b * prompt_tokens
-    prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
-    prefill = prefill_flops / (peak * prefill_eff)
+    if graph:
+        prefill = graph_prefill_s(model, b, prompt_tokens, ctx, tp, peak, cal, n, lm)
+    else:
+        prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens, keys)) / tp
+        prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
+        prefill = prefill_flops / (peak * prefill_eff) + expert_loop_s(model, work, 1.0, cal)
     if model.attn.eager:
         # eager attention's prompt x (prompt + sinks) scores: scale, mask, sink concat, max, fp32 softmax, cast,
         # slice, each a separate kernel over every layer's scores (passes fitted on the gpt-oss prefills)
@@ -365,7 +383,6 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         square_bytes = prefill_attention_bytes(model, b, prompt_tokens, keys=keys) / tp
         prefill += (2 * square_bytes * model.attn.sliding_layers
                     / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency))
-    prefill += expert_loop_s(model, work, 1.0, cal)
     # generate()'s batched_mm experts (planner.memory.gathered_expert_bytes): each (token, expert) pair's
     # weights are gathered (read and written) and read again by its bmm, instead of each expert read once
     kernel = moe_decode_kernel(model, gpu.vendor, strategy.weights, b, graph=graph, given=moe_kernel)
