@@ -11,15 +11,20 @@ on the same random-init model and prompts, with the planner's prediction for eac
 bench/accuracy.py --fit rebuilds planner/calibration.json from planner/calibration.py's defaults, so
 the fitted graph_decode_* values are also those defaults' (set them there too after a new fit).
 
-The fit: per decode step, measured time - (prefill and the bytes-read roofline the planner predicts)
-= layers x graph_decode_layer_s + batch x (the decoder layers' matmul params) x graph_decode_row_param_s, on
-the non-holdout cases of every --fit record (graph_decode_row_layer_s and graph_decode_step_s stay 0). The
+The fit: per decode step, measured time - (the bytes-read roofline the planner predicts) = layers x the layer's
+kernels relative to a Llama layer (planner.throughput.layer_kernel_weight: q/k norms, Gemma's extra norms, eager
+attention) x graph_decode_layer_s, least squares of the relative error on the non-holdout cases of every --fit
+record (graph_decode_row_*, graph_decode_step_s stay 0). The measured step is the decoder's own (CUDA events,
+``step_s``) since 2026-12-03 session 6; older records give tokens/s only, less the planned prefill
+(bench/prefill_probe.py fits that prefill on its own). The
 row term was per layer until the Gemma 3 cases (2026-12-02): rows x layers could not price gemma-3-1b (-28%)
 and gemma-3-4b (+23%) at once; rows x matmul weights did, leave-one-out max 14.5%. Since the decoder packs
 grouped-query attention (2026-12-03) that term fits to 0: it had been pricing the K/V copy, which grows with the rows.
-The packed decoder's fit: --fit bench/results/workers/graph_decode_packed_2026-12-03.json
+The packed decoder's fit with its own step times (2026-12-03 session 6): --fit
+bench/results/workers/graph_decode_split2_2026-12-03.json --fit bench/results/workers/graph_decode_split_2026-12-03.json
 --fit bench/results/workers/graph_decode_moe_2026-12-03.json --holdout llama-3.2-1b:32x512x128,gemma-3-1b:32x512x128,
-qwen3-8b:16x1024x128,llama-3-8b:32x512x128,qwen3-30b-a3b:32x512x128.
+qwen3-8b:16x1024x128,llama-3-8b:32x512x128,qwen3-30b-a3b:32x512x128 (the MoE record's gpt-oss cases: eager attention,
+untouched by the packing; its Qwen3-30B-A3B predates it).
 
 Steady tokens/s drops the first batch (the compile, for "graph"). ``first_batch_s`` is that batch.
 ``same_tokens``: the share of requests whose new tokens are identical between the two decoders
@@ -171,7 +176,7 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
 
     from planner.calibration import Calibration
     from planner.memory import sparse_layer_count
-    from planner.throughput import matmul_params
+    from planner.throughput import layer_kernel_weight, matmul_params
 
     catalog = load_catalog()
     gpu = catalog.gpu("H200")
@@ -188,12 +193,20 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
             if model.num_experts > 1:
                 moe.append(c)
                 continue
-            gap, _ = _decode_step_gap(c, zero, gpu, model)
+            gap, est = _decode_step_gap(c, zero, gpu, model)
             n, lm = matmul_params(model)
-            rows.append([model.num_layers, c["batch"] * (n - lm)])
-            ys.append(gap)
+            # relative errors: a plan is judged by its tokens/s error, so each case weighs 1 / its measured step
+            measured_step = gap + est.breakdown_s["decode"] / c["output"]
+            kernels = model.num_layers * layer_kernel_weight(model, routing=False)
+            rows.append([kernels / measured_step, c["batch"] * (n - lm) / measured_step])
+            ys.append(gap / measured_step)
             names.append(c["case"])
-    (layer_s, row_param_s), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)
+    # the rows x matmul-params term priced the K/V copy and stays 0 without it: with the decoders' own step times
+    # (2026-12-03 session 6) it took 1.0e-14 s from gemma-3-1b's single KV head alone and planned both 8B models'
+    # steps 20-34% long, so only the per-layer term is fitted
+    columns = np.array(rows, dtype=float)[:, :1]
+    (layer_s,), *_ = np.linalg.lstsq(columns, np.array(ys), rcond=None)
+    row_param_s = 0.0
     dense = zero.model_copy(update={"graph_decode_layer_s": max(0.0, float(layer_s)),
                                     "graph_decode_row_param_s": max(0.0, float(row_param_s))})
     per_layer = [_decode_step_gap(c, dense, gpu, m)[0] / sparse_layer_count(m)
@@ -230,8 +243,9 @@ def report(results: list[Path], calibration: Path) -> None:
     catalog = load_catalog()
     gpu = catalog.gpu("H200")
     cal = Calibration.model_validate_json(calibration.read_text())
-    print("| case | planned tok/s | measured tok/s | error | planned peak GiB | measured peak GiB | error |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | planned tok/s | measured tok/s | error | prefill ms planned / measured "
+          "| step ms planned / measured | planned peak GiB | measured peak GiB | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for record in results:
         for c in json.loads(record.read_text())["cases"]:
             g = c.get("graph", {})
@@ -244,8 +258,15 @@ def report(results: list[Path], calibration: Path) -> None:
             tps, peak = g["steady_tokens_per_s"], g.get("peak_allocated_bytes")
             planned_peak = mem.peak_allocated_bytes
             merr = f"{(planned_peak - peak) / peak:+.1%}" if peak else "-"
+            split = ["-", "-"]
+            if g.get("prefill_s") and g.get("step_s"):  # the decoder's own split (records since 2026-12-03 session 6)
+                plan_step = est.breakdown_s["decode"] / c["output"]
+                split = [f"{est.breakdown_s['prefill'] * 1e3:,.1f} / {g['prefill_s'] * 1e3:,.1f} "
+                         f"({est.breakdown_s['prefill'] / g['prefill_s'] - 1:+.0%})",
+                         f"{plan_step * 1e3:.2f} / {g['step_s'] * 1e3:.2f} ({plan_step / g['step_s'] - 1:+.0%})"]
             print(f"| {c['case']} | {est.tokens_per_s:,.0f} | {tps:,.0f} | {(est.tokens_per_s - tps) / tps:+.1%} "
-                  f"| {planned_peak / 2**30:.1f} | {peak / 2**30 if peak else float('nan'):.1f} | {merr} |")
+                  f"| {split[0]} | {split[1]} | {planned_peak / 2**30:.1f} "
+                  f"| {peak / 2**30 if peak else float('nan'):.1f} | {merr} |")
 
 
 def main() -> None:

@@ -120,16 +120,16 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
-    # the graph_decode_* defaults: bench/graph_decode.py --fit on the 5 dense cases of
-    # bench/results/workers/graph_decode_packed_2026-12-03.json (the decoder with packed grouped-query attention,
-    # workers/gqa_attention.py; the GPU acceptance's two inference shapes, llama-3.2-1b and gemma-3-1b at 32x512x128,
-    # and the 8B models held out) and the gpt-oss cases of graph_decode_moe_2026-12-03.json (Qwen3-30B-A3B held out).
-    # The rows x matmul-params term fitted to 0 once K/V stopped being copied: it had been pricing the copy, which
-    # grows with the rows (docs/MEASUREMENTS.md, "Packed grouped-query attention")
+    # the graph_decode_* defaults: bench/graph_decode.py --fit on the decoder's own step times (CUDA events) of the
+    # 5 dense cases of bench/results/workers/graph_decode_split2_2026-12-03.json (the GPU acceptance's two inference
+    # shapes, llama-3.2-1b and gemma-3-1b at 32x512x128, and the 8B models held out) and the gpt-oss cases of it and
+    # of graph_decode_moe_2026-12-03.json (Qwen3-30B-A3B held out); the per-layer term is per Llama layer's kernels
+    # (layer_kernel_weight). The rows x matmul-params term priced the K/V copy the decoder no longer makes
+    # (docs/MEASUREMENTS.md, "Packed grouped-query attention"; "The compiled decoder's prompt pass and step, apart")
     graph_decode_layer_s: float = Field(
-        default=6.97e-5, ge=0.0,
+        default=5.22e-5, ge=0.0,
         description="compiled static-cache decode (workers/decode.py): GPU seconds per layer per token "
-        "beyond the bytes read (gaps between its small kernels)")
+        "beyond the bytes read (gaps between its small kernels), for a Llama layer's kernels")
     graph_decode_row_layer_s: float = Field(
         default=0.0, ge=0.0,
         description="compiled decode: GPU seconds per layer per token per batch row beyond the bytes read")
@@ -140,12 +140,12 @@ class ThroughputCalibration(_Cal):
     graph_decode_step_s: float = Field(
         default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
     graph_compile_layer_s: float = Field(
-        default=2.45, ge=0.0,
+        default=2.47, ge=0.0,
         description="compiled decode: one-time seconds per layer to capture the step in a fresh process "
         "(torch.compile: dynamo, inductor, the CUDA graph); bench/graph_decode.py --fit, the median over its "
         "first-in-process cases (1.8-3.3 s; a process that compiled before takes 1.1-1.5)")
     graph_moe_layer_s: float = Field(
-        default=2.301e-4, ge=0.0,
+        default=1.831e-4, ge=0.0,
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per token beyond the "
         "routed experts' bytes (the routing's kernels and two grouped GEMMs); bench/graph_decode.py --fit on "
         "gpt-oss-20b, Qwen3-30B-A3B held out")

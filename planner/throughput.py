@@ -124,11 +124,12 @@ LLAMA_LAYER_KERNELS = 43.0
 GPT2_LAYER_KERNELS = 21.0
 
 
-def layer_kernel_weight(model: ModelConfig) -> float:
+def layer_kernel_weight(model: ModelConfig, *, routing: bool = True) -> float:
     """Kernels per layer relative to a Llama layer: the fixed per-layer costs (launches, host work) scale
     with it. q/k norms add two norms; Gemma's extra norms one each; eager attention ~10 ops (repeat k/v,
     two matmuls, scale, mask, sink concat, max, sub, softmax, slice) in place of one SDPA call; a routed
-    MoE ~12 (router, top-k, softmax, sort, gather, histogram, grouped GEMMs, scatter) beyond a dense MLP."""
+    MoE ~12 (router, top-k, softmax, sort, gather, histogram, grouped GEMMs, scatter) beyond a dense MLP,
+    unless ``routing`` is False (the compiled decoder prices the routing per sparse layer on its own)."""
     if model.family == "gpt2":
         return GPT2_LAYER_KERNELS / LLAMA_LAYER_KERNELS
     shape = model.attn
@@ -138,7 +139,7 @@ def layer_kernel_weight(model: ModelConfig) -> float:
     extra += 7 * (shape.norms_per_layer - 2)
     if shape.eager:
         extra += 10
-    if model.num_experts > 1 and not (model.moe is not None and model.moe.expert_loop):
+    if routing and model.num_experts > 1 and not (model.moe is not None and model.moe.expert_loop):
         extra += 12 * sparse_layer_count(model) / model.num_layers
     return (LLAMA_LAYER_KERNELS + extra) / LLAMA_LAYER_KERNELS
 
@@ -418,10 +419,12 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
     if graph:
         # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
-        # read, per layer (gaps between small kernels); a term in rows x the layers' matmul weights priced the
-        # K/V copy while the decoder made one and fits to 0 without it (bench/graph_decode.py --fit,
-        # docs/MEASUREMENTS.md "Packed grouped-query attention"); the fields stay for a refit to use
-        overhead = (model.num_layers * (cal.graph_decode_layer_s + cal.graph_decode_row_layer_s * b / tp)
+        # read, per layer (gaps between small kernels, so by the layer's kernels: Gemma's extra norms and Qwen3's
+        # q/k norms cost more; the routing's own are graph_moe_layer_s's). Fitted on the decoder's own step times
+        # (bench/graph_decode.py --fit, docs/MEASUREMENTS.md "The compiled decoder's prompt pass and step, apart");
+        # a term in rows x the layers' matmul weights priced the K/V copy while the decoder made one and stays 0
+        per_layer = cal.graph_decode_layer_s * layer_kernel_weight(model, routing=False)
+        overhead = (model.num_layers * (per_layer + cal.graph_decode_row_layer_s * b / tp)
                     + cal.graph_decode_row_param_s * b * (n - lm) / tp + cal.graph_decode_step_s)
         if kernel == "grouped_mm":
             # the routing's small kernels (sort, histogram, offsets, gathers, the weighted sum) and two grouped

@@ -76,3 +76,34 @@ def test_the_compiled_decoders_capture_is_in_the_jobs_hours() -> None:
     assert hours * 3600 == pytest.approx(run_s + warmup)
     hours, warmup, run_s = chosen("int8")  # generate(): nothing to capture
     assert warmup == 0.0 and hours * 3600 == pytest.approx(run_s)
+
+
+def test_the_compiled_decoders_prompt_pass_has_its_own_price() -> None:
+    """The compiled decoder's eager prompt pass is priced on its own fit (bench/prefill_probe.py), not generate()'s
+    curve: a floor of layers x graph_prefill_layer_s for a short prompt; the lm head on each row's last position
+    only, so a longer prompt adds no lm-head work; a mixture's routed experts at graph_prefill_expert_mfu."""
+    from planner.calibration import load_calibration
+    from planner.throughput import infer_throughput, matmul_params
+    from planner.types import Strategy
+
+    catalog, cal = load_catalog(), load_calibration().throughput
+    gpu = catalog.gpu("H200")
+
+    def prefill(model: str, batch: int, prompt: int, decoder: str, **update: float) -> float:
+        est = infer_throughput(resolve_model(catalog, model), Strategy(gpu="H200", gpu_count=1, batch=batch),
+                               prompt, 128, gpu, cal.model_copy(update=update), decoder=decoder)
+        return est.breakdown_s["prefill"]
+
+    llama = resolve_model(catalog, "llama-3.2-1b")
+    assert prefill("llama-3.2-1b", 1, 32, "graph") == pytest.approx(llama.num_layers * cal.graph_prefill_layer_s)
+    assert prefill("llama-3.2-1b", 1, 32, "generate") < prefill("llama-3.2-1b", 1, 32, "graph")
+    # a long prompt: compute bound, the lm head once per row (its 0.26 B of 1.24 B matmul params not per token)
+    n, lm = matmul_params(llama)
+    long, longer = prefill("llama-3.2-1b", 32, 512, "graph"), prefill("llama-3.2-1b", 32, 1024, "graph")
+    assert 1.9 < longer / long < 2.1 + 0.1 * lm / n
+    assert prefill("llama-3.2-1b", 32, 512, "graph", graph_prefill_mfu=cal.graph_prefill_mfu / 2) > 1.9 * long
+    # routed experts: their own efficiency moves a mixture's prompt pass and leaves a dense model's alone
+    slow = cal.graph_prefill_expert_mfu / 2
+    assert prefill("qwen3-30b-a3b", 32, 512, "graph", graph_prefill_expert_mfu=slow) > 1.3 * prefill(
+        "qwen3-30b-a3b", 32, 512, "graph")
+    assert prefill("llama-3.2-1b", 32, 512, "graph", graph_prefill_expert_mfu=slow) == long
