@@ -120,13 +120,18 @@ def report_accuracy_command(
         return "-" if v is None else f"{v:,.0f}"
 
     table = Table(title=f"predicted vs measured ({source}: {len(rows)} runs)", title_justify="left")
-    for col in ("job", "outcome", "strategy", "alloc GiB pred", "meas", "err", "tok/s pred", "meas", "err", "OOM b/o"):
+    split = any(r["error_prefill_s"] is not None or r["error_decode_step_s"] is not None for r in rows)
+    columns = ("job", "outcome", "strategy", "alloc GiB pred", "meas", "err", "tok/s pred", "meas", "err",
+               *(("prompt / step err",) if split else ()), "OOM b/o")
+    for col in columns:
         table.add_column(col, justify="left" if col in ("job", "outcome", "strategy") else "right")
     for r in rows:
+        # inference on the compiled decoder: the prompt pass's and the decode step's errors, each priced apart
+        prompt_step = ((f"{pct(r['error_prefill_s'])} / {pct(r['error_decode_step_s'])}",) if split else ())
         table.add_row(r["job"], r["outcome"], r["strategy"] or "-", gib(r["predicted_peak_allocated_bytes"]),
                       gib(r["measured_peak_allocated_bytes"]), pct(r["error_peak_allocated_bytes"]),
                       rate(r["predicted_tokens_per_s"]), rate(r["measured_tokens_per_s"]),
-                      pct(r["error_tokens_per_s"]), str(r["oom_backoffs"]))
+                      pct(r["error_tokens_per_s"]), *prompt_step, str(r["oom_backoffs"]))
     output.console.print(table)
     for key, s in summary.items():
         if s["n"]:

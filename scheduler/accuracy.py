@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from planner.throughput import inference_split
 from workers.executor import RunStatus
 
 # measured value -> its key in RunStatus.metrics (workers.progress.result_metrics)
@@ -24,8 +25,12 @@ MEASURED_KEYS = {
     "wall_s": "wall_s",
     "micro_batch": "micro_batch",
     "grad_accum": "grad_accum",
+    "prefill_s": "measured_prefill_s",
+    "decode_step_s": "measured_decode_step_s",
 }
-COMPARED = ("peak_allocated_bytes", "peak_reserved_bytes", "tokens_per_s")
+# prefill_s / decode_step_s: a served batch's prompt pass and one decode step, as the compiled decoder times them
+# (workers/decode.DecodeTiming) and the plan prices them apart (planner.throughput.infer_throughput)
+COMPARED = ("peak_allocated_bytes", "peak_reserved_bytes", "tokens_per_s", "prefill_s", "decode_step_s")
 
 
 def predicted_from_plan(plan: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -37,7 +42,7 @@ def predicted_from_plan(plan: Mapping[str, Any] | None) -> dict[str, Any]:
             "peak_reserved_bytes": memory.get("peak_reserved_bytes"),
             "tokens_per_s": throughput.get("tokens_per_s"),
             "micro_batch": strategy.get("micro_batch"), "gpu": strategy.get("gpu"),
-            "gpu_count": strategy.get("gpu_count"), "label": _label(strategy)}
+            "gpu_count": strategy.get("gpu_count"), "label": _label(strategy), **inference_split(throughput, strategy)}
 
 
 def attempt_metrics(status: RunStatus, plan: Mapping[str, Any] | None) -> dict[str, Any]:

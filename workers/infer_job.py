@@ -130,6 +130,7 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
                 "steady_tokens_per_s": result.steady_tokens_per_s or result.tokens_per_s,
                 "tokens_per_s": result.tokens_per_s,
                 "peak_allocated_bytes": result.peak_memory_bytes, "wall_s": result.seconds + result.load_seconds,
-                "decoder": result.decoder, "moe_kernel": result.moe_kernel, "predicted": {}}
+                "decoder": result.decoder, "moe_kernel": result.moe_kernel, "predicted": {},
+                "prefill_s": result.steady_prefill_s, "decode_step_s": result.steady_step_s}
     on_progress({"event": "finished", "result": finished})
     return finished

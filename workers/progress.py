@@ -126,6 +126,8 @@ def result_metrics(result: dict[str, Any] | None, resumes: int) -> dict[str, flo
         "final_loss": result.get("final_loss"),
         "checkpoints_written": result.get("checkpoints_written"),
         "measured_tokens_per_s": result.get("steady_tokens_per_s"),
+        "measured_prefill_s": result.get("prefill_s"),
+        "measured_decode_step_s": result.get("decode_step_s"),
         "measured_wall_tokens_per_s": result.get("tokens_per_s"),
         "measured_peak_allocated_bytes": result.get("peak_allocated_bytes"),
         "measured_peak_reserved_bytes": result.get("peak_reserved_bytes"),

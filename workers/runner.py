@@ -96,9 +96,13 @@ def plan_locally(spec: JobSpec, *, home: Path,
             from planner.search import estimate
 
             est = estimate(spec, catalog, gpu.id, 1, model=source.config, calibration=calibration(home))
+            from planner.throughput import inference_split
+
             predicted = {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
                          "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
                          "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours}
+            split = inference_split(est.throughput.model_dump(mode="json"), est.strategy.model_dump(mode="json"))
+            predicted.update({key: value for key, value in split.items() if value is not None})
             if not est.memory.fits:
                 m = est.memory
                 raise InvalidInput(f"the job does not fit on this machine's {gpu.id}: needs "
@@ -200,12 +204,16 @@ class MeasuredSummary(TypedDict):
     checkpoint_interval_s: float | None
     checkpoint_stall_s: float | None
     checkpoint_durable_s: float | None
+    prefill_s: float | None  # inference, compiled decoder: a batch's prompt pass, after the first batch
+    decode_step_s: float | None  # inference, compiled decoder: one decode step
 
 
 class PredictedSummary(TypedDict):
     peak_allocated_bytes: float | None
     peak_reserved_bytes: float | None
     tokens_per_s: float | None
+    prefill_s: float | None  # inference: a batch's prompt pass (scheduler.accuracy.inference_split)
+    decode_step_s: float | None  # inference: one decode step
 
 
 class RunSummary(TypedDict):
@@ -280,6 +288,8 @@ class LocalRun:
                 "peak_rss_bytes": num("measured_peak_rss_bytes"),
                 "tokens_per_s": num("measured_tokens_per_s"),
                 "wall_tokens_per_s": num("measured_wall_tokens_per_s"),
+                "prefill_s": num("measured_prefill_s"),
+                "decode_step_s": num("measured_decode_step_s"),
                 "checkpoint_save_s": num("checkpoint_save_s"),
                 "micro_batch": num("micro_batch"),
                 "grad_accum": num("grad_accum"),
@@ -293,6 +303,8 @@ class LocalRun:
                 "peak_allocated_bytes": predicted("peak_allocated_bytes"),
                 "peak_reserved_bytes": predicted("peak_reserved_bytes"),
                 "tokens_per_s": predicted("tokens_per_s"),
+                "prefill_s": predicted("prefill_s"),
+                "decode_step_s": predicted("decode_step_s"),
             },
             "note": self.plan.note,
             "planner_inputs": self.plan.inputs,

@@ -71,3 +71,41 @@ def test_team_attempts_with_metrics_become_rows() -> None:
     rows = accuracy_rows(team_records([job]))
     assert len(rows) == 1 and rows[0]["job"] == "j-1/1" and rows[0]["error_tokens_per_s"] == pytest.approx(0.25)
     assert summarize(rows)["peak_allocated_bytes"] == {"n": 1, "median_abs_error": 0.0, "max_abs_error": 0.0}
+
+
+def test_a_served_models_prompt_pass_and_decode_step_are_compared_apart(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inference plan prices a batch's prompt pass and each decode step apart; the compiled decoder times both
+    (workers/decode.DecodeTiming), so a report says which of the two the plan got wrong."""
+    from planner.throughput import inference_split
+
+    # two replicas of batch 32: one worker's step is 32 rows at half the placement's decode rate
+    throughput = {"tokens_per_s": 9000.0, "decode_tokens_per_s": 32000.0, "breakdown_s": {"prefill": 0.09,
+                                                                                           "decode": 0.25}}
+    strategy = {"task": "infer", "gpu": "H200", "gpu_count": 2, "batch": 32}
+    assert inference_split(throughput, strategy) == {"prefill_s": 0.09, "decode_step_s": pytest.approx(0.002)}
+    assert inference_split({"tokens_per_s": 500.0}, {"gpu_count": 1}) == {"prefill_s": None, "decode_step_s": None}
+
+    plan = {"chosen": {"estimate": {"strategy": strategy, "memory": {"peak_allocated_bytes": 4e9},
+                                    "throughput": throughput}}}
+    status = RunStatus(handle="h", state=RunState.SUCCEEDED,
+                       metrics={"measured_tokens_per_s": 9500.0, "measured_prefill_s": 0.1,
+                                "measured_decode_step_s": 0.0025})
+    job = SimpleNamespace(id="j-2", attempt_list=[SimpleNamespace(number=1, outcome="succeeded",
+                                                                  metrics=attempt_metrics(status, plan))])
+    (row,) = accuracy_rows(team_records([job]))
+    assert row["error_prefill_s"] == pytest.approx(-0.1) and row["error_decode_step_s"] == pytest.approx(-0.2)
+    assert summarize([row])["decode_step_s"]["n"] == 1
+
+    # the same through a local run's result.json and the CLI's table
+    home = tmp_path / "home"
+    _write_run(home, "serve", RunState.SUCCEEDED,
+               {"measured_tokens_per_s": 9500.0, "measured_prefill_s": 0.1, "measured_decode_step_s": 0.0025},
+               {"tokens_per_s": 9000.0, "prefill_s": 0.09, "decode_step_s": 0.002})
+    monkeypatch.setenv("GPUPLAN_HOME", str(home))
+    doc = json.loads(runner.invoke(app, ["report", "accuracy", "--json"]).output)
+    assert doc["rows"][0]["error_decode_step_s"] == pytest.approx(-0.2)
+    table = runner.invoke(app, ["report", "accuracy"])
+    assert table.exit_code == 0
+    assert "prefill_s: 1 runs, median |error| 10.0%" in table.output
+    assert "decode_step_s: 1 runs, median |error| 20.0%" in table.output
