@@ -14,6 +14,7 @@ from commands import output
 from commands.output import JSON_OPTION, Col, gib, handle_errors, print_json, print_table, styled, to_jsonable, warn
 from commands.settings import Settings
 from planner.decoder import moe_decode_phrase
+from planner.throughput import inference_split
 
 app = typer.Typer()  # plan and estimate: top-level commands
 
@@ -216,9 +217,13 @@ def _print_estimate(result: Any, slack: float) -> None:
     if thr.decoder is not None:  # inference: which decoder the workers run, and its one-time capture
         how = f" ({'compiled decoder' if thr.decoder == 'graph' else 'generate()'}"
         how += f", {thr.warmup_s:,.0f} s capture included" if thr.warmup_s else ""
-        how += f", experts {thr.moe_kernel}" if thr.moe_kernel else ""
-        how += ")"
+        how += moe_decode_phrase(thr.decoder, thr.moe_kernel) + ")"
     output.console.print(f"{line}; {result.hours:,.1f} h for the job{how}", highlight=False)
+    split = inference_split(thr.model_dump(mode="json"), result.strategy.model_dump(mode="json"))
+    if split["prefill_s"] is not None and split["decode_step_s"] is not None:
+        # the same two numbers a run logs and `gpuplan report accuracy` compares (workers/decode.DecodeTiming)
+        output.console.print(f"per batch of {result.strategy.batch}: prompt pass {split['prefill_s'] * 1e3:,.1f} ms, "
+                             f"then {split['decode_step_s'] * 1e3:,.2f} ms per decode step", highlight=False)
 
 
 cluster_app = typer.Typer(help="Ray cluster configs for running plans on spot instances.\n\nExample:\n\n"

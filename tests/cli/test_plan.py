@@ -84,6 +84,11 @@ def test_inference_example_plans_and_estimates() -> None:
     warmup = h100["throughput"]["warmup_s"]
     shown = " ".join(runner.invoke(app, ["estimate", serve, "--gpu", "H100-SXM", "--count", "1"]).stdout.split())
     assert warmup > 0 and f"h for the job (compiled decoder, {warmup:,.0f} s capture included)" in shown
+    # and a batch's two terms, as a run logs them and `gpuplan report accuracy` compares them
+    prefill = h100["throughput"]["breakdown_s"]["prefill"]
+    assert f"per batch of {h100['strategy']['batch']}: prompt pass {prefill * 1e3:,.1f} ms, then" in shown
+    assert "per batch of" not in " ".join(runner.invoke(app, ["estimate", EXAMPLE, "--gpu",
+                                                              "H200", "--count", "1"]).stdout.split())
 
 
 def test_model_given_as_hf_config_path(tmp_path: Path) -> None:
