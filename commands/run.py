@@ -105,6 +105,9 @@ def _print_run_summary(result: RunSummary) -> None:
     def rate(value: float | None) -> str:
         return f"{value:,.0f}" if value else "-"
 
+    def ms(value: float | None) -> str:
+        return f"{value * 1e3:,.2f} ms" if value else "-"
+
     table = Table(title=f"{result['job']}: {result['status']}", show_header=False)
     measured, predicted = result["measured"], result["predicted"]
     if result.get("task") == "infer":
@@ -112,8 +115,14 @@ def _print_run_summary(result: RunSummary) -> None:
                 ("strategy", f"{result['strategy_label']} ({result['engine']}, {result['device']})"),
                 ("prompts answered", f"{result['steps']} / {result['total_steps']}"),
                 ("outputs", result["outputs"]),
+                ("tokens/s measured / predicted",
+                 f"{rate(measured['tokens_per_s'])} / {rate(predicted['tokens_per_s'])}"),
                 ("wall time", f"{result['wall_s']:.1f} s"),
                 ("cost", "$0.00 (local machine)")]
+        if measured.get("prefill_s") is not None:  # the compiled decoder times a batch's two terms apart
+            rows.insert(-2, ("prompt pass / decode step measured / predicted",
+                             f"{ms(measured['prefill_s'])} / {ms(predicted.get('prefill_s'))}, "
+                             f"{ms(measured.get('decode_step_s'))} / {ms(predicted.get('decode_step_s'))}"))
         for key, value in rows:
             table.add_row(key, str(value))
         output.console.print(table)

@@ -127,6 +127,11 @@ def test_the_readme_inference_example_runs(project: Path) -> None:
     out = _invoke("run", str(example), "--checkpoint-dir", str(project / "readme"))
     assert out["status"] == "succeeded" and out["steps"] == 5
     assert len(Path(out["outputs"]).read_text().splitlines()) == 5
+    # the table a person reads: the measured rate next to the plan's (a CPU run decodes with generate(), so no
+    # prompt pass / decode step split is measured and none is shown)
+    table = RUNNER.invoke(app, ["run", str(example), "--checkpoint-dir", str(project / "readme-table")])
+    assert table.exit_code == 0, table.output
+    assert "tokens/s measured / predicted" in table.output and "prompt pass" not in table.output
 
 
 def test_bad_inputs_get_clear_errors_that_name_no_internals(project: Path) -> None:
