@@ -60,13 +60,14 @@ class _Stopwatch:
     """Marks on the device's stream (CUDA events) or the host's clock; read after the work is done."""
 
     def __init__(self, device: torch.device) -> None:
+        self._device = device
         self._cuda = device.type == "cuda"
         self._marks: list[Any] = []
 
     def mark(self) -> None:
         if self._cuda:
             event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            event.record()
+            event.record(torch.cuda.current_stream(self._device))  # the decoding device's, not device 0's
             self._marks.append(event)
         else:
             self._marks.append(time.perf_counter())
