@@ -65,9 +65,28 @@ def test_a_cell_is_won_job_by_job_when_more_jobs_cost_less_than_cost_more() -> N
     assert spot.cell_table(res)[1] == 0  # medians 1.35 vs 1.275: above greedy
     assert spot.paired_cells(res) == (1, 1)  # cheaper on jobs 3 and 4, dearer on job 2
     # The cell is listed among those above greedy, with the job-by-job count and both statistics.
-    assert spot.above_cells("fam", res) == ["| fam | 20% | 0.02 h | 4 | 2 / 1 / 1 | 1.350 / 1.275 | 1.300 / 1.387 |"]
+    (row,) = spot.above_cells("fam", res)
+    assert row.startswith("| fam | 20% | 0.02 h | 4 | 2 / 1 / 1 | 1.350 / 1.275 | ")
+    assert row.endswith(" | 1.300 / 1.387 |")
+    lo, hi = spot.median_gap_interval(res, np.ones(4, dtype=bool))
+    assert lo < 0.075 < hi and f"{lo:+.3f} .. {hi:+.3f}" in row  # four jobs cannot tell the medians apart
     res["greedy"]["ratio"] = np.array([1.0, 1.3, 1.4, 1.5])
     assert spot.above_cells("fam", res) == []  # level: not listed
+
+
+def test_a_median_gap_is_beyond_noise_only_when_the_cells_jobs_can_tell_it() -> None:
+    """The paired bootstrap of the median gap: 200 jobs where gpuplan costs 0.05 more on every one are above
+    greedy beyond noise; 200 where the two differ at random by +-0.05 around the same middle are not."""
+    spot = load_script("spot_cells", "spot_cells")
+    rng = np.random.default_rng(1)
+    base = 1.0 + rng.exponential(0.1, 200)
+    cell = {"slack": np.full(200, 0.5), "restart": np.full(200, 0.2)}
+    res = {"gpuplan": {"ratio": base + 0.05, **cell}, "greedy": {"ratio": base, **cell}}
+    assert spot.gap_beyond_noise(res) == (1, 0, 0)
+    res["gpuplan"]["ratio"] = base + rng.choice([-0.05, 0.05], 200)
+    assert spot.gap_beyond_noise(res) == (0, 0, 1)
+    res["gpuplan"]["ratio"] = base - 0.05
+    assert spot.gap_beyond_noise(res) == (0, 1, 0)
 
 
 def test_hindsight_rates_are_the_whole_traces_mean_run_and_outage() -> None:
