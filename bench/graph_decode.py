@@ -176,7 +176,7 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
 
     from planner.calibration import Calibration
     from planner.memory import sparse_layer_count
-    from planner.throughput import layer_kernel_weight, matmul_params
+    from planner.throughput import layer_kernel_weight
 
     catalog = load_catalog()
     gpu = catalog.gpu("H200")
@@ -194,21 +194,16 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
                 moe.append(c)
                 continue
             gap, est = _decode_step_gap(c, zero, gpu, model)
-            n, lm = matmul_params(model)
             # relative errors: a plan is judged by its tokens/s error, so each case weighs 1 / its measured step
             measured_step = gap + est.breakdown_s["decode"] / c["output"]
-            kernels = model.num_layers * layer_kernel_weight(model, routing=False)
-            rows.append([kernels / measured_step, c["batch"] * (n - lm) / measured_step])
+            rows.append([model.num_layers * layer_kernel_weight(model, routing=False) / measured_step])
             ys.append(gap / measured_step)
             names.append(c["case"])
-    # the rows x matmul-params term priced the K/V copy and stays 0 without it: with the decoders' own step times
-    # (2026-12-03 session 6) it took 1.0e-14 s from gemma-3-1b's single KV head alone and planned both 8B models'
-    # steps 20-34% long, so only the per-layer term is fitted
-    columns = np.array(rows, dtype=float)[:, :1]
-    (layer_s,), *_ = np.linalg.lstsq(columns, np.array(ys), rcond=None)
-    row_param_s = 0.0
-    dense = zero.model_copy(update={"graph_decode_layer_s": max(0.0, float(layer_s)),
-                                    "graph_decode_row_param_s": max(0.0, float(row_param_s))})
+    # only the per-layer term is fitted; the rows x matmul-params term priced the K/V copy and stays 0 without it:
+    # fitted too on the decoders' own step times (2026-12-03 session 6) it took 1.0e-14 s from gemma-3-1b's single KV
+    # head alone and planned both 8B models' steps 20-34% long
+    (layer_s,), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)
+    dense = zero.model_copy(update={"graph_decode_layer_s": max(0.0, float(layer_s))})
     per_layer = [_decode_step_gap(c, dense, gpu, m)[0] / sparse_layer_count(m)
                  for c in moe for m in [resolve_model(catalog, c["model"])]]
     moe_layer_s = max(0.0, float(np.mean(per_layer))) if per_layer else cal.throughput.graph_moe_layer_s
@@ -230,7 +225,7 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
                                "graph_moe_layer_s": moe_layer_s, "graph_compile_layer_s": compile_layer_s})
     calibration.write_text(json.dumps(data, indent=1) + "\n")
     print(f"fitted on {len(rows)} dense cases ({', '.join(names)}): graph_decode_layer_s {layer_s * 1e6:.1f} us, "
-          f"graph_decode_row_param_s {row_param_s:.3e} s; on {len(moe)} MoE cases "
+          f"graph_decode_row_param_s {dense.graph_decode_row_param_s:.3e} s (held); on {len(moe)} MoE cases "
           f"({', '.join(c['case'] for c in moe)}): graph_moe_layer_s {moe_layer_s * 1e6:.1f} us; the capture "
           f"{compile_layer_s} s a layer (median of {len(compile_per_layer)} fresh processes) -> {calibration}")
 

@@ -369,10 +369,10 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     ctx = prompt_tokens + output_tokens
     keys = ctx if graph else None
     h = model.hidden_size
-    work = b * prompt_tokens
     if graph:
         prefill = graph_prefill_s(model, b, prompt_tokens, ctx, tp, peak, cal, n, lm)
     else:
+        work = b * prompt_tokens
         prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens, keys)) / tp
         prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
         prefill = prefill_flops / (peak * prefill_eff) + expert_loop_s(model, work, 1.0, cal)

@@ -305,8 +305,9 @@ def run_inference(
     t1 = time.perf_counter()
     warm: tuple[float, int] | None = None  # (time, tokens) once the first batch is done: kernels chosen, caches warm
     in_generate = 0.0  # seconds inside generate() after the first batch
-    prefills: list[float] = []  # the compiled decoder's prompt passes after the first batch
-    steps = steps_s = 0.0
+    # the compiled decoder's prompt passes and decode steps after the first batch (workers/decode.DecodeTiming)
+    prefill_s = steps_s = 0.0
+    prefills = steps = 0
     try:
         for start in range(0, total, batch):
             todo = [r for r in requests[start : start + batch] if r.key not in finished]
@@ -330,8 +331,8 @@ def run_inference(
                 in_generate += time.perf_counter() - began
                 timing = graph.timing() if graph is not None else None
                 if timing is not None:
-                    prefills.append(timing.prefill_s)
-                    steps, steps_s = steps + timing.steps, steps_s + timing.steps_s
+                    prefill_s, prefills = prefill_s + timing.prefill_s, prefills + 1
+                    steps_s, steps = steps_s + timing.steps_s, steps + timing.steps
             records: list[dict[str, object]] = []
             for req, (new_ids, reason) in zip(todo, results, strict=True):
                 records.append(
@@ -378,8 +379,8 @@ def run_inference(
         decoder="graph" if graph is not None else "generate",
         moe_kernel=moe_kernel,
         packed_gqa=graph is not None and graph.packed_gqa,
-        steady_prefill_s=sum(prefills) / len(prefills) if prefills and graph is not None else None,
-        steady_step_s=steps_s / steps if steps and graph is not None else None,
+        steady_prefill_s=prefill_s / prefills if prefills else None,
+        steady_step_s=steps_s / steps if steps else None,
     )
 
 
