@@ -168,6 +168,87 @@ def _decode_step_gap(c: dict[str, Any], cal: Any, gpu: Any, model: Any) -> tuple
     return step - est.breakdown_s["decode"] / o, est
 
 
+MOE_TERMS = ("per sparse layer", "expert bytes", "routed pairs")
+
+
+def _moe_rows(moe: list[dict[str, Any]], dense: Any, gpu: Any) -> tuple[list[list[float]], list[float], list[str]]:
+    """Per MoE case, the step's excess per sparse layer over the dense terms (experts at decode_bw_efficiency),
+    and its three candidate terms: 1, the routed experts' bytes per layer / the bandwidth, tokens x top-k;
+    each row divided by the measured step per sparse layer (relative least squares)."""
+    from planner.memory import sparse_layer_count
+    from planner.throughput import decode_expert_weight_params
+
+    catalog = load_catalog()
+    bw = gpu.memory_bandwidth_gbps * 1e9
+    base = dense.model_copy(update={"graph_moe_layer_s": 0.0, "graph_moe_pair_s": 0.0,
+                                    "graph_moe_expert_bw_efficiency": dense.decode_bw_efficiency})
+    rows, ys, models = [], [], []
+    for c in moe:
+        m = resolve_model(catalog, c["model"])
+        layers = sparse_layer_count(m)
+        gap, est = _decode_step_gap(c, base, gpu, m)
+        measured = (gap + est.breakdown_s["decode"] / c["output"]) / layers
+        expert_bytes = decode_expert_weight_params(m, c["batch"]) * 2 / layers  # bf16: the compiled MoE's only dtype
+        rows.append([1.0 / measured, expert_bytes / bw / measured, c["batch"] * m.experts_per_token / measured])
+        ys.append(gap / layers / measured)
+        models.append(c["model"])
+    return rows, ys, models
+
+
+def _solve(rows: list[list[float]], ys: list[float], terms: tuple[int, ...]) -> list[float] | None:
+    """Least squares on the chosen terms (the others 0); None if a coefficient comes out negative."""
+    import numpy as np
+
+    a = np.array([[r[t] for t in terms] for r in rows], dtype=float)
+    coef, *_ = np.linalg.lstsq(a, np.array(ys), rcond=None)
+    if (coef < 0).any():
+        return None
+    full = [0.0] * len(MOE_TERMS)
+    for t, v in zip(terms, coef, strict=True):
+        full[t] = float(v)
+    return full
+
+
+def _error(row: list[float], y: float, coef: list[float]) -> float:
+    """A case's relative step error under ``coef`` ((planned - measured) / measured)."""
+    return sum(x * k for x, k in zip(row, coef, strict=True)) - y
+
+
+def fit_moe(moe: list[dict[str, Any]], dense: Any, gpu: Any) -> dict[str, float]:
+    """The compiled MoE step's terms beyond the dense ones: every nonnegative subset of (a cost per sparse layer, the
+    routed experts read below decode_bw_efficiency, a cost per routed (token, expert) pair) fitted by relative least
+    squares. Kept: the subset whose worst leave-one-model-out step error is smallest (with one model, whose worst
+    error on its own cases is smallest; ties go to fewer terms)."""
+    from itertools import combinations
+
+    rows, ys, models = _moe_rows(moe, dense, gpu)
+    names = sorted(set(models))
+    best: tuple[float, tuple[int, ...], list[float]] | None = None
+    for size in (1, 2, 3):
+        for terms in combinations(range(len(MOE_TERMS)), size):
+            coef = _solve(rows, ys, terms)
+            if coef is None:
+                continue
+            worst = 0.0
+            if len(names) == 1:
+                worst = max(abs(_error(r, y, coef)) for r, y in zip(rows, ys, strict=True))
+            for out in names if len(names) > 1 else []:
+                keep = [i for i, m in enumerate(models) if m != out]
+                sub = _solve([rows[i] for i in keep], [ys[i] for i in keep], terms)
+                if sub is None:
+                    worst = float("inf")
+                    break
+                worst = max([worst] + [abs(_error(rows[i], ys[i], sub)) for i, m in enumerate(models) if m == out])
+            print(f"  MoE terms {' + '.join(MOE_TERMS[t] for t in terms)}: {', '.join(f'{v:.4g}' for v in coef)}; "
+                  f"worst {'leave-one-model-out ' if len(names) > 1 else ''}step error {worst:.1%}")
+            if best is None or worst < best[0] - 1e-3:
+                best = (worst, terms, coef)
+    assert best is not None
+    layer_s, inverse_excess, pair_s = best[2]
+    return {"graph_moe_layer_s": layer_s, "graph_moe_pair_s": pair_s,
+            "graph_moe_expert_bw_efficiency": 1.0 / (1.0 / dense.decode_bw_efficiency + inverse_excess)}
+
+
 def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
     """Dense cases: least squares of the step's excess over the bytes read on layers and rows x matmul params.
     Mixtures of experts, after: ``graph_moe_layer_s``, the mean excess per sparse layer of the non-holdout MoE
@@ -175,7 +256,6 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
     import numpy as np
 
     from planner.calibration import Calibration
-    from planner.memory import sparse_layer_count
     from planner.throughput import layer_kernel_weight
 
     catalog = load_catalog()
@@ -204,9 +284,7 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
     # head alone and planned both 8B models' steps 20-34% long
     (layer_s,), *_ = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)
     dense = zero.model_copy(update={"graph_decode_layer_s": max(0.0, float(layer_s))})
-    per_layer = [_decode_step_gap(c, dense, gpu, m)[0] / sparse_layer_count(m)
-                 for c in moe for m in [resolve_model(catalog, c["model"])]]
-    moe_layer_s = max(0.0, float(np.mean(per_layer))) if per_layer else cal.throughput.graph_moe_layer_s
+    moe_terms = fit_moe(moe, dense, gpu) if moe else {}
     # the capture in a fresh process: a record's first case, or every case of a record run one process per case
     # (later cases of a process reuse inductor's caches: 1.1-1.5 s a layer instead of 1.8-3.3)
     compile_per_layer = []
@@ -222,11 +300,11 @@ def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
     data["throughput"].update({"graph_decode_step_s": 0.0, "graph_decode_layer_s": dense.graph_decode_layer_s,
                                "graph_decode_row_layer_s": 0.0,
                                "graph_decode_row_param_s": dense.graph_decode_row_param_s,
-                               "graph_moe_layer_s": moe_layer_s, "graph_compile_layer_s": compile_layer_s})
+                               "graph_compile_layer_s": compile_layer_s, **moe_terms})
     calibration.write_text(json.dumps(data, indent=1) + "\n")
     print(f"fitted on {len(rows)} dense cases ({', '.join(names)}): graph_decode_layer_s {layer_s * 1e6:.1f} us, "
           f"graph_decode_row_param_s {dense.graph_decode_row_param_s:.3e} s (held); on {len(moe)} MoE cases "
-          f"({', '.join(c['case'] for c in moe)}): graph_moe_layer_s {moe_layer_s * 1e6:.1f} us; the capture "
+          f"({', '.join(c['case'] for c in moe)}): {moe_terms}; the capture "
           f"{compile_layer_s} s a layer (median of {len(compile_per_layer)} fresh processes) -> {calibration}")
 
 

@@ -149,6 +149,14 @@ class ThroughputCalibration(_Cal):
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per token beyond the "
         "routed experts' bytes (the routing's kernels and two grouped GEMMs); bench/graph_decode.py --fit on "
         "gpt-oss-20b, Qwen3-30B-A3B held out")
+    graph_moe_expert_bw_efficiency: float = Field(
+        default=0.7, gt=0.0, le=1.0,
+        description="compiled decode of a mixture of experts: the share of the memory bandwidth at which the "
+        "grouped GEMMs read the routed experts a step touches (the other weights: decode_bw_efficiency)")
+    graph_moe_pair_s: float = Field(
+        default=0.0, ge=0.0,
+        description="compiled decode of a mixture of experts: GPU seconds per sparse layer per (token, expert) "
+        "pair routed, beyond the experts' bytes")
     # the graph_prefill_* defaults: bench/prefill_probe.py --fit on bench/results/workers/prefill_probe_2026-12-03.json
     # (the compiled decoder's own prompt pass timed by its CUDA events on one H200; fitted on the 1-4B models,
     # the 8B models, gemma-3-12b and Qwen3-30B-A3B held out; docs/MEASUREMENTS.md "The compiled decoder's prompt pass")

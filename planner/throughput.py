@@ -390,6 +390,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     # weights are gathered (read and written) and read again by its bmm, instead of each expert read once
     kernel = moe_decode_kernel(model, gpu.vendor, strategy.weights, b, graph=graph, given=moe_kernel)
     gathered = gathered_expert_bytes(model, b, strategy.weights, batched_mm=kernel == "batched_mm")
+    grouped_bytes = 0.0
     gather_time = 3 * gathered * sparse_layer_count(model) / tp / (gpu.memory_bandwidth_gbps * 1e9
                                                                    * cal.decode_gather_bw_efficiency)
     if strategy.weights == "mxfp4":  # the checkpoint's MXFP4 experts, everything else bf16
@@ -401,6 +402,10 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
         if gathered:  # the routed experts are the gathers' bytes, not read once each
             weight_bytes -= decode_expert_weight_params(model, b) * wb / tp
+        elif graph and kernel == "grouped_mm":
+            # the compiled step's grouped GEMMs read the routed experts at their own share of the bandwidth
+            grouped_bytes = decode_expert_weight_params(model, b) * wb / tp
+            weight_bytes -= grouped_bytes
     avg_ctx = prompt_tokens + output_tokens / 2
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
     expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
@@ -416,7 +421,8 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         # cases: the extra step time grows with the batch at this rate). SDPA models copy nothing: the workers
         # pack each KV head's query heads as its query rows (workers/gqa_attention.py) since 2026-12-03
         kv_time += 2 * kv_time * (model.num_attention_heads // model.num_kv_heads)
-    mem_time = (weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
+    mem_time = ((weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
+                + grouped_bytes / (gpu.memory_bandwidth_gbps * 1e9 * cal.graph_moe_expert_bw_efficiency))
     attention = decode_attention_flops(model, int(avg_ctx), full_length=graph)
     compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
     if graph:
@@ -431,7 +437,8 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         if kernel == "grouped_mm":
             # the routing's small kernels (sort, histogram, offsets, gathers, the weighted sum) and two grouped
             # GEMMs per sparse layer, replayed, beyond the routed experts' bytes (fitted on gpt-oss-20b)
-            overhead += cal.graph_moe_layer_s * sparse_layer_count(model)
+            overhead += ((cal.graph_moe_layer_s + cal.graph_moe_pair_s * b * model.experts_per_token)
+                         * sparse_layer_count(model))
     else:
         overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
                      + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))

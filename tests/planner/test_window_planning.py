@@ -17,11 +17,14 @@ from planner.memory import (
     infer_memory,
     kv_cache_bytes,
     layer_activation_bytes_per_token,
+    sparse_layer_count,
 )
 from planner.memory_train import train_memory, train_moments
 from planner.throughput import (
     attention_flops_per_token,
     decode_attention_flops,
+    decode_expert_weight_params,
+    decode_weight_params,
     infer_throughput,
     layer_kernel_weight,
     train_throughput,
@@ -256,6 +259,28 @@ def test_compiled_moe_decode_pays_its_sparse_layers_and_no_host(name: str) -> No
     assert graph.decode_tokens_per_s is not None and free.decode_tokens_per_s is not None
     assert 32 / graph.decode_tokens_per_s - 32 / free.decode_tokens_per_s == pytest.approx(
         TCAL.graph_moe_layer_s * m.num_layers)  # every layer of both is sparse
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b"])
+def test_compiled_moe_decode_reads_the_routed_experts_at_the_grouped_gemms_bandwidth(name: str) -> None:
+    """The compiled step's grouped GEMMs read only the experts some row routed to, at their own share of the
+    bandwidth (graph_moe_expert_bw_efficiency); each routed (row, expert) pair adds graph_moe_pair_s per sparse
+    layer. The other weights stay at decode_bw_efficiency."""
+    m = model(name)
+    strategy = Strategy(task="infer", gpu="H200", gpu_count=1, batch=16)
+    base = TCAL.model_copy(update={"graph_moe_expert_bw_efficiency": 0.7, "graph_moe_pair_s": 0.0,
+                                   "decode_bw_efficiency": 0.7})
+    slow = base.model_copy(update={"graph_moe_expert_bw_efficiency": 0.35, "graph_moe_pair_s": 1e-6})
+    steps = {}
+    for key, cal in (("base", base), ("slow", slow)):
+        est = infer_throughput(m, strategy, 512, 64, H200, cal)
+        assert est.decode_tokens_per_s is not None and est.decoder == "graph"
+        steps[key] = 16 / est.decode_tokens_per_s
+    experts = decode_expert_weight_params(m, 16) * 2
+    bw = H200.memory_bandwidth_gbps * 1e9
+    assert 0 < experts < decode_weight_params(m, 16) * 2  # the step reads the touched experts and the rest
+    assert steps["slow"] - steps["base"] == pytest.approx(
+        experts / (bw * 0.35) - experts / (bw * 0.7) + 1e-6 * 16 * m.experts_per_token * sparse_layer_count(m))
 
 
 def test_compiled_eager_attention_reads_its_expanded_cache_every_step() -> None:
