@@ -264,9 +264,20 @@ def case_infer_moe_b64(work: Path, timeout: float) -> Outcome:
 
 
 def case_infer_moe_qwen3(work: Path, timeout: float) -> Outcome:
-    """Qwen3-30B-A3B (128 experts, top-8, 48 layers, SDPA) at batch 32: held out of the fit of the compiled step's
-    cost per sparse layer (bench/graph_decode.py --fit fitted it on gpt-oss)."""
+    """Qwen3-30B-A3B (128 experts, top-8, 48 layers, SDPA) at batch 32: held out of the fits of the compiled MoE
+    step and prompt pass (bench/graph_decode.py and bench/prefill_probe.py --fit: gpt-oss, Qwen1.5-MoE, Mixtral)."""
     return _simple("infer-moe-qwen3", _moe_spec(32, 96, "qwen3-30b-a3b"), work, timeout)
+
+
+def case_infer_moe_mixtral(work: Path, timeout: float) -> Outcome:
+    """Mixtral-8x7B (8 wide experts, top-2, 93 GB in bf16) at batch 32: the largest model one H200 serves in bf16,
+    every expert read each step, its prompt pass's grouped GEMMs near the dense ones' efficiency."""
+    return _simple("infer-moe-mixtral", _moe_spec(32, 96, "mixtral-8x7b"), work, timeout)
+
+
+def case_infer_moe_qwen15(work: Path, timeout: float) -> Outcome:
+    """Qwen1.5-MoE-A2.7B (60 experts, top-4, a gated shared expert in every layer) at batch 32."""
+    return _simple("infer-moe-qwen15", _moe_spec(32, 128, "qwen1.5-moe-a2.7b"), work, timeout)
 
 
 def case_kill_resume(work: Path, timeout: float) -> Outcome:
@@ -332,6 +343,8 @@ CASES: dict[str, Callable[[Path, float], Outcome]] = {
     "infer-moe-b8": case_infer_moe_b8,
     "infer-moe-b64": case_infer_moe_b64,
     "infer-moe-qwen3": case_infer_moe_qwen3,
+    "infer-moe-mixtral": case_infer_moe_mixtral,
+    "infer-moe-qwen15": case_infer_moe_qwen15,
     "kill-resume": case_kill_resume,
 }
 

@@ -251,8 +251,8 @@ def fit_moe(moe: list[dict[str, Any]], dense: Any, gpu: Any) -> dict[str, float]
 
 def fit(results: list[Path], holdout: set[str], calibration: Path) -> None:
     """Dense cases: least squares of the step's excess over the bytes read on layers and rows x matmul params.
-    Mixtures of experts, after: ``graph_moe_layer_s``, the mean excess per sparse layer of the non-holdout MoE
-    cases over the dense terms (a MoE step pays those too)."""
+    Mixtures of experts, after, on their excess over the dense terms (a MoE step pays those too): ``fit_moe``'s
+    terms (``graph_moe_layer_s``, ``graph_moe_expert_bw_efficiency``, ``graph_moe_pair_s``)."""
     import numpy as np
 
     from planner.calibration import Calibration

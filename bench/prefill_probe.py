@@ -149,9 +149,14 @@ def fit(records: list[Path], holdout: set[str], calibration: Path) -> None:
     fitted = cal.throughput.model_copy(update=update)
     moe_err = float("nan")
     if moe:
-        moe_err, expert_mfu = min((_rms_error(moe, fitted.model_copy(update={"graph_prefill_expert_mfu": e})), e)
-                                  for e in (round(0.02 + 0.005 * i, 3) for i in range(157)))
-        update["graph_prefill_expert_mfu"] = expert_mfu
+        # the experts' efficiency curve: its ceiling, and half-saturation points in expert width and rows per expert
+        grid = [{"graph_prefill_expert_mfu": round(0.1 + 0.02 * i, 2), "graph_prefill_expert_width_half": wh,
+                 "graph_prefill_expert_rows_half": rh}
+                for i in range(46) for wh in (0.0, 250.0, 500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0, 6000.0)
+                for rh in (0.0, 64.0, 128.0, 256.0, 512.0, 1024.0)]
+        moe_err, expert = min(((_rms_error(moe, fitted.model_copy(update=g)), g) for g in grid),
+                              key=lambda pair: pair[0])
+        update.update(expert)
     data = json.loads(calibration.read_text())
     data["throughput"].update(update)
     calibration.write_text(json.dumps(data, indent=1) + "\n")

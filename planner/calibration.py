@@ -122,8 +122,9 @@ class ThroughputCalibration(_Cal):
     decode_step_overhead_s: float = 4e-3
     # the graph_decode_* defaults: bench/graph_decode.py --fit on the decoder's own step times (CUDA events) of the
     # 5 dense cases of bench/results/workers/graph_decode_split2_2026-12-03.json (the GPU acceptance's two inference
-    # shapes, llama-3.2-1b and gemma-3-1b at 32x512x128, and the 8B models held out) and the gpt-oss cases of it and
-    # of graph_decode_moe_2026-12-03.json (Qwen3-30B-A3B held out); the per-layer term is per Llama layer's kernels
+    # shapes, llama-3.2-1b and gemma-3-1b at 32x512x128, and the 8B models held out); the graph_moe_* terms on the
+    # mixtures of graph_decode_moefit_{a,b}_2026-12-04.json (gpt-oss-20b, Qwen1.5-MoE-A2.7B, Mixtral-8x7B; every
+    # Qwen3-30B-A3B case held out), chosen by leave-one-model-out; the per-layer term is per Llama layer's kernels
     # (layer_kernel_weight). The rows x matmul-params term priced the K/V copy the decoder no longer makes
     # (docs/MEASUREMENTS.md, "Packed grouped-query attention"; "The compiled decoder's prompt pass and step, apart")
     graph_decode_layer_s: float = Field(
@@ -140,24 +141,25 @@ class ThroughputCalibration(_Cal):
     graph_decode_step_s: float = Field(
         default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
     graph_compile_layer_s: float = Field(
-        default=2.47, ge=0.0,
+        default=2.15, ge=0.0,
         description="compiled decode: one-time seconds per layer to capture the step in a fresh process "
         "(torch.compile: dynamo, inductor, the CUDA graph); bench/graph_decode.py --fit, the median over its "
         "first-in-process cases (1.8-3.3 s; a process that compiled before takes 1.1-1.5)")
     graph_moe_layer_s: float = Field(
-        default=1.831e-4, ge=0.0,
+        default=4.82e-5, ge=0.0,
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per token beyond the "
-        "routed experts' bytes (the routing's kernels and two grouped GEMMs); bench/graph_decode.py --fit on "
-        "gpt-oss-20b, Qwen3-30B-A3B held out")
+        "routed experts' bytes (the routing's kernels, the grouped GEMMs' launches)")
     graph_moe_expert_bw_efficiency: float = Field(
-        default=0.7, gt=0.0, le=1.0,
+        default=0.5607, gt=0.0, le=1.0,
         description="compiled decode of a mixture of experts: the share of the memory bandwidth at which the "
-        "grouped GEMMs read the routed experts a step touches (the other weights: decode_bw_efficiency)")
+        "grouped GEMMs read the routed experts a step touches (the other weights: decode_bw_efficiency; a kernel "
+        "profile of gpt-oss-20b and Qwen3-30B-A3B measured 0.50-0.58)")
     graph_moe_pair_s: float = Field(
         default=0.0, ge=0.0,
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per (token, expert) "
-        "pair routed, beyond the experts' bytes")
+        "pair routed, beyond the experts' bytes (a candidate term of the fit, not chosen: 0)")
     # the graph_prefill_* defaults: bench/prefill_probe.py --fit on bench/results/workers/prefill_probe_2026-12-03.json
+    # and prefill_probe_moefit_2026-12-04.json (Qwen1.5-MoE, Mixtral)
     # (the compiled decoder's own prompt pass timed by its CUDA events on one H200; fitted on the 1-4B models,
     # the 8B models, gemma-3-12b and Qwen3-30B-A3B held out; docs/MEASUREMENTS.md "The compiled decoder's prompt pass")
     graph_prefill_mfu: float = Field(
@@ -172,9 +174,18 @@ class ThroughputCalibration(_Cal):
         description="the prompt pass is never faster than layers x this: eager PyTorch issuing a layer's kernels "
         "(one row of a short prompt)")
     graph_prefill_expert_mfu: float = Field(
-        default=0.175, gt=0.0, le=1.0,
+        default=0.46, gt=0.0, le=1.0,
         description="the prompt pass of a mixture of experts: the share of peak bf16 FLOP/s the routed experts' "
-        "grouped GEMMs reach, eager (fitted on gpt-oss-20b)")
+        "grouped GEMMs reach, eager, at wide experts and many rows each (graph_prefill_expert_efficiency; fitted "
+        "on gpt-oss-20b, Qwen1.5-MoE-A2.7B, Mixtral-8x7B, Qwen3-30B-A3B held out)")
+    graph_prefill_expert_width_half: float = Field(
+        default=1500.0, ge=0.0,
+        description="the expert intermediate width at which the prompt pass's grouped GEMMs reach half of "
+        "graph_prefill_expert_mfu")
+    graph_prefill_expert_rows_half: float = Field(
+        default=128.0, ge=0.0,
+        description="the rows per expert (prompt tokens x top-k / experts) at which the prompt pass's grouped GEMMs "
+        "reach half of graph_prefill_expert_mfu")
     # ASSUMED (not yet measured; bench/cases_models.yaml measures it): transformers' per-expert Python loop
     # (gpt-oss) syncs the host on every expert it visits (`for expert_idx in expert_hit`) and launches about
     # a dozen small kernels for it: ~12 x 10 us + a 30 us sync

@@ -333,6 +333,16 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     return tokens_per_s, per_micro, compute, exposed, opt, mfu
 
 
+def graph_prefill_expert_efficiency(model: ModelConfig, tokens: int, cal: ThroughputCalibration) -> float:
+    """The share of peak the prompt pass's routed experts reach as eager grouped GEMMs: more as each expert's
+    matrices widen (its intermediate width w) and as each gets more rows (tokens x top-k / experts), by two
+    half-saturation points (bench/prefill_probe.py --fit: gpt-oss-20b, Qwen1.5-MoE, Mixtral; Qwen3-30B-A3B held out)."""
+    width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+    rows = tokens * model.experts_per_token / max(1, model.num_experts)
+    return (cal.graph_prefill_expert_mfu * width / (width + cal.graph_prefill_expert_width_half)
+            * rows / (rows + cal.graph_prefill_expert_rows_half))
+
+
 def graph_prefill_s(model: ModelConfig, batch: int, prompt_tokens: int, keys: int, tp: int, peak: float,
                     cal: ThroughputCalibration, n: float, lm: float) -> float:
     """The compiled decoder's prompt pass (workers/decode.py: eager, a static cache of ``keys`` positions), before
@@ -344,7 +354,8 @@ def graph_prefill_s(model: ModelConfig, batch: int, prompt_tokens: int, keys: in
     experts = decode_expert_weight_params(model, 1)  # the k routed experts' matmul params per token, every layer
     dense = batch * prompt_tokens * (2 * (n - lm - experts) + attention_flops_per_token(model, prompt_tokens, keys))
     flops_time = ((dense + 2 * batch * lm) / (cal.graph_prefill_mfu * h / (h + cal.graph_prefill_hidden_half))
-                  + 2 * batch * prompt_tokens * experts / cal.graph_prefill_expert_mfu) / (tp * peak)
+                  + 2 * batch * prompt_tokens * experts / graph_prefill_expert_efficiency(model, batch * prompt_tokens,
+                                                                                         cal)) / (tp * peak)
     return max(flops_time, model.num_layers * cal.graph_prefill_layer_s)
 
 

@@ -26,10 +26,11 @@ def _calibration_copy(tmp_path: Path) -> Path:
 def test_the_prompt_pass_constants_are_the_fit_on_the_probe_record(tmp_path: Path) -> None:
     probe = load_script("prefill_probe", "prefill_probe")
     path = _calibration_copy(tmp_path)
-    probe.fit([RESULTS / "prefill_probe_2026-12-03.json"], {"qwen3-8b", "llama-3-8b", "gemma-3-12b", "qwen3-30b-a3b"},
-              path)
+    probe.fit([RESULTS / "prefill_probe_2026-12-03.json", RESULTS / "prefill_probe_moefit_2026-12-04.json"],
+              {"qwen3-8b", "llama-3-8b", "gemma-3-12b", "qwen3-30b-a3b"}, path)
     fitted = json.loads(path.read_text())["throughput"]
-    for key in ("graph_prefill_mfu", "graph_prefill_hidden_half", "graph_prefill_layer_s", "graph_prefill_expert_mfu"):
+    for key in ("graph_prefill_mfu", "graph_prefill_hidden_half", "graph_prefill_layer_s", "graph_prefill_expert_mfu",
+                "graph_prefill_expert_width_half", "graph_prefill_expert_rows_half"):
         assert fitted[key] == pytest.approx(SHIPPED[key]), key
 
 
@@ -37,14 +38,17 @@ def test_the_decode_step_constants_are_the_fit_on_the_split_records(tmp_path: Pa
     graph_decode = load_script("graph_decode", "graph_decode")
     path = _calibration_copy(tmp_path)
     records = [RESULTS / name for name in ("graph_decode_split2_2026-12-03.json", "graph_decode_split_2026-12-03.json",
-                                           "graph_decode_moe_2026-12-03.json")]
+                                           "graph_decode_moefit_a_2026-12-04.json",
+                                           "graph_decode_moefit_b_2026-12-04.json")]
     holdout = {"llama-3.2-1b:32x512x128", "gemma-3-1b:32x512x128", "qwen3-8b:16x1024x128", "llama-3-8b:32x512x128",
-               "qwen3-30b-a3b:32x512x128"}
+               "qwen3-30b-a3b:32x512x128", "qwen3-30b-a3b:8x512x128", "qwen3-30b-a3b:64x512x128"}
     graph_decode.fit(records, holdout, path)
     fitted = json.loads(path.read_text())["throughput"]
     # the shipped values are the fit's, rounded to 4 significant figures
     assert fitted["graph_decode_layer_s"] == pytest.approx(SHIPPED["graph_decode_layer_s"], rel=1e-3)
-    assert fitted["graph_moe_layer_s"] == pytest.approx(SHIPPED["graph_moe_layer_s"], rel=1e-3)
+    for key in ("graph_moe_layer_s", "graph_moe_expert_bw_efficiency", "graph_compile_layer_s"):
+        assert fitted[key] == pytest.approx(SHIPPED[key], rel=1e-3), key
+    assert fitted["graph_moe_pair_s"] == SHIPPED["graph_moe_pair_s"] == 0.0  # a candidate the fit did not choose
     assert fitted["graph_decode_row_param_s"] == SHIPPED["graph_decode_row_param_s"] == 0.0
 
 
