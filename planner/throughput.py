@@ -447,7 +447,8 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
                     + cal.graph_decode_row_param_s * b * (n - lm) / tp + cal.graph_decode_step_s)
         if kernel == "grouped_mm":
             # the routing's small kernels (sort, histogram, offsets, gathers, the weighted sum) and two grouped
-            # GEMMs per sparse layer, replayed, beyond the routed experts' bytes (fitted on gpt-oss-20b)
+            # GEMMs' launches per sparse layer, replayed, beyond the routed experts' bytes (read at
+            # graph_moe_expert_bw_efficiency; fitted on gpt-oss-20b, Qwen1.5-MoE, Mixtral, Qwen3-30B-A3B held out)
             overhead += ((cal.graph_moe_layer_s + cal.graph_moe_pair_s * b * model.experts_per_token)
                          * sparse_layer_count(model))
     else:
