@@ -24,7 +24,8 @@ The packed decoder's fit with its own step times (2026-12-03 session 6): --fit
 bench/results/workers/graph_decode_split2_2026-12-03.json --fit bench/results/workers/graph_decode_split_2026-12-03.json
 --fit bench/results/workers/graph_decode_moe_2026-12-03.json --holdout llama-3.2-1b:32x512x128,gemma-3-1b:32x512x128,
 qwen3-8b:16x1024x128,llama-3-8b:32x512x128,qwen3-30b-a3b:32x512x128 (the MoE record's gpt-oss cases: eager attention,
-untouched by the packing; its Qwen3-30B-A3B predates it).
+untouched by the packing; its Qwen3-30B-A3B predates it). The MoE refit on three mixtures (2026-12-04; ``fit_moe``): the
+two split records and graph_decode_moefit_{a,b}_2026-12-04.json, with every qwen3-30b-a3b case held out too.
 
 Steady tokens/s drops the first batch (the compile, for "graph"). ``first_batch_s`` is that batch.
 ``same_tokens``: the share of requests whose new tokens are identical between the two decoders
@@ -214,6 +215,18 @@ def _error(row: list[float], y: float, coef: list[float]) -> float:
     return sum(x * k for x, k in zip(row, coef, strict=True)) - y
 
 
+def _worst_left_out(rows: list[list[float]], ys: list[float], models: list[str], terms: tuple[int, ...]) -> float:
+    """The worst step error of a model's cases under the terms fitted without that model (inf: a fit went negative)."""
+    worst = 0.0
+    for out in sorted(set(models)):
+        keep = [i for i, m in enumerate(models) if m != out]
+        sub = _solve([rows[i] for i in keep], [ys[i] for i in keep], terms)
+        if sub is None:
+            return float("inf")
+        worst = max([worst] + [abs(_error(rows[i], ys[i], sub)) for i, m in enumerate(models) if m == out])
+    return worst
+
+
 def fit_moe(moe: list[dict[str, Any]], dense: Any, gpu: Any) -> dict[str, float]:
     """The compiled MoE step's terms beyond the dense ones: every nonnegative subset of (a cost per sparse layer, the
     routed experts read below decode_bw_efficiency, a cost per routed (token, expert) pair) fitted by relative least
@@ -229,16 +242,10 @@ def fit_moe(moe: list[dict[str, Any]], dense: Any, gpu: Any) -> dict[str, float]
             coef = _solve(rows, ys, terms)
             if coef is None:
                 continue
-            worst = 0.0
             if len(names) == 1:
                 worst = max(abs(_error(r, y, coef)) for r, y in zip(rows, ys, strict=True))
-            for out in names if len(names) > 1 else []:
-                keep = [i for i, m in enumerate(models) if m != out]
-                sub = _solve([rows[i] for i in keep], [ys[i] for i in keep], terms)
-                if sub is None:
-                    worst = float("inf")
-                    break
-                worst = max([worst] + [abs(_error(rows[i], ys[i], sub)) for i, m in enumerate(models) if m == out])
+            else:
+                worst = _worst_left_out(rows, ys, models, terms)
             print(f"  MoE terms {' + '.join(MOE_TERMS[t] for t in terms)}: {', '.join(f'{v:.4g}' for v in coef)}; "
                   f"worst {'leave-one-model-out ' if len(names) > 1 else ''}step error {worst:.1%}")
             if best is None or worst < best[0] - 1e-3:
