@@ -246,8 +246,9 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration, results_names: tuple[s
     return Calibration(
         source=f"bench/accuracy.py --fit on {len(fitted_ids)} non-holdout H200 cases "
                f"({datetime.now(UTC).date().isoformat()}); results {', '.join(results_names)}; "
-               "memory.expandable_overhead, throughput.graph_decode_*, throughput.graph_prefill_* and "
-               "throughput.decode_grouped_layer_s: planner/calibration.py's defaults (measured by "
+               "memory.expandable_overhead, throughput.graph_decode_*, throughput.graph_prefill_*, "
+               "throughput.graph_compile_layer_s, throughput.graph_moe_* and throughput.decode_grouped_layer_s: "
+               "planner/calibration.py's defaults (measured by "
                "bench/gpu_acceptance.py with the workers' allocator, by bench/graph_decode.py --fit and "
                "bench/prefill_probe.py --fit with the workers' compiled decoder and by bench/moe_decode_fit.py "
                "with the workers' grouped_mm decode; these cases ran none of them)",
