@@ -59,13 +59,17 @@ def sparse_layer_count(model: ModelConfig) -> int:
     return model.num_layers - (model.moe.dense_layers if model.moe else 0)
 
 
+def expert_width(model: ModelConfig) -> int:
+    """One routed expert's intermediate width (a model without MoE shapes: its intermediate_size)."""
+    return model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+
+
 def expert_weight_params(model: ModelConfig) -> int:
     """The routed experts' gate_up and down projection weights over every sparse layer (not their biases):
     what a checkpoint with StoredQuantization.weights == 'experts' (gpt-oss's MXFP4) stores quantized."""
     if model.num_experts <= 1:
         return 0
-    width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
-    return sparse_layer_count(model) * model.num_experts * 3 * model.hidden_size * width
+    return sparse_layer_count(model) * model.num_experts * 3 * model.hidden_size * expert_width(model)
 
 
 def stored_bytes_per_param(model: ModelConfig, weights: str) -> float:
@@ -109,7 +113,7 @@ def gathered_expert_bytes(model: ModelConfig, batch: int, weights: str, *, batch
     if model.num_experts <= 1 or not batched_mm or weights == "mxfp4":
         return 0.0
     moe = model.moe
-    width = moe.expert_intermediate_size if moe else model.intermediate_size
+    width = expert_width(model)
     per_pair = 3 * model.hidden_size * width + (2 * width + model.hidden_size if moe and moe.expert_bias else 0)
     return float(batch * model.experts_per_token * per_pair * 2)
 
@@ -256,8 +260,7 @@ def moe_mlp_width(model: ModelConfig) -> float:
     if model.num_experts <= 1:
         return float(model.intermediate_size)
     moe = model.moe
-    expert = moe.expert_intermediate_size if moe else model.intermediate_size
-    sparse = model.experts_per_token * expert + (moe.shared_intermediate_size if moe else 0)
+    sparse = model.experts_per_token * expert_width(model) + (moe.shared_intermediate_size if moe else 0)
     dense_layers = moe.dense_layers if moe else 0
     return (dense_layers * model.intermediate_size + (model.num_layers - dense_layers) * sparse) / model.num_layers
 
@@ -435,7 +438,7 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
         # weighted output (grouped GEMMs hold them for all routed copies at once; a per-expert loop holds one
         # expert's share, and its one_hot mask of int64 over (experts x top-k) per token)
         moe = model.moe
-        width = moe.expert_intermediate_size if moe else model.intermediate_size
+        width = expert_width(model)
         k = model.experts_per_token
         if moe is not None and moe.expert_loop:
             mlp_work = k * model.num_experts * 8 + 2 * h + 2 * k * (2 * h + 4 * width) / model.num_experts

@@ -22,6 +22,7 @@ from planner.knobs import KnobsLike
 from planner.memory import (
     WEIGHT_BYTES,
     cached_layer_tokens,
+    expert_width,
     gathered_expert_bytes,
     kv_cache_bytes,
     layer_activation_bytes_per_token,
@@ -60,7 +61,7 @@ def decode_weight_params(model: ModelConfig, batch: int, pc: ParamCount | None =
     e, k = model.num_experts, model.experts_per_token
     if e <= 1 or batch <= 1:
         return n - lm
-    width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+    width = expert_width(model)
     touched = e * (1 - (1 - k / e) ** batch)
     return n - lm + sparse_layer_count(model) * (touched - k) * 3 * model.hidden_size * width
 
@@ -71,7 +72,7 @@ def decode_expert_weight_params(model: ModelConfig, batch: int) -> float:
     e, k = model.num_experts, model.experts_per_token
     if e <= 1:
         return 0.0
-    width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+    width = expert_width(model)
     touched = k if batch <= 1 else e * (1 - (1 - k / e) ** batch)
     return float(sparse_layer_count(model) * touched * 3 * model.hidden_size * width)
 
@@ -337,7 +338,7 @@ def graph_prefill_expert_efficiency(model: ModelConfig, tokens: int, cal: Throug
     """The share of peak the prompt pass's routed experts reach as eager grouped GEMMs: more as each expert's
     matrices widen (its intermediate width w) and as each gets more rows (tokens x top-k / experts), by two
     half-saturation points (bench/prefill_probe.py --fit: gpt-oss-20b, Qwen1.5-MoE, Mixtral; Qwen3-30B-A3B held out)."""
-    width = model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+    width = expert_width(model)
     rows = tokens * model.experts_per_token / max(1, model.num_experts)
     return (cal.graph_prefill_expert_mfu * width / (width + cal.graph_prefill_expert_width_half)
             * rows / (rows + cal.graph_prefill_expert_rows_half))
@@ -374,6 +375,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     model = runtime_model(model, strategy.weights)
     n, lm = matmul_params(model, pc)
     peak = peak_tflops(gpu, "fp8" if strategy.weights == "fp8" else "bf16") * 1e12
+    raw_bw = gpu.memory_bandwidth_gbps * 1e9
     graph = decoder_for(model, gpu.vendor, strategy.weights, decoder, gpu.compute_capability) == "graph"
     # the graph decoder's static cache: every layer holds and reads the whole context (workers/decode.py), so
     # a sliding layer's prefill mask spans it and its decode steps read all of it, not the window
@@ -391,19 +393,18 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         # eager attention's prompt x (prompt + sinks) scores: scale, mask, sink concat, max, fp32 softmax, cast,
         # slice, each a separate kernel over every layer's scores (passes fitted on the gpt-oss prefills)
         scores = b * model.num_attention_heads / tp * prompt_tokens * (prompt_tokens + model.attn.sinks) * 2
-        prefill += cal.prefill_score_passes * scores * model.num_layers / (gpu.memory_bandwidth_gbps * 1e9)
+        prefill += cal.prefill_score_passes * scores * model.num_layers / raw_bw
     else:
         # a sliding window's mask and bias (prompt x keys): written and read once per sliding layer
         square_bytes = prefill_attention_bytes(model, b, prompt_tokens, keys=keys) / tp
         prefill += (2 * square_bytes * model.attn.sliding_layers
-                    / (gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency))
+                    / (raw_bw * cal.decode_bw_efficiency))
     # generate()'s batched_mm experts (planner.memory.gathered_expert_bytes): each (token, expert) pair's
     # weights are gathered (read and written) and read again by its bmm, instead of each expert read once
     kernel = moe_decode_kernel(model, gpu.vendor, strategy.weights, b, graph=graph, given=moe_kernel)
     gathered = gathered_expert_bytes(model, b, strategy.weights, batched_mm=kernel == "batched_mm")
     grouped_bytes = 0.0
-    gather_time = 3 * gathered * sparse_layer_count(model) / tp / (gpu.memory_bandwidth_gbps * 1e9
-                                                                   * cal.decode_gather_bw_efficiency)
+    gather_time = 3 * gathered * sparse_layer_count(model) / tp / (raw_bw * cal.decode_gather_bw_efficiency)
     if strategy.weights == "mxfp4":  # the checkpoint's MXFP4 experts, everything else bf16
         experts = decode_expert_weight_params(model, b)
         read = decode_weight_params(model, b, pc)
@@ -420,7 +421,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     avg_ctx = prompt_tokens + output_tokens / 2
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
     expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
-    bw = gpu.memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
+    bw = raw_bw * cal.decode_bw_efficiency
     speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
     # HF's DynamicCache grows by torch.cat: every step re-reads and re-writes the cache besides
     # attention reading it, hence kv_traffic_factor passes; the static cache is written in place and
@@ -433,7 +434,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         # pack each KV head's query heads as its query rows (workers/gqa_attention.py) since 2026-12-03
         kv_time += 2 * kv_time * (model.num_attention_heads // model.num_kv_heads)
     mem_time = ((weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
-                + grouped_bytes / (gpu.memory_bandwidth_gbps * 1e9 * cal.graph_moe_expert_bw_efficiency))
+                + grouped_bytes / (raw_bw * cal.graph_moe_expert_bw_efficiency))
     attention = decode_attention_flops(model, int(avg_ctx), full_length=graph)
     compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
     if graph:
