@@ -32,6 +32,10 @@ def simulate_command(
     plot: str | None = typer.Option(None, "--plot", help="Write a timeline plot (PNG) here (single job only)."),
     n_jobs: int = typer.Option(1, "--jobs", min=1, help="A stream of this many jobs, one every --every-hours."),
     every_hours: float = typer.Option(24.0, "--every-hours", help="Hours between arrivals in a stream."),
+    make_before_break: bool = typer.Option(
+        True, "--make-before-break/--break-before-make",
+        help="gpuplan's returns to spot may boot spot beside the running on-demand instance and move once it is "
+             "up, as the scheduler loop does (the bound may too); --break-before-make: stop on-demand first."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Replay spot traces: what each policy would have paid, when it finished, and what it lost.
@@ -46,6 +50,8 @@ def simulate_command(
       gpuplan simulate --trace a.json --trace b.json --deadline-hours 60 --plot timeline.png
 
       gpuplan simulate --trace a.json --deadline-hours 70 --jobs 30 --every-hours 24 --json
+
+      gpuplan simulate --trace a.json --deadline-hours 52 --restart-hours 0.4 --break-before-make
     """
     from pathlib import Path
 
@@ -62,12 +68,13 @@ def simulate_command(
     prices = Prices(on_demand=on_demand_price, spot=spot_price)
     if n_jobs > 1:
         _simulate_stream(zones, names, prices, n_jobs, every_hours, start_hour, job_hours, deadline_hours,
-                         restart_hours, checkpoint_hours, plot, as_json)
+                         restart_hours, checkpoint_hours, plot, as_json, make_before_break)
         return
     tick = start_tick_for(zones, start_hour)
     _warn_trace_too_short(zones, start_hour, start_hour, job_hours, deadline_hours)  # stderr: --json stays clean
     jobs = Jobs.make([tick], job_hours, float("inf") if deadline_hours is None else deadline_hours, restart_hours)
-    results = compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours, timeline=bool(plot)))
+    results = compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours, timeline=bool(plot),
+                                                             make_before_break=make_before_break))
     rows = {name: out.row(0) for name, out in results.items()}
     for row in rows.values():
         row.pop("policy")
@@ -79,7 +86,8 @@ def simulate_command(
     if as_json:
         print_json({
             "job": {"hours": job_hours, "deadline_hours": deadline_hours, "restart_hours": restart_hours,
-                    "start_hour": start_hour, "checkpoint_hours": checkpoint_hours},
+                    "start_hour": start_hour, "checkpoint_hours": checkpoint_hours,
+                    "make_before_break": make_before_break},
             "prices": {"on_demand": on_demand_price, "spot": spot_price},
             "trace_hours": zones.hours,
             "zones": list(zones.names),
@@ -162,7 +170,7 @@ def _print_simulation(rows: dict[str, dict[str, Any]], zones: Any, start_hour: f
 
 def _simulate_stream(zones: Any, names: list[str], prices: Any, n_jobs: int, every_hours: float, start_hour: float,
                      job_hours: float, deadline_hours: float | None, restart_hours: float, checkpoint_hours: float,
-                     plot: str | None, as_json: bool) -> None:
+                     plot: str | None, as_json: bool, make_before_break: bool) -> None:
     from scheduler.simulate import Jobs, SimOptions, compare, start_tick_for, summarize
 
     if plot:
@@ -177,10 +185,11 @@ def _simulate_stream(zones: Any, names: list[str], prices: Any, n_jobs: int, eve
     _warn_trace_too_short(zones, start_hour, last, job_hours, deadline_hours)
     deadline = float("inf") if deadline_hours is None else deadline_hours
     jobs = Jobs.make(starts, job_hours, deadline, restart_hours)
-    summary = summarize(compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours)))
+    summary = summarize(compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours,
+                                                                       make_before_break=make_before_break)))
     if as_json:
         print_json({"job": {"hours": job_hours, "deadline_hours": deadline_hours, "restart_hours": restart_hours,
-                            "checkpoint_hours": checkpoint_hours},
+                            "checkpoint_hours": checkpoint_hours, "make_before_break": make_before_break},
                     "arrivals": {"jobs": n_jobs, "first_hour": start_hour, "every_hours": every_hours},
                     "trace_hours": zones.hours, "zones": list(zones.names), "policies": summary})
         return

@@ -11,13 +11,18 @@ from scheduler.sim_model import FloatArray, IntArray, Jobs, Outcome, Prices, spo
 from scheduler.traces import Zones
 
 
-def omniscient(zones: Zones, jobs: Jobs, prices: Prices, resolution: int = 2) -> Outcome:
+def omniscient(zones: Zones, jobs: Jobs, prices: Prices, resolution: int = 2,
+               make_before_break: bool = False) -> Outcome:
     """The cheapest way to meet each deadline knowing the whole future trace (a lower bound).
 
     Dynamic program over ticks; state = (idle | on-demand | spot in zone z, progress on a grid of
     ``gap / resolution``). A start or changeover moves progress back by the restart delay (a debt
     paid before work resumes). Jobs are batched by (work, deadline, restart). Jobs without a deadline
     get the bound over the rest of the trace.
+
+    ``make_before_break``: what the replay's BOOT_SPOT does, relaxed so that it stays a lower bound: from
+    on-demand to spot without losing time, paying the restart at the zone's cheapest spot price of the
+    trace (the replay bills whole ticks of boot at the prices of their time, and then the checkpoint).
     """
     if resolution < 1:
         raise InvalidInput("resolution must be >= 1")
@@ -39,7 +44,7 @@ def omniscient(zones: Zones, jobs: Jobs, prices: Prices, resolution: int = 2) ->
     spot_price = spot_prices(zones, prices)
     for (work, deadline, restart), idx in groups.items():
         cost, fin = _omniscient_group(zones, spot_price, prices.on_demand, jobs.start_tick[idx], work, deadline,
-                                      restart, resolution)
+                                      restart, resolution, make_before_break)
         out.cost_usd[idx] = cost
         out.finish_h[idx] = fin
     # A bound, not a schedule: report finish only where the job could finish at all.
@@ -56,6 +61,7 @@ def _omniscient_group(
     deadline: float,
     restart: float,
     k: int,
+    warm: bool = False,
 ) -> tuple[FloatArray, FloatArray]:
     gap = zones.gap_h
     q = gap / k
@@ -73,6 +79,7 @@ def _omniscient_group(
     best_t = np.full(b, np.nan)
     # Finishing from index j within a tick costs price * (length - j) * q (the work left, restart debt included).
     need_h = (length - np.arange(length)) * q
+    boot_usd = r_units * q * spot_price.min(axis=1)  # (zones,) a boot beside on-demand, at its cheapest
     for step in range(horizon):
         ticks = starts + step
         valid = ticks < zones.ticks
@@ -99,6 +106,8 @@ def _omniscient_group(
         prices_now = np.concatenate([np.full((b, 1), od_price), spot_price[:, tt].T], axis=1)
         for s in range(1, states):
             pre = np.minimum(cw[:, s], launched)
+            if warm and s >= 2:
+                pre = np.minimum(pre, cw[:, 1] + boot_usd[s - 2])
             held = av[:, s - 2 : s - 1] if s >= 2 else valid[:, None]
             pre = np.where(held, pre, inf)
             price = prices_now[:, s - 1 : s]

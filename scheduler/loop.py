@@ -8,7 +8,10 @@ One ``tick()``:
    job's ``max_attempts`` failures, a cancelled job's live attempt is stopped; a live attempt that a
    chooser with ``reconsider`` (scheduler.placement.SpotChooser) wants elsewhere is changed over
    (scheduler.changeover: decision recorded, checkpointed and stopped, or stopped without a checkpoint
-   after ``changeover_timeout_s``; requeued, started where the chooser said);
+   after ``changeover_timeout_s``; requeued, started where the chooser said). A changeover the chooser
+   makes before it breaks (``Placement.boot``, with an executor that ``BootsAhead``) first boots the
+   target's nodes beside the running attempt and changes over only once they are up; nodes that do not
+   come up within ``boot_timeout_s`` (no capacity there) are given back and the attempt stays;
 2. dispatch due queued jobs, highest priority first, that their team's GPU quota admits
    (scheduler.quota: a job that does not fit stays queued with the reason), claimed with
    ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` makes the claim a
@@ -49,7 +52,7 @@ from scheduler.placement import MarketChooser, ObservesZones, Placement, market_
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState, Market
 from scheduler.store import LoopLock, Store, transition
-from workers.executor import Executor, ReleasesAttempts, RunRequest, RunState, RunStatus
+from workers.executor import BootsAhead, BootState, Executor, ReleasesAttempts, RunRequest, RunState, RunStatus
 
 log = logging.getLogger("gpuplan.loop")
 
@@ -80,6 +83,7 @@ class Scheduler:
         lock: LoopLock | None = None,
         stall_s: float = 600.0,
         changeover_timeout_s: float = 300.0,
+        boot_timeout_s: float = 1800.0,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -107,6 +111,10 @@ class Scheduler:
         self.changeover_timeout_s = changeover_timeout_s
         # attempt id -> (when the loop asked it to checkpoint and stop, whether it fell back to a plain stop)
         self._stopping: dict[int, tuple[datetime, bool]] = {}
+        # attempt id -> (boot token, where it moves once the boot is up, when the boot began): changeovers made
+        # before they break; in memory, like the executor's hold (after a restart the chooser decides again)
+        self._boots: dict[int, tuple[str, Placement, datetime]] = {}
+        self.boot_timeout_s = boot_timeout_s
 
     # -------------------------------------------------------------- main entry points
 
@@ -192,16 +200,66 @@ class Scheduler:
         if changeover.marked(attempt):  # stopping already (after a restart between mark and stop: asks now)
             self._stop_for_changeover(attempt, now)
             return
+        if attempt.id in self._boots:
+            self._follow_boot(attempt, job, now)
+            return
         if not isinstance(self.choose_market, changeover.Reconsiders) or job.state != JobState.RUNNING.value:
             return
         target = self.choose_market.reconsider(job, changeover.running(job, attempt, status), now)
         if target is None or target.wait_s is not None:
             return
+        if target.boot:  # never broken instead: the slack that affords a boot may not afford a restart
+            if isinstance(self.executor, BootsAhead):
+                self._start_boot(attempt, job, target, now)
+            return
+        self._change_over(attempt, job, target, now)
+
+    def _change_over(self, attempt: Attempt, job: Job, target: Placement, now: datetime) -> None:
         with self.store.write() as session:
             if not changeover.mark(session, attempt.id, target, now):
                 return
         self._moves[job.id] = target
         self._stop_for_changeover(attempt, now)
+
+    def _start_boot(self, attempt: Attempt, job: Job, target: Placement, now: datetime) -> None:
+        """Boot the target's nodes beside the running attempt (make-before-break); the attempt works on."""
+        assert isinstance(self.executor, BootsAhead) and attempt.id is not None
+        request = self._request(job, attempt.number + 1, target.market, target.zone, target.mttp_h)
+        try:
+            token = self.executor.boot(request)
+        except GpuplanError as exc:
+            log.warning("could not boot %s for job %s: %s", target.market, job.id, exc)
+            return
+        self._boots[attempt.id] = (token, target, now)
+        where = f" in {target.zone}" if target.zone else ""
+        with self.store.write() as session:
+            logbook.append(session, job.id, [logbook.note_line(
+                now, f"attempt {attempt.number} works on while {target.market}{where} boots beside it "
+                f"(make-before-break; it moves once the nodes are up){f' ({target.why})' if target.why else ''}")])
+
+    def _follow_boot(self, attempt: Attempt, job: Job, now: datetime) -> None:
+        """A boot beside the attempt: up -> change over onto it; gone, or not up within ``boot_timeout_s``
+        (no capacity there) -> give it back, note the zone's lack of capacity, and leave the attempt."""
+        assert isinstance(self.executor, BootsAhead) and attempt.id is not None
+        token, target, since = self._boots[attempt.id]
+        state = self.executor.boot_state(token)
+        waited = (now - since).total_seconds()
+        if state is BootState.BOOTING and waited < self.boot_timeout_s:
+            return
+        del self._boots[attempt.id]
+        if state is BootState.READY:
+            self._change_over(attempt, job, target, now)
+            self.executor.unboot(token)  # after the stop is asked for: the nodes stay up for the next attempt
+            return
+        self.executor.unboot(token)
+        if target.zone:
+            self._observe(target.zone, False, now)
+        where = f" in {target.zone}" if target.zone else ""
+        why = "its nodes were lost" if state is BootState.GONE else f"it was not up within {waited:.0f} s"
+        with self.store.write() as session:
+            logbook.append(session, job.id, [logbook.note_line(
+                now, f"attempt {attempt.number} stays on {attempt.market}: the {target.market} boot{where} was given "
+                f"up ({why})")])
 
     def _stop_for_changeover(self, attempt: Attempt, now: datetime) -> None:
         """Ask a marked attempt to checkpoint and stop; past ``changeover_timeout_s`` without an outcome,
@@ -280,6 +338,9 @@ class Scheduler:
         if attempt_id is not None:
             self._copied.pop(attempt_id, None)
             self._steps.pop(attempt_id, None)
+            boot = self._boots.pop(attempt_id, None)
+            if boot is not None and isinstance(self.executor, BootsAhead):  # ended before its boot was up
+                self.executor.unboot(boot[0])
             fell_back = self._stopping.pop(attempt_id, (None, False))[1]
         now = self.clock()
         with self.store.write() as session:

@@ -57,6 +57,8 @@ class Placement:
     wait_s: float | None = None
     mttp_h: float | None = None  # spot: the zone's online mean time to preemption (checkpoint interval)
     why: str = ""  # what the spot policy weighed, in words, for the job's log ("" when no policy decided)
+    # a changeover to make before it breaks: boot the target beside the running attempt, move once it is up
+    boot: bool = False
 
 
 # (market, $/h) or a Placement (adds the zone, or "wait: ask again later"): the loop's choose_market.
@@ -229,13 +231,16 @@ class SpotChooser:
     there is); state_gb: checkpoint size. A voluntary changeover waits for the checkpoint to be
     durable (``switch_h``) and a move to another zone copies it (``move_h``); both default to
     ``state_gb`` at the calibration's measured ``checkpoint_write_gbps``. loss_h: work a preemption
-    loses (0: the just-in-time checkpoint on the notice).
+    loses (0: the just-in-time checkpoint on the notice). make_before_break: the loop's executor can boot
+    nodes ahead (``workers.executor.BootsAhead``), so a return from on-demand to spot may boot spot beside
+    the running attempt and move once it is up (``Placement.boot``).
     """
 
     def __init__(self, feed: ZoneFeed, *, policy: str = "gpuplan", restart_h: float | None = None,
                  recheck_s: float = 300.0, progress: Callable[[Job], float] = no_progress,
                  switch_h: float | None = None, move_h: float | None = None, loss_h: float = 0.0,
-                 state_gb: float = 14.8, cost: CostCalibration | None = None) -> None:
+                 state_gb: float = 14.8, cost: CostCalibration | None = None,
+                 make_before_break: bool = False) -> None:
         cost = cost or CostCalibration()
         durable_h = state_gb / cost.checkpoint_write_gbps / 3600.0
         self.feed = feed
@@ -246,6 +251,7 @@ class SpotChooser:
         self.switch_h = durable_h if switch_h is None else switch_h
         self.move_h = durable_h if move_h is None else move_h
         self.loss_h = loss_h
+        self.make_before_break = make_before_break
 
     def observe(self, zone: str, available: bool, now: datetime) -> None:
         """Pass what the loop saw of a zone to the feed, if the feed learns from observations."""
@@ -275,7 +281,8 @@ class SpotChooser:
         - spot, and its zone still has capacity: on-demand only when the safety net says so;
         - spot, and its zone has lost capacity (the attempt waits for a node there): spot in the
           zone that has capacity (restart + checkpoint transfer), on-demand, or None (wait there);
-        - on-demand, and spot has capacity somewhere: back to spot when the policy says it pays.
+        - on-demand, and spot has capacity somewhere: back to spot when the policy says it pays, booted
+          beside the running attempt first where the loop can (``make_before_break``: ``Placement.boot``).
         """
         offer = _Offer.of(job)
         if offer.spot is None or running.market not in ("spot", "on-demand"):
@@ -301,6 +308,8 @@ class SpotChooser:
             return None
         if decision is Decision.SPOT and zone is not None:
             return self._spot(offer, seen, zone, why)
+        if decision is Decision.BOOT_SPOT and zone is not None:
+            return dataclasses.replace(self._spot(offer, seen, zone, why), boot=True)
         if decision is Decision.ON_DEMAND and running.market == "spot":
             return self._on_demand(offer, why)
         return None
@@ -320,7 +329,8 @@ class SpotChooser:
         )
         available, rates = zone is not None or current == "spot", self._rates(seen, zone)
         decision = decide(self.policy, progress, available, tick_h=self.recheck_s / 3600.0, rates=rates,
-                          prices=PriceRatio(on_demand=offer.on_demand, spot=offer.spot))
+                          prices=PriceRatio(on_demand=offer.on_demand, spot=offer.spot),
+                          make_before_break=self.make_before_break and current == "on-demand")
         return decision, situation(progress, available, rates)
 
     def _rates(self, seen: Mapping[str, ZoneSeen], zone: str | None) -> ZoneRates:

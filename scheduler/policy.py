@@ -69,7 +69,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput, UnknownName
-from scheduler.market_codes import NONE, ON_DEMAND, SPOT, WAIT
+from scheduler.market_codes import BOOT_SPOT, NONE, ON_DEMAND, SPOT, WAIT
 from scheduler.slack_value import NONE_DOWN, NONE_UP, OD_DOWN, OD_UP, SPOT_UP, best_actions
 
 FloatArray = npt.NDArray[np.float64]
@@ -97,9 +97,12 @@ class Decision(enum.StrEnum):
     SPOT = "spot"
     ON_DEMAND = "on-demand"
     WAIT = "wait"
+    # Stay on on-demand, boot spot beside it and move once it is up (only where the caller can: ``make_before_break``).
+    BOOT_SPOT = "boot-spot"
 
 
-_DECISION_BY_CODE = {WAIT: Decision.WAIT, SPOT: Decision.SPOT, ON_DEMAND: Decision.ON_DEMAND}
+_DECISION_BY_CODE = {WAIT: Decision.WAIT, SPOT: Decision.SPOT, ON_DEMAND: Decision.ON_DEMAND,
+                     BOOT_SPOT: Decision.BOOT_SPOT}
 
 
 @dataclass(frozen=True)
@@ -236,15 +239,18 @@ def decide_arrays(
     price_ratio: FloatArray | float = DEFAULT_PRICES.on_demand / DEFAULT_PRICES.spot,
     mean_outage_h: FloatArray | float = PRIOR_MEAN_OUTAGE_H,
     run_age_h: FloatArray | float = math.inf,
+    make_before_break: BoolArray | bool = False,
 ) -> IntArray:
-    """Vectorised :func:`decide`: one decision code (WAIT/SPOT/ON_DEMAND) per job.
+    """Vectorised :func:`decide`: one decision code (WAIT/SPOT/ON_DEMAND, BOOT_SPOT) per job.
 
     ``deadline_h`` may hold ``inf`` for jobs without a deadline. ``current`` holds NONE/SPOT/ON_DEMAND
     codes; a job whose spot instance was just preempted must be passed as NONE. ``mean_run_h``,
     ``outage_age_h`` (inf: unknown), ``loss_h``, ``switch_h``: the zone's
     :class:`ZoneRates` (per job or one for all);
     ``price_ratio``: on-demand $/h over spot $/h; ``mean_outage_h``: the zone's mean outage (online);
-    ``run_age_h``: how long the zone's current run of capacity has lasted (inf: unknown).
+    ``run_age_h``: how long the zone's current run of capacity has lasted (inf: unknown);
+    ``make_before_break``: the caller can boot spot beside a running on-demand instance and move the job
+    once it is up (BOOT_SPOT; only ``gpuplan`` uses it).
     """
     check_policy(policy)
     n = work_done_h.shape[0]
@@ -262,8 +268,10 @@ def decide_arrays(
     # Safety net: a voluntary changeover to on-demand waits for its checkpoint (switch_h).
     need = restart_h + tick_h + uncommitted_h + np.where(on_od, 0.0, switch_h)
     safe = slack >= need
-    # Leaving on-demand pays one more changeover (and its checkpoint) on top.
+    # Leaving on-demand pays one more changeover (and its checkpoint) on top; booting spot beside it costs
+    # no time until the move, which waits for the checkpoint and comes at a tick's end.
     may_leave = slack >= need + restart_h + switch_h
+    may_boot = slack >= need + switch_h + tick_h
 
     if policy == "gpuplan":
         # Every choice the safety net leaves open (wait, take spot, bridge on on-demand, leave spot, return
@@ -272,8 +280,9 @@ def decide_arrays(
                           np.where(spot_available, np.where(current == SPOT, SPOT_UP, NONE_UP), NONE_DOWN))
         dp = best_actions(time_left, work_left, work_total_h, column, restart_h=restart_h, switch_h=switch_h,
                           loss_h=loss_h, mean_run_h=mean_run_h, mean_outage_h=mean_outage_h, price_ratio=price_ratio,
-                          run_age_h=run_age_h, outage_age_h=outage_age_h)
-        deadline_rule = np.where(~safe | (on_od & ~may_leave), ON_DEMAND, dp)
+                          run_age_h=run_age_h, outage_age_h=outage_age_h, make_before_break=make_before_break)
+        may_go = np.where(dp == BOOT_SPOT, may_boot, may_leave)
+        deadline_rule = np.where(~safe | (on_od & ~may_go), ON_DEMAND, dp)
     else:
         p = GREEDY_PARAMS if policy == "greedy" else UNIFORM_PARAMS
         span = np.where(has_deadline, deadline_h - start_h, 1.0)
@@ -305,9 +314,11 @@ def decide(
     tick_h: float = 0.0,
     rates: ZoneRates = DEFAULT_RATES,
     prices: PriceRatio = DEFAULT_PRICES,
+    make_before_break: bool = False,
 ) -> Decision:
     """What one job should do now. ``tick_h``: how long until the caller asks again; ``rates``:
-    what the caller has seen of the zone (:meth:`ZoneSeen.rates`); ``prices``: on-demand and spot $/h."""
+    what the caller has seen of the zone (:meth:`ZoneSeen.rates`); ``prices``: on-demand and spot $/h;
+    ``make_before_break``: the caller can boot spot beside running on-demand (else never BOOT_SPOT)."""
     if progress.current not in _CURRENT_CODE:
         raise InvalidInput(f"current market {progress.current!r} is not one of spot, on-demand, none")
     if progress.work_total_h <= 0 or progress.restart_h < 0:
@@ -337,6 +348,7 @@ def decide(
         price_ratio=prices.on_demand / prices.spot,
         mean_outage_h=rates.mean_outage_h,
         run_age_h=rates.run_age_h,
+        make_before_break=make_before_break,
     )
     return _DECISION_BY_CODE[int(code[0])]
 

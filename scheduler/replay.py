@@ -3,7 +3,10 @@
 The model is :mod:`scheduler.simulate`'s; each tick is a sequence of named steps over arrays of
 jobs: preemptions, the zone a spot start would take, the policy's decision
 (:func:`scheduler.policy.decide_arrays`, what the server's loop runs through ``decide``),
-changeovers (checkpoint, restart, transfer), then the work.
+changeovers (checkpoint, restart, transfer), then the work. With ``SimOptions.make_before_break`` a
+job on on-demand may boot spot beside it (BOOT_SPOT): on-demand keeps working, the booting instance is
+billed by the tick while its zone keeps capacity, and the job moves at the first tick after the boot
+(:func:`_boots`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput
-from scheduler.market_codes import NONE, ON_DEMAND, SPOT, WAIT
+from scheduler.market_codes import BOOT_SPOT, NONE, ON_DEMAND, SPOT, WAIT
 from scheduler.policy import (
     PRIOR_MEAN_OUTAGE_H,
     RATE_HALF_LIFE_H,
@@ -157,12 +160,19 @@ class _State:
     preempt: IntArray
     finish: FloatArray
     finished: npt.NDArray[np.bool_]
+    booting: npt.NDArray[np.bool_]  # a spot instance boots beside the job's on-demand one
+    boot_zone: IntArray
+    boot_left: FloatArray  # hours of the boot still to go
+    boots: IntArray  # boots begun
+    boots_lost: IntArray  # boots whose zone lost its capacity before the job moved
 
     @staticmethod
     def start(n: int) -> _State:
         return _State(np.zeros(n, dtype=np.int8), np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64),
                       np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n),
-                      np.zeros(n, dtype=np.int64), np.full(n, np.nan), np.zeros(n, dtype=bool))
+                      np.zeros(n, dtype=np.int64), np.full(n, np.nan), np.zeros(n, dtype=bool),
+                      np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64), np.zeros(n), np.zeros(n, dtype=np.int64),
+                      np.zeros(n, dtype=np.int64))
 
 
 def _preempt(s: _State, setup: _Setup, pre: npt.NDArray[np.bool_]) -> None:
@@ -176,6 +186,44 @@ def _preempt(s: _State, setup: _Setup, pre: npt.NDArray[np.bool_]) -> None:
     s.market[pre] = NONE
     s.restart_left[pre] = 0.0
     s.preempt += pre
+
+
+def _boots(s: _State, setup: _Setup, jobs: Jobs, av: npt.NDArray[np.bool_], rows: IntArray,
+           active: npt.NDArray[np.bool_], tt: IntArray) -> npt.NDArray[np.bool_]:
+    """Spot instances booting beside on-demand, at a tick's start: one whose zone has no capacity now is
+    gone (it was billed while it lived); one whose boot has run its time takes the job: on-demand is billed
+    until the checkpoint is durable, the spot instance waits for it (and its transfer from another zone).
+    Returns the jobs that moved."""
+    if not s.booting.any():
+        return np.zeros_like(s.booting)
+    up = av[rows, s.boot_zone]
+    lost = s.booting & active & ~up
+    s.boots_lost += lost
+    s.booting &= ~lost
+    moving = s.booting & active & (s.boot_left <= _EPS)
+    if moving.any():
+        write, move = setup.opts.checkpoint_write_h, setup.opts.move_h
+        s.cost += np.where(moving, setup.od_price * write, 0.0)
+        s.od_h += np.where(moving, write, 0.0)
+        moved = (s.ckpt_zone >= 0) & (s.boot_zone != s.ckpt_zone)
+        s.restart_left = np.where(moving, write + np.where(moved, move, 0.0), s.restart_left)
+        s.market = np.where(moving, SPOT, s.market).astype(np.int8)
+        s.zone = np.where(moving, s.boot_zone, s.zone)
+        s.ckpt_zone = np.where(moving, s.boot_zone, s.ckpt_zone)
+        s.unc[moving] = 0.0
+        s.booting &= ~moving
+    return moving
+
+
+def _boot_ticks(s: _State, setup: _Setup, running: npt.NDArray[np.bool_], tt: IntArray) -> None:
+    """A booting spot instance is billed for every tick it lives (whole ticks: the job moves at a tick's
+    start); a job that finishes on on-demand meanwhile gives it up."""
+    billed = s.booting & running
+    if billed.any():
+        s.cost += np.where(billed, setup.spot_price[s.boot_zone, tt] * setup.gap, 0.0)
+        s.spot_h += np.where(billed, setup.gap, 0.0)
+        s.boot_left = np.where(billed, s.boot_left - setup.gap, s.boot_left)
+    s.booting &= ~s.finished
 
 
 def _zones_for(s: _State, setup: _Setup, av: npt.NDArray[np.bool_], here: npt.NDArray[np.bool_],
@@ -209,6 +257,7 @@ def _decisions(policy: str, s: _State, setup: _Setup, jobs: Jobs, now: float, tt
         mean_outage_h=setup.mean_outage[target, tt],
         # The run of capacity in the zone the job would run in: its age at the tick's start (none: unknown).
         run_age_h=np.where(setup.runs[target, tt] > 0, (setup.runs[target, tt] - 1.0) * setup.gap, np.inf),
+        make_before_break=setup.opts.make_before_break,
     )
 
 
@@ -294,18 +343,35 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
         av = zones.available[:, tt].T  # (jobs, zones)
         here = av[rows, s.zone]
         _preempt(s, setup, active & (s.market == SPOT) & ~here)
+        moved = _boots(s, setup, jobs, av, rows, active, tt)
+        here = av[rows, s.zone]
         spot_any: npt.NDArray[np.bool_] = np.asarray(av.any(axis=1), dtype=bool)
         means = setup.mean_run[:, tt].T  # (jobs, zones)
         best_zone, target = _zones_for(s, setup, av, here, means, tt)
         dec = _decisions(policy, s, setup, jobs, k * setup.gap, tt, target, means, spot_any)
-        dec = np.where(active, dec, s.market).astype(np.int8)
+        # A job booting spot, or just moved onto it, holds its market this tick.
+        dec = np.where(active & ~s.booting & ~moved, dec, s.market).astype(np.int8)
+        # Beside an on-demand instance that is up: one still starting works through nothing, and the slack the
+        # policy saw did not count what is left of its start.
+        boot = active & (dec == BOOT_SPOT)
+        dec = np.where(boot & (s.restart_left > _EPS), ON_DEMAND, dec).astype(np.int8)
+        boot &= s.restart_left <= _EPS
+        if boot.any():
+            s.booting |= boot
+            s.boots += boot
+            s.boot_zone = np.where(boot, best_zone, s.boot_zone)
+            s.boot_left = np.where(boot, jobs.restart_h, s.boot_left)
+            dec = np.where(boot, s.market, dec).astype(np.int8)
         new_zone = np.where((dec == SPOT) & ~((s.market == SPOT) & here), best_zone, s.zone)
         _change_over(s, setup, jobs, active & ((dec != s.market) | (new_zone != s.zone)), dec, new_zone, tt)
-        _work(s, setup, jobs, active & (s.market != NONE), tt, k * setup.gap)
+        running = active & (s.market != NONE)
+        _work(s, setup, jobs, running, tt, k * setup.gap)
+        _boot_ticks(s, setup, running, tt)
         if timeline is not None:
             timeline.record(k, np.where(s.finished & (s.finish > k * setup.gap), dec, s.market), s)
     out = Outcome(policy=policy, cost_usd=s.cost, finish_h=s.finish, preemptions=s.preempt, work_lost_h=s.lost,
-                  spot_h=s.spot_h, on_demand_h=s.od_h, deadline_h=jobs.deadline_h.copy())
+                  spot_h=s.spot_h, on_demand_h=s.od_h, deadline_h=jobs.deadline_h.copy(), boots=s.boots,
+                  boots_lost=s.boots_lost)
     if timeline is not None:
         out.timeline_market, out.timeline_done, out.timeline_zone = timeline.upto(ran)
     return out

@@ -87,6 +87,9 @@ class Outcome:
     timeline_market: npt.NDArray[np.int8] | None = None
     timeline_done: FloatArray | None = None
     timeline_zone: IntArray | None = None
+    # Spot boots begun beside on-demand (make-before-break) and those whose capacity vanished first.
+    boots: IntArray | None = None
+    boots_lost: IntArray | None = None
 
     @property
     def deadline_met(self) -> npt.NDArray[np.bool_]:
@@ -107,6 +110,9 @@ class Outcome:
             "work_lost_hours": num(float(self.work_lost_h[i])),
             "spot_hours": num(float(self.spot_h[i])),
             "on_demand_hours": num(float(self.on_demand_h[i])),
+            # spot instances booted beside on-demand (make-before-break), and those lost before the move
+            "spot_boots": None if self.boots is None else int(self.boots[i]),
+            "spot_boots_lost": None if self.boots_lost is None else int(self.boots_lost[i]),
         }
 
 
@@ -127,6 +133,9 @@ class SimOptions:
     move_h: checkpoint transfer when the job starts in another zone than the one its checkpoint is in.
     prior_mean_run_h: the policy's prior mean run of capacity for a zone it has not watched yet.
     rate_half_life_h: half-life of what was watched in the online rates (inf: no decay).
+    make_before_break: a job on on-demand may boot spot beside it and move once the boot is done
+        (``gpuplan``'s returns to spot; the bound may do the same); what the scheduler loop does when its
+        executor can hold a node of the new type up before the move (docs/SPOT.md).
     mean_outage_h: per zone, the mean outage the policy is told (None: estimated online), like
         ``mttp_h`` for runs: what knowing the rates in hindsight is worth (bench/spot.py --hindsight-rates).
     """
@@ -140,6 +149,7 @@ class SimOptions:
     move_h: float = 0.0
     prior_mean_run_h: float = PRIOR_MEAN_RUN_H
     rate_half_life_h: float = RATE_HALF_LIFE_H
+    make_before_break: bool = False
 
     @property
     def just_in_time(self) -> bool:
@@ -151,13 +161,15 @@ class SimOptions:
         """Honest costs from the checkpoint issue's measured speeds (planner/calibration.py
         CostCalibration: ``checkpoint_write_gbps``, ``checkpoint_snapshot_gbps``, ``min_checkpoint_h``;
         docs/PERFORMANCE.md: 14.8 GB of state durable in ~3.3 s, the loop stalls 0.29 s). A zone move
-        copies the checkpoint at ``transfer_gbps`` (default: the write speed)."""
+        copies the checkpoint at ``transfer_gbps`` (default: the write speed). Returns to spot may boot
+        spot beside on-demand (``make_before_break``), as both executors let the scheduler loop do."""
         from planner.calibration import CostCalibration
 
         cal = CostCalibration()
         write = write_gbps or cal.checkpoint_write_gbps
         snap = snapshot_gbps or cal.checkpoint_snapshot_gbps
         return SimOptions(
+            make_before_break=True,  # what the scheduler loop does with an executor that boots ahead
             checkpoint_cost_h=state_gb / snap / 3600.0 + cal.min_checkpoint_h,
             checkpoint_write_h=state_gb / write / 3600.0,
             notice_h=notice_s / 3600.0,

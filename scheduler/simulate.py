@@ -54,7 +54,8 @@ def compare(
     out: dict[str, Outcome] = {}
     for name in policies:
         if name == "omniscient":
-            out[name] = omniscient(zones, jobs, prices, resolution=resolution or default_resolution(zones, jobs))
+            out[name] = omniscient(zones, jobs, prices, resolution=resolution or default_resolution(zones, jobs),
+                                   make_before_break=opts is not None and opts.make_before_break)
         elif name in POLICIES:
             out[name] = run_policy(zones, jobs, name, prices, opts)
         else:

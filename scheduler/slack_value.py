@@ -14,7 +14,12 @@ finish by the deadline, in spot-hours (spot costs 1 an hour, on-demand ``price_r
 - hold on-demand (works at ``price_ratio`` an hour; never preempted);
 - wait (free; burns an hour of slack);
 - change market: ``restart_h`` of time billed at the new market's price, plus ``switch_h`` (the
-  checkpoint a voluntary changeover waits for) billed at the old one.
+  checkpoint a voluntary changeover waits for) billed at the old one;
+- with ``make_before_break``, on on-demand with capacity: boot spot beside it (BOOT_SPOT). On-demand works
+  through the boot (``restart_h``, whole steps), the spot instance is billed while it lives; if capacity
+  lasts the whole boot the job moves to spot (the checkpoint write billed on both), else it is still on
+  on-demand, having paid only the boot. In the program the job stays on on-demand to the end of the boot
+  either way (the replay lets it decide again at once: the program slightly undervalues a boot).
 
 A state whose work no longer fits before the deadline costs ``_INFEASIBLE``; the policy's safety net
 keeps real jobs out of it. Where slack is plentiful, waiting out an outage is free and the table says
@@ -38,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import ExecutionError, InvalidInput
-from scheduler.market_codes import ON_DEMAND, SPOT, WAIT
+from scheduler.market_codes import BOOT_SPOT, ON_DEMAND, SPOT, WAIT
 
 FloatArray = npt.NDArray[np.float64]
 Int8Array = npt.NDArray[np.int8]
@@ -104,32 +109,37 @@ def _log_bucket(x: FloatArray) -> FloatArray:
 
 
 def table_for(mean_run_h: float, mean_outage_h: float, restart_h: float, loss_h: float, switch_h: float,
-              price_ratio: float, step_h: float) -> SlackTable:
+              price_ratio: float, step_h: float, make_before_break: bool = False) -> SlackTable:
     """The cached table for these inputs, rounded to their buckets (restart to whole steps, at least
-    one; loss to half steps)."""
+    one; loss to half steps); ``make_before_break``: the job may boot spot beside on-demand (BOOT_SPOT)."""
     if not (mean_run_h > 0 and mean_outage_h > 0 and price_ratio > 0 and step_h > 0):
         raise InvalidInput("mean run, mean outage, price ratio and step must be positive")
     if min(restart_h, loss_h, switch_h) < 0:
         raise InvalidInput("restart, loss and switch hours must be >= 0")
     key = _keys(*(np.array([x], dtype=np.float64) for x in (mean_run_h, mean_outage_h, restart_h, loss_h,
-                                                             switch_h, price_ratio, step_h)))
+                                                             switch_h, price_ratio, step_h, float(make_before_break))))
     return _tables(key)[0]
 
 
 def _keys(run: FloatArray, outage: FloatArray, restart: FloatArray, loss: FloatArray, switch: FloatArray,
-          ratio: FloatArray, step: FloatArray) -> FloatArray:
+          ratio: FloatArray, step: FloatArray, boot: FloatArray | None = None) -> FloatArray:
+    """One row per job: the bucket of its table (the last column: 1 if it may boot spot beside on-demand)."""
+    warm = np.zeros_like(run) if boot is None else np.asarray(boot, dtype=np.float64)
     return np.stack([_log_bucket(run), _log_bucket(outage), np.maximum(1.0, np.round(restart / step)),
-                     np.round(loss / step * 2.0) / 2.0, np.round(switch / step, 2), _log_bucket(ratio), step], axis=1)
+                     np.round(loss / step * 2.0) / 2.0, np.round(switch / step, 2), _log_bucket(ratio), step,
+                     warm], axis=1)
 
 
 def best_actions(time_left_h: FloatArray, work_left_h: FloatArray, work_total_h: FloatArray,
                  column: npt.NDArray[np.int64], *, restart_h: FloatArray | float, switch_h: FloatArray | float,
                  loss_h: FloatArray | float, mean_run_h: FloatArray | float, mean_outage_h: FloatArray | float,
                  price_ratio: FloatArray | float, run_age_h: FloatArray | float = np.inf,
-                 outage_age_h: FloatArray | float = np.inf) -> Int8Array:
-    """The program's action (WAIT / SPOT / ON_DEMAND) for many jobs: one cached table per bucket of
-    their inputs (jobs of one zone and restart share a few), looked up at each job's state: ``column``
-    (NONE_UP ... OD_DOWN) and the age of the zone's run of capacity or outage (young or old)."""
+                 outage_age_h: FloatArray | float = np.inf,
+                 make_before_break: npt.NDArray[np.bool_] | bool = False) -> Int8Array:
+    """The program's action (WAIT / SPOT / ON_DEMAND, and BOOT_SPOT where ``make_before_break``) for many
+    jobs: one cached table per bucket of their inputs (jobs of one zone and restart share a few), looked up
+    at each job's state: ``column`` (NONE_UP ... OD_DOWN) and the age of the zone's run of capacity or
+    outage (young or old)."""
     n = time_left_h.shape[0]
 
     def full(x: FloatArray | float) -> FloatArray:
@@ -137,7 +147,7 @@ def best_actions(time_left_h: FloatArray, work_left_h: FloatArray, work_total_h:
 
     step = step_for(work_total_h)
     keys = _keys(full(mean_run_h), full(mean_outage_h), full(restart_h), full(loss_h), full(switch_h),
-                 full(price_ratio), step)
+                 full(price_ratio), step, full(np.asarray(make_before_break, dtype=np.float64)))
     uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     w, s = _cells(time_left_h, work_left_h, step)
@@ -175,7 +185,8 @@ def _tables(keys: FloatArray) -> list[SlackTable]:
     if missing:
         b = np.array(missing)
         solved = _solve_batch(2.0 ** (b[:, 0] / _LOG_BUCKET), 2.0 ** (b[:, 1] / _LOG_BUCKET),
-                              b[:, 2].astype(np.int64), b[:, 3], b[:, 4], 2.0 ** (b[:, 5] / _LOG_BUCKET), b[:, 6])
+                              b[:, 2].astype(np.int64), b[:, 3], b[:, 4], 2.0 ** (b[:, 5] / _LOG_BUCKET), b[:, 6],
+                              b[:, 7] > 0)
         for k, table in zip(missing, solved, strict=True):
             _CACHE[k] = table
     out = []
@@ -223,12 +234,31 @@ def _chain(mean_run_h: FloatArray, mean_outage_h: FloatArray, step_h: FloatArray
     return m
 
 
+def boot_odds(one: npt.NDArray[np.float64], steps: int) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """A spot boot of ``steps`` steps begun at each up state, on the one-step chain ``one`` (4, 4): (ok (2, 2):
+    capacity all the way, ending at each up phase; failed (2, 4): it went down on the way, the chain's state at
+    the end; billed (2,): expected steps the booting instance lives, each billed whole)."""
+    up = one[:2, :2]  # up -> up without a break
+    stay = np.eye(2)
+    billed = np.zeros(2)
+    for _ in range(steps):
+        billed += stay.sum(axis=1)
+        stay = stay @ up
+    failed = np.linalg.matrix_power(one, steps)[:2].copy()
+    failed[:, :2] -= stay
+    return stay, np.maximum(failed, 0.0), billed
+
+
 def _solve_batch(mean_run_h: FloatArray, mean_outage_h: FloatArray, restart_steps: npt.NDArray[np.int64],
                  loss_steps: FloatArray, switch_steps: FloatArray, price_ratio: FloatArray,
-                 step_h: FloatArray) -> list[SlackTable]:
+                 step_h: FloatArray, make_before_break: npt.NDArray[np.bool_] | None = None) -> list[SlackTable]:
     """Tables for B buckets (arrays (B,)): the chain in numpy, the induction compiled."""
     one = _chain(mean_run_h, mean_outage_h, step_h)
     after_restart = np.stack([np.linalg.matrix_power(one[i], int(k)) for i, k in enumerate(restart_steps)])
+    warm = np.zeros(len(one), dtype=bool) if make_before_break is None else make_before_break
+    boot_ok, boot_failed, boot_billed = np.zeros((len(one), 2, 2)), np.zeros((len(one), 2, 4)), np.zeros((len(one), 2))
+    for i, k in enumerate(restart_steps):
+        boot_ok[i], boot_failed[i], boot_billed[i] = boot_odds(one[i], int(k))
     lo = np.floor(loss_steps).astype(np.int64)
     switch_h = switch_steps * step_h
     tables = []
@@ -236,20 +266,24 @@ def _solve_batch(mean_run_h: FloatArray, mean_outage_h: FloatArray, restart_step
         part = slice(a, a + _SOLVE_CHUNK)
         packed = np.zeros((len(mean_run_h[part]), GRID + 1, GRID + 1, 5), dtype=np.int8)
         _compiled_induction()(one[part], after_restart[part], price_ratio[part], switch_h[part],
-                              restart_steps[part], lo[part], loss_steps[part] - lo[part], step_h[part], packed)
+                              restart_steps[part], lo[part], loss_steps[part] - lo[part], step_h[part], warm[part],
+                              boot_ok[part], boot_failed[part], boot_billed[part], packed)
         tables += [SlackTable(step_h=float(h), packed=packed[i].copy()) for i, h in enumerate(step_h[part])]
     return tables
 
 
 def _induction(one: npt.NDArray[np.float64], after_restart: npt.NDArray[np.float64], ratio: FloatArray,
                switch_h: FloatArray, restart_steps: npt.NDArray[np.int64], loss_lo: npt.NDArray[np.int64],
-               loss_frac: FloatArray, step_h: FloatArray, packed: Int8Array) -> None:
+               loss_frac: FloatArray, step_h: FloatArray, warm: npt.NDArray[np.bool_],
+               boot_ok: npt.NDArray[np.float64], boot_failed: npt.NDArray[np.float64],
+               boot_billed: npt.NDArray[np.float64], packed: Int8Array) -> None:
     """Backward induction over time left t (in steps) for each bucket, writing the best action of every
     (slack s = t - w, work w, column c) into ``packed`` (B, GRID + 1, GRID + 1, 5): two bits each, column
     c in byte c // 2 at bit 2 (c % 2) (the tables' size halves).
 
     ``one`` / ``after_restart``: the chain's transition over one step / over a restart of k steps (B, 4,
-    4). Values are kept for the last k + 1 levels of t (a restart reads level t - k) over work 0..GRID
+    4); ``warm`` / ``boot_*``: whether the bucket may boot spot beside on-demand and the odds of a boot
+    (:func:`boot_odds`). Values are kept for the last k + 1 levels of t (a restart reads level t - k) over work 0..GRID
     plus a pad past it (a preemption can add work), the ten columns of a work step side by side; a level
     only computes the work whose slack is within the table (transitions never add slack), the rest of a
     level is infeasible or unread. Plain loops: compiled by numba (:func:`_compiled_induction`), ~10x
@@ -303,10 +337,23 @@ def _induction(one: npt.NDArray[np.float64], after_restart: npt.NDArray[np.float
                         to_od = switch + land_od
                         now[w, _SPOT_COL + c] = min(hold_spot, to_od)
                         codes[_SPOT_COL + c] = ON_DEMAND if to_od < hold_spot else SPOT
-                        # On-demand, capacity: hold / spot (pays the write on on-demand).
+                        # On-demand, capacity: hold / spot (pays the write on on-demand) / boot spot beside it
+                        # (on-demand works k steps; the move pays the write on both).
                         to_spot = r * switch + land_spot
-                        now[w, _OD_COL + c] = min(hold_od, to_spot)
-                        codes[_OD_COL + c] = SPOT if to_spot < hold_od else ON_DEMAND
+                        best, code = (to_spot, SPOT) if to_spot < hold_od else (hold_od, ON_DEMAND)
+                        # Where the policy's safety net lets it boot (scheduler.policy: slack for the restart,
+                        # two ticks and the checkpoint); below that a boot the program counted on never comes.
+                        if warm[b] and w >= k and s * h >= restart + 2 * h + switch - 1e-9:
+                            done = back[w - k]
+                            boot = k * r * h + h * boot_billed[b, c]
+                            for e in range(2):
+                                boot += boot_ok[b, c, e] * (done[_SPOT_COL + e] + (r + 1) * switch)
+                            for e in range(4):
+                                boot += boot_failed[b, c, e] * done[_OD_COL + e]
+                            if boot < best:
+                                best, code = boot, BOOT_SPOT
+                        now[w, _OD_COL + c] = best
+                        codes[_OD_COL + c] = code
                     else:
                         wait = wait_dy if c == DOWN_YOUNG else wait_do
                         hold_od = hold_od_dy if c == DOWN_YOUNG else hold_od_do
@@ -322,7 +369,8 @@ def _induction(one: npt.NDArray[np.float64], after_restart: npt.NDArray[np.float
 
 
 _Induction = Callable[[npt.NDArray[np.float64], npt.NDArray[np.float64], FloatArray, FloatArray,
-                       npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray, FloatArray, Int8Array], None]
+                       npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray, FloatArray, npt.NDArray[np.bool_],
+                       npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64], Int8Array], None]
 
 
 @functools.cache

@@ -113,6 +113,30 @@ class StopsForChangeover(Protocol):
         takes precedence."""
 
 
+class BootState(enum.StrEnum):
+    BOOTING = "booting"  # the nodes are being started (or wait for capacity)
+    READY = "ready"  # up and held: an attempt submitted now starts on them without a restart's wait
+    GONE = "gone"  # the hold is no more (released, or its nodes were lost)
+
+
+@runtime_checkable
+class BootsAhead(Protocol):
+    """An executor that can bring up the nodes an attempt would run on before it runs there, so that a
+    running attempt moves onto them without waiting for a restart (make-before-break changeovers:
+    scheduler.policy's BOOT_SPOT, docs/SPOT.md)."""
+
+    def boot(self, request: RunRequest) -> str:
+        """Start (and hold, unused) the nodes ``request`` would run on; returns a token for them. Returns at
+        once; ``boot_state`` says when they are up."""
+
+    def boot_state(self, token: str) -> BootState:
+        """Where the nodes of ``token`` are; an unknown token is GONE."""
+
+    def unboot(self, token: str) -> None:
+        """Release the hold (the nodes stay up for the cluster's idle timeout, for an attempt submitted
+        next); idempotent."""
+
+
 @runtime_checkable
 class ReleasesAttempts(Protocol):
     """An executor that keeps finished attempts (their outcome) until the scheduler has read them."""

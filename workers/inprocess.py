@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from catalog.errors import GpuplanError, Infeasible
 from workers.checkpoint_interval import preemption_inputs
-from workers.executor import RunRequest, RunState, RunStatus
+from workers.executor import BootState, RunRequest, RunState, RunStatus
 from workers.hooks import ProgressEvent, Signal, StepHook, StopReason, TrainHooks
 from workers.placement import infeasibility
 from workers.progress import ProgressTracker, result_backoffs, result_metrics
@@ -82,6 +82,7 @@ class InProcessExecutor:
         self._step_hook = step_hook  # tests only: see workers.hooks.StepHook
         self._attempts: dict[str, _Attempt] = {}
         self._lock = threading.Lock()
+        self._boots: set[str] = set()
 
     def feasibility(self, request: RunRequest) -> str | None:
         reason = infeasibility(request.strategy, [self._resources])
@@ -208,6 +209,26 @@ class InProcessExecutor:
     def active(self) -> list[str]:
         with self._lock:
             return [h for h, a in self._attempts.items() if not a.done.is_set()]
+
+    # Make-before-break (``workers.executor.BootsAhead``): this process is the only node, always up, so a
+    # boot is ready at once; what it keeps is whether the token is held.
+
+    def boot(self, request: RunRequest) -> str:
+        reason = self.feasibility(request)
+        if reason is not None:
+            raise Infeasible(f"job {request.job_id} cannot boot here: {reason}")
+        token = f"boot-{request.run_name}-{uuid.uuid4().hex[:8]}"
+        with self._lock:
+            self._boots.add(token)
+        return token
+
+    def boot_state(self, token: str) -> BootState:
+        with self._lock:
+            return BootState.READY if token in self._boots else BootState.GONE
+
+    def unboot(self, token: str) -> None:
+        with self._lock:
+            self._boots.discard(token)
 
     def wait(self, handle: str, timeout: float | None = None) -> RunStatus:
         """Block until the attempt finishes (or ``timeout`` seconds pass); returns its status."""

@@ -60,7 +60,7 @@ import ray
 
 from catalog.errors import ExecutionError, Infeasible, NotFound
 from workers.checkpoint_interval import preemption_inputs
-from workers.executor import RunProgress, RunRequest, RunState, RunStatus
+from workers.executor import BootState, RunProgress, RunRequest, RunState, RunStatus
 from workers.hooks import StepHook
 from workers.progress import result_backoffs, result_metrics
 from workers.ray_attempt import (
@@ -70,6 +70,7 @@ from workers.ray_attempt import (
     attempt_infeasibility,
     live_nodes,
     read_record,
+    request_placement,
     resume_note,
 )
 
@@ -103,6 +104,9 @@ class RayExecutor:
         # the autoscaler's worker node types (autoscaler_node_types): feasibility counts the nodes it can
         # start, and their (GPU, market, zone) resources make each run ask for the node type it was planned on
         self._node_types = tuple((dict(resources), int(count)) for resources, count in node_types)
+        # make-before-break boots: token -> the placement group holding the nodes. In memory only: a placement
+        # group shares the fate of the process that made it, so after a restart neither is left.
+        self._boots: dict[str, Any] = {}
 
     def _connect(self) -> None:
         if not ray.is_initialized():
@@ -267,6 +271,39 @@ class RayExecutor:
             except NotFound:  # released and gone between the listing and the call
                 continue
         return states
+
+    def boot(self, request: RunRequest) -> str:
+        """Hold a placement group of the attempt's worker bundles (its (GPU, market, zone) resources on a
+        gpuplan cluster): the autoscaler starts nodes of that type for it (``workers.executor.BootsAhead``)."""
+        from ray.util.placement_group import placement_group
+
+        reason = self.feasibility(request)
+        if reason is not None:
+            raise Infeasible(f"job {request.job_id} can never run on this cluster: {reason}",
+                             hint="add such nodes to the cluster, or plan the job for the GPUs it has")
+        placement = request_placement(request, live_nodes(), self._node_types)
+        token = f"boot-{request.run_name}-{uuid.uuid4().hex[:8]}"
+        self._boots[token] = placement_group([placement.worker_resources()] * placement.num_workers,
+                                             strategy="PACK", name=token)
+        return token
+
+    def boot_state(self, token: str) -> BootState:
+        """READY once Ray has placed every bundle (the nodes are up), GONE if unknown or removed."""
+        from ray.util.placement_group import placement_group_table
+
+        pg = self._boots.get(token)
+        if pg is None:
+            return BootState.GONE
+        state = placement_group_table(pg).get("state")
+        return BootState.READY if state == "CREATED" else BootState.GONE if state == "REMOVED" else BootState.BOOTING
+
+    def unboot(self, token: str) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        pg = self._boots.pop(token, None)
+        if pg is not None:
+            with contextlib.suppress(Exception):  # already removed with its creator's job: nothing held
+                remove_placement_group(pg)
 
     def wait(self, handle: str, timeout: float | None = None) -> RunStatus:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -29,7 +29,7 @@ from scheduler.loop import Scheduler
 from scheduler.placement import MarketChooser, ObservedZones, SpotChooser, market_chooser
 from scheduler.service import Clock, Planner, SchedulerService, utcnow
 from scheduler.store import Store
-from workers.executor import Executor
+from workers.executor import BootsAhead, Executor
 
 EXECUTORS = ("inprocess", "ray", "none")
 
@@ -181,14 +181,17 @@ def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: f
         return None
     return Scheduler(service.store, executor, clock=service.clock, poll_s=poll_s, max_running=max_running,
                      backoff_base_s=backoff_base_s, lock=service.store.loop_lock(),
-                     choose_market=loop_chooser((calibration or load_calibration()).cost, spot_zones))
+                     choose_market=loop_chooser((calibration or load_calibration()).cost, spot_zones,
+                                                make_before_break=isinstance(executor, BootsAhead)))
 
 
-def loop_chooser(cost: CostCalibration, spot_zones: Sequence[str] = ()) -> MarketChooser:
-    """The zone-moving spot policy when the cluster has spot capacity in several zones, else the plan's zone."""
+def loop_chooser(cost: CostCalibration, spot_zones: Sequence[str] = (), *,
+                 make_before_break: bool = False) -> MarketChooser:
+    """The zone-moving spot policy when the cluster has spot capacity in several zones, else the plan's zone;
+    ``make_before_break``: the executor can boot spot beside a running attempt (``BootsAhead``)."""
     if len(set(spot_zones)) < 2:
         return market_chooser(cost)
-    return SpotChooser(ObservedZones(tuple(sorted(set(spot_zones)))), cost=cost)
+    return SpotChooser(ObservedZones(tuple(sorted(set(spot_zones)))), cost=cost, make_before_break=make_before_break)
 
 
 def make_app(service: SchedulerService, catalog: Catalog, executor: Executor | None, *, poll_s: float = 1.0,

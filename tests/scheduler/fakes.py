@@ -9,7 +9,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from catalog.errors import Infeasible, NotFound
-from workers.executor import RunProgress, RunRequest, RunState, RunStatus
+from workers.executor import BootState, RunProgress, RunRequest, RunState, RunStatus
 
 
 class FakeClock:
@@ -82,3 +82,27 @@ class ScriptedExecutor:
     def handle_of(self, job_id: str) -> str:
         return next(h for h, r in reversed(self.requests.items()) if r.job_id == job_id)
 
+
+
+class BootingExecutor(ScriptedExecutor):
+    """A ScriptedExecutor that boots ahead (``workers.executor.BootsAhead``): a boot stays BOOTING until the
+    test sets ``boots[token]``; records every boot request and every release."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.boots: dict[str, BootState] = {}
+        self.boot_requests: dict[str, RunRequest] = {}
+        self.unbooted: list[str] = []
+
+    def boot(self, request: RunRequest) -> str:
+        token = f"boot{len(self.boot_requests) + 1}-{request.job_id}"
+        self.boot_requests[token] = request
+        self.boots[token] = BootState.BOOTING
+        return token
+
+    def boot_state(self, token: str) -> BootState:
+        return self.boots.get(token, BootState.GONE)
+
+    def unboot(self, token: str) -> None:
+        self.unbooted.append(token)
+        self.boots.pop(token, None)

@@ -14,12 +14,12 @@ from scheduler.api.server import loop_chooser
 from scheduler.loop import Scheduler
 from scheduler.models import Attempt, Job, JobLog, Spend
 from scheduler.placement import ObservedZones, Placement, Running, SpotChooser, StaticZones, spot_zones
-from scheduler.service import SchedulerService
+from scheduler.service import Principal, SchedulerService
 from scheduler.store import Store
 from tests.scheduler.conftest import ml_team, spot_job, zone
-from tests.scheduler.fakes import FakeClock, ScriptedExecutor
+from tests.scheduler.fakes import BootingExecutor, FakeClock, ScriptedExecutor
 from tests.waits import RUN_END_S
-from workers.executor import RunProgress, RunState
+from workers.executor import BootsAhead, BootState, RunProgress, RunState
 
 
 def attempts(store: Store, job_id: str) -> list[Attempt]:
@@ -86,6 +86,85 @@ def test_an_on_demand_attempt_goes_back_to_spot_when_capacity_returns_and_the_sl
     loop.tick()
     second = ex.requests[ex.handle_of(job.id)]
     assert (second.market, second.zone, second.attempt) == ("spot", "b", 2)
+
+
+def booting_loop(svc: SchedulerService, store: Store, clock: FakeClock,
+                 ex: ScriptedExecutor) -> tuple[Principal, str, str, StaticZones, Scheduler]:
+    """A job on on-demand (0.25 h of slack: no waiting) 10 h into its 48 h, 0.35 h ahead of plan: 0.6 h of
+    slack, which a return that stops it first cannot pay and one booted beside it can, when long runs of spot
+    capacity come back in zone b."""
+    ml = ml_team(svc)
+    job = spot_job(svc, ml, deadline=48.25)
+    feed = StaticZones({"a": zone(False, outage_age_h=5.0), "b": zone(False, outage_age_h=5.0)})
+    chooser = SpotChooser(feed, restart_h=0.2, recheck_s=300, make_before_break=True)
+    loop = Scheduler(store, ex, clock=clock, choose_market=chooser, boot_timeout_s=1800.0)
+    loop.tick()
+    first = ex.handle_of(job.id)
+    assert ex.requests[first].market == "on-demand"
+    clock.advance(hours=10)
+    ex.progress[first] = RunProgress(step=1035, total_steps=4800)
+    feed.zones["b"] = zone(True, up_h=200.0, preemptions=1)
+    return ml, job.id, first, feed, loop
+
+
+def test_a_return_to_spot_boots_beside_on_demand_and_moves_only_once_its_nodes_are_up(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ex = BootingExecutor()
+    _, job_id, first, _, loop = booting_loop(svc, store, clock, ex)
+    loop.tick()
+    [(token, request)] = ex.boot_requests.items()
+    assert (request.market, request.zone, request.attempt) == ("spot", "b", 2)
+    assert ex.cancelled == []  # on-demand works on through the boot
+    clock.advance(minutes=10)
+    loop.tick()
+    assert ex.cancelled == [] and len(ex.boot_requests) == 1  # still booting: nothing moves, nothing re-asked
+    ex.boots[token] = BootState.READY
+    loop.tick()
+    assert ex.cancelled == [first] and ex.unbooted == [token]
+    report = loop.tick()
+    assert report.requeued == [job_id] and report.dispatched == [job_id]
+    second = ex.requests[ex.handle_of(job_id)]
+    assert (second.market, second.zone, second.attempt) == ("spot", "b", 2)
+    assert any("boots beside it (make-before-break" in line for line in log_lines(store, job_id))
+    old, _ = attempts(store, job_id)
+    assert old.message.startswith("changeover: to spot in b")
+
+
+def test_a_boot_that_does_not_come_up_is_given_back_and_the_attempt_stays(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ex = BootingExecutor()
+    ml, job_id, first, feed, loop = booting_loop(svc, store, clock, ex)
+    loop.tick()
+    [token] = ex.boot_requests
+    clock.advance(seconds=1801)  # no capacity came: the nodes never joined
+    ex.progress[first] = RunProgress(step=1086, total_steps=4800)  # on-demand worked on: the same slack
+    loop.tick()
+    assert ex.unbooted == [token] and ex.cancelled == []
+    assert any("the spot boot in b was given up (it was not up within 1801 s)" in line
+               for line in log_lines(store, job_id))
+    # Its nodes lost on the way: given back too.
+    feed.zones["b"] = zone(True, up_h=200.0, preemptions=1)
+    loop.tick()
+    second = list(ex.boot_requests)[-1]
+    assert second != token
+    ex.boots[second] = BootState.GONE
+    loop.tick()
+    assert ex.unbooted == [token, second] and ex.cancelled == []
+    # An attempt that ends while its boot is under way gives the boot back.
+    loop.tick()
+    third = list(ex.boot_requests)[-1]
+    ex.finish(first, RunState.SUCCEEDED)
+    loop.tick()
+    assert ex.unbooted[-1] == third and svc.status(ml, job_id).state == "succeeded"
+
+
+def test_without_an_executor_that_boots_a_boot_decision_moves_nothing(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ex = ScriptedExecutor()
+    assert not isinstance(ex, BootsAhead)
+    _, _, _, _, loop = booting_loop(svc, store, clock, ex)
+    loop.tick()
+    assert ex.cancelled == []  # the slack that affords a boot does not afford a restart: nothing is broken
 
 
 def test_a_loop_restarted_between_the_decision_and_the_stop_still_stops_the_attempt(

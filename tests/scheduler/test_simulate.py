@@ -174,11 +174,12 @@ HONEST = SimOptions(checkpoint_cost_h=0.01, checkpoint_write_h=0.02, notice_h=0.
 
 
 @given(runs=runs, first_up=st.booleans(), runs_b=runs, work=st.floats(2.0, 20.0), slack=st.floats(0.0, 1.0),
-       restart=st.floats(0.0, 0.5), start=st.integers(0, 50), notice=st.sampled_from([0.0, 0.05]))
-@settings(max_examples=12, deadline=None)
+       restart=st.floats(0.0, 0.5), start=st.integers(0, 50), notice=st.sampled_from([0.0, 0.05]),
+       boots=st.booleans())
+@settings(max_examples=16, deadline=None)
 def test_honest_costs_keep_the_guarantees_in_one_zone_and_across_two(
         runs: list[int], first_up: bool, runs_b: list[int], work: float, slack: float, restart: float,
-        start: int, notice: float) -> None:
+        start: int, notice: float, boots: bool) -> None:
     def trace(rs: list[int], up: bool) -> list[int]:
         out: list[int] = []
         for i, length in enumerate(rs):
@@ -188,7 +189,7 @@ def test_honest_costs_keep_the_guarantees_in_one_zone_and_across_two(
     a, b = trace(runs, first_up), trace(runs_b, not first_up)
     one = zones_from(a)
     two = align([trace_from_dict({"metadata": {"gap_seconds": 360.0}, "data": x}, n) for x, n in ((a, "a"), (b, "b"))])
-    opts = replace(HONEST, notice_h=notice)
+    opts = replace(HONEST, notice_h=notice, make_before_break=boots)
     # The slack must cover one changeover and the checkpoint it waits for.
     deadline = work + restart + opts.checkpoint_write_h + opts.move_h + slack * work
     jobs = Jobs.make([start], work, deadline, restart)
@@ -204,8 +205,10 @@ def test_honest_costs_keep_the_guarantees_in_one_zone_and_across_two(
             assert out.cost_usd[0] <= od + PRICES.on_demand * (deadline - work + restart) + 1e-9
             if notice > 0:  # just in time: a preemption loses at most the notice window
                 assert out.work_lost_h[0] <= notice * out.preemptions[0] + 1e-9
-    # Knowing two zones can only help the bound.
+    # Knowing two zones can only help the bound, and so can booting spot beside on-demand.
     assert omniscient(two, jobs, PRICES, 2).cost_usd[0] <= omniscient(one, jobs, PRICES, 2).cost_usd[0] + 1e-9
+    assert (omniscient(one, jobs, PRICES, 2, make_before_break=True).cost_usd[0]
+            <= omniscient(one, jobs, PRICES, 2).cost_usd[0] + 1e-9)
 
 
 def test_a_voluntary_changeover_waits_for_its_checkpoint_on_the_old_instance() -> None:
@@ -229,6 +232,46 @@ def test_a_voluntary_changeover_waits_for_its_checkpoint_on_the_old_instance() -
     assert out.finish_h[0] == pytest.approx(back_h + 0.2 + 10.0 - work_on_od)
     assert out.cost_usd[0] == pytest.approx((bridge_h + 0.05) * PRICES.on_demand + out.spot_h[0] * PRICES.spot)
 
+
+
+def test_a_boot_beside_on_demand_moves_the_job_to_spot_without_stopping_its_work() -> None:
+    z = zones_from([0] * 20 + [1] * 400, gap_s=360.0)  # no spot for 2 h, then spot for good
+    jobs = Jobs.make([0], 10.0, 12.0, 0.2)
+    opts = SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05, timeline=True, make_before_break=True)
+    out = run_policy(z, jobs, "gpuplan", PRICES, opts)
+    assert out.timeline_market is not None and out.boots is not None and out.boots_lost is not None
+    assert out.boots[0] == 1 and out.boots_lost[0] == 0 and out.preemptions[0] == 0
+    market = out.timeline_market[:, 0]
+    od_from = 0.1 * int(np.argmax(market == ON_DEMAND))
+    moved = 0.1 * int(np.argmax(market == SPOT))
+    # Capacity came back at 2.0 h: spot booted beside on-demand for the restart (0.2 h, two 6-min ticks) and
+    # took the job at the next tick; on-demand worked all the while, then waited 0.05 h for the checkpoint.
+    assert moved == pytest.approx(2.2)
+    assert out.on_demand_h[0] == pytest.approx(moved - od_from + 0.05)
+    work_on_od = moved - od_from - 0.2
+    # The only time not worked after the first start: that start's restart and the spot side's wait for the
+    # checkpoint.
+    assert out.finish_h[0] == pytest.approx(od_from + 0.2 + 0.05 + 10.0)
+    assert out.spot_h[0] == pytest.approx(0.2 + 0.05 + 10.0 - work_on_od)
+    assert out.cost_usd[0] == pytest.approx(out.on_demand_h[0] * PRICES.on_demand + out.spot_h[0] * PRICES.spot)
+    plain = run_policy(z, jobs, "gpuplan", PRICES, replace(opts, make_before_break=False))
+    assert plain.boots is not None and plain.boots[0] == 0  # only where the caller can boot ahead
+
+
+def test_a_boot_whose_capacity_vanishes_costs_only_the_ticks_it_lived() -> None:
+    # Capacity comes back at 2.0 h for two ticks only, then again at 3.2 h for good.
+    z = zones_from([0] * 20 + [1] * 2 + [0] * 10 + [1] * 400, gap_s=360.0)
+    jobs = Jobs.make([0], 10.0, 12.0, 0.2)
+    opts = SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05, timeline=True, make_before_break=True)
+    out = run_policy(z, jobs, "gpuplan", PRICES, opts)
+    assert out.timeline_market is not None and out.boots is not None and out.boots_lost is not None
+    assert out.boots[0] == 2 and out.boots_lost[0] == 1 and out.preemptions[0] == 0
+    market = out.timeline_market[:, 0]
+    od_from = 0.1 * int(np.argmax(market == ON_DEMAND))
+    assert 0.1 * int(np.argmax(market == SPOT)) == pytest.approx(3.4)  # the second boot took the job
+    # The lost boot: billed the two ticks it lived; the job never stopped working on on-demand.
+    assert out.finish_h[0] == pytest.approx(od_from + 0.2 + 0.05 + 10.0)
+    assert out.spot_h[0] == pytest.approx(0.2 + 0.2 + 0.05 + 10.0 - (3.4 - od_from - 0.2))
 
 
 def test_a_preemption_loses_the_notice_window_with_a_just_in_time_checkpoint_else_the_interval() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import ExecutionError, InvalidInput
-from scheduler.market_codes import ON_DEMAND, SPOT, WAIT
+from scheduler.market_codes import BOOT_SPOT, ON_DEMAND, SPOT, WAIT
 from scheduler.slack_value import (
     GRID,
     NONE_DOWN,
@@ -23,6 +23,7 @@ from scheduler.slack_value import (
     _compiled_induction,
     _induction,
     best_actions,
+    boot_odds,
     phase_hazards,
     step_for,
     table_column,
@@ -31,11 +32,11 @@ from scheduler.slack_value import (
 
 
 def act(column: int, work_left: float, slack: float, run_age_h: float = np.inf, outage_age_h: float = np.inf,
-        **kw: float) -> int:
+        make_before_break: bool = False, **kw: float) -> int:
     rates = {"mean_run_h": 5.0, "mean_outage_h": 1.0, "restart_h": 0.2, "loss_h": 0.03, "switch_h": 0.001,
              "price_ratio": 3.3, **kw}
     table = table_for(rates["mean_run_h"], rates["mean_outage_h"], rates["restart_h"], rates["loss_h"],
-                      rates["switch_h"], rates["price_ratio"], float(step_for(48.0)))
+                      rates["switch_h"], rates["price_ratio"], float(step_for(48.0)), make_before_break)
     col = table_column(np.array([column]), run_age_h, outage_age_h)
     return int(table.lookup(np.array([work_left + slack]), np.array([work_left]), col)[0])
 
@@ -165,7 +166,8 @@ def test_without_phases_the_compiled_induction_equals_the_memoryless_program(res
     one = _chain(run, outage, np.full(nb, h), 1.0, 1.0)
     after = np.stack([np.linalg.matrix_power(m, restart) for m in one])
     lo = np.full(nb, int(np.floor(loss)))
-    args = (one, after, ratio, switch * h, np.full(nb, restart), lo, np.full(nb, loss) - lo, np.full(nb, h))
+    args = (one, after, ratio, switch * h, np.full(nb, restart), lo, np.full(nb, loss) - lo, np.full(nb, h),
+            np.zeros(nb, dtype=bool), np.zeros((nb, 2, 2)), np.zeros((nb, 2, 4)), np.zeros((nb, 2)))
     packed = np.zeros((nb, n + 1, n + 1, 5), dtype=np.int8)
     _compiled_induction()(*args, packed)
     got = np.stack([(packed[..., c // 2] >> (2 * (c % 2))) & 3 for c in range(10)], axis=-1)
@@ -203,3 +205,52 @@ def test_without_numba_the_program_says_what_to_install(monkeypatch: pytest.Monk
             _compiled_induction()
     finally:
         _compiled_induction.cache_clear()  # the next caller compiles (numba's disk cache makes it quick)
+
+
+@given(run=st.floats(0.05, 50.0), outage=st.floats(0.05, 20.0), steps=st.integers(1, 12))
+@settings(max_examples=40, deadline=None)
+def test_a_boot_either_lasts_or_fails_and_is_billed_while_it_lives(run: float, outage: float, steps: int) -> None:
+    one = _chain(np.array([run]), np.array([outage]), np.array([1 / 12]))[0]
+    ok, failed, billed = boot_odds(one, steps)
+    np.testing.assert_allclose(ok.sum(axis=1) + failed.sum(axis=1), 1.0, atol=1e-12)
+    assert np.all(billed >= 1.0 - 1e-12) and np.all(billed <= steps + 1e-12)
+    # Memoryless (young and old alike): capacity lasts each step with the same odds.
+    flat = _chain(np.array([run]), np.array([outage]), np.array([1 / 12]), 1.0, 1.0)[0]
+    ok1, _, billed1 = boot_odds(flat, steps)
+    stay = flat[1, 1]
+    np.testing.assert_allclose(ok1.sum(axis=1), stay ** steps, rtol=1e-9)
+    np.testing.assert_allclose(billed1, sum(stay ** j for j in range(steps)), rtol=1e-9)
+
+
+def test_a_boot_beside_on_demand_is_how_a_tight_job_returns_to_spot_and_a_loose_one_breaks_first() -> None:
+    # On on-demand with capacity back, 24 h of work, restart 0.4 h. With 0.8 h of slack a return that stops
+    # on-demand first burns half the slack and leaves too little for the next preemption: hold on-demand.
+    # Booting spot beside it costs no slack: boot. With 30 h of slack the slack is worth nothing, and a boot
+    # (on-demand billed through it) costs more than the restart: break first.
+    kw = {"restart_h": 0.4, "mean_run_h": 20.0}
+    assert act(OD_UP, 24.0, 0.8, **kw) == ON_DEMAND
+    assert act(OD_UP, 24.0, 0.8, make_before_break=True, **kw) == BOOT_SPOT
+    assert act(OD_UP, 24.0, 30.0, make_before_break=True, **kw) == SPOT
+    # Only on on-demand: nowhere else is there an instance to work through the boot.
+    for column in (NONE_UP, NONE_DOWN, SPOT_UP, OD_DOWN):
+        assert act(column, 24.0, 0.8, make_before_break=True, **kw) != BOOT_SPOT
+
+
+@given(restart=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=10, deadline=None)
+def test_with_boots_the_compiled_induction_is_the_python_one(restart: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    nb, n, h = 3, 40, 1 / 12
+    run, outage = 2.0 ** rng.uniform(-3, 6, nb), 2.0 ** rng.uniform(-3, 4, nb)
+    one = _chain(run, outage, np.full(nb, h))
+    odds = [boot_odds(m, restart) for m in one]
+    args = (one, np.stack([np.linalg.matrix_power(m, restart) for m in one]), 2.0 ** rng.uniform(-1, 2, nb),
+            np.round(rng.uniform(0, 2, nb), 2) * h, np.full(nb, restart), np.zeros(nb, dtype=np.int64),
+            np.full(nb, 0.5), np.full(nb, h), np.array([True, False, True]), np.stack([o[0] for o in odds]),
+            np.stack([o[1] for o in odds]), np.stack([o[2] for o in odds]))
+    packed, interpreted = (np.zeros((nb, n + 1, n + 1, 5), dtype=np.int8) for _ in range(2))
+    _compiled_induction()(*args, packed)
+    _induction(*args, interpreted)
+    np.testing.assert_array_equal(interpreted, packed)
+    booted = ((packed[..., 3:5] >> 0) & 3 == BOOT_SPOT) | ((packed[..., 3:5] >> 2) & 3 == BOOT_SPOT)
+    assert not booted[1].any()  # the bucket that may not boot never does

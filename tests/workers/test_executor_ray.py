@@ -185,3 +185,41 @@ def test_on_a_gpuplan_cluster_an_attempt_runs_on_its_planned_market_and_zone(ray
     finally:
         ray_cluster.remove_node(spot)
         ray_cluster.remove_node(on_demand)
+
+
+def test_a_boot_holds_the_nodes_of_a_market_and_zone_until_it_is_given_back(ray_cluster: Any, tmp_path: Path) -> None:
+    """Make-before-break: a boot asks Ray for the attempt's pinned bundles without running anything; it is
+    BOOTING until a node of that (GPU, market, zone) joins (the autoscaler's job on a real cluster), READY
+    while it holds that node, GONE once given back, which frees the node for the next attempt."""
+    import ray
+
+    from workers.executor import BootsAhead, BootState
+    from workers.placement import ZONE_PREFIX, pin_resources
+
+    pins = {"accelerator_type:H100": 1, **pin_resources("H100-SXM", "spot", "use1-az2")}
+    executor = RayExecutor(storage_path=str(tmp_path / "ray"), backend="gloo", cpu_threads=1, log_every_s=0.0,
+                           node_types=[({"CPU": 1, "GPU": 1, **pins}, 1)])
+    assert isinstance(executor, BootsAhead)
+    h100 = Strategy(gpu="H100-SXM", gpu_count=1, precision="bf16")
+    request = dataclasses.replace(infer_request(tmp_path / "out", "ray-boot", h100), market="spot", zone="use1-az2")
+    token = executor.boot(request)
+    node = None
+    try:
+        assert executor.boot_state(token) is BootState.BOOTING  # no such node yet
+        node = ray_cluster.add_node(num_cpus=1, num_gpus=1, resources=pins)
+        ray_cluster.wait_for_nodes()
+        deadline = time.time() + 60
+        while executor.boot_state(token) is not BootState.READY:
+            assert time.time() < deadline, "the boot did not take the node that joined"
+            time.sleep(0.1)
+        zone = ZONE_PREFIX + "use1-az2"
+        assert ray.available_resources().get(zone, 0.0) == 0.0  # held for the attempt that moves there
+        executor.unboot(token)
+        assert executor.boot_state(token) is BootState.GONE
+        while ray.available_resources().get(zone, 0.0) < 1.0:
+            assert time.time() < deadline, "the node was not freed when the boot was given back"
+            time.sleep(0.1)
+    finally:
+        executor.unboot(token)
+        if node is not None:
+            ray_cluster.remove_node(node)
