@@ -188,8 +188,8 @@ def _preempt(s: _State, setup: _Setup, pre: npt.NDArray[np.bool_]) -> None:
     s.preempt += pre
 
 
-def _boots(s: _State, setup: _Setup, jobs: Jobs, av: npt.NDArray[np.bool_], rows: IntArray,
-           active: npt.NDArray[np.bool_], tt: IntArray) -> npt.NDArray[np.bool_]:
+def _boots(s: _State, setup: _Setup, av: npt.NDArray[np.bool_], rows: IntArray,
+           active: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
     """Spot instances booting beside on-demand, at a tick's start: one whose zone has no capacity now is
     gone (it was billed while it lived); one whose boot has run its time takes the job: on-demand is billed
     until the checkpoint is durable, the spot instance waits for it (and its transfer from another zone).
@@ -343,7 +343,7 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
         av = zones.available[:, tt].T  # (jobs, zones)
         here = av[rows, s.zone]
         _preempt(s, setup, active & (s.market == SPOT) & ~here)
-        moved = _boots(s, setup, jobs, av, rows, active, tt)
+        moved = _boots(s, setup, av, rows, active)
         here = av[rows, s.zone]
         spot_any: npt.NDArray[np.bool_] = np.asarray(av.any(axis=1), dtype=bool)
         means = setup.mean_run[:, tt].T  # (jobs, zones)
