@@ -63,20 +63,31 @@ def test_a_spot_attempt_whose_zone_loses_capacity_changes_over_to_the_zone_that_
     assert (spent.market, spent.hours) == ("spot", 1.0)  # the old attempt is charged until it stopped
 
 
-def test_an_on_demand_attempt_goes_back_to_spot_when_capacity_returns_and_the_slack_allows(
-        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+def on_demand_when_spot_returns(svc: SchedulerService, store: Store, clock: FakeClock, ex: ScriptedExecutor,
+                                progress: RunProgress, *, make_before_break: bool = False,
+                                ) -> tuple[Principal, str, str, StaticZones, Scheduler]:
+    """A job (0.25 h of slack: below the safety net, no waiting for spot) started on on-demand, 10 h later at
+    ``progress`` when long runs of spot capacity come back in zone b: (team, job id, its attempt's handle, the
+    feed, the loop)."""
     ml = ml_team(svc)
-    job = spot_job(svc, ml, deadline=48.25)  # 0.25 h of slack: below the safety net, no waiting for spot
+    job = spot_job(svc, ml, deadline=48.25)
     feed = StaticZones({"a": zone(False, outage_age_h=5.0), "b": zone(False, outage_age_h=5.0)})
-    ex = ScriptedExecutor()
-    loop = Scheduler(store, ex, clock=clock, choose_market=SpotChooser(feed, restart_h=0.2, recheck_s=300))
+    chooser = SpotChooser(feed, restart_h=0.2, recheck_s=300, make_before_break=make_before_break)
+    loop = Scheduler(store, ex, clock=clock, choose_market=chooser, boot_timeout_s=1800.0)
     loop.tick()
     first = ex.handle_of(job.id)
     assert ex.requests[first].market == "on-demand"
-    # Long runs of capacity come back in b, but 0.25 h of slack cannot pay a changeover there and back.
     clock.advance(hours=10)
-    ex.progress[first] = RunProgress(step=10, total_steps=48)
+    ex.progress[first] = progress
     feed.zones["b"] = zone(True, up_h=200.0, preemptions=1)
+    return ml, job.id, first, feed, loop
+
+
+def test_an_on_demand_attempt_goes_back_to_spot_when_capacity_returns_and_the_slack_allows(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    ex = ScriptedExecutor()
+    # 0.25 h of slack cannot pay a changeover there and back.
+    _, job_id, first, _, loop = on_demand_when_spot_returns(svc, store, clock, ex, RunProgress(step=10, total_steps=48))
     loop.tick()
     assert ex.cancelled == []
     # Ahead of schedule (it ran faster than planned): back to spot pays its two changeovers.
@@ -84,27 +95,16 @@ def test_an_on_demand_attempt_goes_back_to_spot_when_capacity_returns_and_the_sl
     loop.tick()
     assert ex.cancelled == [first]
     loop.tick()
-    second = ex.requests[ex.handle_of(job.id)]
+    second = ex.requests[ex.handle_of(job_id)]
     assert (second.market, second.zone, second.attempt) == ("spot", "b", 2)
 
 
 def booting_loop(svc: SchedulerService, store: Store, clock: FakeClock,
                  ex: ScriptedExecutor) -> tuple[Principal, str, str, StaticZones, Scheduler]:
-    """A job on on-demand (0.25 h of slack: no waiting) 10 h into its 48 h, 0.35 h ahead of plan: 0.6 h of
-    slack, which a return that stops it first cannot pay and one booted beside it can, when long runs of spot
-    capacity come back in zone b."""
-    ml = ml_team(svc)
-    job = spot_job(svc, ml, deadline=48.25)
-    feed = StaticZones({"a": zone(False, outage_age_h=5.0), "b": zone(False, outage_age_h=5.0)})
-    chooser = SpotChooser(feed, restart_h=0.2, recheck_s=300, make_before_break=True)
-    loop = Scheduler(store, ex, clock=clock, choose_market=chooser, boot_timeout_s=1800.0)
-    loop.tick()
-    first = ex.handle_of(job.id)
-    assert ex.requests[first].market == "on-demand"
-    clock.advance(hours=10)
-    ex.progress[first] = RunProgress(step=1035, total_steps=4800)
-    feed.zones["b"] = zone(True, up_h=200.0, preemptions=1)
-    return ml, job.id, first, feed, loop
+    """The same, 0.35 h ahead of plan: 0.6 h of slack, which a return that stops on-demand first cannot pay and
+    one booted beside it can."""
+    return on_demand_when_spot_returns(svc, store, clock, ex, RunProgress(step=1035, total_steps=4800),
+                                       make_before_break=True)
 
 
 def test_a_return_to_spot_boots_beside_on_demand_and_moves_only_once_its_nodes_are_up(

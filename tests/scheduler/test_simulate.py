@@ -19,6 +19,7 @@ from scheduler.policy import ZoneSeen, young_daly_interval
 from scheduler.replay import online_mean_outage
 from scheduler.simulate import (
     Jobs,
+    Outcome,
     Prices,
     SimOptions,
     compare,
@@ -232,18 +233,21 @@ def test_a_voluntary_changeover_waits_for_its_checkpoint_on_the_old_instance() -
     assert out.finish_h[0] == pytest.approx(back_h + 0.2 + 10.0 - work_on_od)
     assert out.cost_usd[0] == pytest.approx((bridge_h + 0.05) * PRICES.on_demand + out.spot_h[0] * PRICES.spot)
 
+BOOTS = SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05, timeline=True, make_before_break=True)
+
+
+def booted(avail: list[int], boots: int, lost: int) -> tuple[Outcome, float, float]:
+    """A 10 h job (deadline 12 h, restart 0.2 h) on 6-minute ticks under ``BOOTS``, after ``boots`` boots of which
+    ``lost`` lost their capacity: (its outcome, when it went on-demand, when it moved to spot), in hours."""
+    out = run_policy(zones_from(avail, gap_s=360.0), Jobs.make([0], 10.0, 12.0, 0.2), "gpuplan", PRICES, BOOTS)
+    assert out.timeline_market is not None and out.boots is not None and out.boots_lost is not None
+    assert (out.boots[0], out.boots_lost[0], out.preemptions[0]) == (boots, lost, 0)
+    market = out.timeline_market[:, 0]
+    return out, 0.1 * int(np.argmax(market == ON_DEMAND)), 0.1 * int(np.argmax(market == SPOT))
 
 
 def test_a_boot_beside_on_demand_moves_the_job_to_spot_without_stopping_its_work() -> None:
-    z = zones_from([0] * 20 + [1] * 400, gap_s=360.0)  # no spot for 2 h, then spot for good
-    jobs = Jobs.make([0], 10.0, 12.0, 0.2)
-    opts = SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05, timeline=True, make_before_break=True)
-    out = run_policy(z, jobs, "gpuplan", PRICES, opts)
-    assert out.timeline_market is not None and out.boots is not None and out.boots_lost is not None
-    assert out.boots[0] == 1 and out.boots_lost[0] == 0 and out.preemptions[0] == 0
-    market = out.timeline_market[:, 0]
-    od_from = 0.1 * int(np.argmax(market == ON_DEMAND))
-    moved = 0.1 * int(np.argmax(market == SPOT))
+    out, od_from, moved = booted([0] * 20 + [1] * 400, boots=1, lost=0)  # no spot for 2 h, then spot for good
     # Capacity came back at 2.0 h: spot booted beside on-demand for the restart (0.2 h, two 6-min ticks) and
     # took the job at the next tick; on-demand worked all the while, then waited 0.05 h for the checkpoint.
     assert moved == pytest.approx(2.2)
@@ -254,24 +258,18 @@ def test_a_boot_beside_on_demand_moves_the_job_to_spot_without_stopping_its_work
     assert out.finish_h[0] == pytest.approx(od_from + 0.2 + 0.05 + 10.0)
     assert out.spot_h[0] == pytest.approx(0.2 + 0.05 + 10.0 - work_on_od)
     assert out.cost_usd[0] == pytest.approx(out.on_demand_h[0] * PRICES.on_demand + out.spot_h[0] * PRICES.spot)
-    plain = run_policy(z, jobs, "gpuplan", PRICES, replace(opts, make_before_break=False))
+    plain = run_policy(zones_from([0] * 20 + [1] * 400, gap_s=360.0), Jobs.make([0], 10.0, 12.0, 0.2), "gpuplan",
+                       PRICES, replace(BOOTS, make_before_break=False))
     assert plain.boots is not None and plain.boots[0] == 0  # only where the caller can boot ahead
 
 
 def test_a_boot_whose_capacity_vanishes_costs_only_the_ticks_it_lived() -> None:
     # Capacity comes back at 2.0 h for two ticks only, then again at 3.2 h for good.
-    z = zones_from([0] * 20 + [1] * 2 + [0] * 10 + [1] * 400, gap_s=360.0)
-    jobs = Jobs.make([0], 10.0, 12.0, 0.2)
-    opts = SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05, timeline=True, make_before_break=True)
-    out = run_policy(z, jobs, "gpuplan", PRICES, opts)
-    assert out.timeline_market is not None and out.boots is not None and out.boots_lost is not None
-    assert out.boots[0] == 2 and out.boots_lost[0] == 1 and out.preemptions[0] == 0
-    market = out.timeline_market[:, 0]
-    od_from = 0.1 * int(np.argmax(market == ON_DEMAND))
-    assert 0.1 * int(np.argmax(market == SPOT)) == pytest.approx(3.4)  # the second boot took the job
+    out, od_from, moved = booted([0] * 20 + [1] * 2 + [0] * 10 + [1] * 400, boots=2, lost=1)
+    assert moved == pytest.approx(3.4)  # the second boot took the job
     # The lost boot: billed the two ticks it lived; the job never stopped working on on-demand.
     assert out.finish_h[0] == pytest.approx(od_from + 0.2 + 0.05 + 10.0)
-    assert out.spot_h[0] == pytest.approx(0.2 + 0.2 + 0.05 + 10.0 - (3.4 - od_from - 0.2))
+    assert out.spot_h[0] == pytest.approx(0.2 + 0.2 + 0.05 + 10.0 - (moved - od_from - 0.2))
 
 
 def test_a_preemption_loses_the_notice_window_with_a_just_in_time_checkpoint_else_the_interval() -> None:
