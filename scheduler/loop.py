@@ -242,7 +242,11 @@ class Scheduler:
         (no capacity there) -> give it back, note the zone's lack of capacity, and leave the attempt."""
         assert isinstance(self.executor, BootsAhead) and attempt.id is not None
         token, target, since = self._boots[attempt.id]
-        state = self.executor.boot_state(token)
+        try:
+            state = self.executor.boot_state(token)
+        except GpuplanError as exc:  # not known this tick: still booting, until the timeout says otherwise
+            log.warning("could not read boot %s of job %s: %s", token, job.id, exc)
+            state = BootState.BOOTING
         waited = (now - since).total_seconds()
         if state is BootState.BOOTING and waited < self.boot_timeout_s:
             return

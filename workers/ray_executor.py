@@ -283,8 +283,12 @@ class RayExecutor:
                              hint="add such nodes to the cluster, or plan the job for the GPUs it has")
         placement = request_placement(request, live_nodes(), self._node_types)
         token = f"boot-{request.run_name}-{uuid.uuid4().hex[:8]}"
-        self._boots[token] = placement_group([placement.worker_resources()] * placement.num_workers,
-                                             strategy="PACK", name=token)
+        try:
+            self._boots[token] = placement_group([placement.worker_resources()] * placement.num_workers,
+                                                 strategy="PACK", name=token)
+        except Exception as exc:  # Ray's own errors: one kind for the scheduler loop to log
+            raise ExecutionError(f"could not ask Ray for the nodes of job {request.job_id}: {exc}",
+                                 hint="check that the head node is up") from exc
         return token
 
     def boot_state(self, token: str) -> BootState:
@@ -294,7 +298,10 @@ class RayExecutor:
         pg = self._boots.get(token)
         if pg is None:
             return BootState.GONE
-        state = placement_group_table(pg).get("state")
+        try:
+            state = placement_group_table(pg).get("state")
+        except Exception as exc:  # the GCS did not answer: the loop asks again next tick
+            raise ExecutionError(f"could not read the boot {token} from Ray: {exc}") from exc
         return BootState.READY if state == "CREATED" else BootState.GONE if state == "REMOVED" else BootState.BOOTING
 
     def unboot(self, token: str) -> None:

@@ -8,7 +8,7 @@ import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from catalog.errors import Infeasible, NotFound
+from catalog.errors import ExecutionError, Infeasible, NotFound
 from workers.executor import BootState, RunProgress, RunRequest, RunState, RunStatus
 
 
@@ -93,6 +93,7 @@ class BootingExecutor(ScriptedExecutor):
         self.boots: dict[str, BootState] = {}
         self.boot_requests: dict[str, RunRequest] = {}
         self.unbooted: list[str] = []
+        self.unreadable = 0  # boot_state raises ExecutionError this many more times (a cluster that did not answer)
 
     def boot(self, request: RunRequest) -> str:
         token = f"boot{len(self.boot_requests) + 1}-{request.job_id}"
@@ -101,6 +102,9 @@ class BootingExecutor(ScriptedExecutor):
         return token
 
     def boot_state(self, token: str) -> BootState:
+        if self.unreadable > 0:
+            self.unreadable -= 1
+            raise ExecutionError(f"boot {token}: the cluster did not answer")
         return self.boots.get(token, BootState.GONE)
 
     def unboot(self, token: str) -> None:

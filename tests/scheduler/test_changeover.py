@@ -118,6 +118,9 @@ def test_a_return_to_spot_boots_beside_on_demand_and_moves_only_once_its_nodes_a
     clock.advance(minutes=10)
     loop.tick()
     assert ex.cancelled == [] and len(ex.boot_requests) == 1  # still booting: nothing moves, nothing re-asked
+    ex.unreadable = 1
+    loop.tick()  # the cluster did not answer: the boot is still under way
+    assert ex.cancelled == [] and ex.unbooted == []
     ex.boots[token] = BootState.READY
     loop.tick()
     assert ex.cancelled == [first] and ex.unbooted == [token]
