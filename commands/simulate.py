@@ -100,6 +100,12 @@ def simulate_command(
         output.console.print(f"timeline plot written to {plot}", highlight=False)
 
 
+def _boots(row: dict[str, Any]) -> str:
+    """Spot boots beside on-demand and, in brackets, those whose capacity went first ("-": none, or a bound)."""
+    boots, lost = row.get("spot_boots"), row.get("spot_boots_lost")
+    return "-" if not boots else f"{boots} ({lost})"
+
+
 def _hours(value: Any) -> str:
     return f"{float(value):,.2f}"
 
@@ -138,7 +144,8 @@ def _warn_trace_too_short(zones: Any, first_hour: float, last_hour: float, job_h
 
 SIM_COLS = [Col("policy"), Col("cost $", right=True), Col("x bound", right=True), Col("finish h", right=True),
              Col("outcome"), Col("preemptions", right=True, drop=3), Col("work lost h", right=True, drop=4),
-             Col("spot h", right=True, drop=2), Col("OD h", right=True, drop=1)]
+             Col("spot h", right=True, drop=2), Col("OD h", right=True, drop=1),
+             Col("spot boots (lost)", right=True, drop=5)]
 
 
 def _print_simulation(rows: dict[str, dict[str, Any]], zones: Any, start_hour: float, job_hours: float,
@@ -157,7 +164,8 @@ def _print_simulation(rows: dict[str, dict[str, Any]], zones: Any, start_hour: f
         table_rows.append([
             name, money, ratio, "-" if row["finish_hours"] is None else _hours(row["finish_hours"]),
             Text(outcome, style=style), str(row["preemptions"]),
-            *("-" if row[k] is None else _hours(row[k]) for k in ("work_lost_hours", "spot_hours", "on_demand_hours"))])
+            *("-" if row[k] is None else _hours(row[k]) for k in ("work_lost_hours", "spot_hours", "on_demand_hours")),
+            _boots(row)])
     print_table(f"{job_hours:g} h job, {_deadline_words(deadline_hours)}, restart {restart_hours:g} h, "
                 f"zones: {', '.join(zones.names)}", SIM_COLS, table_rows)
     if any(row["finish_hours"] is None for row in rows.values()):
