@@ -98,7 +98,7 @@ def bound(zones: Zones, jobs: Jobs, make_before_break: bool = False) -> np.ndarr
     h = hashlib.sha256()
     for arr in (zones.available, jobs.start_tick, jobs.work_h, jobs.deadline_h, jobs.restart_h):
         h.update(np.ascontiguousarray(arr).tobytes())
-    key = f"{h.hexdigest()}|{zones.gap_seconds}" + ("|mbb" if make_before_break else "")
+    key = f"{h.hexdigest()}|{zones.gap_seconds}" + ("|mbb-windows" if make_before_break else "")
     cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
     if key not in cache:
         cache[key] = omniscient(zones, jobs, PRICES, resolution=1,
@@ -473,8 +473,8 @@ def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: s
         f"({ck.move_h * 3600:.1f} s); every start, restart and changeover pays the restart delay, except a "
         "return to spot made before it breaks (since 2026-12-04): spot boots beside the working on-demand "
         "instance, billed by the tick while its zone keeps capacity, and the job moves at the first tick after "
-        "the boot; the bound may do the same (from on-demand to spot without losing time, the restart paid at "
-        "the zone's cheapest spot price).",
+        "the boot; the bound may do the same (from on-demand to spot without losing time where the zone had "
+        "capacity through the boot's whole ticks, paying their spot price).",
         "",
         "`gpuplan` (scheduler/policy.py; rule in the section above): waits and bridges come from the "
         "slack-value program (scheduler/slack_value.py) on a model of the zone whose runs of capacity and "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 
 from catalog.errors import InvalidInput
 from scheduler.sim_model import FloatArray, IntArray, Jobs, Outcome, Prices, spot_prices
@@ -20,9 +21,9 @@ def omniscient(zones: Zones, jobs: Jobs, prices: Prices, resolution: int = 2,
     paid before work resumes). Jobs are batched by (work, deadline, restart). Jobs without a deadline
     get the bound over the rest of the trace.
 
-    ``make_before_break``: what the replay's BOOT_SPOT does, relaxed so that it stays a lower bound: from
-    on-demand to spot without losing time, paying the restart at the zone's cheapest spot price of the
-    trace (the replay bills whole ticks of boot at the prices of their time, and then the checkpoint).
+    ``make_before_break``: what the replay's BOOT_SPOT does (:func:`boot_windows`): from on-demand to spot
+    without losing time, where the zone had capacity through the boot's whole ticks before, paying the spot
+    price of those ticks (the replay pays that too, then the checkpoint write).
     """
     if resolution < 1:
         raise InvalidInput("resolution must be >= 1")
@@ -52,6 +53,21 @@ def omniscient(zones: Zones, jobs: Jobs, prices: Prices, resolution: int = 2,
     return out
 
 
+def boot_windows(available: npt.NDArray[np.bool_], spot_price: FloatArray, gap_h: float,
+                 restart_h: float) -> tuple[npt.NDArray[np.bool_], FloatArray]:
+    """Per zone and tick T: whether a spot boot beside on-demand could have moved the job to spot at T (the zone
+    had capacity at every tick from T - K to T, K = the restart in whole ticks, the replay's boot), and what the
+    boot cost (the spot price of ticks T - K .. T - 1, a whole tick each)."""
+    k = math.ceil(restart_h / gap_h - 1e-9)
+    zones, ticks = available.shape
+    up = np.concatenate([np.zeros((zones, 1)), np.cumsum(available, axis=1)], axis=1)
+    paid = np.concatenate([np.zeros((zones, 1)), np.cumsum(spot_price, axis=1)], axis=1)
+    t = np.arange(ticks)
+    first = np.maximum(t - k, 0)
+    ok = (t >= k) & (up[:, t + 1] - up[:, first] == k + 1)
+    return ok, (paid[:, t] - paid[:, first]) * gap_h
+
+
 def _omniscient_group(
     zones: Zones,
     spot_price: FloatArray,
@@ -79,7 +95,8 @@ def _omniscient_group(
     best_t = np.full(b, np.nan)
     # Finishing from index j within a tick costs price * (length - j) * q (the work left, restart debt included).
     need_h = (length - np.arange(length)) * q
-    boot_usd = r_units * q * spot_price.min(axis=1)  # (zones,) a boot beside on-demand, at its cheapest
+    if warm:
+        boot_ok, boot_usd = boot_windows(zones.available, spot_price, gap, restart)
     for step in range(horizon):
         ticks = starts + step
         valid = ticks < zones.ticks
@@ -106,8 +123,9 @@ def _omniscient_group(
         prices_now = np.concatenate([np.full((b, 1), od_price), spot_price[:, tt].T], axis=1)
         for s in range(1, states):
             pre = np.minimum(cw[:, s], launched)
-            if warm and s >= 2:
-                pre = np.minimum(pre, cw[:, 1] + boot_usd[s - 2])
+            if warm and s >= 2:  # on-demand through the boot, then spot without a restart's wait
+                booted = boot_ok[s - 2, tt] & valid
+                pre = np.minimum(pre, np.where(booted[:, None], cw[:, 1] + boot_usd[s - 2, tt][:, None], inf))
             held = av[:, s - 2 : s - 1] if s >= 2 else valid[:, None]
             pre = np.where(held, pre, inf)
             price = prices_now[:, s - 1 : s]

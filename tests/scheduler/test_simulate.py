@@ -272,6 +272,17 @@ def test_a_boot_whose_capacity_vanishes_costs_only_the_ticks_it_lived() -> None:
     assert out.spot_h[0] == pytest.approx(0.2 + 0.2 + 0.05 + 10.0 - (moved - od_from - 0.2))
 
 
+def test_the_bound_boots_spot_only_where_the_zone_had_capacity_through_the_boot() -> None:
+    from scheduler.bound import boot_windows
+
+    available = np.array([[1, 1, 1, 0, 1, 1, 1, 1]], dtype=bool)
+    price = np.array([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]])
+    # A 0.15 h restart on 0.1 h ticks boots for two whole ticks: a move at T needs capacity at T-2 .. T.
+    ok, cost = boot_windows(available, price, 0.1, 0.15)
+    assert ok[0].tolist() == [False, False, True, False, False, False, True, True]
+    assert cost[0, 2] == pytest.approx((1.0 + 2.0) * 0.1) and cost[0, 7] == pytest.approx((6.0 + 7.0) * 0.1)
+
+
 def test_a_preemption_loses_the_notice_window_with_a_just_in_time_checkpoint_else_the_interval() -> None:
     z = zones_of("halves-a")  # available for 30 h, then gone
     jobs = Jobs.make([0], 40.0, 58.0, 0.1)
