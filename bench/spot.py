@@ -495,7 +495,8 @@ def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: s
         "program variants (with and without a gate; memoryless and young/old; returns by the program) were "
         "each run once on the held-out families, after being chosen on the tuning family, so the held-out "
         "families are unseen by the numbers, not by the people. Make-before-break returns (a structural "
-        "action, no number fitted) were run twice on the held-out families: the first run showed a GCP job "
+        "action, no number fitted) were run three times on the held-out families (the third for an exact bound "
+        "only): the first run showed a GCP job "
         "whose program counted on boots the safety net then refused, which was fixed (the program offers a "
         "boot only where the net allows it) before the second; `--holdout-family NAME` reruns any family "
         "alone.",
