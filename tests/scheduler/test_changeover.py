@@ -347,10 +347,12 @@ def test_an_attempt_that_does_not_answer_the_checkpoint_and_stop_is_stopped_with
 
 
 class MoveOnce:
-    """A chooser that starts every attempt on-demand and changes the job over once, when told to."""
+    """A chooser that starts every attempt on-demand and changes the job over once, when told to (``boot``:
+    made before it breaks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, boot: bool = False) -> None:
         self.move = False
+        self.boot = boot
 
     def __call__(self, job: Job, now: datetime) -> Placement:
         return Placement("on-demand", 1.0)
@@ -359,15 +361,17 @@ class MoveOnce:
         if not self.move:
             return None
         self.move = False
-        return Placement("on-demand", 2.0, zone="elsewhere")
+        return Placement("on-demand", 2.0, zone="elsewhere", boot=self.boot)
 
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("boot", [False, True], ids=["break-before-make", "make-before-break"])
 def test_a_changeover_of_real_training_loses_no_step_and_ends_as_an_uninterrupted_run(
-        store: Store, tmp_path: Path) -> None:
+        store: Store, tmp_path: Path, boot: bool) -> None:
     """The real loop on SQLite, the real training loop (InProcessExecutor): the decision is recorded, the
     attempt checkpoints and stops at the step it finishes, the next attempt resumes from exactly that
-    step, and the final weights equal an uninterrupted run's. (tests/workers/test_changeover_ray.py: Ray.)"""
+    step, and the final weights equal an uninterrupted run's. Made before it breaks, the executor first boots
+    the target (this machine: at once) while the attempt works on. (tests/workers/test_changeover_ray.py: Ray.)"""
     from scheduler.models import JobCreate, TeamCreate
     from scheduler.service import ADMIN
     from tests.scheduler.test_loop_inprocess import cpu_plan
@@ -382,14 +386,19 @@ def test_a_changeover_of_real_training_loses_no_step_and_ends_as_an_uninterrupte
     reference = tiny_spec(config, steps=8, interval=3)
     job = svc.submit(me, JobCreate(spec=reference.model_dump(mode="json")))
     gate = Gate(str(tmp_path / "gate"))
-    chooser = MoveOnce()
+    chooser = MoveOnce(boot=boot)
     ex = InProcessExecutor(step_hook=gate)
     loop = Scheduler(store, ex, choose_market=chooser)
     gate.hold(4)  # held before step 5: 4 done, the periodic checkpoint of step 3 the newest
     assert loop.tick().dispatched == [job.id]
     gate.wait_held(4)
     chooser.move = True
-    loop.tick()  # the decision on the row, then checkpoint-and-stop
+    loop.tick()  # the decision on the row, then checkpoint-and-stop (made before it breaks: the boot first)
+    if boot:
+        [booting] = attempts(store, job.id)
+        assert booting.ended_at is None and not booting.message.startswith("changeover")
+        assert any("boots beside it (make-before-break" in line for line in log_lines(store, job.id))
+        loop.tick()  # the boot is up: the decision on the row, then checkpoint-and-stop
     [first] = attempts(store, job.id)
     assert first.message.startswith("changeover: to on-demand in elsewhere") and first.ended_at is None
     gate.release()
