@@ -189,11 +189,12 @@ def _preempt(s: _State, setup: _Setup, pre: npt.NDArray[np.bool_]) -> None:
 
 
 def _boots(s: _State, setup: _Setup, av: npt.NDArray[np.bool_], rows: IntArray,
-           active: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+           active: npt.NDArray[np.bool_], tt: IntArray) -> npt.NDArray[np.bool_]:
     """Spot instances booting beside on-demand, at a tick's start: one whose zone has no capacity now is
-    gone (it was billed while it lived); one whose boot has run its time takes the job: on-demand is billed
-    until the checkpoint is durable, the spot instance waits for it (and its transfer from another zone).
-    Returns the jobs that moved."""
+    gone (it was billed while it lived); one whose boot has run its time takes the job, a changeover whose new
+    instance is up already (:func:`_change_over` without a restart: on-demand is billed until the checkpoint
+    is durable, the spot instance waits for it and its transfer from another zone). Returns the jobs that
+    moved."""
     if not s.booting.any():
         return np.zeros_like(s.booting)
     up = av[rows, s.boot_zone]
@@ -202,15 +203,8 @@ def _boots(s: _State, setup: _Setup, av: npt.NDArray[np.bool_], rows: IntArray,
     s.booting &= ~lost
     moving = s.booting & active & (s.boot_left <= _EPS)
     if moving.any():
-        write, move = setup.opts.checkpoint_write_h, setup.opts.move_h
-        s.cost += np.where(moving, setup.od_price * write, 0.0)
-        s.od_h += np.where(moving, write, 0.0)
-        moved = (s.ckpt_zone >= 0) & (s.boot_zone != s.ckpt_zone)
-        s.restart_left = np.where(moving, write + np.where(moved, move, 0.0), s.restart_left)
-        s.market = np.where(moving, SPOT, s.market).astype(np.int8)
-        s.zone = np.where(moving, s.boot_zone, s.zone)
-        s.ckpt_zone = np.where(moving, s.boot_zone, s.ckpt_zone)
-        s.unc[moving] = 0.0
+        _change_over(s, setup, 0.0, moving, np.where(moving, SPOT, s.market).astype(np.int8),
+                     np.where(moving, s.boot_zone, s.zone), tt)
         s.booting &= ~moving
     return moving
 
@@ -261,11 +255,11 @@ def _decisions(policy: str, s: _State, setup: _Setup, jobs: Jobs, now: float, tt
     )
 
 
-def _change_over(s: _State, setup: _Setup, jobs: Jobs, switch: npt.NDArray[np.bool_], dec: npt.NDArray[np.int8],
-                 new_zone: IntArray, tt: IntArray) -> None:
+def _change_over(s: _State, setup: _Setup, restart_h: FloatArray | float, switch: npt.NDArray[np.bool_],
+                 dec: npt.NDArray[np.int8], new_zone: IntArray, tt: IntArray) -> None:
     """A voluntary changeover checkpoints on the way out: the old instance is billed until the
-    checkpoint is durable; the new one boots meanwhile. A spot start in another zone than the
-    checkpoint's copies it there first."""
+    checkpoint is durable; the new one boots meanwhile (``restart_h``; 0: it is up already). A spot start
+    in another zone than the checkpoint's copies it there first."""
     if switch.any():
         write, move = setup.opts.checkpoint_write_h, setup.opts.move_h
         leaving = switch & (s.market != NONE)
@@ -276,7 +270,7 @@ def _change_over(s: _State, setup: _Setup, jobs: Jobs, switch: npt.NDArray[np.bo
         s.ckpt_zone = np.where(leaving, np.where(s.market == SPOT, s.zone, s.ckpt_zone), s.ckpt_zone)
         s.unc[switch] = 0.0
         moved = (dec == SPOT) & (s.ckpt_zone >= 0) & (new_zone != s.ckpt_zone)
-        delay = np.maximum(jobs.restart_h, np.where(leaving, write, 0.0)) + np.where(moved, move, 0.0)
+        delay = np.maximum(restart_h, np.where(leaving, write, 0.0)) + np.where(moved, move, 0.0)
         s.restart_left = np.where(switch, np.where(dec != WAIT, delay, 0.0), s.restart_left)
         s.market = dec
         s.zone = new_zone
@@ -343,7 +337,7 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
         av = zones.available[:, tt].T  # (jobs, zones)
         here = av[rows, s.zone]
         _preempt(s, setup, active & (s.market == SPOT) & ~here)
-        moved = _boots(s, setup, av, rows, active)
+        moved = _boots(s, setup, av, rows, active, tt)
         here = av[rows, s.zone]
         spot_any: npt.NDArray[np.bool_] = np.asarray(av.any(axis=1), dtype=bool)
         means = setup.mean_run[:, tt].T  # (jobs, zones)
@@ -363,7 +357,8 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
             s.boot_left = np.where(boot, jobs.restart_h, s.boot_left)
             dec = np.where(boot, s.market, dec).astype(np.int8)
         new_zone = np.where((dec == SPOT) & ~((s.market == SPOT) & here), best_zone, s.zone)
-        _change_over(s, setup, jobs, active & ((dec != s.market) | (new_zone != s.zone)), dec, new_zone, tt)
+        _change_over(s, setup, jobs.restart_h, active & ((dec != s.market) | (new_zone != s.zone)), dec, new_zone,
+                     tt)
         running = active & (s.market != NONE)
         _work(s, setup, jobs, running, tt, k * setup.gap)
         _boot_ticks(s, setup, running, tt)

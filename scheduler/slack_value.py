@@ -122,9 +122,8 @@ def table_for(mean_run_h: float, mean_outage_h: float, restart_h: float, loss_h:
 
 
 def _keys(run: FloatArray, outage: FloatArray, restart: FloatArray, loss: FloatArray, switch: FloatArray,
-          ratio: FloatArray, step: FloatArray, boot: FloatArray | None = None) -> FloatArray:
+          ratio: FloatArray, step: FloatArray, warm: FloatArray) -> FloatArray:
     """One row per job: the bucket of its table (the last column: 1 if it may boot spot beside on-demand)."""
-    warm = np.zeros_like(run) if boot is None else np.asarray(boot, dtype=np.float64)
     return np.stack([_log_bucket(run), _log_bucket(outage), np.maximum(1.0, np.round(restart / step)),
                      np.round(loss / step * 2.0) / 2.0, np.round(switch / step, 2), _log_bucket(ratio), step,
                      warm], axis=1)
@@ -251,11 +250,10 @@ def boot_odds(one: npt.NDArray[np.float64], steps: int) -> tuple[FloatArray, Flo
 
 def _solve_batch(mean_run_h: FloatArray, mean_outage_h: FloatArray, restart_steps: npt.NDArray[np.int64],
                  loss_steps: FloatArray, switch_steps: FloatArray, price_ratio: FloatArray,
-                 step_h: FloatArray, make_before_break: npt.NDArray[np.bool_] | None = None) -> list[SlackTable]:
+                 step_h: FloatArray, warm: npt.NDArray[np.bool_]) -> list[SlackTable]:
     """Tables for B buckets (arrays (B,)): the chain in numpy, the induction compiled."""
     one = _chain(mean_run_h, mean_outage_h, step_h)
     after_restart = np.stack([np.linalg.matrix_power(one[i], int(k)) for i, k in enumerate(restart_steps)])
-    warm = np.zeros(len(one), dtype=bool) if make_before_break is None else make_before_break
     boot_ok, boot_failed, boot_billed = np.zeros((len(one), 2, 2)), np.zeros((len(one), 2, 4)), np.zeros((len(one), 2))
     for i, k in enumerate(restart_steps):
         boot_ok[i], boot_failed[i], boot_billed[i] = boot_odds(one[i], int(k))
