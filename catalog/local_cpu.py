@@ -183,7 +183,9 @@ def cpu_spec(probe: CpuProbe, *, available_bytes: int | None = None, today: date
         memory_gib=round(probe.ram_bytes / 2**30, 3),
         torch_total_gib=round(usable / 2**30, 3) if usable else None,
         memory_bandwidth_gbps=probe.memory_gbps,
-        tflops={"fp32": round(probe.fp32_gflops / 1000, 5)},
+        # not rounded again: the probe rounds GFLOP/s already, and a second rounding here (to 10 MFLOP/s) made a
+        # machine twice as fast plan more than twice the throughput on slow probes (tests/planner/test_cpu_placement)
+        tflops={"fp32": probe.fp32_gflops / 1000},
         interconnect=Interconnect(kind="none", gbps_per_gpu=0),
         dtypes=["fp32"],
         source=Source(url="local://cpu", as_of=today,
