@@ -13,6 +13,9 @@ expandable segments themselves unless PYTORCH_CUDA_ALLOC_CONF is set). Cases:
   infer-moe-b64    gpt-oss-20b at batch 64, the same decoder
   infer-moe-qwen3  qwen3-30b-a3b at batch 32: a model held out of the graph's MoE fit
   kill-resume      the 1B run killed with SIGKILL after its first checkpoint, then `--resume`
+  deepseek-lora    DeepSeek-V2-Lite (MLA, 64 routed + 2 shared experts) LoRA from its config.json, all else auto
+  deepseek-l8-full the same shape cut to 8 layers, full fine-tune, all else auto
+  infer-deepseek   DeepSeek-V2-Lite from its config.json served at batch 32 (the compiled MoE decoder)
 
 A case passes when the run succeeds with zero OOMs (no OOM back-off either), peak allocated is
 within 5% of the prediction and the loop's tokens/s within 15% (issue 10's bar). A case the CLI
@@ -224,6 +227,41 @@ def case_config_path(work: Path, timeout: float) -> Outcome:
     return _simple("config-path", spec, work, timeout, before=write_config)
 
 
+# deepseek-ai/DeepSeek-V2-Lite's config.json (tests/data/hf_configs; 15.7B parameters, 2.4B activated): latent
+# attention (no query low rank), 64 routed experts of width 1408, top-6, 2 shared experts, the first layer dense. No
+# DeepSeek model ran on a GPU before 2026-12-04: these cases were written before any ran.
+DEEPSEEK_V2_LITE = ROOT / "tests" / "data" / "hf_configs" / "deepseek-v2-lite.json"
+
+
+def _deepseek(name: str, spec: dict[str, Any], work: Path, timeout: float, **shape: Any) -> Outcome:
+    def write_config(folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        published = json.loads(DEEPSEEK_V2_LITE.read_text())
+        (folder / "deepseek.json").write_text(json.dumps({**published, **shape}, indent=1))
+
+    return _simple(name, {**spec, "model": {"config": "deepseek.json"}}, work, timeout, before=write_config)
+
+
+def case_deepseek_lora(work: Path, timeout: float) -> Outcome:
+    """A user's LoRA of DeepSeek-V2-Lite, given as its config.json; full fine-tuning does not fit one H200."""
+    return _deepseek("deepseek-lora", _train_spec("acc-deepseek-lora", None, 4.0e5, finetune="lora"), work, timeout)
+
+
+def case_deepseek_l8_full(work: Path, timeout: float) -> Outcome:
+    """Full fine-tuning of the same shape with 8 of its 27 layers (one dense, seven MoE): the routed experts'
+    gradients and optimizer states."""
+    return _deepseek("deepseek-l8-full", _train_spec("acc-deepseek-l8", None, 1.0e6), work, timeout,
+                     num_hidden_layers=8)
+
+
+def case_infer_deepseek(work: Path, timeout: float) -> Outcome:
+    """DeepSeek-V2-Lite served at batch 32 in bf16: latent attention's expanded cache, the compiled MoE decoder."""
+    spec = {"name": "acc-infer-deepseek", "task": "infer",
+            "infer": {"batch": 32, "prompt_tokens": 512, "output_tokens": 64, "requests": 96},
+            "resources": {"spot": "never"}}
+    return _deepseek("infer-deepseek", spec, work, timeout)
+
+
 def case_infer(work: Path, timeout: float) -> Outcome:
     spec = {"name": "acc-infer", "task": "infer", "model": "llama-3.2-1b",
             "infer": {"batch": 32, "prompt_tokens": 512, "output_tokens": 128, "requests": 128},
@@ -346,6 +384,9 @@ CASES: dict[str, Callable[[Path, float], Outcome]] = {
     "infer-moe-mixtral": case_infer_moe_mixtral,
     "infer-moe-qwen15": case_infer_moe_qwen15,
     "kill-resume": case_kill_resume,
+    "deepseek-lora": case_deepseek_lora,
+    "deepseek-l8-full": case_deepseek_l8_full,
+    "infer-deepseek": case_infer_deepseek,
 }
 
 

@@ -245,9 +245,36 @@ def eager_attention_backward_bytes_per_token(model: ModelConfig, precision: str,
 def _mlp_saved_per_token(model: ModelConfig, c: int, adapters: bool, tp: int) -> float:
     """Bytes the MLP of the mean layer saves per token: gate out, act out, up out, product of every routed
     expert a token visits (compute dtype; with frozen adapters' fp32 input casts instead of the gate's), plus an
-    MoE's dispatch."""
-    per_element = (3 * c + 4) if adapters else _mlp_act_factor(model) * c
-    return per_element * moe_mlp_width(model) / tp + moe_dispatch_bytes(model, c) / tp
+    MoE's dispatch. With adapters the routed experts still save what full fine-tuning saves: peft adapts
+    transformers 5's fused experts through their merged weight, whose gradient needs every input
+    (:func:`merged_expert_bytes`); only the nn.Linear MLPs (dense layers, shared experts) save the adapter casts."""
+    full = _mlp_act_factor(model) * c
+    if not adapters:
+        return full * moe_mlp_width(model) / tp + moe_dispatch_bytes(model, c) / tp
+    routed = routed_mlp_width(model)
+    return ((3 * c + 4) * (moe_mlp_width(model) - routed) + full * routed) / tp + moe_dispatch_bytes(model, c) / tp
+
+
+def routed_mlp_width(model: ModelConfig) -> float:
+    """The routed experts' share of :func:`moe_mlp_width`: top-k x expert width over the sparse layers (mean layer)."""
+    if model.num_experts <= 1:
+        return 0.0
+    return model.experts_per_token * expert_width(model) * sparse_layer_count(model) / model.num_layers
+
+
+def merged_expert_bytes(model: ModelConfig, finetune: str, tp: int = 1) -> float:
+    """Bytes one sparse layer saves for backward, whatever the tokens, when LoRA adapts its routed experts.
+
+    transformers 5 keeps the experts in fused 3-D parameters (gate_up_proj, down_proj), and peft's LoRA
+    (``target_modules="all-linear"``, as the workers ask; peft 0.21 maps the v4 expert names onto them) wraps each
+    in a ParamWrapper that adds B @ A to the whole weight every forward: autograd keeps each merged weight, in
+    the weights' dtype (bf16; QLoRA leaves the fused experts unquantized), until the layer's backward computes its
+    gradient. One H200, peft 0.21.0, transformers 5.17 (bench/moe_lora_probe.py,
+    bench/results/workers/moe_lora_probe_2026-12-04/): 1.03 GiB per DeepSeek-V2-Lite layer, 1.13 GiB per
+    Qwen3-30B-A3B layer, exactly these weights."""
+    if finetune not in ("lora", "qlora") or model.num_experts <= 1:
+        return 0.0
+    return model.num_experts * 3 * model.hidden_size * expert_width(model) * 2 / tp
 
 
 # Families whose RMSNorm multiplies its weight in fp32 and casts after (transformers' Gemma, gpt-oss, OLMo 2)

@@ -26,6 +26,8 @@ from planner.memory import (
     layer_activation_bytes_per_token,
     limit_bytes,
     linear_params_per_layer,
+    merged_expert_bytes,
+    sparse_layer_count,
     torchao_linear_params,
 )
 from planner.types import MemoryEstimate
@@ -205,11 +207,15 @@ def _activation_bytes(model: ModelConfig, strategy: KnobsLike, act_precision: st
     # eager attention, the moment its seq x seq score gradients are alive, whichever is larger
     eager = eager_attention_backward_bytes_per_token(model, act_precision, strategy.finetune, seq_len, per_tok_layer,
                                                      cal.eager_score_grad_buffers, strategy.tensor_parallel)
-    layer_backward = tokens * max(per_tok_layer * (1 + cal.backward_working_layers), eager)
+    # LoRA's merged expert weights: every sparse layer's until its backward (one, recomputed, when checkpointing),
+    # and in a layer's backward that weight and its gradient
+    merged = merged_expert_bytes(model, strategy.finetune, strategy.tensor_parallel)
+    sparse_here = layers_here * sparse_layer_count(model) / model.num_layers
+    layer_backward = tokens * max(per_tok_layer * (1 + cal.backward_working_layers), eager) + 2 * merged
     if strategy.activation_checkpointing:
         saved = tokens * (layers_here * act_bp.residual * h + final_norm + embed_out)
         return saved, layer_backward + saved
-    saved = tokens * (layers_here * per_tok_layer + final_norm + embed_out)
+    saved = tokens * (layers_here * per_tok_layer + final_norm + embed_out) + sparse_here * merged
     return saved, layer_backward
 
 

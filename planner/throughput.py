@@ -26,6 +26,7 @@ from planner.memory import (
     gathered_expert_bytes,
     kv_cache_bytes,
     layer_activation_bytes_per_token,
+    merged_expert_bytes,
     mla_expanded_kv_bytes,
     prefill_attention_bytes,
     runtime_model,
@@ -167,9 +168,15 @@ def expert_loop_s(model: ModelConfig, tokens: float, passes: float, cal: Through
 
 def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, checkpointing: bool,
                           pc: ParamCount | None = None) -> float:
+    """Forward, backward (input gradients; weight gradients where weights train) and any recompute. LoRA's
+    backward skips the frozen weights' gradients, except the routed experts': peft adapts transformers 5's
+    fused experts through their merged weight, whose full gradient it computes (planner.memory.merged_expert_bytes)."""
     n, _ = matmul_params(model, pc)
     fwd = 2 * n + attention_flops_per_token(model, seq_len)
     backward = 2 * fwd if finetune == "full" else fwd + attention_flops_per_token(model, seq_len)
+    if finetune in ("lora", "qlora") and model.num_experts > 1:
+        routed = sparse_layer_count(model) * model.experts_per_token * 3 * model.hidden_size * expert_width(model)
+        backward += 2 * routed
     return fwd + backward + (fwd if checkpointing else 0.0)
 
 
@@ -286,7 +293,12 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     loop_passes = 2.0 + (1.0 if strategy.activation_checkpointing else 0.0)
     kernel_layers = layers_here * recompute_factor * layer_kernel_weight(model)
     scores = cal.eager_score_passes * eager_score_bytes(model, strategy, seq_len, layers_here) * recompute_factor
-    gpu_time = ((flops / (peak * eff)) + (cal.traffic_factor * traffic + scores) / (gpu.memory_bandwidth_gbps * 1e9)
+    # LoRA's merged expert weights, per sparse layer and micro-step: the base read and the merge written
+    # (again when recomputed), the merged weight's gradient written and read back for the adapters' gradients
+    merged = (merged_expert_bytes(model, ft, tp) * layers_here * sparse_layer_count(model) / model.num_layers
+              * (2 * recompute_factor + 2))
+    gpu_time = ((flops / (peak * eff)) + (cal.traffic_factor * traffic + scores + merged)
+                / (gpu.memory_bandwidth_gbps * 1e9)
                 + cal.layer_overhead_s * kernel_layers)
     # the GPU runs behind the host's kernel launches: a small step waits on the host instead
     compute = (max(gpu_time, cal.host_layer_s * kernel_layers)

@@ -3,15 +3,18 @@ and the assumptions behind a config gpuplan does not model exactly shown as warn
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from catalog.params import count_params
 from planner.calibration import MemoryCalibration, load_calibration
-from planner.memory import infer_memory, kv_cache_bytes, mla_expanded_kv_bytes
+from planner.memory import infer_memory, kv_cache_bytes, merged_expert_bytes, mla_expanded_kv_bytes
 from planner.memory_train import lora_params_per_layer, train_memory
 from planner.search import estimate, plan
 from planner.spec import spec_from_dict
-from planner.throughput import decode_weight_params, matmul_params, train_flops_per_token
+from planner.throughput import attention_flops_per_token, decode_weight_params, matmul_params, train_flops_per_token
 from planner.types import Strategy
 from tests.hf_configs import hf_model as model
 from tests.planner.factory import small_catalog
@@ -87,3 +90,59 @@ def test_modeled_config_brings_no_warning() -> None:
                            "train": {"tokens": 1e7, "seq_len": 1024}})
     assert estimate(spec, CAT, "H200", 1, model=model("qwen3-0.6b"), calibration=CAL).warnings == []
 
+
+
+PROBE = Path(__file__).resolve().parents[2] / "bench" / "results" / "workers" / "moe_lora_probe_2026-12-04"
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "qwen3-30b-a3b"])
+def test_lora_keeps_each_sparse_layers_merged_expert_weights(name: str) -> None:
+    """peft adapts transformers 5's fused experts through their merged weight, which autograd keeps for the
+    layer's backward: the two largest tensors the H200 probe saw saved in a sparse layer under LoRA are exactly
+    the layer's routed experts' gate_up and down weights, which the planner counts; full fine-tuning saves no
+    such weight-sized tensor."""
+    rec = json.loads((PROBE / f"moe_lora_probe_{name}.json").read_text())
+    modes = {m["mode"]: m for m in rec["modes"]}
+    m = model(name)
+    merged = merged_expert_bytes(m, "lora")
+    largest = modes["lora"]["largest_saved_in_sparse_layer"]
+    assert largest[0][2] + largest[1][2] == merged
+    assert merged_expert_bytes(m, "qlora") == merged and merged_expert_bytes(m, "full") == 0.0
+    assert modes["full"]["largest_saved_in_sparse_layer"][0][2] < merged / 2
+    assert merged_expert_bytes(model("qwen3-0.6b"), "lora") == 0.0
+
+
+def test_lora_of_a_mixture_of_experts_holds_every_merged_weight_until_backward() -> None:
+    """Without checkpointing every sparse layer's merged weights are alive at the start of backward; with it,
+    only the recomputed layer's (with its gradient): LoRA's peak moves by the sparse layers' merged weights."""
+    m = model("deepseek-v2-lite")
+    merged = merged_expert_bytes(m, "lora")
+    sparse = m.num_layers - 1
+
+    def acts(checkpointing: bool) -> float:
+        s = Strategy.model_validate({"gpu": "H200", "gpu_count": 1, "precision": "bf16", "finetune": "lora",
+                                     "micro_batch": 1, "activation_checkpointing": checkpointing})
+        return train_memory(m, s, 2048, H200, MemoryCalibration()).breakdown["activations"]
+
+    dense = m.model_copy(update={"num_experts": 1, "experts_per_token": 1, "moe": None})
+    s = Strategy.model_validate({"gpu": "H200", "gpu_count": 1, "precision": "bf16", "finetune": "lora",
+                                 "micro_batch": 1})
+    assert merged_expert_bytes(dense, "lora") == 0.0
+    assert acts(False) >= sparse * merged
+    assert 2 * merged <= acts(True) < sparse * merged / 4
+    assert train_memory(m, s, 2048, H200, MemoryCalibration()).breakdown["activations"] == acts(False)
+
+
+def test_lora_of_a_mixture_of_experts_computes_the_experts_weight_gradients() -> None:
+    """LoRA's backward skips frozen weights' gradients, but not the routed experts' merged weight's: its FLOPs
+    per token are the forward, the input gradients and attention's, plus twice the routed experts' active
+    matmul parameters (their weight gradients); a dense model's LoRA has no such term."""
+    m = model("deepseek-v2-lite")
+    fwd = train_flops_per_token(m, 2048, "full", False) / 3
+    attn = attention_flops_per_token(m, 2048)
+    routed = (m.num_layers - 1) * m.experts_per_token * 3 * m.hidden_size * 1408
+    assert train_flops_per_token(m, 2048, "lora", False) == pytest.approx(2 * fwd + attn + 2 * routed, rel=1e-12)
+    dense = model("qwen3-0.6b")
+    dense_fwd = train_flops_per_token(dense, 2048, "full", False) / 3
+    assert train_flops_per_token(dense, 2048, "lora", False) == pytest.approx(
+        2 * dense_fwd + attention_flops_per_token(dense, 2048), rel=1e-12)
