@@ -16,6 +16,7 @@ expandable segments themselves unless PYTORCH_CUDA_ALLOC_CONF is set). Cases:
   deepseek-lora    DeepSeek-V2-Lite (MLA, 64 routed + 2 shared experts) LoRA from its config.json, all else auto
   deepseek-l8-full the same shape cut to 8 layers, full fine-tune, all else auto
   infer-deepseek   DeepSeek-V2-Lite from its config.json served at batch 32 (the compiled MoE decoder)
+  qwen3-moe-lora   Qwen3-30B-A3B LoRA, all else auto (before 2026-12-04 the planner chose a plan ~54 GiB short)
 
 A case passes when the run succeeds with zero OOMs (no OOM back-off either), peak allocated is
 within 5% of the prediction and the loop's tokens/s within 15% (issue 10's bar). A case the CLI
@@ -262,6 +263,13 @@ def case_infer_deepseek(work: Path, timeout: float) -> Outcome:
     return _deepseek("infer-deepseek", spec, work, timeout)
 
 
+def case_qwen3_moe_lora(work: Path, timeout: float) -> Outcome:
+    """LoRA of Qwen3-30B-A3B (48 sparse layers, 128 experts): each layer's merged expert weights (1.13 GiB) are
+    kept for backward; the planner chose mb=2 without checkpointing at 117 GiB before it counted them."""
+    return _simple("qwen3-moe-lora", _train_spec("acc-qwen3-moe-lora", "qwen3-30b-a3b", 3.0e5, finetune="lora"),
+                   work, timeout)
+
+
 def case_infer(work: Path, timeout: float) -> Outcome:
     spec = {"name": "acc-infer", "task": "infer", "model": "llama-3.2-1b",
             "infer": {"batch": 32, "prompt_tokens": 512, "output_tokens": 128, "requests": 128},
@@ -387,6 +395,7 @@ CASES: dict[str, Callable[[Path, float], Outcome]] = {
     "deepseek-lora": case_deepseek_lora,
     "deepseek-l8-full": case_deepseek_l8_full,
     "infer-deepseek": case_infer_deepseek,
+    "qwen3-moe-lora": case_qwen3_moe_lora,
 }
 
 

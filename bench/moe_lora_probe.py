@@ -130,6 +130,8 @@ def run(cfg_d: dict[str, Any], args: argparse.Namespace, mode: str) -> dict[str,
         "saved_bytes_per_token": {str(k): v / tokens for k, v in sorted(saved.items()) if k < 999},
         "dense_layer": dense, "sparse_layer": sparse,
         "largest_saved_in_sparse_layer": sorted(top[sparse], key=lambda x: -x[2])[:12],
+        "saved_in_first_layer": top[0] if args.all_saved else None,  # in the order autograd saved them
+        "saved_in_sparse_layer": top[sparse] if args.all_saved else None,
         "peak_allocated_above_weights_gib": None if peak is None else peak / 2**30,
         "step_s_median": statistics.median(times[2:]),
         "top_kernels_ms": kernels,
@@ -151,6 +153,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also list the N CUDA kernels that took longest in one step (torch.profiler)")
+    parser.add_argument("--all-saved", action="store_true",
+                        help="record every tensor saved in the first and the last layer, in order")
     parser.add_argument("--out")
     args = parser.parse_args()
     import peft

@@ -293,10 +293,10 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     loop_passes = 2.0 + (1.0 if strategy.activation_checkpointing else 0.0)
     kernel_layers = layers_here * recompute_factor * layer_kernel_weight(model)
     scores = cal.eager_score_passes * eager_score_bytes(model, strategy, seq_len, layers_here) * recompute_factor
-    # LoRA's merged expert weights, per sparse layer and micro-step: the base read and the merge written
-    # (again when recomputed), the merged weight's gradient written and read back for the adapters' gradients
-    merged = (merged_expert_bytes(model, ft, tp) * layers_here * sparse_layer_count(model) / model.num_layers
-              * (2 * recompute_factor + 2))
+    # LoRA's merged expert weights, per sparse layer and micro-step: the merge in forward (twice when
+    # recomputed), its gradient in backward
+    merged = (merged_expert_bytes(model, ft, tp) / 2 * layers_here * sparse_layer_count(model) / model.num_layers
+              * cal.lora_merged_expert_bytes * (0.5 * (2.0 if strategy.activation_checkpointing else 1.0) + 0.5))
     gpu_time = ((flops / (peak * eff)) + (cal.traffic_factor * traffic + scores + merged)
                 / (gpu.memory_bandwidth_gbps * 1e9)
                 + cal.layer_overhead_s * kernel_layers)
