@@ -169,6 +169,12 @@ def estimate_command(
         raise typer.Exit(DOES_NOT_FIT_EXIT)
 
 
+# Components whose name alone does not say why they are there.
+_COMPONENT_MEANING = {
+    "merged_expert_weights": "LoRA on a mixture of experts: peft merges B @ A into each sparse layer's fused "
+                             "experts, kept until that layer's backward (activation checkpointing keeps one)",
+}
+
 # Memory rows outside the allocator's peak, and the allocator's cache, come after its components.
 _OUTSIDE_ALLOCATOR = ("allocator_cache", "cuda_context", "nccl")
 
@@ -182,7 +188,7 @@ def _print_estimate(result: Any, slack: float) -> None:
                                 f"peak at {mem.peak_moment})"), highlight=False)
     parts = sorted(((k, v) for k, v in mem.breakdown.items() if k not in _OUTSIDE_ALLOCATOR), key=lambda kv: -kv[1])
     bold = "bold"
-    rows: list[list[str | Text]] = [[name, gib(value), ""] for name, value in parts]
+    rows: list[list[str | Text]] = [[name, gib(value), _COMPONENT_MEANING.get(name, "")] for name, value in parts]
     rows.append([Text("= peak allocated", bold), gib(mem.peak_allocated_bytes), "torch.cuda.max_memory_allocated()"])
     rows.append(["allocator_cache", gib(mem.breakdown.get("allocator_cache", 0)),
                  "cached blocks, freed under pressure"])

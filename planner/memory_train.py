@@ -94,6 +94,7 @@ def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: Me
     tokens = strategy.micro_batch * seq_len
     saved, backward_end_acts = _activation_bytes(model, strategy, act_precision, tokens, layers_here, seq_len, cal,
                                                  memo)
+    merged_start, merged_end = _merged_expert_weights(model, strategy, layers_here)
     # logits: lm_head output (compute dtype) -> .float() copy -> log_softmax (saved) -> grads
     lb = PRECISION_BYTES[act_precision].compute
     bsv = tokens * model.vocab_size / strategy.tensor_parallel * cal.logits_scale
@@ -103,12 +104,14 @@ def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: Me
     copies_start, copies_end = _autocast_copies(held, model, strategy, pc)
     moments = [
         Moment("backward start", {**base, "autocast_weight_copies": copies_start, "gradients": accum_grads,
-                                  "activations": saved, "logits_loss": logits_peak}),
+                                  "activations": saved, "merged_expert_weights": merged_start,
+                                  "logits_loss": logits_peak}),
         Moment("lm_head grad", {**base, "autocast_weight_copies": copies_start,
                                 "gradients": max(accum_grads, held.lm_grad * (2 if held.autocast else 1)),
-                                "activations": saved, "logits_loss": bsv * (lb + 4)}),
+                                "activations": saved, "merged_expert_weights": merged_start,
+                                "logits_loss": bsv * (lb + 4)}),
         Moment("backward end", {**base, "autocast_weight_copies": copies_end, "gradients": held.grads,
-                                "activations": backward_end_acts}),
+                                "activations": backward_end_acts, "merged_expert_weights": merged_end}),
         Moment("optimizer step", {"weights": held.weights, "gradients": held.grads,
                                   "optimizer_states": held.states, "optimizer_temporaries": held.temp,
                                   **{k: val for k, val in held.extra.items() if k == "ddp_buckets"}}),
@@ -207,16 +210,23 @@ def _activation_bytes(model: ModelConfig, strategy: KnobsLike, act_precision: st
     # eager attention, the moment its seq x seq score gradients are alive, whichever is larger
     eager = eager_attention_backward_bytes_per_token(model, act_precision, strategy.finetune, seq_len, per_tok_layer,
                                                      cal.eager_score_grad_buffers, strategy.tensor_parallel)
-    # LoRA's merged expert weights: every sparse layer's until its backward (one, recomputed, when checkpointing),
-    # and in a layer's backward that weight and its gradient
-    merged = merged_expert_bytes(model, strategy.finetune, strategy.tensor_parallel)
-    sparse_here = layers_here * sparse_layer_count(model) / model.num_layers
-    layer_backward = tokens * max(per_tok_layer * (1 + cal.backward_working_layers), eager) + 2 * merged
+    layer_backward = tokens * max(per_tok_layer * (1 + cal.backward_working_layers), eager)
     if strategy.activation_checkpointing:
         saved = tokens * (layers_here * act_bp.residual * h + final_norm + embed_out)
         return saved, layer_backward + saved
-    saved = tokens * (layers_here * per_tok_layer + final_norm + embed_out) + sparse_here * merged
+    saved = tokens * (layers_here * per_tok_layer + final_norm + embed_out)
     return saved, layer_backward
+
+
+def _merged_expert_weights(model: ModelConfig, strategy: KnobsLike, layers_here: int) -> tuple[float, float]:
+    """LoRA's merged expert weights (planner.memory.merged_expert_bytes) at the start and at the end of backward:
+    every sparse layer's until its backward (none kept when checkpointing: the recomputed layer makes its own),
+    and in a layer's backward that weight and its gradient."""
+    merged = merged_expert_bytes(model, strategy.finetune, strategy.tensor_parallel)
+    if not merged:
+        return 0.0, 0.0
+    sparse_here = layers_here * sparse_layer_count(model) / model.num_layers
+    return (0.0 if strategy.activation_checkpointing else sparse_here * merged), 2 * merged
 
 
 def _autocast_copies(held: _Held, model: ModelConfig, strategy: KnobsLike, pc: ParamCount) -> tuple[float, float]:

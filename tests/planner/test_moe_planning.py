@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from catalog.params import count_params
+from catalog.schema import ModelConfig
 from planner.calibration import MemoryCalibration, load_calibration
 from planner.memory import infer_memory, kv_cache_bytes, merged_expert_bytes, mla_expanded_kv_bytes
 from planner.memory_train import lora_params_per_layer, train_memory
 from planner.search import estimate, plan
 from planner.spec import spec_from_dict
 from planner.throughput import attention_flops_per_token, decode_weight_params, matmul_params, train_flops_per_token
-from planner.types import Strategy
+from planner.types import MemoryEstimate, Strategy
 from tests.hf_configs import hf_model as model
 from tests.planner.factory import small_catalog
 
@@ -113,24 +114,27 @@ def test_lora_keeps_each_sparse_layers_merged_expert_weights(name: str) -> None:
 
 
 def test_lora_of_a_mixture_of_experts_holds_every_merged_weight_until_backward() -> None:
-    """Without checkpointing every sparse layer's merged weights are alive at the start of backward; with it,
-    only the recomputed layer's (with its gradient): LoRA's peak moves by the sparse layers' merged weights."""
+    """The plan shows the merged expert weights as their own memory component: without checkpointing every sparse
+    layer's at the peak (the start of backward), whatever the micro-batch; with it, the peak holds at most one
+    layer's and its gradient. Full fine-tuning and a dense model's LoRA hold none."""
     m = model("deepseek-v2-lite")
     merged = merged_expert_bytes(m, "lora")
     sparse = m.num_layers - 1
 
-    def acts(checkpointing: bool) -> float:
-        s = Strategy.model_validate({"gpu": "H200", "gpu_count": 1, "precision": "bf16", "finetune": "lora",
-                                     "micro_batch": 1, "activation_checkpointing": checkpointing})
-        return train_memory(m, s, 2048, H200, MemoryCalibration()).breakdown["activations"]
+    def memory(finetune: str, checkpointing: bool, micro_batch: int = 1, of: ModelConfig = m) -> MemoryEstimate:
+        s = Strategy.model_validate({"gpu": "H200", "gpu_count": 1, "precision": "bf16", "finetune": finetune,
+                                     "micro_batch": micro_batch, "activation_checkpointing": checkpointing})
+        return train_memory(of, s, 2048, H200, MemoryCalibration())
 
-    dense = m.model_copy(update={"num_experts": 1, "experts_per_token": 1, "moe": None})
-    s = Strategy.model_validate({"gpu": "H200", "gpu_count": 1, "precision": "bf16", "finetune": "lora",
-                                 "micro_batch": 1})
-    assert merged_expert_bytes(dense, "lora") == 0.0
-    assert acts(False) >= sparse * merged
-    assert 2 * merged <= acts(True) < sparse * merged / 4
-    assert train_memory(m, s, 2048, H200, MemoryCalibration()).breakdown["activations"] == acts(False)
+    plain = memory("lora", False)
+    assert plain.peak_moment == "backward start"
+    assert plain.breakdown["merged_expert_weights"] == int(sparse * merged)
+    assert memory("lora", False, micro_batch=4).breakdown["merged_expert_weights"] == int(sparse * merged)
+    assert memory("lora", True).breakdown.get("merged_expert_weights", 0) <= 2 * merged
+    assert "merged_expert_weights" not in memory("full", False).breakdown
+    assert "merged_expert_weights" not in memory("lora", False, of=model("qwen3-0.6b")).breakdown
+    # the merged weights come on top of what the same LoRA saves per token
+    assert plain.peak_allocated_bytes - memory("lora", True).peak_allocated_bytes > 0.9 * sparse * merged
 
 
 def test_lora_of_a_mixture_of_experts_computes_the_experts_weight_gradients() -> None:
