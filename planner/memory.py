@@ -196,13 +196,17 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
         # frozen base: weights' grads not needed, so norm outputs and linear inputs are saved only
         # through peft's fp32 casts of each adapter input (autocast_adapter_dtype=True).
         norm = 4 * h  # the fp32 copy saved by pow()
-        attn_in = 3 * 4 * h
-        mlp_in = 2 * 4 * h
+        attn_in: float = 3 * 4 * h
+        # peft 0.21 maps a fused-expert MoE's v4 MLP names onto its routed experts, leaving the nn.Linear MLPs
+        # (dense layers, shared experts) unadapted: no casts of their inputs (H200 probe, DeepSeek-V2-Lite)
+        mlp_in = 2 * 4 * h if model.num_experts <= 1 else 0.0
         attn = c * hq + 2 * c * kvd + c * hq + 4 * hq
+        if model.mla is not None:
+            attn_in, attn = _mla_lora_saved_per_token(model, c, tp)
         if shape.eager:
             attn = 4 * c * hq + 4 * hq + heads * (seq_len + shape.sinks) * c
             lse = 8 * heads if shape.sinks else 0.0
-        mlp = _mlp_saved_per_token(model, c, True, tp)
+        mlp = _mlp_saved_per_token(model, c, True, tp) + _fp32_router_bytes(model, True)
         small = 7 * 4 * rank
         return 2 * norm + attn_in + mlp_in + attn + mlp + small + lse + qk_norm + extra_norms + window_mask
     if pb.autocast:
@@ -214,6 +218,8 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
         fp32_copy = 4 * h if r == 2 else 0
         norm1 = norm2 = (fp32_copy + r * h + c * h) if r == 2 else (r * h + r * h + c * h)
     attn = 2 * c * hq + 2 * c * kvd  # q, k (after RoPE), v, out (flash output is already BSHD)
+    if model.mla is not None:
+        attn = _mla_saved_per_token(model, c, tp)
     if shape.eager:
         # q, repeated k and v, out; the probabilities (+ the sink column); max()'s int64 indices (sinks)
         attn = 4 * c * hq + heads * (seq_len + shape.sinks) * c
@@ -223,8 +229,52 @@ def layer_activation_bytes_per_token(model: ModelConfig, precision: str, finetun
         # the softmax probabilities (seq^2) and a contiguous copy of the output
         attn = 4 * c * hq + c * hq + 4 * heads * seq_len
     # gate out, silu out, up out, product (of every routed expert a token visits), plus an MoE's dispatch
-    mlp = _mlp_saved_per_token(model, c, False, tp)
+    mlp = _mlp_saved_per_token(model, c, False, tp) + _fp32_router_bytes(model, False)
     return norm1 + norm2 + attn + mlp + lse + qk_norm + extra_norms + window_mask
+
+
+def _mla_saved_per_token(model: ModelConfig, c: int, tp: int) -> float:
+    """Latent attention (DeepSeek V2/V3) under full fine-tuning, per token: q and k at the q/k head width, the
+    kv_b projection's output (the no-RoPE keys and the values, of which v is a view), the SDPA output and
+    o_proj's contiguous copy of it, and each low-rank branch's RMSNorm (an fp32 copy and the normed tensor) and
+    the up-projection's input. H200, DeepSeek-V2-Lite bf16 (bench/moe_lora_probe.py, saved_in_first_layer):
+    32,832 bytes per token besides the input norm, this sum exactly."""
+    mla = model.mla
+    assert mla is not None
+    heads = model.num_attention_heads / tp
+    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    per_head = 2 * qk + (mla.qk_nope_head_dim + mla.v_head_dim) + 2 * mla.v_head_dim
+    low_rank = (4 + 2 * c) * (mla.kv_lora_rank + (mla.q_lora_rank or 0))
+    return c * heads * per_head + low_rank
+
+
+def _mla_lora_saved_per_token(model: ModelConfig, c: int, tp: int) -> tuple[float, float]:
+    """Latent attention under LoRA, per token: (the adapters' fp32 input casts, the rest). Casts: q_proj's (or
+    q_a_proj's and q_b_proj's) and kv_a_proj's of the hidden state, kv_b_proj's of the latent, o_proj's of the
+    output; the rest as full fine-tuning keeps it (q, k, the kv_b output, the SDPA output) and the low-rank norms'
+    fp32 copies. H200, DeepSeek-V2-Lite bf16 LoRA (bench/moe_lora_probe.py): 53,248 bytes besides the norms."""
+    mla = model.mla
+    assert mla is not None
+    h, heads = model.hidden_size, model.num_attention_heads / tp
+    q_rank = mla.q_lora_rank or 0
+    casts = 4 * (2 * h + (q_rank if q_rank else 0) + mla.kv_lora_rank + heads * mla.v_head_dim)
+    qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    rest = c * heads * (2 * qk + mla.qk_nope_head_dim + 2 * mla.v_head_dim) + 4 * (mla.kv_lora_rank + q_rank)
+    return casts, rest
+
+
+# MoE routers that compute their logits in fp32 (transformers' DeepseekV2/V3 TopkRouter casts the hidden states,
+# and autograd keeps that copy)
+FP32_ROUTER_FAMILIES = frozenset({"deepseek_v2", "deepseek_v3"})
+
+
+def _fp32_router_bytes(model: ModelConfig, adapters: bool) -> float:
+    """Bytes per token (mean layer) of a router's fp32 input copy, 4 x hidden in each sparse layer: an fp32 router
+    keeps it, and so does one LoRA adapts (peft maps the v4 router name onto its weight; the adapter's fp32 cast),
+    the same tensor when both."""
+    if model.num_experts <= 1 or not (adapters or model.family in FP32_ROUTER_FAMILIES):
+        return 0.0
+    return 4.0 * model.hidden_size * sparse_layer_count(model) / model.num_layers
 
 
 def eager_attention_backward_bytes_per_token(model: ModelConfig, precision: str, finetune: str, seq_len: int,
@@ -252,7 +302,10 @@ def _mlp_saved_per_token(model: ModelConfig, c: int, adapters: bool, tp: int) ->
     if not adapters:
         return full * moe_mlp_width(model) / tp + moe_dispatch_bytes(model, c) / tp
     routed = routed_mlp_width(model)
-    return ((3 * c + 4) * (moe_mlp_width(model) - routed) + full * routed) / tp + moe_dispatch_bytes(model, c) / tp
+    # a dense model's adapted MLP: gate, up and act outputs and down's fp32 adapter cast; a fused-expert MoE's
+    # dense and shared MLPs stay unadapted under peft (gate, up and act outputs only)
+    linear = 3 * c + (4 if model.num_experts <= 1 else 0)
+    return (linear * (moe_mlp_width(model) - routed) + full * routed) / tp + moe_dispatch_bytes(model, c) / tp
 
 
 def routed_mlp_width(model: ModelConfig) -> float:
