@@ -108,7 +108,7 @@ def _moe_mlp_params(model: ModelConfig) -> tuple[int, int]:
     if model.num_experts <= 1:
         return 0, 0
     moe = model.moe
-    width = moe.expert_intermediate_size if moe else model.intermediate_size
+    width = model.expert_width
     expert = _mlp(h, width) + (2 * width + h if moe and moe.expert_bias else 0)  # gate_up and down biases
     always = h * model.num_experts + (model.num_experts if moe and moe.router_bias else 0)  # the router
     if moe is not None and moe.shared_intermediate_size:

@@ -214,6 +214,11 @@ class ModelConfig(_Record):
         """The attention record, the plain default when the model has none."""
         return self.attention or _PLAIN_ATTENTION
 
+    @property
+    def expert_width(self) -> int:
+        """One routed expert's intermediate width (a model without MoE shapes: its intermediate_size)."""
+        return self.moe.expert_intermediate_size if self.moe else self.intermediate_size
+
 
 _PLAIN_ATTENTION = AttentionShape()
 

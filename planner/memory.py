@@ -61,7 +61,7 @@ def sparse_layer_count(model: ModelConfig) -> int:
 
 def expert_width(model: ModelConfig) -> int:
     """One routed expert's intermediate width (a model without MoE shapes: its intermediate_size)."""
-    return model.moe.expert_intermediate_size if model.moe else model.intermediate_size
+    return model.expert_width
 
 
 def expert_weight_params(model: ModelConfig) -> int:
