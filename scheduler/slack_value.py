@@ -61,6 +61,10 @@ YOUNG_OUTAGE_HAZARD_RATIO = 3.0
 # market at each chain state (0-3), spot at each up phase (4-5), on-demand at each chain state (6-9).
 UP_YOUNG, UP_OLD, DOWN_YOUNG, DOWN_OLD = range(4)
 _SPOT_COL, _OD_COL = 4, 6
+# The columns by name, for the induction's written-out chain products: spot at each up phase, on-demand at each
+# chain state (the no-market columns are the chain states themselves).
+_SPOT_UY, _SPOT_UO = _SPOT_COL + UP_YOUNG, _SPOT_COL + UP_OLD
+_OD_UY, _OD_UO, _OD_DY, _OD_DO = (_OD_COL + UP_YOUNG, _OD_COL + UP_OLD, _OD_COL + DOWN_YOUNG, _OD_COL + DOWN_OLD)
 
 BASE_STEP_H = 1.0 / 12.0  # 5 minutes: the traces' tick and well under every restart delay worth modelling
 GRID = 576  # steps of work and of slack a table covers (48 h each at the base step)
@@ -303,27 +307,31 @@ def _induction(one: npt.NDArray[np.float64], after_restart: npt.NDArray[np.float
                 p, q = prev[w], prev[w - 1]  # next step's values: no progress / one step of work done
                 after = back[w] if t >= k else never
                 # Next step without a change, per chain state now: no market waits, on-demand works, spot works
-                # (a preemption, into a young outage, adds the loss to the work, between two steps). Indices:
-                # chain states 0-3 = UP_YOUNG, UP_OLD, DOWN_YOUNG, DOWN_OLD (no market); columns 4-5 spot and
-                # 6-9 on-demand at those states; ``m``'s zeros (an old spell never turns young) are left out.
-                wait_uy = m[0, 0] * p[0] + m[0, 1] * p[1] + m[0, 2] * p[2]
-                wait_uo = m[1, 1] * p[1] + m[1, 2] * p[2]
-                wait_dy = m[2, 0] * p[0] + m[2, 2] * p[2] + m[2, 3] * p[3]
-                wait_do = m[3, 0] * p[0] + m[3, 3] * p[3]
-                hold_od_uy = r * h + (m[0, 0] * q[6] + m[0, 1] * q[7] + m[0, 2] * q[8])
-                hold_od_uo = r * h + (m[1, 1] * q[7] + m[1, 2] * q[8])
-                hold_od_dy = r * h + (m[2, 0] * q[6] + m[2, 2] * q[8] + m[2, 3] * q[9])
-                hold_od_do = r * h + (m[3, 0] * q[6] + m[3, 3] * q[9])
+                # (a preemption, into a young outage, adds the loss to the work, between two steps). ``m``'s
+                # zeros (an old spell never turns young) are left out.
+                wait_uy = (m[UP_YOUNG, UP_YOUNG] * p[UP_YOUNG] + m[UP_YOUNG, UP_OLD] * p[UP_OLD]
+                           + m[UP_YOUNG, DOWN_YOUNG] * p[DOWN_YOUNG])
+                wait_uo = m[UP_OLD, UP_OLD] * p[UP_OLD] + m[UP_OLD, DOWN_YOUNG] * p[DOWN_YOUNG]
+                wait_dy = (m[DOWN_YOUNG, UP_YOUNG] * p[UP_YOUNG] + m[DOWN_YOUNG, DOWN_YOUNG] * p[DOWN_YOUNG]
+                           + m[DOWN_YOUNG, DOWN_OLD] * p[DOWN_OLD])
+                wait_do = m[DOWN_OLD, UP_YOUNG] * p[UP_YOUNG] + m[DOWN_OLD, DOWN_OLD] * p[DOWN_OLD]
+                hold_od_uy = r * h + (m[UP_YOUNG, UP_YOUNG] * q[_OD_UY] + m[UP_YOUNG, UP_OLD] * q[_OD_UO]
+                                      + m[UP_YOUNG, DOWN_YOUNG] * q[_OD_DY])
+                hold_od_uo = r * h + (m[UP_OLD, UP_OLD] * q[_OD_UO] + m[UP_OLD, DOWN_YOUNG] * q[_OD_DY])
+                hold_od_dy = r * h + (m[DOWN_YOUNG, UP_YOUNG] * q[_OD_UY] + m[DOWN_YOUNG, DOWN_YOUNG] * q[_OD_DY]
+                                      + m[DOWN_YOUNG, DOWN_OLD] * q[_OD_DO])
+                hold_od_do = r * h + (m[DOWN_OLD, UP_YOUNG] * q[_OD_UY] + m[DOWN_OLD, DOWN_OLD] * q[_OD_DO])
                 preempted = (1 - frac) * prev[w - 1 + lo, DOWN_YOUNG] + frac * prev[w + lo, DOWN_YOUNG]
-                hold_spot_uy = h + m[0, 0] * q[4] + m[0, 1] * q[5] + m[0, 2] * preempted
-                hold_spot_uo = h + m[1, 1] * q[5] + m[1, 2] * preempted
+                hold_spot_uy = (h + m[UP_YOUNG, UP_YOUNG] * q[_SPOT_UY] + m[UP_YOUNG, UP_OLD] * q[_SPOT_UO]
+                                + m[UP_YOUNG, DOWN_YOUNG] * preempted)
+                hold_spot_uo = h + m[UP_OLD, UP_OLD] * q[_SPOT_UO] + m[UP_OLD, DOWN_YOUNG] * preempted
                 # A change of market lands after the restart: spot on capacity (work on) or on an outage (none).
                 s = t - w
                 for c in range(4):
-                    land_spot = (restart + land[c, 0] * after[4] + land[c, 1] * after[5] + land[c, 2] * after[2]
-                                 + land[c, 3] * after[3])
-                    land_od = (r * restart + land[c, 0] * after[6] + land[c, 1] * after[7] + land[c, 2] * after[8]
-                               + land[c, 3] * after[9])
+                    land_spot = (restart + land[c, UP_YOUNG] * after[_SPOT_UY] + land[c, UP_OLD] * after[_SPOT_UO]
+                                 + land[c, DOWN_YOUNG] * after[DOWN_YOUNG] + land[c, DOWN_OLD] * after[DOWN_OLD])
+                    land_od = (r * restart + land[c, UP_YOUNG] * after[_OD_UY] + land[c, UP_OLD] * after[_OD_UO]
+                               + land[c, DOWN_YOUNG] * after[_OD_DY] + land[c, DOWN_OLD] * after[_OD_DO])
                     if c < DOWN_YOUNG:
                         wait = wait_uy if c == UP_YOUNG else wait_uo
                         hold_od = hold_od_uy if c == UP_YOUNG else hold_od_uo
