@@ -315,19 +315,20 @@ def routed_mlp_width(model: ModelConfig) -> float:
     return model.experts_per_token * expert_width(model) * sparse_layer_count(model) / model.num_layers
 
 
-def merged_expert_bytes(model: ModelConfig, finetune: str, tp: int = 1) -> float:
+def merged_expert_bytes(model: ModelConfig, finetune: str, tp: int = 1, precision: str = "bf16") -> float:
     """Bytes one sparse layer saves for backward, whatever the tokens, when LoRA adapts its routed experts.
 
     transformers 5 keeps the experts in fused 3-D parameters (gate_up_proj, down_proj), and peft's LoRA
     (``target_modules="all-linear"``, as the workers ask; peft 0.21 maps the v4 expert names onto them) wraps each
     in a ParamWrapper that adds B @ A to the whole weight every forward: autograd keeps each merged weight, in
-    the weights' dtype (bf16; QLoRA leaves the fused experts unquantized), until the layer's backward computes its
-    gradient. One H200, peft 0.21.0, transformers 5.17 (bench/moe_lora_probe.py,
-    bench/results/workers/moe_lora_probe_2026-12-04/): 1.03 GiB per DeepSeek-V2-Lite layer, 1.13 GiB per
-    Qwen3-30B-A3B layer, exactly these weights."""
+    the frozen weights' dtype (``precision``'s parameters: bf16, or fp32 under fp32 and autocast; QLoRA leaves the
+    fused experts bf16), until the layer's backward computes its gradient. One H200, peft 0.21.0, transformers
+    5.17, bf16 (bench/moe_lora_probe.py, bench/results/workers/moe_lora_probe_2026-12-04/): 1.03 GiB per
+    DeepSeek-V2-Lite layer, 1.13 GiB per Qwen3-30B-A3B layer, exactly these weights."""
     if finetune not in ("lora", "qlora") or model.num_experts <= 1:
         return 0.0
-    return model.num_experts * 3 * model.hidden_size * expert_width(model) * 2 / tp
+    element = 2 if finetune == "qlora" else PRECISION_BYTES[precision].param
+    return model.num_experts * 3 * model.hidden_size * expert_width(model) * element / tp
 
 
 # Families whose RMSNorm multiplies its weight in fp32 and casts after (transformers' Gemma, gpt-oss, OLMo 2)

@@ -222,7 +222,7 @@ def _merged_expert_weights(model: ModelConfig, strategy: KnobsLike, layers_here:
     """LoRA's merged expert weights (planner.memory.merged_expert_bytes) at the start and at the end of backward:
     every sparse layer's until its backward (none kept when checkpointing: the recomputed layer makes its own),
     and in a layer's backward that weight and its gradient."""
-    merged = merged_expert_bytes(model, strategy.finetune, strategy.tensor_parallel)
+    merged = merged_expert_bytes(model, strategy.finetune, strategy.tensor_parallel, strategy.precision)
     if not merged:
         return 0.0, 0.0
     sparse_here = layers_here * sparse_layer_count(model) / model.num_layers

@@ -294,8 +294,9 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     kernel_layers = layers_here * recompute_factor * layer_kernel_weight(model)
     scores = cal.eager_score_passes * eager_score_bytes(model, strategy, seq_len, layers_here) * recompute_factor
     # LoRA's merged expert weights, per sparse layer and micro-step: the merge in forward (twice when
-    # recomputed), its gradient in backward
-    merged = (merged_expert_bytes(model, ft, tp) / 2 * layers_here * sparse_layer_count(model) / model.num_layers
+    # recomputed), its gradient in backward; lora_merged_expert_bytes is per weight element (bf16 bytes / 2)
+    elements = merged_expert_bytes(model, ft, tp, "bf16") / 2
+    merged = (elements * layers_here * sparse_layer_count(model) / model.num_layers
               * cal.lora_merged_expert_bytes * (0.5 * (2.0 if strategy.activation_checkpointing else 1.0) + 0.5))
     gpu_time = ((flops / (peak * eff)) + (cal.traffic_factor * traffic + scores + merged)
                 / (gpu.memory_bandwidth_gbps * 1e9)

@@ -178,3 +178,14 @@ def test_latent_attention_and_fp32_router_activations_match_the_h200_probe() -> 
     assert planned(dense_only, "lora") == pytest.approx(seen["lora"]["0"], rel=0.07)
     lora_mean = (seen["lora"]["0"] + 26 * (seen["lora"]["3"] - merged_per_token)) / 27
     assert planned(whole, "lora") == pytest.approx(lora_mean, rel=0.02)
+
+
+def test_merged_expert_weights_are_in_the_frozen_weights_dtype() -> None:
+    """bf16 LoRA merges in bf16, fp32 and autocast LoRA in the fp32 master weights; QLoRA's fused experts stay bf16."""
+    m = model("qwen3-30b-a3b")
+    elements = 128 * 3 * 2048 * 768
+    assert merged_expert_bytes(m, "lora", precision="bf16") == elements * 2
+    assert merged_expert_bytes(m, "lora", precision="fp32") == elements * 4
+    assert merged_expert_bytes(m, "lora", precision="amp-bf16") == elements * 4
+    assert merged_expert_bytes(m, "qlora", precision="amp-bf16") == elements * 2
+    assert merged_expert_bytes(m, "lora", tp=2) == elements
