@@ -257,7 +257,7 @@ def _mla_lora_saved_per_token(model: ModelConfig, c: int, tp: int) -> tuple[floa
     assert mla is not None
     h, heads = model.hidden_size, model.num_attention_heads / tp
     q_rank = mla.q_lora_rank or 0
-    casts = 4 * (2 * h + (q_rank if q_rank else 0) + mla.kv_lora_rank + heads * mla.v_head_dim)
+    casts = 4 * (2 * h + q_rank + mla.kv_lora_rank + heads * mla.v_head_dim)
     qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     rest = c * heads * (2 * qk + mla.qk_nope_head_dim + 2 * mla.v_head_dim) + 4 * (mla.kv_lora_rank + q_rank)
     return casts, rest
@@ -328,7 +328,7 @@ def merged_expert_bytes(model: ModelConfig, finetune: str, tp: int = 1, precisio
     if finetune not in ("lora", "qlora") or model.num_experts <= 1:
         return 0.0
     element = 2 if finetune == "qlora" else PRECISION_BYTES[precision].param
-    return model.num_experts * 3 * model.hidden_size * expert_width(model) * element / tp
+    return expert_weight_params(model) / sparse_layer_count(model) * element / tp
 
 
 # Families whose RMSNorm multiplies its weight in fp32 and casts after (transformers' Gemma, gpt-oss, OLMo 2)

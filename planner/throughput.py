@@ -29,6 +29,7 @@ from planner.memory import (
     merged_expert_bytes,
     mla_expanded_kv_bytes,
     prefill_attention_bytes,
+    routed_mlp_width,
     runtime_model,
     sparse_layer_count,
     stored_bytes_per_param,
@@ -174,9 +175,8 @@ def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, check
     n, _ = matmul_params(model, pc)
     fwd = 2 * n + attention_flops_per_token(model, seq_len)
     backward = 2 * fwd if finetune == "full" else fwd + attention_flops_per_token(model, seq_len)
-    if finetune in ("lora", "qlora") and model.num_experts > 1:
-        routed = sparse_layer_count(model) * model.experts_per_token * 3 * model.hidden_size * expert_width(model)
-        backward += 2 * routed
+    if finetune in ("lora", "qlora"):
+        backward += 2 * 3 * model.hidden_size * routed_mlp_width(model) * model.num_layers  # 0 for a dense model
     return fwd + backward + (fwd if checkpointing else 0.0)
 
 
