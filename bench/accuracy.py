@@ -43,14 +43,16 @@ from planner.calibration import (  # noqa: E402
     ThroughputCalibration,
     load_calibration,
 )
-from planner.memory import infer_memory, kv_cache_bytes  # noqa: E402
+from planner.memory import infer_memory, kv_cache_bytes, merged_expert_bytes, sparse_layer_count  # noqa: E402
 from planner.memory_train import lora_params_per_layer, train_memory  # noqa: E402
 from planner.throughput import (  # noqa: E402
+    adapter_free_flops_per_token,
     efficiency,
     expert_loop_s,
     fsdp_collectives,
     infer_throughput,
     layer_kernel_weight,
+    moe_dispatch_bytes,
     peak_tflops,
     traffic_bytes_per_token,
     train_flops_per_token,
@@ -338,8 +340,9 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
             base_eff = efficiency(r.model, s.precision, tokens, probe) / probe.mfu_max.get(s.precision, 0.4)
             x = flops / (peak * base_eff)
             cols = [x if s.precision == p else 0.0 for p in precisions]
-            if has_lora:
-                cols.append(x if s.finetune != "full" else 0.0)
+            if has_lora:  # adapters slow the adapted matmuls only (planner.throughput.adapter_free_flops_per_token)
+                free = adapter_free_flops_per_token(r.model, s.activation_checkpointing) * tokens
+                cols.append(x * (1 - free / flops) if s.finetune != "full" else 0.0)
             recompute = 4 / 3 if s.activation_checkpointing else 1.0
             traffic = traffic_bytes_per_token(r.model, s, seq) * tokens * recompute
             cols.append(traffic / (gpu.memory_bandwidth_gbps * 1e9))
@@ -351,6 +354,11 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
             if fit_step:
                 cols.append(1.0)  # per optimizer step: host work outside the layers (launch-bound small steps)
             known = layer_s * r.model.num_layers * recompute * layer_kernel_weight(r.model)
+            # terms measured apart (bench/moe_train_layers.py): a mixture's routing and LoRA's merged experts
+            merged = merged_expert_bytes(r.model, s.finetune, 1, "bf16") / 2 * sparse_layer_count(r.model) \
+                * probe.lora_merged_expert_bytes * (0.5 * (2.0 if s.activation_checkpointing else 1.0) + 0.5)
+            dispatch = moe_dispatch_bytes(r.model, tokens, r.model.num_layers, s.activation_checkpointing, probe)
+            known += (merged + dispatch) / (gpu.memory_bandwidth_gbps * 1e9)
             known += expert_loop_s(r.model, tokens, 3.0 if s.activation_checkpointing else 2.0, probe)
             t = float(r.measured["median_step_s"])
             a_rows.append([v / t for v in cols])

@@ -114,6 +114,15 @@ class ThroughputCalibration(_Cal):
         "DeepSeek-V2-Lite with 4 layers, b4 s2048, one H200: LoRA's step 96.9 ms against full fine-tuning's 87.2 "
         "while skipping ~11 ms of frozen weights' gradients: ~7.0 ms per sparse layer of 554M expert weights")
     qlora_speed: float = Field(default=0.55, description="nf4 dequantisation overhead on the frozen matmuls")
+    # bench/moe_train_layers.py on one H200 (bench/results/workers/moe_train_layers_2026-12-04/): a sparse layer's
+    # time from two depths of the published shape; fitted on DeepSeek-V2-Lite and Qwen1.5-MoE-A2.7B (full,
+    # LoRA, LoRA + checkpointing), Qwen3-30B-A3B and Mixtral-8x7B held out (docs/MEASUREMENTS.md, "What a
+    # sparse layer costs a training step")
+    moe_dispatch_bytes: float = Field(
+        default=81.6, ge=0.0,
+        description="training a mixture of experts: memory-traffic bytes per element of each routed copy of a "
+        "token's hidden state, per pass (forward, two in backward, one more when recomputed): the permute, "
+        "gather, scatter and weighted sum of top-k copies, beyond the saved-activation traffic")
     optimizer_bw_efficiency: float = 0.6
     comm_efficiency: float = 0.7
     comm_overlap: float = 0.6

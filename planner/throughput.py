@@ -180,6 +180,26 @@ def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, check
     return fwd + backward + (fwd if checkpointing else 0.0)
 
 
+def adapter_free_flops_per_token(model: ModelConfig, checkpointing: bool) -> float:
+    """Of train_flops_per_token under LoRA, the matmuls no adapter slows: the routed experts' grouped GEMMs
+    (forward, input gradients, the merged weight's gradients (planner.memory.merged_expert_bytes) and the
+    recompute); 0 for a dense model."""
+    forward = 2 * 3 * model.hidden_size * routed_mlp_width(model) * model.num_layers
+    return forward * (4.0 if checkpointing else 3.0)
+
+
+def moe_dispatch_bytes(model: ModelConfig, tokens: float, layers: int, checkpointing: bool,
+                       cal: ThroughputCalibration) -> float:
+    """Memory traffic of routing ``tokens`` through ``layers`` of the model's mean layer in one training
+    micro-step: top-k copies of each hidden state permuted, gathered, scattered back and summed, in forward, twice
+    in backward and again when recomputed (ThroughputCalibration.moe_dispatch_bytes per element per pass)."""
+    if model.num_experts <= 1:
+        return 0.0
+    sparse = sparse_layer_count(model) * layers / model.num_layers
+    passes = 4.0 if checkpointing else 3.0
+    return cal.moe_dispatch_bytes * model.experts_per_token * model.hidden_size * tokens * sparse * passes
+
+
 def efficiency(model: ModelConfig, precision: str, tokens_per_micro: int, cal: ThroughputCalibration) -> float:
     h = model.hidden_size
     base = cal.mfu_max.get(precision, 0.4)
@@ -279,10 +299,15 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
         memo[("flops", ft, False)] = train_flops_per_token(model, seq_len, ft, False, pc)
     flops = memo[fkey] * tokens_micro / (tp * pp)
     eff = efficiency(model, strategy.precision, tokens_micro, cal)
-    if ft == "lora":
-        eff *= cal.lora_speed
-    elif ft == "qlora":
-        eff *= cal.qlora_speed
+    if ft in ("lora", "qlora"):
+        # the adapters' kernels (and QLoRA's dequantisation) slow the adapted nn.Linear layers; the routed
+        # experts, adapted through their merged weight, run plain grouped GEMMs at full fine-tuning's efficiency
+        # (one H200: Mixtral-8x7B QLoRA's grouped GEMMs at ~730 TFLOP/s, bench/moe_train_layers.py)
+        xkey = ("expert_share", strategy.activation_checkpointing)
+        if xkey not in memo:
+            memo[xkey] = adapter_free_flops_per_token(model, strategy.activation_checkpointing) / memo[fkey]
+        speed = cal.lora_speed if ft == "lora" else cal.qlora_speed
+        eff /= memo[xkey] + (1.0 - memo[xkey]) / speed
     peak = peak_tflops(gpu, strategy.precision) * 1e12
     layers_here = math.ceil(model.num_layers / pp)
     recompute_factor = 4 / 3 if strategy.activation_checkpointing else 1.0
@@ -298,7 +323,8 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     elements = merged_expert_bytes(model, ft, tp, "bf16") / 2
     merged = (elements * layers_here * sparse_layer_count(model) / model.num_layers
               * cal.lora_merged_expert_bytes * (0.5 * (2.0 if strategy.activation_checkpointing else 1.0) + 0.5))
-    gpu_time = ((flops / (peak * eff)) + (cal.traffic_factor * traffic + scores + merged)
+    dispatch = moe_dispatch_bytes(model, tokens_micro, layers_here, strategy.activation_checkpointing, cal)
+    gpu_time = ((flops / (peak * eff)) + (cal.traffic_factor * traffic + scores + merged + dispatch)
                 / (gpu.memory_bandwidth_gbps * 1e9)
                 + cal.layer_overhead_s * kernel_layers)
     # the GPU runs behind the host's kernel launches: a small step waits on the host instead

@@ -1,0 +1,160 @@
+"""What one decoder layer of a mixture of experts costs a training step, on the workers' own build.
+
+Why: the plan's training step prices every matmul FLOP of a layer at one efficiency (the dense models'), the
+routed experts' grouped GEMMs included. On one H200 (GPU acceptance run 19) Qwen3-30B-A3B LoRA (128 experts
+768 wide) ran 14% slower than planned and Mixtral-8x7B QLoRA (8 experts 14,336 wide) 20% faster; DeepSeek-V2-Lite
+(64 experts 1,408 wide) matched. This measures, per case, the step at two depths of the published shape (the
+difference is the per-layer time, free of the embedding, the LM head and the loss) and the kernels of one step
+at each depth by group (grouped GEMM, other GEMM, attention, routing, copies, the rest), so a term for the
+experts has numbers to stand on.
+
+Each case is ``model/finetune/ckpt|nockpt/MICRO_BATCH`` (bf16, sequence --seq, 2,048 by default): the model is
+a catalog preset or a published config under tests/data/hf_configs; it is built, quantized (QLoRA), adapted
+(LoRA: peft's all-linear), checkpointed and stepped (AdamW) exactly as workers/train_setup.prepare_model does.
+
+    python3 bench/moe_train_layers.py --cases qwen3-30b-a3b/lora/ckpt/16,mixtral-8x7b/qlora/ckpt/16 \
+        --layers 2,6 --out $OUT/moe_train_layers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from catalog.hf_config import model_from_hf_config  # noqa: E402
+from catalog.loader import load_catalog  # noqa: E402
+from catalog.schema import ModelConfig  # noqa: E402
+from planner.types import Strategy  # noqa: E402
+from workers.model import ModelSource  # noqa: E402
+from workers.train_setup import make_optimizer, prepare_model  # noqa: E402
+
+
+def group_of(name: str) -> str:
+    from moe_step_profile import group_of as grouped
+
+    return grouped(name)
+
+
+def cut(model_id: str, layers: int) -> ModelConfig:
+    """The published shape with its first ``layers`` decoder layers (dense-first layers kept as published)."""
+    published = ROOT / "tests" / "data" / "hf_configs" / f"{model_id}.json"
+    hf: dict[str, Any] = (json.loads(published.read_text()) if published.is_file()
+                          else dict(load_catalog().model(model_id).hf_config))
+    hf["num_hidden_layers"] = layers
+    if isinstance(hf.get("layer_types"), list):
+        hf["layer_types"] = hf["layer_types"][:layers]
+    return model_from_hf_config(hf, f"{model_id}-l{layers}")
+
+
+def timed_steps(step: Any, repeat: int, cuda: bool) -> list[float]:
+    for _ in range(2):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - began)
+    return times
+
+
+def kernel_groups(step: Any) -> dict[str, float]:
+    """GPU ms of one step's kernels by group."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    groups: dict[str, float] = defaultdict(float)
+    for ev in prof.key_averages():
+        if ev.device_time_total > 0:
+            groups[group_of(ev.key)] += ev.device_time_total / 1e3
+    return dict(groups)
+
+
+def measure(model_id: str, finetune: str, ckpt: bool, micro: int, layers: int, repeat: int, seq: int,
+            device: torch.device) -> dict[str, Any]:
+    config = cut(model_id, layers)
+    strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16", micro_batch=micro, finetune=finetune,
+                        activation_checkpointing=ckpt)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model, _ = prepare_model(strategy, 0, ModelSource(config=config, weights_dir=None), device, 1)
+    opt = make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad], 1e-5)
+    ids = torch.randint(0, config.vocab_size, (micro, seq), device=device)
+
+    def step() -> None:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    times = timed_steps(step, repeat, cuda)
+    groups = kernel_groups(step) if cuda else {}
+    rec = {"layers": layers, "step_s": statistics.median(times), "steps_s": times,
+           "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None, "kernel_ms": groups}
+    return rec  # the model and its optimizer go with this frame; the caller empties the cache
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", required=True, help="model/finetune/ckpt|nockpt/MICRO_BATCH, comma-separated")
+    parser.add_argument("--layers", default="2,6", help="the two depths, e.g. 2,6")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of the script")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    import peft
+    import transformers
+
+    low, high = (int(x) for x in args.layers.split(","))
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+                           "torch": torch.__version__, "transformers": transformers.__version__,
+                           "peft": peft.__version__, "seq": args.seq,
+                           "cases": []}
+    for spec in args.cases.split(","):
+        model_id, finetune, ckpt, micro = spec.split("/")
+        case: dict[str, Any] = {"case": spec, "model": model_id, "finetune": finetune, "ckpt": ckpt == "ckpt",
+                                "micro_batch": int(micro)}
+        try:
+            runs = []
+            for n in (low, high):
+                runs.append(measure(model_id, finetune, ckpt == "ckpt", int(micro), n, args.repeat, args.seq, device))
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        except Exception as exc:  # one case's failure (an OOM, a build error) keeps the others
+            case["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        else:
+            per_layer = (runs[1]["step_s"] - runs[0]["step_s"]) / (high - low)
+            case.update(runs=runs, per_layer_s=per_layer, fixed_s=runs[0]["step_s"] - low * per_layer,
+                        per_layer_kernel_ms={k: (runs[1]["kernel_ms"].get(k, 0.0) - runs[0]["kernel_ms"].get(k, 0.0))
+                                             / (high - low) for k in runs[1]["kernel_ms"]})
+        out["cases"].append(case)
+        print(json.dumps({k: v for k, v in case.items() if k != "runs"}), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
