@@ -354,11 +354,12 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
             if fit_step:
                 cols.append(1.0)  # per optimizer step: host work outside the layers (launch-bound small steps)
             known = layer_s * r.model.num_layers * recompute * layer_kernel_weight(r.model)
-            # terms measured apart (bench/moe_train_layers.py): a mixture's routing and LoRA's merged experts
+            # terms measured apart (bench/moe_train_layers.py): a mixture's routing, LoRA's merged experts, the loss
             merged = merged_expert_bytes(r.model, s.finetune, 1, "bf16") / 2 * sparse_layer_count(r.model) \
                 * probe.lora_merged_expert_bytes * (0.5 * (2.0 if s.activation_checkpointing else 1.0) + 0.5)
             dispatch = moe_dispatch_bytes(r.model, tokens, r.model.num_layers, s.activation_checkpointing, probe)
-            known += (merged + dispatch) / (gpu.memory_bandwidth_gbps * 1e9)
+            loss = probe.loss_bytes_per_logit * r.model.vocab_size * tokens
+            known += (merged + dispatch + loss) / (gpu.memory_bandwidth_gbps * 1e9)
             known += expert_loop_s(r.model, tokens, 3.0 if s.activation_checkpointing else 2.0, probe)
             t = float(r.measured["median_step_s"])
             a_rows.append([v / t for v in cols])

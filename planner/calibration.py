@@ -102,24 +102,33 @@ class ThroughputCalibration(_Cal):
         description="host seconds to issue one decoder layer's forward and backward kernels in eager "
         "PyTorch; a micro-step is never faster than layers x this (launch-bound: batch 1, short sequences, "
         "~100M-parameter models)")
-    traffic_factor: float = Field(default=3.0, description="memory-bound passes over the saved-activation bytes")
+    traffic_factor: float = Field(default=3.0, description="memory-bound passes over the decoder layers' "
+                                  "saved-activation bytes")
+    # bench/moe_train_layers.py: a step's time less its layers' (two depths), one H200, shapes of five models
+    # (vocabularies 32k-152k, 4k-33k tokens a micro-step); fitted on DeepSeek-V2-Lite, Qwen1.5-MoE and Llama-3-8B,
+    # Qwen3-30B-A3B and Mixtral-8x7B held out (docs/MEASUREMENTS.md, "What a sparse layer costs a training step")
+    loss_bytes_per_logit: float = Field(
+        default=71.5, ge=0.0,
+        description="training: memory-traffic bytes per logit (tokens x vocabulary) of the LM head's output, its "
+        "log-softmax and cross-entropy, forward and backward; never recomputed")
     step_overhead_s: float = 5e-3
-    lora_speed: float = Field(default=0.85, description="LoRA's extra adapter kernels relative to its FLOPs")
+    lora_speed: float = Field(default=0.85, description="LoRA's adapter kernels relative to the adapted layers' "
+                              "FLOPs (not the routed experts' or the frozen LM head's: adapter_free_flops_per_token)")
     lora_merged_expert_bytes: float = Field(
-        default=60.0, ge=0.0,
+        default=53.3, ge=0.0,
         description="LoRA of a mixture of experts (peft's ParamWrapper on transformers 5's fused experts): "
         "memory-traffic bytes per routed-expert weight element per micro-step at the GPU's bandwidth, half in "
         "forward (the merge W + B @ A and its copies; again when recomputed), half in backward (the merged "
-        "weight's gradient, cast and reduced into the adapters'). bench/moe_lora_probe.py --profile, "
-        "DeepSeek-V2-Lite with 4 layers, b4 s2048, one H200: LoRA's step 96.9 ms against full fine-tuning's 87.2 "
-        "while skipping ~11 ms of frozen weights' gradients: ~7.0 ms per sparse layer of 554M expert weights")
+        "weight's gradient, cast and reduced into the adapters'). Fitted with moe_dispatch_bytes on a sparse "
+        "layer's measured time (bench/moe_train_layers.py; DeepSeek-V2-Lite and Qwen1.5-MoE, LoRA with and "
+        "without checkpointing); the first estimate, 60, came from a DeepSeek-V2-Lite kernel profile alone")
     qlora_speed: float = Field(default=0.55, description="nf4 dequantisation overhead on the frozen matmuls")
     # bench/moe_train_layers.py on one H200 (bench/results/workers/moe_train_layers_2026-12-04/): a sparse layer's
     # time from two depths of the published shape; fitted on DeepSeek-V2-Lite and Qwen1.5-MoE-A2.7B (full,
     # LoRA, LoRA + checkpointing), Qwen3-30B-A3B and Mixtral-8x7B held out (docs/MEASUREMENTS.md, "What a
     # sparse layer costs a training step")
     moe_dispatch_bytes: float = Field(
-        default=81.6, ge=0.0,
+        default=38.2, ge=0.0,
         description="training a mixture of experts: memory-traffic bytes per element of each routed copy of a "
         "token's hidden state, per pass (forward, two in backward, one more when recomputed): the permute, "
         "gather, scatter and weighted sum of top-k copies, beyond the saved-activation traffic")
@@ -270,8 +279,10 @@ def _cpu_memory() -> MemoryCalibration:
 def _cpu_throughput() -> ThroughputCalibration:
     # The CPU's "peak" is its measured fp32 matmul rate (catalog.local_cpu), so mfu_max["fp32"] is
     # the fraction of it a training step's matmuls reach; eager PyTorch on CPU pays more per op.
+    # the loss: 12 bytes a logit at traffic_factor's 3 passes, as before the loss had its own constant
     return ThroughputCalibration(mfu_max={"fp32": 0.6}, tokens_half=64.0, layer_overhead_s=2e-3,
-                                 traffic_factor=3.0, step_overhead_s=5e-3, optimizer_bw_efficiency=0.5)
+                                 traffic_factor=3.0, loss_bytes_per_logit=36.0, step_overhead_s=5e-3,
+                                 optimizer_bw_efficiency=0.5)
 
 
 class CpuCalibration(_Cal):

@@ -172,20 +172,21 @@ def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, check
     """Forward, backward (input gradients; weight gradients where weights train) and any recompute. LoRA's
     backward skips the frozen weights' gradients, except the routed experts': peft adapts transformers 5's
     fused experts through their merged weight, whose full gradient it computes (planner.memory.merged_expert_bytes)."""
-    n, _ = matmul_params(model, pc)
+    n, lm = matmul_params(model, pc)
     fwd = 2 * n + attention_flops_per_token(model, seq_len)
     backward = 2 * fwd if finetune == "full" else fwd + attention_flops_per_token(model, seq_len)
     if finetune in ("lora", "qlora"):
         backward += 2 * 3 * model.hidden_size * routed_mlp_width(model) * model.num_layers  # 0 for a dense model
-    return fwd + backward + (fwd if checkpointing else 0.0)
+    # activation checkpointing recomputes the decoder layers' forward, not the LM head's
+    return fwd + backward + (fwd - 2 * lm if checkpointing else 0.0)
 
 
 def adapter_free_flops_per_token(model: ModelConfig, checkpointing: bool) -> float:
     """Of train_flops_per_token under LoRA, the matmuls no adapter slows: the routed experts' grouped GEMMs
     (forward, input gradients, the merged weight's gradients (planner.memory.merged_expert_bytes) and the
-    recompute); 0 for a dense model."""
+    recompute) and the frozen LM head's forward and input gradients (peft's all-linear leaves it unadapted)."""
     forward = 2 * 3 * model.hidden_size * routed_mlp_width(model) * model.num_layers
-    return forward * (4.0 if checkpointing else 3.0)
+    return forward * (4.0 if checkpointing else 3.0) + 2 * 2 * model.vocab_size * model.hidden_size
 
 
 def moe_dispatch_bytes(model: ModelConfig, tokens: float, layers: int, checkpointing: bool,
@@ -216,15 +217,25 @@ def link_gbytes_per_s(gpu: GpuSpec, gpu_count: int, gpus_per_node: int, network_
 
 
 def traffic_bytes_per_token(model: ModelConfig, strategy: KnobsLike, seq_len: int) -> float:
-    """Bytes the memory-bound (non-matmul) kernels move per token: proportional to the activations
-    autograd saves (norms, activations, softmax/cross-entropy over the vocabulary)."""
+    """Bytes the decoder layers' memory-bound (non-matmul) kernels move per token, in units of the activations
+    autograd saves (norms, activations); ThroughputCalibration.traffic_factor passes over them."""
     act_precision = strategy.precision
     if strategy.sharding in ("fsdp", "fsdp-grad-op") and act_precision.startswith("amp"):
         act_precision = "bf16"
     layers = math.ceil(model.num_layers / strategy.pipeline_parallel)
     per_layer = layer_activation_bytes_per_token(model, act_precision, strategy.finetune, strategy.lora_rank,
                                                  strategy.tensor_parallel, seq_len)
-    return layers * per_layer + 12.0 * model.vocab_size / strategy.tensor_parallel
+    return layers * per_layer
+
+
+def step_traffic_bytes_per_token(model: ModelConfig, strategy: KnobsLike, seq_len: int,
+                                 cal: ThroughputCalibration) -> float:
+    """Memory-bound bytes per token of one micro-step: the decoder layers' (traffic_factor passes over
+    traffic_bytes_per_token, again when recomputed) and the loss's (loss_bytes_per_logit for each of the
+    vocabulary's logits, never recomputed)."""
+    layers = cal.traffic_factor * traffic_bytes_per_token(model, strategy, seq_len)
+    loss = cal.loss_bytes_per_logit * model.vocab_size / strategy.tensor_parallel
+    return layers * (4 / 3 if strategy.activation_checkpointing else 1.0) + loss
 
 
 def eager_score_bytes(model: ModelConfig, strategy: KnobsLike, seq_len: int, layers: int) -> float:
@@ -311,10 +322,10 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     peak = peak_tflops(gpu, strategy.precision) * 1e12
     layers_here = math.ceil(model.num_layers / pp)
     recompute_factor = 4 / 3 if strategy.activation_checkpointing else 1.0
-    tkey = ("traffic", strategy.precision, strategy.sharding, ft, tp, pp)
+    tkey = ("traffic", strategy.precision, strategy.sharding, ft, tp, pp, strategy.activation_checkpointing)
     if tkey not in memo:
-        memo[tkey] = traffic_bytes_per_token(model, strategy, seq_len)
-    traffic = memo[tkey] * tokens_micro * recompute_factor
+        memo[tkey] = step_traffic_bytes_per_token(model, strategy, seq_len, cal)
+    traffic = memo[tkey] * tokens_micro
     loop_passes = 2.0 + (1.0 if strategy.activation_checkpointing else 0.0)
     kernel_layers = layers_here * recompute_factor * layer_kernel_weight(model)
     scores = cal.eager_score_passes * eager_score_bytes(model, strategy, seq_len, layers_here) * recompute_factor
@@ -324,7 +335,7 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     merged = (elements * layers_here * sparse_layer_count(model) / model.num_layers
               * cal.lora_merged_expert_bytes * (0.5 * (2.0 if strategy.activation_checkpointing else 1.0) + 0.5))
     dispatch = moe_dispatch_bytes(model, tokens_micro, layers_here, strategy.activation_checkpointing, cal)
-    gpu_time = ((flops / (peak * eff)) + (cal.traffic_factor * traffic + scores + merged + dispatch)
+    gpu_time = ((flops / (peak * eff)) + (traffic + scores + merged + dispatch)
                 / (gpu.memory_bandwidth_gbps * 1e9)
                 + cal.layer_overhead_s * kernel_layers)
     # the GPU runs behind the host's kernel launches: a small step waits on the host instead
