@@ -23,10 +23,14 @@ def aws(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def plans() -> dict[str, Plan]:
+    # The 8B plans are pinned to 16 x A100-40GB: these tests need a two-node plan (EFA, placement groups, a
+    # cluster's max_workers), which the cheapest choice stops being whenever the calibration moves (it chose
+    # one node after the 2026-12-04 refit, two before)
+    two_nodes = {"accelerators": ["A100-40GB:16"], "regions": ["us-east-1"]}
     return {
-        "8b-auto": example_plan("llama3-8b-sft.yaml", clouds=["aws"]),  # p4d spot, use1-az1, 2 nodes; both markets
-        "8b-always": example_plan("llama3-8b-sft.yaml", clouds=["aws"], spot="always"),
-        "8b-never": example_plan("llama3-8b-sft.yaml", clouds=["aws"], spot="never"),
+        "8b-auto": example_plan("llama3-8b-sft.yaml", clouds=["aws"], **two_nodes),  # p4d x 2, use1-az1
+        "8b-always": example_plan("llama3-8b-sft.yaml", clouds=["aws"], **two_nodes, spot="always"),
+        "8b-never": example_plan("llama3-8b-sft.yaml", clouds=["aws"], **two_nodes, spot="never"),
         "70b": example_plan("llama3-70b-lora.yaml", clouds=["aws"]),  # p5en in eu-north-1 (no Ray default AMI there)
     }
 
