@@ -16,6 +16,20 @@ from planner.types import CostEstimate, Market, construct
 MIN_CHECKPOINT_INTERVAL_H = 30 / 3600  # never checkpoint more often than this, whatever the arithmetic says
 
 
+JIT_MARGIN_S = 10.0  # a just-in-time checkpoint's fixed margin before a notice's deadline (clocks, the teardown)
+
+
+def just_in_time_reserve_s(stall_s: float, durable_s: float, step_s: float) -> float:
+    """Seconds before a spot notice's deadline at which the just-in-time checkpoint starts (the workers' rule,
+    workers/train.py; the simulator prices a preemption's loss with it, scheduler.sim_model.SimOptions).
+
+    The checkpoint must be durable before the node goes: twice its stall and time to durable (a store slower
+    than last time, a periodic write still in flight), two steps (the one in flight and the one whose poll
+    decides) and JIT_MARGIN_S. The work of those seconds is lost; the rest of the notice trains. (Until
+    2026-12-04 the workers checkpointed at the notice and idled through the rest of it: AWS gives two minutes.)"""
+    return 2.0 * (max(stall_s, 0.0) + max(durable_s, 0.0)) + 2.0 * max(step_s, 0.0) + JIT_MARGIN_S
+
+
 def young_daly_interval_h(checkpoint_h: float, mtbf_h: float) -> float:
     """Optimal checkpoint interval sqrt(2 C MTBF), in hours."""
     return math.sqrt(2 * checkpoint_h * mtbf_h)

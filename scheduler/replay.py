@@ -120,13 +120,13 @@ class _Setup:
         return int(self.runs.shape[0])
 
     def at_risk(self, unc: FloatArray) -> FloatArray:
-        """Work a preemption now loses: what is not checkpointed, at most the notice window with JIT."""
-        return np.minimum(unc, self.opts.notice_h) if self.opts.just_in_time else unc
+        """Work a preemption now loses: what is not checkpointed, at most the notice's loss with JIT."""
+        return np.minimum(unc, self.opts.notice_loss_h) if self.opts.just_in_time else unc
 
 
 def _setup(zones: Zones, prices: Prices, opts: SimOptions) -> _Setup:
-    if min(opts.checkpoint_cost_h, opts.checkpoint_write_h, opts.notice_h, opts.move_h) < 0:
-        raise InvalidInput("checkpoint, write, notice and move hours must be >= 0")
+    if min(opts.checkpoint_cost_h, opts.checkpoint_write_h, opts.notice_h, opts.move_h, opts.jit_reserve_h) < 0:
+        raise InvalidInput("checkpoint, write, notice, move and just-in-time reserve hours must be >= 0")
     spot_price = spot_prices(zones, prices)
     mean_run = _mean_runs(zones, opts)
     # Age of the outage of spot capacity in every zone (what a job without spot waits through);
@@ -135,7 +135,7 @@ def _setup(zones: Zones, prices: Prices, opts: SimOptions) -> _Setup:
     all_down = np.maximum(run_lengths(down_all[None, :])[0] - 1.0, 0.0) * zones.gap_h
     tau = young_daly_array(opts.checkpoint_cost_h, mean_run)
     half = np.where(np.isfinite(tau), tau / 2, 0.0)  # a preemption loses half an interval on average
-    loss = np.minimum(half, opts.notice_h) if opts.just_in_time else half
+    loss = np.minimum(half, opts.notice_loss_h) if opts.just_in_time else half
     mean_outage = _per_zone(opts.mean_outage_h,
                             lambda: online_mean_outage(zones, PRIOR_MEAN_OUTAGE_H, opts.rate_half_life_h),
                             zones, "mean outage")

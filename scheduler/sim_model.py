@@ -116,6 +116,9 @@ class Outcome:
         }
 
 
+JIT_STEP_S = 1.0  # SimOptions.measured(): the training step the just-in-time reserve counts twice
+
+
 @dataclass(frozen=True)
 class SimOptions:
     """How checkpoints and changeovers cost (hours), and what the policy may know.
@@ -128,8 +131,10 @@ class SimOptions:
         scheduler loop's checkpoint-and-stop (scheduler.changeover), which starts the new attempt only
         after the write (docs/SPOT.md, "In the scheduler loop").
     notice_h: preemption notice (AWS 2 min, GCP 30 s; 0: none). When it covers the snapshot and the
-        write, the job checkpoints just in time and loses at most the notice window; otherwise it
-        loses the work since its last periodic checkpoint.
+        write, the job checkpoints just in time and loses at most the notice window (``jit_reserve_h``
+        0), or at most ``jit_reserve_h`` of it; otherwise it loses the work since its last periodic checkpoint.
+    jit_reserve_h: the workers train through a notice and start the just-in-time checkpoint this long before
+        its deadline (planner.cost.just_in_time_reserve_s); 0: at the notice (the workers before 2026-12-04).
     move_h: checkpoint transfer when the job starts in another zone than the one its checkpoint is in.
     prior_mean_run_h: the policy's prior mean run of capacity for a zone it has not watched yet.
     rate_half_life_h: half-life of what was watched in the online rates (inf: no decay).
@@ -150,10 +155,17 @@ class SimOptions:
     prior_mean_run_h: float = PRIOR_MEAN_RUN_H
     rate_half_life_h: float = RATE_HALF_LIFE_H
     make_before_break: bool = False
+    jit_reserve_h: float = 0.0
 
     @property
     def just_in_time(self) -> bool:
         return self.notice_h > 0 and self.notice_h >= self.checkpoint_cost_h + self.checkpoint_write_h
+
+    @property
+    def notice_loss_h(self) -> float:
+        """The most a preemption with a just-in-time checkpoint loses: the notice window, or the reserve the
+        workers keep before its deadline when the window is longer."""
+        return min(self.notice_h, self.jit_reserve_h) if self.jit_reserve_h > 0 else self.notice_h
 
     @staticmethod
     def measured(state_gb: float = 14.8, write_gbps: float | None = None, snapshot_gbps: float | None = None,
@@ -164,15 +176,19 @@ class SimOptions:
         copies the checkpoint at ``transfer_gbps`` (default: the write speed). Returns to spot may boot
         spot beside on-demand (``make_before_break``), as both executors let the scheduler loop do."""
         from planner.calibration import CostCalibration
+        from planner.cost import just_in_time_reserve_s
 
         cal = CostCalibration()
         write = write_gbps or cal.checkpoint_write_gbps
         snap = snapshot_gbps or cal.checkpoint_snapshot_gbps
+        stall_h, durable_h = state_gb / snap / 3600.0 + cal.min_checkpoint_h, state_gb / write / 3600.0
         return SimOptions(
             make_before_break=True,  # what the scheduler loop does with an executor that boots ahead
-            checkpoint_cost_h=state_gb / snap / 3600.0 + cal.min_checkpoint_h,
-            checkpoint_write_h=state_gb / write / 3600.0,
+            checkpoint_cost_h=stall_h,
+            checkpoint_write_h=durable_h,
             notice_h=notice_s / 3600.0,
+            # the workers train through the notice; a step of JIT_STEP_S (the 1-8B runs on one H200: 0.7-0.9 s)
+            jit_reserve_h=just_in_time_reserve_s(stall_h * 3600.0, durable_h * 3600.0, JIT_STEP_S) / 3600.0,
             move_h=state_gb / (transfer_gbps or write) / 3600.0,
         )
 

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from catalog.errors import GpuplanError, InvalidInput
+from planner.cost import just_in_time_reserve_s
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
 from workers.checkpoint_interval import ON_DEMAND_MTTP_H, IntervalPlanner, default_write_gbps
@@ -162,7 +163,7 @@ class _Run:
         self.loop_began = None
         self.loop_tokens, self.attempt_tokens = 0, 0
         self.last_report = time.perf_counter()
-        self.noticed = False
+        self.noticed, self.notice_logged = False, False
         self.backoffs: list[dict[str, int]] = []
 
     def log(self, line: str) -> None:
@@ -344,16 +345,36 @@ class _Run:
             return "stopped"
         if self.noticed:  # a notice stays up until the node goes; act on it once
             return None
+        if signal.deadline is not None:
+            when = time.strftime("%H:%M:%S", time.gmtime(signal.deadline))
+            reserve = self._jit_reserve_s()
+            if not agree_flag(signal.deadline - time.time() <= reserve, self.device, self.world):
+                if not self.notice_logged:  # the notice leaves time to train: checkpoint when it runs out
+                    self.notice_logged = True
+                    self.log(f"step {self.step}: spot notice (node taken at {when} UTC); training on, the "
+                             f"just-in-time checkpoint {reserve:.0f} s before")
+                return None
         self.noticed = True
         self._checkpoint(self.step, blocking=True)
         if signal.deadline is None:
             self.log(f"step {self.step}: preempted; just-in-time checkpoint saved, a resubmission resumes here")
             return "preempted"
-        when = time.strftime("%H:%M:%S", time.gmtime(signal.deadline))
         self.log(f"step {self.step}: spot notice (node taken at {when} UTC); just-in-time checkpoint saved, "
                  "waiting to move")
         wait_for_teardown(signal.deadline)
         return None
+
+    def _jit_reserve_s(self) -> float:
+        """How long before a notice's deadline the just-in-time checkpoint starts (planner.cost's rule), from
+        this run's measured checkpoint and step times; the whole notice (checkpoint at once) before a step is
+        timed."""
+        steps = self.steady_tokens // self.per_step_tokens
+        if self.steady_s <= 0 or steps <= 0:
+            return math.inf
+        planner = self.planner
+        stall = planner.measured_stall_s if planner.measured_stall_s is not None else planner.cost_s
+        durable = planner.measured_durable_s if planner.measured_durable_s is not None else planner.cost_s
+        return just_in_time_reserve_s(stall, durable, self.steady_s / steps)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -435,6 +456,16 @@ def interval_planner(job: TrainJob, model: torch.nn.Module, optimizer: torch.opt
     return IntervalPlanner(override_steps=job.train.checkpoint_interval_steps,
                            mttp_h=job.predicted.get("mean_time_to_preemption_h") or ON_DEMAND_MTTP_H,
                            state_bytes=state_bytes, write_gbps=default_write_gbps())
+
+
+def agree_flag(flag: bool, device: torch.device, world: int) -> bool:
+    """True on every rank when it is True on any (ranks on different nodes read different clocks; a collective
+    checkpoint must start at the same step everywhere)."""
+    if world == 1:
+        return flag
+    value = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def agree_interval(steps: int, device: torch.device, world: int) -> int:

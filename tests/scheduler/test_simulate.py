@@ -14,9 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput, UnknownName
+from planner.cost import just_in_time_reserve_s
 from scheduler.market_codes import NONE, ON_DEMAND, SPOT
 from scheduler.policy import ZoneSeen, young_daly_interval
 from scheduler.replay import online_mean_outage
+from scheduler.sim_model import JIT_STEP_S
 from scheduler.simulate import (
     Jobs,
     Outcome,
@@ -293,6 +295,27 @@ def test_a_preemption_loses_the_notice_window_with_a_just_in_time_checkpoint_els
     assert jit.preemptions[0] == blind.preemptions[0] == 1
     assert 0.0 < jit.work_lost_h[0] <= 0.1 < blind.work_lost_h[0] <= young_daly_interval(0.05, 5.0)
     assert jit.deadline_met[0] and blind.deadline_met[0]
+
+
+def test_training_through_the_notice_loses_only_the_reserve() -> None:
+    """The workers train through a notice and start the just-in-time checkpoint jit_reserve_h before its deadline
+    (planner.cost.just_in_time_reserve_s): a preemption loses that, not the whole window."""
+    z = zones_of("halves-a")
+    jobs = Jobs.make([0], 40.0, 58.0, 0.1)
+    base = SimOptions(checkpoint_cost_h=0.05, mttp_h=(5.0,), checkpoint_write_h=0.02, notice_h=0.1)
+    late = replace(base, jit_reserve_h=0.03)
+    at_notice, trained_on = run_policy(z, jobs, "gpuplan", PRICES, base), run_policy(z, jobs, "gpuplan", PRICES, late)
+    assert at_notice.preemptions[0] == trained_on.preemptions[0] == 1
+    assert 0.03 < at_notice.work_lost_h[0] <= 0.1 and 0.0 < trained_on.work_lost_h[0] <= 0.03
+    assert trained_on.cost_usd[0] <= at_notice.cost_usd[0]
+    # a notice shorter than the reserve: checkpoint at once, lose at most the notice
+    assert replace(base, notice_h=0.02, jit_reserve_h=0.03).notice_loss_h == 0.02
+    assert base.notice_loss_h == 0.1 and late.notice_loss_h == 0.03
+    # the measured options: AWS's two minutes, of which ~21 s are lost (2 x 4.4 s checkpoint, 2 x 1 s step, 10 s)
+    measured = SimOptions.measured()
+    assert measured.notice_loss_h * 3600 == pytest.approx(
+        just_in_time_reserve_s(measured.checkpoint_cost_h * 3600, measured.checkpoint_write_h * 3600, JIT_STEP_S))
+    assert 15 < measured.notice_loss_h * 3600 < 30
 
 
 def test_a_move_to_another_zone_pays_the_checkpoint_transfer() -> None:
