@@ -259,6 +259,13 @@ class CostCalibration(_Cal):
         default_factory=lambda: {"aws": 0.08, "gcp": 0.1, "azure": 0.08, "default": 0.1},
         description="expected spot preemptions per instance-hour, by cloud",
     )
+    # AWS: the two-minute spot interruption notice; GCP: 30 s before a spot/preemptible VM is stopped; Azure:
+    # Scheduled Events announce a spot eviction at least 30 s ahead. A notice that covers the checkpoint's stall
+    # and write gets the workers' just-in-time checkpoint (planner.cost.just_in_time_reserve_s)
+    spot_notice_s: dict[str, float] = Field(
+        default_factory=lambda: {"aws": 120.0, "gcp": 30.0, "azure": 30.0, "default": 0.0},
+        description="seconds of warning before a spot preemption, by cloud (0: none)",
+    )
     restart_h: float = Field(default=0.15, description="new node + Ray + load checkpoint")
     # Measured on one H200 host (bench/checkpoint_io.py, issue 11): 14.8 GB of state made durable on
     # tmpfs in 3.26 s and 3.15 s (4.55 and 4.71 GB/s) as 16 shards hashed while written; the loop

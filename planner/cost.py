@@ -4,7 +4,8 @@ Spot: preemptions arrive as a Poisson process with a per-instance-hour hazard (p
 calibration file; the scheduler may pass trace statistics instead). The job checkpoints at the
 interval the workers use (``checkpoint_interval_h``): Young/Daly's sqrt(2 C MTBF) on what a
 checkpoint stops the loop for, never below twice the time to make one durable, nor below
-MIN_CHECKPOINT_INTERVAL_H. Each preemption costs a restart plus, on average, half an interval of lost work.
+MIN_CHECKPOINT_INTERVAL_H. Each preemption costs a restart plus, on average, half an interval of lost work, or,
+where the cloud's notice covers a checkpoint, the just-in-time checkpoint's reserve (just_in_time_reserve_s).
 """
 
 from __future__ import annotations
@@ -69,17 +70,26 @@ def on_demand_cost(
                         deadline_probability=prob)
 
 
+def notice_loss_h(notice_s: float, stall_s: float, durable_s: float, step_s: float) -> float | None:
+    """The work a preemption loses when the cloud warns ``notice_s`` ahead: the just-in-time checkpoint's reserve
+    (or the whole notice when shorter), or None when the notice cannot cover a checkpoint (lose half an interval)."""
+    if notice_s <= 0 or notice_s < stall_s + durable_s:
+        return None
+    return min(notice_s, just_in_time_reserve_s(stall_s, durable_s, step_s)) / 3600.0
+
+
 def spot_cost(hours: float, usd_per_h: float, *, hazard_per_h: float, checkpoint_h: float, restart_h: float,
-              deadline_h: float | None, durable_h: float = 0.0) -> CostEstimate:
+              deadline_h: float | None, durable_h: float = 0.0, lost_h: float | None = None) -> CostEstimate:
     """Expected hours and dollars on spot, and the chance to finish by the deadline. ``checkpoint_h``:
-    what one checkpoint stops the loop for; ``durable_h``: snapshot to durable (the interval's floor)."""
+    what one checkpoint stops the loop for; ``durable_h``: snapshot to durable (the interval's floor); ``lost_h``:
+    what a preemption loses with a just-in-time checkpoint (:func:`notice_loss_h`; None: half an interval)."""
     if hazard_per_h <= 0:
         return on_demand_cost(hours, usd_per_h, deadline_h, market="spot")
     mtbf = 1 / hazard_per_h
     tau = min(checkpoint_interval_h(checkpoint_h, durable_h, mtbf), max(hours, checkpoint_h))
     writing = hours * checkpoint_h / tau
     base = hours + writing
-    per_preemption = restart_h + tau / 2
+    per_preemption = restart_h + (tau / 2 if lost_h is None else min(tau / 2, lost_h))
     expected = base + hazard_per_h * base * per_preemption
     prob = None
     if deadline_h is not None:

@@ -23,7 +23,7 @@ from catalog.loader import Catalog
 from catalog.params import ParamCount
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 from planner.calibration import Calibration
-from planner.cost import on_demand_cost, spot_cost
+from planner.cost import notice_loss_h, on_demand_cost, spot_cost
 from planner.host_memory import checkpoint_state_bytes, host_memory_problem
 from planner.placement import (
     Memo,
@@ -233,8 +233,10 @@ def _cost(est: Estimate, checkpoint_h: tuple[float, float], market: str, usd_per
           hazards: dict[str, float], deadline: float | None, cal: Calibration) -> CostEstimate:
     if market == "spot":
         hazard = hazards.get(cloud, hazards.get("default", 0.1)) * nodes
+        notice = cal.cost.spot_notice_s.get(cloud, cal.cost.spot_notice_s.get("default", 0.0))
+        lost = notice_loss_h(notice, checkpoint_h[0] * 3600, checkpoint_h[1] * 3600, est.throughput.step_time_s)
         return spot_cost(est.hours, usd_per_h, hazard_per_h=hazard, checkpoint_h=checkpoint_h[0],
-                         durable_h=checkpoint_h[1], restart_h=cal.cost.restart_h, deadline_h=deadline)
+                         durable_h=checkpoint_h[1], restart_h=cal.cost.restart_h, deadline_h=deadline, lost_h=lost)
     return on_demand_cost(est.hours, usd_per_h, deadline, market="local" if market == "local" else "on-demand")
 
 

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner.cost import on_demand_cost, poisson_cdf, spot_cost, young_daly_interval_h
+from planner.calibration import CostCalibration
+from planner.cost import (
+    just_in_time_reserve_s,
+    notice_loss_h,
+    on_demand_cost,
+    poisson_cdf,
+    spot_cost,
+    young_daly_interval_h,
+)
 
 
 def test_young_daly_interval() -> None:
@@ -44,3 +52,24 @@ def test_spot_invariants(hours: float, hazard: float, ckpt: float, slack: float)
     assert sp.deadline_probability is not None and 0.0 <= sp.deadline_probability <= 1.0
     tight = spot_cost(hours, 1.0, hazard_per_h=hazard, checkpoint_h=ckpt, restart_h=0.1, deadline_h=hours * 1.0001)
     assert (tight.deadline_probability or 0) <= sp.deadline_probability + 1e-12
+
+
+def test_a_notice_that_covers_a_checkpoint_loses_only_the_just_in_time_reserve() -> None:
+    """The workers train through a notice and checkpoint just_in_time_reserve_s before it ends; the plan prices
+    a preemption's lost work that way where the cloud warns long enough, else half an interval."""
+    reserve = just_in_time_reserve_s(1.3, 3.1, 1.0)
+    assert notice_loss_h(120.0, 1.3, 3.1, 1.0) == pytest.approx(reserve / 3600)  # AWS: ~21 s of two minutes
+    assert notice_loss_h(15.0, 1.3, 3.1, 1.0) == pytest.approx(15.0 / 3600)  # shorter than the reserve: all of it
+    assert notice_loss_h(3.0, 1.3, 3.1, 1.0) is None  # too short to make a checkpoint durable
+    assert notice_loss_h(0.0, 0.0, 0.0, 1.0) is None  # no notice at all
+    assert CostCalibration().spot_notice_s["aws"] == 120.0
+
+    common = {"hazard_per_h": 0.08, "checkpoint_h": 1.3 / 3600, "durable_h": 3.1 / 3600, "restart_h": 0.15,
+              "deadline_h": 60.0}
+    half_interval = spot_cost(48.0, 1.0, **common)
+    warned = spot_cost(48.0, 1.0, lost_h=reserve / 3600, **common)
+    assert warned.preemption_overhead_h < half_interval.preemption_overhead_h
+    assert warned.usd < half_interval.usd
+    assert (warned.deadline_probability or 0.0) >= (half_interval.deadline_probability or 1.0) > 0.0
+    # a loss above half an interval changes nothing: the periodic checkpoint came first
+    assert spot_cost(48.0, 1.0, lost_h=10.0, **common).usd == pytest.approx(half_interval.usd)
