@@ -14,6 +14,8 @@ a catalog preset or a published config under tests/data/hf_configs; it is built,
 
     python3 bench/moe_train_layers.py --cases qwen3-30b-a3b/lora/ckpt/16,mixtral-8x7b/qlora/ckpt/16 \
         --layers 2,6 --out $OUT/moe_train_layers.json
+    .venv/bin/python bench/moe_train_layers.py \
+        --compare bench/results/workers/moe_train_layers_2026-12-04/moe_train_layers.json   # the planner vs a record
 """
 
 from __future__ import annotations
@@ -112,15 +114,52 @@ def measure(model_id: str, finetune: str, ckpt: bool, micro: int, layers: int, r
     return rec  # the model and its optimizer go with this frame; the caller empties the cache
 
 
+KERNELS_MATMUL = ("gemm", "grouped_gemm", "attention")
+
+
+def compare(record: dict[str, Any]) -> str:
+    """The planner's layer and fixed times (planner.throughput.train_step_parts at the same two depths) against a
+    record of this script, as the Markdown table docs/MEASUREMENTS.md keeps (no GPU needed)."""
+    from planner.calibration import load_calibration
+    from planner.throughput import train_step_parts
+
+    cal, gpu = load_calibration().throughput, load_catalog().gpu("H200")
+    rows = ["| case (model/finetune/checkpointing/micro-batch) | layer ms measured | matmul / memory-bound kernels ms "
+            "| layer planned | fixed ms measured | fixed planned |", "|---|---|---|---|---|---|"]
+    for case in record["cases"]:
+        if "runs" not in case:
+            rows.append(f"| {case['case']} | {case.get('error', 'not measured')} | | | | |")
+            continue
+        strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16", micro_batch=case["micro_batch"],
+                            finetune=case["finetune"], activation_checkpointing=case["ckpt"])
+        low, high = (run["layers"] for run in case["runs"])
+        step = {n: train_step_parts(cut(case["model"], n), strategy, record["seq"], gpu, cal)[1] for n in (low, high)}
+        layer = (step[high] - step[low]) / (high - low)
+        kernels = case["per_layer_kernel_ms"]
+        matmul = sum(v for k, v in kernels.items() if k in KERNELS_MATMUL)
+        memory = sum(v for k, v in kernels.items() if k not in KERNELS_MATMUL)
+        rows.append(f"| {case['case']} | {case['per_layer_s'] * 1e3:.1f} | {matmul:.1f} / {memory:.1f} "
+                    f"| {layer * 1e3:.1f} ({layer / case['per_layer_s'] - 1:+.1%}) | {case['fixed_s'] * 1e3:.1f} "
+                    f"| {(step[low] - low * layer) * 1e3:.1f} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", required=True, help="model/finetune/ckpt|nockpt/MICRO_BATCH, comma-separated")
+    parser.add_argument("--cases", help="model/finetune/ckpt|nockpt/MICRO_BATCH, comma-separated")
+    parser.add_argument("--compare", type=Path, metavar="RECORD",
+                        help="print the planner's layer and fixed times against a record of this script (no GPU)")
     parser.add_argument("--layers", default="2,6", help="the two depths, e.g. 2,6")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run of the script")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.compare:
+        print(compare(json.loads(args.compare.read_text())))
+        return 0
+    if not args.cases:
+        parser.error("--cases (or --compare RECORD) is required")
     device = torch.device(args.device)
     import peft
     import transformers
