@@ -253,7 +253,9 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration, results_names: tuple[s
                "planner/calibration.py's defaults (measured by "
                "bench/gpu_acceptance.py with the workers' allocator, by bench/graph_decode.py --fit and "
                "bench/prefill_probe.py --fit with the workers' compiled decoder and by bench/moe_decode_fit.py "
-               "with the workers' grouped_mm decode; these cases ran none of them)",
+               "with the workers' grouped_mm decode; these cases ran none of them); throughput.loss_bytes_per_logit, "
+               "moe_dispatch_bytes and lora_merged_expert_bytes: kept as given (bench/moe_train_layers.py, one layer "
+               "at a time; held as known in this fit)",
         fitted_on=fitted_ids, memory=mem, throughput=thr, cost=base.cost,
     )
 
