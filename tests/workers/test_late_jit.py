@@ -10,6 +10,7 @@ import pytest
 
 import workers.train
 from planner.cost import JIT_MARGIN_S, just_in_time_reserve_s
+from tests.workers.ranks import gloo, run_ranks
 from tests.workers.tiny import cpu_strategy, tiny_spec, write_config
 from workers.hooks import Signal, TrainHooks
 from workers.train import TrainJob, run_training
@@ -73,6 +74,28 @@ def test_a_notice_shorter_than_the_reserve_checkpoints_at_once(tmp_path: Path, t
     run_training(_job(tmp_path), hooks)
     assert [line.split(":")[0] for line in hooks.lines if "just-in-time checkpoint saved" in line] == ["step 3"]
     assert not any("training on" in line for line in hooks.lines)
+
+
+def _skewed_rank(rank: int, port: int, results: Any, folder: str) -> None:
+    """A rank whose clock says the deadline is 60 s away at step 5 (rank 0) or 1 s (rank 1)."""
+    workers.train.wait_for_teardown = lambda deadline: None  # this rank's process: the node never goes
+    with gloo(rank, port):
+        root = Path(folder)
+        spec = tiny_spec(root / "m" / "config.json", steps=10, interval=10, world=2)
+        hooks = NoticeWithTimeLeft(at=3, left_s={3: 120.0, 4: 90.0, 5: 60.0 if rank == 0 else 1.0, 6: 1.0})
+        out = run_training(TrainJob(job_id="skew", spec=spec, strategy=cpu_strategy(workers=2, sharding="fsdp"),
+                                    checkpoint_uri=str(root / "ck"), device="cpu", cpu_threads=1), hooks)
+        saved = [line.split(":")[0] for line in hooks.lines if "just-in-time checkpoint saved" in line]
+        results.put((rank, out.status, out.steps, saved))
+
+
+@pytest.mark.slow
+def test_ranks_whose_clocks_disagree_checkpoint_at_the_same_step(tmp_path: Path) -> None:
+    """FSDP's checkpoint is a collective: rank 1 finds the reserve reached at step 5, rank 0 only at step 6; they
+    agree on step 5 (an all-reduce of the verdict), where rank 0 alone would have waited and the save hung."""
+    write_config(tmp_path / "m")
+    out = sorted(run_ranks(_skewed_rank, str(tmp_path), results=2))
+    assert out == [(0, "succeeded", 10, ["step 5"]), (1, "succeeded", 10, [])]  # only rank 0 logs
 
 
 @pytest.mark.parametrize(("stall", "durable", "step", "want"), [
