@@ -43,7 +43,7 @@ from planner.calibration import (  # noqa: E402
     ThroughputCalibration,
     load_calibration,
 )
-from planner.memory import infer_memory, kv_cache_bytes, merged_expert_bytes, sparse_layer_count  # noqa: E402
+from planner.memory import infer_memory, kv_cache_bytes  # noqa: E402
 from planner.memory_train import lora_params_per_layer, train_memory  # noqa: E402
 from planner.throughput import (  # noqa: E402
     adapter_free_flops_per_token,
@@ -52,6 +52,8 @@ from planner.throughput import (  # noqa: E402
     fsdp_collectives,
     infer_throughput,
     layer_kernel_weight,
+    loss_traffic_bytes_per_token,
+    merged_expert_traffic_bytes,
     moe_dispatch_bytes,
     peak_tflops,
     traffic_bytes_per_token,
@@ -357,11 +359,11 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
                 cols.append(1.0)  # per optimizer step: host work outside the layers (launch-bound small steps)
             known = layer_s * r.model.num_layers * recompute * layer_kernel_weight(r.model)
             # terms measured apart (bench/moe_train_layers.py): a mixture's routing, LoRA's merged experts, the loss
-            merged = merged_expert_bytes(r.model, s.finetune, 1, "bf16") / 2 * sparse_layer_count(r.model) \
-                * probe.lora_merged_expert_bytes * (0.5 * (2.0 if s.activation_checkpointing else 1.0) + 0.5)
-            dispatch = moe_dispatch_bytes(r.model, tokens, r.model.num_layers, s.activation_checkpointing, probe)
-            loss = probe.loss_bytes_per_logit * r.model.vocab_size * tokens
-            known += (merged + dispatch + loss) / (gpu.memory_bandwidth_gbps * 1e9)
+            ckpt, layers = s.activation_checkpointing, r.model.num_layers
+            measured_apart = (merged_expert_traffic_bytes(r.model, s.finetune, 1, layers, ckpt, probe)
+                              + moe_dispatch_bytes(r.model, tokens, layers, ckpt, probe)
+                              + loss_traffic_bytes_per_token(r.model, 1, probe) * tokens)
+            known += measured_apart / (gpu.memory_bandwidth_gbps * 1e9)
             known += expert_loop_s(r.model, tokens, 3.0 if s.activation_checkpointing else 2.0, probe)
             t = float(r.measured["median_step_s"])
             a_rows.append([v / t for v in cols])

@@ -176,17 +176,38 @@ def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, check
     fwd = 2 * n + attention_flops_per_token(model, seq_len)
     backward = 2 * fwd if finetune == "full" else fwd + attention_flops_per_token(model, seq_len)
     if finetune in ("lora", "qlora"):
-        backward += 2 * 3 * model.hidden_size * routed_mlp_width(model) * model.num_layers  # 0 for a dense model
+        backward += routed_expert_forward_flops_per_token(model)  # the merged weights' gradients; 0 if dense
     # activation checkpointing recomputes the decoder layers' forward, not the LM head's
     return fwd + backward + (fwd - 2 * lm if checkpointing else 0.0)
+
+
+def routed_expert_forward_flops_per_token(model: ModelConfig) -> float:
+    """The routed experts' gate, up and down matmuls in one token's forward, over every layer (0 for a dense
+    model); their input and weight gradients cost as much again each."""
+    return 2 * 3 * model.hidden_size * routed_mlp_width(model) * model.num_layers
 
 
 def adapter_free_flops_per_token(model: ModelConfig, checkpointing: bool) -> float:
     """Of train_flops_per_token under LoRA, the matmuls no adapter slows: the routed experts' grouped GEMMs
     (forward, input gradients, the merged weight's gradients (planner.memory.merged_expert_bytes) and the
     recompute) and the frozen LM head's forward and input gradients (peft's all-linear leaves it unadapted)."""
-    forward = 2 * 3 * model.hidden_size * routed_mlp_width(model) * model.num_layers
-    return forward * (4.0 if checkpointing else 3.0) + 2 * 2 * model.vocab_size * model.hidden_size
+    experts = routed_expert_forward_flops_per_token(model) * (4.0 if checkpointing else 3.0)
+    return experts + 2 * 2 * model.vocab_size * model.hidden_size
+
+
+def merged_expert_traffic_bytes(model: ModelConfig, finetune: str, tp: int, layers: int, checkpointing: bool,
+                                cal: ThroughputCalibration) -> float:
+    """LoRA's merged expert weights over ``layers`` of the model's mean layer in one micro-step: the merge in
+    forward (twice when recomputed) and its gradient in backward, lora_merged_expert_bytes per weight element
+    (planner.memory.merged_expert_bytes in bf16 bytes / 2); 0 unless LoRA adapts a mixture's experts."""
+    elements = merged_expert_bytes(model, finetune, tp, "bf16") / 2
+    return (elements * layers * sparse_layer_count(model) / model.num_layers
+            * cal.lora_merged_expert_bytes * (0.5 * (2.0 if checkpointing else 1.0) + 0.5))
+
+
+def loss_traffic_bytes_per_token(model: ModelConfig, tp: int, cal: ThroughputCalibration) -> float:
+    """The loss's memory traffic per token: loss_bytes_per_logit over the vocabulary's logits (never recomputed)."""
+    return cal.loss_bytes_per_logit * model.vocab_size / tp
 
 
 def moe_dispatch_bytes(model: ModelConfig, tokens: float, layers: int, checkpointing: bool,
@@ -234,8 +255,8 @@ def step_traffic_bytes_per_token(model: ModelConfig, strategy: KnobsLike, seq_le
     traffic_bytes_per_token, again when recomputed) and the loss's (loss_bytes_per_logit for each of the
     vocabulary's logits, never recomputed)."""
     layers = cal.traffic_factor * traffic_bytes_per_token(model, strategy, seq_len)
-    loss = cal.loss_bytes_per_logit * model.vocab_size / strategy.tensor_parallel
-    return layers * (4 / 3 if strategy.activation_checkpointing else 1.0) + loss
+    return (layers * (4 / 3 if strategy.activation_checkpointing else 1.0)
+            + loss_traffic_bytes_per_token(model, strategy.tensor_parallel, cal))
 
 
 def eager_score_bytes(model: ModelConfig, strategy: KnobsLike, seq_len: int, layers: int) -> float:
@@ -313,8 +334,9 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     if ft in ("lora", "qlora"):
         # the adapters' kernels (and QLoRA's dequantisation) slow the adapted nn.Linear layers; the routed
         # experts, adapted through their merged weight, run plain grouped GEMMs at full fine-tuning's efficiency
-        # (one H200: Mixtral-8x7B QLoRA's grouped GEMMs at ~730 TFLOP/s, bench/moe_train_layers.py)
-        xkey = ("expert_share", strategy.activation_checkpointing)
+        # (one H200: Mixtral-8x7B QLoRA's grouped GEMMs at ~730 TFLOP/s, bench/moe_train_layers.py), and so
+        # does the frozen LM head
+        xkey = ("adapter_free_share", strategy.activation_checkpointing)
         if xkey not in memo:
             memo[xkey] = adapter_free_flops_per_token(model, strategy.activation_checkpointing) / memo[fkey]
         speed = cal.lora_speed if ft == "lora" else cal.qlora_speed
@@ -329,11 +351,7 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     loop_passes = 2.0 + (1.0 if strategy.activation_checkpointing else 0.0)
     kernel_layers = layers_here * recompute_factor * layer_kernel_weight(model)
     scores = cal.eager_score_passes * eager_score_bytes(model, strategy, seq_len, layers_here) * recompute_factor
-    # LoRA's merged expert weights, per sparse layer and micro-step: the merge in forward (twice when
-    # recomputed), its gradient in backward; lora_merged_expert_bytes is per weight element (bf16 bytes / 2)
-    elements = merged_expert_bytes(model, ft, tp, "bf16") / 2
-    merged = (elements * layers_here * sparse_layer_count(model) / model.num_layers
-              * cal.lora_merged_expert_bytes * (0.5 * (2.0 if strategy.activation_checkpointing else 1.0) + 0.5))
+    merged = merged_expert_traffic_bytes(model, ft, tp, layers_here, strategy.activation_checkpointing, cal)
     dispatch = moe_dispatch_bytes(model, tokens_micro, layers_here, strategy.activation_checkpointing, cal)
     gpu_time = ((flops / (peak * eff)) + (traffic + scores + merged + dispatch)
                 / (gpu.memory_bandwidth_gbps * 1e9)

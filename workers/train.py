@@ -368,13 +368,18 @@ class _Run:
         """How long before a notice's deadline the just-in-time checkpoint starts (planner.cost's rule), from
         this run's measured checkpoint and step times; the whole notice (checkpoint at once) before a step is
         timed."""
-        steps = self.steady_tokens // self.per_step_tokens
-        if self.steady_s <= 0 or steps <= 0:
+        step_s = self._steady_step_s()
+        if step_s is None:
             return math.inf
         planner = self.planner
         stall = planner.measured_stall_s if planner.measured_stall_s is not None else planner.cost_s
         durable = planner.measured_durable_s if planner.measured_durable_s is not None else planner.cost_s
-        return just_in_time_reserve_s(stall, durable, self.steady_s / steps)
+        return just_in_time_reserve_s(stall, durable, step_s)
+
+    def _steady_step_s(self) -> float | None:
+        """Seconds per optimizer step over the steady steps timed so far (None before one is)."""
+        steps = self.steady_tokens // self.per_step_tokens
+        return self.steady_s / steps if self.steady_s > 0 and steps > 0 else None
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -400,8 +405,8 @@ class _Run:
         self.last_saved = at
         if not blocking:
             self.planner.observe(stall_s=took, durable_s=durable_before)
-            if not self.planner.pinned and self.steady_s > 0:
-                step_s = self.steady_s / max(1, self.steady_tokens // self.per_step_tokens)
+            step_s = self._steady_step_s()
+            if not self.planner.pinned and step_s is not None:
                 self.interval = agree_interval(self.planner.steps(step_s), self.device, self.world)
 
     def _saved(self, at: int, took: float) -> None:
@@ -458,20 +463,20 @@ def interval_planner(job: TrainJob, model: torch.nn.Module, optimizer: torch.opt
                            state_bytes=state_bytes, write_gbps=default_write_gbps())
 
 
+def _largest_on_any_rank(value: int, device: torch.device, world: int) -> int:
+    if world == 1:
+        return value
+    tensor = torch.tensor([value], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def agree_flag(flag: bool, device: torch.device, world: int) -> bool:
     """True on every rank when it is True on any (ranks on different nodes read different clocks; a collective
     checkpoint must start at the same step everywhere)."""
-    if world == 1:
-        return flag
-    value = torch.tensor([1 if flag else 0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return _largest_on_any_rank(int(flag), device, world) > 0
 
 
 def agree_interval(steps: int, device: torch.device, world: int) -> int:
     """Every rank must checkpoint at the same steps: the longest interval any rank computed."""
-    if world == 1:
-        return steps
-    value = torch.tensor([steps], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return int(value.item())
+    return _largest_on_any_rank(steps, device, world)
