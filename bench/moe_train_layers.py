@@ -16,6 +16,8 @@ a catalog preset or a published config under tests/data/hf_configs; it is built,
         --layers 2,6 --out $OUT/moe_train_layers.json
     .venv/bin/python bench/moe_train_layers.py \
         --compare bench/results/workers/moe_train_layers_2026-12-04/moe_train_layers.json   # the planner vs a record
+    .venv/bin/python bench/moe_train_layers.py \
+        --fit bench/results/workers/moe_train_layers_2026-12-04/moe_train_layers.json   # its three constants
 """
 
 from __future__ import annotations
@@ -117,6 +119,55 @@ def measure(model_id: str, finetune: str, ckpt: bool, micro: int, layers: int, r
 KERNELS_MATMUL = ("gemm", "grouped_gemm", "attention")
 
 
+def planned_parts(case: dict[str, Any], seq: int, cal: Any) -> tuple[float, float]:
+    """The planner's (layer, fixed) seconds for a record's case under calibration ``cal``: the step's difference
+    between the record's two depths, as the script measures it."""
+    from planner.throughput import train_step_parts
+
+    strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16", micro_batch=case["micro_batch"],
+                        finetune=case["finetune"], activation_checkpointing=case["ckpt"])
+    low, high = (run["layers"] for run in case["runs"])
+    gpu = load_catalog().gpu("H200")
+    step = {n: train_step_parts(cut(case["model"], n), strategy, seq, gpu, cal)[1] for n in (low, high)}
+    layer = (step[high] - step[low]) / (high - low)
+    return layer, step[low] - low * layer
+
+
+# What each constant was fitted on (docs/MEASUREMENTS.md): the routing and merge terms on two shapes' layers, the
+# loss's traffic on those shapes' and one dense model's fixed parts; Qwen3-30B-A3B and Mixtral-8x7B held out.
+FIT_LAYERS_ON = ("deepseek-v2-lite", "qwen1.5-moe-a2.7b")
+FIT_FIXED_ON = ("deepseek-v2-lite", "qwen1.5-moe-a2.7b", "llama-3-8b")
+FITTED = {"layer": ("moe_dispatch_bytes", "lora_merged_expert_bytes"), "fixed": ("loss_bytes_per_logit",)}
+
+
+def fit(record: dict[str, Any]) -> str:
+    """Least squares, in seconds, of the three constants the layer record fixes, the calibration's other
+    values held: the layers' time is linear in the routing and merge bytes, the fixed part's in the loss's bytes,
+    so one linear solve each (slopes by differences). Prints them beside planner/calibration.json's."""
+    import numpy as np
+
+    from planner.calibration import load_calibration
+
+    cal = load_calibration().throughput
+    measured = [c for c in record["cases"] if "runs" in c]
+    lines = ["| constant | fitted on | least squares (this record) | planner/calibration.json |", "|---|---|---|---|"]
+    for part, names in FITTED.items():
+        on = FIT_LAYERS_ON if part == "layer" else FIT_FIXED_ON
+        cases = [c for c in measured if c["model"] in on]
+        index = 0 if part == "layer" else 1
+        target = np.array([c["per_layer_s" if part == "layer" else "fixed_s"] for c in cases])
+        zero = cal.model_copy(update=dict.fromkeys(names, 0.0))
+        base = np.array([planned_parts(c, record["seq"], zero)[index] for c in cases])
+        slopes = np.stack([np.array([planned_parts(c, record["seq"], zero.model_copy(update={n: 1.0}))[index]
+                                     for c in cases]) - base for n in names], axis=1)
+        # in seconds, as the constants were first fitted (a relative fit gives 33.5, 53.5 and 65.2: the big
+        # checkpointed micro-batch-16 cases' few percent weigh as much as the small ones')
+        solution, *_ = np.linalg.lstsq(slopes, target - base, rcond=None)
+        for n, v in zip(names, solution, strict=True):
+            lines.append(f"| {n} | {', '.join(c['case'] for c in cases)} | {v:.1f} | {getattr(cal, n):g} |")
+    return "\n".join(lines)
+
+
 def compare(record: dict[str, Any]) -> str:
     """The planner's layer and fixed times (planner.throughput.train_step_parts at the same two depths) against a
     record of this script, as the Markdown table docs/MEASUREMENTS.md keeps (no GPU needed)."""
@@ -149,6 +200,8 @@ def main() -> int:
     parser.add_argument("--cases", help="model/finetune/ckpt|nockpt/MICRO_BATCH, comma-separated")
     parser.add_argument("--compare", type=Path, metavar="RECORD",
                         help="print the planner's layer and fixed times against a record of this script (no GPU)")
+    parser.add_argument("--fit", type=Path, metavar="RECORD",
+                        help="print the least-squares routing, merge and loss constants from a record (no GPU)")
     parser.add_argument("--layers", default="2,6", help="the two depths, e.g. 2,6")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seq", type=int, default=2048)
@@ -157,6 +210,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.compare:
         print(compare(json.loads(args.compare.read_text())))
+        return 0
+    if args.fit:
+        print(fit(json.loads(args.fit.read_text())))
         return 0
     if not args.cases:
         parser.error("--cases (or --compare RECORD) is required")
