@@ -70,12 +70,20 @@ def on_demand_cost(
                         deadline_probability=prob)
 
 
-def notice_loss_h(notice_s: float, stall_s: float, durable_s: float, step_s: float) -> float | None:
-    """The work a preemption loses when the cloud warns ``notice_s`` ahead: the just-in-time checkpoint's reserve
-    (or the whole notice when shorter), or None when the notice cannot cover a checkpoint (lose half an interval)."""
-    if notice_s <= 0 or notice_s < stall_s + durable_s:
+def just_in_time_loss(notice: float, stall: float, durable: float, reserve: float) -> float | None:
+    """The work a preemption loses when the cloud warns ``notice`` ahead (any one unit of time): the just-in-time
+    checkpoint's ``reserve`` before the deadline (the whole notice when shorter, or when ``reserve`` is 0: a loop
+    that checkpoints at the notice), or None when the notice cannot cover a checkpoint's stall and write (the work
+    since the last periodic checkpoint is lost). The planner and the simulator's replay both price it here."""
+    if notice <= 0 or notice < stall + durable:
         return None
-    return min(notice_s, just_in_time_reserve_s(stall_s, durable_s, step_s)) / 3600.0
+    return min(notice, reserve) if reserve > 0 else notice
+
+
+def notice_loss_h(notice_s: float, stall_s: float, durable_s: float, step_s: float) -> float | None:
+    """:func:`just_in_time_loss` in hours, for the workers' reserve at steps of ``step_s``."""
+    loss = just_in_time_loss(notice_s, stall_s, durable_s, just_in_time_reserve_s(stall_s, durable_s, step_s))
+    return None if loss is None else loss / 3600.0
 
 
 def spot_cost(hours: float, usd_per_h: float, *, hazard_per_h: float, checkpoint_h: float, restart_h: float,

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from catalog.errors import InvalidInput
+from planner.cost import just_in_time_loss
 from scheduler.policy import PRIOR_MEAN_RUN_H, RATE_HALF_LIFE_H
 from scheduler.traces import Zones
 
@@ -158,14 +159,21 @@ class SimOptions:
     jit_reserve_h: float = 0.0
 
     @property
+    def _jit_loss_h(self) -> float | None:
+        return just_in_time_loss(self.notice_h, self.checkpoint_cost_h, self.checkpoint_write_h, self.jit_reserve_h)
+
+    @property
     def just_in_time(self) -> bool:
-        return self.notice_h > 0 and self.notice_h >= self.checkpoint_cost_h + self.checkpoint_write_h
+        """Whether the notice covers a checkpoint's stall and write (planner.cost.just_in_time_loss)."""
+        return self._jit_loss_h is not None
 
     @property
     def notice_loss_h(self) -> float:
         """The most a preemption with a just-in-time checkpoint loses: the notice window, or the reserve the
-        workers keep before its deadline when the window is longer."""
-        return min(self.notice_h, self.jit_reserve_h) if self.jit_reserve_h > 0 else self.notice_h
+        workers keep before its deadline when the window is longer (planner.cost.just_in_time_loss, the rule the
+        planner prices a spot plan's preemptions with)."""
+        loss = self._jit_loss_h
+        return self.notice_h if loss is None else loss
 
     @staticmethod
     def measured(state_gb: float = 14.8, write_gbps: float | None = None, snapshot_gbps: float | None = None,
