@@ -217,7 +217,7 @@ def phase_hazards(mean_h: FloatArray, young_ratio: float) -> tuple[FloatArray, F
     return young_ratio * old, old
 
 
-def _chain(mean_run_h: FloatArray, mean_outage_h: FloatArray, step_h: FloatArray,
+def market_chain(mean_run_h: FloatArray, mean_outage_h: FloatArray, step_h: FloatArray,
            run_ratio: float = YOUNG_RUN_HAZARD_RATIO,
            outage_ratio: float = YOUNG_OUTAGE_HAZARD_RATIO) -> npt.NDArray[np.float64]:
     """One step of the market's chain per bucket (B, 4, 4): a run or an outage ends at its phase's
@@ -256,7 +256,7 @@ def _solve_batch(mean_run_h: FloatArray, mean_outage_h: FloatArray, restart_step
                  loss_steps: FloatArray, switch_steps: FloatArray, price_ratio: FloatArray,
                  step_h: FloatArray, warm: npt.NDArray[np.bool_]) -> list[SlackTable]:
     """Tables for B buckets (arrays (B,)): the chain in numpy, the induction compiled."""
-    one = _chain(mean_run_h, mean_outage_h, step_h)
+    one = market_chain(mean_run_h, mean_outage_h, step_h)
     after_restart = np.stack([np.linalg.matrix_power(one[i], int(k)) for i, k in enumerate(restart_steps)])
     boot_ok, boot_failed, boot_billed = np.zeros((len(one), 2, 2)), np.zeros((len(one), 2, 4)), np.zeros((len(one), 2))
     for i, k in enumerate(restart_steps):

@@ -19,11 +19,11 @@ from scheduler.slack_value import (
     OD_UP,
     SPOT_UP,
     YOUNG_H,
-    _chain,
     _compiled_induction,
     _induction,
     best_actions,
     boot_odds,
+    market_chain,
     phase_hazards,
     step_for,
     table_column,
@@ -163,7 +163,7 @@ def test_without_phases_the_compiled_induction_equals_the_memoryless_program(res
     run, outage = 2.0 ** rng.uniform(-3, 6, nb), 2.0 ** rng.uniform(-3, 4, nb)
     switch, ratio = np.round(rng.uniform(0, 2, nb), 2), 2.0 ** rng.uniform(-1, 2, nb)
     want, margin = _vectorised_reference(run, outage, restart, np.full(nb, loss), switch, ratio, h, n)
-    one = _chain(run, outage, np.full(nb, h), 1.0, 1.0)
+    one = market_chain(run, outage, np.full(nb, h), 1.0, 1.0)
     after = np.stack([np.linalg.matrix_power(m, restart) for m in one])
     lo = np.full(nb, int(np.floor(loss)))
     args = (one, after, ratio, switch * h, np.full(nb, restart), lo, np.full(nb, loss) - lo, np.full(nb, h),
@@ -210,12 +210,12 @@ def test_without_numba_the_program_says_what_to_install(monkeypatch: pytest.Monk
 @given(run=st.floats(0.05, 50.0), outage=st.floats(0.05, 20.0), steps=st.integers(1, 12))
 @settings(max_examples=40, deadline=None)
 def test_a_boot_either_lasts_or_fails_and_is_billed_while_it_lives(run: float, outage: float, steps: int) -> None:
-    one = _chain(np.array([run]), np.array([outage]), np.array([1 / 12]))[0]
+    one = market_chain(np.array([run]), np.array([outage]), np.array([1 / 12]))[0]
     ok, failed, billed = boot_odds(one, steps)
     np.testing.assert_allclose(ok.sum(axis=1) + failed.sum(axis=1), 1.0, atol=1e-12)
     assert np.all(billed >= 1.0 - 1e-12) and np.all(billed <= steps + 1e-12)
     # Memoryless (young and old alike): capacity lasts each step with the same odds.
-    flat = _chain(np.array([run]), np.array([outage]), np.array([1 / 12]), 1.0, 1.0)[0]
+    flat = market_chain(np.array([run]), np.array([outage]), np.array([1 / 12]), 1.0, 1.0)[0]
     ok1, _, billed1 = boot_odds(flat, steps)
     stay = flat[1, 1]
     np.testing.assert_allclose(ok1.sum(axis=1), stay ** steps, rtol=1e-9)
@@ -242,7 +242,7 @@ def test_with_boots_the_compiled_induction_is_the_python_one(restart: int, seed:
     rng = np.random.default_rng(seed)
     nb, n, h = 3, 40, 1 / 12
     run, outage = 2.0 ** rng.uniform(-3, 6, nb), 2.0 ** rng.uniform(-3, 4, nb)
-    one = _chain(run, outage, np.full(nb, h))
+    one = market_chain(run, outage, np.full(nb, h))
     odds = [boot_odds(m, restart) for m in one]
     args = (one, np.stack([np.linalg.matrix_power(m, restart) for m in one]), 2.0 ** rng.uniform(-1, 2, nb),
             np.round(rng.uniform(0, 2, nb), 2) * h, np.full(nb, restart), np.zeros(nb, dtype=np.int64),
