@@ -1,0 +1,120 @@
+"""Where a compiled decode step's time goes, kernel group by kernel group, on the workers' own decoder.
+
+Why: the plan prices a decode step (workers/decode.py's CUDA graph) as the bytes it reads (weights, the KV cache) at
+one bandwidth plus a fitted time per layer; at batch 32 the GPU acceptance's llama-3.2-1b step ran 2.12 ms against
+1.77 planned, and DeepSeek-V2-Lite's (latent attention) 20.3 against 16.6, while small batches run faster than
+planned. This builds each case as workers.infer does (random init, ``load_model``, ``GraphDecoder``), decodes once
+(the compile), times a second decode with CUDA events (the decoder's own ``step_s``) and profiles a third, summing
+the kernels of its steps by group (matmuls, attention, the compiled elementwise kernels, the rest): what grows with
+the rows and the context, and whether the GPU idles between kernels.
+
+    python3 bench/decode_step_profile.py --cases llama-3.2-1b:1x512x64,llama-3.2-1b:32x512x64 --out $OUT/p.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from catalog.loader import load_catalog, resolve_model
+from workers.decode import GraphDecoder
+from workers.infer import load_model
+
+GROUPS = (("attention", ("flash", "fmha", "attention", "sdpa", "efficient")),
+          ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul", "sm90_", "splitk")),
+          ("compiled", ("triton",)))
+
+
+def group_of(name: str) -> str:
+    low = name.lower()
+    for group, keys in GROUPS:
+        if any(k in low for k in keys):
+            return group
+    return "other"
+
+
+def profile_case(spec: str, model: torch.nn.Module, decoder: GraphDecoder) -> dict[str, Any]:
+    b, p, o = (int(x) for x in spec.split(":")[1].split("x"))
+    vocab = int(getattr(model, "config").vocab_size)  # noqa: B009
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, vocab, (b, p), generator=gen).cuda()
+    mask = torch.ones_like(ids)
+    decoder.decode(ids, mask, max_new_tokens=o, eos=set())  # the compile
+    timed = []
+    for _ in range(2):
+        decoder.decode(ids, mask, max_new_tokens=o, eos=set())
+        t = decoder.timing()
+        assert t is not None
+        timed.append({"prefill_s": t.prefill_s, "step_s": t.steps_s / t.steps})
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decoder.decode(ids, mask, max_new_tokens=o, eos=set())
+        torch.cuda.synchronize()
+    t = decoder.timing()
+    assert t is not None
+    kernels: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            kernels[ev.name] += ev.device_time_total / 1e3  # ms
+            counts[ev.name] += 1
+    # the prefill's kernels are in the profile too: subtract the prefill's share by its measured time instead of
+    # guessing which kernels were its; the per-step groups below are (all kernels - prefill) / steps
+    total_ms = sum(kernels.values())
+    steps = t.steps
+    by_group: dict[str, float] = defaultdict(float)
+    for name, ms in kernels.items():
+        by_group[group_of(name)] += ms
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:20]
+    return {"case": spec, "batch": b, "prompt": p, "output": o, "timed": timed,
+            "profiled_prefill_s": t.prefill_s, "profiled_step_s": t.steps_s / steps, "steps": steps,
+            "kernel_ms_total": total_ms, "kernel_ms_by_group": dict(by_group),
+            "kernels_per_step": sum(counts.values()) / (steps + 1),
+            "top_kernels": [{"name": n[:160], "ms": ms, "count": counts[n], "group": group_of(n)} for n, ms in top]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", required=True, help="model:BATCHxPROMPTxOUTPUT, comma-separated (one model's "
+                        "cases together share its load)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    catalog = load_catalog()
+    out: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cases": []}
+    by_model: dict[str, list[str]] = defaultdict(list)
+    for spec in args.cases.split(","):
+        by_model[spec.split(":")[0]].append(spec)
+    for model_id, specs in by_model.items():
+        try:
+            model = load_model(resolve_model(catalog, model_id), weights="bf16", seed=0, device="cuda")
+        except Exception as exc:  # one model's failure keeps the others
+            out["cases"] += [{"case": s, "error": f"{type(exc).__name__}: {str(exc)[:300]}"} for s in specs]
+            continue
+        for spec in specs:
+            decoder = GraphDecoder(model, compile=True)
+            try:
+                rec = profile_case(spec, model, decoder)
+            except Exception as exc:
+                rec = {"case": spec, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            decoder.release()
+            out["cases"].append(rec)
+            print(json.dumps({k: v for k, v in rec.items() if k != "top_kernels"}), flush=True)
+            if args.out:
+                args.out.write_text(json.dumps(out, indent=1))
+            torch.compiler.reset()
+        del model
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
