@@ -14,6 +14,7 @@ the rows and the context, and whether the GPU idles between kernels.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections import defaultdict
@@ -41,7 +42,7 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def profile_case(spec: str, model: torch.nn.Module, decoder: GraphDecoder) -> dict[str, Any]:
+def profile_case(spec: str, model: torch.nn.Module, decoder: GraphDecoder, profiled: bool = True) -> dict[str, Any]:
     b, p, o = (int(x) for x in spec.split(":")[1].split("x"))
     vocab = int(getattr(model, "config").vocab_size)  # noqa: B009
     gen = torch.Generator().manual_seed(0)
@@ -54,6 +55,8 @@ def profile_case(spec: str, model: torch.nn.Module, decoder: GraphDecoder) -> di
         t = decoder.timing()
         assert t is not None
         timed.append({"prefill_s": t.prefill_s, "step_s": t.steps_s / t.steps})
+    if not profiled:
+        return {"case": spec, "batch": b, "prompt": p, "output": o, "timed": timed}
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -86,8 +89,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", required=True, help="model:BATCHxPROMPTxOUTPUT, comma-separated (one model's "
                         "cases together share its load)")
+    parser.add_argument("--backends", default="default",
+                        help="SDPA backends to decode under, comma-separated: default (PyTorch's choice), cudnn, "
+                        "efficient, math, flash; each case once per backend")
+    parser.add_argument("--no-profile", action="store_true", help="time the steps only")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION}
     catalog = load_catalog()
     out: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cases": []}
     by_model: dict[str, list[str]] = defaultdict(list)
@@ -99,12 +110,15 @@ def main() -> int:
         except Exception as exc:  # one model's failure keeps the others
             out["cases"] += [{"case": s, "error": f"{type(exc).__name__}: {str(exc)[:300]}"} for s in specs]
             continue
-        for spec in specs:
+        for spec, backend in ((s, b) for s in specs for b in args.backends.split(",")):
             decoder = GraphDecoder(model, compile=True)
             try:
-                rec = profile_case(spec, model, decoder)
+                # the compile traces under the context, so the captured step keeps the backend
+                with sdpa_kernel(backends[backend]) if backend in backends else contextlib.nullcontext():
+                    rec = profile_case(spec, model, decoder, profiled=not args.no_profile)
             except Exception as exc:
                 rec = {"case": spec, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            rec["backend"] = backend
             decoder.release()
             out["cases"].append(rec)
             print(json.dumps({k: v for k, v in rec.items() if k != "top_kernels"}), flush=True)
