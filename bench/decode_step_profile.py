@@ -9,6 +9,9 @@ the kernels of its steps by group (matmuls, attention, the compiled elementwise 
 the rows and the context, and whether the GPU idles between kernels.
 
     python3 bench/decode_step_profile.py --cases llama-3.2-1b:1x512x64,llama-3.2-1b:32x512x64 --out $OUT/p.json
+    .venv/bin/python bench/decode_step_profile.py \
+        --fit-keys bench/results/workers/decode_step_profile_2026-12-04/decode_profile_a.json \
+        --fit-keys bench/results/workers/decode_step_profile_2026-12-04/decode_profile_b.json   # graph_decode_key_s
 """
 
 from __future__ import annotations
@@ -85,9 +88,61 @@ def profile_case(spec: str, model: torch.nn.Module, decoder: GraphDecoder, profi
             "top_kernels": [{"name": n[:160], "ms": ms, "count": counts[n], "group": group_of(n)} for n, ms in top]}
 
 
+# the acceptance's inference shape (llama-3.2-1b at 32 x 512) stays out of every fit, at any output length
+HELD_OUT = ("llama-3.2-1b:32x512x",)
+MIN_FIT_ROWS = 16  # below this the kernel's per-layer floor, not its keys, sets its time (graph_decode_layer_s's)
+
+
+def attention_s(case: dict[str, Any]) -> float:
+    """Seconds a decode step spends in the attention kernels (those called at least once a step; the prompt pass's
+    one call each is in the sum, a small share)."""
+    steps = case["steps"]
+    ms = sum(k["ms"] for k in case["top_kernels"] if k["group"] == "attention" and k["count"] >= steps)
+    return float(ms / (steps + 1) / 1e3)
+
+
+def fit_keys(records: list[dict[str, Any]]) -> tuple[float, list[str]]:
+    """ThroughputCalibration.graph_decode_key_s: least squares (seconds) of the attention kernels' time beyond the
+    static cache's bytes at decode_bw_efficiency, on planner.throughput.graph_decode_keys, over the profiled cases
+    of at least MIN_FIT_ROWS rows whose kernel reads each KV head once (packed or one query head per KV head; not
+    MLA, eager attention or a single KV head re-read by every query head); the acceptance shape held out. Returns
+    the constant and one line per case."""
+    import numpy as np
+
+    from planner.calibration import load_calibration
+    from planner.memory import kv_cache_bytes
+    from planner.throughput import graph_decode_keys
+
+    cal = load_calibration().throughput
+    bw = load_catalog().gpu("H200").memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
+    catalog = load_catalog()
+    xs, ys, lines = [], [], []
+    for record in records:
+        for c in record["cases"]:
+            if "top_kernels" not in c:
+                continue
+            model = resolve_model(catalog, c["case"].rsplit(":", 1)[0])
+            ctx = c["prompt"] + c["output"]
+            keys = graph_decode_keys(model, c["batch"], ctx)
+            excess = attention_s(c) - kv_cache_bytes(model, c["batch"], ctx, full_length=True) / bw
+            rereads = model.num_kv_heads == 1 < model.num_attention_heads
+            used = (keys > 0 and not rereads and c["batch"] >= MIN_FIT_ROWS
+                    and not any(c["case"].startswith(h) for h in HELD_OUT))
+            per_key = f"{excess * 1e9 / keys:.3f} ns a key" if keys else "no keys priced"
+            lines.append(f"{c['case']}: attention {attention_s(c) * 1e3:.3f} ms a step, beyond the bytes {per_key} "
+                         f"({'fit' if used else 'not fit'})")
+            if used:
+                xs.append(keys)
+                ys.append(excess)
+    (key_s,), *_ = np.linalg.lstsq(np.array(xs, dtype=float)[:, None], np.array(ys), rcond=None)
+    return float(key_s), lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", required=True, help="model:BATCHxPROMPTxOUTPUT, comma-separated (one model's "
+    parser.add_argument("--fit-keys", type=Path, action="append", metavar="RECORD",
+                        help="print graph_decode_key_s fitted on profile records of this script (no GPU)")
+    parser.add_argument("--cases", help="model:BATCHxPROMPTxOUTPUT, comma-separated (one model's "
                         "cases together share its load)")
     parser.add_argument("--backends", default="default",
                         help="SDPA backends to decode under, comma-separated: default (PyTorch's choice), cudnn, "
@@ -95,6 +150,13 @@ def main() -> int:
     parser.add_argument("--no-profile", action="store_true", help="time the steps only")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.fit_keys:
+        key_s, lines = fit_keys([json.loads(p.read_text()) for p in args.fit_keys])
+        print("\n".join(lines))
+        print(f"graph_decode_key_s = {key_s:.3e} s")
+        return 0
+    if not args.cases:
+        parser.error("--cases (or --fit-keys RECORD) is required")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backends = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,

@@ -152,9 +152,11 @@ class ThroughputCalibration(_Cal):
     # mixtures of graph_decode_moefit_{a,b}_2026-12-04.json (gpt-oss-20b, Qwen1.5-MoE-A2.7B, Mixtral-8x7B; every
     # Qwen3-30B-A3B case held out), chosen by leave-one-model-out; the per-layer term is per Llama layer's kernels
     # (layer_kernel_weight). The rows x matmul-params term priced the K/V copy the decoder no longer makes
-    # (docs/MEASUREMENTS.md, "Packed grouped-query attention"; "The compiled decoder's prompt pass and step, apart")
+    # (docs/MEASUREMENTS.md, "Packed grouped-query attention"; "The compiled decoder's prompt pass and step, apart").
+    # Refitted 2026-12-04 (same records, same holdouts) with graph_decode_key_s held, measured first on its own from
+    # the attention kernels' profile (docs/MEASUREMENTS.md, "Where a compiled decode step's time goes")
     graph_decode_layer_s: float = Field(
-        default=5.22e-5, ge=0.0,
+        default=4.96e-5, ge=0.0,
         description="compiled static-cache decode (workers/decode.py): GPU seconds per layer per token "
         "beyond the bytes read (gaps between its small kernels), for a Llama layer's kernels")
     graph_decode_row_layer_s: float = Field(
@@ -164,6 +166,11 @@ class ThroughputCalibration(_Cal):
         default=0.0, ge=0.0,
         description="compiled decode: GPU seconds per token per batch row per matmul parameter of the decoder "
         "layers, beyond the bytes read (it priced the K/V copy; 0 since the decoder packs grouped-query attention)")
+    graph_decode_key_s: float = Field(
+        default=1.02e-10, ge=0.0,
+        description="compiled decode: GPU seconds per cached position per SDPA block (row x packed KV head) per "
+        "layer beyond the cache's bytes (planner.throughput.graph_decode_keys; cuDNN's flash kernel's per-key cost, "
+        "from the kernel profile bench/decode_step_profile.py --fit-keys)")
     graph_decode_step_s: float = Field(
         default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
     graph_compile_layer_s: float = Field(
@@ -172,11 +179,11 @@ class ThroughputCalibration(_Cal):
         "(torch.compile: dynamo, inductor, the CUDA graph); bench/graph_decode.py --fit, the median over its "
         "first-in-process cases (1.8-3.3 s; a process that compiled before takes 1.1-1.5)")
     graph_moe_layer_s: float = Field(
-        default=4.82e-5, ge=0.0,
+        default=5.35e-5, ge=0.0,
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per token beyond the "
         "routed experts' bytes (the routing's kernels, the grouped GEMMs' launches)")
     graph_moe_expert_bw_efficiency: float = Field(
-        default=0.5607, gt=0.0, le=1.0,
+        default=0.5659, gt=0.0, le=1.0,
         description="compiled decode of a mixture of experts: the share of the memory bandwidth at which the "
         "grouped GEMMs read the routed experts a step touches (the other weights: decode_bw_efficiency; a kernel "
         "profile of gpt-oss-20b and Qwen3-30B-A3B measured 0.50-0.58)")

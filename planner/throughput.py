@@ -428,6 +428,19 @@ def graph_prefill_s(model: ModelConfig, batch: int, prompt_tokens: int, keys: in
     return max(flops_time, model.num_layers * cal.graph_prefill_layer_s)
 
 
+def graph_decode_keys(model: ModelConfig, rows: int, ctx: int) -> float:
+    """Cached positions the compiled decode step's packed grouped-query attention walks (workers/gqa_attention.py:
+    each KV head's query heads are its query rows), summed over its blocks (rows x KV heads) and layers, each
+    walking the whole static cache. Its cost per key beyond the bytes (ThroughputCalibration.graph_decode_key_s) is
+    cuDNN's flash kernel's: at head_dim 64 it reads the cache at ~1.4 TB/s, not the weights' 3.4
+    (bench/decode_step_profile.py, on packed models only). The other forms run as other kernels' shapes, not
+    measured this way: 0 for one query head per KV head, a single KV head, latent (MLA) and eager attention."""
+    kv, heads = model.num_kv_heads, model.num_attention_heads
+    if model.mla is not None or model.attn.eager or not 1 < kv < heads:
+        return 0.0
+    return float(rows * kv * ctx * model.num_layers)
+
+
 def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int,
                      gpu: GpuSpec, cal: ThroughputCalibration, pc: ParamCount | None = None, *,
                      decoder: str | None = None, moe_kernel: str | None = None) -> ThroughputEstimate:
@@ -513,7 +526,8 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         # a term in rows x the layers' matmul weights priced the K/V copy while the decoder made one and stays 0
         per_layer = cal.graph_decode_layer_s * layer_kernel_weight(model, routing=False)
         overhead = (model.num_layers * (per_layer + cal.graph_decode_row_layer_s * b / tp)
-                    + cal.graph_decode_row_param_s * b * (n - lm) / tp + cal.graph_decode_step_s)
+                    + cal.graph_decode_row_param_s * b * (n - lm) / tp + cal.graph_decode_step_s
+                    + cal.graph_decode_key_s * graph_decode_keys(model, b, ctx) / tp)
         if kernel == "grouped_mm":
             # the routing's small kernels (sort, histogram, offsets, gathers, the weighted sum) and two grouped
             # GEMMs' launches per sparse layer, replayed, beyond the routed experts' bytes (read at
