@@ -21,6 +21,9 @@ KV cache for the sliding layers, read whole every step; the planner prices that 
 Grouped-query attention: the decoder switches an SDPA model with several query heads per KV head to
 workers/gqa_attention.py's packed form, which reads the cache once instead of copying it out to every query head
 each step (1.33-1.52x a step on an H200); ``pack_gqa=False`` keeps transformers' own (the probes' baseline).
+Latent attention (DeepSeek's MLA): the step attends over the cached latents with the key and value projections
+folded into the query and the output (workers/mla_attention.py) instead of expanding the whole cache every step;
+``absorb_mla=False`` keeps transformers' expansion.
 
 Greedy decoding of independent rows: every row is decoded to ``max_new_tokens``; the caller cuts each
 row at its first EOS, and the loop stops early (one host sync every ``check_every`` tokens) once
@@ -39,6 +42,7 @@ from typing import Any
 import torch
 
 from workers.gqa_attention import use_packed_gqa, use_stock_sdpa
+from workers.mla_attention import use_absorbed_mla, use_stock_mla
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +89,11 @@ class GraphDecoder:
     so callers keep shapes fixed (rows and prompt width padded to the job's). It switches ``model`` to packed
     grouped-query attention (``pack_gqa``); ``release()`` gives it back as it was."""
 
-    def __init__(self, model: torch.nn.Module, *, compile: bool, check_every: int = 32, pack_gqa: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, *, compile: bool, check_every: int = 32, pack_gqa: bool = True,
+                 absorb_mla: bool = True) -> None:
         self._model = model
-        self.packed_gqa = use_packed_gqa(model) if pack_gqa else False
+        self.absorbed_mla = use_absorbed_mla(model) if absorb_mla else False
+        self.packed_gqa = use_packed_gqa(model) if pack_gqa and not self.absorbed_mla else False
         self._check_every = check_every
         self._step: StepFn = self._next_token
         self._watch: _Stopwatch | None = None
@@ -100,6 +106,9 @@ class GraphDecoder:
         if self.packed_gqa:
             use_stock_sdpa(self._model)
             self.packed_gqa = False
+        if self.absorbed_mla:
+            use_stock_mla(self._model)
+            self.absorbed_mla = False
 
     def timing(self) -> DecodeTiming | None:
         """The last ``decode`` call's prefill and step times (None before the first call). On CUDA this waits
