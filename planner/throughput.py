@@ -90,6 +90,16 @@ def mla_decode_expand(model: ModelConfig, batch: int, context: int) -> tuple[flo
     return model.num_layers * 2.0 * expanded, model.num_layers * flops_per_token * context * batch
 
 
+def mla_absorbed_decode_bytes(model: ModelConfig, batch: int, context: int) -> float:
+    """Bytes a compiled decode step of latent attention reads beyond the cache once (workers/mla_attention.py: the
+    latents are read for the scores and again for the weighted sum; the rotary keys once): one more pass over every
+    layer's cached latents (bf16). 0 for a model without MLA."""
+    mla = model.mla
+    if mla is None:
+        return 0.0
+    return float(model.num_layers * batch * context * mla.kv_lora_rank * 2)
+
+
 def attention_flops_per_token(model: ModelConfig, seq_len: int, keys: int | None = None) -> float:
     """Forward flops of QK^T and PV per token over a sequence of ``seq_len``. Causal SDPA (flash) skips the
     masked half of the square. Kernels given an explicit mask compute the whole square: eager attention
@@ -501,8 +511,12 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
             weight_bytes -= grouped_bytes
     avg_ctx = prompt_tokens + output_tokens / 2
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
-    # the static cache expands its whole length each step (the unwritten tail too); generate()'s grows with it
-    expand_bytes, expand_flops = mla_decode_expand(model, b, ctx if graph else int(avg_ctx))
+    if graph:
+        # the compiled step attends over the cached latents, kv_b_proj folded into the query and the output
+        # (workers/mla_attention.py): no expansion, the latents read once more (scores, then the weighted sum)
+        expand_bytes, expand_flops = mla_absorbed_decode_bytes(model, b, ctx), 0.0
+    else:
+        expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
     bw = raw_bw * cal.decode_bw_efficiency
     speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
     # HF's DynamicCache grows by torch.cat: every step re-reads and re-writes the cache besides
@@ -518,15 +532,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     mem_time = ((weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
                 + grouped_bytes / (raw_bw * cal.graph_moe_expert_bw_efficiency))
     attention = decode_attention_flops(model, int(avg_ctx), full_length=graph)
-    if graph:
-        # the compiled step's latent expansion (kv_b_proj over the whole static cache) is a compute-bound GEMM of its
-        # own, run between the memory-bound kernels, not under them: at the prompt pass's matmul rate (a kernel
-        # profile of DeepSeek-V2-Lite at 32 x 512: ~3.2 ms a step, ~0.65 of peak; bench/decode_step_profile.py)
-        expand_time = expand_flops / tp / (peak * cal.graph_prefill_mfu)
-        compute_time = b * (2 * n + attention) / tp / (peak * cal.prefill_mfu)
-    else:
-        expand_time = 0.0
-        compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
+    compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
     if graph:
         # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
         # read, per layer (gaps between small kernels, so by the layer's kernels: Gemma's extra norms and Qwen3's
@@ -550,7 +556,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
             # grouped_mm's sort, histogram, offsets, masks and two grouped GEMMs per sparse layer: host work that
             # batched_mm's gather + bmm does not issue (a CPU's fitted decode overhead already holds it)
             overhead += cal.decode_grouped_layer_s * sparse_layer_count(model)
-    decode_step = max(mem_time, compute_time) + expand_time + overhead
+    decode_step = max(mem_time, compute_time) + overhead
     if tp > 1:
         link = gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency
         decode_step += 2 * model.num_layers * (b * h * 2 / link + 2e-5)

@@ -56,20 +56,22 @@ def absorbed_mla_attention(module: Any, query: torch.Tensor, key: torch.Tensor, 
         return out, None
     nope, rank = module.qk_nope_head_dim, module.kv_lora_rank
     weight = module.kv_b_proj.weight.view(heads, nope + module.v_head_dim, rank)
-    q_nope, q_rope = query[..., :nope], query[..., nope:]
-    # (b, heads, 1, rank): each head's query moved into the latent space
-    q_latent = torch.einsum("bhqd,hdr->bhqr", q_nope, weight[:, :nope])
+    # the heads are the rows of one matmul against the one latent "KV head" of each row: (b, heads, .) x (b, L, .)
+    # as batched matmuls, never broadcast over the heads (a broadcast matmul copies the cache once per head: tried,
+    # 2.3x slower on the H200)
+    lat, rope_k = latent[:, 0], rope[:, 0]  # (b, L, rank), (b, L, rope)
+    q_latent = torch.einsum("bhd,hdr->bhr", query[:, :, 0, :nope], weight[:, :nope])  # each head's query, folded
+    scores = (torch.bmm(q_latent, lat.transpose(1, 2))
+              + torch.bmm(query[:, :, 0, nope:], rope_k.transpose(1, 2)))  # (b, heads, L)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    # every head against the one latent "KV head": (b, heads, 1, L)
-    scores = (torch.matmul(q_latent, latent.transpose(-1, -2)) + torch.matmul(q_rope, rope.transpose(-1, -2)))
     scores = scores.float() * scale
     if attention_mask is not None:
-        mask = attention_mask[..., -latent.shape[-2]:]
+        mask = attention_mask[:, 0, :, -lat.shape[1]:]  # (b, 1, L)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
-    probs = torch.softmax(scores, dim=-1).to(latent.dtype)
-    out_latent = torch.matmul(probs, latent)  # (b, heads, 1, rank)
-    out = torch.einsum("bhqr,hvr->bhqv", out_latent, weight[:, nope:])
-    return out.transpose(1, 2).contiguous(), None
+    probs = torch.softmax(scores, dim=-1).to(lat.dtype)
+    out_latent = torch.bmm(probs, lat)  # (b, heads, rank)
+    out = torch.einsum("bhr,hvr->bhv", out_latent, weight[:, nope:])
+    return out[:, None], None
 
 
 def _register() -> None:
