@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.workers.tiny_models import left_padded, tiny_model
 from workers.decode import GraphDecoder
 
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -36,30 +37,12 @@ GEMMA3_WINDOW_8: dict[str, Any] = {
     "max_position_embeddings": 256, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]}
 
 
-def _model(hf: dict[str, Any], dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(**hf)
-    torch.manual_seed(0)
-    model: torch.nn.Module = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model.eval()
-
-
-def _batch(widths: list[int], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(widths)
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.zeros((len(widths), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, w in enumerate(widths):
-        ids[row, width - w:] = torch.randint(1, vocab, (w,), generator=gen)
-        mask[row, width - w:] = 1
-    return ids, mask
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_tokens_equal_greedy_generate(family: str) -> None:
-    model = _model(FAMILIES[family])
-    ids, mask = _batch([9, 4, 12], vocab=97)
+    model = tiny_model(FAMILIES[family])
+    ids, mask = left_padded([9, 4, 12], vocab=97)
     with torch.inference_mode():
         expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False,  # type: ignore[operator]
                                   min_new_tokens=10, pad_token_id=0, eos_token_id=None)[:, ids.shape[1]:]
@@ -68,8 +51,8 @@ def test_tokens_equal_greedy_generate(family: str) -> None:
 
 
 def test_stops_early_only_once_every_row_has_ended() -> None:
-    model = _model(FAMILIES["llama"])
-    ids, mask = _batch([5, 7], vocab=97)
+    model = tiny_model(FAMILIES["llama"])
+    ids, mask = left_padded([5, 7], vocab=97)
     full = GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=12, eos=set())
     first_row_token = int(full[0, 1])  # an "EOS" row 0 reaches at step 2; row 1 may never reach it
     ended_both = {int(full[0, 1]), int(full[1, 2])}
@@ -85,8 +68,8 @@ def test_stops_early_only_once_every_row_has_ended() -> None:
 def test_timing_splits_the_prompt_pass_from_the_steps() -> None:
     """What a run reports of its prefill and its decode steps: every step counted (new tokens - 1; fewer when
     every row ended early), both times measured, nothing before the first call."""
-    model = _model(FAMILIES["llama"])
-    ids, mask = _batch([5, 7], vocab=97)
+    model = tiny_model(FAMILIES["llama"])
+    ids, mask = left_padded([5, 7], vocab=97)
     decoder = GraphDecoder(model, compile=False, check_every=4)
     assert decoder.timing() is None
     full = decoder.decode(ids, mask, max_new_tokens=9, eos=set())
@@ -111,8 +94,8 @@ def _greedy(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, new: 
 def test_gemma3_past_the_window_with_left_padding_equals_generate() -> None:
     """Prompts longer than the 8-token window, rows left-padded to different lengths, 12 new tokens: the
     prefill and every step read a full-length cache for the sliding layer, the window only in the mask."""
-    model = _model(GEMMA3_WINDOW_8)
-    ids, mask = _batch([14, 5, 10], vocab=256)
+    model = tiny_model(GEMMA3_WINDOW_8)
+    ids, mask = left_padded([14, 5, 10], vocab=256)
     expected = _greedy(model, ids, mask, 12)
     assert torch.equal(GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=12, eos=set()), expected)
 
@@ -125,8 +108,8 @@ def test_gemma3_compiled_step_compiles_once(monkeypatch: pytest.MonkeyPatch) -> 
 
     import workers.decode as decode
 
-    model = _model(GEMMA3_WINDOW_8)
-    ids, mask = _batch([14, 5, 10], vocab=256)
+    model = tiny_model(GEMMA3_WINDOW_8)
+    ids, mask = left_padded([14, 5, 10], vocab=256)
     expected = _greedy(model, ids, mask, 12)
     assert torch.equal(GraphDecoder(model, compile=True).decode(ids, mask, max_new_tokens=12, eos=set()), expected)
     # the check sees the failure it guards against: transformers' own sliding cache recompiles
@@ -160,9 +143,9 @@ def test_a_mixture_of_experts_decode_step_is_one_graph(family: str) -> None:
     """The planner sends bf16 mixtures of experts to the compiled decoder (planner.decoder.graph_decode) because
     transformers' grouped_mm experts route without leaving the GPU: the step must trace as one graph (fullgraph:
     a break raises) and once for the whole decode (a recompile raises), and give the eager step's tokens."""
-    model: Any = _model(MOE_FAMILIES[family], dtype=torch.bfloat16)
+    model: Any = tiny_model(MOE_FAMILIES[family], dtype=torch.bfloat16)
     assert model.config._experts_implementation == "grouped_mm"
-    ids, mask = _batch([9, 4, 7], vocab=97)
+    ids, mask = left_padded([9, 4, 7], vocab=97)
     eager = GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=6, eos=set())
     compiled = GraphDecoder(model, compile=True).decode(ids, mask, max_new_tokens=6, eos=set())
     assert torch.equal(compiled, eager)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.workers.tiny_models import left_padded, tiny_model
 from workers.decode import GraphDecoder
 from workers.mla_attention import ABSORBED_MLA, use_absorbed_mla, use_stock_mla
 
@@ -22,22 +23,6 @@ MLA: dict[str, dict[str, Any]] = {
 }
 
 
-def _model(hf: dict[str, Any]) -> Any:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(AutoConfig.for_model(**hf), dtype=torch.float32).eval()
-
-
-def _batch(widths: list[int], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(widths)
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.zeros((len(widths), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, w in enumerate(widths):
-        ids[row, width - w:] = torch.randint(1, vocab, (w,), generator=gen)
-        mask[row, width - w:] = 1
-    return ids, mask
 
 
 @pytest.mark.parametrize("family", sorted(MLA))
@@ -46,8 +31,8 @@ def test_an_absorbed_step_gives_the_expanded_steps_logits(family: str) -> None:
     equal the stock model's to fp32 rounding (the absorbed form is the same sums in another order)."""
     from transformers import DynamicCache
 
-    model = _model(MLA[family])
-    ids, mask = _batch([7, 3, 5], vocab=97)
+    model = tiny_model(MLA[family])
+    ids, mask = left_padded([7, 3, 5], vocab=97)
 
     def run() -> list[torch.Tensor]:
         cache, m, logits = DynamicCache(config=model.config), mask.clone(), []
@@ -81,8 +66,8 @@ def test_an_absorbed_step_gives_the_expanded_steps_logits(family: str) -> None:
 
 @pytest.mark.parametrize("family", sorted(MLA))
 def test_the_graph_decoder_absorbs_and_its_tokens_equal_generate(family: str) -> None:
-    model = _model(MLA[family])
-    ids, mask = _batch([9, 4, 12], vocab=97)
+    model = tiny_model(MLA[family])
+    ids, mask = left_padded([9, 4, 12], vocab=97)
     with torch.inference_mode():
         expected = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
                                   min_new_tokens=8, pad_token_id=0, eos_token_id=None)[:, ids.shape[1]:]
@@ -96,9 +81,6 @@ def test_the_graph_decoder_absorbs_and_its_tokens_equal_generate(family: str) ->
 
 
 def test_a_model_without_latent_attention_is_left_alone() -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    llama = AutoModelForCausalLM.from_config(AutoConfig.for_model(
-        model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=50))
+    llama = tiny_model({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50})
     assert not use_absorbed_mla(llama) and llama.config._attn_implementation == "sdpa"
