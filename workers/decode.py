@@ -87,7 +87,8 @@ class _Stopwatch:
 class GraphDecoder:
     """One per loaded model; ``compile=True`` (CUDA) captures the decode step once per batch shape,
     so callers keep shapes fixed (rows and prompt width padded to the job's). It switches ``model`` to packed
-    grouped-query attention (``pack_gqa``); ``release()`` gives it back as it was."""
+    grouped-query attention (``pack_gqa``) or, for latent attention, to the absorbed form (``absorb_mla``);
+    ``release()`` gives it back as it was."""
 
     def __init__(self, model: torch.nn.Module, *, compile: bool, check_every: int = 32, pack_gqa: bool = True,
                  absorb_mla: bool = True) -> None:
