@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.workers.test_decode import FAMILIES, GEMMA3_WINDOW_8, _batch, _model
+from tests.workers.test_decode import FAMILIES, GEMMA3_WINDOW_8
+from tests.workers.tiny_models import left_padded, tiny_model
 from workers.decode import GraphDecoder
 from workers.gqa_attention import PACKED_SDPA, packed_gqa_sdpa, use_packed_gqa, use_stock_sdpa
 
@@ -59,8 +60,8 @@ def sdpa_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3-sliding", "mistral-sliding"])
 def test_the_decoder_packs_and_decodes_the_stock_tokens(family: str, sdpa_calls: list[tuple[int, int]]) -> None:
-    model: Any = _model(FAMILIES[family])
-    ids, mask = _batch([9, 4, 12], vocab=97)
+    model: Any = tiny_model(FAMILIES[family])
+    ids, mask = left_padded([9, 4, 12], vocab=97)
     stock = GraphDecoder(model, compile=False, pack_gqa=False).decode(ids, mask, max_new_tokens=10, eos=set())
     assert model.config._attn_implementation == "sdpa" and all(rows > 1 or kv == 4 for rows, kv in sdpa_calls)
     sdpa_calls.clear()
@@ -78,11 +79,11 @@ def test_the_decoder_packs_and_decodes_the_stock_tokens(family: str, sdpa_calls:
 
 
 def test_a_model_without_grouped_heads_or_sdpa_keeps_its_attention() -> None:
-    gpt2: Any = _model(FAMILIES["gpt2"])  # one KV head per query head: nothing to pack
+    gpt2: Any = tiny_model(FAMILIES["gpt2"])  # one KV head per query head: nothing to pack
     assert not use_packed_gqa(gpt2) and gpt2.config._attn_implementation == "sdpa"
-    single: Any = _model(GEMMA3_WINDOW_8)  # one KV head: repeat_kv is a view, packing only costs parallelism
+    single: Any = tiny_model(GEMMA3_WINDOW_8)  # one KV head: repeat_kv is a view, packing only costs parallelism
     assert not use_packed_gqa(single) and single.config._attn_implementation == "sdpa"
-    eager: Any = _model(FAMILIES["llama"])
+    eager: Any = tiny_model(FAMILIES["llama"])
     eager.set_attn_implementation("eager")  # gpt-oss's sinks run eager: its own expansion stays
     assert not GraphDecoder(eager, compile=False).packed_gqa and eager.config._attn_implementation == "eager"
     use_stock_sdpa(eager)
@@ -93,8 +94,8 @@ def test_a_model_without_grouped_heads_or_sdpa_keeps_its_attention() -> None:
 def test_the_packed_step_compiles_once() -> None:
     """The compiled decoder captures the packed step as one graph for the whole decode (a break or a recompile
     raises), as the CUDA graph on the GPU needs."""
-    model = _model(FAMILIES["qwen3"])
-    ids, mask = _batch([9, 4, 12], vocab=97)
+    model = tiny_model(FAMILIES["qwen3"])
+    ids, mask = left_padded([9, 4, 12], vocab=97)
     eager = GraphDecoder(model, compile=False).decode(ids, mask, max_new_tokens=8, eos=set())
     decoder = GraphDecoder(model, compile=True)
     compiled = decoder.decode(ids, mask, max_new_tokens=8, eos=set())
