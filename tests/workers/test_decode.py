@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.workers.tiny_models import left_padded, tiny_model
+from tests.workers.tiny import left_padded, tiny_model
 from workers.decode import GraphDecoder
 
 FAMILIES: dict[str, dict[str, Any]] = {

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.workers.test_decode import FAMILIES, GEMMA3_WINDOW_8
-from tests.workers.tiny_models import left_padded, tiny_model
+from tests.workers.tiny import left_padded, tiny_model
 from workers.decode import GraphDecoder
 from workers.gqa_attention import PACKED_SDPA, packed_gqa_sdpa, use_packed_gqa, use_stock_sdpa
 

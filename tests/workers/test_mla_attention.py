@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.workers.tiny_models import left_padded, tiny_model
+from tests.workers.tiny import left_padded, tiny_model
 from workers.decode import GraphDecoder
 from workers.mla_attention import ABSORBED_MLA, use_absorbed_mla, use_stock_mla
 
