@@ -138,7 +138,9 @@ def _print_run_summary(result: RunSummary) -> None:
         ("tokens/s measured / predicted", f"{rate(measured['tokens_per_s'])} / {rate(predicted['tokens_per_s'])}"),
         ("peak memory measured / predicted",
          f"{gib(measured['peak_allocated_bytes'] or measured['peak_rss_bytes'])}"
-         f"{' (RSS)' if not measured['peak_allocated_bytes'] else ''} / {gib(predicted['peak_allocated_bytes'])}"),
+         # a CPU run measures the whole process (Python and PyTorch's own ~0.5 GiB), the plan its tensors
+         f"{' (process RSS, runtime included)' if not measured['peak_allocated_bytes'] else ''} / "
+         f"{gib(predicted['peak_allocated_bytes'])}{' (tensors)' if not measured['peak_allocated_bytes'] else ''}"),
         ("wall time", f"{result['wall_s']:.1f} s"),
         ("cost", "$0.00 (local machine)"),
     ]
