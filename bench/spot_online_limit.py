@@ -20,6 +20,8 @@ the issue's goal is out of reach of a policy that minimises what a team pays, an
 defect of the program's estimates.
 
     .venv/bin/python bench/spot_online_limit.py --traces /work/spot-traces-full [--draws 2] [--seed 0]
+    .venv/bin/python bench/spot_online_limit.py --plot docs/img/spot-online-limit.png \
+        --record bench/results/spot/online-limit-2026-12-04.md
 
 Prints the tables (Markdown); docs/SPOT.md quotes them with this command. Minutes on a 2-core machine (the
 bounds of the real traces are cached by bench/spot.py's cache).
@@ -171,6 +173,47 @@ def row(name: str, world: str, s: dict[str, float]) -> str:
             f"{int(s['below'])} / {int(s['cells'])} |")
 
 
+def read_record(path: Path) -> dict[str, dict[str, tuple[float, float]]]:
+    """family -> world -> (gpuplan, greedy) median x bound, from a Markdown record of this script."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 4 or cells[1] not in WORLDS or "/" not in cells[3]:
+            continue
+        g, gr = (float(x) for x in cells[3].split("/"))
+        name = cells[0].replace("**", "").replace(" (tuning)", "").replace(" (held out)", "")
+        out.setdefault(name, {})[cells[1]] = (g, gr)
+    return out
+
+
+def plot(record: dict[str, dict[str, tuple[float, float]]], path: Path) -> None:
+    """Per family, gpuplan's median x bound in each world beside greedy's, and the issue's 1.02."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(record)
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    width = 0.13
+    colors = {"real": "#1f77b4", "model": "#d62728", "shuffled": "#9467bd"}
+    for i, world in enumerate(WORLDS):
+        xs = [j + (i - 1) * 2 * width for j in range(len(names))]
+        ax.bar([x - width / 2 for x in xs], [record[n][world][0] - 1 for n in names], width, color=colors[world],
+               label=f"gpuplan, {world}" + (" (the expected-cost optimum)" if world == "model" else ""))
+        ax.bar([x + width / 2 for x in xs], [record[n][world][1] - 1 for n in names], width, color=colors[world],
+               alpha=0.35, label=f"greedy, {world}")
+    ax.axhline(0.02, color="black", linestyle="--", linewidth=1, label="issue 13's goal: 1.02 x bound")
+    labels = [n.replace(" ", "\n", 1).replace(" availability", " avail.").replace(" preemption", " preempt.")
+              for n in names]
+    ax.set_xticks(range(len(names)), labels, fontsize=7)
+    ax.set_ylabel("median cost x omniscient bound - 1")
+    ax.set_title("Jobs with slack >= 20%: real traces, traces drawn from the policy's own model, shuffled spells")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", help="the spot-traces collection (default: shared/data/spot-traces above)")
@@ -178,7 +221,15 @@ def main() -> int:
                         help="run only families whose name contains this (repeatable)")
     parser.add_argument("--draws", type=int, default=2, help="synthetic traces per zone and world (default 2)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="draw a record (--record) as a bar chart; no run")
+    parser.add_argument("--record", type=Path, help="a Markdown record of this script, for --plot")
     args = parser.parse_args()
+    if args.plot:
+        if not args.record:
+            parser.error("--plot needs --record RECORD.md")
+        plot(read_record(args.record), args.plot)
+        print(f"wrote {args.plot}")
+        return 0
     root = Path(args.traces) if args.traces else find_traces()
     if root is None or not root.is_dir():
         print("spot traces not found (shared/data/spot-traces); skipping")

@@ -62,3 +62,14 @@ def test_every_world_of_a_zone_meets_every_deadline_above_the_bound(tmp_path: Pa
             assert len(res[p]["ratio"]) > 0 and np.all(res[p]["ratio"] >= 1 - 1e-9)
         s = limit.summary(res)
         assert s["cells"] > 0 and 0 <= s["within"] <= s["cells"] and s["g_med"] >= 1 - 1e-9
+
+
+def test_the_committed_record_reads_back_and_plots(tmp_path: Path) -> None:
+    limit = load_script("spot_online_limit", "spot_online_limit")
+    record = limit.read_record(Path(__file__).resolve().parents[2] / "bench" / "results" / "spot"
+                               / "online-limit-2026-12-04.md")
+    assert len(record) == 8 and all(set(worlds) == set(limit.WORLDS) for worlds in record.values())
+    assert record["all families"]["model"] == (1.053, 1.083)
+    png = tmp_path / "limit.png"
+    limit.plot(record, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
