@@ -83,12 +83,15 @@ def _register() -> None:
 
 
 def _latent_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """transformers' latent-cache attention modules: a class ``expand_kv`` and a bias-free ``kv_b_proj``."""
+    """transformers' latent-cache attention modules: a class ``expand_kv`` and a bias-free ``kv_b_proj`` whose weight
+    is a plain floating-point tensor (a quantized one, e.g. torchao's, cannot be sliced per head as it stands)."""
     out: list[torch.nn.Module] = []
     for m in model.modules():
         proj = getattr(m, "kv_b_proj", None)
-        if (callable(getattr(type(m), "expand_kv", None)) and isinstance(proj, torch.nn.Linear) and proj.bias is None
-                and hasattr(m, "kv_lora_rank") and hasattr(m, "qk_nope_head_dim")):
+        plain = (isinstance(proj, torch.nn.Linear) and proj.bias is None and type(proj.weight.data) is torch.Tensor
+                 and proj.weight.dtype in (torch.float32, torch.bfloat16, torch.float16))
+        if (plain and callable(getattr(type(m), "expand_kv", None)) and hasattr(m, "kv_lora_rank")
+                and hasattr(m, "qk_nope_head_dim")):
             out.append(m)
     return out
 

@@ -84,3 +84,13 @@ def test_a_model_without_latent_attention_is_left_alone() -> None:
     llama = tiny_model({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50})
     assert not use_absorbed_mla(llama) and llama.config._attn_implementation == "sdpa"
+
+
+def test_a_quantized_latent_projection_is_left_to_transformers() -> None:
+    """A kv_b_proj that is not a plain floating-point weight (torchao's quantized tensors) cannot be sliced per head:
+    such layers keep the expansion, and a model with no other is not switched at all."""
+    model = tiny_model(MLA["deepseek-v2"])
+    for layer in model.model.layers:
+        proj = layer.self_attn.kv_b_proj
+        proj.weight = torch.nn.Parameter(proj.weight.data.to(torch.int8), requires_grad=False)
+    assert not use_absorbed_mla(model) and model.config._attn_implementation == "sdpa"
