@@ -113,9 +113,8 @@ def fit_keys(records: list[dict[str, Any]]) -> tuple[float, list[str]]:
     from planner.memory import kv_cache_bytes
     from planner.throughput import graph_decode_keys
 
-    cal = load_calibration().throughput
-    bw = load_catalog().gpu("H200").memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
-    catalog = load_catalog()
+    cal, catalog = load_calibration().throughput, load_catalog()
+    bw = catalog.gpu("H200").memory_bandwidth_gbps * 1e9 * cal.decode_bw_efficiency
     xs, ys, lines = [], [], []
     for record in records:
         for c in record["cases"]:

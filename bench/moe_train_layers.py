@@ -119,15 +119,14 @@ def measure(model_id: str, finetune: str, ckpt: bool, micro: int, layers: int, r
 KERNELS_MATMUL = ("gemm", "grouped_gemm", "attention")
 
 
-def planned_parts(case: dict[str, Any], seq: int, cal: Any) -> tuple[float, float]:
-    """The planner's (layer, fixed) seconds for a record's case under calibration ``cal``: the step's difference
-    between the record's two depths, as the script measures it."""
+def planned_parts(case: dict[str, Any], seq: int, gpu: Any, cal: Any) -> tuple[float, float]:
+    """The planner's (layer, fixed) seconds for a record's case on ``gpu`` under calibration ``cal``: the step's
+    difference between the record's two depths, as the script measures it."""
     from planner.throughput import train_step_parts
 
     strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16", micro_batch=case["micro_batch"],
                         finetune=case["finetune"], activation_checkpointing=case["ckpt"])
     low, high = (run["layers"] for run in case["runs"])
-    gpu = load_catalog().gpu("H200")
     step = {n: train_step_parts(cut(case["model"], n), strategy, seq, gpu, cal)[1] for n in (low, high)}
     layer = (step[high] - step[low]) / (high - low)
     return layer, step[low] - low * layer
@@ -148,7 +147,7 @@ def fit(record: dict[str, Any]) -> str:
 
     from planner.calibration import load_calibration
 
-    cal = load_calibration().throughput
+    cal, gpu = load_calibration().throughput, load_catalog().gpu("H200")
     measured = [c for c in record["cases"] if "runs" in c]
     lines = ["| constant | fitted on | least squares (this record) | planner/calibration.json |", "|---|---|---|---|"]
     for part, names in FITTED.items():
@@ -157,8 +156,8 @@ def fit(record: dict[str, Any]) -> str:
         index = 0 if part == "layer" else 1
         target = np.array([c["per_layer_s" if part == "layer" else "fixed_s"] for c in cases])
         zero = cal.model_copy(update=dict.fromkeys(names, 0.0))
-        base = np.array([planned_parts(c, record["seq"], zero)[index] for c in cases])
-        slopes = np.stack([np.array([planned_parts(c, record["seq"], zero.model_copy(update={n: 1.0}))[index]
+        base = np.array([planned_parts(c, record["seq"], gpu, zero)[index] for c in cases])
+        slopes = np.stack([np.array([planned_parts(c, record["seq"], gpu, zero.model_copy(update={n: 1.0}))[index]
                                      for c in cases]) - base for n in names], axis=1)
         # in seconds, as the constants were first fitted (a relative fit gives 33.5, 53.5 and 65.2: the big
         # checkpointed micro-batch-16 cases' few percent weigh as much as the small ones')
@@ -172,7 +171,6 @@ def compare(record: dict[str, Any]) -> str:
     """The planner's layer and fixed times (planner.throughput.train_step_parts at the same two depths) against a
     record of this script, as the Markdown table docs/MEASUREMENTS.md keeps (no GPU needed)."""
     from planner.calibration import load_calibration
-    from planner.throughput import train_step_parts
 
     cal, gpu = load_calibration().throughput, load_catalog().gpu("H200")
     rows = ["| case (model/finetune/checkpointing/micro-batch) | layer ms measured | matmul / memory-bound kernels ms "
@@ -181,17 +179,13 @@ def compare(record: dict[str, Any]) -> str:
         if "runs" not in case:
             rows.append(f"| {case['case']} | {case.get('error', 'not measured')} | | | | |")
             continue
-        strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16", micro_batch=case["micro_batch"],
-                            finetune=case["finetune"], activation_checkpointing=case["ckpt"])
-        low, high = (run["layers"] for run in case["runs"])
-        step = {n: train_step_parts(cut(case["model"], n), strategy, record["seq"], gpu, cal)[1] for n in (low, high)}
-        layer = (step[high] - step[low]) / (high - low)
+        layer, fixed = planned_parts(case, record["seq"], gpu, cal)
         kernels = case["per_layer_kernel_ms"]
         matmul = sum(v for k, v in kernels.items() if k in KERNELS_MATMUL)
         memory = sum(v for k, v in kernels.items() if k not in KERNELS_MATMUL)
         rows.append(f"| {case['case']} | {case['per_layer_s'] * 1e3:.1f} | {matmul:.1f} / {memory:.1f} "
                     f"| {layer * 1e3:.1f} ({layer / case['per_layer_s'] - 1:+.1%}) | {case['fixed_s'] * 1e3:.1f} "
-                    f"| {(step[low] - low * layer) * 1e3:.1f} |")
+                    f"| {fixed * 1e3:.1f} |")
     return "\n".join(rows)
 
 

@@ -121,7 +121,7 @@ class _Setup:
 
     def at_risk(self, unc: FloatArray) -> FloatArray:
         """Work a preemption now loses: what is not checkpointed, at most the notice's loss with JIT."""
-        return np.minimum(unc, self.opts.notice_loss_h) if self.opts.just_in_time else unc
+        return self.opts.preemption_loss_h(unc)
 
 
 def _setup(zones: Zones, prices: Prices, opts: SimOptions) -> _Setup:
@@ -135,7 +135,7 @@ def _setup(zones: Zones, prices: Prices, opts: SimOptions) -> _Setup:
     all_down = np.maximum(run_lengths(down_all[None, :])[0] - 1.0, 0.0) * zones.gap_h
     tau = young_daly_array(opts.checkpoint_cost_h, mean_run)
     half = np.where(np.isfinite(tau), tau / 2, 0.0)  # a preemption loses half an interval on average
-    loss = np.minimum(half, opts.notice_loss_h) if opts.just_in_time else half
+    loss = opts.preemption_loss_h(half)
     mean_outage = _per_zone(opts.mean_outage_h,
                             lambda: online_mean_outage(zones, PRIOR_MEAN_OUTAGE_H, opts.rate_half_life_h),
                             zones, "mean outage")

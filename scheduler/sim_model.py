@@ -175,6 +175,11 @@ class SimOptions:
         loss = self._jit_loss_h
         return self.notice_h if loss is None else loss
 
+    def preemption_loss_h(self, uncommitted_h: FloatArray) -> FloatArray:
+        """What a preemption loses of ``uncommitted_h`` hours not yet checkpointed: all of it, or at most
+        ``notice_loss_h`` where a just-in-time checkpoint fits in the notice."""
+        return np.minimum(uncommitted_h, self.notice_loss_h) if self.just_in_time else uncommitted_h
+
     @staticmethod
     def measured(state_gb: float = 14.8, write_gbps: float | None = None, snapshot_gbps: float | None = None,
                  notice_s: float = 120.0, transfer_gbps: float | None = None) -> SimOptions:
