@@ -4,9 +4,11 @@ whose RAM is short) and for the workers (workers.train_setup builds where this m
 Two moments, whichever is larger, plus each rank's process:
 
 - **The build.** A model whose whole weights, in the dtype it is built in, would not fit the GPU
-  (``GPU_BUILD_SHARE`` of what torch can allocate) is built in host memory and reaches the GPU smaller
-  (QLoRA's NF4) or one FSDP2 unit at a time; every rank on the node builds its own copy. Models that fit
-  are built on the GPU as before (fast random init, no host copy).
+  (``GPU_BUILD_SHARE`` of what torch can allocate) is built in host memory. Sharded full and LoRA
+  fine-tunes build it once, on rank 0, and every rank receives only its FSDP2 shard (``builds_once``);
+  QLoRA (its NF4 quantizer) and fp8 (its module conversion) need the whole model on every rank, so every
+  rank on the node builds its own copy. Models that fit are built on the GPU as before (fast random init,
+  no host copy).
 - **The checkpoint snapshot.** The workers copy the checkpointed state (trainable parameters and optimizer
   states) into host buffers allocated once, pinned on CUDA, and write them in the background
   (workers/train_state.py): under FSDP every rank its shard, under DDP rank 0 the whole state.
@@ -44,6 +46,15 @@ def builds_on_host(model_bytes: float, gpu_bytes: float) -> bool:
     return model_bytes > GPU_BUILD_SHARE * gpu_bytes
 
 
+def builds_once(strategy: Strategy) -> bool:
+    """Whether a host build is rank 0's alone (the other ranks receive their shards from it), one rule for the
+    plan's host memory and for workers.train_setup. Before 2026-12-04 every rank built its own copy: a Llama-3-70B
+    full fine-tune in amp-bf16 (fp32 master weights, 280 GB) asked 8 x 280 GB of an 8-GPU node and was refused on
+    every offer."""
+    return (strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.gpu_count > 1
+            and strategy.finetune != "qlora" and strategy.precision != "fp8")
+
+
 def checkpoint_state_bytes(pc: ParamCount, strategy: Strategy) -> float:
     """What a checkpoint holds over all ranks: parameters + AdamW's two states (full), or the adapters'."""
     pb = PRECISION_BYTES.get(strategy.precision, PRECISION_BYTES["bf16"])
@@ -57,7 +68,8 @@ def host_bytes_per_node(pc: ParamCount, strategy: Strategy, gpu: GpuSpec, ranks_
     state = checkpoint_state_bytes(pc, strategy)
     snapshot = state * ranks_per_node / strategy.gpu_count if sharded else state
     model = build_bytes(pc.total, strategy.precision)
-    build = ranks_per_node * model if builds_on_host(model, usable_bytes(gpu)) else 0.0
+    copies = 1 if builds_once(strategy) else ranks_per_node
+    build = copies * model if builds_on_host(model, usable_bytes(gpu)) else 0.0
     return max(snapshot, build) + ranks_per_node * HOST_PROCESS_BYTES
 
 
@@ -68,6 +80,7 @@ def host_memory_problem(pc: ParamCount, strategy: Strategy, gpu: GpuSpec, ranks_
     room = HOST_RAM_SHARE * ram_gib * GIB
     if need <= room:
         return None
+    builders = "rank 0" if builds_once(strategy) else f"{ranks_per_node} rank(s)"
     return (f"needs {need / GIB:,.0f} GiB of host memory per node (the checkpoint snapshot or the model build of "
-            f"{ranks_per_node} rank(s), + {HOST_PROCESS_BYTES / GIB:.0f} GiB per rank) > {room / GIB:,.0f} GiB "
+            f"{builders}, + {HOST_PROCESS_BYTES / GIB:.0f} GiB per rank) > {room / GIB:,.0f} GiB "
             f"usable of {instance}'s {ram_gib:,.0f} GiB")

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from catalog.errors import InvalidInput
 from catalog.params import count_params
-from planner.host_memory import build_bytes, builds_on_host
+from planner.host_memory import build_bytes, builds_on_host, builds_once
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
 from workers.model import (
@@ -140,15 +140,14 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
                   world: int) -> tuple[torch.nn.Module, bool]:
     """The model on ``device`` as ``strategy`` trains it; True when FSDP2 shards it."""
     built_on = build_device(strategy, source, device)
+    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
+    if sharded and built_on.type == "cpu" and builds_once(strategy):
+        return _sharded_from_rank0(strategy, seed, source, device), True
     with _BUILD_LOCK:
         model = build_model(source, seed=seed, weights_dtype=weights_dtype(strategy), device=built_on)
     if strategy.finetune == "qlora":
         quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
-    if strategy.finetune in ("lora", "qlora"):
-        model = apply_lora(model, strategy.lora_rank)
-    if strategy.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
+    model = _adapt(model, strategy)
     if not (sharded and built_on != device):
         model.to(device)  # a host-built model FSDP2 will shard moves one unit at a time, as fully_shard wraps it
     if strategy.precision == "fp8":
@@ -162,6 +161,45 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return model, sharded
+
+
+def _adapt(model: torch.nn.Module, strategy: Strategy) -> torch.nn.Module:
+    """LoRA adapters and activation checkpointing, as the strategy asks (the parameter names FSDP2 shards)."""
+    if strategy.finetune in ("lora", "qlora"):
+        model = apply_lora(model, strategy.lora_rank)
+    if strategy.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    return model
+
+
+def _sharded_from_rank0(strategy: Strategy, seed: int, source: ModelSource, device: torch.device) -> torch.nn.Module:
+    """A sharded model whose whole weights are built once, in rank 0's host memory, instead of once per rank
+    (planner.host_memory.builds_once prices the same). Every rank builds the structure on the meta device (no
+    memory), shards it with FSDP2 and allocates only its shard on ``device``; rank 0 then builds the weights
+    exactly as a per-rank build would (the same seed, init order and LoRA draws, or the local weights) and
+    broadcasts them, each rank keeping its shard. Buffers (rotary frequencies, which no state dict holds) come
+    from rank 0 too. The other ranks' global RNG is not advanced by a build they no longer do; rank 0's is
+    restored after its build, so every rank leaves with the same generator state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    dtype = weights_dtype(strategy)
+    with _BUILD_LOCK:
+        model = _adapt(build_model(ModelSource(config=source.config, weights_dir=None), seed=seed,
+                                   weights_dtype=dtype, device=torch.device("meta")), strategy)
+    _shard(model, strategy)
+    model.to_empty(device=device)
+    whole: torch.nn.Module | None = None
+    if dist.get_rank() == 0:
+        with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+            whole = _adapt(build_model(source, seed=seed, weights_dtype=dtype, device=torch.device("cpu")), strategy)
+    set_model_state_dict(model, whole.state_dict() if whole is not None else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for name, buffer in model.named_buffers():
+        if whole is not None:
+            buffer.copy_(whole.get_buffer(name))
+        dist.broadcast(buffer, src=0)
+    del whole
+    return model
 
 
 def _shard(model: torch.nn.Module, strategy: Strategy) -> None:
