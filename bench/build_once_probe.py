@@ -1,5 +1,6 @@
-"""Host memory of a sharded build: every rank building the whole model (before 2026-12-04) against rank 0 building
-it once and the ranks receiving their FSDP2 shards (workers.train_setup, planner.host_memory.builds_once).
+"""Host memory and time of a sharded build: every rank building the whole model (before 2026-12-04) against rank 0
+building it once and the ranks receiving their FSDP2 shards (workers.train_setup, planner.host_memory.builds_once),
+and against a restart that skips the weights (a checkpoint follows: prepare_model's checkpoint_follows).
 
 Two ranks over gloo on this host, the model's weights random (llama-3.2-1b in fp32: ~4.9 GB). Each mode runs in
 fresh processes; a rank reports its peak resident memory (ru_maxrss) after the build, the build's seconds, and
@@ -51,7 +52,10 @@ def _rank(rank: int, port: int, mode: str, model: str, device: str, queue: Any) 
     dist.barrier()
     began = time.perf_counter()
     if mode == "once":
-        net = _sharded_from_rank0(strategy, 0, source, target)
+        net, _ = _sharded_from_rank0(strategy, 0, source, target)
+    elif mode == "resume":  # a checkpoint follows: the weights' build is skipped, the buffers computed
+        net, pending = _sharded_from_rank0(strategy, 0, source, target, draw_weights=False)
+        assert pending
     else:  # what every rank did before: the whole model in its own host memory, then its shard kept
         net = _adapt(build_model(source, seed=0, weights_dtype=weights_dtype(strategy), device=torch.device("cpu")),
                      strategy)
@@ -84,7 +88,7 @@ def main() -> None:
     whole = build_bytes(count_params(resolve_model(load_catalog(), args.model)).total, "amp-bf16")
     ctx = multiprocessing.get_context("spawn")
     rows: list[dict[str, Any]] = []
-    for mode in ("per-rank", "once"):
+    for mode in ("per-rank", "once", "resume"):
         queue = ctx.Queue()
         port = _free_port()
         procs = [ctx.Process(target=_rank, args=(r, port, mode, args.model, args.device, queue)) for r in (0, 1)]
@@ -95,7 +99,8 @@ def main() -> None:
             p.join(timeout=60)
         rows.extend(got)
         print(json.dumps(got), flush=True)
-    node = {mode: round(sum(r["peak_rss_gb"] for r in rows if r["mode"] == mode), 2) for mode in ("per-rank", "once")}
+    node = {mode: round(sum(r["peak_rss_gb"] for r in rows if r["mode"] == mode), 2)
+            for mode in ("per-rank", "once", "resume")}
     summary = {"model": args.model, "device": args.device, "whole_model_gb": round(whole / GB, 2), "ranks": rows,
                "node_peak_rss_gb": node}
     print(json.dumps(summary, indent=1))

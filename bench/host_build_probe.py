@@ -39,10 +39,10 @@ def one(case: str, finetune: str, shard: bool, host: bool = True) -> dict[str, A
         ts.build_device = lambda *a, **k: torch.device("cpu")
     try:
         if shard:  # prepare_model shards only with world > 1: wrap the host-built model as it would
-            model, _ = ts.prepare_model(st, 0, src, device, 1)
+            model = ts.prepare_model(st, 0, src, device, 1).model
             ts._shard(model, st)
         else:
-            model, _ = ts.prepare_model(st, 0, src, device, 1)
+            model = ts.prepare_model(st, 0, src, device, 1).model
     finally:
         ts.build_device = real
     devices = sorted({str(p.device) for p in model.parameters()} | {str(b.device) for b in model.buffers()})

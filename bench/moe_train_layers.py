@@ -99,7 +99,7 @@ def measure(model_id: str, finetune: str, ckpt: bool, micro: int, layers: int, r
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    model, _ = prepare_model(strategy, 0, ModelSource(config=config, weights_dir=None), device, 1)
+    model = prepare_model(strategy, 0, ModelSource(config=config, weights_dir=None), device, 1).model
     opt = make_optimizer("adamw", [p for p in model.parameters() if p.requires_grad], 1e-5)
     ids = torch.randint(0, config.vocab_size, (micro, seq), device=device)
 

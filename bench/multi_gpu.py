@@ -435,7 +435,7 @@ def _checkpoint_rank(rank: int, world: int, device: str, spec: Any, strategy: An
 
     dev = pick_device(device)
     configure_torch(dev, 1 if device == "cpu" else None)
-    model, sharded = prepare_model(strategy, 0, resolve_model_source(spec), dev, world)
+    model, sharded, _ = prepare_model(strategy, 0, resolve_model_source(spec), dev, world)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(strategy.optimizer, params, 1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)

@@ -154,7 +154,7 @@ def load_time(job: TrainJob) -> float:
     from workers.train_state_load import load_state
 
     device = pick_device(job.device)
-    model, sharded = prepare_model(job.strategy, job.train.seed, resolve_model_source(job.spec), device, 1)
+    model, sharded, _ = prepare_model(job.strategy, job.train.seed, resolve_model_source(job.spec), device, 1)
     optimizer = make_optimizer(job.strategy.optimizer, [p for p in model.parameters() if p.requires_grad],
                                 job.train.learning_rate)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(10))

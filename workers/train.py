@@ -39,6 +39,7 @@ from workers.train_setup import (
     autocast_dtype,
     check_supported,
     configure_torch,
+    fill_weights,
     lr_lambda,
     make_optimizer,
     pick_device,
@@ -129,7 +130,11 @@ class _Run:
         self.data = TokenSource(seq_len=train.seq_len, vocab_size=self.source.config.vocab_size, seed=train.seed,
                                 path=train.data, tokenizer=tokenizer_dir(train, self.source) if train.data else None)
         self.store = open_store(job.checkpoint_uri, keep=job.keep_checkpoints, on_file=self.hooks.checkpoint_file)
-        self.model, self.sharded = prepare_model(strategy, train.seed, self.source, self.device, self.world)
+        # a complete checkpoint in rank 0's listing of the store (not yet verified: load_state does that, and
+        # draws the weights after all when none verifies): every rank skips drawing weights it would replace
+        follows = agree_flag(self.rank == 0 and bool(self.store.list()), self.device, self.world)
+        self.model, self.sharded, self.weights_pending = prepare_model(
+            strategy, train.seed, self.source, self.device, self.world, checkpoint_follows=follows)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(strategy.optimizer, self.params, train.learning_rate)
         self.steps = total_steps(train, strategy)
@@ -153,6 +158,8 @@ class _Run:
                             sharded=self.sharded)
         self.step, self.position, self.tokens, self.loss_value = 0, 0, 0, None
         self.resumed_from = None
+        if loaded is None and self.weights_pending:  # no checkpoint verified after all: draw them as a start does
+            fill_weights(self.model, self.strategy, self.train_spec.seed, self.source)
         if loaded is not None:
             self.step, self.position, self.tokens, self.loss_value = (loaded.step, loaded.data_position,
                                                                       loaded.tokens, loaded.loss)

@@ -10,7 +10,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -136,13 +136,28 @@ def build_device(strategy: Strategy, source: ModelSource, device: torch.device,
     return torch.device("cpu") if builds_on_host(model, total) else device
 
 
+class PreparedModel(NamedTuple):
+    model: torch.nn.Module
+    sharded: bool  # FSDP2 shards it
+    # its parameters are not drawn yet (prepare_model's checkpoint_follows): the caller loads a checkpoint into
+    # every one of them, or calls fill_weights
+    weights_pending: bool = False
+
+
 def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: torch.device,
-                  world: int) -> tuple[torch.nn.Module, bool]:
-    """The model on ``device`` as ``strategy`` trains it; True when FSDP2 shards it."""
+                  world: int, *, checkpoint_follows: bool = False) -> PreparedModel:
+    """The model on ``device`` as ``strategy`` trains it.
+
+    ``checkpoint_follows``: the caller is about to load a checkpoint. A sharded full fine-tune built once on the
+    host then skips drawing (or reading) its weights, which the checkpoint replaces anyway: on one CPU thread
+    of rank 0 that build takes ~23 s per billion fp32 parameters (llama-3.2-1b: 28 s on the H200 host), so
+    ~27 minutes of every spot restart of a 70B job (bench/build_once_probe.py)."""
     built_on = build_device(strategy, source, device)
     sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
     if sharded and built_on.type == "cpu" and builds_once(strategy):
-        return _sharded_from_rank0(strategy, seed, source, device), True
+        skip = checkpoint_follows and strategy.finetune == "full"
+        model, pending = _sharded_from_rank0(strategy, seed, source, device, draw_weights=not skip)
+        return PreparedModel(model, True, pending)
     with _BUILD_LOCK:
         model = build_model(source, seed=seed, weights_dtype=weights_dtype(strategy), device=built_on)
     if strategy.finetune == "qlora":
@@ -160,7 +175,7 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    return model, sharded
+    return PreparedModel(model, sharded)
 
 
 def _adapt(model: torch.nn.Module, strategy: Strategy) -> torch.nn.Module:
@@ -172,34 +187,74 @@ def _adapt(model: torch.nn.Module, strategy: Strategy) -> torch.nn.Module:
     return model
 
 
-def _sharded_from_rank0(strategy: Strategy, seed: int, source: ModelSource, device: torch.device) -> torch.nn.Module:
+def _sharded_from_rank0(strategy: Strategy, seed: int, source: ModelSource, device: torch.device, *,
+                        draw_weights: bool = True) -> tuple[torch.nn.Module, bool]:
     """A sharded model whose whole weights are built once, in rank 0's host memory, instead of once per rank
-    (planner.host_memory.builds_once prices the same). Every rank builds the structure on the meta device (no
-    memory), shards it with FSDP2 and allocates only its shard on ``device``; rank 0 then builds the weights
-    exactly as a per-rank build would (the same seed, init order and LoRA draws, or the local weights) and
-    broadcasts them, each rank keeping its shard. Buffers (rotary frequencies, which no state dict holds) come
-    from rank 0 too. The other ranks' global RNG is not advanced by a build they no longer do; rank 0's is
-    restored after its build, so every rank leaves with the same generator state."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    (planner.host_memory.builds_once prices the same); True with it when its weights are still to come.
 
-    dtype = weights_dtype(strategy)
+    Every rank builds the structure on the meta device (no memory), shards it with FSDP2 and allocates only its
+    shard on ``device``; rank 0 then builds the weights exactly as a per-rank build would (the same seed, init
+    order and LoRA draws, or the local weights) and broadcasts them, each rank keeping its shard (``fill_weights``).
+    Without ``draw_weights`` that build is skipped where the module buffers no state dict holds (rotary
+    frequencies) can be computed from their modules' configs on every rank; otherwise it runs anyway."""
     with _BUILD_LOCK:
         model = _adapt(build_model(ModelSource(config=source.config, weights_dir=None), seed=seed,
-                                   weights_dtype=dtype, device=torch.device("meta")), strategy)
+                                   weights_dtype=weights_dtype(strategy), device=torch.device("meta")), strategy)
     _shard(model, strategy)
     model.to_empty(device=device)
+    buffers = None if draw_weights else _buffers_from_configs(model)
+    if buffers is None:
+        fill_weights(model, strategy, seed, source)
+        return model, False
+    for name, buffer in model.named_buffers():
+        if name in buffers:
+            buffer.copy_(buffers[name])
+    return model, True
+
+
+def fill_weights(model: torch.nn.Module, strategy: Strategy, seed: int, source: ModelSource) -> None:
+    """Collective: rank 0 builds the whole weights on the host as a per-rank build would, and every rank of the
+    sharded ``model`` takes its shard of them, buffers included. The other ranks' global RNG is not advanced by
+    a build they do not do; rank 0's is restored after it, so every rank leaves with the same generator state."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     whole: torch.nn.Module | None = None
     if dist.get_rank() == 0:
         with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
-            whole = _adapt(build_model(source, seed=seed, weights_dtype=dtype, device=torch.device("cpu")), strategy)
+            whole = _adapt(build_model(source, seed=seed, weights_dtype=weights_dtype(strategy),
+                                       device=torch.device("cpu")), strategy)
     set_model_state_dict(model, whole.state_dict() if whole is not None else {},
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     for name, buffer in model.named_buffers():
         if whole is not None:
             buffer.copy_(whole.get_buffer(name))
         dist.broadcast(buffer, src=0)
-    del whole
-    return model
+
+
+def _buffers_from_configs(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The buffers a state dict does not hold, each computed by a fresh copy of its module from that module's
+    config (transformers' rotary embeddings: ``inv_freq``, ``original_inv_freq``); None when one of them has no
+    config, or weights of its own (Gemma's scaled embedding), so the caller builds the whole model instead."""
+    persistent = set(model.state_dict())
+    owners: dict[str, list[str]] = {}
+    for name, _ in model.named_buffers():
+        if name not in persistent:
+            owner_name, _, attr = name.rpartition(".")
+            owners.setdefault(owner_name, []).append(attr)
+    found: dict[str, torch.Tensor] = {}
+    for owner_name, attrs in owners.items():
+        owner = model.get_submodule(owner_name)
+        config = getattr(owner, "config", None)
+        if config is None or next(owner.parameters(), None) is not None:
+            return None
+        try:
+            with torch.device("cpu"):
+                fresh = type(owner)(config)
+        except Exception:  # any constructor that wants more than its config: the caller builds the model
+            return None
+        for attr in attrs:
+            found[f"{owner_name}.{attr}" if owner_name else attr] = getattr(fresh, attr)
+    return found
 
 
 def _shard(model: torch.nn.Module, strategy: Strategy) -> None:

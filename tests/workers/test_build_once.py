@@ -1,7 +1,9 @@
 """A sharded model built once: rank 0 builds the whole weights in host memory and every rank receives only its
 FSDP2 shard (workers.train_setup; planner.host_memory.builds_once prices the same). Put back together, the
 shards are exactly the model one process builds with the same seed or reads from the same folder, buffers and
-tied embeddings included, and a training step keeps the tie."""
+tied embeddings included, and a training step keeps the tie. A full fine-tune about to load a checkpoint skips
+that build (the checkpoint replaces every weight) and still has its rotary buffers; when no listed checkpoint
+verifies, the run draws its weights as a fresh start does."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from tests.workers.ranks import gloo, run_ranks
-from tests.workers.tiny import cpu_strategy, tiny_spec, write_config
+from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.model import build_model, resolve_model_source
 from workers.train_setup import _adapt, prepare_model
 
@@ -34,7 +36,8 @@ def _rank_main(rank: int, port: int, results: Any, folder: str, finetune: str) -
 
     with gloo(rank, port):
         source = resolve_model_source(tiny_spec(Path(folder) / "config.json"))
-        model, sharded = prepare_model(_strategy(finetune), SEED, source, torch.device("cpu"), world=2)
+        model, sharded, pending = prepare_model(_strategy(finetune), SEED, source, torch.device("cpu"), world=2)
+        assert not pending
         built = whole(model)
         buffers = {name: b.clone() for name, b in model.named_buffers()}
         generator = torch.get_rng_state()
@@ -85,3 +88,56 @@ def test_rank_0_builds_the_weights_once_and_each_rank_holds_its_shard_of_exactly
     assert torch.equal(stepped[embed], stepped[head])  # the tie survived the shards and a step
     changed = [k for k in expected if not torch.equal(stepped[k], expected[k])]
     assert changed and (finetune == "full" or all("lora_" in k for k in changed))
+
+
+def _follows_main(rank: int, port: int, results: Any, folder: str, finetune: str) -> None:
+    """prepare_model told a checkpoint follows: what it left to draw, and the buffers it set without a build."""
+    with gloo(rank, port):
+        source = resolve_model_source(tiny_spec(Path(folder) / "config.json"))
+        model, _, pending = prepare_model(_strategy(finetune), SEED, source, torch.device("cpu"), world=2,
+                                          checkpoint_follows=True)
+        torch.save({"pending": pending, "buffers": {n: b.clone() for n, b in model.named_buffers()}},
+                   Path(folder) / f"follows{rank}.pt")
+        results.put(rank)
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_a_full_fine_tune_about_to_resume_skips_the_weights_build_and_still_has_its_rotary_buffers(
+        tmp_path: Path, finetune: str) -> None:
+    write_config(tmp_path, tie_word_embeddings=True)
+    _, expected_buffers = _reference(tmp_path, finetune)
+    assert sorted(run_ranks(_follows_main, str(tmp_path), finetune, results=2)) == [0, 1]
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"follows{rank}.pt")
+        assert got["pending"] is (finetune == "full")  # LoRA checkpoints hold only the adapters: the base is built
+        assert got["buffers"].keys() == expected_buffers.keys()
+        for name, b in expected_buffers.items():
+            assert torch.equal(got["buffers"][name], b), name
+
+
+def _train_main(rank: int, port: int, results: Any, folder: str, store: str) -> None:
+    from workers.train import TrainJob, run_training
+
+    with gloo(rank, port):
+        spec = tiny_spec(Path(folder) / "m" / "config.json", steps=4, interval=2, world=2)
+        job = TrainJob(job_id="once", spec=spec, strategy=_strategy("full"), checkpoint_uri=store, device="cpu",
+                       cpu_threads=1, log_every_s=60.0)
+        done = run_training(job)
+        results.put((rank, done.resumed_from_step, done.steps))
+
+
+def test_when_no_listed_checkpoint_verifies_the_run_draws_its_weights_as_a_fresh_start_does(tmp_path: Path) -> None:
+    write_config(tmp_path / "m")
+    fresh, damaged = str(tmp_path / "fresh"), str(tmp_path / "damaged")
+    assert sorted(run_ranks(_train_main, str(tmp_path), fresh, results=2)) == [(0, None, 4), (1, None, 4)]
+    # a store whose checkpoints are listed as complete but whose bytes are damaged (same sizes: only the hashes
+    # tell), so the run sets out to skip the weights build and then finds nothing to load
+    assert sorted(run_ranks(_train_main, str(tmp_path), damaged, results=2)) == [(0, None, 4), (1, None, 4)]
+    shards = sorted((tmp_path / "damaged").glob("step-*/rank-*/shard-*.bin"))
+    assert shards
+    for blob in shards:  # the manifests (COMMIT) stay intact
+        data = bytearray(blob.read_bytes())
+        data[-1] ^= 0xFF
+        blob.write_bytes(bytes(data))
+    assert sorted(run_ranks(_train_main, str(tmp_path), damaged, results=2)) == [(0, None, 4), (1, None, 4)]
+    assert_same_weights(final_state(fresh)[1], final_state(damaged)[1])
