@@ -65,7 +65,7 @@ def _rank(rank: int, port: int, mode: str, model: str, device: str, queue: Any) 
         torch.cuda.synchronize()
     dist.barrier()
     seconds = time.perf_counter() - began
-    shard = sum(p.to_local().numel() * p.element_size() for p in net.parameters())  # type: ignore[operator]
+    shard = sum(p.to_local().numel() * p.element_size() for p in net.parameters())  # type: ignore[attr-defined]
     queue.put({"mode": mode, "rank": rank, "build_s": round(seconds, 2), "rss_before_gb": round(before / GB, 2),
                "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB, 2),
                "shard_gb": round(shard / GB, 2)})
