@@ -28,8 +28,10 @@ from planner.types import Strategy
 # rest: CUDA context, cuBLAS workspaces, the quantizer's temporaries); a model that does not fit this ran out of
 # memory at the build before the host build existed, so the rule changes nothing for the models that ran.
 GPU_BUILD_SHARE = 0.95
-# ASSUMED: a training rank's own resident memory besides the model (CUDA context, torch, transformers, the
-# data pipeline): ~3-4 GiB RSS per CUDA process is typical.
+# A training rank's own resident memory besides the model (CUDA context, torch, transformers, the data
+# pipeline). Measured: 2.27 GB peak RSS of a rank that built only its FSDP2 shard on the H200 host, before the
+# first step (bench/build_once_probe.py, 2026-12-04); the loop adds its data pipeline and allocator caches, so
+# the plan keeps ~4 GiB.
 HOST_PROCESS_BYTES = 4 * GIB
 # The share of a node's RAM a run may count on (the OS, page cache of the data, other daemons keep the rest).
 HOST_RAM_SHARE = 0.9
