@@ -261,13 +261,16 @@ def part_collectives(args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- 2. train
 
 
-def _train_rank(rank: int, world: int, device: str, job: Any) -> dict[str, Any]:
+def _train_rank(rank: int, world: int, device: str, job: Any, host_build: bool = False) -> dict[str, Any]:
     import resource
 
     import torch
 
+    import workers.train_setup
     from workers.train import run_training
 
+    if host_build:  # as for a model bigger than one GPU: sharded full fine-tunes build it once, on rank 0's host
+        workers.train_setup.build_device = lambda *_a, **_k: torch.device("cpu")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     result = run_training(job)
@@ -278,7 +281,7 @@ def _train_rank(rank: int, world: int, device: str, job: Any) -> dict[str, Any]:
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
     else:
         out["peak_allocated_bytes"] = out["peak_reserved_bytes"] = None
-        out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
 
 
@@ -300,6 +303,10 @@ def train_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
         # host_build_2026-12-02.txt
         cases.append({"name": "forced fsdp qlora", "model": args.model,
                       "pins": {"sharding": "fsdp", "finetune": "qlora"}})
+        # the path of models bigger than one GPU (workers.train_setup._sharded_from_rank0) over NCCL: rank 0
+        # builds the weights on the host and broadcasts them; each rank's peak host memory is in the row
+        cases.append({"name": "forced fsdp host build", "model": args.model, "pins": {"sharding": "fsdp"},
+                      "host_build": True})
     if args.gpus >= 8 and args.big_model:
         cases.append({"name": "planner 70B-class", "model": args.big_model, "pins": {}})
     return cases
@@ -311,20 +318,22 @@ def _cpu_pins(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _build_problem(model_id: str, strategy: Any, gpu: str, ckpt_root: str | None) -> str | None:
-    """Why this run cannot go here: the worker materialises the whole model on each GPU before FSDP
-    shards it (workers.train_setup.prepare_model), so the unsharded weights must fit one GPU; and the
-    host must hold its checkpoint."""
+    """Why this run cannot go here: this host's RAM short of what the plan's own rule says a node needs (the
+    model's host build, by rank 0 alone or by every rank, or the checkpoint snapshot: planner.host_memory),
+    or of the end-of-run checkpoint's files."""
     from catalog.loader import load_catalog
     from catalog.params import count_params
+    from planner.host_memory import HOST_RAM_SHARE, host_bytes_per_node
 
     catalog = load_catalog()
-    params = count_params(catalog.model(model_id)).total
-    nbytes = params * (2 if strategy.precision in ("bf16", "fp8") else 4)
-    total = catalog.gpu(gpu).torch_total_gib
-    if total and nbytes > total * GIB:
-        return (f"the worker builds the whole model on each GPU before sharding: {nbytes / GIB:.0f} GiB of "
-                f"{strategy.precision} weights > {total:.0f} GiB (needs meta-device init)")
-    return _host_problem(params, nbytes // params, strategy, ckpt_root)
+    counted = count_params(catalog.model(model_id))
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    need = host_bytes_per_node(counted, strategy, catalog.gpu(gpu), strategy.gpu_count)
+    if need > HOST_RAM_SHARE * ram:
+        return (f"the plan's host side needs {need / GIB:,.0f} GiB (planner.host_memory) > {HOST_RAM_SHARE:.0%} "
+                f"of this host's {ram / GIB:,.0f} GiB")
+    nbytes = counted.total * (2 if strategy.precision in ("bf16", "fp8") else 4)
+    return _host_problem(counted.total, nbytes // counted.total, strategy, ckpt_root)
 
 
 def _host_problem(params: int, weight_bytes: int, strategy: Any, ckpt_root: str | None) -> str | None:
@@ -384,7 +393,8 @@ def part_train(args: argparse.Namespace, deadline: float) -> dict[str, Any]:
                            device=args.device, log_every_s=60.0, keep_checkpoints=1,
                            cpu_threads=1 if args.device == "cpu" else None, predicted=predicted(est))
             try:
-                ranks = run_ranks(_train_rank, args.gpus, args.device, args.part_timeout_s, job=job)
+                ranks = run_ranks(_train_rank, args.gpus, args.device, args.part_timeout_s, job=job,
+                                  host_build=bool(case.get("host_build")))
             except RuntimeError as exc:
                 rows.append({**row, "failed": str(exc)[-800:]})
                 print(f"train {case['name']}: FAILED {str(exc)[-300:]}", flush=True)
@@ -408,8 +418,7 @@ def _train_measured(row: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[st
         out["measured_peak_reserved_gib"] = max(reserved) / GIB
         out["alloc_error_pct"] = _err(row["predicted_peak_allocated_gib"], out["measured_peak_allocated_gib"])
         out["reserved_error_pct"] = _err(row["predicted_peak_reserved_gib"], out["measured_peak_reserved_gib"])
-    else:
-        out["rank_peak_rss_gib"] = [round(r["peak_rss_bytes"] / GIB, 3) for r in ranks]
+    out["rank_peak_rss_gib"] = [round(r["peak_rss_bytes"] / GIB, 3) for r in ranks]
     if out["measured_tokens_per_s"]:
         out["tokens_error_pct"] = _err(row["predicted_tokens_per_s"], out["measured_tokens_per_s"])
     return out
