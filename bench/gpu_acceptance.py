@@ -80,7 +80,8 @@ class Outcome:
     predicted_tokens_per_s: float | None = None
     measured_tokens_per_s: float | None = None
     oom_backoffs: int = 0
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # `gpuplan run` end to end: the process, the plan and the job
+    predicted_wall_s: float | None = None  # the plan's hours (their start included), not judged: reported
     run: dict[str, Any] | None = None
     output_tail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -135,6 +136,7 @@ def _fill(out: Outcome, run: dict[str, Any]) -> None:
     out.predicted_tokens_per_s = predicted.get("tokens_per_s")
     out.measured_tokens_per_s = measured.get("tokens_per_s")
     out.oom_backoffs = len(run.get("oom_backoffs") or [])
+    out.predicted_wall_s = predicted.get("wall_s")
 
 
 def _judge(out: Outcome, rc: int, stdout: str, stderr: str, *, check_accuracy: bool = True) -> Outcome:
@@ -423,7 +425,7 @@ def _rate(n: float | None) -> str:
 
 def table(outcomes: list[Outcome]) -> str:
     head = ("| case | result | strategy (planner's) | alloc GiB pred / meas | err | reserved GiB pred / meas "
-            "| tok/s pred / meas | err | OOM back-offs | wall s | reason |")
+            "| tok/s pred / meas | err | OOM back-offs | wall s pred / meas | reason |")
     rows = [head, "|" + "---|" * 11]
     for o in outcomes:
         alloc_err = _pct(o.measured_peak_allocated_bytes, o.predicted_peak_allocated_bytes)
@@ -432,7 +434,8 @@ def table(outcomes: list[Outcome]) -> str:
             f"{_gib(o.measured_peak_allocated_bytes)} | {alloc_err} "
             f"| {_gib(o.predicted_peak_reserved_bytes)} / {_gib(o.measured_peak_reserved_bytes)} | "
             f"{_rate(o.predicted_tokens_per_s)} / {_rate(o.measured_tokens_per_s)} | "
-            f"{_pct(o.measured_tokens_per_s, o.predicted_tokens_per_s)} | {o.oom_backoffs} | {o.wall_s:.0f} | "
+            f"{_pct(o.measured_tokens_per_s, o.predicted_tokens_per_s)} | {o.oom_backoffs} | "
+            f"{_rate(o.predicted_wall_s)} / {o.wall_s:.0f} | "
             f"{o.reason.replace('|', '/') or '-'} |")
     return "\n".join(rows)
 

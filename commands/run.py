@@ -117,7 +117,7 @@ def _print_run_summary(result: RunSummary) -> None:
                 ("outputs", result["outputs"]),
                 ("tokens/s measured / predicted",
                  f"{rate(measured['tokens_per_s'])} / {rate(predicted['tokens_per_s'])}"),
-                ("wall time", f"{result['wall_s']:.1f} s"),
+                ("wall time", _wall(result)),
                 ("cost", "$0.00 (local machine)")]
         if measured.get("prefill_s") is not None:  # the compiled decoder times a batch's two terms apart
             rows.insert(-2, ("prompt pass / decode step measured / predicted",
@@ -141,7 +141,7 @@ def _print_run_summary(result: RunSummary) -> None:
          # a CPU run measures the whole process (Python and PyTorch's own ~0.5 GiB), the plan its tensors
          f"{' (process RSS, runtime included)' if not measured['peak_allocated_bytes'] else ''} / "
          f"{gib(predicted['peak_allocated_bytes'])}{' (tensors)' if not measured['peak_allocated_bytes'] else ''}"),
-        ("wall time", f"{result['wall_s']:.1f} s"),
+        ("wall time", _wall(result)),
         ("cost", "$0.00 (local machine)"),
     ]
     for key, value in rows:
@@ -209,3 +209,10 @@ def _export_source(source: str) -> tuple[str, str | None]:
                        hint=f"a job has one once it has saved a step; see `gpuplan status {job.id}`")
     note = None if job.state == "succeeded" else f"job {job.id} is {job.state}: exporting its newest checkpoint"
     return uri, note
+
+
+def _wall(result: RunSummary) -> str:
+    """The run's wall time, and the plan's where there is one (its start counts the process and the plan too,
+    which this in-process run had done before its clock started)."""
+    planned = result["predicted"].get("wall_s")
+    return f"{result['wall_s']:.1f} s" + (f" (planned {planned:.0f} s with the process start)" if planned else "")

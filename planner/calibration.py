@@ -274,6 +274,18 @@ class CostCalibration(_Cal):
         description="seconds of warning before a spot preemption, by cloud (0: none)",
     )
     restart_h: float = Field(default=0.15, description="new node + Ray + load checkpoint")
+    # A job's one-time seconds beyond its steady work, in its hours: medians of bench/start_fit.py over the GPU
+    # acceptance records of runs 13-25 (2026-12-03/04, `gpuplan run` end to end on an H200; runs 26 on are
+    # held out). Training: the process and the plan, the model's build, the optimizer, the first step's warm-up
+    # (47 case runs of 7 cases, 18.9-57.0 s: wall less the steady steps, less the two checkpoint terms below,
+    # which scale with the state: the buffer's pinning at the start, the last checkpoint's write at the end).
+    # Inference: the process and the plan, and the model's load (48 case runs of 9 cases, 15.3-32.6 s); the
+    # compiled decoder's capture is the estimate's warmup_s. Weights read from a folder add their read time.
+    train_start_s: float = Field(default=26.5, ge=0.0, description="training: fixed seconds of a job's start")
+    infer_start_s: float = Field(default=23.4, ge=0.0, description="inference: fixed seconds of a job's start")
+    # 14.8 GB of pinned host buffers allocated in 7.15 s on the H200 host (bench/checkpoint_io.py: 2.07 GB/s)
+    checkpoint_pin_gbps: float = Field(default=2.07, gt=0.0,
+                                       description="GB/s: the checkpoint buffer pinned once at the start")
     # Measured on one H200 host (bench/checkpoint_io.py, issue 11): 14.8 GB of state made durable on
     # tmpfs in 3.26 s and 3.15 s (4.55 and 4.71 GB/s) as 16 shards hashed while written; the loop
     # stops only for the device-to-host snapshot into reused pinned buffers, 0.29 s (50 GB/s).

@@ -26,6 +26,7 @@ from planner.capability import (
     precision_problem,
     weights_problem,
 )
+from planner.host_memory import checkpoint_state_bytes
 from planner.knobs import Knobs
 from planner.memory import Moment, finish_estimate, infer_memory
 from planner.memory_train import MemoryLines, max_micro_batch, memory_lines, train_memory, train_moments
@@ -166,10 +167,27 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     memory = finish_estimate(moments[0], moments[1], gpu, strategy.gpu_count, mem_cal, headroom=headroom)
     thr = train_throughput(model, strategy, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
                            network_gbps=p.network_gbps, pc=pc, memo=memo.per_token, parts=best[2])
-    hours = t.tokens / thr.tokens_per_s / 3600
+    start = train_start_s(pc, strategy, cal)
+    hours = (t.tokens / thr.tokens_per_s + start) / 3600
     return Outcome(construct(Estimate, strategy=strategy, memory=memory, throughput=thr, hours=hours,
-                                           warnings=[]),
+                             start_s=start, warnings=[]),
                    tried=found.tried)
+
+
+def train_start_s(pc: ParamCount, strategy: Strategy, cal: Calibration) -> float:
+    """A training job's one-time seconds: the measured fixed start, the checkpoint buffer pinned once and the last
+    checkpoint's write, each at its measured speed per node (under FSDP every node its share of the state, at
+    once; under DDP rank 0 the whole state), as planner.host_memory counts the snapshot."""
+    state = checkpoint_state_bytes(pc, strategy)
+    if strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.gpu_count > 1:
+        state /= strategy.nodes
+    return (cal.cost.train_start_s + state / (cal.cost.checkpoint_pin_gbps * 1e9)
+            + state / (cal.cost.checkpoint_write_gbps * 1e9))
+
+
+def infer_start_s(thr: ThroughputEstimate, cal: Calibration) -> float:
+    """An inference job's one-time seconds: the measured fixed start (process, load) and the decoder's capture."""
+    return cal.cost.infer_start_s + thr.warmup_s
 
 
 def _train_space(t: TrainSpec, p: Placement, support: StackSupport, memo: Memo) -> _TrainSpace | Outcome:
@@ -335,11 +353,11 @@ def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
             f"(smallest: {s.label()})")
 
 
-def _infer_hours(inf: InferSpec, thr: ThroughputEstimate) -> float:
-    """Wall-clock hours of an inference job: its requests at the estimated rate plus the decoder's one-time
-    capture (``warmup_s``), one formula for the searched and the pinned estimate."""
+def _infer_hours(inf: InferSpec, thr: ThroughputEstimate, cal: Calibration) -> float:
+    """Wall-clock hours of an inference job: its requests at the estimated rate plus its start (``infer_start_s``),
+    one formula for the searched and the pinned estimate."""
     assert thr.requests_per_s is not None
-    return (inf.requests / thr.requests_per_s + thr.warmup_s) / 3600
+    return (inf.requests / thr.requests_per_s + infer_start_s(thr, cal)) / 3600
 
 
 def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
@@ -396,8 +414,8 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                     smallest = (m, s)
                 continue
             thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
-            est = construct(Estimate, strategy=s, memory=m, throughput=thr, hours=_infer_hours(inf, thr),
-                            warnings=list(warnings))
+            est = construct(Estimate, strategy=s, memory=m, throughput=thr, hours=_infer_hours(inf, thr, cal),
+                            start_s=infer_start_s(thr, cal), warnings=list(warnings))
             if best is None or thr.tokens_per_s > best.throughput.tokens_per_s * 1.02:
                 best = est
         if best is not None:
@@ -511,7 +529,9 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
         mem = train_memory(model, s, t.seq_len, gpu, cal.memory, headroom=memory_headroom(spec, cal))
         thr = train_throughput(model, s, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
                                network_gbps=p.network_gbps)
-        return Estimate(strategy=s, memory=mem, throughput=thr, hours=t.tokens / thr.tokens_per_s / 3600)
+        start = train_start_s(count_params(model), s, cal)
+        return Estimate(strategy=s, memory=mem, throughput=thr, hours=(t.tokens / thr.tokens_per_s + start) / 3600,
+                        start_s=start)
     assert spec.infer is not None
     inf = spec.infer
     weights = inf.weights if inf.weights != "auto" else auto_weights(gpu)[-1]
@@ -525,4 +545,5 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory,
                        headroom=memory_headroom(spec, cal))
     thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
-    return Estimate(strategy=s, memory=mem, throughput=thr, hours=_infer_hours(inf, thr), warnings=notes)
+    return Estimate(strategy=s, memory=mem, throughput=thr, hours=_infer_hours(inf, thr, cal),
+                    start_s=infer_start_s(thr, cal), warnings=notes)

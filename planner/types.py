@@ -168,7 +168,10 @@ class Estimate(_Value):
     strategy: Strategy
     memory: MemoryEstimate
     throughput: ThroughputEstimate
-    hours: float = Field(description="wall-clock hours to finish the job's tokens or requests")
+    hours: float = Field(description="wall-clock hours to finish the job's tokens or requests, its start included")
+    start_s: float = Field(default=0.0, ge=0.0, description="of hours, the one-time seconds beyond the steady work: "
+                           "process, model build or load, first step, checkpoint buffer and last write (training); "
+                           "process, load and the compiled decoder's capture (inference)")
     warnings: list[str] = Field(default_factory=list, description="what the estimate had to assume")
 
 

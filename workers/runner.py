@@ -214,6 +214,7 @@ class PredictedSummary(TypedDict):
     tokens_per_s: float | None
     prefill_s: float | None  # inference: a batch's prompt pass (scheduler.accuracy.inference_split)
     decode_step_s: float | None  # inference: one decode step
+    wall_s: float | None  # the plan's hours, in seconds: the job's work and its start (GPU plans only)
 
 
 class RunSummary(TypedDict):
@@ -305,6 +306,7 @@ class LocalRun:
                 "tokens_per_s": predicted("tokens_per_s"),
                 "prefill_s": predicted("prefill_s"),
                 "decode_step_s": predicted("decode_step_s"),
+                "wall_s": hours * 3600 if (hours := predicted("hours")) is not None else None,
             },
             "note": self.plan.note,
             "planner_inputs": self.plan.inputs,

@@ -82,8 +82,10 @@ def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path, monkeypatch:
     import boto3
 
     spec = tmp_path / "job.yaml"
-    spec.write_text(yaml.safe_dump({"name": "demo", "task": "train", "model": "llama-3-8b",
-                                    "train": {"tokens": 1.0e9}, "resources": {"clouds": ["aws"]}}))
+    # 32 x H200 pinned: the chosen run is multi-node (p5en x 4, EFA), whatever the near-ties among the alternatives
+    resources = {"clouds": ["aws"], "regions": ["us-east-1"], "accelerators": ["H200:32"]}
+    spec.write_text(yaml.safe_dump({"name": "demo", "task": "train", "model": "llama-3-8b", "train": {"tokens": 1.0e9},
+                                    "resources": resources}))
     out = tmp_path / "cluster.yaml"
     no_wheel = runner.invoke(app, ["cluster", "config", str(spec), "--out", str(out)])  # refused before AWS
     assert no_wheel.exit_code == 2 and "not published" in no_wheel.stderr and not out.exists()

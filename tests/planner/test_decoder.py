@@ -55,27 +55,29 @@ def test_grouped_gemm_gpus_and_the_words_a_plan_prints() -> None:
 
 def test_the_compiled_decoders_capture_is_in_the_jobs_hours() -> None:
     """The first batch of a compiled job holds the capture (18-114 s on the H200, per fresh process, growing with
-    the layers): the plan's hours include it once, generate() pays none."""
+    the layers): the plan's hours include it once, generate() pays none; both pay the job's measured start
+    (process, plan, model load)."""
     from planner.calibration import load_calibration
     from planner.search import plan
     from planner.spec import spec_from_dict
 
     catalog, cal = load_catalog(), load_calibration()
 
-    def chosen(weights: str) -> tuple[float, float, float]:
+    def chosen(weights: str) -> tuple[float, float, float, float]:
         spec = spec_from_dict({"name": "serve", "task": "infer", "model": "llama-3.2-1b",
                                "infer": {"requests": 64, "prompt_tokens": 256, "output_tokens": 64, "batch": 32,
                                          "weights": weights},
                                "resources": {"accelerators": ["H200:1"], "spot": "never"}})
         e = plan(spec, catalog, calibration=cal).chosen.estimate
         assert e.throughput.requests_per_s is not None
-        return e.hours, e.throughput.warmup_s, 64 / e.throughput.requests_per_s
+        return e.hours, e.throughput.warmup_s, 64 / e.throughput.requests_per_s, e.start_s
 
-    hours, warmup, run_s = chosen("bf16")
-    assert warmup == cal.throughput.graph_compile_layer_s * 16 > 0
-    assert hours * 3600 == pytest.approx(run_s + warmup)
-    hours, warmup, run_s = chosen("int8")  # generate(): nothing to capture
-    assert warmup == 0.0 and hours * 3600 == pytest.approx(run_s)
+    start = cal.cost.infer_start_s
+    hours, warmup, run_s, start_s = chosen("bf16")
+    assert warmup == cal.throughput.graph_compile_layer_s * 16 > 0 and start > 0
+    assert start_s == pytest.approx(start + warmup) and hours * 3600 == pytest.approx(run_s + start_s)
+    hours, warmup, run_s, start_s = chosen("int8")  # generate(): nothing to capture
+    assert warmup == 0.0 and start_s == start and hours * 3600 == pytest.approx(run_s + start)
 
 
 def test_the_compiled_decoders_prompt_pass_has_its_own_price() -> None:
