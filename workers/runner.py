@@ -100,7 +100,8 @@ def plan_locally(spec: JobSpec, *, home: Path,
 
             predicted = {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
                          "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
-                         "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours}
+                         "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours,
+                         "wall_s": est.hours * 3600}  # its start included (measured on a GPU: not for CPU plans)
             split = inference_split(est.throughput.model_dump(mode="json"), est.strategy.model_dump(mode="json"))
             predicted.update({key: value for key, value in split.items() if value is not None})
             if not est.memory.fits:
@@ -306,7 +307,7 @@ class LocalRun:
                 "tokens_per_s": predicted("tokens_per_s"),
                 "prefill_s": predicted("prefill_s"),
                 "decode_step_s": predicted("decode_step_s"),
-                "wall_s": hours * 3600 if (hours := predicted("hours")) is not None else None,
+                "wall_s": predicted("wall_s"),
             },
             "note": self.plan.note,
             "planner_inputs": self.plan.inputs,
