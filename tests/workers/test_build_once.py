@@ -141,3 +141,26 @@ def test_when_no_listed_checkpoint_verifies_the_run_draws_its_weights_as_a_fresh
         blob.write_bytes(bytes(data))
     assert sorted(run_ranks(_train_main, str(tmp_path), damaged, results=2)) == [(0, None, 4), (1, None, 4)]
     assert_same_weights(final_state(fresh)[1], final_state(damaged)[1])
+
+
+def test_every_catalog_model_builds_on_the_meta_device_and_a_restart_computes_its_unsaved_buffers() -> None:
+    """The restart skip's inputs for every preset: the structure on the meta device (no memory), and the buffers no
+    state dict holds computed from their modules' configs; only Gemma's scaled embedding (weights of its own) makes
+    a restart build the weights as a fresh start does."""
+    from catalog.loader import load_catalog
+    from workers.model import ModelSource
+    from workers.train_setup import _buffers_from_configs
+
+    builds = []
+    for config in load_catalog().models:
+        net = build_model(ModelSource(config=config, weights_dir=None), seed=0, weights_dtype=torch.bfloat16,
+                          device=torch.device("meta"))
+        assert all(p.is_meta for p in net.parameters()), config.id
+        buffers = _buffers_from_configs(net)
+        if buffers is None:
+            builds.append(config.id)
+            continue
+        unsaved = {name for name, _ in net.named_buffers()} - set(net.state_dict())
+        assert set(buffers) == unsaved, config.id
+        assert all(not b.is_meta and torch.isfinite(b).all() for b in buffers.values()), config.id
+    assert builds and all(model_id.startswith("gemma-3") for model_id in builds)
