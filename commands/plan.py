@@ -222,9 +222,10 @@ def _print_estimate(result: Any, slack: float) -> None:
     how = ""
     if thr.decoder is not None:  # inference: which decoder the workers run, and its one-time capture
         how = f" ({'compiled decoder' if thr.decoder == 'graph' else 'generate()'}"
-        how += f", {thr.warmup_s:,.0f} s capture included" if thr.warmup_s else ""
         how += moe_decode_phrase(thr.decoder, thr.moe_kernel) + ")"
-    output.console.print(f"{line}; {result.hours:,.1f} h for the job{how}", highlight=False)
+    start = f", its start included: {result.start_s:,.0f} s" if result.start_s else ""
+    start += f", {thr.warmup_s:,.0f} s of it the capture" if thr.warmup_s else ""
+    output.console.print(f"{line}; {result.hours:,.1f} h for the job{how}{start}", highlight=False)
     split = inference_split(thr.model_dump(mode="json"), result.strategy.model_dump(mode="json"))
     if split["prefill_s"] is not None and split["decode_step_s"] is not None:
         # the same two numbers a run logs and `gpuplan report accuracy` compares (workers/decode.DecodeTiming)

@@ -83,7 +83,9 @@ def test_inference_example_plans_and_estimates() -> None:
     h100 = json.loads(runner.invoke(app, ["estimate", serve, "--gpu", "H100-SXM", "--count", "1", "--json"]).stdout)
     warmup = h100["throughput"]["warmup_s"]
     shown = " ".join(runner.invoke(app, ["estimate", serve, "--gpu", "H100-SXM", "--count", "1"]).stdout.split())
-    assert warmup > 0 and f"h for the job (compiled decoder, {warmup:,.0f} s capture included)" in shown
+    start = h100["start_s"]
+    assert warmup > 0 and f"h for the job (compiled decoder), its start included: {start:,.0f} s, {warmup:,.0f} s " \
+        "of it the capture" in shown
     # and a batch's two terms, as a run logs them and `gpuplan report accuracy` compares them
     prefill = h100["throughput"]["breakdown_s"]["prefill"]
     assert f"per batch of {h100['strategy']['batch']}: prompt pass {prefill * 1e3:,.1f} ms, then" in shown
