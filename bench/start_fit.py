@@ -2,8 +2,8 @@
 
 For every successful case of bench/results/acceptance/*.json (kill-resume left out: two attempts):
 
-  training   wall (the CLI, end to end) - tokens / steady tokens/s - state / checkpoint_pin_gbps
-             - state / checkpoint_write_gbps   (state: planner.host_memory.checkpoint_state_bytes)
+  training   wall (the CLI, end to end) - tokens / steady tokens/s - the plan's state terms (the checkpoint
+             buffer pinned, the last checkpoint written: planner.placement.train_start_s less its fixed part)
   inference  wall (the CLI) - (the run's wall - the model's load)   (the run's wall less the load is what the
              plan already prices: the requests and the compiled decoder's capture)
 
@@ -38,10 +38,10 @@ def residuals(folder: Path) -> list[dict[str, Any]]:
     from catalog.params import count_params
     from catalog.schema import ModelConfig
     from planner.calibration import load_calibration
-    from planner.host_memory import checkpoint_state_bytes
+    from planner.placement import train_start_s
     from planner.types import Strategy
 
-    cost = load_calibration().cost
+    cal = load_calibration()
     rows: list[dict[str, Any]] = []
     for path in sorted(folder.glob("*_run*.json"), key=run_number):
         for case in json.loads(path.read_text()).get("cases", []):
@@ -59,10 +59,9 @@ def residuals(folder: Path) -> list[dict[str, Any]]:
             else:
                 measured = run["measured"]
                 model = ModelConfig.model_validate(run["planner_inputs"]["model"])
-                state = checkpoint_state_bytes(count_params(model), Strategy.model_validate(run["strategy"]))
+                planned = train_start_s(count_params(model), Strategy.model_validate(run["strategy"]), cal)
                 steady = run["tokens"] / measured["tokens_per_s"]
-                row["start_s"] = (case["wall_s"] - steady - state / (cost.checkpoint_pin_gbps * 1e9)
-                                  - state / (cost.checkpoint_write_gbps * 1e9))
+                row["start_s"] = case["wall_s"] - steady - (planned - cal.cost.train_start_s)
             rows.append(row)
     return rows
 

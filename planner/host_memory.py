@@ -48,13 +48,17 @@ def builds_on_host(model_bytes: float, gpu_bytes: float) -> bool:
     return model_bytes > GPU_BUILD_SHARE * gpu_bytes
 
 
+def shards_state(strategy: Strategy) -> bool:
+    """Whether FSDP2 shards the run's weights and optimizer state over its ranks (each node holds its share)."""
+    return strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.gpu_count > 1
+
+
 def builds_once(strategy: Strategy) -> bool:
     """Whether a host build is rank 0's alone (the other ranks receive their shards from it), one rule for the
     plan's host memory and for workers.train_setup. Before 2026-12-04 every rank built its own copy: a Llama-3-70B
     full fine-tune in amp-bf16 (fp32 master weights, 280 GB) asked 8 x 280 GB of an 8-GPU node and was refused on
     every offer."""
-    return (strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.gpu_count > 1
-            and strategy.finetune != "qlora" and strategy.precision != "fp8")
+    return shards_state(strategy) and strategy.finetune != "qlora" and strategy.precision != "fp8"
 
 
 def checkpoint_state_bytes(pc: ParamCount, strategy: Strategy) -> float:
@@ -65,10 +69,14 @@ def checkpoint_state_bytes(pc: ParamCount, strategy: Strategy) -> float:
     return pc.total * ADAPTER_STATE_PER_PARAM
 
 
-def host_bytes_per_node(pc: ParamCount, strategy: Strategy, gpu: GpuSpec, ranks_per_node: int) -> float:
-    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.gpu_count > 1
+def node_state_bytes(pc: ParamCount, strategy: Strategy, ranks_per_node: int) -> float:
+    """The checkpointed state one node's ranks hold: under FSDP their share, under DDP rank 0 the whole."""
     state = checkpoint_state_bytes(pc, strategy)
-    snapshot = state * ranks_per_node / strategy.gpu_count if sharded else state
+    return state * ranks_per_node / strategy.gpu_count if shards_state(strategy) else state
+
+
+def host_bytes_per_node(pc: ParamCount, strategy: Strategy, gpu: GpuSpec, ranks_per_node: int) -> float:
+    snapshot = node_state_bytes(pc, strategy, ranks_per_node)
     model = build_bytes(pc.total, strategy.precision)
     copies = 1 if builds_once(strategy) else ranks_per_node
     build = copies * model if builds_on_host(model, usable_bytes(gpu)) else 0.0

@@ -26,7 +26,7 @@ from planner.capability import (
     precision_problem,
     weights_problem,
 )
-from planner.host_memory import checkpoint_state_bytes
+from planner.host_memory import node_state_bytes
 from planner.knobs import Knobs
 from planner.memory import Moment, finish_estimate, infer_memory
 from planner.memory_train import MemoryLines, max_micro_batch, memory_lines, train_memory, train_moments
@@ -176,11 +176,9 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
 
 def train_start_s(pc: ParamCount, strategy: Strategy, cal: Calibration) -> float:
     """A training job's one-time seconds: the measured fixed start, the checkpoint buffer pinned once and the last
-    checkpoint's write, each at its measured speed per node (under FSDP every node its share of the state, at
-    once; under DDP rank 0 the whole state), as planner.host_memory counts the snapshot."""
-    state = checkpoint_state_bytes(pc, strategy)
-    if strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.gpu_count > 1:
-        state /= strategy.nodes
+    checkpoint's write, each at its measured speed per node (its ranks' share of the state, as the snapshot in
+    planner.host_memory)."""
+    state = node_state_bytes(pc, strategy, strategy.gpu_count // strategy.nodes)
     return (cal.cost.train_start_s + state / (cal.cost.checkpoint_pin_gbps * 1e9)
             + state / (cal.cost.checkpoint_write_gbps * 1e9))
 
@@ -353,11 +351,14 @@ def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
             f"(smallest: {s.label()})")
 
 
-def _infer_hours(inf: InferSpec, thr: ThroughputEstimate, cal: Calibration) -> float:
-    """Wall-clock hours of an inference job: its requests at the estimated rate plus its start (``infer_start_s``),
+def _infer_estimate_of(s: Strategy, m: MemoryEstimate, thr: ThroughputEstimate, inf: InferSpec, cal: Calibration,
+                       warnings: list[str]) -> Estimate:
+    """An inference estimate whose hours are its requests at the estimated rate plus its start (``infer_start_s``),
     one formula for the searched and the pinned estimate."""
     assert thr.requests_per_s is not None
-    return (inf.requests / thr.requests_per_s + infer_start_s(thr, cal)) / 3600
+    start = infer_start_s(thr, cal)
+    return construct(Estimate, strategy=s, memory=m, throughput=thr, hours=(inf.requests / thr.requests_per_s + start)
+                     / 3600, start_s=start, warnings=warnings)
 
 
 def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
@@ -414,8 +415,7 @@ def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
                     smallest = (m, s)
                 continue
             thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
-            est = construct(Estimate, strategy=s, memory=m, throughput=thr, hours=_infer_hours(inf, thr, cal),
-                            start_s=infer_start_s(thr, cal), warnings=list(warnings))
+            est = _infer_estimate_of(s, m, thr, inf, cal, list(warnings))
             if best is None or thr.tokens_per_s > best.throughput.tokens_per_s * 1.02:
                 best = est
         if best is not None:
@@ -545,5 +545,4 @@ def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Ca
     mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory,
                        headroom=memory_headroom(spec, cal))
     thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
-    return Estimate(strategy=s, memory=mem, throughput=thr, hours=_infer_hours(inf, thr, cal),
-                    start_s=infer_start_s(thr, cal), warnings=notes)
+    return _infer_estimate_of(s, mem, thr, inf, cal, notes)
