@@ -84,7 +84,10 @@ def _ts(nullable: bool = False, index: bool = False) -> Any:
 
 # One rule for team names on every path (API bodies and paths, CLI, GPUPLAN_TEAM): a name is a
 # URL path segment and a Prometheus label value, and lowercase only so "ML" and "ml" never differ.
-_TEAM_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+# The pattern is also the dashboard's HTML ``pattern`` attribute: '-' is escaped so browsers that
+# compile it with the 'v' flag accept it too.
+TEAM_NAME_PATTERN = r"[a-z0-9][a-z0-9_\-]{0,62}"
+_TEAM_NAME = re.compile(TEAM_NAME_PATTERN)
 TEAM_NAME_RULE = "1 to 63 lowercase letters, digits, '-' or '_', starting with a letter or digit"
 
 

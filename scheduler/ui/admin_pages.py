@@ -9,7 +9,7 @@ from fastapi.responses import Response
 
 from catalog.errors import InvalidInput
 from scheduler.inputs import Label, Name, RowId, Word
-from scheduler.models import ApiTokenCreated, TeamCreate, TeamUpdate
+from scheduler.models import TEAM_NAME_PATTERN, TEAM_NAME_RULE, ApiTokenCreated, TeamCreate, TeamUpdate
 from scheduler.ui.web import Ctx, CtxDep, check_csrf, number, redirect, render, team_body
 
 router = APIRouter()
@@ -19,7 +19,7 @@ def _admin(ctx: Ctx, status: int = 200, created: ApiTokenCreated | None = None, 
     teams = ctx.service.list_teams(ctx.principal)  # Forbidden for a team
     tokens = {t.name: ctx.service.list_tokens(ctx.principal, t.name) for t in teams}
     return render(ctx, "admin.html", status, team_rows=teams, tokens=tokens, created=created,
-                  created_team=created_team)
+                  created_team=created_team, team_name_pattern=TEAM_NAME_PATTERN, team_name_rule=TEAM_NAME_RULE)
 
 
 @router.get("/admin")

@@ -29,11 +29,11 @@ from catalog.errors import GpuplanError
 from catalog.loader import Catalog
 from scheduler.api.deps import utf8_url
 from scheduler.inputs import printable
-from scheduler.service import SchedulerService
+from scheduler.service import Principal, SchedulerService
 from scheduler.states import JobState
 from scheduler.ui import admin_pages, jobs_pages, plan_pages, signin, spend_pages, views
-from scheduler.ui.session import Signer
-from scheduler.ui.web import SignInNeeded, redirect, session_of
+from scheduler.ui.session import Session, Signer
+from scheduler.ui.web import SignInNeeded, redirect, service_of, session_of
 
 log = logging.getLogger("gpuplan.ui")
 
@@ -73,6 +73,19 @@ async def _headers(request: Request, call_next: Any) -> Response:
     return response
 
 
+def _signed_in(request: Request, session: Session | None) -> Principal | None:
+    """Who an error page is for, so it keeps the navigation and Sign out (None: not signed in)."""
+    if session is None or session.digest is None:
+        return None
+    try:
+        return service_of(request).authenticate_hash(session.digest)
+    except GpuplanError:  # revoked, or the store is what failed: the page offers Sign in instead
+        return None
+    except Exception:  # an error page must render whatever failed before it
+        log.exception("could not tell who an error page is for")
+        return None
+
+
 def _error_pages(ui: FastAPI, templates: Jinja2Templates) -> None:
     """Every error as the dashboard's error page (the live tail's request: as JSON)."""
 
@@ -81,7 +94,8 @@ def _error_pages(ui: FastAPI, templates: Jinja2Templates) -> None:
             return JSONResponse({"error": {"message": printable(message)}}, status_code=status)
         session = session_of(request)
         return templates.TemplateResponse(request, "error.html", {
-            "principal": None, "csrf": session.csrf if session else "", "path": request.url.path,
+            "principal": _signed_in(request, session), "csrf": session.csrf if session else "",
+            "path": request.url.path,
             "status": status, "message": printable(message, 500), "hint": printable(hint or "", 300)},
             status_code=status)
 

@@ -59,7 +59,8 @@ def job_page(ctx: CtxDep, job_id: JobId, team: Annotated[Name, Query()] = "") ->
                   chosen=views.chosen_line(chosen) if chosen else "",
                   alternatives=views.plan_rows(alternatives, chosen), accuracy=rows,
                   log_lines=lines, log_next=logs.next, log_complete=logs.complete,
-                  log_cut=len(logs.lines) - len(lines), terminal=JobState(detail.state).terminal)
+                  log_cut=len(logs.lines) - len(lines), terminal=JobState(detail.state).terminal,
+                  terminal_states=[s.value for s in JobState if s.terminal])
 
 
 @router.get("/jobs/{job_id}/log")
@@ -78,12 +79,16 @@ def cancel_confirm(ctx: CtxDep, job_id: JobId, team: Annotated[Name, Query()] = 
     if who is None:
         raise InvalidInput("there are no teams yet")
     detail = ctx.service.status(who, job_id)
+    back = page_url(f"/ui/jobs/{detail.id}", {"team": team} if team else {})
+    if JobState(detail.state).terminal:  # a stale page's link: say so, offer no button that can only fail
+        return render(ctx, "confirm.html", title=f"Job {detail.id} has ended",
+                      text=f"Job {detail.name} ({detail.id}) is already {detail.state}: there is nothing to cancel.",
+                      action="", back=back, button="", reason=False)
     return render(ctx, "confirm.html", title=f"Cancel job {detail.id}?",
                   text=f"Cancel job {detail.name} ({detail.id}, {detail.state})? A running attempt is stopped "
                   f"and charged up to now. This cannot be undone.",
                   action=page_url(f"/ui/jobs/{detail.id}/cancel", {"team": team} if team else {}),
-                  back=page_url(f"/ui/jobs/{detail.id}", {"team": team} if team else {}),
-                  button="Cancel the job", reason=True)
+                  back=back, button="Cancel the job", reason=True)
 
 
 @router.post("/jobs/{job_id}/cancel")

@@ -3,6 +3,7 @@ reason, the cost-vs-time Pareto plot), and submit it."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, UploadFile
@@ -12,6 +13,7 @@ from markupsafe import Markup
 
 from catalog.errors import Forbidden, InvalidInput, NoFeasiblePlan
 from planner.search import summarize_rejections
+from planner.types import Plan
 from scheduler.models import JobCreate
 from scheduler.ui import views
 from scheduler.ui.web import Ctx, CtxDep, check_csrf, pydantic_message, redirect, render, said
@@ -42,38 +44,45 @@ async def plan(ctx: CtxDep, csrf: Annotated[str, Form()] = "",
 
 
 def _plan_page(ctx: Ctx, text: str) -> Response:
-    service = ctx.service
+    """The plan of a pasted spec; any refusal (the spec's schema, or a name the catalog does not
+    know) is shown above the spec, which stays in its box to be fixed."""
     try:
         data = views.parse_spec_text(text)
         body = JobCreate.model_validate({"spec": data})  # the API's rules for a spec document
-        job_spec = service.parse_spec(body.spec)
+        result, error = _planned(ctx, body.spec)
     except InvalidInput as exc:
         return render(ctx, "plan.html", 422, spec=text, result=None, error=said(exc))
     except ValueError as exc:  # pydantic: the JsonObject rules
         return render(ctx, "plan.html", 422, spec=text, result=None, error=pydantic_message(exc))
-    try:
-        result = service.plan(job_spec)
-    except NoFeasiblePlan as exc:
-        result = service.planner(job_spec)  # no plan: show the rejections, as `gpuplan plan` does
-        error = said(exc)
-    else:
-        error = ""
     groups = summarize_rejections(result.rejections)
-    return render(ctx, "plan.html", spec=text, result=result, error=error,
+    # A key made with the page: posting its form twice (a double click, a resent form) submits one job.
+    return render(ctx, "plan.html", spec=text, result=result, error=error, idempotency_key=secrets.token_urlsafe(18),
                   rows=views.plan_rows(result.candidates[:20], result.chosen),
                   chosen=views.chosen_line(result.chosen), groups=groups,
                   plot=Markup(views.pareto_plot(result)) if result.candidates else "")
 
 
+def _planned(ctx: Ctx, spec: dict[str, object]) -> tuple[Plan, str]:
+    """(the plan, why nothing can be submitted or ""); InvalidInput for a spec the catalog refuses."""
+    service = ctx.service
+    job_spec = service.parse_spec(spec)
+    try:
+        return service.plan(job_spec), ""
+    except NoFeasiblePlan as exc:
+        return service.planner(job_spec), said(exc)  # no plan: show the rejections, as `gpuplan plan` does
+
+
 @router.post("/plan/submit")
 def submit(ctx: CtxDep, csrf: Annotated[str, Form()] = "",
            spec: Annotated[str, Form(max_length=views.MAX_SPEC_CHARS)] = "",
-           priority: Annotated[int, Form(ge=-1000, le=1000)] = 0) -> Response:
+           priority: Annotated[int, Form(ge=-1000, le=1000)] = 0,
+           idempotency_key: Annotated[str, Form(max_length=200)] = "") -> Response:
     check_csrf(ctx, ctx.request, csrf)
     if ctx.is_admin:
         raise Forbidden("jobs belong to teams; sign in with a team token to submit")
     try:
-        body = JobCreate.model_validate({"spec": views.parse_spec_text(spec), "priority": priority})
+        body = JobCreate.model_validate({"spec": views.parse_spec_text(spec), "priority": priority,
+                                        "idempotency_key": idempotency_key or None})
     except InvalidInput:
         raise
     except ValueError as exc:

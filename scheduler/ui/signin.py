@@ -14,6 +14,17 @@ from scheduler.ui.web import Search, Token, check_csrf, local, redirect, render,
 
 router = APIRouter()
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+NEEDS_HTTPS = ("Sign-in needs HTTPS at this address: the session cookie is Secure, and browsers keep it over "
+               "plain HTTP only on 127.0.0.1 or localhost. Serve the dashboard over HTTPS (a TLS proxy in front), "
+               "or reach it through a tunnel: ssh -L 8000:127.0.0.1:8000 HOST, then open http://127.0.0.1:8000/ui")
+
+
+def secure_here(request: Request) -> bool:
+    """Whether a browser keeps the Secure session cookie for this address: HTTPS, or loopback."""
+    host = (request.url.hostname or "").lower()
+    return request.url.scheme == "https" or host in LOOPBACK or host.endswith(".localhost")
+
 
 @router.get("/", include_in_schema=False)
 async def home() -> RedirectResponse:
@@ -25,7 +36,8 @@ async def login_form(request: Request, next: Annotated[Search, Query()] = "/ui/j
     session = session_of(request)
     if session is None:
         session = new_session()
-    response = render(None, "login.html", request=request, csrf=session.csrf, next=local(next), error="")
+    response = render(None, "login.html", request=request, csrf=session.csrf, next=local(next), error="",
+                      needs_https=NEEDS_HTTPS)
     set_cookie(request, response, session)
     return response
 
@@ -34,6 +46,8 @@ async def login_form(request: Request, next: Annotated[Search, Query()] = "/ui/j
 async def login(request: Request, token: Annotated[Token, Form()] = "", csrf: Annotated[str, Form()] = "",
                 next: Annotated[Search, Form()] = "/ui/jobs") -> Response:
     session = session_of(request)
+    if session is None and not secure_here(request):
+        return render(None, "login.html", 403, request=request, csrf="", next=local(next), error=NEEDS_HTTPS)
     check_csrf(session, request, csrf)
     assert session is not None
     try:

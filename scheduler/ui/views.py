@@ -124,7 +124,8 @@ def chosen_line(c: Candidate | None) -> str:
 def pareto_plot(plan: Plan) -> str:
     points = [(c.cost.hours, c.cost.usd, c.cost.market, c.pareto,
                f"{c.offer.instance_type} {c.estimate.strategy.label()}") for c in plan.candidates]
-    return svg.pareto_svg(points, f"{plan.job}: cost vs time ({len(plan.candidates)} options)")
+    chosen = (plan.chosen.cost.hours, plan.chosen.cost.usd) if plan.chosen else None
+    return svg.pareto_svg(points, f"{plan.job}: cost vs time ({len(plan.candidates)} options)", chosen)
 
 
 def stored_candidates(plan: Mapping[str, Any]) -> tuple[Candidate | None, list[Candidate]]:

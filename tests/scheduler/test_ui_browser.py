@@ -5,14 +5,22 @@ spec, spend equal to `gpuplan report spend --json`, sign out. Skipped where Chro
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
+from catalog.loader import Catalog
 from cli import app as cli_app
+from scheduler.api import create_app
+from scheduler.models import TeamUpdate, team_name_error
+from scheduler.service import ADMIN, SchedulerService
 from tests.scheduler.server import serve
 from tests.scheduler.ui_world import ADMIN_TOKEN, World, catalog, world
-from tests.scheduler.webdriver import browser_missing, chromium
+from tests.scheduler.webdriver import Browser, browser_missing, chromium
+from workers.executor import RunState
 
 __all__ = ["catalog", "world"]  # fixtures
 
@@ -101,3 +109,167 @@ def test_the_admin_in_the_browser(world: World) -> None:
             assert widths[0] <= widths[1] + 1, (page, widths)
         b.get(f"{url}/ui/jobs?team=beta")
         assert world.jobs["beta-job"] in b.text()
+
+
+# ---------------------------------------------------------------- issue 44: the dashboard's fixes
+
+# Every plotted value (a dot's centre, a line's or bar's extent) inside its plot's frame (so the axes
+# hold every value), and every mark clear of the legend.
+FIGURE_PROBLEMS = """
+const problems = [];
+const inside = (b, f) => b.x >= f.x - 1 && b.y >= f.y - 1 && b.x + b.width <= f.x + f.width + 1
+    && b.y + b.height <= f.y + f.height + 1;
+const overlap = (a, b) => a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height;
+for (const svg of document.querySelectorAll('svg.plot')) {
+  const frame = svg.querySelector('.frame').getBBox();
+  const legends = [...svg.querySelectorAll('.legend')].map(g => g.getBBox());
+  for (const mark of svg.querySelectorAll('.data')) {
+    const b = mark.getBBox();  // a dot's value is its centre: one on an axis may overhang the frame
+    const at = mark.tagName === 'circle' ? {x: b.x + b.width / 2, y: b.y + b.height / 2, width: 0, height: 0} : b;
+    const what = svg.getAttribute('aria-label') + ': ' + mark.outerHTML.slice(0, 120);
+    if (!inside(at, frame)) problems.push('outside the frame: ' + what);
+    if (legends.some(l => overlap(l, b))) problems.push('under the legend: ' + what);
+  }
+}
+return problems;
+"""
+
+# How far a table's right-aligned (number and money) columns reach, and whether its box scrolls.
+TABLE_FIT = """
+const table = document.querySelector(arguments[0]);
+const box = table.closest('.scroll');
+const right = Math.max(...[...table.querySelectorAll('th.r')].map(th => th.getBoundingClientRect().right));
+return {overflow: box.scrollWidth - box.clientWidth, right: right, view: document.documentElement.clientWidth};
+"""
+
+TYPO_SPECS = [("name: typo\ntask: train\nmodel: tiny-lama\ntrain:\n  tokens: 3.0e6\n", "tiny-lama"),
+              ("name: typo\ntask: train\nmodel: llama-3-8b\ntrain:\n  tokens: 3.0e6\nresources:\n"
+               "  regions: [us-eastt-1]\n", "us-eastt-1")]
+
+
+def _fits(b: Browser, css: str, page: str) -> None:
+    fit = b.script(TABLE_FIT, css)
+    assert fit["overflow"] <= 1 and fit["right"] <= fit["view"] + 1, (page, css, fit)
+
+
+def test_the_dashboard_fixes_of_issue_44(world: World, catalog: Catalog, tmp_path: Path) -> None:
+    from scheduler.api.server import catalog_planner
+
+    service = SchedulerService(world.service.store, catalog_planner(catalog), clock=world.clock,
+                               checkpoint_root=str(tmp_path / "ckpt"), admin_token=ADMIN_TOKEN)
+    shots = Path(os.environ.get("GPUPLAN_UI_SHOTS") or tmp_path)
+    alpha = service.team_principal("alpha")
+    # gpuplan.test: a name for 127.0.0.1 that is not loopback to the browser (plain HTTP is insecure there)
+    with serve(create_app(service, catalog)) as url, chromium(
+            args=("--host-resolver-rules=MAP gpuplan.test 127.0.0.1",)) as b:
+        # over plain HTTP on a non-loopback name, sign-in says it needs HTTPS (or a tunnel)
+        remote = url.replace("127.0.0.1", "gpuplan.test")
+        b.get(f"{remote}/ui/login")
+        assert "needs HTTPS" in b.text("#needs-https")
+        b.type("input[name=token]", world.tokens["alpha"])
+        b.click("form.stack button[type=submit]")
+        b.wait_for(lambda: b.find_all("#login-error"), "the sign-in error")
+        assert "needs HTTPS" in b.text("#login-error") and "ssh -L" in b.text("#login-error")
+        assert "CSRF" not in b.text()
+
+        b.get(f"{url}/ui/login")
+        assert not b.script("return document.getElementById('needs-https').checkVisibility()")
+        b.type("input[name=token]", world.tokens["alpha"])
+        b.click("form.stack button[type=submit]")
+        b.wait_for(lambda: b.url.endswith("/ui/jobs"), "the jobs page after sign-in")
+
+        # a catalog typo: the error inline, the pasted spec still in its box
+        for spec, typo in TYPO_SPECS:
+            b.get(f"{url}/ui/plan")
+            b.type("textarea[name=spec]", spec)
+            b.click("form.stack button[type=submit]")
+            b.wait_for(lambda: b.find_all("#plan-error"), "the plan's error")
+            assert typo in b.text("#plan-error") and "did you mean" in b.text("#plan-error")
+            assert b.script("return document.querySelector('textarea[name=spec]').value") == spec
+
+        # a plan: the chosen option ringed on the Pareto plot, ticks between decades, money columns on screen
+        b.get(f"{url}/ui/plan")
+        b.type("textarea[name=spec]", SPEC)
+        b.click("form.stack button[type=submit]")
+        b.wait_for(lambda: b.find_all("#plan-table"), "the plan table")
+        chosen = service.plan(service.parse_spec(yaml.safe_load(SPEC))).chosen
+        assert chosen is not None
+        ring = b.script("""const c = document.querySelectorAll('svg.plot circle.chosen');
+            return c.length === 1 ? [c[0].getAttribute('cx'), c[0].getAttribute('cy'), c[0].textContent] : null""")
+        assert ring is not None and f"{chosen.cost.hours:,.2f} h, ${chosen.cost.usd:,.2f}" in ring[2]
+        assert b.script("return [...document.querySelectorAll('svg.plot circle.data:not(.chosen)')].some("
+                        "c => c.getAttribute('cx') === arguments[0] && c.getAttribute('cy') === arguments[1])",
+                        ring[0], ring[1])
+        ticks = b.script("return ['x', 'y'].map(a => document.querySelectorAll('svg.plot text.tick.' + a).length)")
+        assert min(ticks) >= 3, ticks
+        assert b.script(FIGURE_PROBLEMS) == []
+        for width in (1280, 800):
+            b.set_window(width, 900)
+            _fits(b, "#plan-table", f"plan at {width}")
+        b.screenshot(shots / "plan-800.png")
+
+        # "Submit this job" posted twice: one job
+        before = len(service.list_jobs(alpha, limit=100))
+        landed = b.script("""const form = document.querySelector('form[action="/ui/plan/submit"]');
+            return [0, 1].map(() => { const x = new XMLHttpRequest(); x.open('POST', form.action, false);
+                x.send(new FormData(form)); return x.responseURL; })""")
+        assert landed[0] == landed[1] and "/ui/jobs/j-" in landed[0], landed
+        assert len(service.list_jobs(alpha, limit=100)) == before + 1
+        job = landed[0].rsplit("/", 1)[1]
+
+        # the job page follows the state: no Cancel once the log says the job ended
+        b.get(landed[0])
+        assert b.text("#job-state") == "queued" and b.find_all("#cancel")
+        world.loop.tick()  # starts it
+        b.wait_for(lambda: b.text("#job-state") == "running", "the state badge to say running")
+        world.executor.finish(world.executor.handle_of(job), RunState.SUCCEEDED)
+        world.loop.tick()
+        b.wait_for(lambda: b.text("#job-state") == "succeeded", "the state badge to say succeeded")
+        b.wait_for(lambda: not b.find_all("#cancel"), "the Cancel button to go")
+        b.get(f"{url}/ui/jobs/{job}/cancel")  # a stale tab's link
+        assert "nothing to cancel" in b.text() and not b.find_all("button.danger")
+
+        # error pages keep the navigation and Sign out
+        b.get(f"{url}/ui/jobs/j-0000000000000000")
+        assert "Error 404" in b.text() and b.find_all("header nav a[href='/ui/spend']")
+        assert b.find_all("header form.who button")
+
+        # the Jobs table's money columns at 800 and 1280 px
+        b.get(f"{url}/ui/jobs")
+        for width in (800, 1280):
+            b.set_window(width, 900)
+            _fits(b, "#jobs-table", f"jobs at {width}")
+        b.set_window(800, 900)
+        b.screenshot(shots / "jobs-800.png")
+
+        # the burn-down holds what is left after reservations, even below zero
+        service.update_team(ADMIN, "alpha", TeamUpdate(budget_usd=15.0))
+        b.set_window(1280, 900)
+        b.get(f"{url}/ui/spend")
+        assert float(b.script("return document.getElementById('remaining').dataset.usd")) < 0
+        assert b.script(FIGURE_PROBLEMS) == []
+        b.screenshot(shots / "spend-1280.png")
+
+        # the Accuracy runs table at 1280 px
+        b.set_window(1280, 900)
+        b.get(f"{url}/ui/accuracy")
+        _fits(b, "#runs", "accuracy at 1280")
+        assert b.script(FIGURE_PROBLEMS) == []
+        b.screenshot(shots / "accuracy-1280.png")
+
+        # the admin: an empty accuracy plot has no made-up scale; the team-name rule in the form
+        b.click("header form.who button")
+        b.wait_for(lambda: "/ui/login" in b.url, "the sign-in page")
+        b.type("input[name=token]", ADMIN_TOKEN)
+        b.click("form.stack button[type=submit]")
+        b.wait_for(lambda: b.url.endswith("/ui/jobs"), "the jobs page after sign-in")
+        b.get(f"{url}/ui/accuracy?team=beta")
+        empty = b.script("return [...document.querySelectorAll('svg.plot')].map(s => s.textContent)")
+        assert len(empty) == 2 and all("no runs" in t and "e-" not in t for t in empty), empty
+        b.get(f"{url}/ui/admin")
+        valid = b.script("""const input = document.querySelector('form[action="/ui/admin/teams"] input[name=name]');
+            return Object.fromEntries(arguments[0].map(v => {
+                input.value = v; return [v, input.checkValidity()]; }))""",
+                         ["Team.Upper", "ml", "ml-team_2", "-x", "a" * 63])
+        assert valid == {"Team.Upper": False, "ml": True, "ml-team_2": True, "-x": False, "a" * 63: True}
+        assert all((team_name_error(v) is None) == ok for v, ok in valid.items())  # the server's rule, the same

@@ -91,8 +91,8 @@ class Browser:
 
 
 @contextmanager
-def chromium(width: int = 1280, height: int = 900) -> Iterator[Browser]:
-    """A headless Chromium session through a chromedriver process of its own."""
+def chromium(width: int = 1280, height: int = 900, args: tuple[str, ...] = ()) -> Iterator[Browser]:
+    """A headless Chromium session through a chromedriver process of its own (``args``: more switches)."""
     port = free_port()
     driver = subprocess.Popen(["chromedriver", f"--port={port}"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
@@ -111,7 +111,7 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[Browser]:
         caps = {"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
             "binary": CHROMIUM,
             "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     f"--window-size={width},{height}", "--hide-scrollbars"]}}}}
+                     f"--window-size={width},{height}", "--hide-scrollbars", *args]}}}}
         resp = http.post("/session", json=caps)
         if resp.status_code >= 400:
             raise RuntimeError(f"chromedriver refused a session: {resp.text[:500]}")

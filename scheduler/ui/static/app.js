@@ -26,6 +26,7 @@ function followLog(pre) {
         }
         next = body.next;
         pre.dataset.next = String(next);
+        showState(body.state, (pre.dataset.terminal || "").split(" "));
         done = body.complete;
         status.textContent = done ? "The log is complete (job " + body.state + ")." : "Following the log… (job " + body.state + ")";
       }
@@ -36,6 +37,18 @@ function followLog(pre) {
   }
   pre.scrollTop = pre.scrollHeight;
   setTimeout(tick, 1000);
+}
+
+// The job page's state badge and Cancel button follow the state each log poll reports, so the
+// page never shows "running" (or offers Cancel) once the job has ended.
+function showState(state, terminal) {
+  const badge = document.getElementById("job-state");
+  if (badge && state && badge.textContent !== state) {
+    badge.textContent = state;
+    badge.className = "state " + state;
+  }
+  const cancel = document.getElementById("cancel");
+  if (cancel && terminal.includes(state)) cancel.remove();
 }
 
 // The plan page's upload: put the chosen file's text in the spec box (the form also uploads it).
@@ -49,6 +62,10 @@ function fillSpecFromFile(input) {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
+  // Plain HTTP away from loopback: the browser will drop the Secure session cookie, so say why
+  // sign-in cannot work here before the user tries.
+  const https = document.getElementById("needs-https");
+  if (https && !window.isSecureContext) https.hidden = false;
   const pre = document.getElementById("log");
   if (pre && pre.dataset.complete !== "true") followLog(pre);
   const upload = document.querySelector("input[type=file][name=upload]");
