@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from typer.testing import CliRunner
 from catalog.loader import Catalog
 from cli import app as cli_app
 from scheduler.api import create_app
-from scheduler.models import TeamUpdate, team_name_error
+from scheduler.models import TEAM_NAME_PATTERN, TeamUpdate, team_name_error
 from scheduler.service import ADMIN, SchedulerService
 from tests.scheduler.server import serve
 from tests.scheduler.ui_world import ADMIN_TOKEN, World, catalog, world
@@ -112,6 +114,7 @@ def test_the_admin_in_the_browser(world: World) -> None:
 
 
 # ---------------------------------------------------------------- issue 44: the dashboard's fixes
+# One Chromium for all of them; each test a fresh world and server (the real catalog's planner).
 
 # Every plotted value (a dot's centre, a line's or bar's extent) inside its plot's frame (so the axes
 # hold every value), and every mark clear of the legend.
@@ -152,124 +155,178 @@ def _fits(b: Browser, css: str, page: str) -> None:
     assert fit["overflow"] <= 1 and fit["right"] <= fit["view"] + 1, (page, css, fit)
 
 
-def test_the_dashboard_fixes_of_issue_44(world: World, catalog: Catalog, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One Chromium for these tests; gpuplan.test is 127.0.0.1 under a name that is not loopback to
+    the browser (so plain HTTP there is not a secure context)."""
+    with chromium(args=("--host-resolver-rules=MAP gpuplan.test 127.0.0.1",)) as b:
+        yield b
+
+
+@dataclass
+class Live:
+    url: str
+    service: SchedulerService  # the world's store, planning with the real catalog
+    world: World
+    b: Browser
+
+    def sign_in(self, token: str) -> None:
+        b = self.b
+        b.set_window(1280, 900)
+        b.get(f"{self.url}/ui/login")
+        b.type("input[name=token]", token)
+        b.click("form.stack button[type=submit]")
+        b.wait_for(lambda: b.url.endswith("/ui/jobs"), "the jobs page after sign-in")
+
+    def plan(self, spec: str) -> None:
+        b = self.b
+        b.get(f"{self.url}/ui/plan")
+        b.type("textarea[name=spec]", spec)
+        b.click("form.stack button[type=submit]")
+        b.wait_for(lambda: b.find_all("#plan-table") or b.find_all("#plan-error"), "the plan or its error")
+
+
+@pytest.fixture
+def live(world: World, catalog: Catalog, tmp_path: Path, browser: Browser) -> Iterator[Live]:
     from scheduler.api.server import catalog_planner
 
     service = SchedulerService(world.service.store, catalog_planner(catalog), clock=world.clock,
                                checkpoint_root=str(tmp_path / "ckpt"), admin_token=ADMIN_TOKEN)
-    shots = Path(os.environ.get("GPUPLAN_UI_SHOTS") or tmp_path)
-    alpha = service.team_principal("alpha")
-    # gpuplan.test: a name for 127.0.0.1 that is not loopback to the browser (plain HTTP is insecure there)
-    with serve(create_app(service, catalog)) as url, chromium(
-            args=("--host-resolver-rules=MAP gpuplan.test 127.0.0.1",)) as b:
-        # over plain HTTP on a non-loopback name, sign-in says it needs HTTPS (or a tunnel)
-        remote = url.replace("127.0.0.1", "gpuplan.test")
-        b.get(f"{remote}/ui/login")
-        assert "needs HTTPS" in b.text("#needs-https")
-        b.type("input[name=token]", world.tokens["alpha"])
-        b.click("form.stack button[type=submit]")
-        b.wait_for(lambda: b.find_all("#login-error"), "the sign-in error")
-        assert "needs HTTPS" in b.text("#login-error") and "ssh -L" in b.text("#login-error")
-        assert "CSRF" not in b.text()
+    with serve(create_app(service, catalog)) as url:
+        yield Live(url, service, world, browser)
 
-        b.get(f"{url}/ui/login")
-        assert not b.script("return document.getElementById('needs-https').checkVisibility()")
-        b.type("input[name=token]", world.tokens["alpha"])
-        b.click("form.stack button[type=submit]")
-        b.wait_for(lambda: b.url.endswith("/ui/jobs"), "the jobs page after sign-in")
 
-        # a catalog typo: the error inline, the pasted spec still in its box
-        for spec, typo in TYPO_SPECS:
-            b.get(f"{url}/ui/plan")
-            b.type("textarea[name=spec]", spec)
-            b.click("form.stack button[type=submit]")
-            b.wait_for(lambda: b.find_all("#plan-error"), "the plan's error")
-            assert typo in b.text("#plan-error") and "did you mean" in b.text("#plan-error")
-            assert b.script("return document.querySelector('textarea[name=spec]').value") == spec
+def _shot(b: Browser, name: str) -> None:
+    """A screenshot to look at, where $GPUPLAN_UI_SHOTS names a folder."""
+    if os.environ.get("GPUPLAN_UI_SHOTS"):
+        b.screenshot(Path(os.environ["GPUPLAN_UI_SHOTS"]) / name)
 
-        # a plan: the chosen option ringed on the Pareto plot, ticks between decades, money columns on screen
-        b.get(f"{url}/ui/plan")
-        b.type("textarea[name=spec]", SPEC)
-        b.click("form.stack button[type=submit]")
-        b.wait_for(lambda: b.find_all("#plan-table"), "the plan table")
-        chosen = service.plan(service.parse_spec(yaml.safe_load(SPEC))).chosen
-        assert chosen is not None
-        ring = b.script("""const c = document.querySelectorAll('svg.plot circle.chosen');
-            return c.length === 1 ? [c[0].getAttribute('cx'), c[0].getAttribute('cy'), c[0].textContent] : null""")
-        assert ring is not None and f"{chosen.cost.hours:,.2f} h, ${chosen.cost.usd:,.2f}" in ring[2]
-        assert b.script("return [...document.querySelectorAll('svg.plot circle.data:not(.chosen)')].some("
-                        "c => c.getAttribute('cx') === arguments[0] && c.getAttribute('cy') === arguments[1])",
-                        ring[0], ring[1])
-        ticks = b.script("return ['x', 'y'].map(a => document.querySelectorAll('svg.plot text.tick.' + a).length)")
-        assert min(ticks) >= 3, ticks
-        assert b.script(FIGURE_PROBLEMS) == []
-        for width in (1280, 800):
-            b.set_window(width, 900)
-            _fits(b, "#plan-table", f"plan at {width}")
-        b.screenshot(shots / "plan-800.png")
 
-        # "Submit this job" posted twice: one job
-        before = len(service.list_jobs(alpha, limit=100))
-        landed = b.script("""const form = document.querySelector('form[action="/ui/plan/submit"]');
-            return [0, 1].map(() => { const x = new XMLHttpRequest(); x.open('POST', form.action, false);
-                x.send(new FormData(form)); return x.responseURL; })""")
-        assert landed[0] == landed[1] and "/ui/jobs/j-" in landed[0], landed
-        assert len(service.list_jobs(alpha, limit=100)) == before + 1
-        job = landed[0].rsplit("/", 1)[1]
+def test_sign_in_over_plain_http_off_loopback_says_https_is_needed(live: Live) -> None:
+    b = live.b
+    remote = live.url.replace("127.0.0.1", "gpuplan.test")
+    b.get(f"{remote}/ui/login")
+    assert "needs HTTPS" in b.text("#needs-https")  # said before trying
+    b.type("input[name=token]", live.world.tokens["alpha"])
+    b.click("form.stack button[type=submit]")
+    b.wait_for(lambda: b.find_all("#login-error"), "the sign-in error")
+    assert "needs HTTPS" in b.text("#login-error") and "ssh -L" in b.text("#login-error")
+    assert "CSRF" not in b.text()
+    b.get(f"{live.url}/ui/login")  # loopback: nothing to say
+    assert not b.script("return document.getElementById('needs-https').checkVisibility()")
 
-        # the job page follows the state: no Cancel once the log says the job ended
-        b.get(landed[0])
-        assert b.text("#job-state") == "queued" and b.find_all("#cancel")
-        world.loop.tick()  # starts it
-        b.wait_for(lambda: b.text("#job-state") == "running", "the state badge to say running")
-        world.executor.finish(world.executor.handle_of(job), RunState.SUCCEEDED)
-        world.loop.tick()
-        b.wait_for(lambda: b.text("#job-state") == "succeeded", "the state badge to say succeeded")
-        b.wait_for(lambda: not b.find_all("#cancel"), "the Cancel button to go")
-        b.get(f"{url}/ui/jobs/{job}/cancel")  # a stale tab's link
-        assert "nothing to cancel" in b.text() and not b.find_all("button.danger")
 
-        # error pages keep the navigation and Sign out
-        b.get(f"{url}/ui/jobs/j-0000000000000000")
-        assert "Error 404" in b.text() and b.find_all("header nav a[href='/ui/spend']")
-        assert b.find_all("header form.who button")
+def test_a_catalog_typo_is_shown_inline_and_the_spec_kept(live: Live) -> None:
+    live.sign_in(live.world.tokens["alpha"])
+    for spec, typo in TYPO_SPECS:
+        live.plan(spec)
+        assert typo in live.b.text("#plan-error") and "did you mean" in live.b.text("#plan-error")
+        assert live.b.script("return document.querySelector('textarea[name=spec]').value") == spec
 
-        # the Jobs table's money columns at 800 and 1280 px
-        b.get(f"{url}/ui/jobs")
-        for width in (800, 1280):
-            b.set_window(width, 900)
-            _fits(b, "#jobs-table", f"jobs at {width}")
-        b.set_window(800, 900)
-        b.screenshot(shots / "jobs-800.png")
 
-        # the burn-down holds what is left after reservations, even below zero
-        service.update_team(ADMIN, "alpha", TeamUpdate(budget_usd=15.0))
-        b.set_window(1280, 900)
-        b.get(f"{url}/ui/spend")
-        assert float(b.script("return document.getElementById('remaining').dataset.usd")) < 0
-        assert b.script(FIGURE_PROBLEMS) == []
-        b.screenshot(shots / "spend-1280.png")
+def test_the_pareto_plot_rings_the_chosen_option(live: Live) -> None:
+    b, service = live.b, live.service
+    live.sign_in(live.world.tokens["alpha"])
+    live.plan(SPEC)
+    chosen = service.plan(service.parse_spec(yaml.safe_load(SPEC))).chosen
+    assert chosen is not None
+    ring = b.script("""const c = document.querySelectorAll('svg.plot circle.chosen');
+        return c.length === 1 ? [c[0].getAttribute('cx'), c[0].getAttribute('cy'), c[0].textContent] : null""")
+    assert ring is not None and f"{chosen.cost.hours:,.2f} h, ${chosen.cost.usd:,.2f}" in ring[2]
+    assert b.script("return [...document.querySelectorAll('svg.plot circle.data:not(.chosen)')].some("
+                    "c => c.getAttribute('cx') === arguments[0] && c.getAttribute('cy') === arguments[1])",
+                    ring[0], ring[1])  # on an option's own dot
+    ticks = b.script("return ['x', 'y'].map(a => document.querySelectorAll('svg.plot text.tick.' + a).length)")
+    assert min(ticks) >= 3, ticks  # the plan spans less than two decades: ticks between them
+    assert b.script(FIGURE_PROBLEMS) == []
 
-        # the Accuracy runs table at 1280 px
-        b.set_window(1280, 900)
-        b.get(f"{url}/ui/accuracy")
-        _fits(b, "#runs", "accuracy at 1280")
-        assert b.script(FIGURE_PROBLEMS) == []
-        b.screenshot(shots / "accuracy-1280.png")
 
-        # the admin: an empty accuracy plot has no made-up scale; the team-name rule in the form
-        b.click("header form.who button")
-        b.wait_for(lambda: "/ui/login" in b.url, "the sign-in page")
-        b.type("input[name=token]", ADMIN_TOKEN)
-        b.click("form.stack button[type=submit]")
-        b.wait_for(lambda: b.url.endswith("/ui/jobs"), "the jobs page after sign-in")
-        b.get(f"{url}/ui/accuracy?team=beta")
-        empty = b.script("return [...document.querySelectorAll('svg.plot')].map(s => s.textContent)")
-        assert len(empty) == 2 and all("no runs" in t and "e-" not in t for t in empty), empty
-        b.get(f"{url}/ui/admin")
-        valid = b.script("""const input = document.querySelector('form[action="/ui/admin/teams"] input[name=name]');
-            return Object.fromEntries(arguments[0].map(v => {
-                input.value = v; return [v, input.checkValidity()]; }))""",
-                         ["Team.Upper", "ml", "ml-team_2", "-x", "a" * 63])
-        assert valid == {"Team.Upper": False, "ml": True, "ml-team_2": True, "-x": False, "a" * 63: True}
-        assert all((team_name_error(v) is None) == ok for v, ok in valid.items())  # the server's rule, the same
+def test_submit_posted_twice_makes_one_job(live: Live) -> None:
+    b, alpha = live.b, live.service.team_principal("alpha")
+    live.sign_in(live.world.tokens["alpha"])
+    live.plan(SPEC)
+    before = len(live.service.list_jobs(alpha, limit=100))
+    landed = b.script("""const form = document.querySelector('form[action="/ui/plan/submit"]');
+        return [0, 1].map(() => { const x = new XMLHttpRequest(); x.open('POST', form.action, false);
+            x.send(new FormData(form)); return x.responseURL; })""")
+    assert landed[0] == landed[1] and "/ui/jobs/j-" in landed[0], landed
+    assert len(live.service.list_jobs(alpha, limit=100)) == before + 1
+
+
+def test_the_job_page_follows_the_state_and_drops_cancel(live: Live) -> None:
+    b, world = live.b, live.world
+    live.sign_in(world.tokens["alpha"])
+    job = world.jobs["evil"]
+    b.get(f"{live.url}/ui/jobs/{job}")
+    assert b.text("#job-state") == "queued" and b.find_all("#cancel")
+    world.loop.tick()  # starts it
+    b.wait_for(lambda: b.text("#job-state") == "running", "the state badge to say running")
+    world.executor.finish(world.executor.handle_of(job), RunState.SUCCEEDED)
+    world.loop.tick()
+    b.wait_for(lambda: b.text("#job-state") == "succeeded", "the state badge to say succeeded")
+    b.wait_for(lambda: not b.find_all("#cancel"), "the Cancel button to go")
+    b.get(f"{live.url}/ui/jobs/{job}/cancel")  # a stale tab's link
+    assert "nothing to cancel" in b.text() and not b.find_all("button.danger")
+
+
+def test_error_pages_keep_navigation_and_sign_out(live: Live) -> None:
+    b = live.b
+    live.sign_in(live.world.tokens["alpha"])
+    for path, status in (("/ui/jobs/j-0000000000000000", "404"), ("/ui/jobs?state=bogus", "422")):
+        b.get(live.url + path)
+        assert f"Error {status}" in b.text(), path
+        assert b.find_all("header nav a[href='/ui/spend']") and b.find_all("header form.who button"), path
+
+
+def test_money_columns_stay_on_screen(live: Live) -> None:
+    b = live.b
+    live.sign_in(live.world.tokens["alpha"])
+    live.plan(SPEC)
+    for width in (1280, 800):
+        b.set_window(width, 900)
+        _fits(b, "#plan-table", f"plan at {width}")
+    _shot(b, "plan-800.png")
+    b.get(f"{live.url}/ui/jobs")
+    for width in (800, 1280):
+        b.set_window(width, 900)
+        _fits(b, "#jobs-table", f"jobs at {width}")
+    b.set_window(800, 900)
+    _shot(b, "jobs-800.png")
+    b.set_window(1280, 900)
+    b.get(f"{live.url}/ui/accuracy")
+    _fits(b, "#runs", "accuracy at 1280")
+    _shot(b, "accuracy-1280.png")
+
+
+def test_the_burn_down_holds_what_is_left_after_reservations(live: Live) -> None:
+    b = live.b
+    live.sign_in(live.world.tokens["alpha"])
+    # $20 spent, $1 reserved by the queued job: a $15 budget leaves -$6, below the line's -$5
+    live.service.update_team(ADMIN, "alpha", TeamUpdate(budget_usd=15.0))
+    b.get(f"{live.url}/ui/spend")
+    assert float(b.script("return document.getElementById('remaining').dataset.usd")) == pytest.approx(-6.0)
+    assert b.script(FIGURE_PROBLEMS) == []
+    _shot(b, "spend-1280.png")
+    b.get(f"{live.url}/ui/accuracy")
+    assert b.script(FIGURE_PROBLEMS) == []
+
+
+def test_an_empty_accuracy_plot_shows_no_made_up_scale(live: Live) -> None:
+    live.sign_in(ADMIN_TOKEN)
+    live.b.get(f"{live.url}/ui/accuracy?team=beta")
+    plots = live.b.script("return [...document.querySelectorAll('svg.plot')].map(s => s.textContent)")
+    assert len(plots) == 2 and all("no runs" in t and "e-" not in t for t in plots), plots
+
+
+def test_the_admin_form_takes_the_servers_team_name_rule(live: Live) -> None:
+    live.sign_in(ADMIN_TOKEN)
+    live.b.get(f"{live.url}/ui/admin")
+    names = ["Team.Upper", "ml", "ml-team_2", "-x", "a" * 63, "a" * 64]
+    valid = live.b.script("""const input = document.querySelector('form[action="/ui/admin/teams"] input[name=name]');
+        return arguments[0].map(v => { input.value = v; return input.checkValidity() && input.value === v; })""",
+                          names)
+    assert dict(zip(names, valid, strict=True)) == {n: team_name_error(n) is None for n in names}
+    assert valid[:2] == [False, True]
+    # README states the rule once
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert readme.count(TEAM_NAME_PATTERN.replace("\\", "")) == 1 and "team names are letters" not in readme
