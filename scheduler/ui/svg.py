@@ -34,12 +34,12 @@ class Axis:
         return 0.5 if hi == lo else (v - lo) / (hi - lo)
 
     def ticks(self) -> list[float]:
-        if self.log:  # decades; 1-2-5 (then every digit) where fewer than three decades show
+        if self.log:  # decades; 1-2-5 (then every digit) where that gives fewer than five ticks
             first, last = math.floor(math.log10(self.lo)), math.ceil(math.log10(self.hi))
             for mantissas in ((1,), (1, 2, 5), tuple(range(1, 10))):
                 ticks = [m * 10.0 ** k for k in range(first, last + 1) for m in mantissas
                          if self.lo <= m * 10.0 ** k <= self.hi * 1.0001]
-                if len(ticks) >= 3:
+                if len(ticks) >= 5:
                     break
             return ticks
         span = self.hi - self.lo
