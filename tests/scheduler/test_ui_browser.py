@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import date, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from cli import app as cli_app
 from scheduler.api import create_app
 from scheduler.models import TEAM_NAME_PATTERN, TeamUpdate, team_name_error
 from scheduler.service import ADMIN, SchedulerService
+from scheduler.ui import views
 from tests.scheduler.server import serve
 from tests.scheduler.ui_world import ADMIN_TOKEN, World, catalog, world
 from tests.scheduler.webdriver import Browser, browser_missing, chromium
@@ -311,6 +313,20 @@ def test_the_burn_down_holds_what_is_left_after_reservations(live: Live) -> None
     _shot(b, "spend-1280.png")
     b.get(f"{live.url}/ui/accuracy")
     assert b.script(FIGURE_PROBLEMS) == []
+
+
+def test_legends_sit_clear_of_the_data(live: Live) -> None:
+    # The usual shapes: a burn-down whose line starts at the budget, top left; the tallest bar first.
+    today = date(2026, 11, 20)
+    history = [(today - timedelta(days=d), 10.0) for d in range(20, -1, -1)]
+    burn = views.burn_down(history, 1000.0, 700.0, today, "alpha").plot
+    bars = views.spend_series([(today - timedelta(days=d), "H100", "spot", 30.0 + 5 * d) for d in range(14)]
+                              + [(today - timedelta(days=13), "A100", "on-demand", 30.0)], "day",
+                              today - timedelta(days=13), today, "spend").plot
+    live.sign_in(live.world.tokens["alpha"])
+    live.b.script("document.querySelector('main').innerHTML = arguments[0]", burn + bars)
+    assert live.b.script("return document.querySelectorAll('main svg.plot .legend').length") >= 5
+    assert live.b.script(FIGURE_PROBLEMS) == []
 
 
 def test_an_empty_accuracy_plot_shows_no_made_up_scale(live: Live) -> None:
