@@ -370,3 +370,61 @@ def test_the_ui_secret_is_one_file_for_every_api_process(tmp_path: Path) -> None
     cookie = Signer(first).dump(new_session("ab" * 32))
     assert Signer(first).load(cookie) is not None  # another worker with the same secret accepts it
     assert Signer(b"another-secret-0123456789").load(cookie) is None
+
+
+# ---------------------------------------------------------------- issue 44 (the browser tests check these too)
+
+
+def test_a_catalog_typo_keeps_the_spec_and_says_why(world: World, catalog: Catalog, tmp_path: Path) -> None:
+    from html import unescape
+
+    from scheduler.api.server import catalog_planner
+
+    service = SchedulerService(world.service.store, catalog_planner(catalog), checkpoint_root=str(tmp_path),
+                               admin_token=ADMIN_TOKEN)
+    client = TestClient(create_app(service, catalog), base_url="https://testserver")
+    sign_in(client, world.tokens["alpha"])
+    csrf = csrf_of(client.get("/ui/plan").text)
+    for spec, typo in (("name: t\ntask: train\nmodel: tiny-lama\ntrain: {tokens: 1e6}\n", "tiny-lama"),
+                       ("name: t\ntask: train\nmodel: llama-3-8b\ntrain: {tokens: 1e6}\nresources:\n"
+                        "  regions: [us-eastt-1]\n", "us-eastt-1")):
+        resp = client.post("/ui/plan", data={"spec": spec, "csrf": csrf})
+        assert resp.status_code == 422 and 'id="plan-error"' in resp.text, resp.text[:300]
+        assert typo in unescape(resp.text) and "did you mean" in resp.text
+        assert unescape(re.search(r"<textarea[^>]*>(.*?)</textarea>", resp.text, re.S).group(1)) == spec  # type: ignore[union-attr]
+
+
+def test_the_plan_pages_submit_form_posted_twice_makes_one_job(world: World) -> None:
+    client = world.signed_in(world.tokens["alpha"])
+    spec = "name: twice\ntask: train\nmodel: llama-3-8b\ntrain:\n  tokens: 3.0e6\n"
+    page = client.post("/ui/plan", data={"spec": spec, "csrf": csrf_of(client.get("/ui/plan").text)}).text
+    key = re.search(r'name="idempotency_key" value="([^"]+)"', page).group(1)  # type: ignore[union-attr]
+    form = {"spec": spec, "csrf": csrf_of(page), "idempotency_key": key}
+    first, second = (client.post("/ui/plan/submit", data=form, follow_redirects=False) for _ in range(2))
+    assert first.status_code == second.status_code == 303
+    assert first.headers["location"] == second.headers["location"]
+    alpha = world.service.team_principal("alpha")
+    assert [j.name for j in world.service.list_jobs(alpha, limit=100)].count("twice") == 1
+
+
+def test_sign_in_over_plain_http_elsewhere_says_https_is_needed(world: World) -> None:
+    client = TestClient(world.app, base_url="http://dashboard.example")  # type: ignore[arg-type]
+    page = client.get("/ui/login")  # the Secure cookie is not sent back over http
+    resp = client.post("/ui/login", data={"token": world.tokens["alpha"], "csrf": csrf_of(page.text)})
+    assert resp.status_code == 403 and "needs HTTPS" in resp.text and "ssh -L" in resp.text
+    assert "CSRF" not in resp.text
+
+
+def test_error_pages_keep_the_navigation_and_sign_out(world: World) -> None:
+    client = world.signed_in(world.tokens["alpha"])
+    for path, status in (("/ui/jobs/j-0000000000000000", 404), ("/ui/jobs?state=bogus", 422)):
+        resp = client.get(path)
+        assert resp.status_code == status
+        assert 'href="/ui/spend"' in resp.text and 'action="/ui/logout"' in resp.text, path
+    assert 'action="/ui/logout"' not in world.client().get("/ui/nothing-here").text  # signed out: no Sign out
+
+
+def test_an_ended_job_offers_no_cancel(world: World) -> None:
+    client = world.signed_in(world.tokens["alpha"])
+    page = client.get(f"/ui/jobs/{world.jobs['finetune-a']}/cancel")
+    assert page.status_code == 200 and "nothing to cancel" in page.text and 'class="danger"' not in page.text
