@@ -339,6 +339,7 @@ def test_an_empty_accuracy_plot_shows_no_made_up_scale(live: Live) -> None:
 def test_the_admin_form_takes_the_servers_team_name_rule(live: Live) -> None:
     live.sign_in(ADMIN_TOKEN)
     live.b.get(f"{live.url}/ui/admin")
+    _shot(live.b, "admin-1280.png")
     names = ["Team.Upper", "ml", "ml-team_2", "-x", "a" * 63, "a" * 64]
     valid = live.b.script("""const input = document.querySelector('form[action="/ui/admin/teams"] input[name=name]');
         return arguments[0].map(v => { input.value = v; return input.checkValidity() && input.value === v; })""",
