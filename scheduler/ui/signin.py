@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Query, Request
@@ -14,7 +15,6 @@ from scheduler.ui.web import Search, Token, check_csrf, local, redirect, render,
 
 router = APIRouter()
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 NEEDS_HTTPS = ("Sign-in needs HTTPS at this address: the session cookie is Secure, and browsers keep it over "
                "plain HTTP only on 127.0.0.1 or localhost. Serve the dashboard over HTTPS (a TLS proxy in front), "
                "or reach it through a tunnel: ssh -L 8000:127.0.0.1:8000 HOST, then open http://127.0.0.1:8000/ui")
@@ -22,8 +22,13 @@ NEEDS_HTTPS = ("Sign-in needs HTTPS at this address: the session cookie is Secur
 
 def secure_here(request: Request) -> bool:
     """Whether a browser keeps the Secure session cookie for this address: HTTPS, or loopback."""
-    host = (request.url.hostname or "").lower()
-    return request.url.scheme == "https" or host in LOOPBACK or host.endswith(".localhost")
+    host = (request.url.hostname or "").lower().strip("[]")
+    if request.url.scheme == "https" or host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name other than localhost
+        return False
 
 
 @router.get("/", include_in_schema=False)
