@@ -16,10 +16,14 @@ from commands.settings import Settings
 app = typer.Typer()  # the job commands are top-level commands
 
 
-# The id is the value users copy: it is never dropped nor wrapped; the rest goes as the terminal narrows.
-JOB_COLS = [Col("id"), Col("name", wrap=True), Col("state"), Col("gpus", right=True, drop=1),
-            Col("market", drop=4), Col("$/h", right=True, drop=5), Col("estimate", right=True, drop=3),
-            Col("spent", right=True, drop=2), Col("attempts", right=True, drop=6), Col("created", drop=7)]
+# The id is the value users copy: it is never dropped nor wrapped, nor is the name (users copy it too), which
+# goes before the id or state would; the rest goes as the terminal narrows.
+JOB_COLS = [Col("id"), Col("name", drop=1), Col("state"), Col("gpus", right=True, drop=2),
+            Col("market", drop=5), Col("$/h", right=True, drop=6), Col("estimate", right=True, drop=4),
+            Col("spent", right=True, drop=3), Col("attempts", right=True, drop=7), Col("created", drop=8)]
+ATTEMPT_COLS = [Col("#", right=True), Col("market"), Col("$/h at launch", right=True, drop=3),
+                Col("started", drop=1), Col("ended", drop=2), Col("outcome", wrap=True)]
+EVENT_COLS = [Col("time"), Col("from", drop=1), Col("to"), Col("reason", wrap=True)]
 
 
 def _jobs_table(jobs: list[Any], title: str) -> None:
@@ -90,12 +94,11 @@ def status_command(job_id: str = typer.Argument(..., help="Job id (see `gpuplan 
     if job.message:
         output.console.print(job.message, highlight=False)
     if job.attempt_list:
-        print_table("attempts", [Col("#", right=True), Col("market"), Col("$/h at launch", right=True),
-                                 Col("started"), Col("ended"), Col("outcome", wrap=True)],
+        print_table("attempts", ATTEMPT_COLS,
                     [[str(a.number), a.market, usd(a.usd_per_h), f"{a.started_at:%H:%M:%S}",
                       f"{a.ended_at:%H:%M:%S}" if a.ended_at else "-", a.outcome or "running"]
                      for a in job.attempt_list])
-    print_table("events", [Col("time"), Col("from"), Col("to"), Col("reason", wrap=True)],
+    print_table("events", EVENT_COLS,
                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.from_state or "-", e.to_state, e.reason] for e in job.events])
 
 
