@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from catalog.errors import InvalidInput
 from commands import output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, styled, usd
@@ -32,6 +33,23 @@ def _jobs_table(jobs: list[Any], title: str) -> None:
          usd(j.spent_usd), str(j.attempts), f"{j.created_at:%Y-%m-%d %H:%M}"] for j in jobs])
 
 
+_OPTIONS = {"idempotency_key": "--key", "priority": "--priority"}
+
+
+def _job_create(model: Any, spec: dict[str, Any], priority: int, key: str | None) -> Any:
+    """The submit request, or an error that names the option it is about (a key too long, a control character
+    in it) instead of a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return model(spec=spec, priority=priority, idempotency_key=key)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        raise InvalidInput(str(first["msg"]).removeprefix("Value error, "), path=_OPTIONS.get(field, field) or None,
+                           hint="see gpuplan submit --help") from None
+
+
 @app.command("submit")
 @handle_errors
 def submit_command(
@@ -52,7 +70,7 @@ def submit_command(
     from commands.specfile import load_spec
     from scheduler.models import JobCreate
 
-    body = JobCreate(spec=load_spec(spec).model_dump(mode="json"), priority=priority, idempotency_key=key)
+    body = _job_create(JobCreate, load_spec(spec).model_dump(mode="json"), priority, key)
     settings = Settings.from_env()
     backend = open_backend(settings=settings)
     job = backend.submit(body)
