@@ -65,9 +65,7 @@ def test_a_default_the_user_never_wrote_is_fitted_to_the_model(local: Path) -> N
     unfitted = spec_from_dict(TINY)
     (path, message), = model_problems(unfitted, load_catalog().model("tiny-llama"))
     assert path == "train.seq_len" and message.startswith("not set, and its default of 2,048 tokens is longer")
-
-
-def test_a_written_length_that_is_too_long_stays_an_error(local: Path) -> None:
+    # and a length the spec writes stays as written: too long is an error
     result = runner.invoke(app, ["plan", _spec(local, {**TINY, "train": {"tokens": 1e6, "seq_len": 2048}})])
     assert result.exit_code == 2 and "train.seq_len: 2,048 tokens is longer" in result.stderr
 
