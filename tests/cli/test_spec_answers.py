@@ -15,7 +15,7 @@ from cli import app
 from planner.spec import model_problems, spec_from_dict
 
 runner = CliRunner()
-TINY = {"name": "tiny", "task": "train", "model": "tiny-llama", "train": {"tokens": 1e6}}
+TINY: dict[str, object] = {"name": "tiny", "task": "train", "model": "tiny-llama", "train": {"tokens": 1e6}}
 
 
 @pytest.fixture
