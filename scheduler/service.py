@@ -129,8 +129,8 @@ class SchedulerService:
         """Who holds the token whose sha256 is ``digest`` (a web session keeps the digest, never the token)."""
         return self.auth.authenticate_hash(digest)
 
-    def team_principal(self, name: str, *, create: bool = False) -> Principal:
-        return self.teams.team_principal(name, create=create)
+    def team_principal(self, name: str, *, create: bool = False, shared: bool = False) -> Principal:
+        return self.teams.team_principal(name, create=create, shared=shared)
 
     def create_team(self, principal: Principal, body: TeamCreate) -> TeamPublic:
         return self.teams.create_team(principal, body)
