@@ -64,9 +64,11 @@ def gpu_by_name_and_memory(name: str, memory_mib: int, catalog: Catalog) -> GpuS
     return None
 
 
-def gpu_for_accelerator(name: str, memory_mib: int | None, catalog: Catalog, names: CloudNames) -> GpuSpec | None:
-    """A skypilot-catalog AcceleratorName (with the per-GPU memory where the file gives it) as a catalog GPU."""
-    mapped = names.skypilot_accelerators.get(name)
+def gpu_for_accelerator(name: str, memory_mib: int | None, catalog: Catalog, names: CloudNames,
+                        instance_type: str = "") -> GpuSpec | None:
+    """A skypilot-catalog AcceleratorName (with the per-GPU memory where the file gives it) as a catalog GPU;
+    an instance type listed in ``skypilot_instances`` names its part outright."""
+    mapped = names.skypilot_instances.get(instance_type) or names.skypilot_accelerators.get(name)
     if mapped is not None:
         return catalog.gpu(mapped)
     if memory_mib:

@@ -119,7 +119,7 @@ def _row_offer(row: dict[str, str], cloud: str, catalog: Catalog, names: CloudNa
         raise _Skip("GPU-only row with no instance type (priced apart from a VM)")
     if count != int(count):
         raise _Skip("fractional GPU")
-    gpu = gpu_for_accelerator(name, _memory_mib(row["GpuInfo"] or ""), catalog, names)
+    gpu = gpu_for_accelerator(name, _memory_mib(row["GpuInfo"] or ""), catalog, names, row["InstanceType"].strip())
     if gpu is None:
         unknown[name] += 1
         raise _Skip("accelerator not in the catalog")

@@ -158,9 +158,13 @@ def stale_offer_warning(stale: Iterable[Offer], today: date, max_age_days: int =
 
 
 def default_user_dir() -> Path:
-    """Where user catalog overrides live: $GPUPLAN_CATALOG_DIR, else ~/.gpuplan/catalog."""
+    """Where user catalog overrides live: $GPUPLAN_CATALOG_DIR, else the gpuplan home's catalog folder
+    ($GPUPLAN_HOME/catalog, ~/.gpuplan/catalog), where everything else of the user's is."""
     env = os.environ.get(USER_DIR_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".gpuplan" / "catalog"
+    if env:
+        return Path(env).expanduser()
+    home = os.environ.get("GPUPLAN_HOME")
+    return (Path(home).expanduser() if home else Path.home() / ".gpuplan") / "catalog"
 
 
 def _packaged_support() -> StackSupport:

@@ -103,6 +103,10 @@ class CloudNames(_Record):
         default_factory=dict,
         description="skypilot-catalog AcceleratorName -> GpuSpec.id where the catalog's own aliases would "
         "pick another part (skypilot's 'A100' is the 40 GB one)")
+    skypilot_instances: dict[str, str] = Field(
+        default_factory=dict,
+        description="skypilot-catalog InstanceType -> GpuSpec.id where the row's AcceleratorName names the part "
+        "too loosely (Lambda's gpu_1x_h100_pcie says 'H100', which is the SXM part); before the accelerator names")
 
 
 class MoeShape(_Record):

@@ -25,4 +25,5 @@ def open_backend(*, admin: bool = False, settings: Settings | None = None) -> An
             raise AuthError("no team token: set GPUPLAN_TOKEN",
                             hint="an admin issues one with `gpuplan team token TEAM`")
         return HttpClient(s.api_url, token)
-    return local_client(s.database_url, checkpoint_root=str(s.home / "checkpoints"), team=s.team, machine_home=s.home)
+    return local_client(s.database_url, checkpoint_root=str(s.home / "checkpoints"), team=s.team, machine_home=s.home,
+                        shared=s.shared_database)

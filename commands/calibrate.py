@@ -8,11 +8,17 @@ import typer
 
 from commands import output
 from commands.backend import open_backend
-from commands.output import JSON_OPTION, handle_errors, print_json
+from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table
 from commands.plan import user_calibration
 from commands.settings import Settings
 
 app = typer.Typer()  # calibrate: a top-level command
+# Names and numbers are never cut; ``drop`` orders what a narrow terminal leaves out (first the highest).
+HELD_OUT_COLS = [Col("quantity"), Col("runs", right=True, drop=3), Col("median before", right=True),
+                 Col("after", right=True), Col("worst before", right=True, drop=2),
+                 Col("worst after", right=True, drop=1), Col("refit", wrap=True)]
+CONSTANT_COLS = [Col("constant"), Col("shipped", right=True), Col("refit", right=True),
+                 Col("fit runs", right=True, drop=1), Col("verdict")]
 
 
 @app.command("calibrate")
@@ -67,8 +73,6 @@ def calibrate_command(
 
 
 def _print_calibration(out: dict[str, Any]) -> None:
-    from rich.table import Table
-
     def err(v: float | None) -> str:
         return "-" if v is None else f"{v:.1%}"
 
@@ -77,22 +81,14 @@ def _print_calibration(out: dict[str, Any]) -> None:
 
     output.console.print(f"{out['records']} recorded runs: fitted on {out['fit']}, judged on {out['held_out']} "
                          "held out", highlight=False)
-    table = Table(title="held-out error, |predicted - measured| / measured", title_justify="left")
-    for col in ("quantity", "runs", "median before", "after", "worst before", "after", "refit"):
-        table.add_column(col, justify="left" if col in ("quantity", "refit") else "right")
-    for r in out["report"]:
-        table.add_row(r["quantity"], str(r["held_out"]), err(r["median_before"]), err(r["median_after"]),
-                      err(r["max_before"]), err(r["max_after"]), "kept" if r["kept"] else (r["note"] or "-"))
-    output.console.print(table)
+    print_table("held-out error, |predicted - measured| / measured", HELD_OUT_COLS,
+                [[r["quantity"], str(r["held_out"]), err(r["median_before"]), err(r["median_after"]),
+                  err(r["max_before"]), err(r["max_after"]), "kept" if r["kept"] else (r["note"] or "-")]
+                 for r in out["report"]])
     if out["changes"] or out["reverted"]:
-        changes = Table(title="constants", title_justify="left")
-        for col in ("constant", "shipped", "refit", "fit runs", ""):
-            changes.add_column(col, justify="left" if col in ("constant", "") else "right")
-        for c in out["changes"]:
-            changes.add_row(c["name"], num(c["before"]), num(c["after"]), str(c["records"]), "kept")
-        for c in out["reverted"]:
-            changes.add_row(c["name"], num(c["before"]), num(c["after"]), str(c["records"]), "dropped")
-        output.console.print(changes)
+        print_table("constants", CONSTANT_COLS,
+                    [[c["name"], num(c["before"]), num(c["after"]), str(c["records"]), verdict]
+                     for key, verdict in (("changes", "kept"), ("reverted", "dropped")) for c in out[key]])
     if out["skipped_records"]:
         output.console.print(f"{len(out['skipped_records'])} records not usable (see --json: skipped_records)",
                              highlight=False)

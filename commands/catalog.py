@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from rich.text import Text
 
 from commands import catalog_prices, output
-from commands.output import JSON_OPTION, handle_errors, money, print_json, styled, warn
+from commands.output import JSON_OPTION, Col, handle_errors, money, print_json, print_table, styled, warn
 from commands.settings import Settings
 
 app = typer.Typer(
@@ -24,6 +25,17 @@ app = typer.Typer(
 
 
 _LINK_SHORT = {"nvlink": "NVL", "infinity-fabric": "IF", "pcie": "PCIe", "ici": "ICI"}
+# Ids, names and numbers are never cut; ``drop`` orders what a narrow terminal leaves out (first the highest).
+GPU_COLS = [Col("GPU"), Col("GiB", right=True, drop=1), Col("bf16", right=True, drop=2),
+            Col("fp8", right=True, drop=5), Col("GB/s", right=True, drop=6), Col("link GB/s", right=True, drop=8),
+            Col("OD $/h", right=True, drop=3), Col("spot $/h", right=True, drop=4), Col("cheapest at", drop=7)]
+OFFER_COLS = [Col("cloud"), Col("instance"), Col("GPUs", drop=1), Col("vCPU", right=True, drop=6),
+              Col("RAM GiB", right=True, drop=7), Col("region / zone", drop=2),
+              Col("on-demand $/h", right=True, drop=4),
+              Col("spot $/h", right=True, drop=5), Col("$/GPU/h", right=True), Col("as of", drop=8)]
+MODEL_COLS = [Col("id"), Col("family", drop=3), Col("params", right=True, drop=1), Col("active", right=True, drop=4),
+              Col("layers", right=True, drop=5), Col("hidden", right=True, drop=6), Col("heads/kv", right=True, drop=7),
+              Col("ffn", right=True, drop=8), Col("vocab", right=True, drop=9), Col("context", right=True, drop=2)]
 
 
 def _warn_stale(catalog: Any, offers: Any) -> None:
@@ -51,8 +63,6 @@ def catalog_gpus(as_json: bool = JSON_OPTION) -> None:
 
       gpuplan catalog gpus --json
     """
-    from rich.table import Table
-
     from catalog.loader import load_catalog
     from catalog.query import cheapest_by_gpu
 
@@ -68,22 +78,20 @@ def catalog_gpus(as_json: bool = JSON_OPTION) -> None:
             for g in catalog.gpus
         ])
     else:
-        table = Table(title="GPUs: dense TFLOPS; cheapest $ per GPU-hour in the catalog", title_justify="left")
-        for col in ("GPU", "GiB", "bf16", "fp8", "GB/s", "link GB/s", "OD $/h", "spot $/h", "cheapest at"):
-            table.add_column(col, justify="left" if col in ("GPU", "cheapest at") else "right")
+        rows: list[list[str | Text]] = []
         for g in catalog.gpus:
             c = cheapest[g.id]
             where = c.spot or c.on_demand
             link = g.interconnect
-            table.add_row(
+            rows.append([
                 g.id, f"{g.memory_gib:.1f}",
                 *(f"{g.tflops[d]:,.0f}" if d in g.tflops else "-" for d in ("bf16", "fp8")),
                 f"{g.memory_bandwidth_gbps:,.0f}",
                 f"{link.gbps_per_gpu:,.0f} {_LINK_SHORT.get(link.kind, link.kind)}" if link.gbps_per_gpu else link.kind,
                 money(c.on_demand_per_gpu), money(c.spot_per_gpu),
                 f"{where.cloud} {where.instance_type}" if where else "-",
-            )
-        output.console.print(table)
+            ])
+        print_table("GPUs: dense TFLOPS; cheapest $ per GPU-hour in the catalog", GPU_COLS, rows)
     _warn_stale(catalog, catalog.offers)
 
 
@@ -107,8 +115,6 @@ def catalog_offers(
 
       gpuplan catalog offers --region us-east-1 --json
     """
-    from rich.table import Table
-
     from catalog.loader import load_catalog
     from catalog.query import filter_offers, price_per_gpu_hour
 
@@ -118,18 +124,14 @@ def catalog_offers(
         print_json([{**o.model_dump(mode="json"), "usd_per_gpu_h": price_per_gpu_hour(o, spot)} for o in offers])
     else:
         what = catalog.gpu(gpu).id if gpu else "all GPUs"
-        table = Table(title=f"{len(offers)} offers for {what}, cheapest {'spot' if spot else 'on-demand'} "
-                      "$/GPU-hour first", title_justify="left")
-        for col in ("cloud", "instance", "GPUs", "vCPU", "RAM GiB", "region / zone", "on-demand $/h", "spot $/h",
-                    "$/GPU/h", "as of"):
-            table.add_column(col, justify="right" if col in ("vCPU", "RAM GiB", "on-demand $/h", "spot $/h",
-                                                             "$/GPU/h") else "left")
+        rows: list[list[str | Text]] = []
         for o in offers[:limit]:
             where = f"{o.region} {o.zone}" if o.zone else o.region
-            table.add_row(o.cloud, o.instance_type, f"{o.gpu_count} x {o.gpu}", str(o.vcpus), f"{o.ram_gib:,.0f}",
-                          where, money(o.on_demand_usd_per_h), money(o.spot_usd_per_h),
-                          money(price_per_gpu_hour(o, spot)), o.source.as_of.isoformat())
-        output.console.print(table)
+            rows.append([o.cloud, o.instance_type, f"{o.gpu_count} x {o.gpu}", str(o.vcpus), f"{o.ram_gib:,.0f}",
+                         where, money(o.on_demand_usd_per_h), money(o.spot_usd_per_h),
+                         money(price_per_gpu_hour(o, spot)), o.source.as_of.isoformat()])
+        print_table(f"{len(offers)} offers for {what}, cheapest {'spot' if spot else 'on-demand'} $/GPU-hour first",
+                    OFFER_COLS, rows)
         if len(offers) > limit:
             output.err_console.print(f"({len(offers) - limit} more; --limit or --json to see them)")
     _warn_stale(catalog, offers)
@@ -146,8 +148,6 @@ def catalog_models(as_json: bool = JSON_OPTION) -> None:
 
       gpuplan catalog models --json
     """
-    from rich.table import Table
-
     from catalog.loader import load_catalog
     from catalog.params import count_params
 
@@ -159,15 +159,13 @@ def catalog_models(as_json: bool = JSON_OPTION) -> None:
             rows.append({**m.model_dump(mode="json"), "params_total": p.total, "params_active": p.active})
         print_json(rows)
         return
-    table = Table(title="Model presets (or give `model: {config: path/to/config.json}`)", title_justify="left")
-    for col in ("id", "family", "params", "active", "layers", "hidden", "heads/kv", "ffn", "vocab", "context"):
-        table.add_column(col, justify="left" if col in ("id", "family") else "right")
+    table: list[list[str | Text]] = []
     for m in catalog.models:
         p = count_params(m)
-        table.add_row(m.id, m.family, f"{p.total / 1e9:.2f}B", f"{p.active / 1e9:.2f}B" if p.active != p.total
-                      else "", str(m.num_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.num_kv_heads}",
-                      str(m.intermediate_size), f"{m.vocab_size:,}", f"{m.max_position_embeddings:,}")
-    output.console.print(table)
+        table.append([m.id, m.family, f"{p.total / 1e9:.2f}B", f"{p.active / 1e9:.2f}B" if p.active != p.total
+                     else "", str(m.num_layers), str(m.hidden_size), f"{m.num_attention_heads}/{m.num_kv_heads}",
+                     str(m.intermediate_size), f"{m.vocab_size:,}", f"{m.max_position_embeddings:,}"])
+    print_table("Model presets (or give `model: {config: path/to/config.json}`)", MODEL_COLS, table)
 
 
 @app.command("local")

@@ -41,7 +41,8 @@ def catalog_refresh(
     ),
     out: str | None = typer.Option(
         None, "--out",
-        help="Offers file to write [default: ~/.gpuplan/catalog/offers/<cloud>.csv, which overrides the packaged one].",
+        help="Offers file to write [default: $GPUPLAN_HOME/catalog/offers/<cloud>.csv (~/.gpuplan/...), which "
+        "overrides the packaged one].",
     ),
     ec2_endpoint_url: str | None = typer.Option(None, "--ec2-endpoint-url", help="aws: EC2 endpoint (e.g. moto)."),
     price_list_url: str | None = typer.Option(None, "--price-list-url",
@@ -125,7 +126,8 @@ def catalog_import(
                                      help="Cloud the file prices [default: the folder name, e.g. .../v8/lambda/]."),
     out: str | None = typer.Option(
         None, "--out",
-        help="Offers file to write [default: ~/.gpuplan/catalog/offers/<cloud>.csv, which overrides the packaged one].",
+        help="Offers file to write [default: $GPUPLAN_HOME/catalog/offers/<cloud>.csv (~/.gpuplan/...), which "
+        "overrides the packaged one].",
     ),
     source_url: str | None = typer.Option(None, "--source-url",
                                           help="Each offer's source URL [default: the file's file:// URL]."),

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from catalog.errors import InvalidInput
 from commands import output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, styled, usd
@@ -16,16 +17,37 @@ from commands.settings import Settings
 app = typer.Typer()  # the job commands are top-level commands
 
 
-# The id is the value users copy: it is never dropped nor wrapped; the rest goes as the terminal narrows.
-JOB_COLS = [Col("id"), Col("name", wrap=True), Col("state"), Col("gpus", right=True, drop=1),
-            Col("market", drop=4), Col("$/h", right=True, drop=5), Col("estimate", right=True, drop=3),
-            Col("spent", right=True, drop=2), Col("attempts", right=True, drop=6), Col("created", drop=7)]
+# The id is the value users copy: it is never dropped nor wrapped, nor is the name (users copy it too), which
+# goes before the id or state would; the rest goes as the terminal narrows.
+JOB_COLS = [Col("id"), Col("name", drop=1), Col("state"), Col("gpus", right=True, drop=2),
+            Col("market", drop=5), Col("$/h", right=True, drop=6), Col("estimate", right=True, drop=4),
+            Col("spent", right=True, drop=3), Col("attempts", right=True, drop=7), Col("created", drop=8)]
+ATTEMPT_COLS = [Col("#", right=True), Col("market"), Col("$/h at launch", right=True, drop=3),
+                Col("started", drop=1), Col("ended", drop=2), Col("outcome", wrap=True)]
+EVENT_COLS = [Col("time"), Col("from", drop=1), Col("to"), Col("reason", wrap=True)]
 
 
 def _jobs_table(jobs: list[Any], title: str) -> None:
     print_table(title, JOB_COLS, [
         [j.id, j.name, j.state, f"{j.gpus}x{j.gpu}", j.market, usd(j.usd_per_h), usd(j.estimated_usd),
          usd(j.spent_usd), str(j.attempts), f"{j.created_at:%Y-%m-%d %H:%M}"] for j in jobs])
+
+
+_OPTIONS = {"idempotency_key": "--key", "priority": "--priority"}
+
+
+def _job_create(model: Any, spec: dict[str, Any], priority: int, key: str | None) -> Any:
+    """The submit request, or an error that names the option it is about (a key too long, a control character
+    in it) instead of a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return model(spec=spec, priority=priority, idempotency_key=key)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        raise InvalidInput(str(first["msg"]).removeprefix("Value error, "), path=_OPTIONS.get(field, field) or None,
+                           hint="see gpuplan submit --help") from None
 
 
 @app.command("submit")
@@ -48,7 +70,7 @@ def submit_command(
     from commands.specfile import load_spec
     from scheduler.models import JobCreate
 
-    body = JobCreate(spec=load_spec(spec).model_dump(mode="json"), priority=priority, idempotency_key=key)
+    body = _job_create(JobCreate, load_spec(spec).model_dump(mode="json"), priority, key)
     settings = Settings.from_env()
     backend = open_backend(settings=settings)
     job = backend.submit(body)
@@ -90,12 +112,11 @@ def status_command(job_id: str = typer.Argument(..., help="Job id (see `gpuplan 
     if job.message:
         output.console.print(job.message, highlight=False)
     if job.attempt_list:
-        print_table("attempts", [Col("#", right=True), Col("market"), Col("$/h at launch", right=True),
-                                 Col("started"), Col("ended"), Col("outcome", wrap=True)],
+        print_table("attempts", ATTEMPT_COLS,
                     [[str(a.number), a.market, usd(a.usd_per_h), f"{a.started_at:%H:%M:%S}",
                       f"{a.ended_at:%H:%M:%S}" if a.ended_at else "-", a.outcome or "running"]
                      for a in job.attempt_list])
-    print_table("events", [Col("time"), Col("from"), Col("to"), Col("reason", wrap=True)],
+    print_table("events", EVENT_COLS,
                 [[f"{e.at:%Y-%m-%d %H:%M:%S}", e.from_state or "-", e.to_state, e.reason] for e in job.events])
 
 

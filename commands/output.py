@@ -42,9 +42,10 @@ def styled(*parts: str | tuple[str, str]) -> Text:
 
 @dataclass(frozen=True)
 class Col:
-    """A table column. ``drop``: 0 never; otherwise columns are dropped highest first while the table is
-    wider than the terminal. ``wrap``: free text that may wrap between words; other cells (ids, numbers,
-    states) never wrap or shorten."""
+    """A table column. ``drop``: 0 never; otherwise the columns kept are chosen lowest ``drop`` first while
+    they fit the terminal, and the caption names the rest. ``wrap``: free text that may wrap between words
+    (and fold a word longer than its column); every other cell (ids, names users copy, numbers, states) is
+    never wrapped nor shortened."""
 
     header: str
     right: bool = False
@@ -53,17 +54,18 @@ class Col:
 
 
 _TABLE_EDGE = 1  # the left border; each column adds 2 of padding and 1 of border on its right
+_FOLD_WORD = 16  # free text narrower than its longest word folds that word; below this it reads badly
 
 
 def _widths(col: Col, cells: list[str]) -> tuple[int, int]:
     """(narrowest, natural) width: ids and numbers never shrink; text and headers wrap between words only."""
-    header_word = max(cell_len(w) for w in col.header.split())
+    header_word = max([0, *(cell_len(w) for w in col.header.split())])
     if not col.wrap:
         fixed = max([header_word, *(cell_len(c) for c in cells)])
         return fixed, max(fixed, cell_len(col.header))
-    words = [w for c in cells for w in c.split()]
-    narrowest = max([header_word, *(cell_len(w) for w in words)])
-    return narrowest, max([cell_len(col.header), *(cell_len(c) for c in cells)])
+    longest = max([0, *(cell_len(w) for c in cells for w in c.split())])
+    narrowest = max(header_word, min(longest, _FOLD_WORD))
+    return narrowest, max([narrowest, cell_len(col.header), *(cell_len(c) for c in cells)])
 
 
 def _column_widths(spans: list[tuple[int, int]], wrap: list[bool], width: int) -> list[int] | None:
@@ -87,32 +89,57 @@ def _column_widths(spans: list[tuple[int, int]], wrap: list[bool], width: int) -
     return widths
 
 
-def fit_table(title: str, cols: list[Col], rows: list[list[str | Text]], width: int) -> tuple[Table, list[str]]:
-    """A table that fits ``width`` without truncating or splitting an id or a number: columns are dropped
-    (highest ``drop`` first) until the narrowest rendering fits; returns the table and the dropped headers.
-    Headers and text wrap between words only."""
+def _fits(cols: list[Col], plain: list[list[str]], keep: list[int], width: int) -> list[int] | None:
+    spans = [_widths(cols[i], [r[i] for r in plain]) for i in keep]
+    return _column_widths(spans, [cols[i].wrap for i in keep], width)
+
+
+def fit_table(title: str, cols: list[Col], rows: list[list[str | Text]], width: int) -> tuple[Table | None, list[str]]:
+    """A table that fits ``width`` without cutting an id, a name or a number: the columns that never drop,
+    then the others lowest ``drop`` first while they still fit. Returns the table and the headers left out;
+    the table is None when even the columns that never drop are too wide (print_table then prints a record
+    per row instead). Headers and text wrap between words only."""
     plain = [[c.plain if isinstance(c, Text) else c for c in row] for row in rows]
-    keep = list(range(len(cols)))
-    while True:
-        spans = [_widths(cols[i], [r[i] for r in plain]) for i in keep]
-        widths = _column_widths(spans, [cols[i].wrap for i in keep], width)
-        if widths is not None or not any(cols[i].drop for i in keep):
-            break
-        keep.remove(max((i for i in keep if cols[i].drop), key=lambda i: cols[i].drop))
+    keep = [i for i, c in enumerate(cols) if not c.drop]
+    if _fits(cols, plain, keep, width) is None:
+        return None, []
+    for i in sorted((i for i, c in enumerate(cols) if c.drop), key=lambda i: (cols[i].drop, i)):
+        if _fits(cols, plain, sorted([*keep, i]), width) is not None:
+            keep = sorted([*keep, i])
+    widths = _fits(cols, plain, keep, width)
+    assert widths is not None
     table = Table(title=title, title_justify="left")
     for n, i in enumerate(keep):
         col = cols[i]
-        size = widths[n] if widths is not None else spans[n][0]
         table.add_column(Text(col.header, no_wrap=False, overflow="fold"), justify="right" if col.right else "left",
-                         no_wrap=not col.wrap, overflow="fold", width=size)
+                         no_wrap=not col.wrap, overflow="fold", width=widths[n])
     for row in rows:
         table.add_row(*(row[i] for i in keep))
     return table, [c.header for i, c in enumerate(cols) if i not in keep]
 
 
+def print_fields(title: str, fields: list[tuple[str, str]]) -> None:
+    """A title, then one 'name: value' line per field: words wrap at the terminal's width, nothing is cut."""
+    console.print(title, style="italic", highlight=False)
+    for name, value in fields:
+        console.print(Text.assemble((f"{name}:", "bold"), f" {value}"), highlight=False)
+
+
+def _print_records(title: str, cols: list[Col], rows: list[list[str | Text]]) -> None:
+    """Rows as 'header: value' lines, for a terminal too narrow for even the columns that never drop."""
+    console.print(f"(too narrow for this table at {console.width} columns: one line per field; widen the "
+                  "terminal or use --json)", style="dim", highlight=False)
+    for n, row in enumerate(rows):
+        print_fields(title if n == 0 else "", [(c.header, cell.plain if isinstance(cell, Text) else cell)
+                                              for c, cell in zip(cols, row, strict=True)])
+
+
 def print_table(title: str, cols: list[Col], rows: list[list[str | Text]]) -> None:
     """Print a width-fitted table; name the columns a narrow terminal hid (--json has them all)."""
     table, dropped = fit_table(title, cols, rows, console.width)
+    if table is None:
+        _print_records(title, cols, rows)
+        return
     console.print(table)
     if dropped:
         console.print(f"({', '.join(dropped)} hidden at {console.width} columns; widen the terminal or use --json)",

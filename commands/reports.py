@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from rich.text import Text
 
 from catalog.errors import InvalidInput
 from commands import output
 from commands.backend import open_backend
-from commands.output import JSON_OPTION, handle_errors, print_json, usd
+from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, usd
 from commands.plan import check_objective, load_planning_inputs
 from commands.settings import Settings
 
@@ -19,6 +20,19 @@ app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and ac
                          "  gpuplan report spend --team ml --since 2026-11-01\n\n"
                          "  gpuplan report accuracy --plot accuracy.png",
                          no_args_is_help=True)
+
+# Ids, names and numbers are never cut; ``drop`` orders what a narrow terminal leaves out (first the highest).
+SPEND_COLS = [Col("job"), Col("name", drop=2), Col("market", drop=3), Col("attempts", right=True, drop=4),
+              Col("hours", right=True, drop=1), Col("USD", right=True)]
+ACCURACY_COLS = [Col("job"), Col("outcome", drop=9), Col("strategy", drop=10),
+                 Col("alloc GiB pred", right=True, drop=3),
+                 Col("GiB meas", right=True, drop=4), Col("GiB err", right=True, drop=1),
+                 Col("tok/s pred", right=True, drop=5), Col("tok/s meas", right=True, drop=6),
+                 Col("tok/s err", right=True, drop=2), Col("prompt / step err", right=True, drop=7),
+                 Col("OOM b/o", right=True, drop=8)]
+DRY_RUN_COLS = [Col("job"), Col("chosen", wrap=True, drop=5), Col("market", drop=3), Col("hours", right=True, drop=2),
+                Col("expected $", right=True), Col("overhead h", right=True, drop=4),
+                Col("P(deadline)", right=True, drop=1)]
 
 
 @app.command("spend")
@@ -57,15 +71,9 @@ def report_spend_command(team: str | None = typer.Option(None, "--team", help="A
 
 
 def _print_team_spend(report: Any) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"spend of team {report.team} since {report.since:%Y-%m-%d %H:%M} UTC")
-    for col in ("job", "name", "market", "attempts", "hours", "USD"):
-        table.add_column(col, justify="right" if col in ("attempts", "hours", "USD") else "left")
-    for line in report.jobs:
-        table.add_row(line.job_id, line.job_name, line.market, str(line.attempts), f"{line.hours:,.2f}",
-                      usd(line.usd))
-    output.console.print(table)
+    print_table(f"spend of team {report.team} since {report.since:%Y-%m-%d %H:%M} UTC", SPEND_COLS,
+                [[line.job_id, line.job_name, line.market, str(line.attempts), f"{line.hours:,.2f}", usd(line.usd)]
+                 for line in report.jobs])
     markets = ", ".join(f"{m} {usd(v)}" for m, v in sorted(report.by_market.items())) or "nothing yet"
     output.console.print(f"total {usd(report.total_usd)} ({markets}); budget {usd(report.budget_usd)}, "
                          f"remaining {usd(report.remaining_usd)}", highlight=False)
@@ -90,8 +98,6 @@ def report_accuracy_command(
       gpuplan report accuracy --source team --plot accuracy.png --json
     """
     from pathlib import Path
-
-    from rich.table import Table
 
     from scheduler.accuracy import accuracy_png, accuracy_rows, local_records, summarize, team_records
 
@@ -119,20 +125,17 @@ def report_accuracy_command(
     def rate(v: float | None) -> str:
         return "-" if v is None else f"{v:,.0f}"
 
-    table = Table(title=f"predicted vs measured ({source}: {len(rows)} runs)", title_justify="left")
     split = any(r["error_prefill_s"] is not None or r["error_decode_step_s"] is not None for r in rows)
-    columns = ("job", "outcome", "strategy", "alloc GiB pred", "meas", "err", "tok/s pred", "meas", "err",
-               *(("prompt / step err",) if split else ()), "OOM b/o")
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("job", "outcome", "strategy") else "right")
+    cols = [c for c in ACCURACY_COLS if split or c.header != "prompt / step err"]
+    table: list[list[str | Text]] = []
     for r in rows:
         # inference on the compiled decoder: the prompt pass's and the decode step's errors, each priced apart
-        prompt_step = ((f"{pct(r['error_prefill_s'])} / {pct(r['error_decode_step_s'])}",) if split else ())
-        table.add_row(r["job"], r["outcome"], r["strategy"] or "-", gib(r["predicted_peak_allocated_bytes"]),
+        prompt_step = [f"{pct(r['error_prefill_s'])} / {pct(r['error_decode_step_s'])}"] if split else []
+        table.append([r["job"], r["outcome"], r["strategy"] or "-", gib(r["predicted_peak_allocated_bytes"]),
                       gib(r["measured_peak_allocated_bytes"]), pct(r["error_peak_allocated_bytes"]),
                       rate(r["predicted_tokens_per_s"]), rate(r["measured_tokens_per_s"]),
-                      pct(r["error_tokens_per_s"]), *prompt_step, str(r["oom_backoffs"]))
-    output.console.print(table)
+                      pct(r["error_tokens_per_s"]), *prompt_step, str(r["oom_backoffs"])])
+    print_table(f"predicted vs measured ({source}: {len(rows)} runs)", cols, table)
     for key, s in summary.items():
         if s["n"]:
             output.console.print(f"{key}: {s['n']} runs, median |error| {s['median_abs_error']:.1%}, "
@@ -142,16 +145,12 @@ def report_accuracy_command(
 
 
 def _print_teams_spend(report: Any) -> None:
-    from rich.table import Table
-
     markets = sorted(report.by_market)
-    table = Table(title=f"spend of every team since {report.since:%Y-%m-%d %H:%M} UTC")
-    for col in ("team", *markets, "total", "budget", "remaining"):
-        table.add_column(col, justify="left" if col == "team" else "right")
-    for t in report.teams:
-        table.add_row(t.team, *(usd(t.by_market.get(m, 0.0)) for m in markets), usd(t.total_usd),
-                      usd(t.budget_usd), usd(t.remaining_usd))
-    output.console.print(table)
+    cols = [Col("team"), *(Col(m, right=True, drop=2) for m in markets), Col("total", right=True),
+            Col("budget", right=True, drop=1), Col("remaining", right=True)]
+    print_table(f"spend of every team since {report.since:%Y-%m-%d %H:%M} UTC", cols,
+                [[t.team, *(usd(t.by_market.get(m, 0.0)) for m in markets), usd(t.total_usd), usd(t.budget_usd),
+                  usd(t.remaining_usd)] for t in report.teams])
     output.console.print(f"total {usd(report.total_usd)} over {len(report.teams)} team(s); "
                          "per job: gpuplan report spend --team TEAM", highlight=False)
 
@@ -190,20 +189,15 @@ def report_dry_run_command(
     if as_json:
         print_json({"files": files, "jobs": report.summary})
         return
-    from rich.table import Table
-
-    table = Table(title="dry run", title_justify="left")
-    for col in ("job", "chosen", "market", "hours", "expected $", "overhead h", "P(deadline)"):
-        numeric = col in ("hours", "expected $", "overhead h", "P(deadline)")
-        table.add_column(col, justify="right" if numeric else "left")
+    table: list[list[str | Text]] = []
     for item in report.summary:
         chosen = item["chosen"]
         if not isinstance(chosen, dict):
-            table.add_row(str(item["job"]), "-", "-", "-", "-", "-", "-")
+            table.append([str(item["job"]), "-", "-", "-", "-", "-", "-"])
             continue
         prob = chosen["deadline_probability"]
-        table.add_row(str(item["job"]), str(chosen["option"]), str(chosen["market"]), f"{chosen['hours']:,.2f}",
+        table.append([str(item["job"]), str(chosen["option"]), str(chosen["market"]), f"{chosen['hours']:,.2f}",
                       f"{chosen['expected_usd']:,.2f}", f"{chosen['preemption_overhead_h']:,.2f}",
-                      "-" if prob is None else f"{prob:.0%}")
-    output.console.print(table)
+                      "-" if prob is None else f"{prob:.0%}"])
+    print_table("dry run", DRY_RUN_COLS, table)
     output.console.print(f"wrote {files['markdown']} and {files['html']}", highlight=False)

@@ -10,7 +10,7 @@ import typer
 
 from commands import output
 from commands.backend import open_backend
-from commands.output import JSON_OPTION, handle_errors, print_json, styled
+from commands.output import JSON_OPTION, handle_errors, print_fields, print_json, styled
 from commands.settings import Settings
 
 if TYPE_CHECKING:
@@ -71,34 +71,15 @@ def run_command(
 
 
 def _run_with_progress(spec: Any, ckpt: Any, resume: bool, use_ray: bool, home: Path) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from workers.executor import RunStatus
+    from commands.progress import progress_bar
     from workers.runner import run_local
 
-    if spec.task == "infer":
-        columns: tuple[Any, ...] = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TextColumn("prompts"), TextColumn("ETA"), TimeRemainingColumn(),
-                                    TextColumn("cost $0.00 (local)"))
-    else:
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} tok/s"),
-                   TextColumn("ETA"), TimeRemainingColumn(), TextColumn("cost $0.00 (local)"))
-    with Progress(*columns, console=output.err_console, transient=False) as bar:
-        task = bar.add_task(f"{spec.name}: starting", total=None, loss="-", rate="-")
-
-        def show(status: RunStatus) -> None:
-            p = status.progress
-            bar.update(task, description=f"{spec.name}: {status.state.value}", completed=p.step,
-                       total=p.total_steps or None, loss=f"{p.loss:.4f}" if p.loss is not None else "-",
-                       rate=f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-")
-
+    progress, show = progress_bar(output.err_console, spec.name, infer=spec.task == "infer")
+    with progress:
         return run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray, on_status=show, home=home)
 
 
 def _print_run_summary(result: RunSummary) -> None:
-    from rich.table import Table
-
     def gib(value: float | None) -> str:
         return f"{value / 2**30:.2f} GiB" if value else "-"
 
@@ -108,7 +89,7 @@ def _print_run_summary(result: RunSummary) -> None:
     def ms(value: float | None) -> str:
         return f"{value * 1e3:,.2f} ms" if value else "-"
 
-    table = Table(title=f"{result['job']}: {result['status']}", show_header=False)
+    title = f"{result['job']}: {result['status']}"
     measured, predicted = result["measured"], result["predicted"]
     if result.get("task") == "infer":
         rows = [("message", result["message"]),
@@ -123,9 +104,7 @@ def _print_run_summary(result: RunSummary) -> None:
             rows.insert(-2, ("prompt pass / decode step measured / predicted",
                              f"{ms(measured['prefill_s'])} / {ms(predicted.get('prefill_s'))}, "
                              f"{ms(measured.get('decode_step_s'))} / {ms(predicted.get('decode_step_s'))}"))
-        for key, value in rows:
-            table.add_row(key, str(value))
-        output.console.print(table)
+        print_fields(title, [(key, str(value)) for key, value in rows])
         return
     rows = [
         ("message", result["message"]),
@@ -144,9 +123,7 @@ def _print_run_summary(result: RunSummary) -> None:
         ("wall time", _wall(result)),
         ("cost", "$0.00 (local machine)"),
     ]
-    for key, value in rows:
-        table.add_row(key, str(value))
-    output.console.print(table)
+    print_fields(title, [(key, str(value)) for key, value in rows])
 
 
 @app.command("export")

@@ -37,7 +37,7 @@ class Settings:
             return env.get(name, "").strip()
 
         home = Path(get("GPUPLAN_HOME") or Path.home() / ".gpuplan").expanduser()
-        return cls(home=home, database_url=get("GPUPLAN_DATABASE_URL") or f"sqlite:///{home / 'gpuplan.db'}",
+        return cls(home=home, database_url=get("GPUPLAN_DATABASE_URL") or own_database_url(home),
                    api_url=get("GPUPLAN_API_URL"), token=get("GPUPLAN_TOKEN"), admin_token=get("GPUPLAN_ADMIN_TOKEN"),
                    team=get("GPUPLAN_TEAM") or DEFAULT_TEAM)
 
@@ -45,3 +45,12 @@ class Settings:
     def remote(self) -> bool:
         """Whether the commands talk to a `gpuplan server` (GPUPLAN_API_URL) rather than the local database."""
         return bool(self.api_url)
+
+    @property
+    def shared_database(self) -> bool:
+        """The database is one GPUPLAN_DATABASE_URL names (a server's, perhaps), not the home's own file."""
+        return self.database_url != own_database_url(self.home)
+
+
+def own_database_url(home: Path) -> str:
+    return f"sqlite:///{home / 'gpuplan.db'}"

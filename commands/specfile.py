@@ -6,6 +6,7 @@ it relative to the file, as a user reading the file expects.
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 from typing import Any
@@ -13,15 +14,18 @@ from typing import Any
 import yaml
 
 from catalog.errors import InvalidInput
-from planner.spec import JobSpec, ModelRef, spec_from_dict
+from planner.spec import JobSpec, ModelRef, fit_defaults, spec_from_dict
 
 
 def load_spec(path: str | Path) -> JobSpec:
     """Read a JobSpec from a YAML or JSON file; relative paths in it are relative to the file."""
     path = Path(path)
+    if path.is_dir():
+        raise InvalidInput(f"spec file {str(path)!r} is a directory", hint="give the path of a YAML or JSON job spec "
+                           "file in it (see examples/)")
     if not path.is_file():
         raise InvalidInput(f"spec file {str(path)!r} does not exist", hint="give the path of a YAML or JSON job spec")
-    text = path.read_text()
+    text = _read_text(path)
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
@@ -34,7 +38,38 @@ def load_spec(path: str | Path) -> JobSpec:
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise InvalidInput(f"{path} is not valid YAML: {problem}{where}",
                            hint="fix the file; see examples/ for well-formed specs") from None
-    return size_from_prompts(rebase_paths(spec_from_dict(data), path.parent))
+    return _fit_to_model(size_from_prompts(rebase_paths(spec_from_dict(data), path.parent)))
+
+
+# A text file's byte order mark and its encoding; longest first (UTF-32's little-endian mark starts as UTF-16's).
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def _read_text(path: Path) -> str:
+    """The file's text: UTF-8, or UTF-16/32 with a byte order mark (as some Windows editors save); else an error
+    that says so, never a traceback."""
+    raw = path.read_bytes()
+    encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), "utf-8")
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{path} is not {encoding.upper()} text (byte 0x{raw[exc.start]:02x} at offset "
+                           f"{exc.start})", hint="save the spec as UTF-8 text") from None
+
+
+def _fit_to_model(spec: JobSpec) -> JobSpec:
+    """The spec with the lengths it leaves to their defaults fitted to its model's context (planner.spec.
+    fit_defaults), so a submitted spec carries them; a model that does not resolve is left for the plan to
+    report with the spec's other problems."""
+    from catalog.errors import GpuplanError
+    from catalog.loader import load_catalog, resolve_model
+
+    try:
+        model = resolve_model(load_catalog(), spec.model.config if isinstance(spec.model, ModelRef) else spec.model)
+    except GpuplanError:
+        return spec
+    return fit_defaults(spec, model)
 
 
 def _rebase(path: str, base_dir: Path) -> str:

@@ -11,12 +11,18 @@ from pydantic import BaseModel
 from catalog.errors import InvalidInput
 from commands import output
 from commands.backend import open_backend
-from commands.output import JSON_OPTION, handle_errors, print_json, usd
+from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, usd
 
 app = typer.Typer(help="Teams, budgets, GPU quotas and tokens (admin).\n\nExamples:\n\n"
                        "  gpuplan team create ml --budget 5000 --quota 16\n\n"
                        "  gpuplan team token ml\n\n"
                        "  gpuplan team list --json", no_args_is_help=True)
+
+# Names and numbers are never cut; ``drop`` orders what a narrow terminal leaves out (first the highest).
+TOKEN_COLS = [Col("id", right=True), Col("name"), Col("created", drop=1), Col("revoked", drop=2)]
+TEAM_COLS = [Col("name"), Col("budget", right=True, drop=2), Col("spent", right=True, drop=3),
+             Col("reserved", right=True, drop=4), Col("remaining", right=True), Col("GPU quota", right=True, drop=1),
+             Col("GPUs in use", right=True, drop=5)]
 
 
 def _print_team(team: Any, as_json: bool) -> None:
@@ -137,34 +143,22 @@ def team_token_command(name: str = typer.Argument(...),
 
 
 def _print_tokens(tokens: list[Any], team: str, as_json: bool) -> None:
-    from rich.table import Table
-
     if as_json:
         print_json(tokens)
         return
-    table = Table(title=f"tokens of team {team}")
-    for col in ("id", "name", "created", "revoked"):
-        table.add_column(col)
-    for t in tokens:
-        table.add_row(str(t.id), t.name, f"{t.created_at:%Y-%m-%d %H:%M}",
-                      f"{t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "-")
-    output.console.print(table)
+    print_table(f"tokens of team {team}", TOKEN_COLS,
+                [[str(t.id), t.name, f"{t.created_at:%Y-%m-%d %H:%M}",
+                  f"{t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "-"] for t in tokens])
 
 
 @app.command("list")
 @handle_errors
 def team_list_command(as_json: bool = JSON_OPTION) -> None:
     """List teams with budget, spend and quota (admin).  Example:  gpuplan team list --json"""
-    from rich.table import Table
-
     teams = open_backend(admin=True).list_teams()
     if as_json:
         print_json(teams)
         return
-    table = Table(title="teams")
-    for col in ("name", "budget", "spent", "reserved", "remaining", "GPU quota", "GPUs in use"):
-        table.add_column(col)
-    for t in teams:
-        table.add_row(t.name, usd(t.budget_usd), usd(t.spent_usd), usd(t.reserved_usd), usd(t.remaining_usd),
-                      "-" if t.gpu_quota is None else str(t.gpu_quota), str(t.gpus_in_use))
-    output.console.print(table)
+    print_table("teams", TEAM_COLS,
+                [[t.name, usd(t.budget_usd), usd(t.spent_usd), usd(t.reserved_usd), usd(t.remaining_usd),
+                  "-" if t.gpu_quota is None else str(t.gpu_quota), str(t.gpus_in_use)] for t in teams])

@@ -7,7 +7,7 @@ from catalog.errors import InvalidInput, UnknownName
 from catalog.loader import Catalog
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import Calibration
-from planner.spec import JobSpec, check_model
+from planner.spec import JobSpec, check_model, invalid_spec, model_problems
 
 
 def resolve_spec_model(spec: JobSpec, catalog: Catalog, model: ModelConfig | None) -> ModelConfig:
@@ -63,3 +63,37 @@ def check_names(spec: JobSpec, catalog: Catalog) -> None:
     for i, region in enumerate(spec.resources.regions or []):
         if region not in regions:
             raise UnknownName("region", region, regions, path=f"resources.regions[{i}]")
+
+
+def resolve_for_plan(spec: JobSpec, catalog: Catalog,
+                     model: ModelConfig | None) -> tuple[ModelConfig, list[GpuSpec], dict[str, int | None]]:
+    """(model, allowed GPUs, pinned counts) for planning ``spec``; every problem with its model, clouds, regions
+    and GPUs in one error, so one is never hidden behind another (an unknown GPU behind a sequence too long)."""
+    problems: list[tuple[str, str]] = []
+    errors: list[InvalidInput] = []
+    gpus: list[GpuSpec] = []
+    counts: dict[str, int | None] = {}
+    try:
+        model = model if model is not None else _catalog_model(spec, catalog)
+        problems += model_problems(spec, model)
+    except InvalidInput as exc:
+        errors.append(exc)
+    try:
+        check_names(spec, catalog)
+    except InvalidInput as exc:
+        errors.append(exc)
+    try:
+        gpus, counts = allowed_gpus(spec, catalog)
+    except InvalidInput as exc:
+        errors.append(exc)
+    if len(errors) == 1 and not problems:
+        raise errors[0]  # as it is: an unknown name keeps its kind and suggestions
+    problems += [(e.path or "(spec)", _said(e)) for e in errors]
+    if problems or model is None:
+        raise invalid_spec(problems)
+    return model, gpus, counts
+
+
+def _said(error: InvalidInput) -> str:
+    """The error's words without the field path it starts with (the problem list names the path)."""
+    return str(error).removeprefix(f"{error.path}: ") if error.path else str(error)

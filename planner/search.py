@@ -33,7 +33,7 @@ from planner.placement import (
     estimate_placement,
     require_calibration,
 )
-from planner.resolve import allowed_gpus, check_names, resolve_spec_model
+from planner.resolve import resolve_for_plan
 from planner.spec import JobSpec, Resources
 from planner.types import Candidate, CostEstimate, Estimate, Plan, Rejection, Strategy, construct
 
@@ -110,9 +110,7 @@ def plan(spec: JobSpec, catalog: Catalog, *, calibration: Calibration, objective
     cal = require_calibration(calibration, "plan")
     if objective not in ("cheapest", "fastest"):
         raise InvalidInput(f"objective must be 'cheapest' or 'fastest', got {objective!r}", path="objective")
-    mdl = resolve_spec_model(spec, catalog, model)
-    check_names(spec, catalog)
-    gpus, pinned_counts = allowed_gpus(spec, catalog)
+    mdl, gpus, pinned_counts = resolve_for_plan(spec, catalog, model)  # every problem of the spec in one error
     search = _Search(spec, mdl, cal, catalog.support, {**cal.cost.spot_hazard_per_h, **(hazard_per_h or {})})
     _reject_outside_allow_list(catalog, {g.id for g in gpus}, search.funnel)
     for gpu in gpus:

@@ -7,6 +7,7 @@ planner, which knows the catalog, and suggest the closest valid names.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -204,10 +205,13 @@ def _problem(error: Any) -> tuple[str, str]:
                    "complete specs)")
     if error["type"] == "literal_error":
         message = f"{message}, got {error.get('input')!r}"
+    value = error.get("input")
+    if isinstance(value, float) and not math.isfinite(value):  # YAML's .nan and .inf pass as floats
+        message = f"{'not a number' if math.isnan(value) else 'infinite'} ({value}); write a finite number"
     return path, message
 
 
-def _invalid(problems: list[tuple[str, str]]) -> InvalidInput:
+def invalid_spec(problems: list[tuple[str, str]]) -> InvalidInput:
     """One error naming every problem: a user fixes a spec in one pass, not one error per run."""
     if len(problems) == 1:
         path, message = problems[0]
@@ -223,23 +227,43 @@ def model_problems(spec: JobSpec, model: ModelConfig) -> list[tuple[str, str]]:
     fix = (f"use at most {limit:,} tokens, or a model with a longer context (`gpuplan catalog models` lists "
            "each preset's context); gpuplan does not model RoPE scaling")
     if spec.train is not None and spec.task == "train" and spec.train.seq_len > limit:
-        problems.append(("train.seq_len", f"{spec.train.seq_len:,} tokens is longer than {model.id}'s context of "
+        tokens = f"{spec.train.seq_len:,} tokens" if "seq_len" in spec.train.model_fields_set else (
+            f"not set, and its default of {spec.train.seq_len:,} tokens")
+        problems.append(("train.seq_len", f"{tokens} is longer than {model.id}'s context of "
                                           f"{limit:,} (max_position_embeddings); {fix}"))
     problems += _stored_quantization_problems(spec, model)
     if spec.infer is not None and spec.task == "infer":
         total = spec.infer.prompt_tokens + spec.infer.output_tokens
+        unset = sorted({"prompt_tokens", "output_tokens"} - spec.infer.model_fields_set)
+        defaults = f" (the default{'s' if len(unset) > 1 else ''} of {' and '.join(unset)})" if unset else ""
         if total > limit:
-            problems.append(("infer.prompt_tokens", f"prompt_tokens + output_tokens = {total:,} tokens is longer "
+            problems.append(("infer.prompt_tokens", f"prompt_tokens + output_tokens = {total:,} tokens{defaults} "
+                                                    "is longer "
                                                     f"than {model.id}'s context of {limit:,} "
                                                     f"(max_position_embeddings); {fix}"))
     return problems
+
+
+def fit_defaults(spec: JobSpec, model: ModelConfig) -> JobSpec:
+    """The spec with the lengths it leaves to their defaults fitted to the model's context: a default the user
+    never wrote is not an error (tiny-llama's 1,024 tokens against the default seq_len of 2,048). What the spec
+    sets stays as written, and model_problems refuses it if it is too long."""
+    limit = model.max_position_embeddings
+    train, infer = spec.train, spec.infer
+    if train is not None and "seq_len" not in train.model_fields_set and train.seq_len > limit:
+        return spec.model_copy(update={"train": train.model_copy(update={"seq_len": max(8, limit)})})
+    if (infer is not None and "prompt_tokens" not in infer.model_fields_set
+            and infer.prompt_tokens + infer.output_tokens > limit > infer.output_tokens):
+        prompt = limit - infer.output_tokens
+        return spec.model_copy(update={"infer": infer.model_copy(update={"prompt_tokens": prompt})})
+    return spec
 
 
 def check_model(spec: JobSpec, model: ModelConfig) -> None:
     """Refuse a spec the model cannot run (every problem at once)."""
     problems = model_problems(spec, model)
     if problems:
-        raise _invalid(problems)
+        raise invalid_spec(problems)
 
 
 def spec_from_dict(data: Any) -> JobSpec:
@@ -251,7 +275,7 @@ def spec_from_dict(data: Any) -> JobSpec:
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise _invalid([_problem(e) for e in exc.errors()]) from None
+        raise invalid_spec([_problem(e) for e in exc.errors()]) from None
 
 
 # What a checkpoint stored quantized (ModelConfig.quantization) may be planned with: its own format where the

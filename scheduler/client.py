@@ -67,17 +67,19 @@ class LocalClient:
     for team commands. The team is looked up on the first job command, so team commands work
     before it exists; only :data:`DEFAULT_TEAM` is created then, any other name must exist."""
 
-    def __init__(self, service: SchedulerService, team: str, admin: Principal) -> None:
+    def __init__(self, service: SchedulerService, team: str, admin: Principal, *, shared: bool = False) -> None:
         self.service = service
         self.team = team
         self.admin = admin
+        self.shared = shared  # a database named by GPUPLAN_DATABASE_URL: the default team only in an empty one
         self._principal: Principal | None = None
 
     @property
     def principal(self) -> Principal:
         if self._principal is None:
             try:
-                self._principal = self.service.team_principal(self.team, create=self.team == DEFAULT_TEAM)
+                self._principal = self.service.team_principal(self.team, create=self.team == DEFAULT_TEAM,
+                                                              shared=self.shared)
             except (NotFound, InvalidInput) as exc:
                 raise type(exc)(f"GPUPLAN_TEAM={self.team}: {exc}") from None
         return self._principal
@@ -268,17 +270,19 @@ class HttpClient:
 
 
 def local_client(database_url: str, *, checkpoint_root: str, team: str = DEFAULT_TEAM,
-                 machine_home: Path | None = None) -> LocalClient:
+                 machine_home: Path | None = None, shared: bool = False) -> LocalClient:
     """The embedded default: the real planner and catalog, the local database, acting as ``team``
     (which must exist, except the default team, created on first use) and as admin for team
     commands (you own the file).
 
     With ``machine_home`` the catalog also holds this machine's $0/h placements (its GPUs and its
     CPU, probed once and cached there): a `gpuplan server` on this database and machine runs the
-    jobs submitted here. They are detected at the first plan, not for every command."""
+    jobs submitted here. They are detected at the first plan, not for every command. ``shared``: the
+    database is not the user's own file (GPUPLAN_DATABASE_URL), so the default team is made only in one
+    without teams (one with teams is a server's)."""
     from scheduler.api.server import machine_planner, make_service
     from scheduler.auth import ADMIN
 
     planner = machine_planner(machine_home) if machine_home is not None else None
     service = make_service(database_url, checkpoint_root=checkpoint_root, planner=planner)
-    return LocalClient(service, team, ADMIN)
+    return LocalClient(service, team, ADMIN, shared=shared)

@@ -25,7 +25,7 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from catalog.errors import Conflict, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
+from catalog.errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
 from scheduler import ledger, logbook, queries, quota
@@ -129,8 +129,8 @@ class SchedulerService:
         """Who holds the token whose sha256 is ``digest`` (a web session keeps the digest, never the token)."""
         return self.auth.authenticate_hash(digest)
 
-    def team_principal(self, name: str, *, create: bool = False) -> Principal:
-        return self.teams.team_principal(name, create=create)
+    def team_principal(self, name: str, *, create: bool = False, shared: bool = False) -> Principal:
+        return self.teams.team_principal(name, create=create, shared=shared)
 
     def create_team(self, principal: Principal, body: TeamCreate) -> TeamPublic:
         return self.teams.create_team(principal, body)
@@ -399,7 +399,11 @@ class SchedulerService:
             if team is None and principal.is_admin:
                 return self._all_teams_spend(session, since, until)
             if team is not None and (principal.is_admin or team != principal.team_name):
-                require_admin(principal)
+                if not principal.is_admin:  # a team token asking for another team: say whose token it is
+                    raise Forbidden(f"this is team {principal.team_name}'s token, not team {team}'s: a team token "
+                                    "reads only its own team's spend",
+                                    hint=f"use a token of team {team}, or the admin token (GPUPLAN_ADMIN_TOKEN) "
+                                    "for any team")
                 row = team_by_name(session, team)
             else:
                 row_or_none = session.get(Team, team_id_of(principal))

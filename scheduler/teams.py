@@ -103,14 +103,23 @@ class Teams:
         except IntegrityError:
             raise Conflict(f"team {body.name!r} already exists", hint="pick another name") from None
 
-    def team_principal(self, name: str, *, create: bool = False) -> Principal:
+    def team_principal(self, name: str, *, create: bool = False, shared: bool = False) -> Principal:
         """Act as team ``name`` without a token (the in-process CLI). It must exist; with
-        ``create`` (the one default team) it is made on first use, without limits."""
+        ``create`` (the one default team) it is made on first use, without limits; ``shared`` (a database
+        named by GPUPLAN_DATABASE_URL, not the user's own file) only while it has no teams at all."""
         check_team_name(name)
         with self.store.read() as session:
             team = session.exec(select(Team).where(Team.name == name)).first()
             if team is None and not create:
                 team_by_name(session, name)  # raises, listing the teams
+            others = [] if team is not None or not shared else sorted(session.exec(select(Team.name)).all())
+        if team is None and others:
+            # A shared database with teams is a server's (an admin made them): a command run in-process on
+            # it acts as one of them, and never adds a team of its own to it.
+            raise NotFound(f"team {name!r} is not in this database, which is a server's (its teams: "
+                           f"{', '.join(others)}); an in-process command does not add a team to it",
+                           hint="set GPUPLAN_TEAM to your team there, or go through the server with "
+                           "GPUPLAN_API_URL and GPUPLAN_TOKEN")
         if team is None:
             with contextlib.suppress(Conflict):  # created meanwhile by another process: use it
                 self.create_team(ADMIN, TeamCreate(name=name))

@@ -39,7 +39,8 @@ def test_the_packaged_azure_offers_agree_with_the_size_table(catalog: Catalog) -
 
 
 def test_skypilot_names_point_at_catalog_ids(catalog: Catalog) -> None:
-    for name, gpu_id in load_cloud_names().skypilot_accelerators.items():
+    names = load_cloud_names()
+    for name, gpu_id in (names.skypilot_accelerators | names.skypilot_instances).items():
         assert catalog.gpu(gpu_id).id == gpu_id, name
 
 

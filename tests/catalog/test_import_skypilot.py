@@ -111,3 +111,41 @@ def test_download_errors_are_external_service_errors(file_server: str, tmp_path:
 def test_cloud_from_path(tmp_path: Path) -> None:
     assert cloud_from_path("catalogs/v8/lambda/vms.csv") == "lambda"
     assert cloud_from_path(str(tmp_path / "vms.csv")) is None
+
+
+LAMBDA_ROWS = (
+    "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone\n"
+    "gpu_1x_h100_pcie,H100,1,26,200,\"{'Gpus': [{'Name': 'H100', 'Manufacturer': 'NVIDIA', 'Count': 1.0, "
+    "'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 81920}\",2.49,,us-east-1,\n"
+    "gpu_8x_h100_sxm5,H100,8,208,1800,\"{'Gpus': [{'Name': 'H100', 'Manufacturer': 'NVIDIA', 'Count': 8.0, "
+    "'MemoryInfo': {'SizeInMiB': 81920}}], 'TotalGpuMemoryInMiB': 655360}\",23.92,,us-east-1,\n")
+
+
+def test_lambda_pcie_h100_is_the_pcie_part(catalog: Catalog, tmp_path: Path) -> None:
+    path = tmp_path / "catalogs" / "v8" / "lambda" / "vms.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text(LAMBDA_ROWS)
+    result = read_skypilot_vms(path, catalog, cloud="lambda", today=TODAY)
+    assert {o.instance_type: o.gpu for o in result.offers} == {"gpu_1x_h100_pcie": "H100-PCIe",
+                                                               "gpu_8x_h100_sxm5": "H100-SXM"}
+
+
+def test_cli_import_writes_under_the_gpuplan_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("GPUPLAN_HOME", str(home))
+    monkeypatch.delenv("GPUPLAN_CATALOG_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))  # where a wrong default would write: not the real home
+    path = tmp_path / "catalogs" / "v8" / "lambda" / "vms.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text(LAMBDA_ROWS)
+    result = CliRunner().invoke(app, ["catalog", "import", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    written = home / "catalog" / "offers" / "lambda.csv"
+    assert result.stdout and str(written) in result.stdout and written.is_file()
+    # and the catalog the commands load reads it from there
+    assert {o.instance_type for o in load_catalog().offers if o.cloud == "lambda"} == {
+        "gpu_1x_h100_pcie", "gpu_8x_h100_sxm5"}

@@ -148,4 +148,4 @@ def test_help_shows_bracketed_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     result = runner.invoke(app, ["catalog", "refresh", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    assert "[default: ~/.gpuplan/catalog/offers/<cloud>.csv" in result.stdout
+    assert "[default: $GPUPLAN_HOME/catalog/offers/<cloud>.csv" in result.stdout

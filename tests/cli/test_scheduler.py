@@ -368,3 +368,38 @@ def test_every_command_and_group_help_shows_an_example() -> None:
     assert len(paths) > 20  # every command and group, not a few
     missing = [" ".join(p) for p in paths if "Example" not in runner.invoke(app, [*p, "--help"]).stdout]
     assert missing == []
+
+
+def test_spend_of_another_team_with_a_team_token_says_whose_token_it_is(remote: tuple[SchedulerService, str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    service, _ = remote
+    service.create_team(ADMIN, TeamCreate(name="ops"))
+    monkeypatch.delenv("GPUPLAN_ADMIN_TOKEN")  # only team ml's token
+    result = runner.invoke(app, ["report", "spend", "--team", "ops"])
+    assert result.exit_code != 0
+    said = " ".join(result.stderr.split())
+    assert "this is team ml's token, not team ops's" in said and "use a token of team ops, or the admin token" in said
+    assert "manage teams" not in said
+
+
+def test_a_local_command_adds_no_default_team_to_a_servers_database(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'server.db'}"
+    store = Store(url)
+    store.migrate()
+    SchedulerService(store, toy_plan, checkpoint_root=str(tmp_path / "ckpt")).create_team(
+        ADMIN, TeamCreate(name="ml"))
+    monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
+    monkeypatch.delenv("GPUPLAN_TEAM", raising=False)
+    monkeypatch.setenv("GPUPLAN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GPUPLAN_DATABASE_URL", url)
+    for command in (["list"], ["submit", write_spec(tmp_path, tokens=1e6)]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 4, result.output
+        said = " ".join(result.stderr.split())
+        assert "which is a server's (its teams: ml)" in said and "set GPUPLAN_TEAM to your team" in said
+    admin = SchedulerService(store, toy_plan, checkpoint_root=str(tmp_path / "ckpt"))
+    assert [t.name for t in admin.list_teams(ADMIN)] == ["ml"]
+    monkeypatch.setenv("GPUPLAN_TEAM", "ml")  # acting as a team that is there works
+    assert runner.invoke(app, ["list"]).exit_code == 0
+    store.dispose()

@@ -199,6 +199,10 @@ def test_an_unknown_team_is_not_created_and_the_error_lists_the_teams(service: S
         service.team_principal("mll")
     assert str(info.value) == "team 'mll' does not exist; did you mean 'ml'? teams: ml, research"
     assert service.team_principal("ml").team_name == "ml"
-    # Only the default team is made on first use (the in-process CLI asks with create=True for it).
+    # The default team is made on first use (the in-process CLI asks with create=True for it), but in a
+    # shared database (GPUPLAN_DATABASE_URL) only while it has no teams: one with teams is a server's.
+    with pytest.raises(NotFound, match="which is a server's"):
+        service.team_principal("default", create=True, shared=True)
+    assert [t.name for t in service.list_teams(ADMIN)] == ["ml", "research"]
     assert service.team_principal("default", create=True).team_name == "default"
     assert [t.name for t in service.list_teams(ADMIN)] == ["default", "ml", "research"]
