@@ -58,6 +58,7 @@ SERVER_PORT = 8000
 RAY_PIN = "ray[default,train]==2.60.0"  # default: dashboard and job submission; the project's Ray version
 VENV = "$HOME/gpuplan-venv"
 INSTANCE_PROFILE = "gpuplan-node"
+FALLBACK_LABEL = "gpuplan/fallback"  # a worker type's rank in the order a waiting run tries them (launch_places)
 # AWS's public SSM parameters of the current Deep Learning Base AMI (Ubuntu 24.04: Python 3.12, an
 # NVIDIA driver for H100/H200/B200) per CPU architecture; they exist in every region that has the AMI.
 DLAMI_PARAMETERS: Mapping[str, str] = {
@@ -135,19 +136,40 @@ class AwsFacts:
     placement_groups: Mapping[str, str] = field(default_factory=dict)  # EFA worker type -> its placement group
     nat_subnets: frozenset[str] = frozenset()  # subnets whose default route goes to a NAT gateway
     head_subnet: str | None = None  # when the head zone's worker subnet is behind a NAT: a public one there
+    # WorkerKind key -> the region's other zones (by id) that offer its instance type and have a subnet: where
+    # the same run may launch when its own zone has no capacity
+    fallback_zones: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def efa_of(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts) -> int:
-    """EFA interfaces per node of ``kind`` (0: none)."""
-    subnet = facts.subnets.get(facts.zones.get(kind_key(kind), ""), "")
+def efa_of(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts, zone: str | None = None) -> int:
+    """EFA interfaces per node of ``kind`` in ``zone`` (default: its own) (0: none)."""
+    subnet = facts.subnets.get(zone or facts.zones.get(kind_key(kind), ""), "")
     return efa_count(kind.candidate.nodes, facts.networks.get(kind.instance_type), opts.efa,
                      subnet in facts.nat_subnets)
 
 
-def link_gbps(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts) -> float:
-    """The node-to-node Gbit/s that ``kind``'s node type provides as configured."""
+def link_gbps(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts, zone: str | None = None) -> float:
+    """The node-to-node Gbit/s that ``kind``'s node type (in ``zone``) provides as configured."""
     net = facts.networks.get(kind.instance_type)
-    return provided_gbps(kind.candidate.offer.network_gbps, efa_of(kind, opts, facts), net)
+    return provided_gbps(kind.candidate.offer.network_gbps, efa_of(kind, opts, facts, zone), net)
+
+
+def launch_places(needs: ClusterNeeds, facts: AwsFacts) -> list[tuple[WorkerKind, str, str]]:
+    """(kind, zone, node type name) of every worker type, in the order a waiting run falls back along:
+    the planner's order of the kinds (the chosen offer in its priced market first, then its other market,
+    so on-demand after spot under ``spot: auto``, then the alternatives), and within a kind its priced zone
+    before the region's other zones that offer the instance type. A type's rank in this list is its
+    ``gpuplan/fallback`` label; a run (one zone, one placement group) launches all its nodes in one type."""
+    places: list[tuple[WorkerKind, str, str]] = []
+    seen: set[str] = set()
+    for kind in needs.kinds:
+        key = kind_key(kind)
+        for zone in (facts.zones[key], *facts.fallback_zones.get(key, ())):
+            name = node_type_name(kind.instance_type, kind.market, zone)
+            if name not in seen:  # a regional offer may resolve to a zone a zoned kind has: the first wins
+                seen.add(name)
+                places.append((kind, zone, name))
+    return places
 
 
 def kind_key(kind: WorkerKind) -> str:
@@ -209,7 +231,7 @@ def node_type_name(instance_type: str, market: str, zone: str) -> str:
     return re.sub(r"[^a-z0-9-]", "-", f"{instance_type}-{market}-{zone}".lower())
 
 
-def _worker_type(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFacts) -> dict[str, Any]:
+def _worker_type(kind: WorkerKind, zone: str, rank: int, opts: ClusterOptions, facts: AwsFacts) -> dict[str, Any]:
     offer = kind.candidate.offer
     node_config: dict[str, Any] = {
         "InstanceType": offer.instance_type,
@@ -220,7 +242,7 @@ def _worker_type(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFa
             {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": opts.disk_gib, "VolumeType": "gp3"}}
         ],
     }
-    efa = efa_of(kind, opts, facts)
+    efa = efa_of(kind, opts, facts, zone)
     if efa:  # Ray's provider: subnet and groups only inside the interfaces
         assert facts.security_group is not None, "resolve_aws makes the group of EFA worker types"
         del node_config["SubnetIds"]
@@ -240,7 +262,7 @@ def _worker_type(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFa
         "max_workers": kind.candidate.nodes,
         "resources": resources,
         "labels": {"gpuplan/market": kind.market, "gpuplan/gpu": offer.gpu, "gpuplan/zone": zone,
-                   NETWORK_LABEL: gbps_label(link_gbps(kind, opts, facts))},
+                   NETWORK_LABEL: gbps_label(link_gbps(kind, opts, facts, zone)), FALLBACK_LABEL: str(rank)},
         "node_config": node_config,
     }
 
@@ -325,11 +347,8 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
             },
         }
     }
-    for kind in needs.kinds:
-        zone = facts.zones[kind_key(kind)]
-        type_name = node_type_name(kind.instance_type, kind.market, zone)
-        if type_name not in types:  # a regional offer may resolve to a zone a zoned kind has: the first wins
-            types[type_name] = _worker_type(kind, zone, opts, facts)
+    for rank, (kind, zone, type_name) in enumerate(launch_places(needs, facts)):
+        types[type_name] = _worker_type(kind, zone, rank, opts, facts)
     mounts, install = install_commands(opts, facts.bucket_region)
     return {
         "cluster_name": name,

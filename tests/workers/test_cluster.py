@@ -23,7 +23,7 @@ from commands.specfile import load_spec
 from planner.types import Plan
 from tests.workers.cluster_setup import AMI_PARAMETER, BUCKET, EXAMPLES, PROFILE, generate, subnets_of
 from tests.workers.cluster_setup import options as _opts
-from workers.cluster import ClusterOptions, cluster_needs, node_type_name
+from workers.cluster import FALLBACK_LABEL, ClusterOptions, cluster_needs, node_type_name
 from workers.executor import RunRequest
 from workers.placement import MARKET_PREFIX, ZONE_PREFIX
 from workers.ray_attempt import attempt_infeasibility, request_placement, scaling_config
@@ -146,22 +146,35 @@ def test_markets_follow_the_spec(aws: Any, plans: dict[str, Plan]) -> None:
         assert auto["available_node_types"][name]["resources"][ZONE_PREFIX + "use1-az1"] == 8
 
 
-def test_every_zone_gives_the_chosen_run_a_node_type_in_each_priced_zone(aws: Any, plans: dict[str, Plan],
-                                                                          tmp_path: Path) -> None:
-    """For zone switching: the chosen p4d also in use1-az2 (priced there too), in both markets; an attempt
-    moved there (RunRequest.zone) launches exactly that zone's node type, with the run's node count."""
+def test_every_zone_that_offers_the_instance_type_gets_a_node_type_in_fallback_order(
+        aws: Any, plans: dict[str, Plan], tmp_path: Path) -> None:
+    """The 2-node p4d run, priced in use1-az1 only, may also launch in every other zone of the region that
+    offers p4d (moto: az1, az2, az4, az6), on spot first and then on-demand: each type one zone and one
+    placement group, ranked (``gpuplan/fallback``) priced zone first, and an attempt moved to a zone
+    (RunRequest.zone) launches all its nodes in exactly that zone's type."""
     p = plans["8b-auto"]
     chosen = p.chosen
-    assert chosen is not None
-    config, text = generate(aws, p, _opts(every_zone=True, alternatives=0))
-    names = sorted(k for k in config["available_node_types"] if k != "head")
-    assert names == sorted(node_type_name("p4d.24xlarge", m, z) for m in ("spot", "on-demand")
-                           for z in ("use1-az1", "use1-az2"))
+    assert chosen is not None and chosen.offer.zone == "use1-az1" and chosen.cost.market == "spot"
+    config, text = generate(aws, p, _opts(alternatives=0, efa="all"))
+    workers = {k: t for k, t in config["available_node_types"].items() if k != "head"}
+    zones = ("use1-az1", "use1-az2", "use1-az4", "use1-az6")
+    order = [node_type_name("p4d.24xlarge", m, z) for m in ("spot", "on-demand") for z in zones]
+    assert sorted(workers, key=lambda k: int(workers[k]["labels"][FALLBACK_LABEL])) == order
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    zone_of = {s["SubnetId"]: s["AvailabilityZoneId"] for s in ec2.describe_subnets()["Subnets"]}
+    groups = set()
+    for name, node_type in workers.items():
+        node = node_type["node_config"]
+        assert [zone_of[s] for s in subnets_of(node)] == [node_type["labels"]["gpuplan/zone"]], name
+        assert node_type["max_workers"] == chosen.nodes
+        groups.add(node["Placement"]["GroupName"])
+    assert len(groups) == len(workers)  # a placement group per type: a run never spans two zones
     (tmp_path / "c.yaml").write_text(text)
     node_types = autoscaler_node_types(tmp_path / "c.yaml")
-    for zone in ("use1-az1", "use1-az2"):
-        bundles = _bundles(_request(p, "spot", zone), node_types)
-        assert _ray_v2_picks(config, bundles) == {node_type_name("p4d.24xlarge", "spot", zone): chosen.nodes}
+    for market in ("spot", "on-demand"):
+        for zone in zones:
+            bundles = _bundles(_request(p, market, zone), node_types)
+            assert _ray_v2_picks(config, bundles) == {node_type_name("p4d.24xlarge", market, zone): chosen.nodes}
 
 
 def test_an_on_demand_attempt_of_a_spot_always_plan_is_infeasible(aws: Any, plans: dict[str, Plan],

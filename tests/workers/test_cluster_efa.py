@@ -239,9 +239,10 @@ def test_a_regional_offer_gets_the_first_zone_that_offers_it(aws: Any, plans: di
     type and has a subnet, and a run that names no zone launches there."""
     p = _regional(plans["8b-auto"])
     config, text = generate(aws, p, options(alternatives=0))
-    assert sorted(_worker_types(config)) == [node_type_name("p4d.24xlarge", "spot", "use1-az1")]
+    assert list(_worker_types(config)) == [node_type_name("p4d.24xlarge", "spot", z)
+                                           for z in ("use1-az1", "use1-az2", "use1-az4", "use1-az6")]
     node_type = next(iter(_worker_types(config).values()))
-    assert node_type["resources"][ZONE_PREFIX + "use1-az1"] == 8
+    assert node_type["resources"][ZONE_PREFIX + "use1-az1"] == 8 and node_type["labels"]["gpuplan/fallback"] == "0"
     (tmp_path / "c.yaml").write_text(text)
     chosen = p.chosen
     assert chosen is not None
