@@ -27,14 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from catalog.errors import InvalidInput
+from workers.cluster import SERVER_DB_BACKUP
 
 logger = logging.getLogger(__name__)
-BACKUP_NAME = "_server/gpuplan.db"  # under the cluster's checkpoint root
-
-
-def backup_uri(checkpoint_root: str) -> str:
-    """Where the head's database is kept under ``checkpoint_root`` (s3://bucket/prefix)."""
-    return f"{checkpoint_root.rstrip('/')}/{BACKUP_NAME}"
+BACKUP_NAME = SERVER_DB_BACKUP  # under the cluster's checkpoint root (workers.cluster.backup_uri)
 
 
 def _split(uri: str) -> tuple[str, str]:

@@ -50,7 +50,15 @@ from workers.cluster_net import (
     gbps_label,
     provided_gbps,
 )
+from workers.cluster_secrets import check_ref
 from workers.placement import pin_resources
+
+SERVER_DB_BACKUP = "_server/gpuplan.db"  # under the checkpoint root: scheduler.backup.BACKUP_NAME
+
+
+def backup_uri(checkpoint_root: str) -> str:
+    """Where the head keeps its SQLite database's backup (the S3 checkpoint root, which outlives the head)."""
+    return f"{checkpoint_root.rstrip('/')}/{SERVER_DB_BACKUP}"
 
 HEAD_INSTANCE = "m5.2xlarge"
 RAY_PORT = 6379
@@ -83,7 +91,12 @@ class ClusterOptions:
     min_workers: int = 0
     idle_timeout_minutes: int = 10
     checkpoint_root: str | None = None  # s3://bucket/prefix: every node reads it; None: each node's disk
-    database_url: str | None = None  # the head's server database; None: SQLite on the head
+    database_url: str | None = None  # the head's server database, without a password; None: SQLite on the head
+    # secrets the head reads at start (workers.cluster_secrets: a Secrets Manager name/ARN or ssm:NAME), never
+    # their values: the admin token (None: one made on the head) and a database URL with its password
+    admin_token_secret: str | None = None
+    database_url_secret: str | None = None
+    backup_every_s: int = 300  # the head's SQLite database to the S3 checkpoint root (scheduler.backup)
     instance_profile: str = INSTANCE_PROFILE  # IAM instance profile of head and workers (see notes)
     subnets: Mapping[str, str] = field(default_factory=dict)  # zone id -> subnet id; others looked up
     server_port: int = SERVER_PORT
@@ -305,16 +318,37 @@ def install_commands(opts: ClusterOptions, bucket_region: str | None = None) -> 
     return mounts, commands
 
 
-def _server_command(opts: ClusterOptions, bucket_region: str | None) -> str:
-    """The head's gpuplan server, as a transient systemd service that restarts when it dies."""
+def check_database_url(url: str | None) -> None:
+    """A password in ``--database-url`` would sit in the YAML and in ``ps``: it belongs in a secret."""
+    if url and re.match(r"^[^:/]+://[^/@]*:[^/@]*@", url):
+        raise InvalidInput("the --database-url has a password, which would be written into the cluster YAML",
+                           path="database_url", hint="store the URL in Secrets Manager (aws secretsmanager "
+                           "create-secret --name gpuplan/database-url --secret-string 'postgresql+psycopg://...') "
+                           "and give --database-url-secret gpuplan/database-url")
+
+
+def _server_command(opts: ClusterOptions, bucket_region: str | None, region: str) -> str:
+    """The head's gpuplan server, as a transient systemd service that restarts when it dies, started by
+    ``scheduler.head``: the secrets it names reach the server's environment only, and without a database
+    URL its SQLite file is restored from and backed up to the checkpoint root."""
+    check_database_url(opts.database_url)
     args = ["--executor", "ray", "--host", "0.0.0.0", "--port", str(opts.server_port),
             "--ray-cluster-config", "/home/ubuntu/ray_bootstrap_config.yaml"]
     if opts.checkpoint_root:
         args += ["--checkpoint-root", opts.checkpoint_root]
-    env = ["--setenv=RAY_ADDRESS=auto", *([f"--setenv=AWS_DEFAULT_REGION={bucket_region}"] if bucket_region else [])]
+    env = ["--setenv=RAY_ADDRESS=auto", f"--setenv=AWS_DEFAULT_REGION={bucket_region or region}"]
     if opts.database_url:
         env.append(f"--setenv=GPUPLAN_DATABASE_URL={opts.database_url}")
-    return _supervised("gpuplan-server", [*env, "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server", *args])
+    head = ["/home/ubuntu/gpuplan-venv/bin/python", "-m", "scheduler.head"]
+    for flag, ref in (("--admin-token-secret", opts.admin_token_secret),
+                      ("--database-url-secret", opts.database_url_secret)):
+        if ref:
+            head += [flag, check_ref(ref, flag[2:].replace("-", " "))]
+    if not (opts.database_url or opts.database_url_secret) and (opts.checkpoint_root or "").startswith("s3://"):
+        head += ["--backup", backup_uri(opts.checkpoint_root or ""), "--db", "/home/ubuntu/.gpuplan/gpuplan.db",
+                 "--every", str(opts.backup_every_s)]
+    return _supervised("gpuplan-server", [*env, *head, "--", "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server",
+                                          *args])
 
 
 def _watcher_command() -> str:
@@ -372,7 +406,7 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
             "ray stop",
             f"ray start --head --port={RAY_PORT} --object-manager-port=8076"
             " --autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=0.0.0.0",
-            _server_command(opts, facts.bucket_region),
+            _server_command(opts, facts.bucket_region, needs.region),
         ],
         "worker_start_ray_commands": [
             "ray stop",

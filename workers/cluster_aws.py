@@ -26,6 +26,7 @@ from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, efa_of, kind
 from workers.cluster_aws_net import Ec2PlacementGroups, PlacementGroups, cluster_security_group
 from workers.cluster_net import EFA_MODES, NetworkFacts, network_facts, placement_group_name
 from workers.cluster_notes import iam_policy
+from workers.cluster_secrets import check_ref, check_secret
 
 
 def _code(exc: Exception) -> str:
@@ -53,6 +54,10 @@ def resolve_aws(needs: ClusterNeeds, opts: ClusterOptions, session: Any | None =
         sources.setdefault(f"subnet {zone}", subnets[zone])
     profile = _instance_profile(session, opts, sources)
     bucket_region = _check_bucket(session, opts.checkpoint_root, sources) if opts.checkpoint_root else None
+    for what, ref in (("admin token secret", opts.admin_token_secret),
+                      ("database url secret", opts.database_url_secret)):
+        if ref:  # that it exists, not its value: the head reads that
+            sources[what] = check_secret(session, check_ref(ref, what), needs.region)
     facts = AwsFacts(images=images, subnets={z: subnets[z] for z in used}, zones=zones, fallback_zones=fallback,
                      instance_profile=profile, sources=sources, bucket_region=bucket_region, networks=networks)
     return _with_efa(facts, needs, opts, ec2, vpc, placement_groups or Ec2PlacementGroups(ec2, needs.cluster_name))
@@ -323,11 +328,12 @@ def _check_bucket(session: Any, root: str, sources: dict[str, str]) -> str | Non
 def generate(plan: Any, opts: ClusterOptions, session: Any | None = None,
              placement_groups: PlacementGroups | None = None) -> tuple[dict[str, Any], str]:
     """The cluster config of ``plan`` and its YAML text (with notes), after every lookup succeeded."""
-    from workers.cluster import cluster_config, cluster_needs, install_commands, to_yaml
+    from workers.cluster import check_database_url, cluster_config, cluster_needs, install_commands, to_yaml
     from workers.cluster_notes import notes
 
     needs = cluster_needs(plan, opts)
     install_commands(opts)  # a missing --wheel / --source-dir is refused before AWS is asked anything
+    check_database_url(opts.database_url)
     facts = resolve_aws(needs, opts, session, placement_groups)
     config = cluster_config(plan, opts, facts)
     return config, to_yaml(config, notes(opts, facts, needs))

@@ -21,9 +21,20 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from commands.specfile import load_spec
 from planner.types import Plan
-from tests.workers.cluster_setup import AMI_PARAMETER, BUCKET, EXAMPLES, PROFILE, generate, subnets_of
+from tests.workers.cluster_setup import (
+    ADMIN_SECRET,
+    AMI_PARAMETER,
+    BUCKET,
+    DB_SECRET,
+    EXAMPLES,
+    PROFILE,
+    SECRET_VALUES,
+    generate,
+    subnets_of,
+)
 from tests.workers.cluster_setup import options as _opts
 from workers.cluster import FALLBACK_LABEL, ClusterOptions, cluster_needs, node_type_name
+from workers.cluster_notes import iam_policy
 from workers.executor import RunRequest
 from workers.placement import MARKET_PREFIX, ZONE_PREFIX
 from workers.ray_attempt import attempt_infeasibility, request_placement, scaling_config
@@ -210,6 +221,37 @@ def test_install_setup_and_start_commands(aws: Any, plans: dict[str, Plan], tmp_
         generate(aws, plans["8b-auto"], _opts(wheel=None))
 
 
+def test_secrets_are_named_in_the_yaml_never_their_values(aws: Any, plans: dict[str, Plan]) -> None:
+    """The admin token and the database URL: the head reads them from Secrets Manager / SSM (names in the YAML),
+    the nodes' role may read those two and nothing else, and a password in --database-url is refused."""
+    opts = _opts(admin_token_secret=ADMIN_SECRET, database_url_secret=DB_SECRET)
+    config, text = generate(aws, plans["8b-auto"], opts)
+    assert all(value not in text for value in SECRET_VALUES.values())
+    server = config["head_start_ray_commands"][-1]
+    assert f"scheduler.head --admin-token-secret {ADMIN_SECRET} --database-url-secret {DB_SECRET} --" in server
+    assert "GPUPLAN_DATABASE_URL" not in server and "--backup" not in server  # PostgreSQL: no SQLite to keep
+    reads = [s for s in iam_policy(opts, "123456789012")["Statement"]
+             if "secretsmanager" in str(s["Action"]) or "ssm" in str(s["Action"])]
+    assert reads == [
+        {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue",
+         "Resource": f"arn:aws:secretsmanager:*:123456789012:secret:{ADMIN_SECRET}-??????"},
+        {"Effect": "Allow", "Action": "ssm:GetParameter",
+         "Resource": "arn:aws:ssm:*:123456789012:parameter/gpuplan/database-url"}]
+    assert not [s for s in iam_policy(_opts())["Statement"] if "secret" in str(s) or "ssm" in str(s)]
+    with pytest.raises(InvalidInput, match="password") as err:
+        generate(aws, plans["8b-auto"], _opts(database_url="postgresql://u:hunter2@db/gpuplan"))
+    assert "--database-url-secret" in str(err.value.hint)
+    with pytest.raises(InvalidInput, match="gpuplan/nope' does not exist in us-east-1"):
+        generate(aws, plans["8b-auto"], _opts(admin_token_secret="gpuplan/nope"))
+    with pytest.raises(InvalidInput, match="not the name of a secret"):
+        generate(aws, plans["8b-auto"], _opts(database_url_secret="postgresql://u:pw@db/x"))
+    # no database URL: the SQLite file is restored from and backed up to the checkpoint root
+    plain, text = generate(aws, plans["8b-auto"], _opts())
+    assert (f"--backup s3://{BUCKET}/runs/_server/gpuplan.db --db /home/ubuntu/.gpuplan/gpuplan.db --every 300"
+            in plain["head_start_ray_commands"][-1])
+    assert "cat ~/.gpuplan/admin-token" in text
+
+
 def test_bad_input_is_refused_before_any_yaml(aws: Any, plans: dict[str, Plan]) -> None:
     p = plans["70b"]
     with pytest.raises(InvalidInput, match="region eu-north-1 has no GPU AMI"):
@@ -261,8 +303,7 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
     from ray.autoscaler._private.command_runner import _with_environment_variables, _with_interactive
     from ray.autoscaler._private.util import with_head_node_ip
 
-    url = "postgresql://gpuplan:p@ss'w$rd@db:5432/gpuplan"
-    config, _ = generate(aws, plans["8b-auto"], _opts(database_url=url))
+    config, _ = generate(aws, plans["8b-auto"], _opts(admin_token_secret=ADMIN_SECRET, database_url_secret=DB_SECRET))
     home, stubs = tmp_path / "home", tmp_path / "bin"
     venv = home / "gpuplan-venv" / "bin"
     for folder in (home, stubs, venv):
@@ -290,8 +331,9 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
                                         "--autoscaling-config=~/ray_bootstrap_config.yaml", "--dashboard-host=0.0.0.0"]]
     assert ["start", "--address=10.0.0.7:6379", "--object-manager-port=8076"] in ray_calls  # the venv's ray, via PATH
     runs = {c[2]: c[1:] for c in calls if c[0] == "systemd-run"}
-    assert runs["gpuplan-server"][-13:] == [
-        f"--setenv=GPUPLAN_DATABASE_URL={url}", "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server",
+    assert runs["gpuplan-server"][-20:] == [
+        "/home/ubuntu/gpuplan-venv/bin/python", "-m", "scheduler.head", "--admin-token-secret", ADMIN_SECRET,
+        "--database-url-secret", DB_SECRET, "--", "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server",
         "--executor", "ray", "--host", "0.0.0.0", "--port", "8000", "--ray-cluster-config",
         "/home/ubuntu/ray_bootstrap_config.yaml", "--checkpoint-root", f"s3://{BUCKET}/runs"]
     assert runs["gpuplan-preemption"][-6:] == ["/home/ubuntu/gpuplan-venv/bin/python", "-m", "workers.cluster",
