@@ -42,6 +42,7 @@ import yaml
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from planner.types import Candidate, Plan
+from workers import cluster_install
 from workers.cluster_net import (
     NETWORK_LABEL,
     NetworkFacts,
@@ -63,8 +64,8 @@ def backup_uri(checkpoint_root: str) -> str:
 HEAD_INSTANCE = "m5.2xlarge"
 RAY_PORT = 6379
 SERVER_PORT = 8000
-RAY_PIN = "ray[default,train]==2.60.0"  # default: dashboard and job submission; the project's Ray version
-VENV = "$HOME/gpuplan-venv"
+RAY_PIN = cluster_install.RAY_PIN
+VENV = cluster_install.VENV
 INSTANCE_PROFILE = "gpuplan-node"
 FALLBACK_LABEL = "gpuplan/fallback"  # a worker type's rank in the order a waiting run tries them (launch_places)
 # AWS's public SSM parameters of the current Deep Learning Base AMI (Ubuntu 24.04: Python 3.12, an
@@ -285,37 +286,8 @@ def _profile_ref(profile: str) -> dict[str, str]:
 
 
 def install_commands(opts: ClusterOptions, bucket_region: str | None = None) -> tuple[dict[str, str], list[str]]:
-    """File mounts and setup commands: Python >= 3.11 in a venv, Ray pinned, gpuplan from a wheel or checkout."""
-    if opts.wheel:
-        name = opts.wheel.rstrip("/").rsplit("/", 1)[-1]
-        if not name.endswith(".whl"):
-            raise InvalidInput(f"{opts.wheel!r} is not a wheel file", path="wheel",
-                               hint="build one from the gpuplan checkout: pip wheel --no-deps -w dist .")
-        mounts = {f"~/gpuplan-dist/{name}": opts.wheel}
-        package = f"~/gpuplan-dist/{name}"
-    elif opts.source_dir:
-        mounts = {"~/gpuplan": opts.source_dir}
-        package = "~/gpuplan"
-    else:
-        raise InvalidInput(
-            "no gpuplan to install on the nodes: gpuplan is not published on PyPI",
-            path="wheel",
-            hint="give --wheel dist/gpuplan-*.whl (pip wheel --no-deps -w dist . in the checkout) or --source-dir .",
-        )
-    venv = VENV
-    commands = [
-        # the DLAMI's python3 is 3.12; Ubuntu keeps venv apart and may still be upgrading at boot
-        "sudo apt-get -o DPkg::Lock::Timeout=600 update -q"
-        " && sudo apt-get -o DPkg::Lock::Timeout=600 install -y -q python3-venv",
-        f"test -x {venv}/bin/python || python3 -m venv {venv}",
-        # Ray runs every command in `bash -i` after `source ~/.bashrc`: the venv first on PATH everywhere
-        f"grep -q gpuplan-venv ~/.bashrc || sed -i '1i export PATH={venv}/bin:$PATH' ~/.bashrc",
-        *([f"grep -q AWS_DEFAULT_REGION ~/.bashrc || sed -i '1i export AWS_DEFAULT_REGION={bucket_region}' ~/.bashrc"]
-          if bucket_region else []),  # boto3 and Ray Train's pyarrow reach the bucket in its region
-        f"{venv}/bin/pip install -q -U pip",
-        f'{venv}/bin/pip install -q "{RAY_PIN}" {package}',
-    ]
-    return mounts, commands
+    """File mounts and setup commands: Python >= 3.11 in a venv, Ray and gpuplan pinned (workers.cluster_install)."""
+    return cluster_install.install_commands(opts.wheel, opts.source_dir, opts.checkpoint_root, bucket_region)
 
 
 def check_database_url(url: str | None) -> None:

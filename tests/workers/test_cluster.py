@@ -34,6 +34,7 @@ from tests.workers.cluster_setup import (
 )
 from tests.workers.cluster_setup import options as _opts
 from workers.cluster import FALLBACK_LABEL, ClusterOptions, cluster_needs, node_type_name
+from workers.cluster_install import CONSTRAINTS
 from workers.cluster_notes import iam_policy
 from workers.executor import RunRequest
 from workers.placement import MARKET_PREFIX, ZONE_PREFIX
@@ -208,7 +209,8 @@ def test_install_setup_and_start_commands(aws: Any, plans: dict[str, Plan], tmp_
     setup = " ; ".join(config["setup_commands"])
     assert "pip install gpuplan" not in setup and "ray[default,train]==2.60.0" in setup
     assert config["file_mounts"] == {"~/gpuplan-dist/gpuplan-0.1.0-py3-none-any.whl":
-                                     "dist/gpuplan-0.1.0-py3-none-any.whl"}
+                                     "dist/gpuplan-0.1.0-py3-none-any.whl",
+                                     "~/gpuplan-dist/constraints.txt": str(CONSTRAINTS)}
     server = config["head_start_ray_commands"][-1]
     assert "gpuplan server" in server and f"--checkpoint-root s3://{BUCKET}/runs" in server
     assert "--ray-cluster-config" in server and "GPUPLAN_DATABASE_URL=postgresql://u@db/gpuplan" in server
@@ -216,7 +218,7 @@ def test_install_setup_and_start_commands(aws: Any, plans: dict[str, Plan], tmp_
     watcher = config["worker_start_ray_commands"][-1]
     assert "workers.cluster watch --gcs-address $RAY_HEAD_IP:6379" in watcher and "Restart=always" in watcher
     source, _ = generate(aws, plans["8b-auto"], _opts(wheel=None, source_dir=str(tmp_path)))
-    assert source["file_mounts"] == {"~/gpuplan": str(tmp_path)}
+    assert source["file_mounts"] == {"~/gpuplan": str(tmp_path), "~/gpuplan-dist/constraints.txt": str(CONSTRAINTS)}
     with pytest.raises(InvalidInput, match="not published"):
         generate(aws, plans["8b-auto"], _opts(wheel=None))
 
@@ -312,7 +314,7 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
     # stubs stand in for the system's programs; a login shell's /etc/profile resets PATH, so they go here.)
     (home / ".bashrc").write_text(f"export PATH={stubs}:$PATH\ncase $- in *i*) ;; *) return;; esac\n")
     record = 'printf "%s\\n" "--- $(basename $0)" "$@" >> "$HOME/calls"'
-    for name in ("apt-get", "systemctl", "systemd-run"):
+    for name in ("apt-get", "systemctl", "systemd-run", "aws"):
         _stub(stubs / name, record)
     _stub(stubs / "sudo", 'exec "$@"')
     for name in ("python", "pip", "ray"):
@@ -344,5 +346,6 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
     assert (home / ".bashrc").read_text().splitlines()[:2] == [
         "export AWS_DEFAULT_REGION=us-east-1", "export PATH=$HOME/gpuplan-venv/bin:$PATH"]
     pip = [c[1:] for c in calls if c[0] == "pip"]
-    assert ["install", "-q", "ray[default,train]==2.60.0",
+    assert ["install", "-q", "--no-index", "--find-links", f"{home}/gpuplan-wheels", "-c",
+            f"{home}/gpuplan-dist/constraints.txt", "ray[default,train]==2.60.0",
             f"{home}/gpuplan-dist/gpuplan-0.1.0-py3-none-any.whl"] in pip
