@@ -42,7 +42,7 @@ import yaml
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from planner.types import Candidate, Plan
-from workers import cluster_install
+from workers import cluster_install, nccl_net
 from workers.cluster_net import (
     NETWORK_LABEL,
     NetworkFacts,
@@ -274,11 +274,27 @@ def _worker_type(kind: WorkerKind, zone: str, rank: int, opts: ClusterOptions, f
     return {
         "min_workers": min(opts.min_workers, kind.candidate.nodes),
         "max_workers": kind.candidate.nodes,
+        **({"worker_setup_commands": nccl_setup(kind, zone, opts, facts)} if kind.candidate.nodes > 1 else {}),
         "resources": resources,
         "labels": {"gpuplan/market": kind.market, "gpuplan/gpu": offer.gpu, "gpuplan/zone": zone,
                    NETWORK_LABEL: gbps_label(link_gbps(kind, opts, facts, zone)), FALLBACK_LABEL: str(rank)},
         "node_config": node_config,
     }
+
+
+def nccl_setup(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFacts) -> list[str]:
+    """A multi-node type's NCCL environment, sourced first by ~/.bashrc (so by ``ray start`` and every
+    worker): NCCL's INFO log per process (each rank reads which network it chose), the node's TCP and EFA
+    link speeds, and on an EFA type the variables that make pip torch's NCCL load aws-ofi-nccl."""
+    net = facts.networks.get(kind.instance_type)
+    env = dict(nccl_net.DEBUG_ENV)
+    env[nccl_net.SOCKET_GBPS_VAR] = gbps_label(provided_gbps(kind.candidate.offer.network_gbps, 0, net))
+    if efa_of(kind, opts, facts, zone):
+        env.update(nccl_net.EFA_ENV)
+        env[nccl_net.EFA_GBPS_VAR] = gbps_label(link_gbps(kind, opts, facts, zone))
+    lines = " ".join(shlex.quote(line) for line in nccl_net.export_lines(env))
+    return [f"printf '%s\\n' {lines} > ~/gpuplan-nccl.env",
+            "grep -q gpuplan-nccl.env ~/.bashrc || sed -i '1i . ~/gpuplan-nccl.env' ~/.bashrc"]
 
 
 def _profile_ref(profile: str) -> dict[str, str]:
