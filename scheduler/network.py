@@ -9,15 +9,16 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from catalog.errors import GpuplanError
-from workers.nccl_net import network_warning
+from workers.nccl_net import network_warning, parse_network_line
 
 # (job spec, stored plan, Gbit/s) -> the plan's tokens/s on that link, or None when it cannot say
 Relink = Callable[[Mapping[str, Any], Mapping[str, Any], float], float | None]
 
 
 def network_warnings(spec: Mapping[str, Any], plan: Mapping[str, Any], attempts: Iterable[Mapping[str, Any]],
-                     relink: Relink | None) -> list[str]:
-    """The warning of the newest attempt that recorded its network, when that was slower than the plan's."""
+                     relink: Relink | None, running_line: str | None = None) -> list[str]:
+    """The warning of the newest attempt that recorded its network, when that was slower than the plan's;
+    ``running_line``: the running attempt's log line naming it (``workers.nccl_net.network_line``)."""
     chosen = plan.get("chosen") or {}
     if int(chosen.get("nodes") or 1) < 2:
         return []
@@ -26,9 +27,11 @@ def network_warnings(spec: Mapping[str, Any], plan: Mapping[str, Any], attempts:
     for attempt in sorted(attempts, key=lambda a: int(a.get("number") or 0), reverse=True):
         measured = (attempt.get("metrics") or {}).get("measured") or {}
         link = measured.get("nccl_link_gbps")
+        network = "socket" if measured.get("nccl_on_sockets") else "efa"
+        if link is None and attempt.get("ended_at") is None and running_line:
+            network, link = parse_network_line(running_line)
         if link is None:
             continue
-        network = "socket" if measured.get("nccl_on_sockets") else "efa"
         on_link = relink(spec, plan, float(link)) if relink and float(link) < planned_gbps else None
         said = network_warning(network, float(link), planned_gbps, planned_tps, on_link)
         return [f"attempt {attempt.get('number')}: {said}"] if said else []

@@ -52,6 +52,7 @@ from scheduler.network import Relink, network_warnings
 from scheduler.states import TERMINAL, JobState, Market, check_transition
 from scheduler.store import Store, transition
 from scheduler.teams import Teams, budgets_left, team_by_name
+from workers.nccl_net import LINE_PREFIX
 
 __all__ = ["ADMIN", "Clock", "Planner", "Principal", "SchedulerService", "hash_token", "spec_hash", "utcnow"]
 
@@ -347,10 +348,12 @@ class SchedulerService:
                 raise NotFound(f"job {job_id!r} not found", hint="list your jobs with `gpuplan list`")
             attempts = session.execute(attempts_stmt, {"job_id": job_id}).mappings().all()
             events = session.execute(events_stmt, {"job_id": job_id}).mappings().all()
+            # a running attempt's network is in its log (the run says it after its first step) before its metrics
+            running_net = logbook.newest_open_line(session, job_id, LINE_PREFIX) if row["gpus"] > 1 else None
         detail = JobDetail.model_validate(dict(row) | {"attempt_list": [dict(a) for a in attempts],
                                                        "events": [dict(e) for e in events]})
         detail.warnings = network_warnings(detail.spec, detail.plan, [a.model_dump() for a in detail.attempt_list],
-                                           self.relink)
+                                           self.relink, running_net)
         return detail
 
     def list_jobs(self, principal: Principal, *, state: str | None = None, limit: int = 50,

@@ -57,6 +57,24 @@ def parse_network(log: str) -> str | None:
     return name
 
 
+LINE_PREFIX = "NCCL network: "
+
+
+def network_line(networks: list[str], gbps: float | None) -> str:
+    """The run's log line once NCCL has chosen (``parse_network_line`` reads it back, e.g. in ``status``)."""
+    return LINE_PREFIX + ", ".join(networks) + (f" ({gbps:g} Gbit/s)" if gbps else "")
+
+
+def parse_network_line(line: str) -> tuple[str | None, float | None]:
+    """(the slowest network, its Gbit/s) of a ``network_line``, wherever it sits in a log line."""
+    m = re.search(re.escape(LINE_PREFIX) + r"([\w, -]+?)(?: \(([\d.]+) Gbit/s\))?\s*$", line)
+    if m is None:
+        return None, None
+    names = [n.strip() for n in m.group(1).split(",") if n.strip()]
+    network = "socket" if "socket" in names else (names[0] if names else None)
+    return network, float(m.group(2)) if m.group(2) else None
+
+
 def export_lines(env: Mapping[str, str]) -> list[str]:
     """Shell lines exporting ``env`` (values are ours: paths and numbers, and ``$LD_LIBRARY_PATH``)."""
     return [f"export {k}={v}" for k, v in env.items()]

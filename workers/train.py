@@ -344,7 +344,7 @@ class _Run:
         self.network = min(known, key=lambda n: n[1] if n[1] is not None else float("inf")) if known else (None, None)
         if known:
             nets = sorted({net for net, _ in known if net})
-            self.log(f"NCCL network: {', '.join(nets)}" + (f" ({self.network[1]:g} Gbit/s)" if self.network[1] else ""))
+            self.log(nccl_net.network_line(nets, self.network[1]))
 
     def _report_step(self) -> None:
         now = time.perf_counter()

@@ -19,6 +19,7 @@ from scheduler.store import Store
 from tests.scheduler.conftest import ml_team, spec_dict, toy_plan
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
 from workers.executor import RunState
+from workers.nccl_net import network_line
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -55,6 +56,29 @@ def test_status_warns_when_nccl_ran_on_sockets(store: Store, tmp_path: Path, clo
     assert "310 tokens/s, not 1,000" in said and relinked == [100.0]
     assert svc.status(ml, efa.id).warnings == []
     assert svc.status(ml, sockets.id).model_dump()["warnings"] == [said]  # what `status --json` and the API say
+
+
+def test_a_running_attempt_is_warned_about_from_its_log_line(store: Store, tmp_path: Path, clock: FakeClock) -> None:
+    """Before the attempt ends (and its metrics are kept), the run's own line, copied to the job's log by the
+    loop, already says NCCL chose sockets."""
+
+    class Logging(ScriptedExecutor):
+        def logs(self, handle: str, since: int = 0) -> list[str]:
+            return ["step 1/100 loss 2.3", network_line(["socket"], 100.0)][since:]
+
+    svc = SchedulerService(store, _two_nodes, clock=clock, checkpoint_root=str(tmp_path / "ck"),
+                           relink=lambda spec, stored, gbps: 250.0)
+    ml = ml_team(svc)
+    ex = Logging()
+    loop = Scheduler(store, ex, clock=clock)
+    job = svc.submit(ml, JobCreate(spec=spec_dict(gpus=16, name="sockets")))
+    loop.tick()
+    clock.advance(minutes=5)
+    loop.tick()  # copies the running attempt's lines
+    detail = svc.status(ml, job.id)
+    assert detail.state == "running"
+    [said] = detail.warnings
+    assert said.startswith("attempt 1: NCCL ran over TCP sockets (100 Gbit/s)") and "250 tokens/s" in said
 
 
 def test_the_planner_prices_the_plan_again_at_the_real_link() -> None:
