@@ -27,7 +27,7 @@ def network_warnings(spec: Mapping[str, Any], plan: Mapping[str, Any], attempts:
     for attempt in sorted(attempts, key=lambda a: int(a.get("number") or 0), reverse=True):
         measured = (attempt.get("metrics") or {}).get("measured") or {}
         link = measured.get("nccl_link_gbps")
-        network = "socket" if measured.get("nccl_on_sockets") else "efa"
+        network: str | None = "socket" if measured.get("nccl_on_sockets") else "efa"
         if link is None and attempt.get("ended_at") is None and running_line:
             network, link = parse_network_line(running_line)
         if link is None:
