@@ -49,10 +49,12 @@ def server_env(args: argparse.Namespace, base: Mapping[str, str], session: Any) 
     """The server's environment: ``base`` with the admin token and, when named, the database URL."""
     env = dict(base)
     home = Path(env.get("GPUPLAN_HOME") or Path(env.get("HOME", "~")) / ".gpuplan").expanduser()
-    token = read_secret(session, args.admin_token_secret) if args.admin_token_secret else local_admin_token(home)
+    region = args.region
+    token = (read_secret(session, args.admin_token_secret, region) if args.admin_token_secret
+             else local_admin_token(home))
     env["GPUPLAN_ADMIN_TOKEN"] = token
     if args.database_url_secret:
-        env["GPUPLAN_DATABASE_URL"] = read_secret(session, args.database_url_secret)
+        env["GPUPLAN_DATABASE_URL"] = read_secret(session, args.database_url_secret, region)
     return env
 
 
@@ -60,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m scheduler.head")
     parser.add_argument("--admin-token-secret", help="Secrets Manager name/ARN or ssm:NAME of the admin token")
     parser.add_argument("--database-url-secret", help="Secrets Manager name/ARN or ssm:NAME of the database URL")
+    parser.add_argument("--region", help="where the secrets are (the cluster's region; default: the session's)")
     parser.add_argument("--backup", help="s3://.../gpuplan.db: the SQLite database's backup (no database URL)")
     parser.add_argument("--db", type=Path, default=Path("~/.gpuplan/gpuplan.db"), help="the SQLite file")
     parser.add_argument("--every", type=float, default=300.0, help="seconds between backups")

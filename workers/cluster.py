@@ -327,7 +327,7 @@ def _server_command(opts: ClusterOptions, bucket_region: str | None, region: str
     env = ["--setenv=RAY_ADDRESS=auto", f"--setenv=AWS_DEFAULT_REGION={bucket_region or region}"]
     if opts.database_url:
         env.append(f"--setenv=GPUPLAN_DATABASE_URL={opts.database_url}")
-    head = ["/home/ubuntu/gpuplan-venv/bin/python", "-m", "scheduler.head"]
+    head = ["/home/ubuntu/gpuplan-venv/bin/python", "-m", "scheduler.head", "--region", region]
     for flag, ref in (("--admin-token-secret", opts.admin_token_secret),
                       ("--database-url-secret", opts.database_url_secret)):
         if ref:

@@ -44,13 +44,15 @@ def secret_resources(ref: str, account: str = "ACCOUNT", region: str = "*") -> t
     return "secretsmanager:GetSecretValue", f"arn:aws:secretsmanager:{region}:{account}:secret:{ref}-??????"
 
 
-def read_secret(session: Any, ref: str) -> str:
-    """The value of ``ref`` (on the head, with its instance profile's credentials)."""
+def read_secret(session: Any, ref: str, region: str | None = None) -> str:
+    """The value of ``ref`` in ``region`` (None: the session's), on the head with its instance profile's
+    credentials."""
     try:
         if ref.startswith(SSM_PREFIX):
-            found = session.client("ssm").get_parameter(Name=_ssm_name(ref), WithDecryption=True)
+            found = session.client("ssm", region_name=region).get_parameter(Name=_ssm_name(ref), WithDecryption=True)
             return str(found["Parameter"]["Value"])
-        return str(session.client("secretsmanager").get_secret_value(SecretId=ref)["SecretString"])
+        client = session.client("secretsmanager", region_name=region)
+        return str(client.get_secret_value(SecretId=ref)["SecretString"])
     except Exception as exc:
         code = _code(exc)
         if code in ("ParameterNotFound", "ResourceNotFoundException"):

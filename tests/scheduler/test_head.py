@@ -60,7 +60,8 @@ def _start(session: Any, tmp_path: Path, *flags: str) -> dict[str, Any]:
 
 
 def test_the_secrets_reach_the_servers_environment_only(session: Any, tmp_path: Path) -> None:
-    seen = _start(session, tmp_path, "--admin-token-secret", "gpuplan/admin",
+    elsewhere = boto3.session.Session(region_name="eu-north-1")  # the head's default region may be the bucket's
+    seen = _start(elsewhere, tmp_path, "--region", "us-east-1", "--admin-token-secret", "gpuplan/admin",
                   "--database-url-secret", "ssm:/gpuplan/db")
     assert (seen["token"], seen["url"]) == (TOKEN, URL)
     assert not any(TOKEN in a or "hunter2" in a for a in seen["argv"])  # nothing for `ps` to show

@@ -230,7 +230,8 @@ def test_secrets_are_named_in_the_yaml_never_their_values(aws: Any, plans: dict[
     config, text = generate(aws, plans["8b-auto"], opts)
     assert all(value not in text for value in SECRET_VALUES.values())
     server = config["head_start_ray_commands"][-1]
-    assert f"scheduler.head --admin-token-secret {ADMIN_SECRET} --database-url-secret {DB_SECRET} --" in server
+    assert (f"scheduler.head --region us-east-1 --admin-token-secret {ADMIN_SECRET} --database-url-secret {DB_SECRET}"
+            " --" in server)
     assert "GPUPLAN_DATABASE_URL" not in server and "--backup" not in server  # PostgreSQL: no SQLite to keep
     reads = [s for s in iam_policy(opts, "123456789012")["Statement"]
              if "secretsmanager" in str(s["Action"]) or "ssm" in str(s["Action"])]
@@ -333,8 +334,9 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
                                         "--autoscaling-config=~/ray_bootstrap_config.yaml", "--dashboard-host=0.0.0.0"]]
     assert ["start", "--address=10.0.0.7:6379", "--object-manager-port=8076"] in ray_calls  # the venv's ray, via PATH
     runs = {c[2]: c[1:] for c in calls if c[0] == "systemd-run"}
-    assert runs["gpuplan-server"][-20:] == [
-        "/home/ubuntu/gpuplan-venv/bin/python", "-m", "scheduler.head", "--admin-token-secret", ADMIN_SECRET,
+    assert runs["gpuplan-server"][-22:] == [
+        "/home/ubuntu/gpuplan-venv/bin/python", "-m", "scheduler.head", "--region", "us-east-1",
+        "--admin-token-secret", ADMIN_SECRET,
         "--database-url-secret", DB_SECRET, "--", "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server",
         "--executor", "ray", "--host", "0.0.0.0", "--port", "8000", "--ray-cluster-config",
         "/home/ubuntu/ray_bootstrap_config.yaml", "--checkpoint-root", f"s3://{BUCKET}/runs"]
