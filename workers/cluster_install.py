@@ -60,7 +60,8 @@ def pip_commands(package: str, digest: str, checkpoint_root: str | None) -> list
     pip, wheels = f"{VENV}/bin/pip", WHEELHOUSE
     want = f'"{RAY_PIN}" {package}'
     local = f"{pip} install -q --no-index --find-links {wheels} -c {NODE_CONSTRAINTS} {want}"
-    fetch = f"{pip} download -q -d {wheels} -c {NODE_CONSTRAINTS} {want}"
+    # wheels only (an sdist is built here, once): the --no-index install needs no build tools from the index
+    fetch = f"{pip} wheel -q -w {wheels} -c {NODE_CONSTRAINTS} {want}"
     root = checkpoint_root or ""
     s3 = f"{root.rstrip('/')}/_wheels/{constraints_digest()}" if root.startswith("s3://") else None
     pull = [f"aws s3 sync --only-show-errors {shlex.quote(s3)} {wheels} || true"] if s3 else []

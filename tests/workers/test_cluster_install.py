@@ -14,12 +14,12 @@ from workers.cluster_install import CONSTRAINTS, constraints_digest, install_com
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# pip: `download -d DIR` puts a wheel in DIR; `install --no-index --find-links DIR` fails on an empty DIR (what
+# pip: `wheel -w DIR` puts a wheel in DIR; `install --no-index --find-links DIR` fails on an empty DIR (what
 # pip does when a requirement has no wheel there); every call is recorded
 PIP = r"""#!/bin/bash
 printf '%s\n' "--- pip" "$@" >> "$HOME/calls"
-if [ "$1" = download ]; then
-  shift; while [ $# -gt 0 ]; do [ "$1" = -d ] && touch "$2/torch-2.11.0-x.whl"; shift; done; exit 0
+if [ "$1" = wheel ]; then
+  shift; while [ $# -gt 0 ]; do [ "$1" = -w ] && touch "$2/torch-2.11.0-x.whl"; shift; done; exit 0
 fi
 prev=""; for a in "$@"; do [ "$prev" = --find-links ] && dir="$a"; prev="$a"; done
 case " $* " in *" --no-index "*) [ -n "$(ls -A "$dir" 2>/dev/null)" ] || exit 1;; esac
@@ -80,14 +80,14 @@ def test_a_replacement_node_installs_from_the_s3_wheelhouse_not_the_index(tmp_pa
     wheel.write_bytes(b"v1")
     first, env = _node(tmp_path, "node1", wheel)
     calls = _setup(first, env, wheel)
-    assert [c[1] for c in calls if c[0] == "pip"].count("download") == 1  # the first node fetches once
+    assert [c[1] for c in calls if c[0] == "pip"].count("wheel") == 1  # the first node fetches once
     assert all("-c" in c and "~/gpuplan-dist/constraints.txt".replace("~", str(first)) in c
-               for c in calls if c[0] == "pip" and c[1] in ("install", "download") and "-U" not in c)
+               for c in calls if c[0] == "pip" and c[1] in ("install", "wheel") and "-U" not in c)
     wheelhouse = tmp_path / "s3" / "bucket" / "runs" / "_wheels" / constraints_digest()
     assert (wheelhouse / "torch-2.11.0-x.whl").exists()  # and leaves the wheels for the next node
     second, env2 = _node(tmp_path, "node2", wheel)
     calls = _setup(second, env2, wheel)
-    assert not [c for c in calls if c[0] == "pip" and c[1] == "download"]  # nothing from the package index
+    assert not [c for c in calls if c[0] == "pip" and c[1] == "wheel"]  # nothing from the package index
     assert (second / "gpuplan-wheels" / "torch-2.11.0-x.whl").exists()
 
 
