@@ -290,8 +290,9 @@ def cluster_config_command(
                                                   "ssm:NAME holding the admin token (default: the head makes one, "
                                                   "in ~/.gpuplan/admin-token there)."),
     alternatives: int = typer.Option(2, "--alternatives", min=0, help="Extra offers to give node types."),
-    every_zone: bool = typer.Option(False, "--every-zone", help="Node types for the chosen instance type in every "
-                                    "zone of the region the plan priced it in (for zone switching)."),
+    every_zone: bool = typer.Option(False, "--every-zone", help="Also the plan's prices of the chosen instance type "
+                                    "in its other zones as kinds of their own (every kind gets a fallback type in "
+                                    "each zone that offers its instance type anyway, ranked by gpuplan/fallback)."),
     head_instance: str = typer.Option("m5.2xlarge", "--head-instance", help="On-demand head node type."),
     efa: str = typer.Option("auto", "--efa", help="EFA for multi-node p4d/p5/p5en/p6 types (interfaces and a "
                             "cluster placement group, made in the account now): all (one per network card; the "
