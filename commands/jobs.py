@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 import typer
+from rich.markup import escape
 
 from catalog.errors import InvalidInput
 from commands import output
@@ -111,6 +112,8 @@ def status_command(job_id: str = typer.Argument(..., help="Job id (see `gpuplan 
     _jobs_table([job], f"job {job.id}")
     if job.message:
         output.console.print(job.message, highlight=False)
+    for warning in job.warnings:  # e.g. NCCL over sockets where the plan priced EFA
+        output.console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
     if job.attempt_list:
         print_table("attempts", ATTEMPT_COLS,
                     [[str(a.number), a.market, usd(a.usd_per_h), f"{a.started_at:%H:%M:%S}",

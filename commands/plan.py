@@ -281,11 +281,18 @@ def cluster_config_command(
                                      "(default: the account's subnets of each zone)."),
     instance_profile: str = typer.Option("gpuplan-node", "--instance-profile", help="IAM instance profile of "
                                          "head and workers (the YAML's header has its policy)."),
-    database_url: str | None = typer.Option(None, "--database-url", help="The head server's database "
-                                            "(default: SQLite on the head)."),
+    database_url: str | None = typer.Option(None, "--database-url", help="The head server's database, without a "
+                                            "password (default: SQLite on the head, backed up to the S3 root)."),
+    database_url_secret: str | None = typer.Option(None, "--database-url-secret", help="Secrets Manager name/ARN "
+                                                   "or ssm:NAME (SecureString) holding the database URL; the head "
+                                                   "reads it."),
+    admin_token_secret: str | None = typer.Option(None, "--admin-token-secret", help="Secrets Manager name/ARN or "
+                                                  "ssm:NAME holding the admin token (default: the head makes one, "
+                                                  "in ~/.gpuplan/admin-token there)."),
     alternatives: int = typer.Option(2, "--alternatives", min=0, help="Extra offers to give node types."),
-    every_zone: bool = typer.Option(False, "--every-zone", help="Node types for the chosen instance type in every "
-                                    "zone of the region the plan priced it in (for zone switching)."),
+    every_zone: bool = typer.Option(False, "--every-zone", help="Also the plan's prices of the chosen instance type "
+                                    "in its other zones as kinds of their own (every kind gets a fallback type in "
+                                    "each zone that offers its instance type anyway, ranked by gpuplan/fallback)."),
     head_instance: str = typer.Option("m5.2xlarge", "--head-instance", help="On-demand head node type."),
     efa: str = typer.Option("auto", "--efa", help="EFA for multi-node p4d/p5/p5en/p6 types (interfaces and a "
                             "cluster placement group, made in the account now): all (one per network card; the "
@@ -316,6 +323,7 @@ def cluster_config_command(
         raise InvalidInput("--subnet takes ZONE_ID=SUBNET_ID", path="subnet", hint="e.g. --subnet use1-az1=subnet-0abc")
     opts = ClusterOptions(wheel=wheel, source_dir=source_dir, checkpoint_root=checkpoint_root, ami=ami,
                           subnets=subnets, instance_profile=instance_profile, database_url=database_url,
+                          database_url_secret=database_url_secret, admin_token_secret=admin_token_secret,
                           alternatives=alternatives, every_zone=every_zone, head_instance=head_instance, efa=efa)
     config, text = generate(_plan_from_file(plan_or_spec), opts)
     if out:

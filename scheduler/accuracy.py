@@ -27,6 +27,8 @@ MEASURED_KEYS = {
     "grad_accum": "grad_accum",
     "prefill_s": "measured_prefill_s",
     "decode_step_s": "measured_decode_step_s",
+    "nccl_link_gbps": "nccl_link_gbps",  # the link NCCL really had (workers.nccl_net), when it logged one
+    "nccl_on_sockets": "nccl_on_sockets",
 }
 # prefill_s / decode_step_s: a served batch's prompt pass and one decode step, as the compiled decoder times them
 # (workers/decode.DecodeTiming) and the plan prices them apart (planner.throughput.infer_throughput)

@@ -19,12 +19,13 @@ from datetime import datetime
 from sqlalchemy import func, insert, select
 from sqlmodel import Session
 
-from scheduler.models import Job, JobLog
+from scheduler.models import Attempt, Job, JobLog
 
 MAX_LINE_CHARS = 8000  # a runaway line (a tensor printed whole) must not bloat the database
 
 _log = JobLog.__table__  # type: ignore[attr-defined]
 _job = Job.__table__  # type: ignore[attr-defined]
+_attempt = Attempt.__table__  # type: ignore[attr-defined]
 
 
 def event_line(at: datetime, from_state: str | None, to_state: str, reason: str) -> str:
@@ -67,6 +68,15 @@ def read(session: Session, job_id: str, since: int = 0) -> list[str]:
     """The job's lines from number ``since`` on."""
     stmt = select(_log.c.line).where(_log.c.job_id == job_id, _log.c.seq >= since).order_by(_log.c.seq)
     return [str(line) for line in session.execute(stmt).scalars()]
+
+
+def newest_open_line(session: Session, job_id: str, needle: str) -> str | None:
+    """The newest line containing ``needle`` of the job's attempt still running (None: none has it)."""
+    stmt = (select(_log.c.line).join(_attempt, _attempt.c.id == _log.c.attempt_id)
+            .where(_log.c.job_id == job_id, _attempt.c.ended_at.is_(None), _log.c.line.contains(needle))
+            .order_by(_log.c.seq.desc()).limit(1))
+    line = session.execute(stmt).scalar()
+    return None if line is None else str(line)
 
 
 def _rows(job_id: str, first: int, lines: Sequence[str], attempt_id: int | None) -> list[dict[str, object]]:

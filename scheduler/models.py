@@ -312,6 +312,8 @@ class JobDetail(JobPublic):
     spec: dict[str, Any]
     attempt_list: list[AttemptPublic] = Field(default_factory=list)
     events: list[EventPublic] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list, description="what ran differently from the plan, e.g. NCCL "
+                                "over TCP sockets where the plan priced EFA, with the plan's speed on that link")
 
 
 class JobLogs(SQLModel):

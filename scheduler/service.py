@@ -48,9 +48,11 @@ from scheduler.models import (
     TeamSpend,
     TeamUpdate,
 )
+from scheduler.network import Relink, network_warnings
 from scheduler.states import TERMINAL, JobState, Market, check_transition
 from scheduler.store import Store, transition
 from scheduler.teams import Teams, budgets_left, team_by_name
+from workers.nccl_net import LINE_PREFIX
 
 __all__ = ["ADMIN", "Clock", "Planner", "Principal", "SchedulerService", "hash_token", "spec_hash", "utcnow"]
 
@@ -102,6 +104,7 @@ class SchedulerService:
         plan_cache_size: int = 512,
         auth_cache_s: float = 2.0,
         job_ids: Callable[[], str] | None = None,
+        relink: Relink | None = None,
     ) -> None:
         self.store = store
         self.planner = planner
@@ -109,6 +112,7 @@ class SchedulerService:
         # injected like the clock: a test that replays steps (Hypothesis) needs the same ids each time,
         # since jobs submitted at one instant start in id order
         self.job_ids = job_ids or _random_job_id
+        self.relink = relink  # a plan's speed on another link (scheduler.network), for status's warnings
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.max_attempts = max_attempts
         self._plans: OrderedDict[str, Plan] = OrderedDict()
@@ -344,8 +348,13 @@ class SchedulerService:
                 raise NotFound(f"job {job_id!r} not found", hint="list your jobs with `gpuplan list`")
             attempts = session.execute(attempts_stmt, {"job_id": job_id}).mappings().all()
             events = session.execute(events_stmt, {"job_id": job_id}).mappings().all()
-        return JobDetail.model_validate(dict(row) | {"attempt_list": [dict(a) for a in attempts],
-                                                     "events": [dict(e) for e in events]})
+            # a running attempt's network is in its log (the run says it after its first step) before its metrics
+            running_net = logbook.newest_open_line(session, job_id, LINE_PREFIX) if row["gpus"] > 1 else None
+        detail = JobDetail.model_validate(dict(row) | {"attempt_list": [dict(a) for a in attempts],
+                                                       "events": [dict(e) for e in events]})
+        detail.warnings = network_warnings(detail.spec, detail.plan, [a.model_dump() for a in detail.attempt_list],
+                                           self.relink, running_net)
+        return detail
 
     def list_jobs(self, principal: Principal, *, state: str | None = None, limit: int = 50,
                   offset: int = 0) -> list[JobPublic]:

@@ -42,6 +42,7 @@ import yaml
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from planner.types import Candidate, Plan
+from workers import cluster_install, nccl_net
 from workers.cluster_net import (
     NETWORK_LABEL,
     NetworkFacts,
@@ -50,14 +51,23 @@ from workers.cluster_net import (
     gbps_label,
     provided_gbps,
 )
+from workers.cluster_secrets import check_ref
 from workers.placement import pin_resources
+
+SERVER_DB_BACKUP = "_server/gpuplan.db"  # under the checkpoint root: scheduler.backup.BACKUP_NAME
+
+
+def backup_uri(checkpoint_root: str) -> str:
+    """Where the head keeps its SQLite database's backup (the S3 checkpoint root, which outlives the head)."""
+    return f"{checkpoint_root.rstrip('/')}/{SERVER_DB_BACKUP}"
 
 HEAD_INSTANCE = "m5.2xlarge"
 RAY_PORT = 6379
 SERVER_PORT = 8000
-RAY_PIN = "ray[default,train]==2.60.0"  # default: dashboard and job submission; the project's Ray version
-VENV = "$HOME/gpuplan-venv"
+RAY_PIN = cluster_install.RAY_PIN
+VENV = cluster_install.VENV
 INSTANCE_PROFILE = "gpuplan-node"
+FALLBACK_LABEL = "gpuplan/fallback"  # a worker type's rank in the order a waiting run tries them (launch_places)
 # AWS's public SSM parameters of the current Deep Learning Base AMI (Ubuntu 24.04: Python 3.12, an
 # NVIDIA driver for H100/H200/B200) per CPU architecture; they exist in every region that has the AMI.
 DLAMI_PARAMETERS: Mapping[str, str] = {
@@ -82,7 +92,12 @@ class ClusterOptions:
     min_workers: int = 0
     idle_timeout_minutes: int = 10
     checkpoint_root: str | None = None  # s3://bucket/prefix: every node reads it; None: each node's disk
-    database_url: str | None = None  # the head's server database; None: SQLite on the head
+    database_url: str | None = None  # the head's server database, without a password; None: SQLite on the head
+    # secrets the head reads at start (workers.cluster_secrets: a Secrets Manager name/ARN or ssm:NAME), never
+    # their values: the admin token (None: one made on the head) and a database URL with its password
+    admin_token_secret: str | None = None
+    database_url_secret: str | None = None
+    backup_every_s: int = 300  # the head's SQLite database to the S3 checkpoint root (scheduler.backup)
     instance_profile: str = INSTANCE_PROFILE  # IAM instance profile of head and workers (see notes)
     subnets: Mapping[str, str] = field(default_factory=dict)  # zone id -> subnet id; others looked up
     server_port: int = SERVER_PORT
@@ -135,19 +150,40 @@ class AwsFacts:
     placement_groups: Mapping[str, str] = field(default_factory=dict)  # EFA worker type -> its placement group
     nat_subnets: frozenset[str] = frozenset()  # subnets whose default route goes to a NAT gateway
     head_subnet: str | None = None  # when the head zone's worker subnet is behind a NAT: a public one there
+    # WorkerKind key -> the region's other zones (by id) that offer its instance type and have a subnet: where
+    # the same run may launch when its own zone has no capacity
+    fallback_zones: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def efa_of(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts) -> int:
-    """EFA interfaces per node of ``kind`` (0: none)."""
-    subnet = facts.subnets.get(facts.zones.get(kind_key(kind), ""), "")
+def efa_of(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts, zone: str | None = None) -> int:
+    """EFA interfaces per node of ``kind`` in ``zone`` (default: its own) (0: none)."""
+    subnet = facts.subnets.get(zone or facts.zones.get(kind_key(kind), ""), "")
     return efa_count(kind.candidate.nodes, facts.networks.get(kind.instance_type), opts.efa,
                      subnet in facts.nat_subnets)
 
 
-def link_gbps(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts) -> float:
-    """The node-to-node Gbit/s that ``kind``'s node type provides as configured."""
+def link_gbps(kind: WorkerKind, opts: ClusterOptions, facts: AwsFacts, zone: str | None = None) -> float:
+    """The node-to-node Gbit/s that ``kind``'s node type (in ``zone``) provides as configured."""
     net = facts.networks.get(kind.instance_type)
-    return provided_gbps(kind.candidate.offer.network_gbps, efa_of(kind, opts, facts), net)
+    return provided_gbps(kind.candidate.offer.network_gbps, efa_of(kind, opts, facts, zone), net)
+
+
+def launch_places(needs: ClusterNeeds, facts: AwsFacts) -> list[tuple[WorkerKind, str, str]]:
+    """(kind, zone, node type name) of every worker type, in the order a waiting run falls back along:
+    the planner's order of the kinds (the chosen offer in its priced market first, then its other market,
+    so on-demand after spot under ``spot: auto``, then the alternatives), and within a kind its priced zone
+    before the region's other zones that offer the instance type. A type's rank in this list is its
+    ``gpuplan/fallback`` label; a run (one zone, one placement group) launches all its nodes in one type."""
+    places: list[tuple[WorkerKind, str, str]] = []
+    seen: set[str] = set()
+    for kind in needs.kinds:
+        key = kind_key(kind)
+        for zone in (facts.zones[key], *facts.fallback_zones.get(key, ())):
+            name = node_type_name(kind.instance_type, kind.market, zone)
+            if name not in seen:  # a regional offer may resolve to a zone a zoned kind has: the first wins
+                seen.add(name)
+                places.append((kind, zone, name))
+    return places
 
 
 def kind_key(kind: WorkerKind) -> str:
@@ -209,7 +245,7 @@ def node_type_name(instance_type: str, market: str, zone: str) -> str:
     return re.sub(r"[^a-z0-9-]", "-", f"{instance_type}-{market}-{zone}".lower())
 
 
-def _worker_type(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFacts) -> dict[str, Any]:
+def _worker_type(kind: WorkerKind, zone: str, rank: int, opts: ClusterOptions, facts: AwsFacts) -> dict[str, Any]:
     offer = kind.candidate.offer
     node_config: dict[str, Any] = {
         "InstanceType": offer.instance_type,
@@ -220,7 +256,7 @@ def _worker_type(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFa
             {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": opts.disk_gib, "VolumeType": "gp3"}}
         ],
     }
-    efa = efa_of(kind, opts, facts)
+    efa = efa_of(kind, opts, facts, zone)
     if efa:  # Ray's provider: subnet and groups only inside the interfaces
         assert facts.security_group is not None, "resolve_aws makes the group of EFA worker types"
         del node_config["SubnetIds"]
@@ -238,11 +274,27 @@ def _worker_type(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFa
     return {
         "min_workers": min(opts.min_workers, kind.candidate.nodes),
         "max_workers": kind.candidate.nodes,
+        **({"worker_setup_commands": nccl_setup(kind, zone, opts, facts)} if kind.candidate.nodes > 1 else {}),
         "resources": resources,
         "labels": {"gpuplan/market": kind.market, "gpuplan/gpu": offer.gpu, "gpuplan/zone": zone,
-                   NETWORK_LABEL: gbps_label(link_gbps(kind, opts, facts))},
+                   NETWORK_LABEL: gbps_label(link_gbps(kind, opts, facts, zone)), FALLBACK_LABEL: str(rank)},
         "node_config": node_config,
     }
+
+
+def nccl_setup(kind: WorkerKind, zone: str, opts: ClusterOptions, facts: AwsFacts) -> list[str]:
+    """A multi-node type's NCCL environment, sourced first by ~/.bashrc (so by ``ray start`` and every
+    worker): NCCL's INFO log per process (each rank reads which network it chose), the node's TCP and EFA
+    link speeds, and on an EFA type the variables that make pip torch's NCCL load aws-ofi-nccl."""
+    net = facts.networks.get(kind.instance_type)
+    env = dict(nccl_net.DEBUG_ENV)
+    env[nccl_net.SOCKET_GBPS_VAR] = gbps_label(provided_gbps(kind.candidate.offer.network_gbps, 0, net))
+    if efa_of(kind, opts, facts, zone):
+        env.update(nccl_net.EFA_ENV)
+        env[nccl_net.EFA_GBPS_VAR] = gbps_label(link_gbps(kind, opts, facts, zone))
+    lines = " ".join(shlex.quote(line) for line in nccl_net.export_lines(env))
+    return [f"printf '%s\\n' {lines} > ~/gpuplan-nccl.env",
+            "grep -q gpuplan-nccl.env ~/.bashrc || sed -i '1i . ~/gpuplan-nccl.env' ~/.bashrc"]
 
 
 def _profile_ref(profile: str) -> dict[str, str]:
@@ -250,49 +302,41 @@ def _profile_ref(profile: str) -> dict[str, str]:
 
 
 def install_commands(opts: ClusterOptions, bucket_region: str | None = None) -> tuple[dict[str, str], list[str]]:
-    """File mounts and setup commands: Python >= 3.11 in a venv, Ray pinned, gpuplan from a wheel or checkout."""
-    if opts.wheel:
-        name = opts.wheel.rstrip("/").rsplit("/", 1)[-1]
-        if not name.endswith(".whl"):
-            raise InvalidInput(f"{opts.wheel!r} is not a wheel file", path="wheel",
-                               hint="build one from the gpuplan checkout: pip wheel --no-deps -w dist .")
-        mounts = {f"~/gpuplan-dist/{name}": opts.wheel}
-        package = f"~/gpuplan-dist/{name}"
-    elif opts.source_dir:
-        mounts = {"~/gpuplan": opts.source_dir}
-        package = "~/gpuplan"
-    else:
-        raise InvalidInput(
-            "no gpuplan to install on the nodes: gpuplan is not published on PyPI",
-            path="wheel",
-            hint="give --wheel dist/gpuplan-*.whl (pip wheel --no-deps -w dist . in the checkout) or --source-dir .",
-        )
-    venv = VENV
-    commands = [
-        # the DLAMI's python3 is 3.12; Ubuntu keeps venv apart and may still be upgrading at boot
-        "sudo apt-get -o DPkg::Lock::Timeout=600 update -q"
-        " && sudo apt-get -o DPkg::Lock::Timeout=600 install -y -q python3-venv",
-        f"test -x {venv}/bin/python || python3 -m venv {venv}",
-        # Ray runs every command in `bash -i` after `source ~/.bashrc`: the venv first on PATH everywhere
-        f"grep -q gpuplan-venv ~/.bashrc || sed -i '1i export PATH={venv}/bin:$PATH' ~/.bashrc",
-        *([f"grep -q AWS_DEFAULT_REGION ~/.bashrc || sed -i '1i export AWS_DEFAULT_REGION={bucket_region}' ~/.bashrc"]
-          if bucket_region else []),  # boto3 and Ray Train's pyarrow reach the bucket in its region
-        f"{venv}/bin/pip install -q -U pip",
-        f'{venv}/bin/pip install -q "{RAY_PIN}" {package}',
-    ]
-    return mounts, commands
+    """File mounts and setup commands: Python >= 3.11 in a venv, Ray and gpuplan pinned (workers.cluster_install)."""
+    return cluster_install.install_commands(opts.wheel, opts.source_dir, opts.checkpoint_root, bucket_region)
 
 
-def _server_command(opts: ClusterOptions, bucket_region: str | None) -> str:
-    """The head's gpuplan server, as a transient systemd service that restarts when it dies."""
+def check_database_url(url: str | None) -> None:
+    """A password in ``--database-url`` would sit in the YAML and in ``ps``: it belongs in a secret."""
+    if url and re.match(r"^[^:/]+://[^/@]*:[^/@]*@", url):
+        raise InvalidInput("the --database-url has a password, which would be written into the cluster YAML",
+                           path="database_url", hint="store the URL in Secrets Manager (aws secretsmanager "
+                           "create-secret --name gpuplan/database-url --secret-string 'postgresql+psycopg://...') "
+                           "and give --database-url-secret gpuplan/database-url")
+
+
+def _server_command(opts: ClusterOptions, bucket_region: str | None, region: str) -> str:
+    """The head's gpuplan server, as a transient systemd service that restarts when it dies, started by
+    ``scheduler.head``: the secrets it names reach the server's environment only, and without a database
+    URL its SQLite file is restored from and backed up to the checkpoint root."""
+    check_database_url(opts.database_url)
     args = ["--executor", "ray", "--host", "0.0.0.0", "--port", str(opts.server_port),
             "--ray-cluster-config", "/home/ubuntu/ray_bootstrap_config.yaml"]
     if opts.checkpoint_root:
         args += ["--checkpoint-root", opts.checkpoint_root]
-    env = ["--setenv=RAY_ADDRESS=auto", *([f"--setenv=AWS_DEFAULT_REGION={bucket_region}"] if bucket_region else [])]
+    env = ["--setenv=RAY_ADDRESS=auto", f"--setenv=AWS_DEFAULT_REGION={bucket_region or region}"]
     if opts.database_url:
         env.append(f"--setenv=GPUPLAN_DATABASE_URL={opts.database_url}")
-    return _supervised("gpuplan-server", [*env, "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server", *args])
+    head = ["/home/ubuntu/gpuplan-venv/bin/python", "-m", "scheduler.head", "--region", region]
+    for flag, ref in (("--admin-token-secret", opts.admin_token_secret),
+                      ("--database-url-secret", opts.database_url_secret)):
+        if ref:
+            head += [flag, check_ref(ref, flag[2:].replace("-", " "))]
+    if not (opts.database_url or opts.database_url_secret) and (opts.checkpoint_root or "").startswith("s3://"):
+        head += ["--backup", backup_uri(opts.checkpoint_root or ""), "--db", "/home/ubuntu/.gpuplan/gpuplan.db",
+                 "--every", str(opts.backup_every_s)]
+    return _supervised("gpuplan-server", [*env, *head, "--", "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server",
+                                          *args])
 
 
 def _watcher_command() -> str:
@@ -325,11 +369,8 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
             },
         }
     }
-    for kind in needs.kinds:
-        zone = facts.zones[kind_key(kind)]
-        type_name = node_type_name(kind.instance_type, kind.market, zone)
-        if type_name not in types:  # a regional offer may resolve to a zone a zoned kind has: the first wins
-            types[type_name] = _worker_type(kind, zone, opts, facts)
+    for rank, (kind, zone, type_name) in enumerate(launch_places(needs, facts)):
+        types[type_name] = _worker_type(kind, zone, rank, opts, facts)
     mounts, install = install_commands(opts, facts.bucket_region)
     return {
         "cluster_name": name,
@@ -353,7 +394,7 @@ def cluster_config(plan: Plan, opts: ClusterOptions, facts: AwsFacts) -> dict[st
             "ray stop",
             f"ray start --head --port={RAY_PORT} --object-manager-port=8076"
             " --autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=0.0.0.0",
-            _server_command(opts, facts.bucket_region),
+            _server_command(opts, facts.bucket_region, needs.region),
         ],
         "worker_start_ray_commands": [
             "ray stop",

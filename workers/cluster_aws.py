@@ -22,10 +22,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from catalog.errors import InvalidInput
-from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, efa_of, kind_key, node_type_name
+from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, efa_of, kind_key, launch_places
 from workers.cluster_aws_net import Ec2PlacementGroups, PlacementGroups, cluster_security_group
 from workers.cluster_net import EFA_MODES, NetworkFacts, network_facts, placement_group_name
 from workers.cluster_notes import iam_policy
+from workers.cluster_secrets import check_ref, check_secret
 
 
 def _code(exc: Exception) -> str:
@@ -47,13 +48,17 @@ def resolve_aws(needs: ClusterNeeds, opts: ClusterOptions, session: Any | None =
     arch, networks = _instance_types(ec2, needs.instance_types, needs.region)
     images = _images(session, ec2, arch, opts, needs.region, sources)
     subnets, vpc = _subnets(ec2, opts, needs, sources)
-    zones = _zones(ec2, needs, subnets)
-    for kind in needs.kinds:
-        zone = zones[kind_key(kind)]
+    zones, fallback = _zones(ec2, needs, subnets)
+    used = set(zones.values()) | {z for more in fallback.values() for z in more}
+    for zone in used:
         sources.setdefault(f"subnet {zone}", subnets[zone])
     profile = _instance_profile(session, opts, sources)
     bucket_region = _check_bucket(session, opts.checkpoint_root, sources) if opts.checkpoint_root else None
-    facts = AwsFacts(images=images, subnets={z: subnets[z] for z in set(zones.values())}, zones=zones,
+    for what, ref in (("admin token secret", opts.admin_token_secret),
+                      ("database url secret", opts.database_url_secret)):
+        if ref:  # that it exists, not its value: the head reads that
+            sources[what] = check_secret(session, check_ref(ref, what), needs.region)
+    facts = AwsFacts(images=images, subnets={z: subnets[z] for z in used}, zones=zones, fallback_zones=fallback,
                      instance_profile=profile, sources=sources, bucket_region=bucket_region, networks=networks)
     return _with_efa(facts, needs, opts, ec2, vpc, placement_groups or Ec2PlacementGroups(ec2, needs.cluster_name))
 
@@ -64,8 +69,7 @@ def _with_efa(facts: AwsFacts, needs: ClusterNeeds, opts: ClusterOptions, ec2: A
     mapping: frozenset[str] = frozenset()
     if vpc is not None:
         facts, mapping = _with_nat(facts, needs, ec2, vpc)
-    efa_types = [node_type_name(k.instance_type, k.market, facts.zones[kind_key(k)]) for k in needs.kinds
-                 if efa_of(k, opts, facts)]
+    efa_types = [name for kind, zone, name in launch_places(needs, facts) if efa_of(kind, opts, facts, zone)]
     if not efa_types:
         return facts
     assert vpc is not None, "an EFA worker type has a subnet, so a VPC"
@@ -92,9 +96,9 @@ def _with_efa(facts: AwsFacts, needs: ClusterNeeds, opts: ClusterOptions, ec2: A
 def _check_ray_accepts(needs: ClusterNeeds, opts: ClusterOptions, facts: AwsFacts, mapping: frozenset[str]) -> None:
     """Ray's bootstrap takes only subnets that map public IPs (without ``use_internal_ips``), also for
     nodes with several interfaces, which get none either way."""
-    for kind in needs.kinds:
-        subnet = facts.subnets[facts.zones[kind_key(kind)]]
-        if efa_of(kind, opts, facts) > 1 and subnet not in mapping:
+    for kind, zone, _ in launch_places(needs, facts):
+        subnet = facts.subnets[zone]
+        if efa_of(kind, opts, facts, zone) > 1 and subnet not in mapping:
             raise InvalidInput(
                 f"subnet {subnet} of the EFA node type {kind.instance_type} does not map public IPs, so Ray's "
                 "bootstrap refuses it", path="subnet",
@@ -237,9 +241,16 @@ def _subnets(ec2: Any, opts: ClusterOptions, needs: ClusterNeeds,
     return chosen, vpc
 
 
-def _zones(ec2: Any, needs: ClusterNeeds, subnets: dict[str, str]) -> dict[str, str]:
+def _zones(ec2: Any, needs: ClusterNeeds, subnets: dict[str, str]) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """(kind key -> the zone it was priced in, or the first usable one of a regional offer; kind key -> the
+    other zones with a subnet that offer its instance type, by id: where a run waiting for capacity goes)."""
     zones: dict[str, str] = {}
+    fallback: dict[str, tuple[str, ...]] = {}
+    offered: dict[str, list[str]] = {}
     for kind in needs.kinds:
+        if kind.instance_type not in offered:
+            offered[kind.instance_type] = sorted(z for z in _offered_zones(ec2, kind.instance_type) if z in subnets)
+        usable = offered[kind.instance_type]
         if kind.zone is not None:
             if kind.zone not in subnets:
                 raise InvalidInput(
@@ -248,14 +259,13 @@ def _zones(ec2: Any, needs: ClusterNeeds, subnets: dict[str, str]) -> dict[str, 
                     path="subnet", hint=f"create a subnet there that maps public IPs, or pass --subnet "
                     f"{kind.zone}=subnet-...; zones with one: {', '.join(sorted(subnets)) or 'none'}")
             zones[kind_key(kind)] = kind.zone
-            continue
-        offered = _offered_zones(ec2, kind.instance_type)
-        usable = sorted(z for z in offered if z in subnets)
-        if not usable:
+        elif not usable:
             raise InvalidInput(f"no zone of {needs.region} with a usable subnet offers {kind.instance_type}",
                                path="subnet", hint="pass --subnet ZONE_ID=subnet-... for a zone that offers it")
-        zones[kind_key(kind)] = usable[0]
-    return zones
+        else:
+            zones[kind_key(kind)] = usable[0]
+        fallback[kind_key(kind)] = tuple(z for z in usable if z != zones[kind_key(kind)])
+    return zones, fallback
 
 
 def _offered_zones(ec2: Any, instance_type: str) -> Iterable[str]:
@@ -318,11 +328,12 @@ def _check_bucket(session: Any, root: str, sources: dict[str, str]) -> str | Non
 def generate(plan: Any, opts: ClusterOptions, session: Any | None = None,
              placement_groups: PlacementGroups | None = None) -> tuple[dict[str, Any], str]:
     """The cluster config of ``plan`` and its YAML text (with notes), after every lookup succeeded."""
-    from workers.cluster import cluster_config, cluster_needs, install_commands, to_yaml
+    from workers.cluster import check_database_url, cluster_config, cluster_needs, install_commands, to_yaml
     from workers.cluster_notes import notes
 
     needs = cluster_needs(plan, opts)
     install_commands(opts)  # a missing --wheel / --source-dir is refused before AWS is asked anything
+    check_database_url(opts.database_url)
     facts = resolve_aws(needs, opts, session, placement_groups)
     config = cluster_config(plan, opts, facts)
     return config, to_yaml(config, notes(opts, facts, needs))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, efa_of, link_gbps
+from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, backup_uri, efa_of, link_gbps
+from workers.cluster_secrets import secret_resources
 
 
 def iam_policy(opts: ClusterOptions, account: str = "ACCOUNT") -> dict[str, Any]:
@@ -27,7 +28,16 @@ def iam_policy(opts: ClusterOptions, account: str = "ACCOUNT") -> dict[str, Any]
             listing["Condition"] = {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}
         statements += [listing, {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
                                  "Resource": objects}]
+    statements += secret_statements(opts, account)
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def secret_statements(opts: ClusterOptions, account: str = "ACCOUNT") -> list[dict[str, Any]]:
+    """Reading the head's named secrets (the admin token, the database URL) and nothing else. (An SSM
+    SecureString under a customer-managed KMS key needs kms:Decrypt on that key too; AWS's own key does not.)"""
+    refs = [r for r in (opts.admin_token_secret, opts.database_url_secret) if r]
+    return [{"Effect": "Allow", "Action": action, "Resource": resource}
+            for action, resource in (secret_resources(r, account) for r in refs)]
 
 
 def notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None = None) -> list[str]:
@@ -53,11 +63,26 @@ def notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None = No
         f"The gpuplan server runs on the head (port {opts.server_port}, not opened to the internet): reach it",
         f"through SSH, e.g. `ray attach FILE -p {opts.server_port}`, then GPUPLAN_API_URL=http://127.0.0.1:"
         f"{opts.server_port}.",
+        *server_notes(opts),
     ]
     if not (opts.checkpoint_root or "").startswith("s3://"):
         lines.append("No S3 --checkpoint-root: checkpoints stay on each node's disk and a multi-node or "
                      "preempted run cannot resume.")
     return lines
+
+
+def server_notes(opts: ClusterOptions) -> list[str]:
+    """Where the head's server gets its admin token and keeps teams, jobs and spend."""
+    token = (f"The admin token is read on the head from {opts.admin_token_secret}." if opts.admin_token_secret else
+             "The admin token was made on the head at its first start: ray exec FILE 'cat ~/.gpuplan/admin-token'.")
+    if opts.database_url_secret or opts.database_url:
+        data = f"Teams, jobs and spend: in the database of {opts.database_url_secret or 'the --database-url'}."
+    elif (opts.checkpoint_root or "").startswith("s3://"):
+        data = (f"Teams, jobs and spend: SQLite on the head, backed up every {opts.backup_every_s} s to "
+                f"{backup_uri(opts.checkpoint_root or '')} and restored by a new head (ray down / ray up).")
+    else:
+        data = "Teams, jobs and spend: SQLite on the head's disk only; `ray down` deletes them (give an S3 root)."
+    return [token, data]
 
 
 def network_notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None) -> list[str]:

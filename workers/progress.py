@@ -142,6 +142,9 @@ def result_metrics(result: dict[str, Any] | None, resumes: int) -> dict[str, flo
         "micro_batch": result.get("micro_batch"),
         "grad_accum": result.get("grad_accum"),
         "oom_backoffs": len(result.get("oom_backoffs") or []),
+        # the network NCCL chose (workers.nccl_net) as numbers: its link speed, and whether it was TCP sockets
+        "nccl_link_gbps": result.get("nccl_link_gbps"),
+        "nccl_on_sockets": (result.get("nccl_network") == "socket") if result.get("nccl_network") else None,
     }
     for key, value in measured.items():
         if isinstance(value, int | float):

@@ -28,6 +28,7 @@ from catalog.errors import GpuplanError, InvalidInput
 from planner.cost import just_in_time_reserve_s
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
+from workers import nccl_net
 from workers.checkpoint_interval import ON_DEMAND_MTTP_H, IntervalPlanner, default_write_gbps
 from workers.cuda_env import configure_allocator
 from workers.data import DataLayout, TokenSource, tokenizer_dir
@@ -172,6 +173,7 @@ class _Run:
         self.last_report = time.perf_counter()
         self.noticed, self.notice_logged = False, False
         self.backoffs: list[dict[str, int]] = []
+        self.network: tuple[str | None, float | None] | None = None  # NCCL's choice, read after the first step
 
     def log(self, line: str) -> None:
         if self.rank == 0:
@@ -211,6 +213,8 @@ class _Run:
             self._optimizer_step()
             self._take_loss(total_loss)
             self._count_step(time.perf_counter() - began)
+            if self.network is None:
+                self._note_network()
             self._report_step()
             self._checkpoint_if_due()
             signal = self.hooks.poll()
@@ -325,6 +329,22 @@ class _Run:
         prepare_state(self.writer, model=self.model, optimizer=self.optimizer, sharded=self.sharded)
         self.writer.buffer.wait_prepared()
         self.loop_began = time.perf_counter()
+
+    def _note_network(self) -> None:
+        """After the first step (NCCL has connected): which network each rank's NCCL chose, from its own INFO
+        log (workers.nccl_net); the run keeps the slowest rank's, and says it."""
+        mine = nccl_net.observed()
+        every = [mine]
+        # only where the cluster YAML asked NCCL for its log (the same node types for every rank of a run)
+        if nccl_net.own_log() is not None and self.world > 1 and dist.is_available() and dist.is_initialized():
+            gathered: list[Any] = [None] * self.world
+            dist.all_gather_object(gathered, mine)  # every rank reaches its first step: a barrier all call
+            every = [tuple(g) for g in gathered]
+        known = [(net, gbps) for net, gbps in every if net is not None]
+        self.network = min(known, key=lambda n: n[1] if n[1] is not None else float("inf")) if known else (None, None)
+        if known:
+            nets = sorted({net for net, _ in known if net})
+            self.log(nccl_net.network_line(nets, self.network[1]))
 
     def _report_step(self) -> None:
         now = time.perf_counter()
@@ -453,6 +473,7 @@ class _Run:
             predicted=dict(self.job.predicted), device=str(self.device.type), world_size=self.world,
             micro_batch=self.micro, grad_accum=self.accum, oom_backoffs=list(self.backoffs),
             cuda_alloc_conf=self.alloc_conf, error=error,
+            nccl_network=(self.network or (None, None))[0], nccl_link_gbps=(self.network or (None, None))[1],
             checkpoint_step=self.last_saved,
         )
 

@@ -43,6 +43,10 @@ class TrainResult:
     error: str | None = None  # set on the measurements of a run that failed
     # the step of the newest checkpoint this attempt saved or resumed from (a stopped run: the step it stopped at)
     checkpoint_step: int | None = None
+    # the network NCCL chose (workers.nccl_net: "efa", "socket", "ib"; None: no multi-node NCCL) and the link
+    # speed the node has on it, of the slowest rank
+    nccl_network: str | None = None
+    nccl_link_gbps: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

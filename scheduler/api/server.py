@@ -26,6 +26,7 @@ from planner.spec import JobSpec
 from planner.types import Plan
 from scheduler.api.app import create_app
 from scheduler.loop import Scheduler
+from scheduler.network import planner_relink
 from scheduler.placement import MarketChooser, ObservedZones, SpotChooser, market_chooser
 from scheduler.service import Clock, Planner, SchedulerService, utcnow
 from scheduler.store import Store
@@ -161,7 +162,8 @@ def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token:
         store.migrate()
     catalog = catalog if catalog is not None else load_catalog()
     return SchedulerService(store, planner or catalog_planner(catalog, calibration), clock=clock,
-                            checkpoint_root=str(checkpoint_root), admin_token=admin_token)
+                            checkpoint_root=str(checkpoint_root), admin_token=admin_token,
+                            relink=planner_relink(catalog, calibration or load_calibration()))
 
 
 def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: float = 1.0,

@@ -29,6 +29,9 @@ PROFILE = "gpuplan-test-node"
 BUCKET = "gpuplan-test-ckpt"
 AMI_PARAMETER = "/gpuplan-test/dlami/x86_64"  # moto refuses /aws/... names; the default names are tested apart
 HEAD = {"CPU": 8.0, "node:__internal_head__": 1.0}
+ADMIN_SECRET = "gpuplan/admin-token"  # a Secrets Manager secret of the test account
+DB_SECRET = "ssm:/gpuplan/database-url"  # an SSM SecureString of the test account
+SECRET_VALUES = {"admin": "adm1n-t0ken-value", "db": "postgresql+psycopg://gpuplan:p@ss'w$rd@db:5432/gpuplan"}
 
 
 def aws_account(url: str, mp: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
@@ -47,6 +50,11 @@ def aws_account(url: str, mp: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
     iam.create_instance_profile(InstanceProfileName=PROFILE)
     iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName=PROFILE)
     boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    for region in ("us-east-1", "eu-north-1"):
+        boto3.client("secretsmanager", region_name=region).create_secret(
+            Name=ADMIN_SECRET, SecretString=SECRET_VALUES["admin"])
+        boto3.client("ssm", region_name=region).put_parameter(
+            Name=DB_SECRET.removeprefix("ssm:"), Value=SECRET_VALUES["db"], Type="SecureString")
     for region in ("us-east-1", "eu-north-1"):
         ec2 = boto3.client("ec2", region_name=region)
         image = ec2.register_image(Name="gpuplan-test-dlami", RootDeviceName="/dev/sda1", Architecture="x86_64")

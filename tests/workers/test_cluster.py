@@ -21,9 +21,21 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from commands.specfile import load_spec
 from planner.types import Plan
-from tests.workers.cluster_setup import AMI_PARAMETER, BUCKET, EXAMPLES, PROFILE, generate, subnets_of
+from tests.workers.cluster_setup import (
+    ADMIN_SECRET,
+    AMI_PARAMETER,
+    BUCKET,
+    DB_SECRET,
+    EXAMPLES,
+    PROFILE,
+    SECRET_VALUES,
+    generate,
+    subnets_of,
+)
 from tests.workers.cluster_setup import options as _opts
-from workers.cluster import ClusterOptions, cluster_needs, node_type_name
+from workers.cluster import FALLBACK_LABEL, ClusterOptions, cluster_needs, node_type_name
+from workers.cluster_install import CONSTRAINTS
+from workers.cluster_notes import iam_policy
 from workers.executor import RunRequest
 from workers.placement import MARKET_PREFIX, ZONE_PREFIX
 from workers.ray_attempt import attempt_infeasibility, request_placement, scaling_config
@@ -146,22 +158,35 @@ def test_markets_follow_the_spec(aws: Any, plans: dict[str, Plan]) -> None:
         assert auto["available_node_types"][name]["resources"][ZONE_PREFIX + "use1-az1"] == 8
 
 
-def test_every_zone_gives_the_chosen_run_a_node_type_in_each_priced_zone(aws: Any, plans: dict[str, Plan],
-                                                                          tmp_path: Path) -> None:
-    """For zone switching: the chosen p4d also in use1-az2 (priced there too), in both markets; an attempt
-    moved there (RunRequest.zone) launches exactly that zone's node type, with the run's node count."""
+def test_every_zone_that_offers_the_instance_type_gets_a_node_type_in_fallback_order(
+        aws: Any, plans: dict[str, Plan], tmp_path: Path) -> None:
+    """The 2-node p4d run, priced in use1-az1 only, may also launch in every other zone of the region that
+    offers p4d (moto: az1, az2, az4, az6), on spot first and then on-demand: each type one zone and one
+    placement group, ranked (``gpuplan/fallback``) priced zone first, and an attempt moved to a zone
+    (RunRequest.zone) launches all its nodes in exactly that zone's type."""
     p = plans["8b-auto"]
     chosen = p.chosen
-    assert chosen is not None
-    config, text = generate(aws, p, _opts(every_zone=True, alternatives=0))
-    names = sorted(k for k in config["available_node_types"] if k != "head")
-    assert names == sorted(node_type_name("p4d.24xlarge", m, z) for m in ("spot", "on-demand")
-                           for z in ("use1-az1", "use1-az2"))
+    assert chosen is not None and chosen.offer.zone == "use1-az1" and chosen.cost.market == "spot"
+    config, text = generate(aws, p, _opts(alternatives=0, efa="all"))
+    workers = {k: t for k, t in config["available_node_types"].items() if k != "head"}
+    zones = ("use1-az1", "use1-az2", "use1-az4", "use1-az6")
+    order = [node_type_name("p4d.24xlarge", m, z) for m in ("spot", "on-demand") for z in zones]
+    assert sorted(workers, key=lambda k: int(workers[k]["labels"][FALLBACK_LABEL])) == order
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    zone_of = {s["SubnetId"]: s["AvailabilityZoneId"] for s in ec2.describe_subnets()["Subnets"]}
+    groups = set()
+    for name, node_type in workers.items():
+        node = node_type["node_config"]
+        assert [zone_of[s] for s in subnets_of(node)] == [node_type["labels"]["gpuplan/zone"]], name
+        assert node_type["max_workers"] == chosen.nodes
+        groups.add(node["Placement"]["GroupName"])
+    assert len(groups) == len(workers)  # a placement group per type: a run never spans two zones
     (tmp_path / "c.yaml").write_text(text)
     node_types = autoscaler_node_types(tmp_path / "c.yaml")
-    for zone in ("use1-az1", "use1-az2"):
-        bundles = _bundles(_request(p, "spot", zone), node_types)
-        assert _ray_v2_picks(config, bundles) == {node_type_name("p4d.24xlarge", "spot", zone): chosen.nodes}
+    for market in ("spot", "on-demand"):
+        for zone in zones:
+            bundles = _bundles(_request(p, market, zone), node_types)
+            assert _ray_v2_picks(config, bundles) == {node_type_name("p4d.24xlarge", market, zone): chosen.nodes}
 
 
 def test_an_on_demand_attempt_of_a_spot_always_plan_is_infeasible(aws: Any, plans: dict[str, Plan],
@@ -184,7 +209,8 @@ def test_install_setup_and_start_commands(aws: Any, plans: dict[str, Plan], tmp_
     setup = " ; ".join(config["setup_commands"])
     assert "pip install gpuplan" not in setup and "ray[default,train]==2.60.0" in setup
     assert config["file_mounts"] == {"~/gpuplan-dist/gpuplan-0.1.0-py3-none-any.whl":
-                                     "dist/gpuplan-0.1.0-py3-none-any.whl"}
+                                     "dist/gpuplan-0.1.0-py3-none-any.whl",
+                                     "~/gpuplan-dist/constraints.txt": str(CONSTRAINTS)}
     server = config["head_start_ray_commands"][-1]
     assert "gpuplan server" in server and f"--checkpoint-root s3://{BUCKET}/runs" in server
     assert "--ray-cluster-config" in server and "GPUPLAN_DATABASE_URL=postgresql://u@db/gpuplan" in server
@@ -192,9 +218,41 @@ def test_install_setup_and_start_commands(aws: Any, plans: dict[str, Plan], tmp_
     watcher = config["worker_start_ray_commands"][-1]
     assert "workers.cluster watch --gcs-address $RAY_HEAD_IP:6379" in watcher and "Restart=always" in watcher
     source, _ = generate(aws, plans["8b-auto"], _opts(wheel=None, source_dir=str(tmp_path)))
-    assert source["file_mounts"] == {"~/gpuplan": str(tmp_path)}
+    assert source["file_mounts"] == {"~/gpuplan": str(tmp_path), "~/gpuplan-dist/constraints.txt": str(CONSTRAINTS)}
     with pytest.raises(InvalidInput, match="not published"):
         generate(aws, plans["8b-auto"], _opts(wheel=None))
+
+
+def test_secrets_are_named_in_the_yaml_never_their_values(aws: Any, plans: dict[str, Plan]) -> None:
+    """The admin token and the database URL: the head reads them from Secrets Manager / SSM (names in the YAML),
+    the nodes' role may read those two and nothing else, and a password in --database-url is refused."""
+    opts = _opts(admin_token_secret=ADMIN_SECRET, database_url_secret=DB_SECRET)
+    config, text = generate(aws, plans["8b-auto"], opts)
+    assert all(value not in text for value in SECRET_VALUES.values())
+    server = config["head_start_ray_commands"][-1]
+    assert (f"scheduler.head --region us-east-1 --admin-token-secret {ADMIN_SECRET} --database-url-secret {DB_SECRET}"
+            " --" in server)
+    assert "GPUPLAN_DATABASE_URL" not in server and "--backup" not in server  # PostgreSQL: no SQLite to keep
+    reads = [s for s in iam_policy(opts, "123456789012")["Statement"]
+             if "secretsmanager" in str(s["Action"]) or "ssm" in str(s["Action"])]
+    assert reads == [
+        {"Effect": "Allow", "Action": "secretsmanager:GetSecretValue",
+         "Resource": f"arn:aws:secretsmanager:*:123456789012:secret:{ADMIN_SECRET}-??????"},
+        {"Effect": "Allow", "Action": "ssm:GetParameter",
+         "Resource": "arn:aws:ssm:*:123456789012:parameter/gpuplan/database-url"}]
+    assert not [s for s in iam_policy(_opts())["Statement"] if "secret" in str(s) or "ssm" in str(s)]
+    with pytest.raises(InvalidInput, match="password") as err:
+        generate(aws, plans["8b-auto"], _opts(database_url="postgresql://u:hunter2@db/gpuplan"))
+    assert "--database-url-secret" in str(err.value.hint)
+    with pytest.raises(InvalidInput, match="gpuplan/nope' does not exist in us-east-1"):
+        generate(aws, plans["8b-auto"], _opts(admin_token_secret="gpuplan/nope"))
+    with pytest.raises(InvalidInput, match="not the name of a secret"):
+        generate(aws, plans["8b-auto"], _opts(database_url_secret="postgresql://u:pw@db/x"))
+    # no database URL: the SQLite file is restored from and backed up to the checkpoint root
+    plain, text = generate(aws, plans["8b-auto"], _opts())
+    assert (f"--backup s3://{BUCKET}/runs/_server/gpuplan.db --db /home/ubuntu/.gpuplan/gpuplan.db --every 300"
+            in plain["head_start_ray_commands"][-1])
+    assert "cat ~/.gpuplan/admin-token" in text
 
 
 def test_bad_input_is_refused_before_any_yaml(aws: Any, plans: dict[str, Plan]) -> None:
@@ -248,8 +306,7 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
     from ray.autoscaler._private.command_runner import _with_environment_variables, _with_interactive
     from ray.autoscaler._private.util import with_head_node_ip
 
-    url = "postgresql://gpuplan:p@ss'w$rd@db:5432/gpuplan"
-    config, _ = generate(aws, plans["8b-auto"], _opts(database_url=url))
+    config, _ = generate(aws, plans["8b-auto"], _opts(admin_token_secret=ADMIN_SECRET, database_url_secret=DB_SECRET))
     home, stubs = tmp_path / "home", tmp_path / "bin"
     venv = home / "gpuplan-venv" / "bin"
     for folder in (home, stubs, venv):
@@ -258,7 +315,7 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
     # stubs stand in for the system's programs; a login shell's /etc/profile resets PATH, so they go here.)
     (home / ".bashrc").write_text(f"export PATH={stubs}:$PATH\ncase $- in *i*) ;; *) return;; esac\n")
     record = 'printf "%s\\n" "--- $(basename $0)" "$@" >> "$HOME/calls"'
-    for name in ("apt-get", "systemctl", "systemd-run"):
+    for name in ("apt-get", "systemctl", "systemd-run", "aws"):
         _stub(stubs / name, record)
     _stub(stubs / "sudo", 'exec "$@"')
     for name in ("python", "pip", "ray"):
@@ -277,8 +334,10 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
                                         "--autoscaling-config=~/ray_bootstrap_config.yaml", "--dashboard-host=0.0.0.0"]]
     assert ["start", "--address=10.0.0.7:6379", "--object-manager-port=8076"] in ray_calls  # the venv's ray, via PATH
     runs = {c[2]: c[1:] for c in calls if c[0] == "systemd-run"}
-    assert runs["gpuplan-server"][-13:] == [
-        f"--setenv=GPUPLAN_DATABASE_URL={url}", "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server",
+    assert runs["gpuplan-server"][-22:] == [
+        "/home/ubuntu/gpuplan-venv/bin/python", "-m", "scheduler.head", "--region", "us-east-1",
+        "--admin-token-secret", ADMIN_SECRET,
+        "--database-url-secret", DB_SECRET, "--", "/home/ubuntu/gpuplan-venv/bin/gpuplan", "server",
         "--executor", "ray", "--host", "0.0.0.0", "--port", "8000", "--ray-cluster-config",
         "/home/ubuntu/ray_bootstrap_config.yaml", "--checkpoint-root", f"s3://{BUCKET}/runs"]
     assert runs["gpuplan-preemption"][-6:] == ["/home/ubuntu/gpuplan-venv/bin/python", "-m", "workers.cluster",
@@ -289,5 +348,6 @@ def test_setup_and_start_commands_survive_rays_ssh_wrapping(aws: Any, plans: dic
     assert (home / ".bashrc").read_text().splitlines()[:2] == [
         "export AWS_DEFAULT_REGION=us-east-1", "export PATH=$HOME/gpuplan-venv/bin:$PATH"]
     pip = [c[1:] for c in calls if c[0] == "pip"]
-    assert ["install", "-q", "ray[default,train]==2.60.0",
+    assert ["install", "-q", "--no-index", "--find-links", f"{home}/gpuplan-wheels", "-c",
+            f"{home}/gpuplan-dist/constraints.txt", "ray[default,train]==2.60.0",
             f"{home}/gpuplan-dist/gpuplan-0.1.0-py3-none-any.whl"] in pip

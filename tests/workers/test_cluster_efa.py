@@ -239,9 +239,10 @@ def test_a_regional_offer_gets_the_first_zone_that_offers_it(aws: Any, plans: di
     type and has a subnet, and a run that names no zone launches there."""
     p = _regional(plans["8b-auto"])
     config, text = generate(aws, p, options(alternatives=0))
-    assert sorted(_worker_types(config)) == [node_type_name("p4d.24xlarge", "spot", "use1-az1")]
+    assert list(_worker_types(config)) == [node_type_name("p4d.24xlarge", "spot", z)
+                                           for z in ("use1-az1", "use1-az2", "use1-az4", "use1-az6")]
     node_type = next(iter(_worker_types(config).values()))
-    assert node_type["resources"][ZONE_PREFIX + "use1-az1"] == 8
+    assert node_type["resources"][ZONE_PREFIX + "use1-az1"] == 8 and node_type["labels"]["gpuplan/fallback"] == "0"
     (tmp_path / "c.yaml").write_text(text)
     chosen = p.chosen
     assert chosen is not None
@@ -267,3 +268,42 @@ def test_no_right_to_make_placement_groups_is_a_clear_error(aws: Any, plans: dic
     with pytest.raises(InvalidInput, match="ec2:CreatePlacementGroup") as err:
         generate_uncached(plans["8b-auto"], options(efa="all"), aws, Denied())
     assert "--efa off" in str(err.value.hint)
+
+
+def _nccl_env(node_type: dict[str, Any], home: Path) -> dict[str, str]:
+    """What a worker of ``node_type`` sees after its setup: run its commands, then a shell as Ray's."""
+    import subprocess
+
+    home.mkdir()
+    (home / ".bashrc").write_text("case $- in *i*) ;; *) return;; esac\n")  # Ubuntu's: stops when not interactive
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/usr/local/cuda/lib64"}
+    for cmd in node_type["worker_setup_commands"]:
+        subprocess.run(["bash", "-c", cmd], env=env, check=True, timeout=30)
+    out = subprocess.run(["bash", "-c", "source ~/.bashrc; env"], env=env, check=True, capture_output=True, text=True,
+                         timeout=30).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_efa_worker_types_get_the_environment_for_nccl_over_efa(aws: Any, plans: dict[str, Plan],
+                                                                 tmp_path: Path) -> None:
+    """pip torch's NCCL loads aws-ofi-nccl only when told where: an EFA type's workers get the DLAMI's
+    plugin and libfabric folders, the EFA provider and RDMA; every multi-node type logs NCCL's choice per process
+    and states its TCP link speed; without EFA (--efa off) none of the EFA variables."""
+    p = plans["8b-auto"]
+    chosen = p.chosen
+    assert chosen is not None
+    name = node_type_name(chosen.offer.instance_type, "spot", "use1-az1")
+    efa, _ = generate(aws, p, options(efa="all"))
+    env = _nccl_env(efa["available_node_types"][name], tmp_path / "efa")
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["LD_LIBRARY_PATH"].split(":")[:3] == ["/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib",
+                                                     "/opt/amazon/efa/lib"]
+    assert env["LD_LIBRARY_PATH"].endswith(":/usr/local/cuda/lib64")  # what the node had stays
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"] == "/tmp/gpuplan-nccl.%h.%p.log"
+    assert float(env["GPUPLAN_EFA_GBPS"]) == chosen.offer.network_gbps  # all cards: what the plan priced
+    assert 0 < float(env["GPUPLAN_SOCKET_GBPS"]) < chosen.offer.network_gbps
+    off, _ = generate(aws, p, options(efa="off"))
+    plain = _nccl_env(off["available_node_types"][name], tmp_path / "off")
+    assert "FI_PROVIDER" not in plain and "GPUPLAN_EFA_GBPS" not in plain and plain["NCCL_DEBUG"] == "INFO"
+    single = [t for t in _worker_types(efa).values() if t["max_workers"] == 1]
+    assert all("worker_setup_commands" not in t for t in single)  # one node: no network to log
