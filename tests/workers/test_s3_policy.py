@@ -5,7 +5,7 @@ checkpoint root is allowed; an object outside the prefix is denied."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import boto3
@@ -15,7 +15,8 @@ from botocore.exceptions import ClientError
 from tests.moto_server import as_policy_user, moto_s3, moto_server
 from workers import checkpoint_s3
 from workers.checkpoint import open_store
-from workers.checkpoint_format import Shard
+from workers.checkpoint_format import Shard, Sink
+from workers.checkpoint_s3 import S3Store
 from workers.cluster import ClusterOptions
 from workers.cluster_notes import iam_policy
 from workers.infer_s3 import S3Outputs
@@ -45,6 +46,13 @@ def _checkpoint_dir(path: Path, step: int) -> Path:
     return path
 
 
+def _bytes(data: bytes) -> Callable[[Sink], None]:
+    def write(sink: Sink) -> None:
+        sink.write(data)
+
+    return write
+
+
 def _denied(call: object) -> str:
     with pytest.raises(ClientError) as caught:
         call()  # type: ignore[operator]
@@ -60,14 +68,14 @@ def test_every_store_call_is_allowed_under_the_generated_policy(
         open_store(root)  # the server's start check (commands/server.py)
 
         store = open_store(f"{root}/jobs/j-1", keep=1)
+        assert isinstance(store, S3Store)
         store.save(1, _checkpoint_dir(tmp_path / "s1", 1))
         local = _checkpoint_dir(tmp_path / "s2", 2)
         store.save(2, local, move=True)  # a node's local checkpoint moved to S3; keep=1 prunes step 1
         assert not local.exists() and [info.step for info in store.list()] == [2]
 
         staged = store.stage(3, "token")
-        files = staged.write([Shard("big.bin", lambda sink: sink.write(b"x" * (6 * MIB))),
-                              Shard("small.bin", lambda sink: sink.write(b"y" * 10))])
+        files = staged.write([Shard("big.bin", _bytes(b"x" * (6 * MIB))), Shard("small.bin", _bytes(b"y" * 10))])
         staged.commit(files, {"step": 3})
         info = store.latest(deep=True)
         assert info is not None and info.step == 3
