@@ -49,6 +49,7 @@ def notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None = No
     """What the YAML's header says: where the values came from, what to set up once, what is missing."""
     profile = facts.instance_profile
     lines = [f"{key}: {value}" for key, value in sorted(facts.sources.items())]
+    lines += [f"{WARNING}{text}" for text in warnings(facts, needs)]
     lines += network_notes(opts, facts, needs)
     lines += [
         "",
@@ -73,6 +74,17 @@ def notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None = No
         lines.append("No S3 --checkpoint-root: checkpoints stay on each node's disk and a multi-node or "
                      "preempted run cannot resume.")
     return lines
+
+
+WARNING = "Warning: "  # the header lines `gpuplan cluster config` also prints on stderr
+
+
+def warnings(facts: AwsFacts, needs: ClusterNeeds | None) -> list[str]:
+    """What works but costs more than the plan assumed: a checkpoint bucket in another region."""
+    if needs is None or not facts.bucket_region or facts.bucket_region == needs.region:
+        return []
+    return [f"the checkpoint bucket is in {facts.bucket_region}, the cluster in {needs.region}: every checkpoint "
+            f"crosses regions (slower saves and resumes, billed per GB); give a bucket in {needs.region}"]
 
 
 def network_notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None) -> list[str]:
