@@ -82,3 +82,28 @@ def test_check_lists_what_to_fix_and_exits_1(spec: Path, monkeypatch: pytest.Mon
     assert items["GPU AMI"]["status"] == "ok" and items["spot service-linked role"]["status"] == "fix"
     assert items["instance profile"]["status"] == "fix" and "does not exist" in items["instance profile"]["detail"]
     assert table.exit_code == 1 and "not ready" in table.stdout and "Traceback" not in table.output
+
+
+def test_config_resolves_a_relative_wheel(spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The YAML is read by `ray up` from wherever it runs: the wheel's mount is this folder's file."""
+    import boto3
+
+    from tests.workers.cluster_setup import FakePlacementGroups
+
+    monkeypatch.setattr("workers.cluster_aws.Ec2PlacementGroups", lambda ec2, cluster: FakePlacementGroups())
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "gpuplan-0.1.0-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    with moto_server() as url:
+        use_moto(monkeypatch, url)
+        monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+        iam = boto3.client("iam")
+        iam.create_role(RoleName="gpuplan-node", AssumeRolePolicyDocument="{}")
+        iam.create_instance_profile(InstanceProfileName="gpuplan-node")
+        iam.add_role_to_instance_profile(InstanceProfileName="gpuplan-node", RoleName="gpuplan-node")
+        ami = boto3.client("ec2").register_image(Name="gpuplan-test-dlami", RootDeviceName="/dev/sda1")["ImageId"]
+        result = runner.invoke(app, ["cluster", "config", str(spec), "--ami", ami, "--out", "c.yaml",
+                                     "--wheel", "dist/gpuplan-0.1.0-py3-none-any.whl"])
+    assert result.exit_code == 0, result.output
+    mounts = yaml.safe_load((tmp_path / "c.yaml").read_text())["file_mounts"]
+    assert list(mounts.values()) == [str(tmp_path / "dist" / "gpuplan-0.1.0-py3-none-any.whl")]
