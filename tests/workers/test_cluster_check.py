@@ -147,3 +147,21 @@ def test_config_warns_of_a_bucket_in_another_region(ready: Any, plans: dict[str,
     assert "# Warning: the checkpoint bucket is in eu-north-1, the cluster in us-east-1" in text
     _, near = generate(ready, plans["8b-auto"], options())
     assert "# Warning:" not in near
+
+
+def test_calls_the_credentials_may_not_make_are_items_not_crashes(aws: Any, plans: dict[str, Plan],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a user who may only describe EC2 and read SSM (moto enforcing IAM): what it may not ask is
+    'could not check' with AWS's reason, the bucket it may not reach an item to fix."""
+    import os
+
+    from tests.moto_server import as_policy_user
+
+    policy = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": ["ec2:Describe*", "ssm:GetParameter"], "Resource": "*"}]}
+    with as_policy_user(os.environ["AWS_ENDPOINT_URL"], policy, monkeypatch):
+        items = _by_name(check_account(plans["8b-auto"], options(), boto3.session.Session(region_name="us-east-1")))
+    assert items["instance types"].status == OK and items["GPU AMI"].status == OK and items["subnets"].status == OK
+    for name in ("spot service-linked role", "instance profile", "vCPU quota P spot"):
+        assert items[name].status == UNKNOWN and "denied" in items[name].detail, items[name]
+    assert items["checkpoint bucket"].status == FIX and "denied" in items["checkpoint bucket"].detail
