@@ -3,6 +3,9 @@ other commands live in commands/plan.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
 
 from catalog.errors import InvalidInput
@@ -23,10 +26,28 @@ def subnet_map(subnet: list[str]) -> dict[str, str]:
     return subnets
 
 
+def _cluster_config(path: str) -> dict[str, Any] | None:
+    """The Ray cluster config in ``path`` (None: a job spec or a plan)."""
+    import yaml
+
+    from workers.cluster_check_yaml import is_cluster_config
+
+    file = Path(path)
+    if file.suffix not in (".yaml", ".yml") or not file.is_file():
+        return None
+    try:
+        doc = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # the spec loader says what is wrong with it
+    return doc if is_cluster_config(doc) else None
+
+
 @cluster_app.command("check")
 @handle_errors
 def cluster_check_command(
-    plan_or_spec: str = typer.Argument(..., help="A job spec, or the output of `gpuplan plan --json`."),
+    plan_or_spec: str = typer.Argument(..., metavar="SPEC|PLAN|CLUSTER_YAML", help="A job spec, the output of "
+                                       "`gpuplan plan --json`, or a cluster YAML of `gpuplan cluster config` (the "
+                                       "options below are then read from it)."),
     checkpoint_root: str | None = typer.Option(None, "--checkpoint-root", help="s3://bucket/prefix the nodes "
                                                "would checkpoint to."),
     ami: str | None = typer.Option(None, "--ami", help="The AMI `cluster config` would get (default: the DLAMI)."),
@@ -53,14 +74,21 @@ def cluster_check_command(
       gpuplan cluster check examples/llama3-8b-sft.yaml --checkpoint-root s3://my-bucket/gpuplan
 
       gpuplan plan job.yaml --json > plan.json && gpuplan cluster check plan.json --json
+
+      gpuplan cluster check cluster.yaml    # the YAML `cluster config` wrote, before `ray up`
     """
     from workers.cluster import ClusterOptions
     from workers.cluster_check import FIX, check_account
+    from workers.cluster_check_yaml import check_cluster_config
 
-    opts = ClusterOptions(checkpoint_root=checkpoint_root, ami=ami, subnets=subnet_map(subnet),
-                          instance_profile=instance_profile, alternatives=alternatives, every_zone=every_zone,
-                          head_instance=head_instance, efa=efa)
-    items = check_account(_plan_from_file(plan_or_spec), opts)
+    config = _cluster_config(plan_or_spec)
+    if config is not None:  # a cluster YAML: the options are in it
+        items = check_cluster_config(config)
+    else:
+        opts = ClusterOptions(checkpoint_root=checkpoint_root, ami=ami, subnets=subnet_map(subnet),
+                              instance_profile=instance_profile, alternatives=alternatives, every_zone=every_zone,
+                              head_instance=head_instance, efa=efa)
+        items = check_account(_plan_from_file(plan_or_spec), opts)
     ready = not any(item.status == FIX for item in items)
     if as_json:
         print_json({"ready": ready, "items": [vars(item) for item in items]})

@@ -55,15 +55,10 @@ class _Account:
 
 def check_account(plan: Plan, opts: ClusterOptions, session: Any | None = None) -> list[Item]:
     """Every prerequisite of launching ``plan``'s cluster, in the order a launch needs them."""
-    import boto3
-
     needs = cluster_needs(plan, opts)
-    with aws_errors("the credentials check (sts get-caller-identity)"):
-        session = session or boto3.session.Session(region_name=needs.region)
-        who = session.client("sts", region_name=needs.region).get_caller_identity()
+    session, first = credentials(session, needs.region, "where the plan priced its offers")
     account = _Account(needs, opts, session, session.client("ec2", region_name=needs.region))
-    items = [Item("credentials and region", OK, f"account {who['Account']} as {who['Arn']}; region "
-                                                f"{needs.region} (where the plan priced its offers)")]
+    items = [first]
     steps: list[tuple[str, Callable[[_Account], list[Item]]]] = [
         ("instance types", _instance_types), ("GPU AMI", _ami), ("spot service-linked role", _spot_role),
         ("vCPU quotas", _quotas), ("subnets", _subnets), ("EFA subnets", _efa), ("instance profile", _profile),
@@ -73,7 +68,22 @@ def check_account(plan: Plan, opts: ClusterOptions, session: Any | None = None) 
     return items
 
 
-def _guarded(name: str, step: Callable[[_Account], list[Item]], account: _Account) -> list[Item]:
+def credentials(session: Any | None, region: str, why: str) -> tuple[Any, Item]:
+    """A session in ``region`` and the item saying whose credentials it has (none: the check stops)."""
+    import boto3
+
+    with aws_errors("the credentials check (sts get-caller-identity)"):
+        session = session or boto3.session.Session(region_name=region)
+        who = session.client("sts", region_name=region).get_caller_identity()
+    return session, Item("credentials and region", OK, f"account {who['Account']} as {who['Arn']}; region {region} "
+                         f"({why})")
+
+
+def guarded(name: str, step: Callable[[], list[Item]]) -> list[Item]:
+    return _guarded(name, lambda _: step(), None)
+
+
+def _guarded(name: str, step: Callable[[Any], list[Item]], account: Any) -> list[Item]:
     """A step's items; what it raised as one item (credentials and endpoint errors stop the check)."""
     try:
         return step(account)
@@ -106,10 +116,14 @@ def _ami(acc: _Account) -> list[Item]:
 
 
 def _spot_role(acc: _Account) -> list[Item]:
-    if not any(k.market == "spot" for k in acc.needs.kinds):
-        return [Item("spot service-linked role", OK, "not needed: the plan launches no spot node")]
+    return spot_role_items(acc.session, any(k.market == "spot" for k in acc.needs.kinds))
+
+
+def spot_role_items(session: Any, spot: bool) -> list[Item]:
+    if not spot:
+        return [Item("spot service-linked role", OK, "not needed: no spot node type")]
     try:
-        acc.session.client("iam").get_role(RoleName=SPOT_ROLE)
+        session.client("iam").get_role(RoleName=SPOT_ROLE)
     except Exception as exc:
         if error_code(exc) != "NoSuchEntity":
             raise
@@ -118,9 +132,18 @@ def _spot_role(acc: _Account) -> list[Item]:
     return [Item("spot service-linked role", OK, f"{SPOT_ROLE} exists")]
 
 
+Launch = tuple[str, str, int]  # (instance type, market, nodes a run holds at once)
+
+
 def vcpu_needs(needs: ClusterNeeds, vcpus: Mapping[str, int]) -> dict[tuple[str, str], tuple[int, str]]:
-    """(quota class, market) -> (the most vCPUs one run of the plan holds there, which node type): a run
-    uses one worker type at a time, all its nodes at once; the on-demand head counts too."""
+    """(quota class, market) -> (the most vCPUs one run of the plan holds there, which node type)."""
+    return launch_vcpus([(k.instance_type, k.market, k.candidate.nodes) for k in needs.kinds], needs.head_instance,
+                        vcpus)
+
+
+def launch_vcpus(launches: list[Launch], head: str, vcpus: Mapping[str, int]) -> dict[tuple[str, str], tuple[int, str]]:
+    """(quota class, market) -> (the most vCPUs one run holds there, which node type): a run uses one
+    worker type at a time, all its nodes at once; the on-demand head counts too."""
     quotas = load_aws_quotas()
     out: dict[tuple[str, str], tuple[int, str]] = {}
 
@@ -131,22 +154,29 @@ def vcpu_needs(needs: ClusterNeeds, vcpus: Mapping[str, int]) -> dict[tuple[str,
         if need > out.get((name, market), (-1, ""))[0]:
             out[(name, market)] = (need, f"{nodes} x {itype}")
 
-    head = needs.head_instance
-    for kind in needs.kinds:
-        same = quotas.of(kind.instance_type) == quotas.of(head) and kind.market == "on-demand"
-        add(kind.instance_type, kind.market, kind.candidate.nodes, vcpus.get(head, 0) if same else 0)
+    for itype, market, nodes in launches:
+        same = quotas.of(itype) == quotas.of(head) and market == "on-demand"
+        add(itype, market, nodes, vcpus.get(head, 0) if same else 0)
     add(head, "on-demand", 1)
     return out
 
 
+def instance_vcpus(ec2: Any, instance_types: list[str]) -> dict[str, int]:
+    found = ec2.describe_instance_types(InstanceTypes=instance_types)["InstanceTypes"]
+    return {t["InstanceType"]: int(t.get("VCpuInfo", {}).get("DefaultVCpus", 0)) for t in found}
+
+
 def _quotas(acc: _Account) -> list[Item]:
-    found = acc.ec2.describe_instance_types(InstanceTypes=acc.needs.instance_types)["InstanceTypes"]
-    vcpus = {t["InstanceType"]: int(t.get("VCpuInfo", {}).get("DefaultVCpus", 0)) for t in found}
+    vcpus = instance_vcpus(acc.ec2, acc.needs.instance_types)
     vcpus |= {k.instance_type: k.candidate.offer.vcpus for k in acc.needs.kinds if k.instance_type not in vcpus}
+    return quota_items(acc.session, acc.needs.region, vcpu_needs(acc.needs, vcpus))
+
+
+def quota_items(session: Any, region: str, needs: Mapping[tuple[str, str], tuple[int, str]]) -> list[Item]:
     quotas = load_aws_quotas()
-    service = acc.session.client("service-quotas", region_name=acc.needs.region)
+    service = session.client("service-quotas", region_name=region)
     items: list[Item] = []
-    for (name, market), (need, what) in sorted(vcpu_needs(acc.needs, vcpus).items()):
+    for (name, market), (need, what) in sorted(needs.items()):
         label = f"vCPU quota {name} {market}"
         cls = next((c for c in quotas.classes if c.name == name), None)
         if cls is None:
@@ -164,7 +194,7 @@ def _quotas(acc: _Account) -> list[Item]:
         if value < need:
             items.append(Item(label, FIX, f"{value:g} vCPUs, but {what} needs {need}: request an increase: aws "
                               f"service-quotas request-service-quota-increase --service-code ec2 --quota-code "
-                              f"{code} --desired-value {need} --region {acc.needs.region}"))
+                              f"{code} --desired-value {need} --region {region}"))
         else:
             items.append(Item(label, OK, f"{value:g} vCPUs (code {code}); the plan needs at most {need} ({what})"))
     return items
@@ -200,13 +230,18 @@ def _efa(acc: _Account) -> list[Item]:
 
 
 def _profile(acc: _Account) -> list[Item]:
+    return profile_items(acc.session, acc.opts)
+
+
+def profile_items(session: Any, opts: ClusterOptions) -> list[Item]:
+    """The nodes' instance profile exists, and its role's inline policies grant what gpuplan needs."""
     sources: dict[str, str] = {}
-    profile = cluster_aws._instance_profile(acc.session, acc.opts, sources)
+    profile = cluster_aws._instance_profile(session, opts, sources)
     if profile.startswith("arn:"):
         return [Item("instance profile", OK, f"{profile} (given; its policy is not checked)")]
-    iam = acc.session.client("iam")
+    iam = session.client("iam")
     role = iam.get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"][0]["RoleName"]
-    missing = _missing_statements(iam, role, iam_policy(acc.opts))
+    missing = _missing_statements(iam, role, iam_policy(opts))
     if missing:
         lacking = "; ".join(f"{', '.join(sorted(_as_set(m['Action'])))} on {', '.join(sorted(_as_set(m['Resource'])))}"
                             for m in missing)
@@ -236,20 +271,24 @@ def _as_set(value: Any) -> set[str]:
 
 
 def _bucket(acc: _Account) -> list[Item]:
-    root = acc.opts.checkpoint_root
+    return bucket_items(acc.session, acc.opts.checkpoint_root, acc.needs.region)
+
+
+def bucket_items(session: Any, root: str | None, cluster_region: str) -> list[Item]:
+    """The checkpoint bucket exists, where, and a probe object can be put and deleted under the prefix."""
     if not root:
         return [Item("checkpoint bucket", WARN, "no --checkpoint-root: checkpoints stay on each node's disk, so a "
                      "multi-node or preempted run cannot resume")]
-    region = cluster_aws._check_bucket(acc.session, root, {})
+    region = cluster_aws._check_bucket(session, root, {})
     bucket, _, prefix = root[len("s3://"):].partition("/")
     key = f"{prefix.strip('/')}/.gpuplan-check-{uuid.uuid4().hex[:8]}".lstrip("/")
-    s3 = acc.session.client("s3", region_name=region or acc.needs.region)
+    s3 = session.client("s3", region_name=region or cluster_region)
     s3.put_object(Bucket=bucket, Key=key, Body=b"gpuplan cluster check")
     s3.delete_object(Bucket=bucket, Key=key)
     items = [Item("checkpoint bucket", OK, f"{root}: in {region or 'an unknown region'}, writable under the prefix "
                   "(a probe object put and deleted)")]
-    if region and region != acc.needs.region:
+    if region and region != cluster_region:
         items.append(Item("bucket region", WARN, f"bucket {bucket} is in {region}, the cluster in "
-                          f"{acc.needs.region}: every checkpoint crosses regions (slower, and billed per GB); "
-                          f"use a bucket in {acc.needs.region}"))
+                          f"{cluster_region}: every checkpoint crosses regions (slower, and billed per GB); "
+                          f"use a bucket in {cluster_region}"))
     return items

@@ -84,8 +84,10 @@ def test_check_lists_what_to_fix_and_exits_1(spec: Path, monkeypatch: pytest.Mon
     assert table.exit_code == 1 and "not ready" in table.stdout and "Traceback" not in table.output
 
 
-def test_config_resolves_a_relative_wheel(spec: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The YAML is read by `ray up` from wherever it runs: the wheel's mount is this folder's file."""
+def test_config_resolves_a_relative_wheel_and_check_reads_its_yaml(spec: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The YAML is read by `ray up` from wherever it runs: the wheel's mount is this folder's file; `cluster check`
+    takes that YAML as written."""
     import boto3
 
     from tests.workers.cluster_setup import FakePlacementGroups
@@ -104,6 +106,10 @@ def test_config_resolves_a_relative_wheel(spec: Path, tmp_path: Path, monkeypatc
         ami = boto3.client("ec2").register_image(Name="gpuplan-test-dlami", RootDeviceName="/dev/sda1")["ImageId"]
         result = runner.invoke(app, ["cluster", "config", str(spec), "--ami", ami, "--out", "c.yaml",
                                      "--wheel", "dist/gpuplan-0.1.0-py3-none-any.whl"])
+        checked = runner.invoke(app, ["cluster", "check", "c.yaml", "--json"])  # the YAML as written
     assert result.exit_code == 0, result.output
+    items = {item["name"]: item for item in json.loads(checked.stdout)["items"]}
+    assert checked.exit_code == 1 and items["AMIs"]["status"] == "ok" and ami in items["AMIs"]["detail"]
+    assert items["spot service-linked role"]["status"] == "fix"
     mounts = yaml.safe_load((tmp_path / "c.yaml").read_text())["file_mounts"]
     assert list(mounts.values()) == [str(tmp_path / "dist" / "gpuplan-0.1.0-py3-none-any.whl")]

@@ -165,3 +165,29 @@ def test_calls_the_credentials_may_not_make_are_items_not_crashes(aws: Any, plan
     for name in ("spot service-linked role", "instance profile", "vCPU quota P spot"):
         assert items[name].status == UNKNOWN and "denied" in items[name].detail, items[name]
     assert items["checkpoint bucket"].status == FIX and "denied" in items["checkpoint bucket"].detail
+
+
+def test_a_cluster_yaml_is_checked_as_written(ready: Any, plans: dict[str, Plan], quotas: dict[str, float]) -> None:
+    from tests.workers.cluster_setup import generate
+    from workers.cluster_check_yaml import check_cluster_config, checkpoint_root_of
+
+    config, _ = generate(ready, plans["8b-auto"], options())
+    assert checkpoint_root_of(config) == f"s3://{BUCKET}/runs"
+    quotas.update({P_SPOT: 96.0, P_ON_DEMAND: 1000.0, STANDARD_ON_DEMAND: 100.0})
+    items = _by_name(check_cluster_config(config, ready))
+    for name in ("credentials and region", "instance types", "AMIs", "spot service-linked role", "subnets",
+                 "instance profile", "checkpoint bucket", "vCPU quota P on-demand"):
+        assert items[name].status == OK, items[name]
+    assert items["vCPU quota P spot"].status == FIX and "needs 192" in items["vCPU quota P spot"].detail
+
+    worker = next(t["node_config"] for n, t in config["available_node_types"].items() if n != "head")
+    worker["ImageId"] = "ami-0gone"
+    subnet = (worker.get("SubnetIds") or [worker["NetworkInterfaces"][0]["SubnetId"]])[0]
+    worker["NetworkInterfaces"] = [{"SubnetId": subnet, "DeviceIndex": 0, "NetworkCardIndex": i,
+                                    "InterfaceType": "efa"} for i in range(2)]
+    worker.pop("SubnetIds", None)
+    items = _by_name(check_cluster_config(config, ready))
+    assert items["AMIs"].status == FIX and "ami-0gone" in items["AMIs"].detail
+    assert items["EFA subnets"].status == FIX and subnet in items["EFA subnets"].detail
+    worker["NetworkInterfaces"][0]["SubnetId"] = "subnet-0gone"
+    assert _by_name(check_cluster_config(config, ready))["subnets"].status == FIX
