@@ -4,6 +4,8 @@ unreachable endpoint is one line and its own exit code, never a traceback; check
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,20 @@ from cli import app
 from tests.moto_server import moto_server, use_moto
 
 runner = CliRunner()
+
+
+@contextmanager
+def fresh_account() -> Iterator[str]:
+    """moto's server with an empty account: moto keeps its state per process, across servers, so what
+    another test made (or this one makes) is reset on the way in and out."""
+    import httpx
+
+    with moto_server() as url:
+        httpx.post(f"{url}/moto-api/reset").raise_for_status()
+        try:
+            yield url
+        finally:
+            httpx.post(f"{url}/moto-api/reset").raise_for_status()
 
 
 @pytest.fixture
@@ -69,7 +85,7 @@ def test_an_unreachable_endpoint_is_one_line_and_exit_9(spec: Path, tmp_path: Pa
 def test_check_lists_what_to_fix_and_exits_1(spec: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import boto3
 
-    with moto_server() as url:
+    with fresh_account() as url:
         use_moto(monkeypatch, url)
         monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
         ami = boto3.client("ec2").register_image(Name="gpuplan-test-dlami", RootDeviceName="/dev/sda1")["ImageId"]
@@ -96,7 +112,7 @@ def test_config_resolves_a_relative_wheel_and_check_reads_its_yaml(spec: Path, t
     (tmp_path / "dist").mkdir()
     (tmp_path / "dist" / "gpuplan-0.1.0-py3-none-any.whl").write_bytes(b"")
     monkeypatch.chdir(tmp_path)
-    with moto_server() as url:
+    with fresh_account() as url:
         use_moto(monkeypatch, url)
         monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
         iam = boto3.client("iam")

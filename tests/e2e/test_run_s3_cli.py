@@ -4,6 +4,7 @@ server's S3 checkpoint root does: the checkpoints land in the bucket, not in a l
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,14 @@ def test_run_resume_and_export_on_s3(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with moto_server() as url:
         use_moto(monkeypatch, url)
         s3 = moto_s3(url)
-        s3.create_bucket(Bucket="gpuplan-runs")
-        uri = "s3://gpuplan-runs/team/s3-tiny"
+        bucket = f"gpuplan-runs-{uuid.uuid4().hex[:8]}"  # moto's buckets outlive its server, within the process
+        s3.create_bucket(Bucket=bucket)
+        uri = f"s3://{bucket}/team/s3-tiny"
         result = runner.invoke(app, ["run", str(spec), "--json", "--checkpoint-dir", uri])
         assert result.exit_code == 0, result.output
         job = json.loads(result.stdout)
         assert job["status"] == "succeeded" and job["checkpoint_dir"] == uri and job["checkpoints_written"] == 2
-        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="gpuplan-runs")["Contents"]]
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
         assert "team/s3-tiny/step-000000006/COMMIT" in keys
         assert list(work.iterdir()) == []  # nothing local: no folder named "s3:"
 
