@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from commands import calibrate, catalog, jobs, plan, reports, run, server, simulate, teams
+from commands import calibrate, catalog, cluster, jobs, plan, reports, run, server, simulate, teams
 from commands.output import escape_help
 
 app = typer.Typer(
@@ -27,7 +27,7 @@ for module in (plan, run, server, jobs, calibrate, simulate):
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(reports.app, name="report")
 app.add_typer(teams.app, name="team")
-app.add_typer(plan.cluster_app, name="cluster")
+app.add_typer(cluster.cluster_app, name="cluster")  # config in commands.plan, check in commands.cluster
 escape_help(app)  # after every command is registered
 
 

@@ -21,6 +21,8 @@ The API maps ``GpuplanError`` to one JSON error format in one handler using ``st
     │   ├── Infeasible          no node of the cluster can ever run the job (422)
     │   └── CheckpointError     a checkpoint that cannot be written or read (500)
     └── ExternalServiceError    a cloud or price API that failed (502)
+        ├── CloudCredentialsMissing no (or rejected) cloud credentials (exit 8)
+        └── CloudUnreachable        a cloud endpoint that cannot be reached (exit 9)
 """
 
 from __future__ import annotations
@@ -163,3 +165,17 @@ class CheckpointError(ExecutionError):
 class ExternalServiceError(GpuplanError):
     status_code = 502
     code = "external_service_error"
+
+
+class CloudCredentialsMissing(ExternalServiceError):
+    """No cloud credentials where a command needs the account, or credentials the cloud rejects."""
+
+    code = "cloud_credentials_missing"
+    exit_code = 8
+
+
+class CloudUnreachable(ExternalServiceError):
+    """A cloud API endpoint that cannot be reached (no network, a wrong endpoint URL or region)."""
+
+    code = "cloud_unreachable"
+    exit_code = 9

@@ -313,21 +313,28 @@ def cluster_config_command(
 
       gpuplan plan job.yaml --json > plan.json && gpuplan cluster config plan.json --source-dir . --json
     """
-    from pathlib import Path
-
+    from workers.aws_errors import aws_errors
     from workers.cluster import ClusterOptions
     from workers.cluster_aws import generate
+    from workers.cluster_notes import WARNING
 
     subnets = dict(item.split("=", 1) for item in subnet if "=" in item)
     if len(subnets) != len(subnet):
         raise InvalidInput("--subnet takes ZONE_ID=SUBNET_ID", path="subnet", hint="e.g. --subnet use1-az1=subnet-0abc")
+    # the YAML is used from wherever `ray up` runs: a relative --wheel / --source-dir is this folder's
+    wheel, source_dir = (str(Path(p).expanduser().resolve()) if p else None for p in (wheel, source_dir))
     opts = ClusterOptions(wheel=wheel, source_dir=source_dir, checkpoint_root=checkpoint_root, ami=ami,
                           subnets=subnets, instance_profile=instance_profile, database_url=database_url,
                           database_url_secret=database_url_secret, admin_token_secret=admin_token_secret,
                           alternatives=alternatives, every_zone=every_zone, head_instance=head_instance, efa=efa)
-    config, text = generate(_plan_from_file(plan_or_spec), opts)
+    plan = _plan_from_file(plan_or_spec)
+    with aws_errors("the account lookups of `cluster config`"):
+        config, text = generate(plan, opts)
     if out:
         Path(out).write_text(text)
+    for line in text.splitlines():
+        if line.startswith(f"# {WARNING}"):
+            warn(line[len(f"# {WARNING}"):])
     if as_json:
         print_json({"path": out, "config": config})
     elif out:

@@ -24,14 +24,15 @@ app = typer.Typer()  # run and export: top-level commands
 def run_command(
     spec_path: str = typer.Argument(..., metavar="SPEC", help="Job spec (YAML or JSON), task train or infer."),
     checkpoint_dir: str | None = typer.Option(None, "--checkpoint-dir", help="Where checkpoints (train) or "
-                                              "outputs.jsonl (infer) go (default ~/.gpuplan/checkpoints/<job name>)."),
+                                              "outputs.jsonl (infer) go: a directory or s3://bucket/prefix "
+                                              "(default ~/.gpuplan/checkpoints/<job name>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint in the directory."),
     use_ray: bool = typer.Option(False, "--ray/--no-ray", help="Run through a local Ray started on demand "
                                  "(Ray Train, like a cluster) instead of bare in this process (the default: "
                                  "one local device needs no Ray and starts in seconds)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Run a job on this machine: the local GPU, else the CPU; checkpoints in a local directory.
+    """Run a job on this machine: the local GPU, else the CPU; checkpoints in a local directory or on S3.
 
     The model is a preset, {config: path/to/config.json} (random init), or a folder written by
     save_pretrained (training starts from its weights); paths are relative to the spec file.
@@ -50,12 +51,14 @@ def run_command(
       gpuplan run examples/tiny-train.yaml --resume --ray
 
       gpuplan run examples/tiny-infer.yaml --checkpoint-dir /tmp/answers
+
+      gpuplan run examples/tiny-train.yaml --checkpoint-dir s3://my-bucket/runs/tiny --resume
     """
     from commands.specfile import load_spec
     from workers.runner import run_local
 
     spec = load_spec(spec_path)
-    ckpt = Path(checkpoint_dir) if checkpoint_dir else None
+    ckpt = checkpoint_dir  # a string: s3://bucket/prefix through pathlib would become a folder named "s3:"
     home = Settings.from_env().home
     if as_json:
         run = run_local(spec, checkpoint_dir=ckpt, resume=resume, use_ray=use_ray, home=home)

@@ -41,3 +41,55 @@ def moto_s3(url: str) -> Any:
 
     return boto3.client("s3", endpoint_url=url, region_name=REGION, aws_access_key_id="testing",
                         aws_secret_access_key="testing")
+
+
+# The IAM action AWS checks for each S3 operation the product calls ("Actions, resources, and condition
+# keys for Amazon S3" in AWS's Service Authorization Reference). HeadBucket has no action of its own: it
+# is ListBucket on the bucket, with no s3:prefix in the request. An operation not listed keeps its name.
+S3_ACTIONS = {
+    "HeadBucket": "ListBucket", "ListObjectsV2": "ListBucket", "ListObjects": "ListBucket",
+    "HeadObject": "GetObject", "CreateMultipartUpload": "PutObject", "UploadPart": "PutObject",
+    "CompleteMultipartUpload": "PutObject", "ListParts": "ListMultipartUploadParts",
+    "DeleteObjects": "DeleteObject",
+}
+
+
+@contextmanager
+def as_policy_user(url: str, policy: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """From here on moto (at ``url``) enforces IAM, and every boto3 client made from the environment is an
+    IAM user holding exactly ``policy``; yields that user's keys. Enforcement is switched off on exit.
+
+    moto names the IAM action of an S3 request after its API operation (``s3:HeadBucket``,
+    ``s3:ListObjectsV2``, ``s3:UploadPart``), which AWS does not: for the duration, each operation is
+    authorized as the action AWS checks for it (``S3_ACTIONS``)."""
+    import json
+    import uuid
+
+    import boto3
+    import httpx
+    from moto.iam.access_control import S3IAMRequest
+
+    use_moto(monkeypatch, url)
+    iam = boto3.client("iam", endpoint_url=url, region_name=REGION, aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    user = f"gpuplan-node-{uuid.uuid4().hex[:8]}"
+    iam.create_user(UserName=user)
+    iam.put_user_policy(UserName=user, PolicyName="gpuplan", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    keys = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+    for name, value in keys.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # its credentials are cached from the first client made
+    check = S3IAMRequest.check_action_permitted
+
+    def check_as_aws(request: Any, resource: str) -> None:
+        service, _, operation = request._action.partition(":")
+        request._action = f"{service}:{S3_ACTIONS.get(operation, operation)}"
+        check(request, resource)
+
+    monkeypatch.setattr(S3IAMRequest, "check_action_permitted", check_as_aws)
+    httpx.post(f"{url}/moto-api/reset-auth", content=b"0").raise_for_status()  # enforce from the next request on
+    try:
+        yield keys
+    finally:
+        httpx.post(f"{url}/moto-api/reset-auth", content=b"inf").raise_for_status()

@@ -81,8 +81,9 @@ def _explain(exc: Exception, bucket: str) -> CheckpointError:
     if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
         return CheckpointError(
             f"access to S3 bucket {bucket!r} was denied ({code})",
-            hint="check the AWS credentials and that they allow s3:ListBucket, GetObject, PutObject and"
-            " DeleteObject on it",
+            hint="check the AWS credentials and that they allow s3:ListBucket on the bucket (no s3:prefix condition:"
+            " HeadBucket is authorized as ListBucket) and GetObject, PutObject, DeleteObject, AbortMultipartUpload"
+            " under the prefix (the policy in `gpuplan cluster config`'s header; `gpuplan cluster check` compares)",
         )
     if code in ("301", "PermanentRedirect", "AuthorizationHeaderMalformed"):
         return CheckpointError(

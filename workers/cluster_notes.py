@@ -9,27 +9,43 @@ from typing import Any
 from workers.cluster import AwsFacts, ClusterNeeds, ClusterOptions, backup_uri, efa_of, link_gbps
 from workers.cluster_secrets import secret_resources
 
+S3_OBJECT_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                     "s3:ListMultipartUploadParts")
+
 
 def iam_policy(opts: ClusterOptions, account: str = "ACCOUNT") -> dict[str, Any]:
     """The permissions the nodes' role needs: launch and tag workers (the head's autoscaler), hand
     them the same role (iam:PassRole, which Ray's default role lacks), and the checkpoint prefix."""
+    return {"Version": "2012-10-17",
+            "Statement": node_statements(opts, account) + s3_statements(opts.checkpoint_root)
+            + secret_statements(opts, account)}
+
+
+def node_statements(opts: ClusterOptions, account: str = "ACCOUNT") -> list[dict[str, Any]]:
+    """What the head's autoscaler calls: EC2 to launch and tag workers, PassRole to give them the role."""
     role = opts.instance_profile if not opts.instance_profile.startswith("arn:") else "ROLE"
-    statements: list[dict[str, Any]] = [
+    return [
         {"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:TerminateInstances", "ec2:StopInstances",
                                        "ec2:StartInstances", "ec2:CreateTags", "ec2:Describe*"], "Resource": "*"},
         {"Effect": "Allow", "Action": "iam:PassRole", "Resource": f"arn:aws:iam::{account}:role/{role}"},
     ]
-    if opts.checkpoint_root and opts.checkpoint_root.startswith("s3://"):
-        bucket, _, prefix = opts.checkpoint_root[len("s3://"):].partition("/")
-        prefix = prefix.strip("/")
-        objects = f"arn:aws:s3:::{bucket}/{prefix}/*" if prefix else f"arn:aws:s3:::{bucket}/*"
-        listing: dict[str, Any] = {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}
-        if prefix:
-            listing["Condition"] = {"StringLike": {"s3:prefix": [f"{prefix}/*", prefix]}}
-        statements += [listing, {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-                                 "Resource": objects}]
-    statements += secret_statements(opts, account)
-    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def s3_statements(root: str | None) -> list[dict[str, Any]]:
+    """What the checkpoint and outputs stores call under ``s3://bucket/prefix`` (none off S3).
+
+    ``s3:ListBucket`` holds on the whole bucket, with no ``s3:prefix`` condition: AWS authorizes
+    HeadBucket (every store's first call, and the server's start check) as ListBucket, and that
+    request carries no prefix, so a condition on it denies the store before it starts. Objects stay
+    confined to the prefix; AbortMultipartUpload lets a failed multipart upload (a shard over the part
+    size) be cleaned up instead of leaving billed parts behind."""
+    if not root or not root.startswith("s3://"):
+        return []
+    bucket, _, prefix = root[len("s3://"):].partition("/")
+    prefix = prefix.strip("/")
+    objects = f"arn:aws:s3:::{bucket}/{prefix}/*" if prefix else f"arn:aws:s3:::{bucket}/*"
+    return [{"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"},
+            {"Effect": "Allow", "Action": list(S3_OBJECT_ACTIONS), "Resource": objects}]
 
 
 def secret_statements(opts: ClusterOptions, account: str = "ACCOUNT") -> list[dict[str, Any]]:
@@ -44,6 +60,7 @@ def notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None = No
     """What the YAML's header says: where the values came from, what to set up once, what is missing."""
     profile = facts.instance_profile
     lines = [f"{key}: {value}" for key, value in sorted(facts.sources.items())]
+    lines += [f"{WARNING}{text}" for text in warnings(facts, needs)]
     lines += network_notes(opts, facts, needs)
     lines += [
         "",
@@ -83,6 +100,17 @@ def server_notes(opts: ClusterOptions) -> list[str]:
     else:
         data = "Teams, jobs and spend: SQLite on the head's disk only; `ray down` deletes them (give an S3 root)."
     return [token, data]
+
+
+WARNING = "Warning: "  # the header lines `gpuplan cluster config` also prints on stderr
+
+
+def warnings(facts: AwsFacts, needs: ClusterNeeds | None) -> list[str]:
+    """What works but costs more than the plan assumed: a checkpoint bucket in another region."""
+    if needs is None or not facts.bucket_region or facts.bucket_region == needs.region:
+        return []
+    return [f"the checkpoint bucket is in {facts.bucket_region}, the cluster in {needs.region}: every checkpoint "
+            f"crosses regions (slower saves and resumes, billed per GB); give a bucket in {needs.region}"]
 
 
 def network_notes(opts: ClusterOptions, facts: AwsFacts, needs: ClusterNeeds | None) -> list[str]:

@@ -3,8 +3,11 @@
 AWS (IMDSv2): ``PUT /latest/api/token`` with ``X-aws-ec2-metadata-token-ttl-seconds`` returns a session
 token; ``GET /latest/meta-data/spot/instance-action`` with ``X-aws-ec2-metadata-token`` answers 404
 until AWS decides to interrupt the instance, then ``{"action": "terminate", "time": "...Z"}``
-(about two minutes ahead). GCP: ``GET /computeMetadata/v1/instance/preempted`` with
-``Metadata-Flavor: Google`` answers ``FALSE`` or ``TRUE`` (about 30 s ahead).
+(about two minutes ahead). Before it, ``GET /latest/meta-data/events/recommendations/rebalance`` answers
+404 until AWS sees the instance at an elevated risk of interruption, then ``{"noticeTime": "...Z"}``: an
+early notice with no deadline (it may never be followed by an interruption).
+GCP: ``GET /computeMetadata/v1/instance/preempted`` with ``Metadata-Flavor: Google`` answers ``FALSE``
+or ``TRUE`` (about 30 s ahead).
 
 Each source's ``check()`` returns a :class:`SpotNotice` or None, and raises
 :class:`MetadataUnavailable` when the service cannot be reached or answers nonsense, so the caller
@@ -30,6 +33,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_METADATA_URL = "http://169.254.169.254"
 AWS_NOTICE_LEAD_S = 120.0  # AWS's documented warning time, used when the notice's time is unreadable
 GCP_NOTICE_LEAD_S = 30.0  # GCP's documented preemption warning
+# The provisional deadline of a rebalance recommendation, which has none: far enough that a run trains on
+# (its checkpoint now, not a just-in-time one), while the interruption notice, if one follows, brings the
+# real deadline (the watcher drains again; Ray Train takes the earlier one).
+EARLY_NOTICE_HORIZON_S = 6 * 3600.0
+REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
 TOKEN_TTL_S = 21600  # IMDSv2 maximum
 
 Clock = Callable[[], float]
@@ -43,8 +51,9 @@ class MetadataUnavailable(Exception):
 class SpotNotice:
     provider: str  # "aws" | "gcp"
     action: str  # aws: terminate | stop | hibernate; gcp: preempted
-    deadline: float  # unix seconds at which the instance goes away
+    deadline: float  # unix seconds at which the instance goes away (early: a provisional one)
     raw: str
+    early: bool = False  # a rebalance recommendation: checkpoint now, keep running, watch for the notice
 
 
 class NoticeSource(Protocol):
@@ -100,7 +109,15 @@ class AwsImdsSource(_MetadataClient):
         return self._token
 
     def check(self) -> SpotNotice | None:
-        path = "/latest/meta-data/spot/instance-action"
+        """The interruption notice; else the rebalance recommendation (an early notice); else None."""
+        found = self._get("/latest/meta-data/spot/instance-action")
+        if found is not None:
+            return self._parse(found)
+        found = self._get(REBALANCE_PATH)
+        return None if found is None else self._parse_rebalance(found)
+
+    def _get(self, path: str) -> str | None:
+        """The body at ``path``; None on 404 (nothing issued)."""
         resp = self._request("GET", path, headers={"X-aws-ec2-metadata-token": self._get_token()})
         if resp.status_code == 401:  # token expired or revoked: fetch a new one once
             self._token = None
@@ -109,7 +126,15 @@ class AwsImdsSource(_MetadataClient):
             return None
         if resp.status_code != 200:
             raise MetadataUnavailable(f"{self.base_url}{path} answered HTTP {resp.status_code}")
-        return self._parse(resp.text)
+        return resp.text
+
+    def _parse_rebalance(self, text: str) -> SpotNotice:
+        try:
+            issued = parse_aws_time(str(json.loads(text)["noticeTime"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("unreadable rebalance recommendation %r (%s); taking it as issued now", text, exc)
+            issued = self._clock()
+        return SpotNotice("aws", "rebalance", issued + EARLY_NOTICE_HORIZON_S, text, early=True)
 
     def _parse(self, text: str) -> SpotNotice:
         # A 200 here means an interruption is scheduled; an unreadable body still gets the node drained.

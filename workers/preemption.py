@@ -2,8 +2,11 @@
 
 Nothing in Ray reads the cloud's interruption notice. This watcher polls it (workers.imds) and, on
 a notice, asks the GCS to drain the node with ``DRAIN_NODE_REASON_PREEMPTION`` and the notice's
-deadline. Ray Train then sees the draining node, every rank gets ``ray.train.get_preemption_info()``
-and saves a just-in-time checkpoint before the node goes away.
+deadline. AWS's rebalance recommendation, an earlier warning without a deadline, drains it with a
+far provisional one (the ranks checkpoint at once and train on); the interruption notice, if one
+follows, drains it again with the real deadline (Ray Train takes the earliest). Ray Train then sees
+the draining node, every rank gets ``ray.train.get_preemption_info()`` and saves a just-in-time
+checkpoint before the node goes away.
 
 Run it on each node either as a lightweight actor pinned to the node (``start_watcher_actor``) or
 as a process (``python -m workers.preemption --gcs-address HOST:PORT --node-id HEX``).
@@ -115,17 +118,22 @@ class SpotWatcher:
         return notice
 
     def run(self, *, max_polls: int | None = None) -> SpotNotice | None:
-        """Poll until a notice has been acted on (returns it), ``stop()``, or ``max_polls`` rounds."""
+        """Poll until an interruption notice has been acted on (returns it), ``stop()``, or ``max_polls``
+        rounds. An early notice (AWS's rebalance recommendation) is acted on too (the ranks checkpoint
+        now and train on), and polling goes on for the interruption notice, which brings the deadline."""
         rounds = 0
         drain_failed = False
+        pending = False  # a notice not yet acted on
         while not self._stop.is_set() and (max_polls is None or rounds < max_polls):
             rounds += 1
-            if self.notice is None:
-                self.notice = self.poll_once()
-                if self.notice is not None:
-                    left = self.notice.deadline - self._clock()
-                    logger.warning("%s spot notice: %s in %.0f s", self.notice.provider, self.notice.action, left)
-            if self.notice is not None:
+            if self.notice is None or self.notice.early:
+                polled = self.poll_once()
+                if polled is not None and (self.notice is None or not polled.early):
+                    self.notice, pending = polled, True
+                    left = polled.deadline - self._clock()
+                    logger.warning("%s %s: %s in %.0f s", polled.provider, "early notice" if polled.early else
+                                   "spot notice", polled.action, left)
+            if pending and self.notice is not None:
                 try:
                     self.on_notice(self.notice)
                 except Exception as exc:  # the drain is retried every poll until the node is gone
@@ -133,10 +141,15 @@ class SpotWatcher:
                         logger.warning("draining after spot notice failed (%s); retrying", exc)
                     drain_failed = True
                 else:
-                    self.drained = True
-                    return self.notice
+                    self.drained, pending, drain_failed = True, False, False
+                    if not self.notice.early:
+                        return self.notice
             self._stop.wait(self.poll_interval_s)
         return None
+
+
+def _reason(notice: SpotNotice) -> str:
+    return "rebalance recommendation (early notice)" if notice.early else "spot preemption notice"
 
 
 class _WatcherActor:
@@ -151,7 +164,7 @@ class _WatcherActor:
         node_id = self.node_id
         self.watcher = SpotWatcher(
             make_source(provider, metadata_url),
-            lambda notice: drain_ray_node(gcs_address, node_id, notice.deadline),
+            lambda notice: drain_ray_node(gcs_address, node_id, notice.deadline, reason_message=_reason(notice)),
             poll_interval_s=poll_interval_s,
         )
         self.thread = threading.Thread(target=self.watcher.run, name="spot-watcher", daemon=True)
@@ -223,7 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise InvalidInput(f"--node-id must be 56 hex characters, got {args.node_id!r}")
         watcher = SpotWatcher(
             make_source(args.provider, args.metadata_url),
-            lambda notice: drain_ray_node(args.gcs_address, args.node_id, notice.deadline),
+            lambda notice: drain_ray_node(args.gcs_address, args.node_id, notice.deadline,
+                                          reason_message=_reason(notice)),
             poll_interval_s=args.interval,
         )
         notice = watcher.run(max_polls=args.max_polls)

@@ -250,7 +250,7 @@ class RunSummary(TypedDict):
 @dataclass
 class LocalRun:
     job_id: str
-    checkpoint_dir: Path
+    checkpoint_dir: str  # a resolved local directory, or s3://bucket/prefix
     plan: LocalPlan
     status: RunStatus
     wall_s: float
@@ -312,11 +312,11 @@ class LocalRun:
             "note": self.plan.note,
             "planner_inputs": self.plan.inputs,
             "task": self.plan.strategy.task,
-            "outputs": str(self.checkpoint_dir / "outputs.jsonl") if self.plan.strategy.task == "infer" else None,
+            "outputs": f"{self.checkpoint_dir}/outputs.jsonl" if self.plan.strategy.task == "infer" else None,
         }
 
 
-def run_local(spec: JobSpec, *, checkpoint_dir: Path | None = None, resume: bool = False, use_ray: bool = False,
+def run_local(spec: JobSpec, *, checkpoint_dir: str | Path | None = None, resume: bool = False, use_ray: bool = False,
               on_status: Callable[[RunStatus], None] | None = None, poll_s: float = 0.5,
               home: Path) -> LocalRun:
     """Run ``spec`` here to the end; ``on_status`` sees every poll (the CLI draws its progress bar)."""
@@ -324,7 +324,7 @@ def run_local(spec: JobSpec, *, checkpoint_dir: Path | None = None, resume: bool
 
     configure_allocator()  # before detecting the local GPU initialises CUDA in this process
     job_id = spec.name
-    ckpt = (checkpoint_dir or home / "checkpoints" / job_id).expanduser().resolve()
+    ckpt = checkpoint_location(checkpoint_dir, home / "checkpoints" / job_id)
     _check_resume(ckpt, resume)
     plan = plan_locally(spec, home=home)
     if spec.infer is not None and spec.infer.weights == "auto":  # the worker reads the spec: give it the plan's
@@ -361,12 +361,24 @@ def run_local(spec: JobSpec, *, checkpoint_dir: Path | None = None, resume: bool
     return run
 
 
-def _check_resume(ckpt: Path, resume: bool) -> None:
+def checkpoint_location(given: str | Path | None, default: Path) -> str:
+    """Where a local run's checkpoints go: ``s3://bucket/prefix`` as given (the worker's store reaches it,
+    as under the server's S3 checkpoint root), else the local directory, resolved (``s3:/x`` through
+    pathlib would be a folder named ``s3:``)."""
+    if given is not None and str(given).startswith("s3://"):
+        return str(given).rstrip("/")
+    if given is not None and "://" in str(given):
+        raise InvalidInput(f"--checkpoint-dir {given!r}: only local directories and s3://bucket/prefix are supported",
+                           path="checkpoint_dir", hint="give a directory, or s3://bucket/prefix")
+    return str(Path(given or default).expanduser().resolve())
+
+
+def _check_resume(ckpt: str, resume: bool) -> None:
     from workers.checkpoint import open_store
 
-    if not ckpt.exists():
+    if not ckpt.startswith("s3://") and not Path(ckpt).exists():
         return
-    latest = open_store(str(ckpt)).latest()
+    latest = open_store(ckpt).latest()  # on S3: a missing bucket or no credentials fail here, before the run
     if latest is not None and not resume:
         raise Conflict(f"{ckpt} already holds checkpoints of this job (newest: step {latest.step})",
                        hint="pass --resume to continue from it, or --checkpoint-dir DIR to start afresh elsewhere")

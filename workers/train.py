@@ -33,6 +33,7 @@ from workers.checkpoint_interval import ON_DEMAND_MTTP_H, IntervalPlanner, defau
 from workers.cuda_env import configure_allocator
 from workers.data import DataLayout, TokenSource, tokenizer_dir
 from workers.hooks import OomBackoffEvent, Signal, TrainHooks
+from workers.imds import AWS_NOTICE_LEAD_S
 from workers.model import resolve_model_source
 from workers.train_recovery import back_off, free_memory, resume_split, wait_for_teardown
 from workers.train_result import TrainResult, peak_memory
@@ -171,7 +172,7 @@ class _Run:
         self.loop_began = None
         self.loop_tokens, self.attempt_tokens = 0, 0
         self.last_report = time.perf_counter()
-        self.noticed, self.notice_logged = False, False
+        self.noticed, self.notice_logged, self.early_saved = False, False, False
         self.backoffs: list[dict[str, int]] = []
         self.network: tuple[str | None, float | None] | None = None  # NCCL's choice, read after the first step
 
@@ -380,6 +381,7 @@ class _Run:
                     self.notice_logged = True
                     self.log(f"step {self.step}: spot notice (node taken at {when} UTC); training on, the "
                              f"just-in-time checkpoint {reserve:.0f} s before")
+                self._checkpoint_early(signal.deadline, reserve)
                 return None
         self.noticed = True
         self._checkpoint(self.step, blocking=True)
@@ -390,6 +392,17 @@ class _Run:
                  "waiting to move")
         wait_for_teardown(signal.deadline)
         return None
+
+    def _checkpoint_early(self, deadline: float, reserve: float) -> None:
+        """An early notice (AWS's rebalance recommendation: a deadline further off than any interruption
+        notice gives) raises the odds of losing the node: checkpoint now, in the background, and train on."""
+        if self.early_saved:
+            return
+        early = deadline - time.time() > AWS_NOTICE_LEAD_S + reserve
+        if agree_flag(early, self.device, self.world):
+            self.early_saved = True
+            self._checkpoint(self.step)
+            self.log(f"step {self.step}: early notice; checkpoint now, training on")
 
     def _jit_reserve_s(self) -> float:
         """How long before a notice's deadline the just-in-time checkpoint starts (planner.cost's rule), from

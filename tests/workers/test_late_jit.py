@@ -69,6 +69,17 @@ def test_the_loop_trains_through_a_long_notice_and_checkpoints_when_the_reserve_
     assert len(teardowns) == 1
 
 
+def test_an_early_notice_checkpoints_now_and_trains_on(tmp_path: Path, teardowns: list[float]) -> None:
+    """AWS's rebalance recommendation (the watcher drains with a provisional deadline hours away): a checkpoint
+    at once, in the background, then training on; no just-in-time checkpoint, no idling."""
+    hooks = NoticeWithTimeLeft(at=3, left_s={3: 6 * 3600.0})
+    result = run_training(_job(tmp_path), hooks)
+    assert result.status == "succeeded" and result.steps == 10
+    assert [line.split(":")[0] for line in hooks.lines if "early notice; checkpoint now" in line] == ["step 3"]
+    assert any(line.startswith("step 3: checkpoint saved to") for line in hooks.lines), hooks.lines
+    assert not any("just-in-time checkpoint saved" in line for line in hooks.lines) and teardowns == []
+
+
 def test_a_notice_shorter_than_the_reserve_checkpoints_at_once(tmp_path: Path, teardowns: list[float]) -> None:
     hooks = NoticeWithTimeLeft(at=3, left_s={3: JIT_MARGIN_S / 2})
     run_training(_job(tmp_path), hooks)

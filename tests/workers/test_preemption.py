@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from catalog.errors import InvalidInput
-from workers.imds import AwsImdsSource, GcpMetadataSource, SpotNotice, parse_aws_time
+from workers.imds import EARLY_NOTICE_HORIZON_S, AwsImdsSource, GcpMetadataSource, SpotNotice, parse_aws_time
 from workers.preemption import SpotWatcher, drain_ray_node, start_watcher_actor
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +39,7 @@ class FakeMetadata:
     """State of the fake metadata service; tests flip it while the watcher polls."""
 
     aws_notice: str | None = None
+    rebalance: str | None = None  # the rebalance recommendation's body once AWS issued one
     notice_after_polls: int | None = None  # serve aws_notice only once this many polls were answered
     gcp_preempted: bool = False
     gcp_answer: str | None = None  # overrides TRUE/FALSE
@@ -84,6 +85,10 @@ def _handler(fake: FakeMetadata) -> type[BaseHTTPRequestHandler]:
                     ready = fake.notice_after_polls is None or fake.aws_polls > fake.notice_after_polls
                     notice = fake.aws_notice if ready else None
                 return self._send(404, "Not Found") if notice is None else self._send(200, notice)
+            if self.path == "/latest/meta-data/events/recommendations/rebalance":
+                if self.headers.get("X-aws-ec2-metadata-token") not in fake.tokens:
+                    return self._send(401)
+                return self._send(404, "Not Found") if fake.rebalance is None else self._send(200, fake.rebalance)
             if self.path == "/computeMetadata/v1/instance/preempted":
                 if self.headers.get("Metadata-Flavor") != "Google":
                     return self._send(403, "Missing Metadata-Flavor:Google header.")
@@ -126,6 +131,21 @@ def test_aws_notice_after_404s_drains_once(metadata: tuple[FakeMetadata, str]) -
     assert fake.token_requests == ["21600"], "one IMDSv2 token, reused"
     assert fake.unauthorized == 0
     assert watcher.drained
+
+
+def test_a_rebalance_recommendation_is_an_early_notice_and_the_interruption_drains_again(
+        metadata: tuple[FakeMetadata, str]) -> None:
+    fake, url = metadata
+    fake.rebalance = '{"noticeTime": "2026-11-30T11:50:00Z"}'
+    drained: list[SpotNotice] = []
+    watcher = SpotWatcher(AwsImdsSource(url), drained.append, poll_interval_s=0.01)
+    assert watcher.run(max_polls=5) is None, "an early notice does not end the watch"
+    assert [(n.action, n.early) for n in drained] == [("rebalance", True)]
+    assert drained[0].deadline == parse_aws_time("2026-11-30T11:50:00Z") + EARLY_NOTICE_HORIZON_S
+    fake.aws_notice = NOTICE  # the interruption follows: the real deadline, drained again
+    notice = watcher.run(max_polls=50)
+    assert notice is not None and not notice.early and drained == [drained[0], notice]
+    assert notice.deadline == parse_aws_time("2026-11-30T12:00:00Z")
 
 
 def test_aws_token_is_refreshed_when_rejected(metadata: tuple[FakeMetadata, str]) -> None:
