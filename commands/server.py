@@ -95,8 +95,9 @@ def server_command(
     from planner.calibration import load_calibration
 
     calibration = load_calibration(overlay=user_calibration())  # gpuplan calibrate's refit, if any
+    # one API process holds the executor: it refuses at submit a job the executor could never run
     service = make_service(db_url, checkpoint_root=root, admin_token=admin_token, catalog=catalog,
-                           calibration=calibration)
+                           calibration=calibration, feasibility=run.feasibility if run and count == 1 else None)
     if not admin_token:
         output.err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled",
                                  style="yellow")

@@ -29,6 +29,7 @@ from catalog.errors import Conflict, InvalidInput, LimitExceeded, NoFeasiblePlan
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
 from scheduler import ledger, logbook, queries, quota
+from scheduler.admission import Feasibility, refuse_unrunnable
 from scheduler.auth import ADMIN, Principal, TokenAuth, hash_token, require_admin, team_id_of
 from scheduler.models import (
     ApiTokenCreated,
@@ -102,6 +103,7 @@ class SchedulerService:
         plan_cache_size: int = 512,
         auth_cache_s: float = 2.0,
         job_ids: Callable[[], str] | None = None,
+        feasibility: Feasibility | None = None,
     ) -> None:
         self.store = store
         self.planner = planner
@@ -109,6 +111,8 @@ class SchedulerService:
         # injected like the clock: a test that replays steps (Hypothesis) needs the same ids each time,
         # since jobs submitted at one instant start in id order
         self.job_ids = job_ids or _random_job_id
+        # the executor's own check, asked at submit (scheduler.admission); None: no executor here to ask
+        self.feasibility = feasibility
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.max_attempts = max_attempts
         self._plans: OrderedDict[str, Plan] = OrderedDict()
@@ -210,6 +214,7 @@ class SchedulerService:
         # Everything that needs no lock is prepared first; the write transaction is a few Core
         # statements so the team lock (or SQLite's write lock) is held as briefly as possible.
         plan = self.plan(job_spec)
+        refuse_unrunnable(self.feasibility, job_spec, plan)
         job = self._new_job(team_id, job_spec, digest, plan, body)
         moves = self._submit_moves(job, plan, principal)
         try:

@@ -24,6 +24,7 @@ from catalog.loader import Catalog, load_catalog
 from planner.calibration import Calibration, CostCalibration, load_calibration
 from planner.spec import JobSpec
 from planner.types import Plan
+from scheduler.admission import Feasibility
 from scheduler.api.app import create_app
 from scheduler.loop import Scheduler
 from scheduler.placement import MarketChooser, ObservedZones, SpotChooser, market_chooser
@@ -154,14 +155,16 @@ def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: 
 def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token: str | None = None,
                  planner: Planner | None = None, catalog: Catalog | None = None,
                  clock: Clock = utcnow, migrate: bool = True,
-                 calibration: Calibration | None = None) -> SchedulerService:
-    """``calibration``: the planner's constants when no ``planner`` is given (None: the shipped ones)."""
+                 calibration: Calibration | None = None, feasibility: Feasibility | None = None) -> SchedulerService:
+    """``calibration``: the planner's constants when no ``planner`` is given (None: the shipped ones).
+    ``feasibility``: the executor's (``Executor.feasibility``), asked at submit so a job it could never run is
+    refused then (scheduler.admission); None where no executor runs here."""
     store = Store(database_url)
     if migrate:
         store.migrate()
     catalog = catalog if catalog is not None else load_catalog()
     return SchedulerService(store, planner or catalog_planner(catalog, calibration), clock=clock,
-                            checkpoint_root=str(checkpoint_root), admin_token=admin_token)
+                            checkpoint_root=str(checkpoint_root), admin_token=admin_token, feasibility=feasibility)
 
 
 def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: float = 1.0,
