@@ -21,3 +21,18 @@ def money(usd: float) -> str:
         cents = usd * 100
         return f"{cents:.2g}¢" if cents < 1 else f"{cents:.0f}¢"
     return f"${usd:,.2f}" if usd < 100 else f"${usd:,.0f}"
+
+
+def progress(p: object) -> str:
+    """A running job's progress (scheduler.models.JobProgress) in one line: step, %, tokens/s, loss, ETA."""
+    step, total = getattr(p, "step", 0), getattr(p, "total_steps", 0)
+    percent, rate = getattr(p, "percent", None), getattr(p, "tokens_per_s", None)
+    loss, eta = getattr(p, "loss", None), getattr(p, "eta_s", None)
+    parts = [f"step {step}/{total}" + (f" ({percent:.0f}%)" if percent is not None else "")]
+    if rate:
+        parts.append(f"{rate:,.0f} tokens/s")
+    if loss is not None:
+        parts.append(f"loss {loss:.4f}")
+    if eta is not None:
+        parts.append(f"ETA {duration(eta / 3600)}")
+    return ", ".join(parts)

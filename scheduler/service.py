@@ -28,7 +28,7 @@ from sqlmodel import Session, col, select
 from catalog.errors import Conflict, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
-from scheduler import ledger, logbook, queries, quota
+from scheduler import job_progress, ledger, logbook, queries, quota
 from scheduler.admission import Feasibility, refuse_unrunnable
 from scheduler.auth import ADMIN, Principal, TokenAuth, hash_token, require_admin, team_id_of
 from scheduler.models import (
@@ -59,7 +59,7 @@ Clock = Callable[[], datetime]
 Planner = Callable[[JobSpec], Plan]
 
 
-_PUBLIC_FIELDS = tuple(name for name in JobPublic.model_fields if name != "spent_usd")
+_PUBLIC_FIELDS = tuple(name for name in JobPublic.model_fields if name not in ("spent_usd", "progress"))
 
 
 def utcnow() -> datetime:
@@ -349,8 +349,9 @@ class SchedulerService:
                 raise NotFound(f"job {job_id!r} not found", hint="list your jobs with `gpuplan list`")
             attempts = session.execute(attempts_stmt, {"job_id": job_id}).mappings().all()
             events = session.execute(events_stmt, {"job_id": job_id}).mappings().all()
+            progress = job_progress.latest(session, [row]).get(job_id)
         return JobDetail.model_validate(dict(row) | {"attempt_list": [dict(a) for a in attempts],
-                                                     "events": [dict(e) for e in events]})
+                                                     "events": [dict(e) for e in events], "progress": progress})
 
     def list_jobs(self, principal: Principal, *, state: str | None = None, limit: int = 50,
                   offset: int = 0) -> list[JobPublic]:
@@ -364,7 +365,8 @@ class SchedulerService:
             stmt = self._list_stmt[state is not None]
             params: dict[str, Any] = {"team_id": team_id, "state": state, "limit": limit, "offset": offset}
             rows = session.execute(stmt, params).mappings().all()
-            return [JobPublic.model_validate(dict(row)) for row in rows]
+            progress = job_progress.latest(session, rows)
+            return [JobPublic.model_validate(dict(row) | {"progress": progress.get(row["id"])}) for row in rows]
 
     def cancel(self, principal: Principal, job_id: str, reason: str = "") -> JobPublic:
         """Mark the job cancelled; the loop stops a live attempt and charges it up to now."""
