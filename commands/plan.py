@@ -11,7 +11,18 @@ from rich.text import Text
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from commands import output
-from commands.output import JSON_OPTION, Col, gib, handle_errors, print_json, print_table, styled, to_jsonable, warn
+from commands.output import (
+    JSON_OPTION,
+    Col,
+    gib,
+    handle_errors,
+    print_json,
+    print_table,
+    styled,
+    to_jsonable,
+    usd,
+    warn,
+)
 from commands.settings import Settings
 from planner.decoder import moe_decode_phrase
 from planner.throughput import inference_split
@@ -219,7 +230,7 @@ def _print_cost_and_deadline(hours: float, priced: dict[str, Any] | None, deadli
     if priced is None:
         line = "cost: no offer of this placement in the spec's clouds and regions"
     else:
-        line = (f"cost: {money(priced['usd'])} for {duration(hours)} at {money(priced['usd_per_h'])}/h "
+        line = (f"cost: {money(priced['usd'])} for {duration(hours)} at {usd(priced['usd_per_h'])}/h "
                 f"({priced['offer']}, {priced['market']})")
     output.console.print(line, highlight=False)
     if deadline is not None and hours > deadline:
