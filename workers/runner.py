@@ -1,7 +1,8 @@
 """The embedded default behind ``gpuplan run``: one job on this machine, nothing to start by hand.
 
-The strategy comes from the planner for the local GPU (``catalog.local``), or from the spec itself
-on a CPU-only machine (fp32, no sharding). The job runs either bare in this process
+The strategy is the planner's best among this machine's own $0/h placements, its GPUs and its CPU
+(``catalog.local_cpu.with_this_machine``: the universe ``gpuplan plan`` and ``submit`` choose from).
+The job runs either bare in this process
 (``InProcessExecutor``: the default for one local device, no Ray start-up cost) or through a
 local Ray started on demand (``RayExecutor``), with checkpoints in a local directory.
 """
