@@ -126,16 +126,26 @@ def ray_storage_for(checkpoint_root: str) -> str | None:
 
 
 def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: str | None = None,
-                  ray_cluster_config: str | None = None) -> Executor | None:
+                  ray_cluster_config: str | None = None, local_gpus: tuple[str, int] | None = None) -> Executor | None:
     """The executor ``gpuplan server --executor KIND`` runs. Only for ``ray``: ``ray_namespace`` (None:
     RayExecutor's default, ``gpuplan``), ``storage_path`` (Ray Train's; None: a local default) and
     ``ray_cluster_config`` (the autoscaler's YAML: its node types count as capacity, and pin the
-    (GPU, market, zone) each run asks for)."""
+    (GPU, market, zone) each run asks for). Only for ``inprocess``: ``local_gpus``, this machine's (catalog
+    GPU id, count), which it then runs plans for besides the CPU's."""
     if kind == "inprocess":
+        import os
+
         from catalog.local_cpu import training_threads
         from workers.inprocess import InProcessExecutor
+        from workers.placement import ACCELERATOR_PREFIX
 
-        return InProcessExecutor(cpu_threads=training_threads())  # the threads the CPU probe measured
+        threads = training_threads()  # the threads the CPU probe measured
+        if local_gpus is None:
+            return InProcessExecutor(cpu_threads=threads)
+        # this machine's GPUs (catalog id, count), which the server's catalog offers at $0/h: it runs plans for them
+        gpu, count = local_gpus
+        return InProcessExecutor(device="cuda", cpu_threads=threads, resources={
+            "CPU": float(os.cpu_count() or 1), "GPU": float(count), ACCELERATOR_PREFIX + gpu: float(count)})
     if kind == "ray":
         from workers.ray_executor import RayExecutor, autoscaler_node_types
 

@@ -39,3 +39,31 @@ def test_an_in_process_server_refuses_a_cloud_plan_at_submit_and_queues_a_local_
     tiny = load_spec(EXAMPLES / "tiny-train.yaml").model_dump(mode="json")
     job = svc.submit(me, JobCreate(spec=tiny))
     assert (job.state, job.gpu, job.market) == ("queued", "cpu", "local")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_an_in_process_server_on_a_gpu_machine_runs_the_plans_for_its_gpu_and_its_cpu(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from catalog.local import LocalDevice
+    from planner.types import Strategy
+    from scheduler.api.server import make_executor
+    from workers.executor import RunRequest
+
+    l4 = LocalDevice(name="NVIDIA L4", count=1, memory_bytes=23_580_639_232, backend="cuda")
+    monkeypatch.setattr(catalog.local, "detect_local_device", lambda: l4)
+    executor = make_executor("inprocess", local_gpus=("L4", 1))
+    assert isinstance(executor, InProcessExecutor)
+    svc = make_service(db_url, checkpoint_root=str(tmp_path / "ckpt"), planner=machine_planner(tmp_path),
+                       feasibility=executor.feasibility)
+    svc.create_team(ADMIN, TeamCreate(name="ml", budget_usd=10_000, gpu_quota=64))
+    me = svc.authenticate(svc.create_token(ADMIN, "ml").token)
+    tiny = load_spec(EXAMPLES / "tiny-train.yaml")
+    job = svc.submit(me, JobCreate(spec=tiny.model_dump(mode="json")))
+    assert (job.state, job.gpu, job.market) == ("queued", "L4", "local")  # the local GPU beats the CPU, both free
+
+    def request(gpu: str) -> RunRequest:
+        return RunRequest(job_id="j", attempt=1, spec=tiny, strategy=Strategy(gpu=gpu, gpu_count=1),
+                          checkpoint_uri="", run_name="j")
+
+    assert executor._device_for(request("L4")) == "cuda" and executor._device_for(request("cpu")) == "cpu"
+    assert "no node has accelerator_type:H100" in (executor.feasibility(request("H100-SXM")) or "")
