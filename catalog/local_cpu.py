@@ -17,12 +17,13 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
 
 from catalog.loader import Catalog
-from catalog.local import LOCAL_CLOUD
+from catalog.local import LOCAL_CLOUD, LocalDevice
 from catalog.schema import GpuSpec, Interconnect, Offer, Source
 
 CPU_ID = "cpu"
@@ -218,14 +219,27 @@ def local_cpu(home: Path, *, today: date, probe: CpuProbe | None = None) -> tupl
     return spec, cpu_offer(spec, probe, today=today)
 
 
-def with_this_machine(catalog: Catalog, home: Path, *, today: date, probe: CpuProbe | None = None) -> Catalog:
+def with_this_machine(catalog: Catalog, home: Path, *, today: date, probe: CpuProbe | None = None,
+                      detect: Callable[[], LocalDevice | None] | None = None) -> Catalog:
     """``catalog`` plus the placements of the machine it runs on, all at $0/h: its GPUs (when the
-    catalog knows them) and its CPU. A catalog that already names a ``cpu`` part keeps its own."""
+    catalog knows them) and its CPU. A catalog that already names a ``cpu`` part keeps its own.
+
+    The one placement universe of a machine: ``plan``, ``estimate``, ``report dry-run``, ``submit``
+    (in-process and on ``gpuplan server``) and ``run`` all plan over it, so one spec gets one placement.
+    ``detect``: the local-accelerator probe (default :func:`catalog.local.detect_local_device`)."""
     from catalog.local import detect_local_device, local_offer
 
-    gpu_offer = local_offer(catalog, detect_local_device(), today=today)
+    device = (detect or detect_local_device)()
+    gpu_offer = local_offer(catalog, device, today=today)
     extended = catalog.with_offers([gpu_offer]) if gpu_offer is not None else catalog
     if extended.has_gpu(CPU_ID):
         return extended
     spec, offer = local_cpu(home, today=today, probe=probe)
     return extended.with_gpus([spec], [offer])
+
+
+def local_offers(catalog: Catalog) -> Catalog:
+    """Only the machine's own ($0/h, cloud ``local``) offers of a :func:`with_this_machine` catalog:
+    what ``gpuplan run`` and the in-process executor can run."""
+    return Catalog(gpus=catalog.gpus, offers=tuple(o for o in catalog.offers if o.cloud == LOCAL_CLOUD),
+                   models=catalog.models, support=catalog.support)

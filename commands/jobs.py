@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from catalog.errors import InvalidInput
-from commands import output
+from commands import human, output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, styled, usd
 from commands.settings import Settings
@@ -91,8 +91,8 @@ def submit_command(
                                     "--key to submit it anew)"), highlight=False)
         return
     output.console.print(styled(("queued", "bold green"), f" {job.id} ({job.name}): {job.gpus}x{job.gpu} "
-                                f"{job.market} at {usd(job.usd_per_h)}/h, estimated {usd(job.estimated_usd)} over "
-                                f"{job.estimated_hours:,.2f} h"), highlight=False)
+                                f"{job.market} at {usd(job.usd_per_h)}/h, estimated {human.money(job.estimated_usd)} "
+                                f"over {human.duration(job.estimated_hours)}"), highlight=False)
     if job.message:  # why it waits for the team's GPU quota
         output.console.print(job.message, highlight=False)
 
@@ -110,6 +110,8 @@ def status_command(job_id: str = typer.Argument(..., help="Job id (see `gpuplan 
         print_json(job)
         return
     _jobs_table([job], f"job {job.id}")
+    if job.progress is not None:
+        output.console.print(f"progress: {human.progress(job.progress)}", highlight=False)
     if job.message:
         output.console.print(job.message, highlight=False)
     for warning in job.warnings:  # e.g. NCCL over sockets where the plan priced EFA
@@ -195,6 +197,8 @@ def list_command(state: str | None = typer.Option(None, "--state", help="Only jo
         print_json(jobs)
         return
     _jobs_table(jobs, f"{len(jobs)} job(s)")
-    for job in jobs:  # why a queued job has not started (the team's GPU quota)
+    for job in jobs:  # why a queued job has not started (the team's GPU quota); how far a running one is
         if job.state == "queued" and job.message:
             output.console.print(f"{job.id} {job.message}", highlight=False)
+        elif job.progress is not None:
+            output.console.print(f"{job.id} {human.progress(job.progress)}", highlight=False)

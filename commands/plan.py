@@ -11,7 +11,18 @@ from rich.text import Text
 
 from catalog.errors import InvalidInput, NoFeasiblePlan
 from commands import output
-from commands.output import JSON_OPTION, Col, gib, handle_errors, print_json, print_table, styled, to_jsonable, warn
+from commands.output import (
+    JSON_OPTION,
+    Col,
+    gib,
+    handle_errors,
+    print_json,
+    print_table,
+    styled,
+    to_jsonable,
+    usd,
+    warn,
+)
 from commands.settings import Settings
 from planner.decoder import moe_decode_phrase
 from planner.throughput import inference_split
@@ -19,15 +30,24 @@ from planner.throughput import inference_split
 app = typer.Typer()  # plan and estimate: top-level commands
 
 
-def load_planning_inputs(spec_path: str) -> tuple[Any, Any, Any, Any]:
-    """(spec, catalog, model, calibration) for the commands that plan (plan, estimate, cluster, report)."""
+def load_planning_inputs(spec_path: str, *, this_machine: bool = True) -> tuple[Any, Any, Any, Any]:
+    """(spec, catalog, model, calibration) for the commands that plan (plan, estimate, cluster, report).
+
+    ``this_machine``: the catalog holds this machine's GPUs and CPU at $0/h, as ``submit`` and ``run``
+    plan with (catalog.local_cpu.with_this_machine), so one spec gets one placement everywhere; a
+    cluster config plans the cloud offers only."""
+    from datetime import date
+
     from catalog.loader import load_catalog, resolve_model
+    from catalog.local_cpu import with_this_machine
     from commands.specfile import load_spec
     from planner.calibration import load_calibration
     from planner.spec import ModelRef
 
     spec = load_spec(spec_path)
     catalog = load_catalog()
+    if this_machine:
+        catalog = with_this_machine(catalog, Settings.from_env().home, today=date.today())
     model = resolve_model(catalog, spec.model.config if isinstance(spec.model, ModelRef) else spec.model)
     return spec, catalog, model, load_calibration(overlay=user_calibration())
 
@@ -113,6 +133,8 @@ def _print_plan_table(result: Any, objective: str, top: int, *, deadline: float 
 
 
 def _chosen_line(chosen: Any) -> str:
+    from commands.human import duration, money
+
     e = chosen.estimate
     extra = ""
     if chosen.cost.market == "spot" and chosen.cost.checkpoint_interval_h:
@@ -121,7 +143,7 @@ def _chosen_line(chosen: Any) -> str:
         extra += f", {chosen.cost.deadline_probability:.0%} chance to meet the deadline"
     extra += moe_decode_phrase(e.throughput.decoder, e.throughput.moe_kernel)
     return (f"{e.strategy.label()} on {chosen.offer.cloud} {chosen.offer.instance_type} ({chosen.offer.region}, "
-            f"{chosen.cost.market}): {chosen.cost.hours:,.1f} h, ${chosen.cost.usd:,.0f}, needs "
+            f"{chosen.cost.market}): {duration(chosen.cost.hours)}, {money(chosen.cost.usd)}, needs "
             f"{gib(e.memory.required_bytes)} of {gib(e.memory.limit_bytes)} GiB "
             f"({gib(e.memory.usable_bytes)} GiB usable less {e.memory.headroom:.0%} headroom){extra}")
 
@@ -133,11 +155,15 @@ DOES_NOT_FIT_EXIT = NoFeasiblePlan.exit_code  # `estimate` when the placement do
 @handle_errors
 def estimate_command(
     spec: str = typer.Argument(..., help="Job spec, YAML or JSON."),
-    gpu: str = typer.Option(..., "--gpu", help="GPU id or alias, e.g. H200, H100, A100-80GB."),
-    count: int = typer.Option(1, "--count", min=1, help="Number of GPUs."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU id or alias, e.g. H200, H100, A100-80GB, or cpu (this "
+                                   "machine's CPU); default: the placement `gpuplan plan` chooses."),
+    count: int | None = typer.Option(None, "--count", min=1, help="Number of GPUs (default: 1, or the plan's)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Memory, throughput and time of the job on a pinned placement ('auto' fields resolved).
+    """Memory, throughput, time and cost of the job on a pinned placement ('auto' fields resolved).
+
+    The cost is the cheapest offer of that placement in the spec's clouds (this machine's own GPUs and
+    CPU at $0); a spec with a deadline is told when the hours miss it.
 
     Exit codes: 0 it fits; 3 it does not fit in memory (the least memory-hungry strategy is shown, with
     how much it needs, and no time: it would not run; in --json "hours" is null); 2 a bad spec or option.
@@ -154,19 +180,66 @@ def estimate_command(
 
       gpuplan estimate examples/llama3-8b-sft.yaml --gpu H100 --count 8
     """
-    from planner.search import estimate
+    from planner.search import estimate, plan
 
     job, catalog, model, calibration = load_planning_inputs(spec)
-    result = estimate(job, catalog, gpu, count, model=model, calibration=calibration)
+    if gpu is None:  # the plan's own placement: estimate and plan agree on where the job runs
+        best = plan(job, catalog, calibration=calibration, model=model).chosen
+        assert best is not None  # plan() raises NoFeasiblePlan rather than choose nothing
+        strategy = best.estimate.strategy
+        gpu, count = strategy.gpu, count or strategy.gpu_count
+    result = estimate(job, catalog, gpu, count or 1, model=model, calibration=calibration)
     fits = result.memory.fits
+    priced = _priced(job, catalog, model, calibration, result) if fits else None
+    deadline = job.resources.deadline
+    meets = None if deadline is None or not fits else result.hours <= deadline
+    extra = {"deadline_h": deadline, "meets_deadline": meets, "cost": priced}
     if as_json:
-        print_json(result if fits else {**to_jsonable(result), "hours": None})
+        print_json({**to_jsonable(result), **({} if fits else {"hours": None}), **extra})
     else:
         _print_estimate(result, calibration.memory.pressure_slack)
+        if fits:
+            _print_cost_and_deadline(result.hours, priced, deadline)
     for warning in result.warnings:
         warn(warning)
     if not fits:
         raise typer.Exit(DOES_NOT_FIT_EXIT)
+
+
+def _priced(job: Any, catalog: Any, model: Any, calibration: Any, result: Any) -> dict[str, Any] | None:
+    """The cheapest offer of the estimate's placement in the spec's clouds and regions, deadline and budget
+    aside, priced for the estimate's hours: {usd, usd_per_h, market, offer}; None where nothing offers it."""
+    from planner.search import plan
+
+    s = result.strategy
+    pinned = job.model_copy(update={"resources": job.resources.model_copy(update={
+        "accelerators": [f"{s.gpu}:{s.gpu_count}"], "deadline": None, "budget_usd": None})})
+    try:
+        chosen = plan(pinned, catalog, calibration=calibration, model=model).chosen
+    except NoFeasiblePlan:
+        return None
+    assert chosen is not None
+    o, rate = chosen.offer, chosen.cost.usd_per_h
+    return {"usd": result.hours * rate, "usd_per_h": rate, "market": chosen.cost.market,
+            "offer": f"{o.cloud} {o.instance_type} {o.region}"}
+
+
+def _print_cost_and_deadline(hours: float, priced: dict[str, Any] | None, deadline: float | None) -> None:
+    from commands.human import duration, money
+
+    if priced is None:
+        line = "cost: no offer of this placement in the spec's clouds and regions"
+    else:
+        line = (f"cost: {money(priced['usd'])} for {duration(hours)} at {usd(priced['usd_per_h'])}/h "
+                f"({priced['offer']}, {priced['market']})")
+    output.console.print(line, highlight=False)
+    if deadline is not None and hours > deadline:
+        output.console.print(styled(("misses the deadline:", "bold red"), f" {duration(hours)} > the spec's "
+                                    f"{duration(deadline)}; `gpuplan plan` searches placements that meet it"),
+                             highlight=False)
+    elif deadline is not None:
+        output.console.print(f"meets the deadline: {duration(hours)} of the spec's {duration(deadline)}",
+                             highlight=False)
 
 
 # Components whose name alone does not say why they are there.
@@ -180,6 +253,8 @@ _OUTSIDE_ALLOCATOR = ("allocator_cache", "cuda_context", "nccl")
 
 
 def _print_estimate(result: Any, slack: float) -> None:
+    from commands.human import duration
+
     mem, thr = result.memory, result.throughput
     verdict = ("fits", "green") if mem.fits else ("does not fit", "bold red")
     output.console.print(styled((result.strategy.label(), "bold"), ": ", verdict,
@@ -225,7 +300,7 @@ def _print_estimate(result: Any, slack: float) -> None:
         how += moe_decode_phrase(thr.decoder, thr.moe_kernel) + ")"
     start = f", its start included: {result.start_s:,.0f} s" if result.start_s else ""
     start += f", {thr.warmup_s:,.0f} s of it the capture" if thr.warmup_s else ""
-    output.console.print(f"{line}; {result.hours:,.1f} h for the job{how}{start}", highlight=False)
+    output.console.print(f"{line}; {duration(result.hours)} for the job{how}{start}", highlight=False)
     split = inference_split(thr.model_dump(mode="json"), result.strategy.model_dump(mode="json"))
     if split["prefill_s"] is not None and split["decode_step_s"] is not None:
         # the same two numbers a run logs and `gpuplan report accuracy` compares (workers/decode.DecodeTiming)
@@ -261,7 +336,7 @@ def _plan_from_file(path: str) -> Any:
                 raise InvalidInput(f"not a gpuplan plan: {exc}", path=path) from None
     from planner.search import plan
 
-    job, catalog, model, calibration = load_planning_inputs(path)
+    job, catalog, model, calibration = load_planning_inputs(path, this_machine=False)
     return plan(job, catalog, calibration=calibration, model=model)
 
 

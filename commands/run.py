@@ -38,9 +38,9 @@ def run_command(
     save_pretrained (training starts from its weights); paths are relative to the spec file.
     Training data is synthetic, or train.data: token ids (.npy/.bin) or JSONL text/chat with
     train.tokenizer. task: infer reads infer.prompts (JSONL) and appends to <checkpoint-dir>/outputs.jsonl;
-    a rerun skips the prompts already answered. The local GPU's strategy comes from the planner; on
-    a CPU-only machine the run is fp32 on one worker. Ctrl-C cancels (the last checkpoint stays;
-    --resume continues from it). `gpuplan export` takes the trained model out.
+    a rerun skips the prompts already answered. The strategy is the planner's best among this machine's
+    own placements (`gpuplan plan` shows them as cloud 'local'; the CPU in fp32). Ctrl-C cancels (the
+    last checkpoint stays; --resume continues from it). `gpuplan export` takes the trained model out.
 
     Examples:
 

@@ -78,25 +78,31 @@ def server_command(
         from workers.checkpoint import open_store
 
         open_store(root)
-    run = make_executor(executor, ray_namespace=namespace, storage_path=ray_storage_for(root),
-                        ray_cluster_config=ray_cluster_config)
-    zones = spot_zones_of(ray_cluster_config) if executor == "ray" else ()
     catalog = load_catalog()
     if ray_cluster_config:  # the cluster's link speeds (EFA or one TCP interface) replace the catalog's
         from workers.cluster_net import with_link_speeds
 
         catalog = with_link_speeds(catalog, ray_cluster_config)
+    local_gpus = None
     if executor != "none":  # this machine's GPUs, if any, and its CPU as $0/h placements the planner may pick
         from datetime import date
 
-        from catalog.local_cpu import with_this_machine
+        from catalog.local import LOCAL_CLOUD
+        from catalog.local_cpu import CPU_ID, with_this_machine
 
         catalog = with_this_machine(catalog, home, today=date.today())
+        # the in-process executor runs on them too: what the plan picks here, it can run
+        local_gpus = next(((o.gpu, o.gpu_count) for o in catalog.offers if o.cloud == LOCAL_CLOUD and o.gpu != CPU_ID),
+                          None)
+    run = make_executor(executor, ray_namespace=namespace, storage_path=ray_storage_for(root),
+                        ray_cluster_config=ray_cluster_config, local_gpus=local_gpus)
+    zones = spot_zones_of(ray_cluster_config) if executor == "ray" else ()
     from planner.calibration import load_calibration
 
     calibration = load_calibration(overlay=user_calibration())  # gpuplan calibrate's refit, if any
+    # one API process holds the executor: it refuses at submit a job the executor could never run
     service = make_service(db_url, checkpoint_root=root, admin_token=admin_token, catalog=catalog,
-                           calibration=calibration)
+                           calibration=calibration, feasibility=run.feasibility if run and count == 1 else None)
     if not admin_token:
         output.err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled",
                                  style="yellow")

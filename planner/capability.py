@@ -52,13 +52,16 @@ def weights_problem(gpu: GpuSpec, weights: str) -> str | None:
 
 
 def auto_weights(gpu: GpuSpec) -> list[str]:
-    """Inference weight dtypes for weights: auto, most accurate first (int4 only when pinned)."""
+    """Inference weight dtypes for weights: auto, most accurate first (int4 only when pinned).
+
+    A part without 16-bit compute (this machine's CPU) serves fp32 weights: what the workers load there,
+    since bf16 matmuls on a CPU are emulated and slower than fp32."""
     ladder = ["bf16"] if has(gpu, "bf16") else (["fp16"] if has(gpu, "fp16") else [])
     if has(gpu, "fp8"):
         ladder.append("fp8")
     if has(gpu, "bf16") or has(gpu, "fp16"):
         ladder.append("int8")
-    return ladder or ["bf16"]
+    return ladder or ["fp32"]
 
 
 def multi_gpu_problem(gpu: GpuSpec, count: int) -> str | None:

@@ -83,13 +83,13 @@ def stored_bytes_per_param(model: ModelConfig, weights: str) -> float:
 def resident_weight_bytes(model: ModelConfig, pc: ParamCount, weights: str) -> float:
     """Bytes the model's weights occupy on the GPUs (all tensor-parallel ranks together). 'mxfp4': the
     checkpoint as published, its experts at the stored bits and everything else bf16; otherwise the decoder's
-    linear layers at ``weights`` (torchao) and the rest (embeddings, norms, biases) bf16."""
+    linear layers at ``weights`` (torchao) and the rest (embeddings, norms, biases) bf16, or fp32 with fp32 weights."""
     if weights == "mxfp4":
         experts = expert_weight_params(model)
         return experts * stored_bytes_per_param(model, weights) + (pc.total - experts) * 2
     linear = torchao_linear_params(model, pc)
     other = pc.total - linear
-    return linear * WEIGHT_BYTES[weights] + other * 2
+    return linear * WEIGHT_BYTES[weights] + other * (4 if weights == "fp32" else 2)  # fp32 (a CPU): all of it
 
 
 def torchao_linear_params(model: ModelConfig, pc: ParamCount) -> float:

@@ -502,7 +502,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         weight_bytes = ((read - experts) * 2 + experts * stored_bytes_per_param(model, "mxfp4") + lm * 2) / tp
     else:
         wb = WEIGHT_BYTES[strategy.weights]
-        weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * 2) / tp
+        weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * (4 if strategy.weights == "fp32" else 2)) / tp
         if gathered:  # the routed experts are the gathers' bytes, not read once each
             weight_bytes -= decode_expert_weight_params(model, b) * wb / tp
         elif graph and kernel == "grouped_mm":

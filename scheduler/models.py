@@ -222,6 +222,17 @@ class Job(JobBase, table=True):
     finished_at: datetime | None = _ts(nullable=True)
 
 
+class JobProgress(SQLModel):
+    """A running job's newest reported step (scheduler.job_progress): what `status` and `list` show."""
+
+    step: int
+    total_steps: int
+    percent: float | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = Field(default=None, description="steady-state rate the workers measured")
+    eta_s: float | None = Field(default=None, description="seconds left at that rate (train.tokens to go)")
+
+
 class JobPublic(JobBase):
     id: str
     team_id: int
@@ -242,6 +253,7 @@ class JobPublic(JobBase):
     started_at: datetime | None
     finished_at: datetime | None
     spent_usd: float = 0.0
+    progress: JobProgress | None = Field(default=None, description="a running job's newest step; None otherwise")
 
 
 class Attempt(SQLModel, table=True):

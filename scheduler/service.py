@@ -28,7 +28,8 @@ from sqlmodel import Session, col, select
 from catalog.errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
-from scheduler import ledger, logbook, queries, quota
+from scheduler import job_progress, ledger, logbook, queries, quota
+from scheduler.admission import Feasibility, refuse_unrunnable
 from scheduler.auth import ADMIN, Principal, TokenAuth, hash_token, require_admin, team_id_of
 from scheduler.models import (
     ApiTokenCreated,
@@ -60,7 +61,7 @@ Clock = Callable[[], datetime]
 Planner = Callable[[JobSpec], Plan]
 
 
-_PUBLIC_FIELDS = tuple(name for name in JobPublic.model_fields if name != "spent_usd")
+_PUBLIC_FIELDS = tuple(name for name in JobPublic.model_fields if name not in ("spent_usd", "progress"))
 
 
 def utcnow() -> datetime:
@@ -105,6 +106,7 @@ class SchedulerService:
         auth_cache_s: float = 2.0,
         job_ids: Callable[[], str] | None = None,
         relink: Relink | None = None,
+        feasibility: Feasibility | None = None,
     ) -> None:
         self.store = store
         self.planner = planner
@@ -113,6 +115,8 @@ class SchedulerService:
         # since jobs submitted at one instant start in id order
         self.job_ids = job_ids or _random_job_id
         self.relink = relink  # a plan's speed on another link (scheduler.network), for status's warnings
+        # the executor's own check, asked at submit (scheduler.admission); None: no executor here to ask
+        self.feasibility = feasibility
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.max_attempts = max_attempts
         self._plans: OrderedDict[str, Plan] = OrderedDict()
@@ -214,6 +218,7 @@ class SchedulerService:
         # Everything that needs no lock is prepared first; the write transaction is a few Core
         # statements so the team lock (or SQLite's write lock) is held as briefly as possible.
         plan = self.plan(job_spec)
+        refuse_unrunnable(self.feasibility, job_spec, plan)
         job = self._new_job(team_id, job_spec, digest, plan, body)
         moves = self._submit_moves(job, plan, principal)
         try:
@@ -350,8 +355,9 @@ class SchedulerService:
             events = session.execute(events_stmt, {"job_id": job_id}).mappings().all()
             # a running attempt's network is in its log (the run says it after its first step) before its metrics
             running_net = logbook.newest_open_line(session, job_id, LINE_PREFIX) if row["gpus"] > 1 else None
+            progress = job_progress.latest(session, [row]).get(job_id)
         detail = JobDetail.model_validate(dict(row) | {"attempt_list": [dict(a) for a in attempts],
-                                                       "events": [dict(e) for e in events]})
+                                                       "events": [dict(e) for e in events], "progress": progress})
         detail.warnings = network_warnings(detail.spec, detail.plan, [a.model_dump() for a in detail.attempt_list],
                                            self.relink, running_net)
         return detail
@@ -368,7 +374,8 @@ class SchedulerService:
             stmt = self._list_stmt[state is not None]
             params: dict[str, Any] = {"team_id": team_id, "state": state, "limit": limit, "offset": offset}
             rows = session.execute(stmt, params).mappings().all()
-            return [JobPublic.model_validate(dict(row)) for row in rows]
+            progress = job_progress.latest(session, rows)
+            return [JobPublic.model_validate(dict(row) | {"progress": progress.get(row["id"])}) for row in rows]
 
     def cancel(self, principal: Principal, job_id: str, reason: str = "") -> JobPublic:
         """Mark the job cancelled; the loop stops a live attempt and charges it up to now."""

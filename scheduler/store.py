@@ -281,6 +281,9 @@ def transition(session: Session, job: Job, to: JobState, at: datetime, reason: s
     job.updated_at = at
     if to is not JobState.QUEUED and job.message.startswith(WAITING):
         job.message = ""  # it no longer waits for the GPU quota
+    if to is JobState.RUNNING and job.message.startswith("attempt "):
+        # how the last attempt ended is history once another runs (its attempt row and events keep it)
+        job.message = f"{reason} (the previous {job.message})"[:2000]
     if to is JobState.RUNNING and job.started_at is None:
         job.started_at = at
     if to.terminal:

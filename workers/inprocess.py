@@ -19,7 +19,7 @@ from catalog.errors import GpuplanError, Infeasible
 from workers.checkpoint_interval import preemption_inputs
 from workers.executor import BootState, RunRequest, RunState, RunStatus
 from workers.hooks import ProgressEvent, Signal, StepHook, StopReason, TrainHooks
-from workers.placement import infeasibility
+from workers.placement import infeasibility, placement_for
 from workers.progress import ProgressTracker, result_backoffs, result_metrics
 from workers.train import TrainJob, run_training
 
@@ -84,6 +84,10 @@ class InProcessExecutor:
         self._lock = threading.Lock()
         self._boots: set[str] = set()
 
+    def _device_for(self, request: RunRequest) -> str:
+        """The executor's device, except for a plan for the CPU (a server on a GPU machine runs both)."""
+        return "cpu" if not placement_for(request.strategy).use_gpu else self._device
+
     def feasibility(self, request: RunRequest) -> str | None:
         reason = infeasibility(request.strategy, [self._resources])
         if reason is None:
@@ -124,7 +128,7 @@ class InProcessExecutor:
                 from workers.infer_job import run_infer_attempt
 
                 hooks = _Hooks(attempt, self._step_hook)
-                outcome = run_infer_attempt(request, device=self._device, on_progress=hooks.on_batch,
+                outcome = run_infer_attempt(request, device=self._device_for(request), on_progress=hooks.on_batch,
                                             on_log=hooks.on_log, cpu_threads=self._cpu_threads,
                                             should_stop=lambda: attempt.stop == "changeover")
                 if outcome.get("status") == "stopped":
@@ -138,7 +142,7 @@ class InProcessExecutor:
             predicted = preemption_inputs(request.market, self._predict(request) if self._predict is not None else {},
                                           request.mean_time_to_preemption_h)
             job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
-                           checkpoint_uri=request.checkpoint_uri, device=self._device,
+                           checkpoint_uri=request.checkpoint_uri, device=self._device_for(request),
                            cpu_threads=self._cpu_threads, log_every_s=self._log_every_s, predicted=predicted)
             result = run_training(job, _Hooks(attempt, self._step_hook))
             if result.status == "preempted":

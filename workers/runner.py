@@ -1,7 +1,8 @@
 """The embedded default behind ``gpuplan run``: one job on this machine, nothing to start by hand.
 
-The strategy comes from the planner for the local GPU (``catalog.local``), or from the spec itself
-on a CPU-only machine (fp32, no sharding). The job runs either bare in this process
+The strategy is the planner's best among this machine's own $0/h placements, its GPUs and its CPU
+(``catalog.local_cpu.with_this_machine``: the universe ``gpuplan plan`` and ``submit`` choose from).
+The job runs either bare in this process
 (``InProcessExecutor``: the default for one local device, no Ray start-up cost) or through a
 local Ray started on demand (``RayExecutor``), with checkpoints in a local directory.
 """
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from catalog.errors import Conflict, GpuplanError, InvalidInput
-from catalog.local_cpu import training_threads
+from catalog.local import LOCAL_CLOUD
+from catalog.local_cpu import CPU_ID, training_threads
 from catalog.schema import ModelConfig
 from planner.calibration import Calibration
 from planner.decoder import moe_decode_phrase
@@ -72,16 +74,14 @@ def available_ram_bytes() -> int | None:
 
 def plan_locally(spec: JobSpec, *, home: Path,
                  ram_bytes: Callable[[], int | None] = available_ram_bytes) -> LocalPlan:
-    """The strategy for this machine: the planner's for the local GPU, or a plain one on CPU.
+    """The strategy for this machine: the planner's best placement among this machine's own offers.
 
-    On CPU a model whose weights alone exceed the available memory is refused here: building it
-    would swap or be OOM-killed (an 8B model is 30 GiB in fp32) long before the first step. The
-    planner's prediction for this CPU (measured once, cached under ``home``) goes with the run.
+    The offers are :func:`catalog.local_cpu.with_this_machine`'s (its GPUs and its CPU at $0/h), the
+    same universe ``gpuplan plan`` and ``submit`` choose from, restricted to this machine: where the
+    plan's choice is local, ``run`` runs it. The spec's deadline and budget do not bind here (a local
+    run costs nothing and starts now). On CPU a model whose weights alone exceed the available memory
+    is refused first: building it would swap or be OOM-killed (an 8B model is 30 GiB in fp32).
     """
-    from catalog.loader import load_catalog
-    from catalog.local import detect_local_device, match_device_name
-
-    catalog = load_catalog()
     from workers.model import resolve_model_source
 
     source = resolve_model_source(spec)  # a bad model reference fails here, before anything starts
@@ -89,41 +89,60 @@ def plan_locally(spec: JobSpec, *, home: Path,
 
     check_model(spec, source.config)  # a sequence longer than the model's context, before anything starts
     check_inputs(spec, source)
-    device = detect_local_device()
-    if device is not None and device.backend == "cuda":
-        gpu = match_device_name(device.name, catalog, device.memory_bytes)
-        if gpu is not None:
-            from planner.search import estimate
+    machine = machine_catalog(home)
+    if all(o.gpu == CPU_ID for o in machine.offers if o.cloud == LOCAL_CLOUD):  # no GPU here: RAM says it first
+        _check_fits_in_ram(source.config, cpu_strategy(spec), ram_bytes())
+    est = machine_choice(spec, source.config, machine, home).estimate
+    if est.strategy.gpu == CPU_ID:
+        strategy = est.strategy
+        doing = "training" if spec.task == "train" else "generating"
+        predicted, inputs = {}, {}
+        if spec.task == "train":
+            predicted = predict_on_cpu(spec, source.config, strategy, home)
+            inputs = planner_inputs(spec, source.config, _this_cpu(home))
+        return LocalPlan(strategy=strategy, device="cpu", predicted=predicted,
+                         note=f"no supported GPU here: {doing} on the CPU", inputs=inputs)
+    from planner.throughput import inference_split
 
-            est = estimate(spec, catalog, gpu.id, 1, model=source.config, calibration=calibration(home))
-            from planner.throughput import inference_split
+    predicted = {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
+                 "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
+                 "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours,
+                 "wall_s": est.hours * 3600}  # its start included (measured on a GPU: not for CPU plans)
+    split = inference_split(est.throughput.model_dump(mode="json"), est.strategy.model_dump(mode="json"))
+    predicted.update({key: value for key, value in split.items() if value is not None})
+    # the workers follow the same rules (decoder_for, moe_decode_kernel)
+    kernel = moe_decode_phrase(est.throughput.decoder, est.throughput.moe_kernel)
+    return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
+                     note=f"planned for the local {est.strategy.gpu}{kernel}",
+                     inputs=planner_inputs(spec, source.config, machine.gpu(est.strategy.gpu)))
 
-            predicted = {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
-                         "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
-                         "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours,
-                         "wall_s": est.hours * 3600}  # its start included (measured on a GPU: not for CPU plans)
-            split = inference_split(est.throughput.model_dump(mode="json"), est.strategy.model_dump(mode="json"))
-            predicted.update({key: value for key, value in split.items() if value is not None})
-            if not est.memory.fits:
-                m = est.memory
-                raise InvalidInput(f"the job does not fit on this machine's {gpu.id}: needs "
-                                   f"{m.required_bytes / 2**30:.1f} GiB of {m.limit_bytes / 2**30:.1f} GiB "
-                                   f"({m.usable_bytes / 2**30:.1f} GiB usable less {m.headroom:.0%} headroom)",
-                                   hint="see gpuplan plan for placements that fit, or lower resources.memory_headroom")
-            # the workers follow the same rules (decoder_for, moe_decode_kernel)
-            kernel = moe_decode_phrase(est.throughput.decoder, est.throughput.moe_kernel)
-            return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
-                             note=f"planned for the local {gpu.id}{kernel}",
-                             inputs=planner_inputs(spec, source.config, gpu))
-    strategy = cpu_strategy(spec)
-    _check_fits_in_ram(source.config, strategy, ram_bytes())
-    doing = "training" if spec.task == "train" else "generating"
-    predicted, inputs = {}, {}
-    if spec.task == "train":  # the planner does not predict inference on a CPU
-        predicted = predict_on_cpu(spec, source.config, strategy, home)
-        inputs = planner_inputs(spec, source.config, _this_cpu(home))
-    return LocalPlan(strategy=strategy, device="cpu", predicted=predicted,
-                     note=f"no supported GPU here: {doing} on the CPU", inputs=inputs)
+
+def machine_catalog(home: Path) -> Any:
+    """The packaged catalog plus this machine's $0/h GPUs and CPU (the one placement universe)."""
+    from datetime import date
+
+    from catalog.loader import load_catalog
+    from catalog.local_cpu import with_this_machine
+
+    return with_this_machine(load_catalog(), home, today=date.today())
+
+
+def machine_choice(spec: JobSpec, model: ModelConfig, machine: Any, home: Path) -> Any:
+    """The planner's chosen candidate among this machine's own offers, for ``gpuplan run``.
+
+    Raises InvalidInput, saying why, where nothing local fits (the cloud offers are ``gpuplan plan``'s)."""
+    from catalog.errors import NoFeasiblePlan
+    from catalog.local_cpu import local_offers
+    from planner.search import plan
+
+    here = spec.model_copy(update={"resources": spec.resources.model_copy(
+        update={"deadline": None, "budget_usd": None, "clouds": None, "regions": None})})
+    try:
+        return plan(here, local_offers(machine), calibration=calibration(home), model=model).chosen
+    except NoFeasiblePlan as exc:
+        raise InvalidInput(f"the job does not run on this machine: {exc.message}",
+                           hint="see `gpuplan plan` for placements that fit, and `gpuplan submit` to run "
+                                "on them") from None
 
 
 def _this_cpu(home: Path, probe: Any = None) -> Any:

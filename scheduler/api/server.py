@@ -24,6 +24,7 @@ from catalog.loader import Catalog, load_catalog
 from planner.calibration import Calibration, CostCalibration, load_calibration
 from planner.spec import JobSpec
 from planner.types import Plan
+from scheduler.admission import Feasibility
 from scheduler.api.app import create_app
 from scheduler.loop import Scheduler
 from scheduler.network import planner_relink
@@ -126,16 +127,26 @@ def ray_storage_for(checkpoint_root: str) -> str | None:
 
 
 def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: str | None = None,
-                  ray_cluster_config: str | None = None) -> Executor | None:
+                  ray_cluster_config: str | None = None, local_gpus: tuple[str, int] | None = None) -> Executor | None:
     """The executor ``gpuplan server --executor KIND`` runs. Only for ``ray``: ``ray_namespace`` (None:
     RayExecutor's default, ``gpuplan``), ``storage_path`` (Ray Train's; None: a local default) and
     ``ray_cluster_config`` (the autoscaler's YAML: its node types count as capacity, and pin the
-    (GPU, market, zone) each run asks for)."""
+    (GPU, market, zone) each run asks for). Only for ``inprocess``: ``local_gpus``, this machine's (catalog
+    GPU id, count), which it then runs plans for besides the CPU's."""
     if kind == "inprocess":
+        import os
+
         from catalog.local_cpu import training_threads
         from workers.inprocess import InProcessExecutor
+        from workers.placement import ACCELERATOR_PREFIX
 
-        return InProcessExecutor(cpu_threads=training_threads())  # the threads the CPU probe measured
+        threads = training_threads()  # the threads the CPU probe measured
+        if local_gpus is None:
+            return InProcessExecutor(cpu_threads=threads)
+        # this machine's GPUs (catalog id, count), which the server's catalog offers at $0/h: it runs plans for them
+        gpu, count = local_gpus
+        return InProcessExecutor(device="cuda", cpu_threads=threads, resources={
+            "CPU": float(os.cpu_count() or 1), "GPU": float(count), ACCELERATOR_PREFIX + gpu: float(count)})
     if kind == "ray":
         from workers.ray_executor import RayExecutor, autoscaler_node_types
 
@@ -155,15 +166,17 @@ def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: 
 def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token: str | None = None,
                  planner: Planner | None = None, catalog: Catalog | None = None,
                  clock: Clock = utcnow, migrate: bool = True,
-                 calibration: Calibration | None = None) -> SchedulerService:
-    """``calibration``: the planner's constants when no ``planner`` is given (None: the shipped ones)."""
+                 calibration: Calibration | None = None, feasibility: Feasibility | None = None) -> SchedulerService:
+    """``calibration``: the planner's constants when no ``planner`` is given (None: the shipped ones).
+    ``feasibility``: the executor's (``Executor.feasibility``), asked at submit so a job it could never run is
+    refused then (scheduler.admission); None where no executor runs here."""
     store = Store(database_url)
     if migrate:
         store.migrate()
     catalog = catalog if catalog is not None else load_catalog()
     return SchedulerService(store, planner or catalog_planner(catalog, calibration), clock=clock,
                             checkpoint_root=str(checkpoint_root), admin_token=admin_token,
-                            relink=planner_relink(catalog, calibration or load_calibration()))
+                            relink=planner_relink(catalog, calibration or load_calibration()), feasibility=feasibility)
 
 
 def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: float = 1.0,
