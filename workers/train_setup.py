@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -20,6 +19,7 @@ from catalog.params import count_params
 from planner.host_memory import build_bytes, builds_on_host, builds_once
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
+from workers.isolation import seeded_build
 from workers.model import (
     ModelSource,
     apply_lora,
@@ -28,9 +28,6 @@ from workers.model import (
     enable_activation_checkpointing,
     quantize_base_nf4,
 )
-
-# Seeding the global RNG and building a model must not interleave between two in-process runs.
-_BUILD_LOCK = threading.Lock()
 
 
 def pick_device(requested: str) -> torch.device:
@@ -158,11 +155,12 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
         skip = checkpoint_follows and strategy.finetune == "full"
         model, pending = _sharded_from_rank0(strategy, seed, source, device, draw_weights=not skip)
         return PreparedModel(model, True, pending)
-    with _BUILD_LOCK:
+    # the weights and the LoRA adapters drawn from the job's seed alone, whatever runs beside it
+    with seeded_build(seed, built_on, libraries=build_libraries(strategy)):
         model = build_model(source, seed=seed, weights_dtype=weights_dtype(strategy), device=built_on)
-    if strategy.finetune == "qlora":
-        quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
-    model = _adapt(model, strategy)
+        if strategy.finetune == "qlora":
+            quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
+        model = _adapt(model, strategy)
     if not (sharded and built_on != device):
         model.to(device)  # a host-built model FSDP2 will shard moves one unit at a time, as fully_shard wraps it
     if strategy.precision == "fp8":
@@ -176,6 +174,12 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return PreparedModel(model, sharded)
+
+
+def build_libraries(strategy: Strategy) -> tuple[str, ...]:
+    """The libraries a build of ``strategy`` uses (workers.isolation.load_libraries loads them first)."""
+    return ("transformers",) + (("peft",) if strategy.finetune in ("lora", "qlora") else ()) \
+        + (("torchao",) if strategy.finetune == "qlora" or strategy.precision == "fp8" else ())
 
 
 def _adapt(model: torch.nn.Module, strategy: Strategy) -> torch.nn.Module:
@@ -197,7 +201,7 @@ def _sharded_from_rank0(strategy: Strategy, seed: int, source: ModelSource, devi
     order and LoRA draws, or the local weights) and broadcasts them, each rank keeping its shard (``fill_weights``).
     Without ``draw_weights`` that build is skipped where the module buffers no state dict holds (rotary
     frequencies) can be computed from their modules' configs on every rank; otherwise it runs anyway."""
-    with _BUILD_LOCK:
+    with seeded_build(seed, libraries=build_libraries(strategy)):
         model = _adapt(build_model(ModelSource(config=source.config, weights_dir=None), seed=seed,
                                    weights_dtype=weights_dtype(strategy), device=torch.device("meta")), strategy)
     _shard(model, strategy)
@@ -220,7 +224,7 @@ def fill_weights(model: torch.nn.Module, strategy: Strategy, seed: int, source: 
 
     whole: torch.nn.Module | None = None
     if dist.get_rank() == 0:
-        with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+        with seeded_build(seed, libraries=build_libraries(strategy)):
             whole = _adapt(build_model(source, seed=seed, weights_dtype=weights_dtype(strategy),
                                        device=torch.device("cpu")), strategy)
     set_model_state_dict(model, whole.state_dict() if whole is not None else {},
