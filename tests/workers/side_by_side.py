@@ -19,7 +19,7 @@ import torch
 from planner.spec import spec_from_dict
 from tests.waits import RUN_END_S
 from tests.workers.tiny import cpu_strategy, final_state, tiny_spec, write_config
-from workers.executor import Executor, RunRequest, RunState
+from workers.executor import RunRequest, RunState
 
 
 def train_request(config: Path, out: Path, name: str, *, finetune: str = "full", seed: int = 7) -> RunRequest:
@@ -37,12 +37,16 @@ def infer_request(config: Path, out: Path, name: str) -> RunRequest:
                       run_name=name)
 
 
-def run_together(executor: Executor, requests: list[RunRequest]) -> list[Any]:
-    """Submit every request at once, then wait for each; every one must succeed."""
+def run_together(executor: Any, requests: list[RunRequest]) -> list[Any]:
+    """Submit every request at once (to an in-process or a Ray executor), then wait for each; every one must
+    succeed."""
     handles = [executor.submit(r) for r in requests]
     statuses = [executor.wait(h, timeout=RUN_END_S) for h in handles]
     for request, status in zip(requests, statuses, strict=True):
         assert status.state is RunState.SUCCEEDED, (request.job_id, status.message)
+    for handle in handles:
+        if hasattr(executor, "release"):  # a Ray attempt's driver lives until its outcome is read
+            executor.release(handle)
     return statuses
 
 
