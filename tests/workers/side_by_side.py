@@ -26,7 +26,7 @@ def train_request(config: Path, out: Path, name: str, *, finetune: str = "full",
     """A seeded tiny training run (its only checkpoint: the last step's)."""
     extra: dict[str, Any] = {"finetune": finetune, "lora_rank": 4} if finetune != "full" else {}
     spec = tiny_spec(config, steps=6, interval=6, seed=seed, **extra)
-    strategy = cpu_strategy(**({"finetune": finetune, "lora_rank": 4} if finetune != "full" else {}))
+    strategy = cpu_strategy(**extra)
     return RunRequest(job_id=name, attempt=1, spec=spec, strategy=strategy, checkpoint_uri=str(out), run_name=name)
 
 
