@@ -16,8 +16,8 @@ from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
 from planner.spec import JobSpec, ModelRef
 from workers.isolation import library_lock, load_libraries
+from workers.spec_files import weights_folder
 
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 # Keys a config.json may carry that describe the checkpoint, not the architecture.
 _NON_ARCH_KEYS = {"architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype"}
 
@@ -33,14 +33,7 @@ def resolve_model_source(spec: JobSpec) -> ModelSource:
     from catalog.loader import load_catalog, resolve_model
 
     ref: str | Path = Path(spec.model.config) if isinstance(spec.model, ModelRef) else spec.model
-    config = resolve_model(load_catalog(), ref)
-    weights_dir: Path | None = None
-    if isinstance(ref, Path) or (isinstance(ref, str) and Path(ref).expanduser().exists()):
-        folder = Path(ref).expanduser()
-        folder = folder if folder.is_dir() else folder.parent
-        if any((folder / name).is_file() for name in _WEIGHT_FILES):
-            weights_dir = folder
-    return ModelSource(config=config, weights_dir=weights_dir)
+    return ModelSource(config=resolve_model(load_catalog(), ref), weights_dir=weights_folder(spec))
 
 
 def hf_config(config: ModelConfig) -> Any:
