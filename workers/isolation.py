@@ -100,3 +100,11 @@ def seeded_build(seed: int, device: Any = None, *,
     with _LOCK, torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
+
+
+def seed_global(seed: int) -> None:
+    """Seed torch's global generators (the CPU's and every GPU's) with ``seed``, never inside another job's build."""
+    import torch
+
+    with _LOCK:
+        torch.manual_seed(seed)

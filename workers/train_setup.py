@@ -19,7 +19,7 @@ from catalog.params import count_params
 from planner.host_memory import build_bytes, builds_on_host, builds_once
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
-from workers.isolation import seeded_build
+from workers.isolation import seed_global, seeded_build
 from workers.model import (
     ModelSource,
     apply_lora,
@@ -148,7 +148,18 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
     ``checkpoint_follows``: the caller is about to load a checkpoint. A sharded full fine-tune built once on the
     host then skips drawing (or reading) its weights, which the checkpoint replaces anyway: on one CPU thread
     of rank 0 that build takes ~23 s per billion fp32 parameters (llama-3.2-1b: 28 s on the H200 host), so
-    ~27 minutes of every spot restart of a 70B job (bench/build_once_probe.py)."""
+    ~27 minutes of every spot restart of a 70B job (bench/build_once_probe.py).
+
+    The build leaves torch's global generator as it found it (workers.isolation.seeded_build), then seeds it with
+    ``seed``: the run's own draws (dropout, where a config has any) start there on every rank, not wherever this
+    process's generator happened to be."""
+    prepared = _prepare_model(strategy, seed, source, device, world, checkpoint_follows)
+    seed_global(seed)
+    return prepared
+
+
+def _prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: torch.device, world: int,
+                   checkpoint_follows: bool) -> PreparedModel:
     built_on = build_device(strategy, source, device)
     sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
     if sharded and built_on.type == "cpu" and builds_once(strategy):
