@@ -13,7 +13,9 @@ in a thread of one process, so its attempts share two things no job may disturb 
   generator of their own. :func:`seeded_build` holds the same lock, saves the generator's state, seeds it with
   the job's seed for the build's draws and restores it after, so a seeded job builds the same weights
   whatever runs beside it, and its build leaves no trace on the others. Everything else that sets the global
-  state (a resume restoring a checkpoint's) holds the lock too.
+  state (a resume restoring a checkpoint's, :func:`seed_global` after a training build) holds the lock too.
+  What a job draws while it runs (dropout, where a config has any) still comes from the one global generator:
+  two such jobs side by side interleave their draws; the Ray executor runs each in its own process.
 
 Torch is imported inside the functions: reading a spec (workers.infer_io) imports this module without it.
 """
