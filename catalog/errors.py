@@ -9,7 +9,8 @@ The API maps ``GpuplanError`` to one JSON error format in one handler using ``st
 
     GpuplanError
     ├── InvalidInput            bad spec, field, file or number (422)
-    │   └── UnknownName         a name not in the catalog, with close matches (422)
+    │   ├── UnknownName         a name not in the catalog, with close matches (422)
+    │   └── UnreachablePath     a spec's file path the job's machine cannot read (422)
     ├── NotFound                a job, team or checkpoint that does not exist (404)
     ├── Conflict                illegal state transition, duplicate name (409)
     ├── AuthError               missing, wrong or revoked token (401)
@@ -62,6 +63,12 @@ class InvalidInput(GpuplanError):
         if self.path:
             body["path"] = self.path
         return body
+
+
+class UnreachablePath(InvalidInput):
+    """A path in a job spec that the machine running the job cannot read (relative, or not there)."""
+
+    code = "unreachable_path"
 
 
 def close_matches(name: str, choices: Iterable[str], n: int = 3) -> list[str]:

@@ -1,7 +1,9 @@
 """Reading a job spec file (an edge: the planner validates documents and reads no files).
 
 ``load_spec`` parses YAML or JSON, validates it (planner.spec.spec_from_dict) and makes the paths in
-it relative to the file, as a user reading the file expects.
+it absolute against the file's folder, as a user reading the file expects: the spec then means the same in
+this process and on a server, whose working directory is not the user's (workers.spec_files). Text data with
+no tokenizer is refused here, before it is planned or submitted.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ def load_spec(path: str | Path) -> JobSpec:
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise InvalidInput(f"{path} is not valid YAML: {problem}{where}",
                            hint="fix the file; see examples/ for well-formed specs") from None
-    return _fit_to_model(size_from_prompts(rebase_paths(spec_from_dict(data), path.parent)))
+    spec = _fit_to_model(size_from_prompts(rebase_paths(spec_from_dict(data), path.parent)))
+    from workers.spec_files import check_text_data
+
+    check_text_data(spec)
+    return spec
 
 
 # A text file's byte order mark and its encoding; longest first (UTF-32's little-endian mark starts as UTF-16's).
@@ -73,11 +79,14 @@ def _fit_to_model(spec: JobSpec) -> JobSpec:
 
 
 def _rebase(path: str, base_dir: Path) -> str:
-    return path if Path(path).expanduser().is_absolute() or path.startswith("~") else str(base_dir / path)
+    if path.startswith("~"):
+        return str(Path(path).expanduser())
+    return path if Path(path).is_absolute() else str(base_dir.resolve() / path)
 
 
 def rebase_paths(spec: JobSpec, base_dir: Path) -> JobSpec:
-    """Relative paths in a spec file are relative to that file, as a user reading it expects."""
+    """Relative paths in a spec file are relative to that file, as a user reading it expects; they come back
+    absolute (``~`` expanded), so they mean the same to a server whose working directory is another."""
     update: dict[str, Any] = {}
     if isinstance(spec.model, ModelRef):
         update["model"] = ModelRef(config=_rebase(spec.model.config, base_dir))

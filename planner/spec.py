@@ -184,6 +184,28 @@ class JobSpec(_Section):
         return self.model if isinstance(self.model, str) else self.model.config
 
 
+# The file paths a spec may hold besides its model: (section, field).
+PATH_FIELDS = (("train", "data"), ("train", "tokenizer"), ("infer", "prompts"), ("infer", "tokenizer"))
+
+
+def model_is_path(model: str | ModelRef) -> bool:
+    """Whether the spec's model names a file or folder (a config.json, a weights folder), not a preset id:
+    ``{config: path}``, or a string with a '/' or ending in '.json' (preset ids have neither)."""
+    return isinstance(model, ModelRef) or "/" in model or model.endswith(".json") or model.startswith("~")
+
+
+def spec_paths(spec: JobSpec) -> list[tuple[str, str]]:
+    """(field path, value) of every file path in ``spec``, the model's included where it is one."""
+    found: list[tuple[str, str]] = []
+    if model_is_path(spec.model):
+        found.append(("model.config" if isinstance(spec.model, ModelRef) else "model", spec.model_id))
+    for section, name in PATH_FIELDS:
+        value = getattr(getattr(spec, section), name, None)
+        if value:
+            found.append((f"{section}.{name}", value))
+    return found
+
+
 def _format_loc(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:

@@ -54,6 +54,7 @@ from scheduler.states import TERMINAL, JobState, Market, check_transition
 from scheduler.store import Store, transition
 from scheduler.teams import Teams, budgets_left, team_by_name
 from workers.nccl_net import LINE_PREFIX
+from workers.spec_files import check_spec_files
 
 __all__ = ["ADMIN", "Clock", "Planner", "Principal", "SchedulerService", "hash_token", "spec_hash", "utcnow"]
 
@@ -176,8 +177,10 @@ class SchedulerService:
             return key in self._plans
 
     def plan(self, spec: dict[str, Any] | JobSpec) -> Plan:
-        """Plan a spec (cached by spec hash: the catalog a service holds does not change under it)."""
+        """Plan a spec (cached by spec hash: the catalog a service holds does not change under it), once the
+        files it names are readable here (workers.spec_files: a server's working directory is not the user's)."""
         job_spec = self.parse_spec(spec)
+        check_spec_files(job_spec)
         key = spec_hash(job_spec)
         with self._plans_lock:
             cached = self._plans.get(key)

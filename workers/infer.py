@@ -37,6 +37,7 @@ from workers.infer_io import (
     load_finished,
     read_requests,
 )
+from workers.isolation import load_libraries, seeded_build
 from workers.moe_decode import keep_grouped_mm
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,7 @@ def quantize_weights(model: torch.nn.Module, weights: str) -> None:
     if weights not in ("int8", "fp8"):
         return
     try:
+        load_libraries("torchao")  # resolved once, under the lock: another job may be importing it
         from torchao.quantization import quantize_
     except ImportError as exc:
         raise InvalidInput(
@@ -149,8 +151,10 @@ def load_model(
     source = ModelSource(config=model_cfg, weights_dir=weights_dir)
     # Random init directly on the target device: initialising an 8B model on CPU first takes minutes.
     # (build_model's own device wins over an enclosing `with torch.device(...)`, so it is passed.)
-    model = build_model(source, seed=seed, weights_dtype=_base_dtype(weights, device),
-                        device=torch.device(device) if weights_dir is None else None)
+    # seeded from the job's seed alone, whatever runs beside it in this process (workers.isolation)
+    with seeded_build(seed, torch.device(device)):
+        model = build_model(source, seed=seed, weights_dtype=_base_dtype(weights, device),
+                            device=torch.device(device) if weights_dir is None else None)
     config: Any = getattr(model, "config", None)
     if config is not None:
         config.use_cache = True  # the builder turns the KV cache off for training

@@ -53,10 +53,13 @@ class HfTokenizer:
     """A transformers tokenizer from a local directory (never the network)."""
 
     def __init__(self, directory: Path) -> None:
-        from transformers import AutoTokenizer
+        from workers.isolation import library_lock
 
         try:
-            self._tok: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+            with library_lock():  # transformers imports the tokenizer's module on first use
+                from transformers import AutoTokenizer
+
+                self._tok: Any = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         except (OSError, ValueError) as exc:
             raise InvalidInput(
                 f"cannot load a tokenizer from {directory}: {exc}",

@@ -65,6 +65,9 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
     from workers.cuda_env import configure_allocator
 
     configure_allocator()  # before torch touches CUDA (workers.infer builds the model)
+    from workers.isolation import load_libraries
+
+    load_libraries("transformers")  # once per process, under a lock: attempts may start side by side
     from workers.infer import run_infer_spec
 
     if cpu_threads and device == "cpu":

@@ -15,8 +15,9 @@ import torch
 from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
 from planner.spec import JobSpec, ModelRef
+from workers.isolation import library_lock, load_libraries
+from workers.spec_files import weights_folder
 
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 # Keys a config.json may carry that describe the checkpoint, not the architecture.
 _NON_ARCH_KEYS = {"architectures", "_name_or_path", "transformers_version", "torch_dtype", "dtype"}
 
@@ -32,18 +33,12 @@ def resolve_model_source(spec: JobSpec) -> ModelSource:
     from catalog.loader import load_catalog, resolve_model
 
     ref: str | Path = Path(spec.model.config) if isinstance(spec.model, ModelRef) else spec.model
-    config = resolve_model(load_catalog(), ref)
-    weights_dir: Path | None = None
-    if isinstance(ref, Path) or (isinstance(ref, str) and Path(ref).expanduser().exists()):
-        folder = Path(ref).expanduser()
-        folder = folder if folder.is_dir() else folder.parent
-        if any((folder / name).is_file() for name in _WEIGHT_FILES):
-            weights_dir = folder
-    return ModelSource(config=config, weights_dir=weights_dir)
+    return ModelSource(config=resolve_model(load_catalog(), ref), weights_dir=weights_folder(spec))
 
 
 def hf_config(config: ModelConfig) -> Any:
     """The transformers ``PretrainedConfig`` for a catalog model (its HF keys, else its shape fields)."""
+    load_libraries("transformers")
     from transformers import AutoConfig
 
     keys: dict[str, Any] = {k: v for k, v in config.hf_config.items() if k not in _NON_ARCH_KEYS}
@@ -66,7 +61,8 @@ def hf_config(config: ModelConfig) -> Any:
             keys["num_experts_per_tok"] = config.experts_per_token
     keys["use_cache"] = False
     try:
-        return AutoConfig.for_model(config.family, **keys)
+        with library_lock():  # the family's configuration module is imported on first use
+            return AutoConfig.for_model(config.family, **keys)
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidInput(f"cannot build a {config.family!r} model from {config.id!r}: {exc}", path="model",
                            hint="use a transformers model_type such as llama, mistral, qwen2 or gpt2") from None
@@ -84,7 +80,15 @@ def build_model(source: ModelSource, *, seed: int, weights_dtype: torch.dtype,
 
     Random weights are drawn on ``device`` (default CPU): initialising a billion parameters on a
     GPU takes a second instead of tens of seconds on CPU. The same device always draws the same ones.
+    Beside other jobs in one process, build inside ``workers.isolation.seeded_build`` (the lock is taken here
+    too, so the draws never interleave with another build's, but only that scope restores the global state).
     """
+    with library_lock():  # the family's modeling module is imported on first use
+        return _build_model(source, seed, weights_dtype, device)
+
+
+def _build_model(source: ModelSource, seed: int, weights_dtype: torch.dtype,
+                 device: torch.device | None) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     config = hf_config(source.config)
@@ -117,6 +121,7 @@ def quantize_base_nf4(model: torch.nn.Module, shards: int = 1) -> int:
     """QLoRA's frozen base: the decoder's linear weights in 4-bit NF4 (torchao); the LM head and any
     weight whose blocks do not split evenly over ``shards`` FSDP ranks stay 16-bit (on real models
     that is none). Returns how many were quantised."""
+    load_libraries("torchao")
     from torchao.prototype._nf4tensor_api import NF4WeightOnlyConfig
     from torchao.quantization import quantize_
 
@@ -130,12 +135,15 @@ def quantize_base_nf4(model: torch.nn.Module, shards: int = 1) -> int:
 
 
 def apply_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
-    """Wrap with peft LoRA on every linear layer but the LM head; only the adapters train."""
+    """Wrap with peft LoRA on every linear layer but the LM head; only the adapters train (their init draws from
+    torch's global generator: build inside ``workers.isolation.seeded_build``)."""
+    load_libraries("peft")
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
                         task_type="CAUSAL_LM")
-    wrapped: torch.nn.Module = get_peft_model(model, config)
+    with library_lock():
+        wrapped: torch.nn.Module = get_peft_model(model, config)
     return wrapped
 
 

@@ -38,10 +38,13 @@ def load_tokenizer(directory: Path, vocab_size: int) -> Any:
     if not directory.is_dir():
         raise InvalidInput(f"tokenizer directory {str(directory)!r} does not exist", path="train.tokenizer",
                            hint="give a folder written by tokenizer.save_pretrained()")
-    from transformers import AutoTokenizer
+    from workers.isolation import library_lock
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        with library_lock():  # transformers imports the tokenizer's module on first use
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError, TypeError) as exc:
         raise InvalidInput(f"cannot load a tokenizer from {directory}: {exc}", path="train.tokenizer",
                            hint="give a folder written by tokenizer.save_pretrained()") from None

@@ -34,6 +34,7 @@ from workers.cuda_env import configure_allocator
 from workers.data import DataLayout, TokenSource, tokenizer_dir
 from workers.hooks import OomBackoffEvent, Signal, TrainHooks
 from workers.imds import AWS_NOTICE_LEAD_S
+from workers.isolation import load_libraries
 from workers.model import resolve_model_source
 from workers.train_recovery import back_off, free_memory, resume_split, wait_for_teardown
 from workers.train_result import TrainResult, peak_memory
@@ -113,6 +114,7 @@ class _Run:
         self.job, self.hooks, self.train_spec, self.strategy = job, hooks, job.train, job.strategy
         self.started = time.perf_counter()
         self.alloc_conf = configure_allocator()  # before the first CUDA call: the allocator reads it at init
+        load_libraries("transformers")  # once per process, under a lock: attempts may start side by side
         self.rank, self.world = world()
         self.device = pick_device(job.device)
         check_supported(self.strategy, self.device)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -20,6 +19,7 @@ from catalog.params import count_params
 from planner.host_memory import build_bytes, builds_on_host, builds_once
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
+from workers.isolation import seed_global, seeded_build
 from workers.model import (
     ModelSource,
     apply_lora,
@@ -28,9 +28,6 @@ from workers.model import (
     enable_activation_checkpointing,
     quantize_base_nf4,
 )
-
-# Seeding the global RNG and building a model must not interleave between two in-process runs.
-_BUILD_LOCK = threading.Lock()
 
 
 def pick_device(requested: str) -> torch.device:
@@ -151,18 +148,30 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
     ``checkpoint_follows``: the caller is about to load a checkpoint. A sharded full fine-tune built once on the
     host then skips drawing (or reading) its weights, which the checkpoint replaces anyway: on one CPU thread
     of rank 0 that build takes ~23 s per billion fp32 parameters (llama-3.2-1b: 28 s on the H200 host), so
-    ~27 minutes of every spot restart of a 70B job (bench/build_once_probe.py)."""
+    ~27 minutes of every spot restart of a 70B job (bench/build_once_probe.py).
+
+    The build leaves torch's global generator as it found it (workers.isolation.seeded_build), then seeds it with
+    ``seed``: the run's own draws (dropout, where a config has any) start there on every rank, not wherever this
+    process's generator happened to be."""
+    prepared = _prepare_model(strategy, seed, source, device, world, checkpoint_follows)
+    seed_global(seed)
+    return prepared
+
+
+def _prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: torch.device, world: int,
+                   checkpoint_follows: bool) -> PreparedModel:
     built_on = build_device(strategy, source, device)
     sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
     if sharded and built_on.type == "cpu" and builds_once(strategy):
         skip = checkpoint_follows and strategy.finetune == "full"
         model, pending = _sharded_from_rank0(strategy, seed, source, device, draw_weights=not skip)
         return PreparedModel(model, True, pending)
-    with _BUILD_LOCK:
+    # the weights and the LoRA adapters drawn from the job's seed alone, whatever runs beside it
+    with seeded_build(seed, built_on, libraries=build_libraries(strategy)):
         model = build_model(source, seed=seed, weights_dtype=weights_dtype(strategy), device=built_on)
-    if strategy.finetune == "qlora":
-        quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
-    model = _adapt(model, strategy)
+        if strategy.finetune == "qlora":
+            quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
+        model = _adapt(model, strategy)
     if not (sharded and built_on != device):
         model.to(device)  # a host-built model FSDP2 will shard moves one unit at a time, as fully_shard wraps it
     if strategy.precision == "fp8":
@@ -176,6 +185,12 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
 
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     return PreparedModel(model, sharded)
+
+
+def build_libraries(strategy: Strategy) -> tuple[str, ...]:
+    """The libraries a build of ``strategy`` uses (workers.isolation.load_libraries loads them first)."""
+    return ("transformers",) + (("peft",) if strategy.finetune in ("lora", "qlora") else ()) \
+        + (("torchao",) if strategy.finetune == "qlora" or strategy.precision == "fp8" else ())
 
 
 def _adapt(model: torch.nn.Module, strategy: Strategy) -> torch.nn.Module:
@@ -197,7 +212,7 @@ def _sharded_from_rank0(strategy: Strategy, seed: int, source: ModelSource, devi
     order and LoRA draws, or the local weights) and broadcasts them, each rank keeping its shard (``fill_weights``).
     Without ``draw_weights`` that build is skipped where the module buffers no state dict holds (rotary
     frequencies) can be computed from their modules' configs on every rank; otherwise it runs anyway."""
-    with _BUILD_LOCK:
+    with seeded_build(seed, libraries=build_libraries(strategy)):
         model = _adapt(build_model(ModelSource(config=source.config, weights_dir=None), seed=seed,
                                    weights_dtype=weights_dtype(strategy), device=torch.device("meta")), strategy)
     _shard(model, strategy)
@@ -220,7 +235,7 @@ def fill_weights(model: torch.nn.Module, strategy: Strategy, seed: int, source: 
 
     whole: torch.nn.Module | None = None
     if dist.get_rank() == 0:
-        with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+        with seeded_build(seed, libraries=build_libraries(strategy)):
             whole = _adapt(build_model(source, seed=seed, weights_dtype=weights_dtype(strategy),
                                        device=torch.device("cpu")), strategy)
     set_model_state_dict(model, whole.state_dict() if whole is not None else {},

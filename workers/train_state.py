@@ -37,6 +37,7 @@ import torch.distributed as dist
 from catalog.errors import CheckpointError
 from workers.checkpoint_format import CHUNK, Shard, Sink, new_token
 from workers.checkpoint_read import host_bytes
+from workers.isolation import rng_lock
 
 logger = logging.getLogger(__name__)
 
@@ -62,22 +63,24 @@ def _clean(name: str) -> str:
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    with rng_lock():  # not in the middle of another in-process job's seeded build
+        state: dict[str, Any] = {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    with rng_lock():  # a resume must not reseed another in-process job's build halfway
+        torch.set_rng_state(state["torch"])
+        np.random.set_state(state["numpy"])
+        random.setstate(state["python"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def distributed() -> bool:

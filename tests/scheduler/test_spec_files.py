@@ -1,0 +1,55 @@
+"""The service refuses at submit (and plan) a spec whose files the machine running the job cannot read, with
+what path, why, and what to do; the spec a client sends is taken as it is, never against the server's own
+working directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from catalog.errors import InvalidInput, UnreachablePath
+from scheduler.models import JobCreate
+from scheduler.service import SchedulerService
+from tests.scheduler.conftest import ml_team
+from tests.workers.tiny import write_config, write_tokenizer
+
+
+def _infer(prompts: str) -> dict[str, object]:
+    return {"name": "gen", "task": "infer", "model": "tiny-llama",
+            "infer": {"prompts": prompts, "prompt_tokens": 8, "requests": 4}}
+
+
+def test_a_relative_path_is_refused_even_where_it_exists_beside_the_server(
+        svc: SchedulerService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    principal = ml_team(svc)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
+    monkeypatch.chdir(tmp_path)  # the server's working directory holds a file of that name: not the user's
+    with pytest.raises(UnreachablePath) as refused:
+        svc.submit(principal, JobCreate(spec=_infer("prompts.jsonl")))
+    assert refused.value.path == "infer.prompts"
+    assert "'prompts.jsonl' is a relative path" in str(refused.value)
+    assert "gpuplan submit SPEC" in str(refused.value)
+    with pytest.raises(UnreachablePath, match="relative path"):
+        svc.plan({"name": "m", "task": "train", "model": {"config": "cfg/config.json"}, "train": {"tokens": 1e6}})
+
+
+def test_a_path_that_exists_is_accepted_and_a_missing_one_refused(svc: SchedulerService, tmp_path: Path) -> None:
+    principal = ml_team(svc)
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
+    assert svc.submit(principal, JobCreate(spec=_infer(str(tmp_path / "prompts.jsonl")))).state == "queued"
+    with pytest.raises(UnreachablePath, match=r"does not exist on .*, the machine that runs the job"):
+        svc.submit(principal, JobCreate(spec=_infer(str(tmp_path / "gone.jsonl"))))
+
+
+def test_jsonl_data_needs_a_tokenizer_given_or_beside_the_weights(svc: SchedulerService, tmp_path: Path) -> None:
+    principal = ml_team(svc)
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    spec: dict[str, object] = {"name": "sft", "task": "train", "model": {"config": str(write_config(tmp_path / "m"))},
+                               "train": {"tokens": 1e5, "seq_len": 16, "data": str(data)}}
+    with pytest.raises(InvalidInput, match=r"train\.tokenizer: .* is JSONL text, which needs a tokenizer"):
+        svc.submit(principal, JobCreate(spec=spec))
+    tokenizer = write_tokenizer(tmp_path / "tok")
+    given = {**spec, "train": {**spec["train"], "tokenizer": str(tokenizer)}}  # type: ignore[dict-item]
+    assert svc.submit(principal, JobCreate(spec=given)).state == "queued"
