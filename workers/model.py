@@ -131,12 +131,17 @@ def quantize_base_nf4(model: torch.nn.Module, shards: int = 1) -> int:
 
 def apply_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
     """Wrap with peft LoRA on every linear layer but the LM head; only the adapters train."""
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
-                        task_type="CAUSAL_LM")
-    wrapped: torch.nn.Module = get_peft_model(model, config)
+    wrapped: torch.nn.Module = get_peft_model(model, lora_config(rank))
     return wrapped
+
+
+def lora_config(rank: int) -> Any:
+    """The peft LoraConfig training uses (`gpuplan export` writes the same one beside the adapter)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
