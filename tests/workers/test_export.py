@@ -3,6 +3,7 @@ transformers (and peft) with the same logits as the trained model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,25 @@ def test_lora_on_a_random_init_base_exports_the_adapter_without_building_the_bas
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "adapter_config.json", "adapter_model.safetensors", "gpuplan_export.json"]
     torch.testing.assert_close(_adapter_logits(tmp_path / "out", spec), expected, rtol=0, atol=1e-5)
+    _assert_as_peft_saves_it(tmp_path / "out", uri, spec, tmp_path / "peft")
+
+
+def _assert_as_peft_saves_it(folder: Path, uri: str, spec: Any, scratch: Path) -> None:
+    """The same tensor names, values and target modules as peft's own save_pretrained of the trained model
+    (what vLLM and other loaders read)."""
+    from safetensors.torch import load_file
+
+    model = apply_lora(build_model(resolve_model_source(spec), seed=spec.train.seed, weights_dtype=torch.float32), 4)
+    model.load_state_dict(final_state(uri)[1], strict=False)
+    model.save_pretrained(str(scratch), save_embedding_layers=False)  # type: ignore[operator]
+    ours, theirs = (load_file(str(f / "adapter_model.safetensors")) for f in (folder, scratch))
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=0)
+    config, reference = (json.loads((f / "adapter_config.json").read_text()) for f in (folder, scratch))
+    # peft spells its targets out in full on a model this small, by their last names on a big one: the same modules
+    assert set(config["target_modules"]) == {name.rsplit(".", 1)[-1] for name in reference["target_modules"]}
+    assert (config["r"], config["lora_alpha"]) == (reference["r"], reference["lora_alpha"]) == (4, 8)
 
 
 def test_merge_writes_the_adapter_before_it_builds_the_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
