@@ -25,7 +25,7 @@ import torch
 
 from catalog.errors import Conflict, InvalidInput, NotFound
 from catalog.schema import ModelConfig
-from planner.spec import JobSpec
+from planner.spec import JobSpec, ModelRef
 from planner.types import Strategy
 from workers.export_adapter import base_device, write_adapter
 
@@ -104,20 +104,19 @@ def _export_lora(restored: _Restored, out: Path, *, merge: bool, progress: Progr
                  cuda_available: bool) -> ExportResult:
     """The adapter first, from the checkpoint alone (an interrupted --merge still leaves it); the base is built
     only to merge into."""
-    weights_dir = _weights_dir(restored.spec)
-    random_init = weights_dir is None
+    base_dir, random_init = _base_of(restored.spec)
     adapter_dir = out / "adapter" if merge else out
     progress(f"writing the adapter to {adapter_dir}")
-    write_adapter(restored.state, adapter_dir, rank=restored.strategy.lora_rank,
-                  base=None if weights_dir is None else str(weights_dir.resolve()))
+    write_adapter(restored.state, adapter_dir, rank=restored.strategy.lora_rank, base=base_dir)
     seed = restored.spec.train.seed if restored.spec.train is not None else 0
-    about: dict[str, Any] = {"adapter": str(adapter_dir),
-                             "base": None if weights_dir is None else str(weights_dir.resolve()),
+    about: dict[str, Any] = {"adapter": str(adapter_dir), "base": base_dir,
                              "base_seed": seed if random_init else None,
                              "base_drawn_on": restored.base_drawn_on if random_init else None}
     if not merge:
         return _result(restored, out, "adapter", **about)
-    device = base_device(restored.base_drawn_on, random_init=random_init, cuda_available=cuda_available)
+    recorded = random_init and restored.base_drawn_on is not None  # then only that device draws the same base
+    device = base_device(restored.base_drawn_on, random_init=random_init, cuda_available=cuda_available,
+                         fits_gpu=cuda_available and not recorded and _fits_gpu(restored))
     progress(f"building the base model {restored.config.id} on {device.type}")
     base = _build_base(restored, device)
     progress("merging the adapter into the base")
@@ -127,6 +126,27 @@ def _export_lora(restored: _Restored, out: Path, *, merge: bool, progress: Progr
     progress(f"writing the merged model to {out}")
     _save_model(merged, out)
     return _result(restored, out, "merged", **about, device=device.type)
+
+
+def _base_of(spec: JobSpec) -> tuple[str | None, bool]:
+    """(the adapter's base folder, whether the base was a random init). A weights folder that is gone is still
+    named as the run gave it: the adapter was trained on it, not on a random init."""
+    from workers.model import resolve_model_source
+
+    try:
+        weights_dir = resolve_model_source(spec).weights_dir
+    except InvalidInput:
+        return str(spec.model.config if isinstance(spec.model, ModelRef) else spec.model), False
+    return (None, True) if weights_dir is None else (str(weights_dir.resolve()), False)
+
+
+def _fits_gpu(restored: _Restored) -> bool:
+    """Whether training's rule builds this base on the GPU (a 70B base in bf16 does not fit one 80 GB card)."""
+    from workers.model import ModelSource
+    from workers.train_setup import build_device
+
+    source = ModelSource(config=restored.config, weights_dir=None)
+    return build_device(restored.strategy, source, torch.device("cuda", torch.cuda.current_device())).type == "cuda"
 
 
 def _build_base(restored: _Restored, device: torch.device) -> torch.nn.Module:

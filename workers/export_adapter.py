@@ -50,10 +50,12 @@ def write_adapter(state: dict[str, torch.Tensor], out: Path, *, rank: int, base:
     config.save_pretrained(str(out))
 
 
-def base_device(drawn_on: str | None, *, random_init: bool, cuda_available: bool) -> torch.device:
-    """Where ``--merge`` builds the base: the GPU when there is one (an 8B init is seconds there, minutes on a
-    CPU), except that a random-init base must be drawn again on the device type training drew it on
-    (``drawn_on``, from the checkpoint): the same seed draws different weights on a CPU and on a GPU."""
+def base_device(drawn_on: str | None, *, random_init: bool, cuda_available: bool,
+                fits_gpu: bool = True) -> torch.device:
+    """Where ``--merge`` builds the base: the GPU when there is one and the whole base fits it (``fits_gpu``:
+    train_setup.build_device's rule, which training built by; an 8B init is seconds there, minutes on a CPU),
+    except that a random-init base must be drawn again on the device type training drew it on (``drawn_on``,
+    from the checkpoint): the same seed draws different weights on a CPU and on a GPU."""
     if random_init and drawn_on is not None:
         if drawn_on == "cuda" and not cuda_available:
             raise InvalidInput("this run's base was a random init drawn on a GPU, and this machine has none: "
@@ -61,4 +63,4 @@ def base_device(drawn_on: str | None, *, random_init: bool, cuda_available: bool
                                path="merge", hint="run the --merge export on a machine with a GPU, or export "
                                "without --merge (the adapter needs no base)")
         return torch.device(drawn_on)
-    return torch.device("cuda" if cuda_available else "cpu")
+    return torch.device("cuda" if cuda_available and fits_gpu else "cpu")

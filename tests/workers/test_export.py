@@ -56,12 +56,15 @@ def _loaded_logits(folder: Path) -> torch.Tensor:
     return logits
 
 
-def _adapter_logits(folder: Path, spec: Any) -> torch.Tensor:
-    """The exported adapter loaded with peft onto a freshly built base (the spec's seed, as training drew it)."""
+def _adapter_logits(folder: Path, spec: Any, *, base: Path | None = None) -> torch.Tensor:
+    """The exported adapter loaded with peft onto a freshly built base (the spec's seed, as training drew it),
+    or onto the weights in ``base``."""
     from peft import PeftModel
+    from transformers import AutoModelForCausalLM
 
-    base = build_model(resolve_model_source(spec), seed=spec.train.seed, weights_dtype=torch.float32)
-    model = PeftModel.from_pretrained(base, str(folder))
+    model: Any = (build_model(resolve_model_source(spec), seed=spec.train.seed, weights_dtype=torch.float32)
+                  if base is None else AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32))
+    model = PeftModel.from_pretrained(model, str(folder))
     model.eval()
     with torch.no_grad():
         logits: torch.Tensor = model(input_ids=IDS).logits
@@ -112,6 +115,11 @@ def test_lora_exports_an_adapter_on_its_base_and_merge_gives_the_same_model(tmp_
     merged = export_checkpoint(uri, tmp_path / "merged", merge=True)
     assert merged.kind == "merged" and not (tmp_path / "merged" / "adapter_config.json").exists()
     torch.testing.assert_close(_loaded_logits(tmp_path / "merged"), expected, rtol=0, atol=1e-5)
+
+    moved = base.rename(tmp_path / "moved")  # the folder it was trained on is gone: still its base, not a random init
+    gone = export_checkpoint(uri, tmp_path / "gone")
+    assert (gone.base, gone.base_seed) == (str(base), None)
+    torch.testing.assert_close(_adapter_logits(tmp_path / "gone", spec, base=moved), expected, rtol=0, atol=1e-5)
 
 
 def test_lora_on_a_random_init_base_exports_the_adapter_without_building_the_base(
@@ -177,6 +185,7 @@ def test_the_merge_builds_its_base_on_the_gpu_when_there_is_one() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert base_device(None, random_init=False, cuda_available=True) == cuda  # a weights folder loads anywhere
     assert base_device(None, random_init=False, cuda_available=False) == cpu
+    assert base_device(None, random_init=False, cuda_available=True, fits_gpu=False) == cpu  # a 70B base on 80 GB
     assert base_device("cuda", random_init=True, cuda_available=True) == cuda
     assert base_device("cpu", random_init=True, cuda_available=True) == cpu  # the same seed, other weights on a GPU
     assert base_device(None, random_init=True, cuda_available=True) == cuda  # an older checkpoint: not recorded
