@@ -122,7 +122,7 @@ def _export_lora(restored: _Restored, out: Path, *, merge: bool, progress: Progr
     progress("merging the adapter into the base")
     from peft import PeftModel
 
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged = PeftModel.from_pretrained(base, str(adapter_dir), low_cpu_mem_usage=True).merge_and_unload()
     progress(f"writing the merged model to {out}")
     _save_model(merged, out)
     return _result(restored, out, "merged", **about, device=device.type)
