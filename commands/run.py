@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -142,8 +144,10 @@ def export_command(
     """Write a job's trained model as a Hugging Face folder (from its newest checkpoint).
 
     A full fine-tune gives a folder AutoModelForCausalLM.from_pretrained loads. LoRA/QLoRA gives a
-    peft adapter folder on its base model (the weights folder it was trained from, or a copy in
-    OUT/base); --merge gives merged weights. The run's tokenizer, if any, is saved beside them.
+    peft adapter folder, read from the checkpoint alone (its base is the weights folder it was trained
+    from, or a random init named by its seed). --merge writes that adapter to OUT/adapter first, then
+    builds the base (on the GPU if there is one) and writes merged weights. The run's tokenizer, if any,
+    is saved beside them. Each stage is reported on stderr as it starts.
 
     Examples:
 
@@ -158,14 +162,28 @@ def export_command(
     uri, note = _export_source(source)
     if note and not as_json:
         output.err_console.print(f"note: {note}", highlight=False)
-    result = export_checkpoint(uri, Path(out).expanduser(), merge=merge).to_dict()
+    result = export_checkpoint(uri, Path(out).expanduser(), merge=merge, progress=_stage_printer()).to_dict()
     if as_json:
         print_json({**result, "note": note})
         return
-    what = {"model": "model", "adapter": f"peft adapter on {result['base']}", "merged": "merged model"}
+    base = result["base"] or (f"a random init of {result['model']} (seed {result['base_seed']}; "
+                              "--merge writes it merged)")
+    what = {"model": "model", "adapter": f"peft adapter on {base}", "merged": "merged model"}
     output.console.print(styled(("exported", "bold green"), f" step {result['step']} of {result['job'] or source} as a "
                                 f"{what[result['kind']]} to {result['out']}"
                                 + (" (with its tokenizer)" if result["tokenizer"] else "")), highlight=False)
+
+
+def _stage_printer() -> Callable[[str], None]:
+    """Each export stage on stderr as it starts, with the time so far: an 8B base takes minutes on a CPU,
+    and a silent command looks hung. stdout stays the result alone (--json)."""
+    start = time.monotonic()
+
+    def stage(text: str) -> None:
+        output.err_console.print(styled((f"[{time.monotonic() - start:6.1f} s]", "dim"), f" {text} ..."),
+                                 highlight=False, soft_wrap=True)
+
+    return stage
 
 
 def _export_source(source: str) -> tuple[str, str | None]:

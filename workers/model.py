@@ -138,13 +138,19 @@ def apply_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
     """Wrap with peft LoRA on every linear layer but the LM head; only the adapters train (their init draws from
     torch's global generator: build inside ``workers.isolation.seeded_build``)."""
     load_libraries("peft")
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear",
-                        task_type="CAUSAL_LM")
     with library_lock():
-        wrapped: torch.nn.Module = get_peft_model(model, config)
+        wrapped: torch.nn.Module = get_peft_model(model, lora_config(rank))
     return wrapped
+
+
+def lora_config(rank: int) -> Any:
+    """The peft LoraConfig training uses (`gpuplan export` writes the same one beside the adapter)."""
+    load_libraries("peft")
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -40,6 +40,7 @@ from workers.train_recovery import back_off, free_memory, resume_split, wait_for
 from workers.train_result import TrainResult, peak_memory
 from workers.train_setup import (
     autocast_dtype,
+    build_device,
     check_supported,
     configure_torch,
     fill_weights,
@@ -154,7 +155,9 @@ class _Run:
         self.meta: dict[str, Any] = {
             "job_id": job.job_id, "model": self.source.config.id, "world_size": self.world,
             "spec": job.spec.model_dump(mode="json"), "strategy": strategy.model_dump(mode="json"),
-            "model_config": self.source.config.model_dump(mode="json")}
+            "model_config": self.source.config.model_dump(mode="json"),
+            # a random-init base is drawn there (prepare_model): the same seed draws other weights elsewhere
+            "base_drawn_on": build_device(strategy, self.source, self.device).type}
 
     def _resume(self) -> None:
         """Where this attempt starts: the newest checkpoint's step, data position, tokens and loss."""
