@@ -23,6 +23,7 @@ import torch
 
 from catalog.errors import Conflict, InvalidInput, NotFound
 from catalog.schema import ModelConfig
+from planner.numerics import BF16_WEIGHTS
 from planner.spec import JobSpec
 from planner.types import Strategy
 
@@ -129,7 +130,7 @@ def _rebuild(restored: _Restored) -> torch.nn.Module:
     spec's seed); a full checkpoint holds every weight, so nothing random is drawn first."""
     from workers.model import ModelSource, apply_lora, build_model, resolve_model_source
 
-    dtype = torch.bfloat16 if restored.strategy.precision in ("bf16", "fp8") else torch.float32
+    dtype = torch.bfloat16 if restored.strategy.precision in BF16_WEIGHTS else torch.float32
     if restored.trainable_only:
         source = resolve_model_source(restored.spec)
         seed = restored.spec.train.seed if restored.spec.train is not None else 0

@@ -57,6 +57,8 @@ CASES = {
     "amp-bf16-actckpt-sgd": ({"steps": 12, "interval": 4},
                              {"precision": "amp-bf16", "activation_checkpointing": True, "optimizer": "sgd"}),
     "lora": ({"steps": 12, "interval": 5}, {"finetune": "lora", "lora_rank": 4}),
+    # bf16 weights with stochastically rounded AdamW steps: the random bits continue across a resume
+    "bf16-sr": ({"steps": 12, "interval": 4}, {"precision": "bf16"}),
     "qlora": ({"steps": 10, "interval": 4}, {"finetune": "qlora", "lora_rank": 4, "precision": "bf16"}),
 }
 # NF4 quantises only weights that fill whole blocks of 64 x 256: a wider tiny model has some
