@@ -52,7 +52,7 @@ def _kill_points(rng: random.Random, steps: int, interval: int) -> list[tuple[in
     return points
 
 
-CASES = {
+CASES: dict[str, tuple[dict[str, int], dict[str, Any]]] = {
     "fp32-accum": ({"steps": 14, "interval": 3}, {"grad_accum": 2}),
     "amp-bf16-actckpt-sgd": ({"steps": 12, "interval": 4},
                              {"precision": "amp-bf16", "activation_checkpointing": True, "optimizer": "sgd"}),
