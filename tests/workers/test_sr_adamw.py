@@ -120,3 +120,25 @@ def test_bf16_plain_keeps_torch_adamw() -> None:
     assert isinstance(make_optimizer("adamw", params, 1e-4, precision="bf16"), StochasticRoundAdamW)
     fp32 = list(_tiny_model(torch.float32).parameters())  # LoRA's fp32 adapters under a bf16 base
     assert type(make_optimizer("adamw", fp32, 1e-4, precision="bf16")) is torch.optim.AdamW
+
+
+def test_the_compiled_step_cuda_runs_is_the_eager_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA runs the step through torch.compile (fullgraph, any length, writing into slices of the parameter):
+    compiled here by inductor for the CPU, it traces, compiles once for every piece length and gives the eager
+    step's bits exactly, pieces of a 2-D parameter included."""
+    import workers.sr_adamw as sr
+
+    compiled = torch.compile(sr._step_piece, dynamic=True, fullgraph=True)
+    monkeypatch.setattr(sr, "CHUNK", 1000)  # 64 x 70 = 4480: five pieces, the last one shorter
+
+    def run(kernel: Callable[..., None]) -> tuple[torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(sr, "_kernel", lambda _device: kernel)
+        w = torch.nn.Parameter((torch.randn(64, 70, generator=torch.Generator().manual_seed(0)) * 0.02).bfloat16())
+        opt = StochasticRoundAdamW([w], lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, seed=3)
+        for i in range(3):
+            w.grad = torch.randn(64, 70, generator=torch.Generator().manual_seed(i)).bfloat16()
+            opt.step()
+        return w.detach().clone(), opt.state[w]["exp_avg"].clone()
+
+    eager, fused = run(sr._step_piece), run(compiled)
+    assert torch.equal(eager[0], fused[0]) and torch.equal(eager[1], fused[1])
