@@ -91,34 +91,37 @@ class _Losses(TrainHooks):
             self.losses[int(progress["step"])] = float(progress["loss"])
 
 
-def weight_change(spec: Any, strategy: Any, checkpoint: Path, device: Any) -> dict[str, float]:
-    """The trained weights against their seeded start: relative Frobenius change and share of moved elements."""
-    from workers.checkpoint import open_store
-    from workers.model import build_model, resolve_model_source
-    from workers.train_setup import weights_dtype
-    from workers.train_state_load import read_checkpoint_state
+class _Weights:
+    """The trained parameters as the loop's optimizer gets them, and a host copy of their start (taken before
+    the first step, off the GPU so the run's peak memory is its own)."""
 
-    loaded = read_checkpoint_state(open_store(str(checkpoint)))
-    assert loaded is not None, f"no checkpoint in {checkpoint}"
-    _, trained = loaded
-    start = build_model(resolve_model_source(spec), seed=spec.train.seed, weights_dtype=weights_dtype(strategy),
-                        device=device).state_dict()
-    diff2 = base2 = 0.0
-    moved = total = 0
-    tensors = still = 0
-    for name, end in trained.items():
-        key = name if name in start else name.removeprefix("model.")
-        if key not in start:
-            continue
-        w0 = start[key].float()
-        delta = end.to(w0.device).float() - w0
-        diff2 += float(delta.double().pow(2).sum())
-        base2 += float(w0.double().pow(2).sum())
-        changed = int((delta != 0).sum())
-        moved, total = moved + changed, total + delta.numel()
-        tensors, still = tensors + 1, still + (changed == 0)
-    return {"relative_change": math.sqrt(diff2 / base2), "moved_share": moved / max(1, total),
-            "tensors": tensors, "tensors_unmoved": still}
+    def __init__(self) -> None:
+        self.params: list[Any] = []
+        self.start: list[Any] = []
+
+    def wrap(self, make: Any) -> Any:
+        def make_and_keep(name: str, params: list[Any], lr: float, **kwargs: Any) -> Any:
+            self.params = list(params)
+            self.start = [p.detach().to("cpu", copy=True) for p in self.params]
+            return make(name, params, lr, **kwargs)
+
+        return make_and_keep
+
+    def change(self) -> dict[str, float]:
+        """Relative Frobenius change ||w_end - w_0|| / ||w_0||, share of elements and tensors that moved."""
+        diff2 = base2 = 0.0
+        moved = total = still = 0
+        for p, w0_host in zip(self.params, self.start, strict=True):
+            w0 = w0_host.to(p.device).float()
+            delta = p.detach().float() - w0
+            diff2 += float(delta.double().pow(2).sum())
+            base2 += float(w0.double().pow(2).sum())
+            changed = int((delta != 0).sum())
+            moved, total, still = moved + changed, total + delta.numel(), still + (changed == 0)
+        tensors = len(self.params)
+        self.params, self.start = [], []
+        return {"relative_change": math.sqrt(diff2 / base2), "moved_share": moved / max(1, total),
+                "tensors": tensors, "tensors_unmoved": still}
 
 
 def run_one(precision: str, args: argparse.Namespace, data: Path, tok: Path, work: Path) -> dict[str, Any]:
@@ -149,13 +152,20 @@ def run_one(precision: str, args: argparse.Namespace, data: Path, tok: Path, wor
                        calibration=load_calibration())
         strategy = est.strategy
     checkpoint = work / f"ck-{precision}"
-    losses = _Losses()
+    losses, weights = _Losses(), _Weights()
+    import workers.train as loop
+
+    make = getattr(loop, "make_optimizer")  # noqa: B009 - the loop's own name for it, replaced for this run
+    setattr(loop, "make_optimizer", weights.wrap(make))  # noqa: B010
     began = time.perf_counter()
-    result = run_training(TrainJob(job_id=spec.name, spec=spec, strategy=strategy,
+    try:
+        result = run_training(TrainJob(job_id=spec.name, spec=spec, strategy=strategy,
                                    checkpoint_uri=str(checkpoint), device=args.device, log_every_s=0.0,
                                    keep_checkpoints=1), losses)
+    finally:
+        setattr(loop, "make_optimizer", make)  # noqa: B010
     wall = time.perf_counter() - began
-    change = weight_change(spec, strategy, checkpoint, torch.device(args.device))
+    change = weights.change()
     shutil.rmtree(checkpoint, ignore_errors=True)
     if args.device == "cuda":
         torch.cuda.empty_cache()
