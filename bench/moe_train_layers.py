@@ -94,7 +94,7 @@ def kernel_groups(step: Any) -> dict[str, float]:
 def measure(model_id: str, finetune: str, ckpt: bool, micro: int, layers: int, repeat: int, seq: int,
             device: torch.device) -> dict[str, Any]:
     config = cut(model_id, layers)
-    strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16", micro_batch=micro, finetune=finetune,
+    strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16-plain", micro_batch=micro, finetune=finetune,
                         activation_checkpointing=ckpt)
     cuda = device.type == "cuda"
     if cuda:
@@ -124,7 +124,7 @@ def planned_parts(case: dict[str, Any], seq: int, gpu: Any, cal: Any) -> tuple[f
     difference between the record's two depths, as the script measures it."""
     from planner.throughput import train_step_parts
 
-    strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16", micro_batch=case["micro_batch"],
+    strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16-plain", micro_batch=case["micro_batch"],
                         finetune=case["finetune"], activation_checkpointing=case["ckpt"])
     low, high = (run["layers"] for run in case["runs"])
     step = {n: train_step_parts(cut(case["model"], n), strategy, seq, gpu, cal)[1] for n in (low, high)}

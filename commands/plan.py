@@ -88,8 +88,12 @@ def plan_command(
     job, catalog, model, calibration = load_planning_inputs(spec)
     result = plan(job, catalog, objective=objective, calibration=calibration, model=model,  # type: ignore[arg-type]
                   today=date.today())
+    _warn_plain_bf16(job)
     if as_json:
-        print_json(result)
+        doc = to_jsonable(result)
+        for candidate in [*(doc.get("candidates") or []), *([doc["chosen"]] if doc.get("chosen") else [])]:
+            candidate["estimate"]["numerics"] = _numerics(candidate["estimate"]["strategy"])
+        print_json(doc)
         return
     _print_plan_table(result, objective, top, deadline=job.resources.deadline)
     chosen = result.chosen
@@ -106,7 +110,8 @@ def plan_command(
 
 # Plan table columns, most important first; ``drop`` says which go first on a narrow terminal.
 PLAN_COLS = [
-    Col("#", right=True), Col("GPUs / strategy", wrap=True), Col("cloud instance region", wrap=True),
+    Col("#", right=True), Col("GPUs / strategy", wrap=True), Col("numerics", wrap=True, drop=2),
+    Col("cloud instance region", wrap=True),
     Col("market"), Col("GiB need/limit", right=True, drop=1), Col("tok/s", right=True, drop=4),
     Col("hours", right=True), Col("preempt h", right=True, drop=5), Col("P(deadline)", right=True, drop=6),
     Col("$/h", right=True, drop=3), Col("total $", right=True),
@@ -120,7 +125,7 @@ def _print_plan_table(result: Any, objective: str, top: int, *, deadline: float 
     for i, c in enumerate(result.candidates[:top], 1):
         e = c.estimate
         row: list[str | Text] = [
-            f"{i}*" if c.pareto else str(i), e.strategy.label(),
+            f"{i}*" if c.pareto else str(i), e.strategy.label(), _numerics(e.strategy) or "-",
             f"{c.offer.cloud} {c.offer.instance_type} {c.offer.region}", c.cost.market,
             f"{gib(e.memory.required_bytes)}/{gib(e.memory.limit_bytes)}", f"{e.throughput.tokens_per_s:,.0f}",
             f"{c.cost.hours:,.1f}", f"{c.cost.preemption_overhead_h:,.2f}" if c.cost.market == "spot" else "-"]
@@ -130,6 +135,21 @@ def _print_plan_table(result: Any, objective: str, top: int, *, deadline: float 
     headroom = result.candidates[0].estimate.memory.headroom if result.candidates else 0.0
     print_table(f"{result.job}: {len(result.candidates)} candidates ({objective}; * = cost/time Pareto front; "
                 f"limit = usable memory less {headroom:.0%} headroom)", cols, rows)
+
+
+def _numerics(strategy: Any) -> str | None:
+    """What a training candidate's weight updates go through (planner/numerics.py); None for inference."""
+    from planner.numerics import numerics
+
+    fields = strategy if isinstance(strategy, dict) else strategy.model_dump()
+    return numerics(str(fields["precision"]), str(fields["finetune"])) if fields["task"] == "train" else None
+
+
+def _warn_plain_bf16(job: Any) -> None:
+    if job.train is not None and job.train.precision == "bf16-plain" and job.train.finetune == "full":
+        warn("precision bf16-plain rounds every update to the nearest bf16: at fine-tuning learning rates most "
+             "round to nothing and the weights barely move (docs/NUMERICS.md); precision bf16 takes the same memory "
+             "and rounds stochastically")
 
 
 def _chosen_line(chosen: Any) -> str:
@@ -194,8 +214,10 @@ def estimate_command(
     deadline = job.resources.deadline
     meets = None if deadline is None or not fits else result.hours <= deadline
     extra = {"deadline_h": deadline, "meets_deadline": meets, "cost": priced}
+    _warn_plain_bf16(job)
     if as_json:
-        print_json({**to_jsonable(result), **({} if fits else {"hours": None}), **extra})
+        print_json({**to_jsonable(result), "numerics": _numerics(result.strategy),
+                    **({} if fits else {"hours": None}), **extra})
     else:
         _print_estimate(result, calibration.memory.pressure_slack)
         if fits:
@@ -257,7 +279,8 @@ def _print_estimate(result: Any, slack: float) -> None:
 
     mem, thr = result.memory, result.throughput
     verdict = ("fits", "green") if mem.fits else ("does not fit", "bold red")
-    output.console.print(styled((result.strategy.label(), "bold"), ": ", verdict,
+    numerics = _numerics(result.strategy)
+    output.console.print(styled((result.strategy.label(), "bold"), f" ({numerics})" if numerics else "", ": ", verdict,
                                 f" — needs {gib(mem.required_bytes)} GiB of {gib(mem.limit_bytes)} GiB "
                                 f"({gib(mem.usable_bytes)} GiB usable less {mem.headroom:.0%} headroom; "
                                 f"peak at {mem.peak_moment})"), highlight=False)

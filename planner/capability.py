@@ -10,7 +10,7 @@ from catalog.schema import DegreeSupport, GpuSpec, KnobSupport, PlatformKnob, St
 
 # what each precision needs from the part
 PRECISION_NEEDS: dict[str, str] = {
-    "fp32": "fp32", "amp-bf16": "bf16", "bf16": "bf16", "amp-fp16": "fp16", "fp8": "fp8",
+    "fp32": "fp32", "amp-bf16": "bf16", "bf16": "bf16", "bf16-plain": "bf16", "amp-fp16": "fp16", "fp8": "fp8",
 }
 WEIGHTS_NEEDS: dict[str, str] = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8", "int4": "int8",
                                  "mxfp4": "bf16"}  # mxfp4: bf16 activations over 4-bit experts

@@ -45,7 +45,8 @@ PRECISION_BYTES: dict[str, PrecisionBytes] = {
     "fp32": PrecisionBytes(4, 4, 4, 4, 4, False),
     "amp-bf16": PrecisionBytes(4, 4, 4, 2, 4, True),
     "amp-fp16": PrecisionBytes(4, 4, 4, 2, 4, True),
-    "bf16": PrecisionBytes(2, 2, 2, 2, 2, False),
+    "bf16": PrecisionBytes(2, 2, 2, 2, 2, False),  # stochastic rounding keeps no state (planner/numerics.py)
+    "bf16-plain": PrecisionBytes(2, 2, 2, 2, 2, False),
     "fp8": PrecisionBytes(2, 2, 2, 2, 2, False),
 }
 

@@ -33,7 +33,7 @@ from planner.memory import (
 from planner.types import MemoryEstimate
 
 QLORA_NF4_BYTES = 0.5 + 0.5 / 64 * 1.03  # nf4 + double-quantised absmax (8-bit per 64, fp32 per 256 blocks)
-LOW_PRECISION = ("amp-bf16", "amp-fp16", "bf16", "fp8")
+LOW_PRECISION = ("amp-bf16", "amp-fp16", "bf16", "bf16-plain", "fp8")
 
 
 def lora_params_per_layer(model: ModelConfig, rank: int) -> int:

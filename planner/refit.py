@@ -32,6 +32,7 @@ from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import Calibration, apply_overrides
 from planner.memory import infer_memory
 from planner.memory_train import train_memory, train_moments
+from planner.numerics import storage_precision
 from planner.throughput import infer_throughput, train_throughput
 from planner.types import Strategy
 
@@ -103,7 +104,7 @@ class Knob:
 
     def applies(self, o: Observation, modes: Mapping[str, str]) -> bool:
         return (o.section == self.section and (self.task is None or o.strategy.task == self.task)
-                and (self.precision is None or o.strategy.precision == self.precision)
+                and (self.precision is None or storage_precision(o.strategy.precision) == self.precision)
                 and (self.mode is None or modes[o.id] == self.mode))
 
 
@@ -150,7 +151,8 @@ def knobs_for(observations: Iterable[Observation], cal: Calibration, modes: Mapp
             knobs.append(Knob((*pre, "memory", "activation_scale"), "peak_allocated_bytes", section, "train"))
         for mode in sorted({modes[o.id] for o in mine}):
             knobs.append(Knob((*pre, "memory", table, mode), "peak_reserved_bytes", section, mode=mode))
-        for precision in sorted({o.strategy.precision for o in mine if o.strategy.task == "train"}):
+        # bf16-plain runs bf16's kernels: its runs fit bf16's constant (planner/numerics.py)
+        for precision in sorted({storage_precision(o.strategy.precision) for o in mine if o.strategy.task == "train"}):
             knobs.append(Knob((*pre, "throughput", "mfu_max", precision), "tokens_per_s", section, "train",
                               precision=precision, upper=1.0))
         if "train" in tasks:

@@ -25,7 +25,7 @@ from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
 
 Task = Literal["train", "infer"]
-Precision = Literal["auto", "fp32", "amp-bf16", "amp-fp16", "bf16", "fp8"]
+Precision = Literal["auto", "fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-plain", "fp8"]
 Optimizer = Literal["adamw", "adamw-8bit", "sgd", "adafactor"]
 Sharding = Literal["auto", "ddp", "fsdp", "fsdp-grad-op", "zero1"]
 Finetune = Literal["full", "lora", "qlora"]

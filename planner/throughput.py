@@ -34,9 +34,11 @@ from planner.memory import (
     sparse_layer_count,
     stored_bytes_per_param,
 )
+from planner.numerics import SR_BYTES_PER_PARAM, stochastic_rounding, storage_precision
 from planner.types import Strategy, ThroughputEstimate, construct
 
-PEAK_DTYPE = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
+PEAK_DTYPE = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "bf16-plain": "bf16",
+              "fp8": "fp8"}
 
 
 def peak_tflops(gpu: GpuSpec, precision: str) -> float:
@@ -234,7 +236,7 @@ def moe_dispatch_bytes(model: ModelConfig, tokens: float, layers: int, checkpoin
 
 def efficiency(model: ModelConfig, precision: str, tokens_per_micro: int, cal: ThroughputCalibration) -> float:
     h = model.hidden_size
-    base = cal.mfu_max.get(precision, 0.4)
+    base = cal.mfu_max.get(storage_precision(precision), 0.4)
     return base * h / (h + cal.hidden_half) * tokens_per_micro / (tokens_per_micro + cal.tokens_half)
 
 
@@ -403,6 +405,8 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     state_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") or ft != "full" else 2
     sharded = trainable / (dp if strategy.sharding in ("fsdp", "fsdp-grad-op", "zero1") else 1)
     opt = optimizer_step_s(sharded, state_b, strategy.optimizer, gpu, cal)
+    if stochastic_rounding(strategy.precision, ft, strategy.optimizer):  # the random bits of every update
+        opt += sharded * SR_BYTES_PER_PARAM / (gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency)
     per_micro = compute + exposed + (opt + cal.step_overhead_s) / accum
     bubble = (pp - 1) / (accum + pp - 1) if pp > 1 else 0.0
     per_micro = per_micro / (1 - bubble)

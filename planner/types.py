@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from catalog.schema import Offer
 
-ResolvedPrecision = Literal["fp32", "amp-bf16", "amp-fp16", "bf16", "fp8"]
+ResolvedPrecision = Literal["fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-plain", "fp8"]
 ResolvedSharding = Literal["none", "ddp", "fsdp", "fsdp-grad-op", "zero1"]
 WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4"]
 Market = Literal["spot", "on-demand", "local"]

@@ -25,6 +25,7 @@ import torch
 
 from catalog.errors import Conflict, InvalidInput, NotFound
 from catalog.schema import ModelConfig
+from planner.numerics import BF16_WEIGHTS
 from planner.spec import JobSpec, ModelRef
 from planner.types import Strategy
 from workers.export_adapter import base_device, write_adapter
@@ -153,7 +154,7 @@ def _build_base(restored: _Restored, device: torch.device) -> torch.nn.Module:
     """The frozen base exactly as training built it: its weights folder, or the spec's seed drawn on ``device``."""
     from workers.model import build_model, resolve_model_source
 
-    dtype = torch.bfloat16 if restored.strategy.precision in ("bf16", "fp8") else torch.float32
+    dtype = torch.bfloat16 if restored.strategy.precision in BF16_WEIGHTS else torch.float32
     source = resolve_model_source(restored.spec)
     seed = restored.spec.train.seed if restored.spec.train is not None else 0
     model = build_model(source, seed=seed, weights_dtype=dtype, device=device)
@@ -208,7 +209,7 @@ def _rebuild(restored: _Restored) -> torch.nn.Module:
     nothing random is drawn first."""
     from workers.model import ModelSource, build_model
 
-    dtype = torch.bfloat16 if restored.strategy.precision in ("bf16", "fp8") else torch.float32
+    dtype = torch.bfloat16 if restored.strategy.precision in BF16_WEIGHTS else torch.float32
     with _skip_init():  # every weight comes from the checkpoint: drawing random ones first is wasted minutes
         model = build_model(ModelSource(config=restored.config, weights_dir=None), seed=0, weights_dtype=dtype)
     try:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from catalog.errors import InvalidInput
 from catalog.params import count_params
 from planner.host_memory import build_bytes, builds_on_host, builds_once
+from planner.numerics import BF16_WEIGHTS
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
 from workers.isolation import seed_global, seeded_build
@@ -28,6 +29,7 @@ from workers.model import (
     enable_activation_checkpointing,
     quantize_base_nf4,
 )
+from workers.sr_adamw import StochasticRoundAdamW
 
 
 def pick_device(requested: str) -> torch.device:
@@ -71,7 +73,7 @@ def configure_torch(device: torch.device, cpu_threads: int | None) -> None:
 
 
 def weights_dtype(strategy: Strategy) -> torch.dtype:
-    return torch.bfloat16 if strategy.precision in ("bf16", "fp8") else torch.float32
+    return torch.bfloat16 if strategy.precision in BF16_WEIGHTS else torch.float32
 
 
 def autocast_dtype(strategy: Strategy, sharded: bool) -> torch.dtype | None:
@@ -82,7 +84,13 @@ def autocast_dtype(strategy: Strategy, sharded: bool) -> torch.dtype | None:
     return None
 
 
-def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, *, precision: str = "fp32",
+                   seed: int = 0, rank: int = 0) -> torch.optim.Optimizer:
+    """``name``'s optimizer; under precision ``bf16`` an AdamW rounds its steps into the bf16 weights
+    stochastically (seeded by the job's ``seed`` and ``rank``), which ``bf16-plain`` opts out of."""
+    stochastic = precision == "bf16" and any(p.dtype == torch.bfloat16 for p in params)  # not LoRA's fp32 adapters
+    if name == "adamw" and stochastic:
+        return StochasticRoundAdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, seed=seed, rank=rank)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     if name == "sgd":
@@ -92,7 +100,8 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> to
     if name == "adamw-8bit":
         from torchao.optim import AdamW8bit
 
-        optimizer: torch.optim.Optimizer = AdamW8bit(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+        optimizer: torch.optim.Optimizer = AdamW8bit(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1,
+                                                     bf16_stochastic_round=stochastic)
         return optimizer
     raise InvalidInput(f"unknown optimizer {name!r}", path="train.optimizer", hint="use adamw, sgd or adafactor")
 

@@ -187,7 +187,8 @@ def test_torch_total_is_below_driver_total(cat: Catalog) -> None:
 def test_the_platform_record_is_consistent_with_the_gpus(cat: Catalog) -> None:
     """Every GPU's (vendor, architecture) has a record; it claims no precision the part lacks; and for
     each value the workers run it either lists it or says why not."""
-    need = {"fp32": "fp32", "amp-bf16": "bf16", "bf16": "bf16", "amp-fp16": "fp16", "fp8": "fp8"}
+    need = {"fp32": "fp32", "amp-bf16": "bf16", "bf16": "bf16", "bf16-plain": "bf16", "amp-fp16": "fp16",
+                "fp8": "fp8"}
     w = cat.support.workers
     for gpu in cat.gpus:
         record = cat.support.platform(gpu.vendor, gpu.architecture)

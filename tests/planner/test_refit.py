@@ -96,3 +96,14 @@ def test_the_user_file_overlays_single_constants_and_a_bad_one_is_refused(tmp_pa
     path.write_text(json.dumps({"overrides": {"throughput": {"mfu_maxx": 1}}}))
     with pytest.raises(CatalogError, match=r"(?s)calibration file .* is invalid.*mfu_maxx"):
         load_calibration(overlay=path)
+
+
+def test_bf16_plain_runs_fit_bf16s_constant() -> None:
+    """bf16-plain runs bf16's kernels (it only rounds its steps differently): its runs refit mfu_max["bf16"]."""
+    from planner.refit import knobs_for
+
+    obs = [Observation(id=o.id, gpu=o.gpu, model=o.model, seq_len=o.seq_len, measured=o.measured,
+                       strategy=o.strategy.model_copy(update={"precision": "bf16-plain"}))
+           for o in observations(TRUE)]
+    paths = {k.path for k in knobs_for(obs, SHIPPED, {o.id: "single" for o in obs})}
+    assert ("throughput", "mfu_max", "bf16") in paths and ("throughput", "mfu_max", "bf16-plain") not in paths

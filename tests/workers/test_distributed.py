@@ -42,6 +42,8 @@ QLORA = ({"finetune": "qlora", "precision": "bf16", "lora_rank": 4}, {"hidden_si
 CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "ddp": ("ddp", {}, {}), "fsdp": ("fsdp", {}, {}), "fsdp-grad-op": ("fsdp-grad-op", {}, {}),
     "ddp-qlora": ("ddp", *QLORA), "fsdp-qlora": ("fsdp", *QLORA),
+    # bf16 weights sharded by FSDP2 (DTensor parameters), AdamW steps rounded stochastically on each shard
+    "fsdp-bf16-sr": ("fsdp", {"precision": "bf16"}, {}),
 }
 
 

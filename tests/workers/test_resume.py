@@ -52,11 +52,13 @@ def _kill_points(rng: random.Random, steps: int, interval: int) -> list[tuple[in
     return points
 
 
-CASES = {
+CASES: dict[str, tuple[dict[str, int], dict[str, Any]]] = {
     "fp32-accum": ({"steps": 14, "interval": 3}, {"grad_accum": 2}),
     "amp-bf16-actckpt-sgd": ({"steps": 12, "interval": 4},
                              {"precision": "amp-bf16", "activation_checkpointing": True, "optimizer": "sgd"}),
     "lora": ({"steps": 12, "interval": 5}, {"finetune": "lora", "lora_rank": 4}),
+    # bf16 weights with stochastically rounded AdamW steps: the random bits continue across a resume
+    "bf16-sr": ({"steps": 12, "interval": 4}, {"precision": "bf16"}),
     "qlora": ({"steps": 10, "interval": 4}, {"finetune": "qlora", "lora_rank": 4, "precision": "bf16"}),
 }
 # NF4 quantises only weights that fill whole blocks of 64 x 256: a wider tiny model has some

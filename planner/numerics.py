@@ -1,0 +1,46 @@
+"""What each training precision does to the weights' updates, and what that costs beyond its bytes.
+
+``bf16`` keeps weights, gradients and AdamW states in bf16 with no fp32 master copy; its optimizer step
+rounds each update into the weights stochastically (workers/sr_adamw.py), so updates below bf16's half-ulp
+still move the weights in expectation. ``bf16-plain`` is the same memory with round-to-nearest: most
+fine-tuning updates round to nothing (docs/NUMERICS.md measures both against amp-bf16's fp32 master).
+"""
+
+from __future__ import annotations
+
+# precisions whose trained weights are bf16 (no fp32 master copy)
+BF16_WEIGHTS = ("bf16", "bf16-plain", "fp8")
+
+# the precision whose dtypes, kernels and bytes a precision shares (its memory, peak and calibration key)
+_STORAGE = {"bf16-plain": "bf16"}
+
+# one phrase per precision for the plan's table and --json: what the weights' updates go through
+NUMERICS = {
+    "fp32": "fp32",
+    "amp-bf16": "fp32 master",
+    "amp-fp16": "fp32 master",
+    "bf16": "bf16 + stochastic rounding",
+    "bf16-plain": "pure bf16 (drops small updates)",
+    "fp8": "pure bf16 master, fp8 matmuls",
+}
+
+# The stochastic-rounding step's extra traffic: 16 random bits a parameter, written by the generator and read
+# by the fused update (no persistent state: the bits' seed is a function of the step).
+SR_BYTES_PER_PARAM = 4.0
+
+
+def storage_precision(precision: str) -> str:
+    """The precision ``precision`` prices its memory and compute as (``bf16-plain`` is ``bf16``)."""
+    return _STORAGE.get(precision, precision)
+
+
+def numerics(precision: str, finetune: str = "full") -> str:
+    """What ``precision``'s updates go through; LoRA trains its adapters in fp32 whatever the base is."""
+    if finetune != "full":
+        return "fp32 adapters"
+    return NUMERICS.get(precision, precision)
+
+
+def stochastic_rounding(precision: str, finetune: str, optimizer: str) -> bool:
+    """Whether the optimizer step rounds stochastically into bf16 weights (and pays SR_BYTES_PER_PARAM)."""
+    return precision == "bf16" and finetune == "full" and optimizer in ("adamw", "adamw-8bit")
