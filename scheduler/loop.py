@@ -26,8 +26,9 @@ detached actor per attempt) the attempts found running are followed on: nothing 
 started twice. Such an executor sees every attempt on its cluster, so one scheduler database
 owns one cluster (another's runs would be cancelled as orphans). Once a finished attempt's row
 is closed, an executor that keeps outcomes until read (``ReleasesAttempts``) is told to drop it.
-A lost attempt is charged up to the reconcile time: the upper bound of what it can have cost,
-so spend is never under-counted.
+A lost attempt is charged up to its last heartbeat (``Attempt.last_seen_at``: the last tick that
+found it alive on the executor), not through a scheduler's downtime to the restart that finds it gone:
+what the nodes were seen running is what is billed.
 """
 
 from __future__ import annotations
@@ -189,7 +190,15 @@ class Scheduler:
                 self._finish(attempt.id, status.state.value, status.message, report, status)
                 self._release(attempt.handle)
             else:
+                self._heartbeat(attempt)
                 self._watch(attempt, job, status)
+
+    def _heartbeat(self, attempt: Attempt) -> None:
+        """The attempt is alive now: a loss found later is billed up to here (``_lose``)."""
+        table = Attempt.__table__  # type: ignore[attr-defined]
+        with self.store.write() as session:
+            session.execute(update(table).where(table.c.id == attempt.id, table.c.ended_at.is_(None))
+                            .values(last_seen_at=self.clock()))
 
     def _watch(self, attempt: Attempt, job: Job, status: RunStatus) -> None:
         """A live attempt: what it shows of its zone's spot capacity, and whether to change it over
@@ -413,7 +422,9 @@ class Scheduler:
                 return
             job = session.get(Job, fresh.job_id)
             assert job is not None
-            ledger.close_attempt(session, fresh, job, now, "lost", why + "; charged up to now (upper bound)")
+            seen = fresh.last_seen_at or fresh.started_at  # never past now: a clock that went back bills no more
+            ledger.close_attempt(session, fresh, job, min(seen, now), "lost",
+                                 f"{why}; charged up to its last heartbeat ({seen:%Y-%m-%d %H:%M:%S} UTC)")
             report.lost.append(job.id)
             if job.state == JobState.RUNNING.value:
                 transition(session, job, JobState.QUEUED, now,
