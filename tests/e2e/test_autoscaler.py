@@ -77,6 +77,7 @@ class Head:
     gates: Path
     s3: Any
     tokens: dict[str, str]
+    types: list[str]  # the generated worker node types
 
     def api(self, team: str) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[team]}"}, timeout=60)
@@ -105,7 +106,10 @@ class Head:
             except httpx.HTTPError:  # the server is restarting
                 return None
             return job if job["state"] in ("succeeded", "failed", "cancelled") else None
-        return dict(wait_until(f"job {job_id} to finish", done))
+        try:
+            return dict(wait_until(f"job {job_id} to finish", done))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its log ends {self.logs(team, job_id)[-15:]}") from None
 
     def hold_next(self, step: int | None) -> None:
         """Hold every job without a hold of its own before ``step`` (None: no more)."""
@@ -190,7 +194,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
             server_env = {**env, "RAY_ADDRESS": cluster.address, "GPUPLAN_DATABASE_URL": db_url,
                           "GPUPLAN_HOME": str(work / "home"), "GPUPLAN_ADMIN_TOKEN": ADMIN}
             argv = [sys.executable, "-m", "tests.e2e.autoscale_server", str(gates), "--", "server", "--executor",
-                    "ray", "--port", str(api_port), "--workers", "1", "--poll", "0.5",
+                    "ray", "--port", str(api_port), "--workers", "1", "--poll", "0.5", "--launch-timeout", "3",
                     "--checkpoint-root", f"s3://{BUCKET}/runs", "--ray-cluster-config", str(cluster.config_path)]
             supervisor = Supervisor(_server(argv, server_env, work / "server.log", port))
             url = f"http://127.0.0.1:{api_port}"
@@ -202,7 +206,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
                     for team in ("vision", "nlp"):
                         assert admin.post("/v1/teams", json={"name": team}).status_code == 201
                         tokens[team] = admin.post(f"/v1/teams/{team}/tokens", json={"name": "ci"}).json()["token"]
-                yield Head(cluster, imds, supervisor, url, db_url, gates, s3, tokens)
+                yield Head(cluster, imds, supervisor, url, db_url, gates, s3, tokens, sorted(generated["types"]))
             finally:
                 supervisor.stop()
     drop_pg_schema(schema)
@@ -323,6 +327,38 @@ def test_the_server_killed_9_is_restarted_and_no_job_is_lost_or_run_twice(head: 
     assert [(a.number, a.outcome) for a in attempts(head, job_id)] == [(1, "succeeded")]
     lines = head.logs("vision", job_id)
     assert sum(f"step {STEPS}/{STEPS}" in line for line in lines) == 1
+
+
+def test_refused_spot_launches_move_an_auto_job_down_its_planned_types_and_an_always_job_waits(head: Head) -> None:
+    head.hold_next(None)
+    spot = [t for t in head.types if "-spot-" in t]
+    assert len(spot) == 2 and len(head.types) == 4  # two spot zones, on demand in each: the plan's placements
+    head.cluster.refuse(spot)  # no spot capacity anywhere
+    try:
+        auto = head.submit("vision", spec("fallback-auto"))
+        always = head.submit("nlp", spec("fallback-always", spot="always"))
+        waiting = wait_until("the spot: always job to wait with the reason", lambda: (
+            lambda m: m if "InsufficientInstanceCapacity" in m and "no other planned placement" in m else None)(
+                head.job("nlp", always)["message"]))
+        assert head.job("nlp", always)["state"] == "running", waiting
+        job = head.finished("vision", auto)
+        lines = head.logs("vision", auto)
+        assert job["state"] == "succeeded", lines[-20:]
+        tried = [(a.market, a.zone, a.outcome) for a in attempts(head, auto)]
+        # spot in a zone, then (if it started in the cheaper one) the other zone, then on demand
+        assert [m for m, _, _ in tried][-1] == "on-demand" and {m for m, _, _ in tried[:-1]} == {"spot"}, tried
+        assert len({z for m, z, _ in tried if m == "spot"}) == len(tried) - 1
+        assert any("InsufficientInstanceCapacity" in x and "moves to" in x for x in lines), lines
+        assert {a.market for a in attempts(head, always)} == {"spot"}
+        launched = [e["type"] for e in head.cluster.events() if e["event"] == "launched"]
+        assert not set(spot) & set(launched[-1:]) and launched[-1] == type_of("on-demand", tried[-1][1])
+        with head.api("nlp") as api:
+            assert api.post(f"/v1/jobs/{always}/cancel", json={}).status_code == 200
+        assert head.finished("nlp", always)["state"] == "cancelled"
+        wait_until("the loop to close the cancelled job's attempt", lambda: head.sql(
+            "SELECT count(*) FROM attempt WHERE job_id = :j AND ended_at IS NULL", j=always) == [(0,)])
+    finally:
+        head.cluster.refuse([])
 
 
 def test_idle_workers_scale_down_and_nothing_is_billed_while_no_job_runs(head: Head) -> None:
