@@ -16,6 +16,9 @@ How failures surface (what the scheduler sees in ``status()``):
   checkpoint of a different model shape, an unreachable store, a missing or malformed prompts file):
   FAILED with the reason. Bad input
   is not retried: the same input would fail the same way.
+- A pending attempt whose node type the cloud refuses to launch (the autoscaler records the launch as
+  failed, e.g. no spot capacity): ``status`` stays PENDING with ``launch_failure`` set to the cloud's reason
+  (``autoscaler_launch_failures``), which the scheduler uses to move the job down its planned placements.
 - A job that no node of the cluster could ever hold: ``submit`` raises ``Infeasible`` with the
   reason instead of pending silently; while a submitted run waits for resources, ``message`` says
   which.
