@@ -124,6 +124,9 @@ class Scheduler:
         # attempt id -> when the loop first saw the cloud refuse the nodes it waits for (scheduler.fallback): after
         # launch_timeout_s of that (loop clock) the job moves to its next planned placement
         self._refused: dict[int, datetime] = {}
+        # jobs moved down their placements for refused launches: the chooser does not move them back up (the
+        # refused placement would only refuse again, and each move stops an attempt); in memory like _moves
+        self._descended: set[str] = set()
         self.launch_timeout_s = launch_timeout_s
 
     # -------------------------------------------------------------- main entry points
@@ -225,7 +228,8 @@ class Scheduler:
             self._wait_for_launch(attempt, job, status.launch_failure, now)
             return
         self._refused.pop(attempt.id or 0, None)
-        if not isinstance(self.choose_market, changeover.Reconsiders) or job.state != JobState.RUNNING.value:
+        if (not isinstance(self.choose_market, changeover.Reconsiders) or job.state != JobState.RUNNING.value
+                or job.id in self._descended):
             return
         target = self.choose_market.reconsider(job, changeover.running(job, attempt, status), now)
         if target is None or target.wait_s is not None:
@@ -252,6 +256,7 @@ class Scheduler:
             moved = Placement(target.market, target.usd_per_h, target.zone,
                               why=f"launches on {where} failed for {self.launch_timeout_s:.0f} s: {failure}")
             self._refused.pop(attempt.id, None)
+            self._descended.add(job.id)
             self._change_over(attempt, job, moved, now)
             return
         else:
