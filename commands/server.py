@@ -39,6 +39,10 @@ def server_command(
         help="With --executor ray: the autoscaler's cluster YAML (~/ray_bootstrap_config.yaml on the head). Its "
         "node types count as capacity before their nodes join, runs ask for the planned GPU, market and zone, and "
         "plans use the link speed its node types provide (their gpuplan/network-gbps label: EFA or one interface)."),
+    launch_timeout: float = typer.Option(
+        300.0, "--launch-timeout", min=0.0,
+        help="Seconds a job waits for nodes the cloud refuses to launch (no spot capacity) before it moves to the "
+        "next node type its plan priced: another zone, then on-demand (spot: auto); spot: always waits on."),
 ) -> None:
     """Run the REST API and the scheduling loop (uvicorn). Upgrades the database schema first.
 
@@ -113,11 +117,12 @@ def server_command(
     ui_secret = load_or_create_secret(home)  # dashboard sessions at /ui: one secret for every API process
     if count == 1:
         serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running, calibration=calibration,
-                       ui_secret=ui_secret, spot_zones=zones), host, port, sock=sock)
+                       ui_secret=ui_secret, spot_zones=zones, launch_timeout_s=launch_timeout), host, port, sock=sock)
         return
     api = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
                       admin_token=admin_token, calibration=calibration, ui_secret=ui_secret)
-    loop = make_loop(service, run, poll_s=poll, max_running=max_running, calibration=calibration, spot_zones=zones)
+    loop = make_loop(service, run, poll_s=poll, max_running=max_running, calibration=calibration, spot_zones=zones,
+                     launch_timeout_s=launch_timeout)
     serve_workers(api, host, port, count, loop=loop, sock=sock)
 
 

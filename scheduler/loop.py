@@ -12,6 +12,9 @@ One ``tick()``:
    makes before it breaks (``Placement.boot``, with an executor that ``BootsAhead``) first boots the
    target's nodes beside the running attempt and changes over only once they are up; nodes that do not
    come up within ``boot_timeout_s`` (no capacity there) are given back and the attempt stays;
+   An attempt still waiting for nodes whose launches the cloud refuses (``RunStatus.launch_failure``) says so
+   on its job and, after ``launch_timeout_s``, is changed over to the job's next planned placement
+   (scheduler.fallback: another zone, then on-demand, in the plan's cost order);
 2. dispatch due queued jobs, highest priority first, that their team's GPU quota admits
    (scheduler.quota: a job that does not fit stays queued with the reason), claimed with
    ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (SQLite's ``BEGIN IMMEDIATE`` makes the claim a
@@ -26,14 +29,16 @@ detached actor per attempt) the attempts found running are followed on: nothing 
 started twice. Such an executor sees every attempt on its cluster, so one scheduler database
 owns one cluster (another's runs would be cancelled as orphans). Once a finished attempt's row
 is closed, an executor that keeps outcomes until read (``ReleasesAttempts``) is told to drop it.
-A lost attempt is charged up to the reconcile time: the upper bound of what it can have cost,
-so spend is never under-counted.
+A lost attempt is charged up to its last heartbeat (``Attempt.last_seen_at``: the last tick that
+found it alive on the executor), not through a scheduler's downtime to the restart that finds it gone:
+what the nodes were seen running is what is billed.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -45,7 +50,7 @@ from catalog.errors import GpuplanError
 from planner.calibration import CostCalibration
 from planner.spec import spec_from_dict
 from planner.types import Strategy
-from scheduler import changeover, ledger, logbook, quota
+from scheduler import changeover, fallback, ledger, logbook, quota
 from scheduler.accuracy import attempt_metrics
 from scheduler.models import Attempt, Job
 from scheduler.placement import MarketChooser, ObservesZones, Placement, market_chooser, planned_mttp_h
@@ -84,6 +89,7 @@ class Scheduler:
         stall_s: float = 600.0,
         changeover_timeout_s: float = 300.0,
         boot_timeout_s: float = 1800.0,
+        launch_timeout_s: float = 300.0,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -115,6 +121,13 @@ class Scheduler:
         # before they break; in memory, like the executor's hold (after a restart the chooser decides again)
         self._boots: dict[int, tuple[str, Placement, datetime]] = {}
         self.boot_timeout_s = boot_timeout_s
+        # attempt id -> when the loop first saw the cloud refuse the nodes it waits for (scheduler.fallback): after
+        # launch_timeout_s of that (loop clock) the job moves to its next planned placement
+        self._refused: dict[int, datetime] = {}
+        # jobs moved down their placements for refused launches: the chooser does not move them back up (the
+        # refused placement would only refuse again, and each move stops an attempt); in memory like _moves
+        self._descended: set[str] = set()
+        self.launch_timeout_s = launch_timeout_s
 
     # -------------------------------------------------------------- main entry points
 
@@ -189,7 +202,15 @@ class Scheduler:
                 self._finish(attempt.id, status.state.value, status.message, report, status)
                 self._release(attempt.handle)
             else:
+                self._heartbeat(attempt)
                 self._watch(attempt, job, status)
+
+    def _heartbeat(self, attempt: Attempt) -> None:
+        """The attempt is alive now: a loss found later is billed up to here (``_lose``)."""
+        table = Attempt.__table__  # type: ignore[attr-defined]
+        with self.store.write() as session:
+            session.execute(update(table).where(table.c.id == attempt.id, table.c.ended_at.is_(None))
+                            .values(last_seen_at=self.clock()))
 
     def _watch(self, attempt: Attempt, job: Job, status: RunStatus) -> None:
         """A live attempt: what it shows of its zone's spot capacity, and whether to change it over
@@ -203,7 +224,12 @@ class Scheduler:
         if attempt.id in self._boots:
             self._follow_boot(attempt, job, now)
             return
-        if not isinstance(self.choose_market, changeover.Reconsiders) or job.state != JobState.RUNNING.value:
+        if status.launch_failure and status.state is RunState.PENDING:
+            self._wait_for_launch(attempt, job, status.launch_failure, now)
+            return
+        self._refused.pop(attempt.id or 0, None)
+        if (not isinstance(self.choose_market, changeover.Reconsiders) or job.state != JobState.RUNNING.value
+                or job.id in self._descended):
             return
         target = self.choose_market.reconsider(job, changeover.running(job, attempt, status), now)
         if target is None or target.wait_s is not None:
@@ -213,6 +239,44 @@ class Scheduler:
                 self._start_boot(attempt, job, target, now)
             return
         self._change_over(attempt, job, target, now)
+
+    def _wait_for_launch(self, attempt: Attempt, job: Job, failure: str, now: datetime) -> None:
+        """The attempt waits for nodes whose launches fail: say so on the job, and after ``launch_timeout_s``
+        move it to its next planned placement that the cluster runs (scheduler.fallback); at the end of
+        that list (``spot: always`` out of spot zones) it waits on, with the reason."""
+        assert attempt.id is not None
+        if attempt.market == Market.SPOT.value and attempt.zone:  # a refused launch: no capacity there now
+            self._observe(attempt.zone, False, now)
+        since = self._refused.setdefault(attempt.id, now)
+        target = fallback.next_placement(job, attempt, self._runnable(job, attempt.number + 1))
+        where = f"{attempt.market}" + (f" in {attempt.zone}" if attempt.zone else "")
+        if target is None:
+            message = f"attempt {attempt.number} waits for {where}: {failure}; no other planned placement to move to"
+        elif (now - since).total_seconds() >= self.launch_timeout_s:
+            moved = Placement(target.market, target.usd_per_h, target.zone,
+                              why=f"launches on {where} failed for {self.launch_timeout_s:.0f} s: {failure}")
+            self._refused.pop(attempt.id, None)
+            self._descended.add(job.id)
+            self._change_over(attempt, job, moved, now)
+            return
+        else:
+            there = target.market + (f" in {target.zone}" if target.zone else "")
+            message = (f"attempt {attempt.number} waits for {where}: {failure}; moves to {there} if no node "
+                       f"comes within {self.launch_timeout_s:.0f} s")
+        with self.store.write() as session:
+            fresh = session.get(Job, job.id)
+            if fresh is not None and fresh.message != message[:2000]:
+                fresh.message = message[:2000]
+                logbook.append(session, job.id, [logbook.note_line(now, message)])
+
+    def _runnable(self, job: Job, number: int) -> Callable[[Placement], bool]:
+        """Whether the executor's cluster can ever run the job's next attempt at a placement."""
+        def runnable(place: Placement) -> bool:
+            try:
+                return self.executor.feasibility(self._request(job, number, place.market, place.zone)) is None
+            except (GpuplanError, ValueError):
+                return False
+        return runnable
 
     def _change_over(self, attempt: Attempt, job: Job, target: Placement, now: datetime) -> None:
         with self.store.write() as session:
@@ -346,6 +410,7 @@ class Scheduler:
             if boot is not None and isinstance(self.executor, BootsAhead):  # ended before its boot was up
                 self.executor.unboot(boot[0])
             fell_back = self._stopping.pop(attempt_id, (None, False))[1]
+            self._refused.pop(attempt_id, None)
         now = self.clock()
         with self.store.write() as session:
             attempt = session.get(Attempt, attempt_id)
@@ -413,7 +478,9 @@ class Scheduler:
                 return
             job = session.get(Job, fresh.job_id)
             assert job is not None
-            ledger.close_attempt(session, fresh, job, now, "lost", why + "; charged up to now (upper bound)")
+            seen = fresh.last_seen_at or fresh.started_at  # never past now: a clock that went back bills no more
+            ledger.close_attempt(session, fresh, job, min(seen, now), "lost",
+                                 f"{why}; charged up to its last heartbeat ({seen:%Y-%m-%d %H:%M:%S} UTC)")
             report.lost.append(job.id)
             if job.state == JobState.RUNNING.value:
                 transition(session, job, JobState.QUEUED, now,

@@ -90,7 +90,7 @@ class ClusterOptions:
     every_zone: bool = False
     disk_gib: int = 500
     min_workers: int = 0
-    idle_timeout_minutes: int = 10
+    idle_timeout_minutes: float = 10  # Ray takes fractions of a minute too
     checkpoint_root: str | None = None  # s3://bucket/prefix: every node reads it; None: each node's disk
     database_url: str | None = None  # the head's server database, without a password; None: SQLite on the head
     # secrets the head reads at start (workers.cluster_secrets: a Secrets Manager name/ARN or ssm:NAME), never

@@ -74,6 +74,9 @@ class RunStatus:
     metrics: dict[str, float] = field(default_factory=dict)  # measured peak memory, tokens/s, ...
     # each CUDA OOM the worker survived by halving the micro-batch: step, from/to micro_batch and grad_accum
     oom_backoffs: list[dict[str, int]] = field(default_factory=list)
+    # pending only: why the nodes it waits for are not coming (the cloud refused their launch, in the
+    # autoscaler's words); the scheduler moves the job down its planned placements after a while
+    launch_failure: str = ""
 
 
 @runtime_checkable

@@ -16,6 +16,9 @@ How failures surface (what the scheduler sees in ``status()``):
   checkpoint of a different model shape, an unreachable store, a missing or malformed prompts file):
   FAILED with the reason. Bad input
   is not retried: the same input would fail the same way.
+- A pending attempt whose node type the cloud refuses to launch (the autoscaler records the launch as
+  failed, e.g. no spot capacity): ``status`` stays PENDING with ``launch_failure`` set to the cloud's reason
+  (``autoscaler_launch_failures``), which the scheduler uses to move the job down its planned placements.
 - A job that no node of the cluster could ever hold: ``submit`` raises ``Infeasible`` with the
   reason instead of pending silently; while a submitted run waits for resources, ``message`` says
   which.
@@ -70,6 +73,7 @@ from workers.ray_attempt import (
     attempt_infeasibility,
     live_nodes,
     read_record,
+    request_pins,
     request_placement,
     resume_note,
 )
@@ -87,7 +91,8 @@ class RayExecutor:
                  log_every_s: float = 2.0, init_kwargs: dict[str, Any] | None = None,
                  keep_finished_s: float = 24 * 3600.0, start_timeout_s: float = 10.0,
                  call_timeout_s: float = 30.0, namespace: str = NAMESPACE, step_hook: StepHook | None = None,
-                 node_types: Sequence[tuple[Mapping[str, float], int]] = ()) -> None:
+                 node_types: Sequence[tuple[Mapping[str, float], int]] = (),
+                 node_type_names: Mapping[str, Mapping[str, float]] | None = None) -> None:
         self._address = address
         self._namespace = namespace
         self._storage_path = storage_path or str(Path.home() / ".gpuplan" / "ray")
@@ -104,6 +109,9 @@ class RayExecutor:
         # the autoscaler's worker node types (autoscaler_node_types): feasibility counts the nodes it can
         # start, and their (GPU, market, zone) resources make each run ask for the node type it was planned on
         self._node_types = tuple((dict(resources), int(count)) for resources, count in node_types)
+        # name -> resources of the same node types: which of them a pending run waits for, when the
+        # autoscaler reports their launches failing
+        self._node_type_names = {name: dict(resources) for name, resources in (node_type_names or {}).items()}
         # make-before-break boots: token -> the placement group holding the nodes. In memory only: a placement
         # group shares the fate of the process that made it, so after a restart neither is left.
         self._boots: dict[str, Any] = {}
@@ -211,6 +219,7 @@ class RayExecutor:
         snapshot: dict[str, Any] = info["snapshot"]
         progress: RunProgress = snapshot["progress"]
         state, message = RunState(info["state"]), str(info["message"])
+        launch_failure = ""
         task = str(info.get("task", "train"))
         if not state.finished:
             started = progress.total_steps > 0 or bool(snapshot.get("started_at"))
@@ -220,12 +229,29 @@ class RayExecutor:
             reason = attempt_infeasibility(request, live_nodes(), self._node_types) if request is not None else None
             if reason is not None:
                 message = f"{message}; waiting for resources: {reason}"
+            if not started and request is not None:
+                launch_failure = self._launch_failure(request)
+                if launch_failure:
+                    message = f"{message}; waiting for resources: {launch_failure}"
         metrics = result_metrics(snapshot.get("result"), int(snapshot.get("resumes", 0))) if state.finished else {}
         if not state.finished:
             metrics = {"resumes": float(snapshot.get("resumes", 0))}
         backoffs = result_backoffs(snapshot.get("result")) if state.finished else []
         return RunStatus(handle=handle, state=state, progress=progress, message=message, metrics=metrics,
-                         oom_backoffs=backoffs)
+                         oom_backoffs=backoffs, launch_failure=launch_failure)
+
+    def _launch_failure(self, request: RunRequest) -> str:
+        """Why the autoscaler cannot launch the node type(s) this run asks for ("" if it can, or if no
+        type is known): its record of each node type's last launch, which a cloud's refusal (no spot
+        capacity) marks unavailable with the cloud's words."""
+        pins = request_pins(request, live_nodes(), self._node_types)
+        wanted = [name for name, resources in self._node_type_names.items()
+                  if pins and all(resources.get(key, 0) > 0 for key in pins)]
+        if not wanted:
+            return ""
+        failures = autoscaler_launch_failures()
+        found = [f"launches of node type {name} fail ({failures[name]})" for name in wanted if name in failures]
+        return "; ".join(found) if len(found) == len(wanted) else ""
 
     def logs(self, handle: str, since: int = 0) -> list[str]:
         try:
@@ -351,3 +377,37 @@ def autoscaler_node_types(path: str | Path) -> tuple[tuple[dict[str, float], int
     head = config.get("head_node_type")
     return tuple((({str(k): float(v) for k, v in (t.get("resources") or {}).items()}), int(t.get("max_workers", 0)))
                  for name, t in types.items() if name != head)
+
+
+def autoscaler_launch_failures() -> dict[str, str]:
+    """Node type -> the cloud's reason, for each type whose last launch failed, from the status Ray's
+    autoscaler publishes (what ``ray status`` shows under "Recent failures"); {} without an autoscaler."""
+    import json
+
+    from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
+
+    if not _internal_kv_initialized():  # type: ignore[no-untyped-call]
+        return {}
+    raw = _internal_kv_get("__autoscaling_status")  # ray._private.ray_constants.DEBUG_AUTOSCALING_STATUS
+    try:
+        report = json.loads(raw)["autoscaler_report"] if raw else {}
+        records = (report.get("node_availability_summary") or {}).get("node_availabilities") or {}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    failures = {}
+    for name, record in records.items():
+        info = record.get("unavailable_node_information") or {}
+        if not record.get("is_available", True):
+            failures[str(name)] = ": ".join(str(x) for x in (info.get("category"), info.get("description")) if x)
+    return failures
+
+
+def autoscaler_node_type_names(path: str | Path) -> dict[str, dict[str, float]]:
+    """Name -> resources of the worker node types in a Ray cluster-launcher config (head left out)."""
+    import yaml
+
+    config = yaml.safe_load(Path(path).expanduser().read_text())
+    types = config.get("available_node_types") or {}
+    head = config.get("head_node_type")
+    return {str(name): {str(k): float(v) for k, v in (t.get("resources") or {}).items()}
+            for name, t in types.items() if name != head}

@@ -148,7 +148,7 @@ def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: 
         return InProcessExecutor(device="cuda", cpu_threads=threads, resources={
             "CPU": float(os.cpu_count() or 1), "GPU": float(count), ACCELERATOR_PREFIX + gpu: float(count)})
     if kind == "ray":
-        from workers.ray_executor import RayExecutor, autoscaler_node_types
+        from workers.ray_executor import RayExecutor, autoscaler_node_type_names, autoscaler_node_types
 
         options: dict[str, Any] = {}
         if ray_namespace is not None:
@@ -157,6 +157,7 @@ def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: 
             options["storage_path"] = storage_path
         if ray_cluster_config is not None:
             options["node_types"] = autoscaler_node_types(ray_cluster_config)
+            options["node_type_names"] = autoscaler_node_type_names(ray_cluster_config)
         return RayExecutor(**options)
     if kind == "none":
         return None
@@ -181,7 +182,8 @@ def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token:
 
 def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: float = 1.0,
               max_running: int | None = None, backoff_base_s: float = 30.0,
-              calibration: Calibration | None = None, spot_zones: Sequence[str] = ()) -> Scheduler | None:
+              calibration: Calibration | None = None, spot_zones: Sequence[str] = (),
+              launch_timeout_s: float = 300.0) -> Scheduler | None:
     """The scheduling loop over the service's store, or None without an executor (API only); the spot
     policy takes its restart delay and checkpoint speed from ``calibration`` (default: the shipped one).
 
@@ -191,11 +193,13 @@ def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: f
     attempt goes to the zone its plan priced (:func:`scheduler.placement.plan_market`).
 
     Takes the database's loop lock first (Conflict if another server runs a loop on it), so two
-    servers can never reconcile away each other's running attempts."""
+    servers can never reconcile away each other's running attempts. ``launch_timeout_s``: how long an
+    attempt waits on nodes the cloud refuses to launch before its job moves to its next planned placement
+    (scheduler.fallback)."""
     if executor is None:
         return None
     return Scheduler(service.store, executor, clock=service.clock, poll_s=poll_s, max_running=max_running,
-                     backoff_base_s=backoff_base_s, lock=service.store.loop_lock(),
+                     backoff_base_s=backoff_base_s, lock=service.store.loop_lock(), launch_timeout_s=launch_timeout_s,
                      choose_market=loop_chooser((calibration or load_calibration()).cost, spot_zones,
                                                 make_before_break=isinstance(executor, BootsAhead)))
 
@@ -212,10 +216,10 @@ def loop_chooser(cost: CostCalibration, spot_zones: Sequence[str] = (), *,
 def make_app(service: SchedulerService, catalog: Catalog, executor: Executor | None, *, poll_s: float = 1.0,
              max_running: int | None = None, backoff_base_s: float = 30.0,
              calibration: Calibration | None = None, ui_secret: bytes | None = None,
-             spot_zones: Sequence[str] = ()) -> FastAPI:
+             spot_zones: Sequence[str] = (), launch_timeout_s: float = 300.0) -> FastAPI:
     """The API; with an executor it also runs the scheduling loop (reconcile first) while serving."""
     loop = make_loop(service, executor, poll_s=poll_s, max_running=max_running, backoff_base_s=backoff_base_s,
-                     calibration=calibration, spot_zones=spot_zones)
+                     calibration=calibration, spot_zones=spot_zones, launch_timeout_s=launch_timeout_s)
     return create_app(service, catalog, loop=loop, ui_secret=ui_secret)
 
 

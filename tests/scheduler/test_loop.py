@@ -142,6 +142,8 @@ def test_restart_reconciles_lost_attempts_and_orphans(svc: SchedulerService, sto
     b = svc.submit(ml, JobCreate(spec=spec_dict(name="b")))
     dead = ScriptedExecutor()
     Scheduler(store, dead, clock=clock).tick()
+    clock.advance(minutes=3)
+    Scheduler(store, dead, clock=clock).tick()  # both alive: their last heartbeat
     clock.advance(minutes=12)
     # The process died: a fresh executor knows nothing of a or b, but runs an orphan nobody owns.
     fresh = ScriptedExecutor()
@@ -159,8 +161,10 @@ def test_restart_reconciles_lost_attempts_and_orphans(svc: SchedulerService, sto
     rows = spends(store)
     assert len(rows) == 4 and len({r.attempt_id for r in rows}) == 4
     by_attempt = {x.id: x.outcome for x in attempts}
-    # lost attempts are charged up to the restart (12 min), the new ones for their own (zero) time
-    assert sorted((by_attempt[r.attempt_id], r.hours) for r in rows) == [("lost", 0.2)] * 2 + [("succeeded", 0.0)] * 2
+    # lost attempts are charged up to their last heartbeat (3 min), not through the 12 min the scheduler was
+    # down; the new ones for their own (zero) time
+    assert sorted((by_attempt[r.attempt_id], round(r.hours, 6)) for r in rows) == (
+        [("lost", 0.05)] * 2 + [("succeeded", 0.0)] * 2)
 
 
 def test_infeasible_job_fails_with_the_reason(svc: SchedulerService, store: Store, clock: FakeClock) -> None:

@@ -1,0 +1,381 @@
+"""The whole cluster under Ray's real autoscaler, on this machine.
+
+Ray's autoscaler runs the node types ``gpuplan cluster config`` generates for a plan (same names, the
+(GPU, market, zone) resources, min/max workers, idle timeout; one CPU standing in for each GPU) through a
+cloud-like local provider (tests.e2e.autoscale_provider): nodes are local processes it launches and
+terminates, each with its own spot-notice watcher polling its own metadata endpoint. On it runs the real
+head: ``gpuplan server --executor ray`` on PostgreSQL, checkpoints on moto's S3, restarted by a supervisor
+when it dies. The scenarios run in order on one cluster, each waiting on events (a job held at a step, a
+checkpoint in the bucket, a node in the provider's log), never on how fast something runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.e2e.autoscale_cluster import (
+    ROOT,
+    FakeImds,
+    LocalAutoscaler,
+    Supervisor,
+    fake_imds,
+    generated_node_types,
+    local_autoscaler,
+    local_node_types,
+)
+from tests.moto_server import REGION, TEST_CREDENTIALS, moto_s3, moto_server, use_moto
+from tests.net import free_port
+from tests.pg import drop_pg_schema, new_pg_schema, pg_reason
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow,
+              pytest.mark.skipif(pg_reason() is not None, reason=str(pg_reason()))]
+
+ADMIN = "autoscale-admin"
+BUCKET = "gpuplan-autoscale"
+GUARD_S = 240.0  # a guard against a hang: every wait below returns at its event
+STEPS, INTERVAL = 24, 8
+
+
+def spec(name: str, spot: str = "auto") -> dict[str, Any]:
+    """tiny-llama on one A100-40GB of a p4d: us-east-1 prices it as spot in two zones and on demand."""
+    return {"name": name, "task": "train", "model": "tiny-llama",
+            "train": {"tokens": STEPS * 4 * 32, "seq_len": 32, "micro_batch": 4, "checkpoint_interval_steps": INTERVAL,
+                      "learning_rate": 5e-3, "seed": 0},
+            "resources": {"clouds": ["aws"], "accelerators": ["A100-40GB:1"], "regions": ["us-east-1"],
+                          "spot": spot}}
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = GUARD_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Head:
+    cluster: LocalAutoscaler
+    imds: FakeImds
+    server: Supervisor
+    url: str
+    db_url: str
+    gates: Path
+    s3: Any
+    tokens: dict[str, str]
+    types: list[str]  # the generated worker node types
+
+    def api(self, team: str) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[team]}"}, timeout=60)
+
+    def submit(self, team: str, body: dict[str, Any]) -> str:
+        with self.api(team) as api:
+            resp = api.post("/v1/jobs", json={"spec": body})
+        assert resp.status_code == 201, resp.text
+        return str(resp.json()["id"])
+
+    def job(self, team: str, job_id: str) -> dict[str, Any]:
+        with self.api(team) as api:
+            resp = api.get(f"/v1/jobs/{job_id}")
+        resp.raise_for_status()
+        body: dict[str, Any] = resp.json()
+        return body
+
+    def logs(self, team: str, job_id: str) -> list[str]:
+        with self.api(team) as api:
+            return list(api.get(f"/v1/jobs/{job_id}/logs").json()["lines"])
+
+    def finished(self, team: str, job_id: str) -> dict[str, Any]:
+        def done() -> dict[str, Any] | None:
+            try:
+                job = self.job(team, job_id)
+            except httpx.HTTPError:  # the server is restarting
+                return None
+            return job if job["state"] in ("succeeded", "failed", "cancelled") else None
+        try:
+            return dict(wait_until(f"job {job_id} to finish", done))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its log ends {self.logs(team, job_id)[-15:]}") from None
+
+    def hold_next(self, step: int | None) -> None:
+        """Hold every job without a hold of its own before ``step`` (None: no more)."""
+        (self.gates / "default.hold").write_text("go" if step is None else str(step))
+
+    def release(self, job_id: str) -> None:
+        (self.gates / f"{job_id}.hold").write_text("go")
+
+    def held_at(self, job_id: str, step: int) -> None:
+        path = self.gates / f"{job_id}.held"
+        wait_until(f"job {job_id} to hold at step {step}",
+                   lambda: path.exists() and path.read_text() == str(step))
+
+    def checkpoints(self, job_id: str) -> list[int]:
+        """The steps of the job's committed checkpoints in the bucket."""
+        listed = self.s3.list_objects_v2(Bucket=BUCKET, Prefix=f"runs/{job_id}/")
+        return sorted(int(o["Key"].split("/")[-2].split("-")[1]) for o in listed.get("Contents", [])
+                      if o["Key"].endswith("/COMMIT"))
+
+    def node_of(self, job_id: str) -> tuple[str, str]:
+        """(node id, node type) of the node the job's open attempt runs on: the only node of the (GPU, market,
+        zone) type its attempt was placed on (each planned type has max_workers: 1)."""
+        [(market, zone)] = self.sql("SELECT market, zone FROM attempt WHERE job_id = :j AND ended_at IS NULL",
+                                    j=job_id)
+        kind = type_of(market, zone)
+        [node] = [n for n, t in self.cluster.live().items() if t == kind]
+        return node, kind
+
+    def sql(self, query: str, **params: Any) -> list[Any]:
+        engine = create_engine(self.db_url)
+        try:
+            with engine.connect() as conn:
+                return list(conn.execute(text(query), params).all())
+        finally:
+            engine.dispose()
+
+
+def _server(argv: list[str], env: dict[str, str], log: Path, port: int) -> Callable[[], subprocess.Popen[bytes]]:
+    def start() -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            return subprocess.Popen(argv, cwd=ROOT, env={**env, "GPUPLAN_PORT_HINT": str(port)}, stdout=out,
+                                    stderr=subprocess.STDOUT)
+    return start
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
+    from catalog.loader import load_catalog
+    from planner.calibration import load_calibration
+    from planner.search import plan
+    from planner.spec import spec_from_dict
+    from workers.cluster import ClusterOptions
+
+    work = tmp_path_factory.mktemp("autoscale")
+    planned = plan(spec_from_dict(spec("plan")), load_catalog(), calibration=load_calibration())
+    # the cluster the plan's config describes: the chosen spot zone, the region's other zone, on demand;
+    # a short idle timeout (fractions of a minute are Ray's too) so scale-down is seen within the test
+    generated = generated_node_types(planned, ClusterOptions(every_zone=True, idle_timeout_minutes=0.2,
+                                                             source_dir=str(ROOT)))
+    schema, db_url = new_pg_schema("autoscale")
+    gates = work / "gates"
+    gates.mkdir()
+    with moto_server() as s3_url, fake_imds() as imds, pytest.MonkeyPatch.context() as mp:
+        use_moto(mp, s3_url)  # this process reads the bucket's checkpoints too
+        s3 = moto_s3(s3_url)
+        s3.create_bucket(Bucket=BUCKET)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GPUPLAN_", "RAY_ADDRESS"))}
+        env.update({"AWS_ENDPOINT_URL": s3_url, "AWS_DEFAULT_REGION": REGION, **TEST_CREDENTIALS,
+                    "RAY_AUTH_MODE": "disabled",
+                    "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "e2e" / "autoscale_site"), str(ROOT)])})
+        port = free_port()
+        with local_autoscaler(local_node_types(generated), generated["idle_timeout_minutes"], work, free_port(),
+                              imds.url, env) as cluster:
+            api_port = free_port()
+            server_env = {**env, "RAY_ADDRESS": cluster.address, "GPUPLAN_DATABASE_URL": db_url,
+                          "GPUPLAN_HOME": str(work / "home"), "GPUPLAN_ADMIN_TOKEN": ADMIN}
+            argv = [sys.executable, "-m", "tests.e2e.autoscale_server", str(gates), "--", "server", "--executor",
+                    "ray", "--port", str(api_port), "--workers", "1", "--poll", "0.5", "--launch-timeout", "3",
+                    "--checkpoint-root", f"s3://{BUCKET}/runs", "--ray-cluster-config", str(cluster.config_path)]
+            supervisor = Supervisor(_server(argv, server_env, work / "server.log", port))
+            url = f"http://127.0.0.1:{api_port}"
+            try:
+                wait_until("the server to answer", lambda: _healthy(url) or supervisor.restarts > 0)
+                assert supervisor.restarts == 0, (work / "server.log").read_text()[-3000:]
+                tokens = {}
+                with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60) as admin:
+                    for team in ("vision", "nlp"):
+                        assert admin.post("/v1/teams", json={"name": team}).status_code == 201
+                        tokens[team] = admin.post(f"/v1/teams/{team}/tokens", json={"name": "ci"}).json()["token"]
+                yield Head(cluster, imds, supervisor, url, db_url, gates, s3, tokens, sorted(generated["types"]))
+            finally:
+                supervisor.stop()
+    drop_pg_schema(schema)
+
+
+def type_of(market: str, zone: str) -> str:
+    """The generated node type of an attempt's (market, zone): workers.cluster.node_type_name."""
+    return f"p4d-24xlarge-{market}-{zone}"
+
+
+def attempts(head: Head, job_id: str) -> list[Any]:
+    return head.sql("SELECT number, market, zone, outcome, started_at, ended_at, last_seen_at FROM attempt "
+                    "WHERE job_id = :j ORDER BY number", j=job_id)
+
+
+def test_two_teams_run_side_by_side_on_exactly_the_planned_worker_type(head: Head) -> None:
+    jobs = {"vision": head.submit("vision", spec("vision-a")), "nlp": head.submit("nlp", spec("nlp-a"))}
+    done = {team: head.finished(team, job) for team, job in jobs.items()}
+    for team, job in done.items():
+        assert job["state"] == "succeeded", head.logs(team, job["id"])[-20:]
+        assert any(f"step {STEPS}/{STEPS}" in line for line in head.logs(team, job["id"]))
+        assert STEPS in head.checkpoints(job["id"])
+    placed = {type_of(a.market, a.zone) for job in jobs.values() for a in attempts(head, job)}
+    launched = {e["type"] for e in head.cluster.events() if e["event"] == "launched"}
+    assert launched == placed, (launched, placed)
+    assert not [e for e in head.cluster.events() if e["event"] == "refused"]
+
+
+def uninterrupted(head: Head, team: str, job_id: str, tmp: Path) -> dict[str, Any]:
+    """The job's model after the same training run in this process, never stopped."""
+    from planner.spec import spec_from_dict
+    from planner.types import Strategy
+    from workers.checkpoint import open_store
+    from workers.train import TrainJob, run_training
+    from workers.train_state_load import read_checkpoint_state
+
+    detail = head.job(team, job_id)
+    job = TrainJob(job_id="reference", spec=spec_from_dict(detail["spec"]),
+                   strategy=Strategy.model_validate(detail["plan"]["chosen"]["estimate"]["strategy"]),
+                   checkpoint_uri=str(tmp / "reference"), cpu_threads=1, log_every_s=0.0)
+    run_training(job)
+    found = read_checkpoint_state(open_store(str(tmp / "reference")))
+    assert found is not None and found[0] == STEPS
+    return found[1]
+
+
+def final_weights(job: dict[str, Any]) -> dict[str, Any]:
+    from workers.checkpoint import open_store
+    from workers.train_state_load import read_checkpoint_state
+
+    found = read_checkpoint_state(open_store(job["checkpoint_uri"]))
+    assert found is not None and found[0] == STEPS
+    return found[1]
+
+
+def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_spot_notice_checkpoints_then_the_job_resumes_on_a_replacement_node(head: Head, tmp_path: Path) -> None:
+    head.hold_next(12)
+    job_id = head.submit("vision", spec("noticed"))
+    head.held_at(job_id, 12)
+    node, kind = head.node_of(job_id)
+    # The notice as the watcher reads it late in its two minutes (a full two would have the run train on
+    # until just before the deadline): the node's watcher drains the node, the run checkpoints the step it is at
+    head.imds.notice(node, in_s=3)
+    line = wait_until("the just-in-time checkpoint", lambda: next(
+        (x for x in head.logs("vision", job_id) if "just-in-time checkpoint saved" in x), None))
+    jit = int(line.split("step ")[1].split(":")[0])
+    assert jit >= 12
+    wait_until(f"the checkpoint of step {jit} in the bucket", lambda: jit in head.checkpoints(job_id))
+    head.release(job_id)
+    head.cluster.reclaim([node])  # the notice's deadline: the cloud takes the node (if the autoscaler has not)
+    job = head.finished("vision", job_id)
+    lines = head.logs("vision", job_id)
+    assert job["state"] == "succeeded", lines[-20:]
+    assert any(f"resumed from the checkpoint of step {jit}" in x for x in lines), lines
+    events = head.cluster.events()
+    gone = next(i for i, e in enumerate(events) if e["event"] in ("reclaimed", "terminated") and e["id"] == node)
+    assert [e["type"] for e in events[gone:] if e["event"] == "launched"][:1] == [kind]  # its replacement
+    assert [(a.number, a.outcome) for a in attempts(head, job_id)] == [(1, "succeeded")]
+    assert_same(final_weights(job), uninterrupted(head, "vision", job_id, tmp_path))
+
+
+def test_a_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint(head: Head, tmp_path: Path) -> None:
+    head.hold_next(12)
+    job_id = head.submit("nlp", spec("vanished"))
+    head.held_at(job_id, 12)
+    wait_until("the periodic checkpoint of step 8", lambda: 8 in head.checkpoints(job_id))
+    node, _ = head.node_of(job_id)
+    head.cluster.reclaim([node])  # no notice: gone
+    wait_until("the provider to take the node", lambda: node not in head.cluster.live())
+    head.release(job_id)
+    job = head.finished("nlp", job_id)
+    lines = head.logs("nlp", job_id)
+    assert job["state"] == "succeeded", lines[-20:]
+    assert any("resumed from the checkpoint of step 8" in line for line in lines), lines
+    assert [(a.number, a.outcome) for a in attempts(head, job_id)] == [(1, "succeeded")]
+    assert_same(final_weights(job), uninterrupted(head, "nlp", job_id, tmp_path))
+
+
+def test_the_server_killed_9_is_restarted_and_no_job_is_lost_or_run_twice(head: Head) -> None:
+    head.hold_next(4)
+    job_id = head.submit("vision", spec("survivor"))
+    head.held_at(job_id, 4)
+    restarts = head.server.restarts
+    head.server.proc.send_signal(signal.SIGKILL)
+    wait_until("the supervisor to restart the server",
+               lambda: head.server.restarts == restarts + 1 and _healthy(head.url))
+    head.release(job_id)
+    job = head.finished("vision", job_id)
+    assert job["state"] == "succeeded", head.logs("vision", job_id)[-20:]
+    assert [(a.number, a.outcome) for a in attempts(head, job_id)] == [(1, "succeeded")]
+    lines = head.logs("vision", job_id)
+    assert sum(f"step {STEPS}/{STEPS}" in line for line in lines) == 1
+
+
+def test_refused_spot_launches_move_an_auto_job_down_its_planned_types_and_an_always_job_waits(head: Head) -> None:
+    head.hold_next(None)
+    spot = [t for t in head.types if "-spot-" in t]
+    assert len(spot) == 2 and len(head.types) == 4  # two spot zones, on demand in each: the plan's placements
+    head.cluster.refuse(spot)  # no spot capacity anywhere
+    try:
+        auto = head.submit("vision", spec("fallback-auto"))
+        always = head.submit("nlp", spec("fallback-always", spot="always"))
+        waiting = wait_until("the spot: always job to wait with the reason", lambda: (
+            lambda m: m if "InsufficientInstanceCapacity" in m and "no other planned placement" in m else None)(
+                head.job("nlp", always)["message"]))
+        assert head.job("nlp", always)["state"] == "running", waiting
+        job = head.finished("vision", auto)
+        lines = head.logs("vision", auto)
+        assert job["state"] == "succeeded", lines[-20:]
+        tried = [(a.market, a.zone, a.outcome) for a in attempts(head, auto)]
+        # spot in a zone, then (if it started in the cheaper one) the other zone, then on demand
+        assert [m for m, _, _ in tried][-1] == "on-demand" and {m for m, _, _ in tried[:-1]} == {"spot"}, tried
+        assert len({z for m, z, _ in tried if m == "spot"}) == len(tried) - 1
+        assert any("InsufficientInstanceCapacity" in x and "moves to" in x for x in lines), lines
+        assert {a.market for a in attempts(head, always)} == {"spot"}
+        launched = [e["type"] for e in head.cluster.events() if e["event"] == "launched"]
+        assert not set(spot) & set(launched[-1:]) and launched[-1] == type_of("on-demand", tried[-1][1])
+        with head.api("nlp") as api:
+            assert api.post(f"/v1/jobs/{always}/cancel", json={}).status_code == 200
+        assert head.finished("nlp", always)["state"] == "cancelled"
+        wait_until("the loop to close the cancelled job's attempt", lambda: head.sql(
+            "SELECT count(*) FROM attempt WHERE job_id = :j AND ended_at IS NULL", j=always) == [(0,)])
+    finally:
+        head.cluster.refuse([])
+
+
+def test_idle_workers_scale_down_and_nothing_is_billed_while_no_job_runs(head: Head) -> None:
+    head.hold_next(None)
+    assert head.sql("SELECT count(*) FROM attempt WHERE ended_at IS NULL") == [(0,)]
+    billed = head.sql("SELECT count(*), sum(usd) FROM spend")
+    wait_until("the idle workers to be terminated", lambda: not head.cluster.live())
+    terminated = [e for e in head.cluster.events() if e["event"] == "terminated"]
+    assert terminated
+    assert head.sql("SELECT count(*), sum(usd) FROM spend") == billed
+
+
+def test_the_ledger_has_one_row_per_attempt_billed_to_the_attempts_end(head: Head) -> None:
+    rows = head.sql("SELECT a.id, a.started_at, a.ended_at, s.hours, s.usd, a.usd_per_h, s.recorded_at "
+                    "FROM attempt a LEFT JOIN spend s ON s.attempt_id = a.id")
+    assert rows and len(rows) == head.sql("SELECT count(*) FROM spend")[0][0]
+    for _, started, ended, hours, usd, price, recorded in rows:
+        assert ended is not None and recorded == ended
+        assert hours == pytest.approx((ended - started).total_seconds() / 3600, abs=1e-9)
+        assert usd == pytest.approx(hours * price)
