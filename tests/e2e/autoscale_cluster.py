@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -192,9 +194,12 @@ def local_autoscaler(types: Mapping[str, Any], idle_timeout_minutes: float, work
     config_path.write_text(json.dumps(config))
     run_env = {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
                "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    # Ray's sockets live under its temp dir and AF_UNIX paths stop at 107 bytes: pytest's own temp folders
+    # (/tmp/pytest-of-USER/pytest-N/popen-gwK/autoscaleM/...) leave too little room, so a short one of its own
+    ray_dir = Path(tempfile.mkdtemp(prefix="gpr", dir="/tmp"))
     argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=0",
             "--object-store-memory=80000000", "--include-dashboard=false", f"--autoscaling-config={config_path}",
-            f"--temp-dir={workdir / 'ray'}", "--disable-usage-stats"]
+            f"--temp-dir={ray_dir}", "--disable-usage-stats"]
     log = (workdir / "head.log").open("ab")
     head = subprocess.Popen(argv, env=run_env, stdout=log, stderr=log, start_new_session=True)
     cluster = LocalAutoscaler(address=gcs, control=control, config_path=config_path, head=head)
@@ -202,6 +207,7 @@ def local_autoscaler(types: Mapping[str, Any], idle_timeout_minutes: float, work
         yield cluster
     finally:
         _stop(cluster)
+        shutil.rmtree(ray_dir, ignore_errors=True)
 
 
 def _stop(cluster: LocalAutoscaler) -> None:
