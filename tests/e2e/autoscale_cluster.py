@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.types import Plan
+from tests.net import QuietHandler
 from workers.cluster import AwsFacts, ClusterOptions, cluster_config, cluster_needs, kind_key, node_type_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,17 +83,7 @@ class FakeImds:
 
 
 def _imds_handler(fake: FakeImds) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def _send(self, code: int, body: str = "") -> None:
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(QuietHandler):
         def do_PUT(self) -> None:
             _, _, path = self.path.lstrip("/").partition("/")
             self._send(200, uuid.uuid4().hex) if path == "latest/api/token" else self._send(404)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from catalog.errors import InvalidInput
+from tests.net import QuietHandler
 from workers.imds import EARLY_NOTICE_HORIZON_S, AwsImdsSource, GcpMetadataSource, SpotNotice, parse_aws_time
 from workers.preemption import SpotWatcher, drain_ray_node, start_watcher_actor
 
@@ -52,17 +53,7 @@ class FakeMetadata:
 
 
 def _handler(fake: FakeMetadata) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def _send(self, code: int, body: str = "") -> None:
-            data = body.encode()
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(QuietHandler):
         def do_PUT(self) -> None:
             ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
             if self.path != "/latest/api/token":
