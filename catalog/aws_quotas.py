@@ -6,11 +6,9 @@ import functools
 import re
 from pathlib import Path
 
-import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from catalog.errors import CatalogError
-from catalog.loader import PACKAGED_DATA_DIR
+from catalog.loader import PACKAGED_DATA_DIR, read_data_record
 from catalog.schema import Source, _Record
 
 QUOTA_CODE = r"^L-[0-9A-F]{8}$"
@@ -46,13 +44,4 @@ def family_of(instance_type: str) -> str:
 
 @functools.cache
 def load_aws_quotas(data_dir: Path = PACKAGED_DATA_DIR) -> AwsQuotas:
-    path = data_dir / "aws_quotas.yaml"
-    try:
-        return AwsQuotas.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
-    except (OSError, yaml.YAMLError) as exc:
-        raise CatalogError(f"cannot read {path}: {exc}", hint="reinstall gpuplan") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise CatalogError(f"{path}: {where}: {first['msg']}", hint="fix the row; schema: catalog/aws_quotas.py "
-                           "AwsQuotas") from None
+    return read_data_record(data_dir / "aws_quotas.yaml", AwsQuotas, "catalog/aws_quotas.py AwsQuotas")

@@ -9,11 +9,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
-
-from catalog.errors import CatalogError
-from catalog.loader import PACKAGED_DATA_DIR, Catalog, normalize_name
+from catalog.loader import PACKAGED_DATA_DIR, Catalog, normalize_name, read_data_record
 from catalog.schema import CloudNames, CloudSku, GpuSpec
 
 # A GPU whose reported memory is far below the catalog's is a fractional slice (AWS g6f): not the same offer.
@@ -23,17 +19,7 @@ MIN_MEMORY_RATIO = 0.9
 @functools.cache
 def load_cloud_names(data_dir: Path = PACKAGED_DATA_DIR) -> CloudNames:
     """``cloud_names.yaml`` of ``data_dir``, validated (read once; the value is immutable)."""
-    path = data_dir / "cloud_names.yaml"
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return CloudNames.model_validate(loaded)
-    except (OSError, yaml.YAMLError) as exc:
-        raise CatalogError(f"cannot read {path}: {exc}", hint="reinstall gpuplan") from None
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise CatalogError(f"{path}: {where}: {first['msg']}", hint="fix the row; schema: catalog/schema.py "
-                           "CloudNames") from None
+    return read_data_record(data_dir / "cloud_names.yaml", CloudNames, "catalog/schema.py CloudNames")
 
 
 def azure_skus(names: CloudNames) -> dict[str, CloudSku]:

@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from catalog.errors import CatalogError, InvalidInput, UnknownName
 from catalog.freshness import refresh_commands
@@ -183,6 +183,22 @@ def load_support(data_dir: Path = PACKAGED_DATA_DIR) -> StackSupport:
         return StackSupport.model_validate(loaded)
     except ValidationError as exc:
         raise CatalogError(f"{path} is not a valid support record: {exc}", hint="fix the file") from None
+
+
+RecordT = TypeVar("RecordT", bound=BaseModel)
+
+
+def read_data_record(path: Path, kind: type[RecordT], schema: str) -> RecordT:
+    """A packaged YAML data file validated as ``kind``; unreadable or invalid is a CatalogError naming the first
+    bad field and ``schema`` (where its schema lives, e.g. "catalog/schema.py CloudNames")."""
+    try:
+        return kind.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    except (OSError, yaml.YAMLError) as exc:
+        raise CatalogError(f"cannot read {path}: {exc}", hint="reinstall gpuplan") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CatalogError(f"{path}: {where}: {first['msg']}", hint=f"fix the row; schema: {schema}") from None
 
 
 def _read_yaml_list(path: Path) -> list[Mapping[str, Any]]:
