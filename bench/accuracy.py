@@ -861,7 +861,7 @@ those cases are kept out of the large-step least squares. The held-out qwen3-0.6
 +212.6% to -23.4%. transformers' DynamicSlidingWindowLayer keeps a view of the prefill's
 torch.cat, so after the prefill every sliding layer holds the whole prompt: gemma-3 inference memory
 -18.6% / -8.1% -> +0.6% / -0.2%. The inference rows here time generate(); the workers now decode
-dense bf16/fp16 models on NVIDIA with a compiled static-cache step (workers/decode.py), priced
+dense bf16/fp16 models on NVIDIA with a compiled static-cache step (workers/infer/decode.py), priced
 separately (`graph_decode_*`, bench/graph_decode.py; docs/PERFORMANCE.md).
 
 **Eager attention in training (2026-12-02).** An H200 profile showed a long-sequence gpt-oss step spends ~2/3 of

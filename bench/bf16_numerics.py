@@ -1,7 +1,7 @@
 """bf16 numerics on the GPU (issue 46): one real fine-tune under amp-bf16 (fp32 master weights), bf16-plain
 (round-to-nearest into bf16 weights) and bf16 (stochastic rounding), same data order and seed.
 
-Each run goes through the workers' own loop (workers.train.run_training) on JSONL text through a tokenizer:
+Each run goes through the workers' own loop (workers.train.loop.run_training) on JSONL text through a tokenizer:
 the corpus is this repository's own source and docs (the GPU machine reaches no hub), cut into documents, and
 the tokenizer a byte-level BPE trained on it here. The model is llama-3.2-1b from its seeded random init (no
 pretrained weights offline). For each run it records the loss at every step, the final loss, the weights'
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from workers.hooks import TrainHooks  # noqa: E402 - after the path set-up above
+from workers.train.hooks import TrainHooks  # noqa: E402 - after the path set-up above
 
 PRECISIONS = ("amp-bf16", "bf16-plain", "bf16")
 CORPUS_DIRS = ("planner", "workers", "catalog", "scheduler", "commands", "bench", "examples")
@@ -132,8 +132,8 @@ def run_one(precision: str, args: argparse.Namespace, data: Path, tok: Path, wor
     from planner.calibration import load_calibration
     from planner.numerics import numerics
     from planner.placement import estimate
-    from workers.model import resolve_model_source
-    from workers.train import TrainJob, run_training
+    from workers.model.build import resolve_model_source
+    from workers.train.loop import TrainJob, run_training
 
     spec = spec_for(precision, args, data, tok)
     catalog = load_catalog()
@@ -153,7 +153,7 @@ def run_one(precision: str, args: argparse.Namespace, data: Path, tok: Path, wor
         strategy = est.strategy
     checkpoint = work / f"ck-{precision}"
     losses, weights = _Losses(), _Weights()
-    import workers.train as loop
+    import workers.train.loop as loop
 
     make = getattr(loop, "make_optimizer")  # noqa: B009 - the loop's own name for it, replaced for this run
     setattr(loop, "make_optimizer", weights.wrap(make))  # noqa: B010
@@ -196,8 +196,8 @@ def optimizer_steps(model_id: str, repeats: int = 10) -> dict[str, Any]:
     import torch
 
     from planner.spec import JobSpec
-    from workers.model import build_model, resolve_model_source
-    from workers.sr_adamw import StochasticRoundAdamW
+    from workers.model.build import build_model, resolve_model_source
+    from workers.train.sr_adamw import StochasticRoundAdamW
 
     spec = JobSpec.model_validate({"name": "opt", "task": "train", "model": model_id, "train": {"tokens": 1}})
     model = build_model(resolve_model_source(spec), seed=0, weights_dtype=torch.bfloat16, device=torch.device("cuda"))

@@ -1,5 +1,5 @@
 """Host memory and time of a sharded build: every rank building the whole model (before 2026-12-04) against rank 0
-building it once and the ranks receiving their FSDP2 shards (workers.train_setup, planner.host_memory.builds_once),
+building it once and the ranks receiving their FSDP2 shards (workers.train.setup, planner.host_memory.builds_once),
 and against a restart that skips the weights (a checkpoint follows: prepare_model's checkpoint_follows).
 
 Two ranks over gloo on this host, the model's weights random (llama-3.2-1b in fp32: ~4.9 GB). Each mode runs in
@@ -40,8 +40,8 @@ def _rank(rank: int, port: int, mode: str, model: str, device: str, queue: Any) 
 
     from catalog.loader import load_catalog, resolve_model
     from planner.types import Strategy
-    from workers.model import ModelSource, build_model
-    from workers.train_setup import _adapt, _shard, _sharded_from_rank0, weights_dtype
+    from workers.model.build import ModelSource, build_model
+    from workers.train.setup import _adapt, _shard, _sharded_from_rank0, weights_dtype
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     strategy = Strategy(gpu="H200" if device == "cuda" else "cpu", gpu_count=2, precision="amp-bf16",

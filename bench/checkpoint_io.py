@@ -12,7 +12,7 @@ on ``--device``, then measures, in one run:
   baseline   plain ``torch.save`` of the same state as --shards files from 8 threads, from host memory
              (the device-to-host copy not counted: the floor for any host-side writer)
   load       ``load_state`` into the model: every shard read in parallel through pinned staging, verified,
-             copied to the device (workers.checkpoint_read), then into the model and optimizer
+             copied to the device (workers.checkpoint.read), then into the model and optimizer
   read       plain parallel read of the same checkpoint files (no hashing, the same thread count, into
              fresh host memory, nothing copied to the device): the floor for a load
 
@@ -43,11 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from planner.spec import spec_from_dict
-from workers.checkpoint import LocalStore
-from workers.checkpoint_threads import SHARD_THREADS
-from workers.model import build_model, resolve_model_source
-from workers.train_state import CheckpointWriter, flatten, plan_layout, prepare_state, save_state
-from workers.train_state_load import load_state
+from workers.checkpoint.local import LocalStore
+from workers.checkpoint.threads import SHARD_THREADS
+from workers.model.build import build_model, resolve_model_source
+from workers.train.state_load import load_state
+from workers.train.state_save import CheckpointWriter, flatten, plan_layout, prepare_state, save_state
 
 GB = 1e9
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/cpu_accuracy.py --measure --fit   # run the cases, fit, write the report
     .venv/bin/python bench/cpu_accuracy.py                   # re-predict the stored measurements only
 
-Reads bench/cpu_cases.yaml. ``--measure`` runs every case through ``workers.runner.run_local`` (what
+Reads bench/cpu_cases.yaml. ``--measure`` runs every case through ``workers.executors.local_runner.run_local`` (what
 ``gpuplan run`` does: in-process, fp32, the executor's thread count) and measures the CPU probe
 (catalog.local_cpu: fp32 matmul GFLOP/s and copy GB/s) right before and after each run, so a
 prediction uses the rates the machine had while that case ran (a shared box's load moves them);
@@ -110,7 +110,7 @@ class TrainingClock:
 
 
 def measure(workdir: Path) -> list[dict[str, Any]]:
-    from workers.runner import plan_locally, run_local
+    from workers.executors.local_runner import plan_locally, run_local
 
     threads = training_threads()
     rows = []
@@ -139,7 +139,7 @@ def predict(row: dict[str, Any], spec: JobSpec, cal: CpuCalibration) -> float:
     from catalog.local_cpu import cpu_spec
     from planner.throughput import train_throughput
     from planner.types import Strategy
-    from workers.model import resolve_model_source
+    from workers.model.build import resolve_model_source
 
     probe = mean_probe(CpuProbe(**row["probe_before"]), CpuProbe(**row["probe_after"]))
     gpu = cpu_spec(probe, today=date.today())

@@ -1,12 +1,13 @@
 """Where a compiled decode step's time goes, kernel group by kernel group, on the workers' own decoder.
 
-Why: the plan prices a decode step (workers/decode.py's CUDA graph) as the bytes it reads (weights, the KV cache) at
+Why: the plan prices a decode step (workers/infer/decode.py's CUDA graph) as the bytes it reads (weights, the KV
+cache) at
 one bandwidth plus a fitted time per layer; at batch 32 the GPU acceptance's llama-3.2-1b step ran 2.12 ms against
-1.77 planned, and DeepSeek-V2-Lite's (latent attention) 20.3 against 16.6, while small batches run faster than
-planned. This builds each case as workers.infer does (random init, ``load_model``, ``GraphDecoder``), decodes once
-(the compile), times a second decode with CUDA events (the decoder's own ``step_s``) and profiles a third, summing
-the kernels of its steps by group (matmuls, attention, the compiled elementwise kernels, the rest): what grows with
-the rows and the context, and whether the GPU idles between kernels.
+1.77 planned, and DeepSeek-V2-Lite's (latent attention) 20.3 against 16.6, while small batches run faster
+than planned. This builds each case as workers.infer.generate does (random init, ``load_model``, ``GraphDecoder``),
+decodes once (the compile), times a second decode with CUDA events (the decoder's own ``step_s``) and profiles a third,
+summing the kernels of its steps by group (matmuls, attention, the compiled elementwise kernels, the rest): what grows
+with the rows and the context, and whether the GPU idles between kernels.
 
     python3 bench/decode_step_profile.py --cases llama-3.2-1b:1x512x64,llama-3.2-1b:32x512x64 --out $OUT/p.json
     .venv/bin/python bench/decode_step_profile.py \
@@ -29,8 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.loader import load_catalog, resolve_model
-from workers.decode import GraphDecoder
-from workers.infer import load_model
+from workers.infer.decode import GraphDecoder
+from workers.infer.generate import load_model
 
 GROUPS = (("attention", ("flash", "fmha", "attention", "sdpa", "efficient")),
           ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul", "sm90_", "splitk")),

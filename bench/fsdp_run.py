@@ -1,7 +1,7 @@
 """A planned multi-GPU FSDP2 run, predicted vs measured: the planner's strategy run by the worker loop.
 
 The planner's estimate for the pinned placement gives the strategy and its predictions; the same
-strategy then runs through ``workers.train.run_training`` on N local GPUs (NCCL, one process per
+strategy then runs through ``workers.train.loop.run_training`` on N local GPUs (NCCL, one process per
 GPU, no Ray), and the measured peak memory (most loaded rank) and tokens/s are set beside them.
 
     python bench/fsdp_run.py --gpus 2 --gpu H200 --model llama-3.2-1b --seq-len 2048 --micro-batch 4 --steps 20
@@ -63,7 +63,7 @@ def _rank(rank: int, world: int, port: int, job: Any, queue: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    from workers.train import run_training
+    from workers.train.loop import run_training
 
     if job.device == "cuda":
         torch.cuda.set_device(rank)
@@ -97,7 +97,7 @@ def main() -> int:
 
     import torch.multiprocessing as mp
 
-    from workers.train import TrainJob
+    from workers.train.loop import TrainJob
 
     spec, est = planned(args.model, args.gpus, args.gpu, seq_len=args.seq_len, steps=args.steps,
                         micro_batch=args.micro_batch, precision=args.precision, sharding=args.sharding,

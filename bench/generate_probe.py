@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from catalog.loader import load_catalog, resolve_model
-from workers.infer import generate_batch, load_model
-from workers.infer_io import Request
-from workers.model import attn_implementation, hf_config
+from workers.infer.files import Request
+from workers.infer.generate import generate_batch, load_model
+from workers.model.build import attn_implementation, hf_config
 
 
 def sync() -> None:

@@ -288,7 +288,7 @@ def case_infer(work: Path, timeout: float) -> Outcome:
 
 
 def case_infer_gemma(work: Path, timeout: float) -> Outcome:
-    """Gemma 3's sliding layers decode through the graph with a full-length static cache (workers/decode.py),
+    """Gemma 3's sliding layers decode through the graph with a full-length static cache (workers/infer/decode.py),
     priced as such; its compile once recompiled every token (docs/PERFORMANCE.md)."""
     spec = {"name": "acc-infer-gemma", "task": "infer", "model": "gemma-3-1b",
             "infer": {"batch": 32, "prompt_tokens": 512, "output_tokens": 128, "requests": 128},
@@ -338,7 +338,7 @@ def case_infer_moe_qwen15(work: Path, timeout: float) -> Outcome:
 
 def case_kill_resume(work: Path, timeout: float) -> Outcome:
     """SIGKILL the run after its first complete checkpoint, then `--resume` it to the end."""
-    from workers.checkpoint import open_store
+    from workers.checkpoint.local import open_store
 
     name = "kill-resume"
     out = Outcome(case=name)

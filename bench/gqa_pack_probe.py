@@ -1,5 +1,5 @@
 """How much the compiled decode step would gain if grouped-query attention stopped copying K/V (a probe, not the
-product): the workers' decoder (workers/decode.py) timed as it is, then with SDPA given each KV head's query heads
+product): the workers' decoder (workers/infer/decode.py) timed as it is, then with SDPA given each KV head's query heads
 packed as its query rows.
 
 Why: bench/moe_step_profile.py showed every model with several KV heads copying its whole static cache out to its
@@ -8,7 +8,8 @@ decoder always passes one), then attention reading the copies: 29-52% of a step.
 query heads that share a KV head can be that head's query rows instead, (b, heads, 1, d) -> (b, kv_heads, heads /
 kv_heads, d), with the mask (b, 1, 1, L) broadcast over them: the same scores, K/V read once, nothing copied.
 transformers 5.25 does this itself (``pack_gqa``), but not under torch.compile, i.e. not in this decoder.
-Since 2026-12-03 the workers' decoder packs (workers/gqa_attention.py): "stock" is ``GraphDecoder(pack_gqa=False)``.
+Since 2026-12-03 the workers' decoder packs (workers/infer/gqa_attention.py): "stock" is
+``GraphDecoder(pack_gqa=False)``.
 
     python3 bench/gqa_pack_probe.py --cases llama-3.2-1b:32x512x128,qwen3-8b:16x1024x128 --out $OUT/gqa_pack.json
 
@@ -29,8 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.loader import load_catalog, resolve_model
-from workers.decode import GraphDecoder
-from workers.infer import load_model
+from workers.infer.decode import GraphDecoder
+from workers.infer.generate import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the same timing as the kernel profile's

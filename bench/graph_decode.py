@@ -1,5 +1,5 @@
-"""The inference worker's two decoders on one GPU: workers/decode.py's compiled static-cache step
-("graph") against transformers' generate() ("generate"), through ``workers.infer.run_inference``
+"""The inference worker's two decoders on one GPU: workers/infer/decode.py's compiled static-cache step
+("graph") against transformers' generate() ("generate"), through ``workers.infer.generate.run_inference``
 on the same random-init model and prompts, with the planner's prediction for each.
 
     python3 bench/graph_decode.py --out $OUT/graph_decode.json
@@ -51,7 +51,7 @@ from catalog.loader import load_catalog, resolve_model
 from planner.calibration import load_calibration
 from planner.throughput import infer_throughput
 from planner.types import Strategy
-from workers.infer import run_inference
+from workers.infer.generate import run_inference
 
 DEFAULT_CASES = ("llama-3.2-1b:32x512x128,llama-3.2-1b:1x32x128,llama-3.2-1b:8x1024x128,"
                  "qwen3-1.7b:16x256x128,gemma-3-1b:32x1024x128")
@@ -75,7 +75,7 @@ def argmax_gaps(cfg: Any, prompts: Path, outputs: dict[str, Path], rows: int, de
     of the logits' standard deviation. A decoder that computes wrong (a stale cache slot, a broken mask, a misrouted
     expert) picks tokens far from the maximum; bf16 near-ties of a random-weight model stay near 0. Equal token
     sequences are no test here: random weights make near-ties, and one flip changes every later token."""
-    from workers.infer import load_model
+    from workers.infer.generate import load_model
 
     model = load_model(cfg, weights=weights, seed=0, device=device)
     reqs = {r["id"]: r["input_ids"] for r in map(json.loads, prompts.read_text().splitlines())}

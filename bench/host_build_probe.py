@@ -1,4 +1,4 @@
-"""GPU check of workers.train_setup's host build: a model built in host memory (as is a model whose whole
+"""GPU check of workers.train.setup's host build: a model built in host memory (as is a model whose whole
 weights exceed planner.host_memory.GPU_BUILD_SHARE of the GPU) reaches the GPU as NF4 for QLoRA (``model.to``)
 or a shard at a time through FSDP2's ``fully_shard`` (here one rank, NCCL), then trains a step there.
 
@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def one(case: str, finetune: str, shard: bool, host: bool = True) -> dict[str, Any]:
     import torch
 
-    import workers.train_setup as ts
+    import workers.train.setup as ts
     from catalog.loader import load_catalog, resolve_model
     from planner.types import Strategy
-    from workers.model import ModelSource
+    from workers.model.build import ModelSource
 
     src = ModelSource(config=resolve_model(load_catalog(), "llama-3.2-1b"), weights_dir=None)
     st = Strategy.model_validate({"task": "train", "gpu": "H200", "gpu_count": 2 if shard else 1, "precision": "bf16",

@@ -2,7 +2,7 @@
 
 Both sides run the same random-init model, batch, prompt length and new tokens, greedy with the
 default KV cache. The bare loop times ``generate`` alone on random token ids; the worker side is
-``workers.infer.run_inference`` over a JSONL prompts file (parse, pad, generate, trim, JSONL append
+``workers.infer.generate.run_inference`` over a JSONL prompts file (parse, pad, generate, trim, JSONL append
 + fsync per batch). Both drop the first batch (CUDA warm-up) and report steady-state tokens/s.
 
     python3 bench/infer_worker.py --model llama-3.2-1b --batch 64 --prompt 2048 --output 128 \
@@ -36,9 +36,9 @@ from catalog.schema import ModelConfig
 from planner.calibration import load_calibration
 from planner.throughput import infer_throughput
 from planner.types import Strategy
-from workers.infer import quantize_weights, run_inference
-from workers.infer_io import write_synthetic_prompts
-from workers.model import attn_implementation, hf_config
+from workers.infer.files import write_synthetic_prompts
+from workers.infer.generate import quantize_weights, run_inference
+from workers.model.build import attn_implementation, hf_config
 
 
 def bare(cfg: Any, *, batch: int, prompt: int, output: int, weights: str, batches: int) -> dict[str, float]:

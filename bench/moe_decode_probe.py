@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workers.moe_decode (torch and transformers only)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # workers.infer.moe_decode (torch and transformers only)
 
 import measure_h200 as M
 
@@ -103,8 +103,8 @@ def routing(model: Any, cfg: Any, batch: int, a: argparse.Namespace) -> list[dic
 
 def impl(model: Any, cfg: Any, batch: int, a: argparse.Namespace) -> list[dict[str, Any]]:
     """The decode step with generate()'s switch to batched_mm and with grouped_mm kept the way the workers keep
-    it (workers/moe_decode.py), alternating ``--repeat`` times so that a change of the host's speed shows."""
-    from workers.moe_decode import keep_grouped_mm
+    it (workers/infer/moe_decode.py), alternating ``--repeat`` times so that a change of the host's speed shows."""
+    from workers.infer.moe_decode import keep_grouped_mm
 
     original = model.get_experts_implementation()
     row: dict[str, Any] = {"model": a.model, "batch": batch, "prompt": a.prompt, "batched_mm_step_ms": [],

@@ -1,7 +1,7 @@
 """What LoRA of a mixture of experts keeps for backward, and what it costs, on the worker's stack.
 
 transformers 5 keeps routed experts in fused 3-D parameters; peft's ``target_modules="all-linear"`` (the
-workers' LoRA, workers/model.py) adapts them through ``target_parameters`` (a ParamWrapper that adds B @ A to
+workers' LoRA, workers/model/build.py) adapts them through ``target_parameters`` (a ParamWrapper that adds B @ A to
 the whole expert weight each forward). This probe builds a few layers of a published MoE shape with random
 weights and, per mode, counts the bytes autograd saves per token in one dense and one sparse layer (parameters'
 own storage left out), the peak allocated above the weights for one forward + backward, and the step time:

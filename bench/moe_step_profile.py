@@ -1,4 +1,4 @@
-"""Where a compiled decode step's time goes on one GPU: the workers' own decoder (workers/decode.py, the
+"""Where a compiled decode step's time goes on one GPU: the workers' own decoder (workers/infer/decode.py, the
 static-cache step captured as a CUDA graph) replayed under torch.profiler, its kernels grouped by what they do.
 
 Why: the plan prices a compiled MoE step as the bytes it reads plus a fitted host-free cost per sparse layer
@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.loader import load_catalog, resolve_model
 from planner.memory import sparse_layer_count
-from workers.decode import GraphDecoder
-from workers.infer import load_model
+from workers.infer.decode import GraphDecoder
+from workers.infer.generate import load_model
 
 GROUPS = (
     ("grouped_gemm", r"grouped|_scaled_grouped|cutlass.*group|GroupProblem|group_gemm"),

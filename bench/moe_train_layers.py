@@ -41,8 +41,8 @@ from catalog.hf_config import model_from_hf_config  # noqa: E402
 from catalog.loader import load_catalog  # noqa: E402
 from catalog.schema import ModelConfig  # noqa: E402
 from planner.types import Strategy  # noqa: E402
-from workers.model import ModelSource  # noqa: E402
-from workers.train_setup import make_optimizer, prepare_model  # noqa: E402
+from workers.model.build import ModelSource  # noqa: E402
+from workers.train.setup import make_optimizer, prepare_model  # noqa: E402
 
 
 def group_of(name: str) -> str:

@@ -12,9 +12,9 @@ One process per rank (spawned, NCCL or gloo; no Ray, no torchrun), a fresh proce
                link of planner.throughput.link_gbytes_per_s and the shipped calibration
   train        the planner's strategy for llama-3-8b on N x H200 (bench/fsdp_run.planned), the other FSDP
                mode and DDP (LoRA, so it fits) forced, and on 8 a 70B preset when the planner and the
-               worker's build both fit; each through workers.train.run_training: peak allocated and
+               worker's build both fit; each through workers.train.loop.run_training: peak allocated and
                reserved memory of every rank and steady tokens/s against the estimate
-  checkpoint   the planner's FSDP state of --ckpt-model saved (workers.train_state.save_state, every rank
+  checkpoint   the planner's FSDP state of --ckpt-model saved (workers.train.state_save.save_state, every rank
                its own shards, committed once all wrote) and loaded (load_state); GB/s per rank and total
   kill         a run checkpointing every 2 steps: (a) SIGKILL of the last rank once a checkpoint is
                committed, then resume; (b) SIGKILL of the last rank in the middle of writing its shards,
@@ -266,11 +266,11 @@ def _train_rank(rank: int, world: int, device: str, job: Any, host_build: bool =
 
     import torch
 
-    import workers.train_setup
-    from workers.train import run_training
+    import workers.train.setup
+    from workers.train.loop import run_training
 
     if host_build:  # as for a model bigger than one GPU: sharded full fine-tunes build it once, on rank 0's host
-        workers.train_setup.build_device = lambda *_a, **_k: torch.device("cpu")
+        workers.train.setup.build_device = lambda *_a, **_k: torch.device("cpu")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     result = run_training(job)
@@ -303,7 +303,7 @@ def train_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
         # host_build_2026-12-02.txt
         cases.append({"name": "forced fsdp qlora", "model": args.model,
                       "pins": {"sharding": "fsdp", "finetune": "qlora"}})
-        # the path of models bigger than one GPU (workers.train_setup._sharded_from_rank0) over NCCL: rank 0
+        # the path of models bigger than one GPU (workers.train.setup._sharded_from_rank0) over NCCL: rank 0
         # builds the weights on the host and broadcasts them; each rank's peak host memory is in the row
         cases.append({"name": "forced fsdp host build", "model": args.model, "pins": {"sharding": "fsdp"},
                       "host_build": True})
@@ -356,7 +356,7 @@ def _host_problem(params: int, weight_bytes: int, strategy: Any, ckpt_root: str 
 
 
 def part_train(args: argparse.Namespace, deadline: float) -> dict[str, Any]:
-    from workers.train import TrainJob
+    from workers.train.loop import TrainJob
 
     rows: list[dict[str, Any]] = []
     for case in train_cases(args):
@@ -436,11 +436,11 @@ def _checkpoint_rank(rank: int, world: int, device: str, spec: Any, strategy: An
     import torch
     import torch.distributed as dist
 
-    from workers.checkpoint import open_store
-    from workers.model import resolve_model_source
-    from workers.train_setup import configure_torch, make_optimizer, pick_device, prepare_model
-    from workers.train_state import CheckpointWriter, prepare_state, save_state
-    from workers.train_state_load import load_state
+    from workers.checkpoint.local import open_store
+    from workers.model.build import resolve_model_source
+    from workers.train.setup import configure_torch, make_optimizer, pick_device, prepare_model
+    from workers.train.state_load import load_state
+    from workers.train.state_save import CheckpointWriter, prepare_state, save_state
 
     dev = pick_device(device)
     configure_torch(dev, 1 if device == "cpu" else None)
@@ -510,7 +510,7 @@ class _KillHooks:
     shards of the checkpoint of ``die_in_save`` (the store's write patched in this rank's process only)."""
 
     def __init__(self, rank: int, marks: str, hold: int | None, die_in_save: int | None) -> None:
-        from workers.hooks import TrainHooks
+        from workers.train.hooks import TrainHooks
 
         class Hooks(TrainHooks):
             started = False
@@ -526,7 +526,7 @@ class _KillHooks:
 
         self.hooks = Hooks()
         if die_in_save is not None:
-            import workers.checkpoint as ck
+            import workers.checkpoint.local as ck
 
             original = ck._LocalStaged.write
 
@@ -554,7 +554,7 @@ def _read_marks(folder: str, prefix: str) -> dict[int, int]:
 
 def _kill_rank(rank: int, world: int, device: str, job: Any, marks: str, hold: int | None,
                die_in_save: int | None) -> dict[str, Any]:
-    from workers.train import run_training
+    from workers.train.loop import run_training
 
     hooks = _KillHooks(rank, marks, hold, die_in_save if rank == world - 1 else None).hooks
     result = run_training(job, hooks)
@@ -563,7 +563,7 @@ def _kill_rank(rank: int, world: int, device: str, job: Any, marks: str, hold: i
 
 def on_disk(folder: Path) -> dict[str, Any]:
     """Committed step directories (with their COMMIT marker) and partial saves (temp directories)."""
-    from workers.checkpoint_format import MARKER, parse_step_dirname
+    from workers.checkpoint.format import MARKER, parse_step_dirname
 
     committed, partial = [], []
     for entry in sorted(folder.iterdir()) if folder.exists() else []:
@@ -578,7 +578,7 @@ def on_disk(folder: Path) -> dict[str, Any]:
 
 
 def part_kill(args: argparse.Namespace) -> dict[str, Any]:
-    from workers.train import TrainJob
+    from workers.train.loop import TrainJob
 
     world, victim, interval, steps = args.gpus, args.gpus - 1, 2, args.kill_steps
     hold, die_at = 2 * interval, 3 * interval  # park after step 4 (committed); die while saving step 6

@@ -2,7 +2,7 @@
 
 Why: the plan prices a served batch as one prefill plus its decode steps. The prefill's efficiency curve
 (``prefill_mfu`` and ``tokens_half``) was fitted on transformers' generate() (bench/accuracy.py), yet the workers
-run their own static-cache decoder (workers/decode.py), whose prompt pass is eager and reads a cache as long as
+run their own static-cache decoder (workers/infer/decode.py), whose prompt pass is eager and reads a cache as long as
 prompt + new tokens. Fitting its steps on end-to-end tokens/s minus the *planned* prefill put any error of that
 prefill into the step's constants (2026-12-03: the 8B models' prefill planned 25-34% long, their steps 12-16%).
 Here each prefill is the decoder's own, timed by its CUDA events (``GraphDecoder.timing``), with nothing compiled:
@@ -63,8 +63,8 @@ def prefill_seconds(decoder: Any, ids: torch.Tensor, new: int, vocab: int) -> fl
 
 def measure(cases: list[str], repeat: int, save: Any = None) -> list[dict[str, Any]]:
     """The records of ``cases``; ``save(records)`` after each (a run cut short keeps what it measured)."""
-    from workers.decode import GraphDecoder
-    from workers.infer import load_model
+    from workers.infer.decode import GraphDecoder
+    from workers.infer.generate import load_model
 
     catalog = load_catalog()
     by_model: dict[str, list[tuple[int, int, int]]] = {}

@@ -28,8 +28,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 def one_run(cluster: Any, folder: Path, index: int) -> dict[str, float]:
     from planner.types import Strategy
     from tests.workers.tiny import tiny_spec, write_config
-    from workers.executor import RunRequest, RunState
-    from workers.ray_executor import RayExecutor
+    from workers.executors.protocol import RunRequest, RunState
+    from workers.executors.ray_executor import RayExecutor
 
     fake_gpu = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}}
     nodes = [cluster.add_node(**fake_gpu) for _ in range(2)]

@@ -18,7 +18,7 @@ family is held out; ``--holdout-family``
 Every trace is put on 5-minute ticks (a tick is available only if the whole 5 minutes were; traces
 coarser than that keep their own ticks); a multi-node trace counts as available when all N nodes are.
 Jobs: 48 h and 12 h of work, slack 10-100%, restart 0.02-0.4 h, one arrival every 24 h (12 h on
-traces shorter than 10 days); costs are honest (scheduler.simulate.SimOptions.measured: checkpoint
+traces shorter than 10 days); costs are honest (scheduler.sim.simulate.SimOptions.measured: checkpoint
 stall, write, just-in-time checkpoint on the cloud's notice, transfer on a zone move).
 """
 
@@ -40,10 +40,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scheduler.policy import RATE_HALF_LIFE_H  # noqa: E402
-from scheduler.simulate import Jobs, Outcome, Prices, SimOptions, omniscient, run_policy  # noqa: E402
-from scheduler.slack_value import YOUNG_H, YOUNG_OUTAGE_HAZARD_RATIO, YOUNG_RUN_HAZARD_RATIO  # noqa: E402
-from scheduler.traces import Zones  # noqa: E402
+from scheduler.sim.simulate import Jobs, Outcome, Prices, SimOptions, omniscient, run_policy  # noqa: E402
+from scheduler.sim.traces import Zones  # noqa: E402
+from scheduler.spot.policy import RATE_HALF_LIFE_H  # noqa: E402
+from scheduler.spot.slack_value import YOUNG_H, YOUNG_OUTAGE_HAZARD_RATIO, YOUNG_RUN_HAZARD_RATIO  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # the trace families and the cell statistics live beside this script; their names are this module's too
@@ -477,8 +477,8 @@ def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: s
         "the boot; the bound may do the same (from on-demand to spot without losing time where the zone had "
         "capacity through the boot's whole ticks, paying their spot price).",
         "",
-        "`gpuplan` (scheduler/policy.py; rule in the section above): waits and bridges come from the "
-        "slack-value program (scheduler/slack_value.py) on a model of the zone whose runs of capacity and "
+        "`gpuplan` (scheduler/spot/policy.py; rule in the section above): waits and bridges come from the "
+        "slack-value program (scheduler/spot/slack_value.py) on a model of the zone whose runs of capacity and "
         "outages are young (the first "
         f"{YOUNG_H * 60:g} min, ending {YOUNG_RUN_HAZARD_RATIO:g}x / {YOUNG_OUTAGE_HAZARD_RATIO:g}x as fast) or "
         "old, with the mean run and mean outage estimated online (returns to spot too, since 2026-12-03; booted "

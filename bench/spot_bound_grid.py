@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import spot
 
-from scheduler.bound import omniscient
-from scheduler.replay import run_policy
+from scheduler.sim.replay import run_policy
+from scheduler.spot.bound import omniscient
 
 
 def run(fam: spot.Family, resolution: int) -> dict[str, np.ndarray]:

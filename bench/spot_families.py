@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.traces import Zones
+from scheduler.sim.traces import Zones
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK_S = 300.0

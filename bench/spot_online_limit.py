@@ -2,7 +2,7 @@
 
 On the real traces nothing computable says what the best policy that does not know the future would pay. On
 traces *drawn from a known model* something does: the online policy of least expected cost is the dynamic program
-on that model, and gpuplan's slack-value program (scheduler/slack_value.py) is that program for its own model of
+on that model, and gpuplan's slack-value program (scheduler/spot/slack_value.py) is that program for its own model of
 a zone (runs of capacity and outages young for 30 minutes, then old, with the zone's mean run and mean outage).
 So, per zone of each family, three worlds of the zone's length:
 
@@ -44,9 +44,9 @@ from spot import PRICES, bound, hindsight_rates, job_grid, options, spell_length
 from spot_cells import JUDGED_SLACK, RESTARTS  # noqa: E402
 from spot_families import Family, families, find_traces, role  # noqa: E402
 
-from scheduler.simulate import run_policy  # noqa: E402
-from scheduler.slack_value import DOWN_OLD, UP_OLD, UP_YOUNG, market_chain  # noqa: E402
-from scheduler.traces import Zones  # noqa: E402
+from scheduler.sim.simulate import run_policy  # noqa: E402
+from scheduler.sim.traces import Zones  # noqa: E402
+from scheduler.spot.slack_value import DOWN_OLD, UP_OLD, UP_YOUNG, market_chain  # noqa: E402
 
 WORLDS = ("real", "model", "shuffled")
 POLICIES = ("gpuplan", "greedy")

@@ -26,7 +26,7 @@ Runs without Ray (so it runs where Ray is not installed):
         --lora-rank 16 --seq-len 2048 --micro-batch 4 --steps 60 --interval 20 --bare-steps 30
 
 ``one_hour``: a one-hour run at the interval the workers choose by default (Young/Daly for the
-on-demand mean time to preemption, workers.checkpoint_interval, from the measured stall and write
+on-demand mean time to preemption, workers.checkpoint.interval, from the measured stall and write
 time), paying every periodic checkpoint's measured cost plus the final checkpoint's wait, as a
 fraction of the loop's clean tokens/s.
 """
@@ -48,11 +48,11 @@ import torch
 
 from planner.spec import spec_from_dict
 from planner.types import Strategy
-from workers.data import DataLayout, TokenSource
-from workers.hooks import TrainHooks
-from workers.model import build_model, resolve_model_source
-from workers.train import TrainJob, run_training
-from workers.train_setup import pick_device
+from workers.model.build import build_model, resolve_model_source
+from workers.train.batches import DataLayout, TokenSource
+from workers.train.hooks import TrainHooks
+from workers.train.loop import TrainJob, run_training
+from workers.train.setup import pick_device
 
 
 def bare_loop(job: TrainJob, steps: int) -> float:
@@ -63,7 +63,7 @@ def bare_loop(job: TrainJob, steps: int) -> float:
     weights = torch.bfloat16 if strategy.precision == "bf16" else torch.float32
     model = build_model(source, seed=train.seed, weights_dtype=weights, device=device)
     if strategy.finetune == "lora":
-        from workers.model import apply_lora
+        from workers.model.build import apply_lora
 
         model = apply_lora(model, strategy.lora_rank).to(device)
     model.train()
@@ -149,9 +149,9 @@ def periodic_checkpoint_costs(clock: StepClock, steps: int, tokens_per_step: int
 
 def load_time(job: TrainJob) -> float:
     """Seconds to restore the newest checkpoint into a fresh model and optimizer."""
-    from workers.checkpoint import open_store
-    from workers.train_setup import lr_lambda, make_optimizer, prepare_model
-    from workers.train_state_load import load_state
+    from workers.checkpoint.local import open_store
+    from workers.train.setup import lr_lambda, make_optimizer, prepare_model
+    from workers.train.state_load import load_state
 
     device = pick_device(job.device)
     model, sharded, _ = prepare_model(job.strategy, job.train.seed, resolve_model_source(job.spec), device, 1)
@@ -170,7 +170,7 @@ def one_hour(periodic: dict[str, Any], final_wait_s: float) -> dict[str, Any]:
     """Wall efficiency of a one-hour on-demand run at the workers' default interval, from the measured
     periodic checkpoints (their stall, write time and cost to the loop) and the final checkpoint's wait."""
     from planner.cost import checkpoint_interval_h
-    from workers.checkpoint_interval import ON_DEMAND_MTTP_H
+    from workers.checkpoint.interval import ON_DEMAND_MTTP_H
 
     per = periodic.get("per_checkpoint") or []
     if not per:
@@ -225,7 +225,7 @@ def main() -> int:
         if args.device == "cuda":
             torch.cuda.empty_cache()
         load_s = load_time(job)
-        from workers.checkpoint import open_store
+        from workers.checkpoint.local import open_store
 
         latest = open_store(job.checkpoint_uri).latest()
         size = latest.size_bytes if latest else 0

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from catalog.errors import InvalidInput
 from catalog.schema import (
     AttentionShape,
     MlaShape,
@@ -25,6 +24,7 @@ from catalog.schema import (
     Source,
     StoredQuantization,
 )
+from errors import InvalidInput
 
 # First key present wins. Order matters: the HF-standard name first.
 _SYNONYMS: dict[str, tuple[str, ...]] = {

@@ -22,10 +22,10 @@ from pathlib import Path
 import httpx
 
 from catalog.cloud_names import gpu_for_accelerator, load_cloud_names
-from catalog.errors import ExternalServiceError, InvalidInput
 from catalog.loader import Catalog
 from catalog.offers_io import write_offers
 from catalog.schema import CloudNames, Offer, Source
+from errors import ExternalServiceError, InvalidInput
 
 REQUIRED_COLUMNS = ("InstanceType", "AcceleratorName", "AcceleratorCount", "vCPUs", "MemoryGiB", "GpuInfo", "Price",
                     "SpotPrice", "Region", "AvailabilityZone")

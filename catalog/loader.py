@@ -27,11 +27,11 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from catalog.errors import CatalogError, InvalidInput, UnknownName
 from catalog.freshness import refresh_commands
 from catalog.hf_config import model_from_hf_config
 from catalog.offers_io import read_offers
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
+from errors import CatalogError, InvalidInput, UnknownName
 
 PACKAGED_DATA_DIR = Path(__file__).resolve().parent / "data"
 # libyaml's loader is ~10x faster than the pure-Python one; both are "safe" (no arbitrary objects).

@@ -15,8 +15,8 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
-from catalog.errors import CatalogError
 from catalog.schema import Offer, Source
+from errors import CatalogError
 
 COLUMNS = (
     "cloud",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from catalog.errors import UnknownName
 from catalog.loader import Catalog
 from catalog.schema import Offer
+from errors import UnknownName
 
 
 def price_per_gpu_hour(offer: Offer, spot: bool) -> float | None:

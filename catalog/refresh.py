@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from catalog.errors import InvalidInput, UnknownName
 from catalog.freshness import REFRESHABLE_CLOUDS
+from errors import InvalidInput, UnknownName
 
 AWS_DEFAULT_REGIONS = ("us-east-1", "us-east-2", "us-west-2")  # `gpuplan catalog refresh aws` without --regions
 _CLOUD_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")

@@ -25,10 +25,10 @@ import httpx
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from catalog.cloud_names import gpu_by_name_and_memory
-from catalog.errors import ExternalServiceError
 from catalog.loader import Catalog
 from catalog.offers_io import write_offers
 from catalog.schema import GpuSpec, Offer, Source
+from errors import ExternalServiceError
 
 PRICE_LIST_URL = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/{region}/index.json"
 # Every NVIDIA GPU family on EC2 is p* or g*; filtering server-side keeps the answer small.

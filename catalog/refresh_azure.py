@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 
 from catalog.cloud_names import azure_skus, load_cloud_names
-from catalog.errors import ExternalServiceError
 from catalog.loader import Catalog
 from catalog.offers_io import write_offers
 from catalog.schema import CloudNames, CloudSku, Offer, Source
+from errors import ExternalServiceError
 
 AZURE_PRICES_URL = "https://prices.azure.com/api/retail/prices"
 AZURE_DEFAULT_REGIONS = ("eastus", "eastus2", "southcentralus", "westus2", "westus3", "westeurope", "northeurope")

@@ -17,7 +17,7 @@ def open_backend(*, admin: bool = False, settings: Settings | None = None) -> An
         token = (s.admin_token if admin else "") or s.token
         if not token:
             # Said here, in the user's terms (environment variables), not as the server's HTTP header hint.
-            from catalog.errors import AuthError
+            from errors import AuthError
 
             if admin:
                 raise AuthError("no admin token: set GPUPLAN_ADMIN_TOKEN",

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from catalog.errors import InvalidInput
 from catalog.refresh import AWS_DEFAULT_REGIONS
 from commands import output
 from commands.output import JSON_OPTION, handle_errors, print_json, warn
+from errors import InvalidInput
 
 if TYPE_CHECKING:
     from catalog.loader import Catalog

@@ -8,10 +8,10 @@ from typing import Any
 
 import typer
 
-from catalog.errors import InvalidInput
 from commands import output
 from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, styled
 from commands.plan import _plan_from_file, cluster_app
+from errors import InvalidInput
 
 __all__ = ["cluster_app", "cluster_check_command"]
 
@@ -30,7 +30,7 @@ def _cluster_config(path: str) -> dict[str, Any] | None:
     """The Ray cluster config in ``path`` (None: a job spec or a plan)."""
     import yaml
 
-    from workers.cluster_check_yaml import is_cluster_config
+    from workers.cluster.check_yaml import is_cluster_config
 
     file = Path(path)
     if file.suffix not in (".yaml", ".yml") or not file.is_file():
@@ -77,9 +77,9 @@ def cluster_check_command(
 
       gpuplan cluster check cluster.yaml    # the YAML `cluster config` wrote, before `ray up`
     """
-    from workers.cluster import ClusterOptions
-    from workers.cluster_check import FIX, check_account
-    from workers.cluster_check_yaml import check_cluster_config
+    from workers.cluster.check import FIX, check_account
+    from workers.cluster.check_yaml import check_cluster_config
+    from workers.cluster.config import ClusterOptions
 
     config = _cluster_config(plan_or_spec)
     if config is not None:  # a cluster YAML: the options are in it

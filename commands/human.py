@@ -24,7 +24,7 @@ def money(usd: float) -> str:
 
 
 def progress(p: object) -> str:
-    """A running job's progress (scheduler.models.JobProgress) in one line: step, %, tokens/s, loss, ETA."""
+    """A running job's progress (scheduler.store.models.JobProgress) in one line: step, %, tokens/s, loss, ETA."""
     step, total = getattr(p, "step", 0), getattr(p, "total_steps", 0)
     percent, rate = getattr(p, "percent", None), getattr(p, "tokens_per_s", None)
     loss, eta = getattr(p, "loss", None), getattr(p, "eta_s", None)

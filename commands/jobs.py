@@ -9,11 +9,11 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from catalog.errors import InvalidInput
 from commands import human, output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, styled, usd
 from commands.settings import Settings
+from errors import InvalidInput
 
 app = typer.Typer()  # the job commands are top-level commands
 
@@ -69,7 +69,7 @@ def submit_command(
       GPUPLAN_API_URL=http://127.0.0.1:8000 GPUPLAN_TOKEN=gpt_... gpuplan submit job.yaml --key nightly-42 --json
     """
     from commands.specfile import load_spec
-    from scheduler.models import JobCreate
+    from scheduler.store.models import JobCreate
 
     body = _job_create(JobCreate, load_spec(spec).model_dump(mode="json"), priority, key)
     settings = Settings.from_env()

@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from catalog.errors import GpuplanError
+from errors import GpuplanError
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -9,7 +9,6 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from catalog.errors import InvalidInput, NoFeasiblePlan
 from commands import output
 from commands.output import (
     JSON_OPTION,
@@ -24,6 +23,7 @@ from commands.output import (
     warn,
 )
 from commands.settings import Settings
+from errors import InvalidInput, NoFeasiblePlan
 from planner.decoder import moe_decode_phrase
 from planner.throughput import inference_split
 
@@ -411,10 +411,10 @@ def cluster_config_command(
 
       gpuplan plan job.yaml --json > plan.json && gpuplan cluster config plan.json --source-dir . --json
     """
-    from workers.aws_errors import aws_errors
-    from workers.cluster import ClusterOptions
-    from workers.cluster_aws import generate
-    from workers.cluster_notes import WARNING
+    from workers.cluster.aws import generate
+    from workers.cluster.aws_errors import aws_errors
+    from workers.cluster.config import ClusterOptions
+    from workers.cluster.notes import WARNING
 
     subnets = dict(item.split("=", 1) for item in subnet if "=" in item)
     if len(subnets) != len(subnet):

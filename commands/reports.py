@@ -7,12 +7,12 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from catalog.errors import InvalidInput
 from commands import output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, usd
 from commands.plan import check_objective, load_planning_inputs
 from commands.settings import Settings
+from errors import InvalidInput
 
 app = typer.Typer(help="Cost reports: dry-run (what the planner would do) and actual spend; and how "
                          "close plans came (accuracy).\n\nExamples:\n\n"
@@ -99,7 +99,7 @@ def report_accuracy_command(
     """
     from pathlib import Path
 
-    from scheduler.accuracy import accuracy_png, accuracy_rows, local_records, summarize, team_records
+    from scheduler.loop.accuracy import accuracy_png, accuracy_rows, local_records, summarize, team_records
 
     if source == "local":
         records = local_records(Settings.from_env().home)

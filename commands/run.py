@@ -16,7 +16,7 @@ from commands.output import JSON_OPTION, handle_errors, print_fields, print_json
 from commands.settings import Settings
 
 if TYPE_CHECKING:
-    from workers.runner import RunSummary
+    from workers.executors.local_runner import RunSummary
 
 app = typer.Typer()  # run and export: top-level commands
 
@@ -57,7 +57,7 @@ def run_command(
       gpuplan run examples/tiny-train.yaml --checkpoint-dir s3://my-bucket/runs/tiny --resume
     """
     from commands.specfile import load_spec
-    from workers.runner import run_local
+    from workers.executors.local_runner import run_local
 
     spec = load_spec(spec_path)
     ckpt = checkpoint_dir  # a string: s3://bucket/prefix through pathlib would become a folder named "s3:"
@@ -77,7 +77,7 @@ def run_command(
 
 def _run_with_progress(spec: Any, ckpt: Any, resume: bool, use_ray: bool, home: Path) -> Any:
     from commands.progress import progress_bar
-    from workers.runner import run_local
+    from workers.executors.local_runner import run_local
 
     progress, show = progress_bar(output.err_console, spec.name, infer=spec.task == "infer")
     with progress:
@@ -157,7 +157,7 @@ def export_command(
 
       gpuplan export j-0123456789abcdef --out ./merged --merge --json
     """
-    from workers.export import export_checkpoint
+    from workers.model.export import export_checkpoint
 
     uri, note = _export_source(source)
     if note and not as_json:
@@ -188,7 +188,7 @@ def _stage_printer() -> Callable[[str], None]:
 
 def _export_source(source: str) -> tuple[str, str | None]:
     """(checkpoint uri, a note for the user) for a directory, a local run's name or a database job id."""
-    from catalog.errors import NotFound
+    from errors import NotFound
 
     if "://" in source or Path(source).expanduser().is_dir():
         return source, None

@@ -79,12 +79,12 @@ def server_command(
     namespace = ray_namespace or ray_namespace_for(db_url)
     root = checkpoint_root_for(checkpoint_root, home)
     if root.startswith("s3://"):  # a missing bucket or no credentials fail now, not in every job
-        from workers.checkpoint import open_store
+        from workers.checkpoint.local import open_store
 
         open_store(root)
     catalog = load_catalog()
     if ray_cluster_config:  # the cluster's link speeds (EFA or one TCP interface) replace the catalog's
-        from workers.cluster_net import with_link_speeds
+        from workers.cluster.net import with_link_speeds
 
         catalog = with_link_speeds(catalog, ray_cluster_config)
     local_gpus = None
@@ -131,7 +131,7 @@ def spot_zones_of(ray_cluster_config: str | None) -> tuple[str, ...]:
     with two or more, the loop's spot policy moves jobs between them."""
     if not ray_cluster_config:
         return ()
-    from scheduler.placement import spot_zones
-    from workers.ray_executor import autoscaler_node_types
+    from scheduler.loop.attempt_placement import spot_zones
+    from workers.executors.ray_executor import autoscaler_node_types
 
     return spot_zones([resources for resources, _ in autoscaler_node_types(ray_cluster_config)])

@@ -7,9 +7,9 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from catalog.errors import InvalidInput
 from commands import output
 from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table
+from errors import InvalidInput
 
 app = typer.Typer()  # simulate: a top-level command
 
@@ -55,8 +55,8 @@ def simulate_command(
     """
     from pathlib import Path
 
-    from scheduler.simulate import ALL_POLICIES, Jobs, Prices, SimOptions, compare, start_tick_for
-    from scheduler.traces import load_zones
+    from scheduler.sim.simulate import ALL_POLICIES, Jobs, Prices, SimOptions, compare, start_tick_for
+    from scheduler.sim.traces import load_zones
 
     zones = load_zones(trace)
     if deadline_hours is not None and deadline_hours < job_hours:
@@ -80,7 +80,7 @@ def simulate_command(
         row.pop("policy")
         row["outcome"] = _outcome(row, deadline_hours, zones.hours - start_hour)
     if plot:
-        from scheduler.plots import timeline_png
+        from scheduler.sim.plots import timeline_png
 
         Path(plot).write_bytes(timeline_png(zones, int(jobs.start_tick[0]), results, job_hours, deadline_hours))
     if as_json:
@@ -179,7 +179,7 @@ def _print_simulation(rows: dict[str, dict[str, Any]], zones: Any, start_hour: f
 def _simulate_stream(zones: Any, names: list[str], prices: Any, n_jobs: int, every_hours: float, start_hour: float,
                      job_hours: float, deadline_hours: float | None, restart_hours: float, checkpoint_hours: float,
                      plot: str | None, as_json: bool, make_before_break: bool) -> None:
-    from scheduler.simulate import Jobs, SimOptions, compare, start_tick_for, summarize
+    from scheduler.sim.simulate import Jobs, SimOptions, compare, start_tick_for, summarize
 
     if plot:
         raise InvalidInput("--plot draws one job's timeline; drop --jobs or --plot")

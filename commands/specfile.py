@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from catalog.errors import InvalidInput
+from errors import InvalidInput
 from planner.spec import JobSpec, ModelRef, fit_defaults, spec_from_dict
 
 
@@ -68,8 +68,8 @@ def _fit_to_model(spec: JobSpec) -> JobSpec:
     """The spec with the lengths it leaves to their defaults fitted to its model's context (planner.spec.
     fit_defaults), so a submitted spec carries them; a model that does not resolve is left for the plan to
     report with the spec's other problems."""
-    from catalog.errors import GpuplanError
     from catalog.loader import load_catalog, resolve_model
+    from errors import GpuplanError
 
     try:
         model = resolve_model(load_catalog(), spec.model.config if isinstance(spec.model, ModelRef) else spec.model)
@@ -114,8 +114,8 @@ def size_from_prompts(spec: JobSpec) -> JobSpec:
     path = Path(infer.prompts).expanduser()
     if not unset or not path.is_file():
         return spec
-    # workers.infer_io, not workers.infer: reading a spec must not import torch
-    from workers.infer_io import ByteTokenizer, HfTokenizer, Tokenizer, infer_tokenizer_dir, prompt_lengths
+    # workers.infer.files, not workers.infer.generate: reading a spec must not import torch
+    from workers.infer.files import ByteTokenizer, HfTokenizer, Tokenizer, infer_tokenizer_dir, prompt_lengths
 
     weights = Path(spec.model).expanduser() if isinstance(spec.model, str) else None
     folder = infer_tokenizer_dir(infer.tokenizer, weights if weights is not None and weights.is_dir() else None)

@@ -8,10 +8,10 @@ from typing import Any
 import typer
 from pydantic import BaseModel
 
-from catalog.errors import InvalidInput
 from commands import output
 from commands.backend import open_backend
 from commands.output import JSON_OPTION, Col, handle_errors, print_json, print_table, usd
+from errors import InvalidInput
 
 app = typer.Typer(help="Teams, budgets, GPU quotas and tokens (admin).\n\nExamples:\n\n"
                        "  gpuplan team create ml --budget 5000 --quota 16\n\n"
@@ -76,7 +76,7 @@ def team_create_command(name: str = typer.Argument(...),
                         quota: int | None = typer.Option(None, "--quota", min=0, help="GPUs; omit: no limit."),
                         as_json: bool = JSON_OPTION) -> None:
     """Create a team.  Example:  gpuplan team create ml --budget 500 --quota 16"""
-    from scheduler.models import TeamCreate
+    from scheduler.store.models import TeamCreate
 
     body = _team_body(TeamCreate, name=name, budget_usd=budget, gpu_quota=quota)
     _print_team(open_backend(admin=True).create_team(body), as_json)
@@ -87,7 +87,7 @@ def team_create_command(name: str = typer.Argument(...),
 def team_budget_command(name: str = typer.Argument(...), usd: str = typer.Argument(..., help="USD or 'none'."),
                         as_json: bool = JSON_OPTION) -> None:
     """Set a team's budget.  Example:  gpuplan team budget ml 1000"""
-    from scheduler.models import TeamUpdate
+    from scheduler.store.models import TeamUpdate
 
     value, clear = _limit(usd, float, "budget")
     body = _team_body(TeamUpdate, budget_usd=value, clear_budget=clear)
@@ -99,7 +99,7 @@ def team_budget_command(name: str = typer.Argument(...), usd: str = typer.Argume
 def team_quota_command(name: str = typer.Argument(...), gpus: str = typer.Argument(..., help="GPUs or 'none'."),
                        as_json: bool = JSON_OPTION) -> None:
     """Set a team's GPU quota.  Example:  gpuplan team quota ml 32"""
-    from scheduler.models import TeamUpdate
+    from scheduler.store.models import TeamUpdate
 
     value, clear = _limit(gpus, int, "quota")
     body = _team_body(TeamUpdate, gpu_quota=value, clear_quota=clear)

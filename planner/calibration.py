@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from catalog.errors import CatalogError
+from errors import CatalogError
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -157,7 +157,7 @@ class ThroughputCalibration(_Cal):
     # the attention kernels' profile (docs/MEASUREMENTS.md, "Where a compiled decode step's time goes")
     graph_decode_layer_s: float = Field(
         default=4.96e-5, ge=0.0,
-        description="compiled static-cache decode (workers/decode.py): GPU seconds per layer per token "
+        description="compiled static-cache decode (workers/infer/decode.py): GPU seconds per layer per token "
         "beyond the bytes read (gaps between its small kernels), for a Llama layer's kernels")
     graph_decode_row_layer_s: float = Field(
         default=0.0, ge=0.0,
@@ -197,7 +197,8 @@ class ThroughputCalibration(_Cal):
     # the 8B models, gemma-3-12b and Qwen3-30B-A3B held out; docs/MEASUREMENTS.md "The compiled decoder's prompt pass")
     graph_prefill_mfu: float = Field(
         default=0.63, gt=0.0, le=1.0,
-        description="the compiled decoder's eager prompt pass (workers/decode.py): the share of peak bf16 FLOP/s its "
+        description="the compiled decoder's eager prompt pass (workers/infer/decode.py): the share of peak bf16 "
+                    "FLOP/s its "
         "dense matmuls reach at an infinite hidden size; times h / (h + graph_prefill_hidden_half)")
     graph_prefill_hidden_half: float = Field(
         default=1500.0, ge=0.0,

@@ -22,7 +22,7 @@ JIT_MARGIN_S = 10.0  # a just-in-time checkpoint's fixed margin before a notice'
 
 def just_in_time_reserve_s(stall_s: float, durable_s: float, step_s: float) -> float:
     """Seconds before a spot notice's deadline at which the just-in-time checkpoint starts (the workers' rule,
-    workers/train.py; the simulator prices a preemption's loss with it, scheduler.sim_model.SimOptions).
+    workers/train/loop.py; the simulator prices a preemption's loss with it, scheduler.sim.model.SimOptions).
 
     The checkpoint must be durable before the node goes: twice its stall and time to durable (a store slower
     than last time, a periodic write still in flight), two steps (the one in flight and the one whose poll
@@ -37,7 +37,7 @@ def young_daly_interval_h(checkpoint_h: float, mtbf_h: float) -> float:
 
 
 def checkpoint_interval_h(stall_h: float, durable_h: float, mtbf_h: float) -> float:
-    """The interval a run checkpoints at (the workers use this same rule, workers.checkpoint_interval):
+    """The interval a run checkpoints at (the workers use this same rule, workers.checkpoint.interval):
     Young/Daly on the loop's stall, but at least twice the time to durable (the write runs in the
     background; a snapshot that had to wait for the previous write would stall for the rest of it)
     and at least MIN_CHECKPOINT_INTERVAL_H."""

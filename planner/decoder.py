@@ -24,7 +24,7 @@ def grouped_gemm_gpu(vendor: str, capability: str | None) -> bool:
 
 
 def graph_decode(model: ModelConfig, vendor: str, weights: str, capability: str | None = None) -> bool:
-    """Whether the workers decode with the compiled static-cache step (workers/decode.py) rather than
+    """Whether the workers decode with the compiled static-cache step (workers/infer/decode.py) rather than
     transformers' eager generate(), on an NVIDIA GPU of compute ``capability`` ("9.0"; None: unknown):
 
     - dense models in bf16/fp16, where it was measured first. Sliding-window layers (Gemma 3, Mistral) too, since
@@ -65,7 +65,7 @@ GROUPED_FROM_VISITS = 2
 def moe_decode_kernel(model: ModelConfig, vendor: str, weights: str, batch: int, *, graph: bool = False,
                       given: str | None = None) -> MoeKernel | None:
     """The kernel a mixture of experts' decode steps run, one rule for the plan's time and memory and the workers
-    (workers/moe_decode.py): None for a dense model and an MXFP4 checkpoint (its triton kernels read the experts
+    (workers/infer/moe_decode.py): None for a dense model and an MXFP4 checkpoint (its triton kernels read the experts
     in place); "grouped_mm" in the compiled decoder (``graph``: the model's own kernel, captured), on a CPU
     (generate() keeps it there) and, on a GPU under generate(), once batch x top-k reaches
     ``GROUPED_FROM_VISITS`` x the experts (the workers keep grouped_mm then); otherwise "batched_mm",

@@ -1,5 +1,5 @@
 """Host memory a training run needs on each node: one rule for the plan (planner.search rejects an offer
-whose RAM is short) and for the workers (workers.train_setup builds where this module says).
+whose RAM is short) and for the workers (workers.train.setup builds where this module says).
 
 Two moments, whichever is larger, plus each rank's process:
 
@@ -11,7 +11,7 @@ Two moments, whichever is larger, plus each rank's process:
   no host copy).
 - **The checkpoint snapshot.** The workers copy the checkpointed state (trainable parameters and optimizer
   states) into host buffers allocated once, pinned on CUDA, and write them in the background
-  (workers/train_state.py): under FSDP every rank its shard, under DDP rank 0 the whole state.
+  (workers/train/state_save.py): under FSDP every rank its shard, under DDP rank 0 the whole state.
 
 A 70B full fine-tune with AdamW snapshots ~850 GB per node over 8 GPUs: more than a 560 GiB node holds.
 """
@@ -55,7 +55,7 @@ def shards_state(strategy: Strategy) -> bool:
 
 def builds_once(strategy: Strategy) -> bool:
     """Whether a host build is rank 0's alone (the other ranks receive their shards from it), one rule for the
-    plan's host memory and for workers.train_setup. Before 2026-12-04 every rank built its own copy: a Llama-3-70B
+    plan's host memory and for workers.train.setup. Before 2026-12-04 every rank built its own copy: a Llama-3-70B
     full fine-tune in amp-bf16 (fp32 master weights, 280 GB) asked 8 x 280 GB of an 8-GPU node and was refused on
     every offer."""
     return shards_state(strategy) and strategy.finetune != "qlora" and strategy.precision != "fp8"

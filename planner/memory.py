@@ -429,7 +429,7 @@ def linear_params_per_layer(model: ModelConfig, pc: ParamCount) -> float:
 def cached_layer_tokens(model: ModelConfig, context: int, *, full_length: bool = False) -> int:
     """Tokens the cache holds summed over layers: a sliding-window layer keeps only its last window - 1
     (transformers' DynamicSlidingWindowLayer), the others the whole context. ``full_length``: every layer
-    the whole context, as the graph decoder's static cache holds it (workers/decode.py: sliding layers get a
+    the whole context, as the graph decoder's static cache holds it (workers/infer/decode.py: sliding layers get a
     full-length buffer, the window is only in the mask)."""
     shape = model.attn
     if shape.sliding_window is None or full_length:
@@ -483,7 +483,7 @@ def infer_memory(model: ModelConfig, strategy: Strategy, prompt_tokens: int, out
                  cal: MemoryCalibration, pc: ParamCount | None = None, headroom: float | None = None, *,
                  decoder: str | None = None, moe_kernel: str | None = None) -> MemoryEstimate:
     """Peak memory per GPU of the workers' decoder (``decoder``: "graph" or "generate"; None: the workers'
-    rule): ``generate()`` with the default DynamicCache, or workers/decode.py's preallocated static cache.
+    rule): ``generate()`` with the default DynamicCache, or workers/infer/decode.py's preallocated static cache.
     ``moe_kernel``: a mixture of experts' decode kernel ("batched_mm" or "grouped_mm"); None: the workers' rule
     (planner.decoder.moe_decode_kernel)."""
     graph = decoder_for(model, gpu.vendor, strategy.weights, decoder, gpu.compute_capability) == "graph"

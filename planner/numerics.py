@@ -1,7 +1,7 @@
 """What each training precision does to the weights' updates, and what that costs beyond its bytes.
 
 ``bf16`` keeps weights, gradients and AdamW states in bf16 with no fp32 master copy; its optimizer step
-rounds each update into the weights stochastically (workers/sr_adamw.py), so updates below bf16's half-ulp
+rounds each update into the weights stochastically (workers/train/sr_adamw.py), so updates below bf16's half-ulp
 still move the weights in expectation. ``bf16-plain`` is the same memory with round-to-nearest: most
 fine-tuning updates round to nothing (docs/NUMERICS.md measures both against amp-bf16's fp32 master).
 """

@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from catalog.errors import InvalidInput
 from catalog.loader import Catalog
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig, StackSupport
+from errors import InvalidInput
 from planner.calibration import GIB, Calibration
 from planner.capability import (
     auto_precisions,

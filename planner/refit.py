@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalog.errors import InvalidInput
 from catalog.schema import GpuSpec, ModelConfig
+from errors import InvalidInput
 from planner.calibration import Calibration, apply_overrides
 from planner.memory import infer_memory
 from planner.memory_train import train_memory, train_moments

@@ -3,9 +3,9 @@ uses, and the memory headroom it asks for."""
 
 from __future__ import annotations
 
-from catalog.errors import InvalidInput, UnknownName
 from catalog.loader import Catalog
 from catalog.schema import GpuSpec, ModelConfig
+from errors import InvalidInput, UnknownName
 from planner.calibration import Calibration
 from planner.spec import JobSpec, check_model, invalid_spec, model_problems
 

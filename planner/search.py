@@ -17,11 +17,11 @@ from typing import Literal
 
 from pydantic import TypeAdapter
 
-from catalog.errors import InvalidInput, NoFeasiblePlan
 from catalog.freshness import refresh_commands
 from catalog.loader import Catalog
 from catalog.params import ParamCount
 from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
+from errors import InvalidInput, NoFeasiblePlan
 from planner.calibration import Calibration
 from planner.cost import notice_loss_h, on_demand_cost, spot_cost
 from planner.host_memory import checkpoint_state_bytes, host_memory_problem

@@ -21,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from catalog.errors import InvalidInput
 from catalog.schema import ModelConfig
+from errors import InvalidInput
 
 Task = Literal["train", "infer"]
 Precision = Literal["auto", "fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-plain", "fp8"]

@@ -93,7 +93,7 @@ def mla_decode_expand(model: ModelConfig, batch: int, context: int) -> tuple[flo
 
 
 def mla_absorbed_decode_bytes(model: ModelConfig, batch: int, context: int) -> float:
-    """Bytes a compiled decode step of latent attention reads beyond the cache once (workers/mla_attention.py: the
+    """Bytes a compiled decode step of latent attention reads beyond the cache once (workers/infer/mla_attention.py: the
     latents are read for the scores and again for the weighted sum; the rotary keys once): one more pass over every
     layer's cached latents (bf16). 0 for a model without MLA."""
     mla = model.mla
@@ -428,7 +428,7 @@ def graph_prefill_expert_efficiency(model: ModelConfig, tokens: int, cal: Throug
 
 def graph_prefill_s(model: ModelConfig, batch: int, prompt_tokens: int, keys: int, tp: int, peak: float,
                     cal: ThroughputCalibration, n: float, lm: float) -> float:
-    """The compiled decoder's prompt pass (workers/decode.py: eager, a static cache of ``keys`` positions), before
+    """The compiled decoder's prompt pass (workers/infer/decode.py: eager, a static cache of ``keys`` positions), before
     the attention extras every prefill pays (eager scores, sliding masks). Its own fit, not generate()'s curve
     (bench/prefill_probe.py, timed by the decoder's CUDA events): the lm head runs on each row's last position only
     (``logits_to_keep=1``), the matmuls reach more of the peak as the hidden size grows, a mixture's routed experts
@@ -443,7 +443,7 @@ def graph_prefill_s(model: ModelConfig, batch: int, prompt_tokens: int, keys: in
 
 
 def graph_decode_keys(model: ModelConfig, rows: int, ctx: int) -> float:
-    """Cached positions the compiled decode step's packed grouped-query attention walks (workers/gqa_attention.py:
+    """Cached positions the compiled decode step's packed grouped-query attention walks (workers/infer/gqa_attention.py:
     each KV head's query heads are its query rows), summed over its blocks (rows x KV heads) and layers, each
     walking the whole static cache. Its cost per key beyond the bytes (ThroughputCalibration.graph_decode_key_s) is
     cuDNN's flash kernel's: at head_dim 64 it reads the cache at ~1.4 TB/s, not the weights' 3.4
@@ -472,7 +472,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     peak = peak_tflops(gpu, "fp8" if strategy.weights == "fp8" else "bf16") * 1e12
     raw_bw = gpu.memory_bandwidth_gbps * 1e9
     graph = decoder_for(model, gpu.vendor, strategy.weights, decoder, gpu.compute_capability) == "graph"
-    # the graph decoder's static cache: every layer holds and reads the whole context (workers/decode.py), so
+    # the graph decoder's static cache: every layer holds and reads the whole context (workers/infer/decode.py), so
     # a sliding layer's prefill mask spans it and its decode steps read all of it, not the window
     ctx = prompt_tokens + output_tokens
     keys = ctx if graph else None
@@ -517,7 +517,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
     if graph:
         # the compiled step attends over the cached latents, kv_b_proj folded into the query and the output
-        # (workers/mla_attention.py): no expansion, the latents read once more (scores, then the weighted sum)
+        # (workers/infer/mla_attention.py): no expansion, the latents read once more (scores, then the weighted sum)
         expand_bytes, expand_flops = mla_absorbed_decode_bytes(model, b, ctx), 0.0
     else:
         expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
@@ -531,7 +531,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         # eager attention (gpt-oss) repeats each KV head for its query heads before its matmuls: the whole
         # static cache expanded heads / kv_heads times, written and read every step (bench/graph_decode.py MoE
         # cases: the extra step time grows with the batch at this rate). SDPA models copy nothing: the workers
-        # pack each KV head's query heads as its query rows (workers/gqa_attention.py) since 2026-12-03
+        # pack each KV head's query heads as its query rows (workers/infer/gqa_attention.py) since 2026-12-03
         kv_time += 2 * kv_time * (model.num_attention_heads // model.num_kv_heads)
     mem_time = ((weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
                 + grouped_bytes / (raw_bw * cal.graph_moe_expert_bw_efficiency))

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from sqlmodel import col, select
 
-from catalog.errors import AuthError, Forbidden
-from scheduler.models import ApiToken, Team
-from scheduler.store import Store
+from errors import AuthError, Forbidden
+from scheduler.store.database import Store
+from scheduler.store.models import ApiToken, Team
 
 
 def hash_token(secret: str) -> str:

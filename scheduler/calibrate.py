@@ -1,6 +1,6 @@
 """``gpuplan calibrate``'s edge: recorded runs in, the user's calibration file out.
 
-Reads what :mod:`scheduler.accuracy` keeps (``gpuplan run`` results under ``<home>/runs`` and the
+Reads what :mod:`scheduler.loop.accuracy` keeps (``gpuplan run`` results under ``<home>/runs`` and the
 team's attempts), turns each into a :class:`planner.refit.Observation` (the strategy as it ran, the
 model, the part and what it measured), leaves the fitting to :func:`planner.refit.refit`, and writes
 the kept changes to ``<home>/calibration.json``, which ``plan``, ``estimate``, ``run`` and the server
@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from catalog.errors import GpuplanError
 from catalog.loader import Catalog
 from catalog.schema import GpuSpec, ModelConfig
+from errors import GpuplanError
 from planner.refit import QUANTITIES, Observation, Refit
 from planner.types import Strategy
 
@@ -140,8 +140,8 @@ def calibrate(home: Path, *, source: str, holdout: float, write: bool, team_jobs
     of them, judge it on the rest, and (``write``) keep it in ``<home>/calibration.json``.
 
     Returns the whole outcome as JSON-ready values (the CLI prints it as tables or ``--json``)."""
-    from catalog.errors import InvalidInput
     from catalog.loader import load_catalog
+    from errors import InvalidInput
     from planner.calibration import load_calibration, user_calibration_path
     from planner.refit import MIN_RECORDS, not_enough, refit
 

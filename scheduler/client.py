@@ -18,12 +18,13 @@ from urllib.parse import quote, urlencode
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
-from catalog.errors import ExternalServiceError, GpuplanError, InvalidInput, NotFound
+from errors import ExternalServiceError, GpuplanError, InvalidInput, NotFound
 from planner.types import Plan
-from scheduler import ledger
 from scheduler.auth import Principal
 from scheduler.inputs import JobId, Label, Reason, RowId, Word, accept
-from scheduler.models import (
+from scheduler.service import SchedulerService
+from scheduler.store import ledger
+from scheduler.store.models import (
     ApiTokenCreated,
     ApiTokenPublic,
     JobCreate,
@@ -36,7 +37,6 @@ from scheduler.models import (
     TeamUpdate,
     check_team_name,
 )
-from scheduler.service import SchedulerService
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -3,12 +3,12 @@
     python -m scheduler.head [--admin-token-secret REF] [--database-url-secret REF] [--backup s3://...] \
         [--db PATH] -- /home/ubuntu/gpuplan-venv/bin/gpuplan server --executor ray ...
 
-- the admin token: read from the named secret (``workers.cluster_secrets``: Secrets Manager, or ``ssm:NAME``
+- the admin token: read from the named secret (``workers.cluster.secrets``: Secrets Manager, or ``ssm:NAME``
   for a SecureString), else made once on the head and kept in ``~/.gpuplan/admin-token`` (mode 0600), so
   the server always starts with admin enabled;
 - the database: the URL in the named secret (PostgreSQL outlives the head); without one, the SQLite file
   ``--db``, restored from ``--backup`` before the server starts when the head is new, backed up every
-  ``--every`` seconds while it runs and once more when the unit stops (``scheduler.backup``);
+  ``--every`` seconds while it runs and once more when the unit stops (``scheduler.store.backup``);
 - both values reach the server through its environment only (``GPUPLAN_ADMIN_TOKEN``,
   ``GPUPLAN_DATABASE_URL``): never on a command line (``ps``) or in the YAML.
 
@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduler import backup
-from workers.cluster_secrets import read_secret
+from scheduler.store import backup
+from workers.cluster.secrets import read_secret
 
 TOKEN_FILE = "admin-token"
 

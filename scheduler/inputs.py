@@ -140,7 +140,7 @@ class JsonRule:
 
 
 Name = Annotated[str, TextRule(64)]
-"""A team name: printable text here; its spelling rule (scheduler.models.team_name_error) is checked by the
+"""A team name: printable text here; its spelling rule (scheduler.store.models.team_name_error) is checked by the
 service on every path, so the API and the CLI give one message with a valid spelling to use instead."""
 JobId = Annotated[str, TextRule(32, min_length=1, pattern=NAME_PATTERN, form="a job id such as j-1a2b3c4d5e6f7a8b")]
 Label = Annotated[str, TextRule(64, min_length=1)]
@@ -162,7 +162,7 @@ def accept(kind: Any, value: Any, where: str) -> Any:
     database there either."""
     from pydantic import TypeAdapter, ValidationError
 
-    from catalog.errors import InvalidInput
+    from errors import InvalidInput
 
     try:
         return TypeAdapter(kind).validate_python(value)

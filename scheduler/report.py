@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
-from catalog.errors import InvalidInput
+from errors import InvalidInput
 from planner.types import Candidate, Plan
-from scheduler.plots import market_bars_png, pareto_png
+from scheduler.sim.plots import market_bars_png, pareto_png
 
 TOP = 12
 

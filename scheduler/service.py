@@ -1,5 +1,5 @@
 """The scheduler's one service: submit / status / list / cancel / logs, reports; teams and tokens
-(scheduler.teams) and authentication (scheduler.auth) behind the same object.
+(scheduler.store.teams) and authentication (scheduler.auth) behind the same object.
 
 Budget and GPU-quota rules live here and nowhere else. They hold under concurrency because the
 check and the job insert happen in one write transaction that first locks the team row
@@ -25,13 +25,16 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from catalog.errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
+from errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
-from scheduler import job_progress, ledger, logbook, queries, quota
-from scheduler.admission import Feasibility, refuse_unrunnable
 from scheduler.auth import ADMIN, Principal, TokenAuth, hash_token, require_admin, team_id_of
-from scheduler.models import (
+from scheduler.loop import job_progress, quota
+from scheduler.loop.admission import Feasibility, refuse_unrunnable
+from scheduler.loop.network_status import Relink, network_warnings
+from scheduler.store import ledger, logbook, queries
+from scheduler.store.database import Store, transition
+from scheduler.store.models import (
     ApiTokenCreated,
     ApiTokenPublic,
     Attempt,
@@ -49,11 +52,9 @@ from scheduler.models import (
     TeamSpend,
     TeamUpdate,
 )
-from scheduler.network import Relink, network_warnings
-from scheduler.states import TERMINAL, JobState, Market, check_transition
-from scheduler.store import Store, transition
-from scheduler.teams import Teams, budgets_left, team_by_name
-from workers.nccl_net import LINE_PREFIX
+from scheduler.store.states import TERMINAL, JobState, Market, check_transition
+from scheduler.store.teams import Teams, budgets_left, team_by_name
+from workers.cluster.nccl_net import LINE_PREFIX
 from workers.spec_files import check_spec_files
 
 __all__ = ["ADMIN", "Clock", "Planner", "Principal", "SchedulerService", "hash_token", "spec_hash", "utcnow"]
@@ -115,8 +116,8 @@ class SchedulerService:
         # injected like the clock: a test that replays steps (Hypothesis) needs the same ids each time,
         # since jobs submitted at one instant start in id order
         self.job_ids = job_ids or _random_job_id
-        self.relink = relink  # a plan's speed on another link (scheduler.network), for status's warnings
-        # the executor's own check, asked at submit (scheduler.admission); None: no executor here to ask
+        self.relink = relink  # a plan's speed on another link (scheduler.loop.network_status), for status's warnings
+        # the executor's own check, asked at submit (scheduler.loop.admission); None: no executor here to ask
         self.feasibility = feasibility
         self.checkpoint_root = checkpoint_root.rstrip("/")
         self.max_attempts = max_attempts
@@ -129,7 +130,7 @@ class SchedulerService:
         self._status_stmts = queries.status_statements()
         self._existing_stmt = queries.existing_job_statement()
 
-    # -------------------------------------------------------------- auth, teams and tokens (scheduler.teams)
+    # -------------------------------------------------------------- auth, teams and tokens (scheduler.store.teams)
 
     def authenticate(self, token: str | None) -> Principal:
         return self.auth.authenticate(token)
@@ -310,7 +311,7 @@ class SchedulerService:
     @staticmethod
     def _check_limits(session: Session, team: Any, estimate: float, gpus: int) -> None:
         """Budget: the estimate is reserved now, so it must fit what is left. GPU quota: it admits
-        jobs to run (scheduler.quota), so only a job larger than the whole quota is refused here.
+        jobs to run (scheduler.loop.quota), so only a job larger than the whole quota is refused here.
         ``team``: a Team or a row with its id, name, budget_usd and gpu_quota."""
         assert team.id is not None
         if team.budget_usd is not None:
@@ -391,7 +392,7 @@ class SchedulerService:
             return self._public(session, [job])[0]
 
     def logs(self, principal: Principal, job_id: str, since: int = 0) -> JobLogs:
-        """The job's log (scheduler.logbook) from line ``since`` on: state changes, attempt headers
+        """The job's log (scheduler.store.logbook) from line ``since`` on: state changes, attempt headers
         and executor lines in the order they happened. Lines never move, so ``next`` is the
         ``since`` that returns exactly the lines written after these."""
         if since < 0:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import InvalidInput
 from catalog.loader import load_catalog
+from errors import InvalidInput
 from planner.spec import spec_from_dict
 from scheduler.api import create_app
 from scheduler.service import SchedulerService
-from scheduler.store import Store
+from scheduler.store.database import Store
 from tests.scheduler.conftest import toy_plan
 
 ROOT = Path(__file__).resolve().parents[1]

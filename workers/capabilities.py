@@ -2,7 +2,7 @@
 the planner is also given, so a plan never holds a strategy the workers refuse.
 
 :func:`strategy_problem` is the workers' own refusal, independent of the device; the run-time
-checks of the device itself (fp8 units, CUDA for 4-bit and 8-bit paths) stay in workers.train.
+checks of the device itself (fp8 units, CUDA for 4-bit and 8-bit paths) stay in workers.train.loop.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from catalog.errors import InvalidInput, UnreachablePath
+from errors import InvalidInput, UnreachablePath
 from planner.spec import JobSpec, ModelRef, spec_paths
-from workers.text_data import has_tokenizer, is_jsonl
+from workers.train.text_data import has_tokenizer, is_jsonl
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
@@ -34,7 +34,7 @@ def weights_folder(spec: JobSpec) -> Path | None:
 
 def check_text_data(spec: JobSpec) -> None:
     """Refuse JSONL text data with no tokenizer: neither ``train.tokenizer`` nor one saved beside the model's
-    weights (what the worker tokenizes it with, workers.data.tokenizer_dir)."""
+    weights (what the worker tokenizes it with, workers.train.batches.tokenizer_dir)."""
     train = spec.train
     if spec.task != "train" or train is None or train.data is None or not is_jsonl(train.data) or train.tokenizer:
         return

@@ -13,8 +13,8 @@ from urllib.parse import unquote_to_bytes
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from catalog.errors import InvalidInput
 from catalog.loader import Catalog
+from errors import InvalidInput
 from scheduler.auth import Principal
 from scheduler.service import SchedulerService
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from catalog.errors import GpuplanError
+from errors import GpuplanError
 from scheduler.inputs import printable
 
 log = logging.getLogger("gpuplan.api")

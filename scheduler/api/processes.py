@@ -23,8 +23,8 @@ from types import FrameType
 
 import uvicorn
 
-from catalog.errors import ExecutionError, InvalidInput
 from catalog.loader import Catalog
+from errors import ExecutionError, InvalidInput
 from planner.calibration import Calibration
 from scheduler.api.app import Loop, create_app
 from scheduler.api.server import listen, make_service
@@ -98,7 +98,7 @@ def _api_worker(settings: ApiSettings, sock: socket.socket, parent_pid: int) -> 
     _exit_with_parent(parent_pid)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     # Runs belong to the loop in the supervisor; their log lines reach these workers through the
-    # database (scheduler.logbook).
+    # database (scheduler.store.logbook).
     service = make_service(settings.database_url, checkpoint_root=settings.checkpoint_root,
                            admin_token=settings.admin_token, planner=settings.planner, catalog=settings.catalog,
                            migrate=False, calibration=settings.calibration)

@@ -19,19 +19,19 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from catalog.errors import Conflict, InvalidInput
 from catalog.loader import Catalog, load_catalog
+from errors import Conflict, InvalidInput
 from planner.calibration import Calibration, CostCalibration, load_calibration
 from planner.spec import JobSpec
 from planner.types import Plan
-from scheduler.admission import Feasibility
 from scheduler.api.app import create_app
-from scheduler.loop import Scheduler
-from scheduler.network import planner_relink
-from scheduler.placement import MarketChooser, ObservedZones, SpotChooser, market_chooser
+from scheduler.loop.admission import Feasibility
+from scheduler.loop.attempt_placement import MarketChooser, ObservedZones, SpotChooser, market_chooser
+from scheduler.loop.network_status import planner_relink
+from scheduler.loop.scheduling import Scheduler
 from scheduler.service import Clock, Planner, SchedulerService, utcnow
-from scheduler.store import Store
-from workers.executor import BootsAhead, Executor
+from scheduler.store.database import Store
+from workers.executors.protocol import BootsAhead, Executor
 
 EXECUTORS = ("inprocess", "ray", "none")
 
@@ -108,7 +108,7 @@ def checkpoint_root_for(value: str | None, home: Path) -> str:
         return str(home / "checkpoints")
     value = value.strip().rstrip("/")
     if value.startswith("s3://"):
-        from workers.checkpoint_s3 import parse_s3_uri
+        from workers.checkpoint.s3 import parse_s3_uri
 
         bucket, prefix = parse_s3_uri(value)
         return f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
@@ -137,8 +137,8 @@ def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: 
         import os
 
         from catalog.local_cpu import training_threads
-        from workers.inprocess import InProcessExecutor
-        from workers.placement import ACCELERATOR_PREFIX
+        from workers.executors.cluster_fit import ACCELERATOR_PREFIX
+        from workers.executors.inprocess import InProcessExecutor
 
         threads = training_threads()  # the threads the CPU probe measured
         if local_gpus is None:
@@ -148,7 +148,7 @@ def make_executor(kind: str, *, ray_namespace: str | None = None, storage_path: 
         return InProcessExecutor(device="cuda", cpu_threads=threads, resources={
             "CPU": float(os.cpu_count() or 1), "GPU": float(count), ACCELERATOR_PREFIX + gpu: float(count)})
     if kind == "ray":
-        from workers.ray_executor import RayExecutor, autoscaler_node_type_names, autoscaler_node_types
+        from workers.executors.ray_executor import RayExecutor, autoscaler_node_type_names, autoscaler_node_types
 
         options: dict[str, Any] = {}
         if ray_namespace is not None:
@@ -170,7 +170,7 @@ def make_service(database_url: str, *, checkpoint_root: str | Path, admin_token:
                  calibration: Calibration | None = None, feasibility: Feasibility | None = None) -> SchedulerService:
     """``calibration``: the planner's constants when no ``planner`` is given (None: the shipped ones).
     ``feasibility``: the executor's (``Executor.feasibility``), asked at submit so a job it could never run is
-    refused then (scheduler.admission); None where no executor runs here."""
+    refused then (scheduler.loop.admission); None where no executor runs here."""
     store = Store(database_url)
     if migrate:
         store.migrate()
@@ -188,14 +188,14 @@ def make_loop(service: SchedulerService, executor: Executor | None, *, poll_s: f
     policy takes its restart delay and checkpoint speed from ``calibration`` (default: the shipped one).
 
     With spot node types in two or more zones (``spot_zones``, from the Ray cluster config) the loop
-    places, waits and changes attempts over between zones with :class:`scheduler.placement.SpotChooser`
-    on what it observes of each zone (:class:`scheduler.placement.ObservedZones`); otherwise each
-    attempt goes to the zone its plan priced (:func:`scheduler.placement.plan_market`).
+    places, waits and changes attempts over between zones with :class:`scheduler.loop.attempt_placement.SpotChooser`
+    on what it observes of each zone (:class:`scheduler.loop.attempt_placement.ObservedZones`); otherwise each
+    attempt goes to the zone its plan priced (:func:`scheduler.loop.attempt_placement.plan_market`).
 
     Takes the database's loop lock first (Conflict if another server runs a loop on it), so two
     servers can never reconcile away each other's running attempts. ``launch_timeout_s``: how long an
     attempt waits on nodes the cloud refuses to launch before its job moves to its next planned placement
-    (scheduler.fallback)."""
+    (scheduler.loop.fallback)."""
     if executor is None:
         return None
     return Scheduler(service.store, executor, clock=service.clock, poll_s=poll_s, max_running=max_running,

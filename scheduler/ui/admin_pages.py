@@ -7,9 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Form
 from fastapi.responses import Response
 
-from catalog.errors import InvalidInput
+from errors import InvalidInput
 from scheduler.inputs import Label, Name, RowId, Word
-from scheduler.models import TEAM_NAME_PATTERN, TEAM_NAME_RULE, ApiTokenCreated, TeamCreate, TeamUpdate
+from scheduler.store.models import TEAM_NAME_PATTERN, TEAM_NAME_RULE, ApiTokenCreated, TeamCreate, TeamUpdate
 from scheduler.ui.web import Ctx, CtxDep, check_csrf, number, redirect, render, team_body
 
 router = APIRouter()

@@ -25,12 +25,12 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from catalog.errors import GpuplanError
 from catalog.loader import Catalog
+from errors import GpuplanError
 from scheduler.api.deps import utf8_url
 from scheduler.inputs import printable
 from scheduler.service import Principal, SchedulerService
-from scheduler.states import JobState
+from scheduler.store.states import JobState
 from scheduler.ui import admin_pages, jobs_pages, plan_pages, signin, spend_pages, views
 from scheduler.ui.session import Session, Signer
 from scheduler.ui.web import SignInNeeded, redirect, service_of, session_of

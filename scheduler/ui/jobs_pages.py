@@ -7,10 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Query
 from fastapi.responses import JSONResponse, Response
 
-from catalog.errors import InvalidInput
-from scheduler import accuracy
+from errors import InvalidInput
 from scheduler.inputs import JobId, Name, Reason, Word
-from scheduler.states import JobState
+from scheduler.loop import accuracy
+from scheduler.store.states import JobState
 from scheduler.ui import queries, views
 from scheduler.ui.web import CtxDep, Search, acting, check_csrf, page_url, redirect, render, tid
 

@@ -11,10 +11,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from markupsafe import Markup
 
-from catalog.errors import Forbidden, InvalidInput, NoFeasiblePlan
+from errors import Forbidden, InvalidInput, NoFeasiblePlan
 from planner.search import summarize_rejections
 from planner.types import Plan
-from scheduler.models import JobCreate
+from scheduler.store.models import JobCreate
 from scheduler.ui import views
 from scheduler.ui.web import Ctx, CtxDep, check_csrf, pydantic_message, redirect, render, said
 

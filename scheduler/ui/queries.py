@@ -14,9 +14,9 @@ from sqlalchemy import String, cast, func, or_
 from sqlalchemy import select as sa_select
 from sqlalchemy.sql.elements import ColumnElement
 
-from scheduler import ledger
-from scheduler.models import Attempt, Job, JobPublic, Spend, SpendDay, Team
-from scheduler.store import Store
+from scheduler.store import ledger
+from scheduler.store.database import Store
+from scheduler.store.models import Attempt, Job, JobPublic, Spend, SpendDay, Team
 
 _job = Job.__table__  # type: ignore[attr-defined]
 _spend = Spend.__table__  # type: ignore[attr-defined]
@@ -120,7 +120,7 @@ def spend_per_day(store: Store, team_id: int, until: datetime) -> list[tuple[dat
 
 def accuracy_records(store: Store, team_id: int, limit: int = 500) -> list[tuple[str, str, dict[str, Any]]]:
     """(job id/attempt, outcome, metrics) of the team's latest closed attempts that recorded metrics,
-    the records ``scheduler.accuracy.accuracy_rows`` reads."""
+    the records ``scheduler.loop.accuracy.accuracy_rows`` reads."""
     stmt = (sa_select(_attempt.c.job_id, _attempt.c.number, _attempt.c.outcome, _attempt.c.metrics)
             .join(_job, _job.c.id == _attempt.c.job_id)
             .where(_job.c.team_id == team_id, _attempt.c.metrics.is_not(None),

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 
-from catalog.errors import AuthError
+from errors import AuthError
 from scheduler.service import hash_token
 from scheduler.ui.session import new_session
 from scheduler.ui.web import Search, Token, check_csrf, local, redirect, render, service_of, session_of, set_cookie

@@ -8,10 +8,11 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from markupsafe import Markup
 
-from catalog.errors import InvalidInput
-from scheduler import accuracy, ledger
+from errors import InvalidInput
 from scheduler.inputs import Name, Word, printable
+from scheduler.loop import accuracy
 from scheduler.service import ADMIN
+from scheduler.store import ledger
 from scheduler.ui import queries, svg, views
 from scheduler.ui.web import CtxDep, acting, render, tid
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from catalog.errors import InvalidInput
+from errors import InvalidInput
 from planner.types import Candidate, Plan
-from scheduler.models import SpendReport
+from scheduler.store.models import SpendReport
 from scheduler.ui import svg
 
 MAX_SPEC_CHARS = 64_000

@@ -16,7 +16,7 @@ from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from catalog.errors import AuthError, Forbidden, GpuplanError, InvalidInput
+from errors import AuthError, Forbidden, GpuplanError, InvalidInput
 from scheduler.inputs import TextRule, printable
 from scheduler.service import Principal, SchedulerService
 from scheduler.ui import queries

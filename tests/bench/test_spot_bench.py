@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.traces import align, trace_from_dict
+from scheduler.sim.traces import align, trace_from_dict
 from tests.bench.scripts import load_script
 
 

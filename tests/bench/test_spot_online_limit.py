@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler.traces import Zones
+from scheduler.sim.traces import Zones
 from tests.bench.scripts import load_script
 
 GAP_H = 1 / 12

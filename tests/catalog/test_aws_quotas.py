@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from catalog.aws_quotas import family_of, load_aws_quotas
-from catalog.errors import CatalogError
 from catalog.loader import load_catalog
+from errors import CatalogError
 
 
 def test_every_aws_offer_has_a_quota_class() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from catalog.cloud_names import load_cloud_names
-from catalog.errors import CatalogError
 from catalog.loader import Catalog
 from catalog.schema import CloudSku, Source
+from errors import CatalogError
 
 
 def test_azure_sizes_map_to_catalog_gpus_or_say_why_not(catalog: Catalog) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from catalog import errors
-from catalog.errors import GpuplanError, InvalidInput, UnknownName, close_matches
+import errors
+from errors import GpuplanError, InvalidInput, UnknownName, close_matches
 
 
 def all_error_classes() -> list[type[GpuplanError]]:
@@ -25,7 +25,7 @@ def test_every_public_exception_derives_from_the_base() -> None:
             assert issubclass(obj, GpuplanError), name
 
 
-@pytest.mark.parametrize("cls", [c for c in all_error_classes() if c.__module__ == "catalog.errors"])
+@pytest.mark.parametrize("cls", [c for c in all_error_classes() if c.__module__ == "errors"])
 def test_each_class_has_a_status_and_code(cls: type[GpuplanError]) -> None:
     assert 400 <= cls.status_code < 600
     assert cls.code and cls.code.islower()

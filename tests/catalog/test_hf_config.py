@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import CatalogError, InvalidInput, UnknownName
 from catalog.hf_config import model_from_hf_config
 from catalog.loader import Catalog, resolve_model
 from catalog.params import count_params
+from errors import CatalogError, InvalidInput, UnknownName
 
 LLAMA = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
          "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 4096, "max_position_embeddings": 1024}

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import ExternalServiceError, InvalidInput
 from catalog.import_skypilot import cloud_from_path, download_vms_csv, import_skypilot, read_skypilot_vms
 from catalog.loader import Catalog, load_catalog
 from catalog.offers_io import read_offers
+from errors import ExternalServiceError, InvalidInput
 
 FIXTURE = Path(__file__).parent / "data" / "skypilot_vms_aws.csv"
 TODAY = date(2026, 12, 1)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import CatalogError, UnknownName
 from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog, stale_offer_warning
 from catalog.offers_io import read_offers, write_offers
 from catalog.schema import Offer, Source
+from errors import CatalogError, UnknownName
 
 
 @pytest.fixture(scope="module")

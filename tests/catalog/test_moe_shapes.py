@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.errors import InvalidInput
 from catalog.hf_config import model_from_hf_config
 from catalog.params import count_params
+from errors import InvalidInput
 from tests.hf_configs import CONFIGS, hf_config
 
 # config file -> (published total, published active per token), from each model card / paper

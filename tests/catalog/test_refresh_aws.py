@@ -10,11 +10,11 @@ import boto3
 import httpx
 import pytest
 
-from catalog.errors import ExternalServiceError, UnknownName
 from catalog.loader import Catalog, load_catalog
 from catalog.offers_io import read_offers
 from catalog.refresh import check_cloud, default_offers_path
 from catalog.refresh_aws import AwsEndpoints, aws_gpu_to_catalog, parse_on_demand_prices, refresh_aws
+from errors import ExternalServiceError, UnknownName
 
 TODAY = date(2026, 11, 30)
 

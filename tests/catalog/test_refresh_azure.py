@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import ExternalServiceError
 from catalog.loader import Catalog, load_catalog
 from catalog.offers_io import read_offers
 from catalog.refresh_azure import price_filter, refresh_azure
+from errors import ExternalServiceError
 from tests.catalog.azure_server import API_PATH, azure_price_server
 
 TODAY = date(2026, 12, 1)

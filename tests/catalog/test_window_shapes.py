@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.errors import InvalidInput
 from catalog.hf_config import model_from_hf_config
 from catalog.params import count_params
+from errors import InvalidInput
 from tests.hf_configs import CONFIGS, hf_config
 
 # config -> (published total, published active without the input embedding). Gemma 3 4B-27B publish the

@@ -21,11 +21,11 @@ from planner.calibration import apply_overrides, load_calibration
 from planner.refit import Observation, predict
 from planner.types import Strategy
 from scheduler.client import local_client
-from scheduler.loop import Scheduler
-from scheduler.models import JobCreate
+from scheduler.loop.scheduling import Scheduler
+from scheduler.store.models import JobCreate
 from tests.scheduler.fakes import ScriptedExecutor
 from tests.workers.tiny import write_config
-from workers.executor import RunState
+from workers.executors.protocol import RunState
 
 runner = CliRunner()
 CATALOG = load_catalog()

@@ -108,7 +108,7 @@ def test_config_resolves_a_relative_wheel_and_check_reads_its_yaml(spec: Path, t
 
     from tests.workers.cluster_setup import FakePlacementGroups
 
-    monkeypatch.setattr("workers.cluster_aws.Ec2PlacementGroups", lambda ec2, cluster: FakePlacementGroups())
+    monkeypatch.setattr("workers.cluster.aws.Ec2PlacementGroups", lambda ec2, cluster: FakePlacementGroups())
     (tmp_path / "dist").mkdir()
     (tmp_path / "dist" / "gpuplan-0.1.0-py3-none-any.whl").write_bytes(b"")
     monkeypatch.chdir(tmp_path)

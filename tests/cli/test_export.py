@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from tests.workers.tiny import cpu_strategy, tiny_spec, write_config
-from workers.train import TrainJob, run_training
+from workers.train.loop import TrainJob, run_training
 
 RUNNER = CliRunner()
 

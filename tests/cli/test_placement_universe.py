@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 import catalog.local
-from catalog.errors import InvalidInput
 from catalog.local import LocalDevice
 from cli import app
 from commands.specfile import load_spec
-from workers.runner import plan_locally
+from errors import InvalidInput
+from workers.executors.local_runner import plan_locally
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 L4 = LocalDevice(name="NVIDIA L4", count=1, memory_bytes=23_580_639_232, backend="cuda")

@@ -13,14 +13,14 @@ from typer.testing import CliRunner
 from catalog.loader import load_catalog
 from cli import app
 from scheduler.api import create_app
-from scheduler.loop import Scheduler
-from scheduler.models import TeamCreate, TeamUpdate
+from scheduler.loop.scheduling import Scheduler
 from scheduler.service import ADMIN, SchedulerService
-from scheduler.store import Store
+from scheduler.store.database import Store
+from scheduler.store.models import TeamCreate, TeamUpdate
 from tests.scheduler.conftest import spec_dict, toy_plan
 from tests.scheduler.fakes import ScriptedExecutor
 from tests.scheduler.server import serve
-from workers.executor import RunState
+from workers.executors.protocol import RunState
 
 runner = CliRunner()
 
@@ -331,7 +331,7 @@ def test_cli_server_on_a_taken_port_fails_before_touching_running_attempts(
     import socket
 
     from commands.settings import Settings
-    from scheduler.models import JobCreate
+    from scheduler.store.models import JobCreate
 
     monkeypatch.delenv("GPUPLAN_API_URL", raising=False)
     monkeypatch.delenv("GPUPLAN_DATABASE_URL", raising=False)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import InvalidInput
 from commands.specfile import load_spec
+from errors import InvalidInput
 from planner.spec import ModelRef
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from planner.types import Plan
 from tests.net import QuietHandler
-from workers.cluster import AwsFacts, ClusterOptions, cluster_config, cluster_needs, kind_key, node_type_name
+from workers.cluster.config import AwsFacts, ClusterOptions, cluster_config, cluster_needs, kind_key, node_type_name
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_TYPE = "ray.head.default"

@@ -7,7 +7,7 @@ tests/e2e/test_autoscaler.py. It runs in the autoscaler's own process (the head'
 - ``terminate.json``: node ids the cloud takes away (a spot reclaim: the node's processes are killed,
   no drain, no goodbye); applied the next time the autoscaler lists the nodes.
 
-Every node it starts gets its own spot-notice watcher (``python -m workers.preemption``, as the generated
+Every node it starts gets its own spot-notice watcher (``python -m workers.executors.preemption``, as the generated
 config's worker start commands run it), polling that node's metadata endpoint ``{imds_url}/{node id}``.
 What it did goes to ``events.jsonl`` (one JSON object a line): launches, refusals, terminations.
 """
@@ -72,7 +72,7 @@ class CloudLikeProvider(FakeMultiNodeProvider):
         gcs = str(self._gcs_address)
         log = (self._control / f"watcher-{node_id[-5:]}.log").open("ab")
         self._watchers[node_id] = subprocess.Popen(
-            [sys.executable, "-m", "workers.preemption", "--gcs-address", gcs, "--node-id", node_id,
+            [sys.executable, "-m", "workers.executors.preemption", "--gcs-address", gcs, "--node-id", node_id,
              "--metadata-url", f"{self._imds_url}/{node_id}", "--interval", "0.5"],
             stdout=log, stderr=log, start_new_session=True)
 

@@ -168,7 +168,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
     from planner.calibration import load_calibration
     from planner.search import plan
     from planner.spec import spec_from_dict
-    from workers.cluster import ClusterOptions
+    from workers.cluster.config import ClusterOptions
 
     work = tmp_path_factory.mktemp("autoscale")
     planned = plan(spec_from_dict(spec("plan")), load_catalog(), calibration=load_calibration())
@@ -213,7 +213,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
 
 
 def type_of(market: str, zone: str) -> str:
-    """The generated node type of an attempt's (market, zone): workers.cluster.node_type_name."""
+    """The generated node type of an attempt's (market, zone): workers.cluster.config.node_type_name."""
     return f"p4d-24xlarge-{market}-{zone}"
 
 
@@ -239,9 +239,9 @@ def uninterrupted(head: Head, team: str, job_id: str, tmp: Path) -> dict[str, An
     """The job's model after the same training run in this process, never stopped."""
     from planner.spec import spec_from_dict
     from planner.types import Strategy
-    from workers.checkpoint import open_store
-    from workers.train import TrainJob, run_training
-    from workers.train_state_load import read_checkpoint_state
+    from workers.checkpoint.local import open_store
+    from workers.train.loop import TrainJob, run_training
+    from workers.train.state_load import read_checkpoint_state
 
     detail = head.job(team, job_id)
     job = TrainJob(job_id="reference", spec=spec_from_dict(detail["spec"]),
@@ -254,8 +254,8 @@ def uninterrupted(head: Head, team: str, job_id: str, tmp: Path) -> dict[str, An
 
 
 def final_weights(job: dict[str, Any]) -> dict[str, Any]:
-    from workers.checkpoint import open_store
-    from workers.train_state_load import read_checkpoint_state
+    from workers.checkpoint.local import open_store
+    from workers.train.state_load import read_checkpoint_state
 
     found = read_checkpoint_state(open_store(job["checkpoint_uri"]))
     assert found is not None and found[0] == STEPS

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from tests.workers.tiny import TINY_TEXTS, write_config, write_tokenizer
-from workers.model import ModelSource, build_model, resolve_model_source
+from workers.model.build import ModelSource, build_model, resolve_model_source
 
 RUNNER = CliRunner()
 INTERNAL_NAMES = ("resolve_model", "catalog.", "workers.", "model=", "DESIGN.md")

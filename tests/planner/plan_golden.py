@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from catalog.errors import GpuplanError
 from catalog.loader import Catalog, load_catalog
+from errors import GpuplanError
 from planner.calibration import Calibration, load_calibration
 from planner.search import Objective, plan
 from planner.spec import JobSpec, spec_from_dict

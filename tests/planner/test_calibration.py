@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from catalog.errors import CatalogError
+from errors import CatalogError
 from planner.calibration import DEFAULT_CALIBRATION_PATH, MIB, Calibration, load_calibration
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from catalog.errors import NoFeasiblePlan
 from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog
 from catalog.local_cpu import CpuProbe, cpu_offer, cpu_spec
 from commands.specfile import load_spec
+from errors import NoFeasiblePlan
 from planner.calibration import load_calibration
 from planner.search import estimate, plan
 from planner.spec import spec_from_dict

@@ -10,7 +10,7 @@ from planner.decoder import decoder_for, grouped_gemm_gpu, moe_decode_phrase
 
 def test_dense_models_decode_with_the_graph_sliding_windows_included() -> None:
     """Gemma 3's sliding layers once recompiled the captured step every token on the H200 (680 tok/s against
-    5,969 planned); the workers now build their static cache as full attention (workers/decode.py), so
+    5,969 planned); the workers now build their static cache as full attention (workers/infer/decode.py), so
     sliding-window models take the graph like any dense model. Quantized weights keep generate()."""
     catalog = load_catalog()
     gemma = resolve_model(catalog, "gemma-3-1b")

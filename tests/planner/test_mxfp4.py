@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.errors import InvalidInput
 from catalog.loader import PACKAGED_DATA_DIR, load_catalog
 from catalog.params import count_params
+from errors import InvalidInput
 from planner.calibration import MemoryCalibration, ThroughputCalibration, load_calibration
 from planner.decoder import decoder_for
 from planner.memory import (

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import CatalogError, InvalidInput
 from catalog.loader import load_catalog
+from errors import CatalogError, InvalidInput
 from planner.calibration import Calibration, apply_overrides, load_calibration, user_calibration_path
 from planner.refit import MIN_RECORDS, Observation, predict, refit, split
 from planner.types import Strategy

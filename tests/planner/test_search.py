@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catalog.errors import InvalidInput, NoFeasiblePlan, UnknownName
 from catalog.loader import Catalog
 from catalog.params import count_params
+from errors import InvalidInput, NoFeasiblePlan, UnknownName
 from planner.calibration import load_calibration
 from planner.search import estimate, plan, summarize_rejections
 from planner.spec import JobSpec, spec_from_dict

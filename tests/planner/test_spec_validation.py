@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from catalog.errors import InvalidInput
+from errors import InvalidInput
 from planner.calibration import load_calibration
 from planner.spec import JobSpec, parse_hours, spec_from_dict
 

@@ -6,9 +6,9 @@ from datetime import date
 
 import pytest
 
-from catalog.errors import NoFeasiblePlan
 from catalog.loader import PACKAGED_DATA_DIR, load_catalog
 from catalog.schema import Offer, Source
+from errors import NoFeasiblePlan
 from planner.calibration import load_calibration
 from planner.search import plan
 from planner.spec import spec_from_dict

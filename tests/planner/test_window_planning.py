@@ -61,7 +61,7 @@ def test_masked_layers_compute_the_whole_square() -> None:
 
 
 def test_the_graph_decoder_prices_full_length_sliding_caches() -> None:
-    """workers/decode.py builds Gemma 3's static cache as full attention: every layer holds and reads the whole
+    """workers/infer/decode.py builds Gemma 3's static cache as full attention: every layer holds and reads the whole
     context and the window is only in the mask. So under the graph decoder the windowed model decodes and
     caches like one without a window; generate()'s DynamicSlidingWindowLayer keeps the window's saving."""
     gemma, windowless = model("gemma-3-1b"), model("gemma-3-1b", sliding_window=None)

@@ -17,10 +17,10 @@ from sqlalchemy import text
 from catalog.schema import Offer, Source
 from planner.spec import JobSpec
 from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Plan, Strategy, ThroughputEstimate
-from scheduler.models import JobCreate, JobPublic, TeamCreate
-from scheduler.policy import ZoneSeen
 from scheduler.service import ADMIN, Principal, SchedulerService
-from scheduler.store import Store
+from scheduler.spot.policy import ZoneSeen
+from scheduler.store.database import Store
+from scheduler.store.models import JobCreate, JobPublic, TeamCreate
 from tests.pg import drop_pg_schema, new_pg_schema, pg_reason
 from tests.scheduler.fakes import FakeClock
 

@@ -8,8 +8,8 @@ import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from catalog.errors import ExecutionError, Infeasible, NotFound
-from workers.executor import BootState, RunProgress, RunRequest, RunState, RunStatus
+from errors import ExecutionError, Infeasible, NotFound
+from workers.executors.protocol import BootState, RunProgress, RunRequest, RunState, RunStatus
 
 
 class FakeClock:
@@ -85,7 +85,7 @@ class ScriptedExecutor:
 
 
 class BootingExecutor(ScriptedExecutor):
-    """A ScriptedExecutor that boots ahead (``workers.executor.BootsAhead``): a boot stays BOOTING until the
+    """A ScriptedExecutor that boots ahead (``workers.executors.protocol.BootsAhead``): a boot stays BOOTING until the
     test sets ``boots[token]``; records every boot request and every release."""
 
     def __init__(self) -> None:

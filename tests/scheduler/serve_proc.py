@@ -23,8 +23,8 @@ from catalog.loader import load_catalog
 from catalog.local_cpu import with_this_machine
 from scheduler.api.processes import ApiSettings, serve_workers
 from scheduler.api.server import catalog_planner, make_app, make_loop, make_service, serve
-from workers.hooks import StepHook
-from workers.inprocess import InProcessExecutor
+from workers.executors.inprocess import InProcessExecutor
+from workers.train.hooks import StepHook
 
 
 def gate_hook(gates: Path) -> StepHook:

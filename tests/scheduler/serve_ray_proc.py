@@ -15,7 +15,7 @@ from catalog.loader import load_catalog
 from scheduler.api.server import make_app, make_service, serve
 from tests.scheduler.test_loop_inprocess import cpu_plan
 from tests.workers.tiny import Gate
-from workers.ray_executor import RayExecutor
+from workers.executors.ray_executor import RayExecutor
 
 
 def main() -> None:

@@ -15,13 +15,13 @@ import pytest
 
 from catalog.loader import load_catalog
 from scheduler.api import create_app
-from scheduler.loop import Scheduler
+from scheduler.loop.scheduling import Scheduler
 from scheduler.service import SchedulerService
-from scheduler.store import Store
+from scheduler.store.database import Store
 from tests.scheduler.conftest import spec_dict, toy_plan
 from tests.scheduler.fakes import ScriptedExecutor
 from tests.scheduler.server import serve
-from workers.executor import RunState
+from workers.executors.protocol import RunState
 
 ADMIN = "admin-secret"
 

@@ -15,9 +15,9 @@ from schemathesis import Case
 
 from catalog.loader import load_catalog
 from scheduler.api import create_app
-from scheduler.models import JobCreate, TeamCreate
 from scheduler.service import ADMIN, SchedulerService
-from scheduler.store import Store
+from scheduler.store.database import Store
+from scheduler.store.models import JobCreate, TeamCreate
 from tests.pg import drop_pg_schema, new_pg_schema, pg_reason
 from tests.scheduler import hostile
 from tests.scheduler.conftest import spec_dict, toy_plan

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from catalog.errors import InvalidInput
 from cli import app
+from errors import InvalidInput
 from scheduler.api.server import checkpoint_root_for, make_executor, ray_storage_for
-from scheduler.models import JobCreate, TeamCreate
 from scheduler.service import ADMIN, SchedulerService
-from scheduler.store import Store
+from scheduler.store.database import Store
+from scheduler.store.models import JobCreate, TeamCreate
 from tests.moto_server import moto_s3, moto_server, use_moto
 from tests.scheduler.conftest import spec_dict, toy_plan
-from workers.ray_executor import RayExecutor
+from workers.executors.ray_executor import RayExecutor
 
 BUCKET = "gpuplan-root-test"
 

@@ -21,11 +21,11 @@ import httpx
 import pytest
 from sqlmodel import select
 
-from scheduler.models import Attempt, Job, Spend
-from scheduler.store import Store
+from scheduler.store.database import Store
+from scheduler.store.models import Attempt, Job, Spend
 from tests.net import free_port
 from tests.scheduler.server import start_process, wait_for
-from workers.checkpoint import open_store
+from workers.checkpoint.local import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": "Bearer admin-secret"}

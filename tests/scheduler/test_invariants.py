@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from sqlmodel import select
 
-from catalog.errors import Conflict, LimitExceeded
-from scheduler.loop import Scheduler
-from scheduler.models import Attempt, Event, Job, JobCreate, Spend, TeamCreate
+from errors import Conflict, LimitExceeded
+from scheduler.loop.scheduling import Scheduler
 from scheduler.service import ADMIN, SchedulerService
-from scheduler.states import JobState, allowed
-from scheduler.store import Store
+from scheduler.store.database import Store
+from scheduler.store.models import Attempt, Event, Job, JobCreate, Spend, TeamCreate
+from scheduler.store.states import JobState, allowed
 from tests.scheduler.conftest import spec_dict, toy_plan
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
-from workers.executor import RunState
+from workers.executors.protocol import RunState
 
 BUDGET, QUOTA = 20.0, 6
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.api.server import make_executor, ray_namespace_for
-from workers.ray_executor import RayExecutor
+from workers.executors.ray_executor import RayExecutor
 
 
 def test_the_namespace_follows_the_database_not_its_password_or_driver(tmp_path: Path,

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog.errors import InvalidInput
 from catalog.loader import load_catalog
 from cli import app
+from errors import InvalidInput
 from planner.calibration import load_calibration
 from planner.search import plan
 from planner.spec import spec_from_dict

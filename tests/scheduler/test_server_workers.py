@@ -20,9 +20,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from catalog.errors import ExecutionError, InvalidInput
 from catalog.loader import load_catalog
 from cli import app
+from errors import ExecutionError, InvalidInput
 from scheduler.api.processes import ApiSettings, WorkerPool, api_workers
 from tests.net import free_port
 from tests.scheduler import hostile

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from catalog.errors import AuthError, Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound
-from scheduler.models import ApiToken, Event, JobCreate, TeamCreate, TeamUpdate
+from errors import AuthError, Conflict, Forbidden, InvalidInput, LimitExceeded, NotFound
 from scheduler.service import ADMIN, Principal, SchedulerService, hash_token
-from scheduler.store import Store
+from scheduler.store.database import Store
+from scheduler.store.models import ApiToken, Event, JobCreate, TeamCreate, TeamUpdate
 from tests.scheduler.conftest import spec_dict, toy_plan
 
 

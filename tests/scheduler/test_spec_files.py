@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from catalog.errors import InvalidInput, UnreachablePath
-from scheduler.models import JobCreate
+from errors import InvalidInput, UnreachablePath
 from scheduler.service import SchedulerService
+from scheduler.store.models import JobCreate
 from tests.scheduler.conftest import ml_team
 from tests.workers.tiny import write_config, write_tokenizer
 

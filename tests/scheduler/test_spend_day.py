@@ -26,11 +26,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, select
 
 from catalog.loader import load_catalog
-from scheduler import ledger
 from scheduler.api import create_app
-from scheduler.models import Attempt, Job, Spend, SpendDay, Team
 from scheduler.service import ADMIN, SchedulerService
-from scheduler.store import Store
+from scheduler.store import ledger
+from scheduler.store.database import Store
+from scheduler.store.models import Attempt, Job, Spend, SpendDay, Team
 from scheduler.ui import queries
 from tests.scheduler.conftest import toy_plan
 from tests.scheduler.fakes import FakeClock

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.loop import Scheduler
-from scheduler.models import JobCreate
+from scheduler.loop.scheduling import Scheduler
 from scheduler.service import ADMIN, SchedulerService
-from scheduler.store import Store
+from scheduler.store.database import Store
+from scheduler.store.models import JobCreate
 from tests.scheduler.conftest import ml_team, spec_dict
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
-from workers.executor import RunState
+from workers.executors.protocol import RunState
 
 
 def test_the_top_jobs_report_lists_the_costliest_and_keeps_every_jobs_totals(svc: SchedulerService, store: Store,

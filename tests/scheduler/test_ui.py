@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from catalog.loader import Catalog
 from scheduler.api import create_app
-from scheduler.models import JobCreate, TeamUpdate
 from scheduler.service import ADMIN, SchedulerService
+from scheduler.store.models import JobCreate, TeamUpdate
 from scheduler.ui.session import COOKIE
 from tests.scheduler.conftest import spec_dict
 from tests.scheduler.ui_world import ADMIN_TOKEN, World, catalog, csrf_of, sign_in, world
@@ -194,7 +194,7 @@ def test_a_job_named_like_a_script_renders_as_text_on_every_page(world: World) -
     # fix) must still render as text: set it in the database.
     from sqlalchemy import update
 
-    from scheduler.models import Job
+    from scheduler.store.models import Job
 
     evil = "<script>alert(1)</script>"
     with world.service.store.write() as session:

@@ -18,13 +18,13 @@ from typer.testing import CliRunner
 from catalog.loader import Catalog
 from cli import app as cli_app
 from scheduler.api import create_app
-from scheduler.models import TEAM_NAME_PATTERN, TeamUpdate, team_name_error
 from scheduler.service import ADMIN, SchedulerService
+from scheduler.store.models import TEAM_NAME_PATTERN, TeamUpdate, team_name_error
 from scheduler.ui import views
 from tests.scheduler.server import serve
 from tests.scheduler.ui_world import ADMIN_TOKEN, World, catalog, world
 from tests.scheduler.webdriver import Browser, browser_missing, chromium
-from workers.executor import RunState
+from workers.executors.protocol import RunState
 
 __all__ = ["catalog", "world"]  # fixtures
 

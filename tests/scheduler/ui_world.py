@@ -15,13 +15,13 @@ from fastapi.testclient import TestClient
 
 from catalog.loader import Catalog, load_catalog
 from scheduler.api import create_app
-from scheduler.loop import Scheduler
-from scheduler.models import JobCreate, TeamCreate
+from scheduler.loop.scheduling import Scheduler
 from scheduler.service import ADMIN, SchedulerService
-from scheduler.store import Store
+from scheduler.store.database import Store
+from scheduler.store.models import JobCreate, TeamCreate
 from tests.scheduler.conftest import spec_dict, toy_plan
 from tests.scheduler.fakes import FakeClock, ScriptedExecutor
-from workers.executor import RunState
+from workers.executors.protocol import RunState
 
 ADMIN_TOKEN = "admin-secret"
 GiB = 1 << 30

@@ -19,8 +19,8 @@ from planner.search import plan
 from planner.spec import spec_from_dict
 from planner.types import Plan
 from tests.moto_server import use_moto
-from workers.cluster import ClusterOptions
-from workers.cluster_aws import generate as generate_config
+from workers.cluster.aws import generate as generate_config
+from workers.cluster.config import ClusterOptions
 
 CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
@@ -97,7 +97,7 @@ _GENERATED: dict[tuple[int, int, str], tuple[Any, Plan, dict[str, Any], str]] = 
 
 
 def generate(session: Any, p: Plan, opts: ClusterOptions) -> tuple[dict[str, Any], str]:
-    """``workers.cluster_aws.generate`` once per (account, plan, options): the lookups cost ~1 s each.
+    """``workers.cluster.aws.generate`` once per (account, plan, options): the lookups cost ~1 s each.
     (The entry holds the session and plan, so their ids are not reused by another module's.)"""
     key = (id(session), id(p), repr(opts))
     if key not in _GENERATED:

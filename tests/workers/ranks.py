@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from tests.net import free_port
-from workers.hooks import TrainHooks
+from workers.train.hooks import TrainHooks
 
 
 class KillAt(TrainHooks):

@@ -9,8 +9,8 @@ from typing import Any
 
 from planner.types import Strategy
 from tests.workers.tiny import Gate, tiny_spec
-from workers.executor import RunRequest
-from workers.ray_executor import RayExecutor
+from workers.executors.protocol import RunRequest
+from workers.executors.ray_executor import RayExecutor
 
 
 def train_request(config: Path, ckpt: Path, job: str, strategy: Strategy, **spec_args: Any) -> RunRequest:

@@ -3,7 +3,7 @@
 Also a script (``python -m tests.workers.side_by_side N``): a fresh process that starts N attempts together in
 one InProcessExecutor, as a server does, and prints each one's end state and message as JSON. transformers is
 not imported before they start, and the interpreter switches threads as often as it can, so any attempt that
-resolves a transformers name outside workers.isolation's lock meets the lazy import race.
+resolves a transformers name outside workers.model.isolation's lock meets the lazy import race.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from planner.spec import spec_from_dict
 from tests.waits import RUN_END_S
 from tests.workers.tiny import cpu_strategy, final_state, tiny_spec, write_config
-from workers.executor import RunRequest, RunState
+from workers.executors.protocol import RunRequest, RunState
 
 
 def train_request(config: Path, out: Path, name: str, *, finetune: str = "full", seed: int = 7) -> RunRequest:
@@ -63,7 +63,7 @@ def generated(out: Path) -> list[list[int]]:
 
 def _start_together(count: int) -> list[list[str]]:
     sys.setswitchinterval(1e-6)  # many more thread switches: a race window this small is met, not missed
-    from workers.inprocess import InProcessExecutor
+    from workers.executors.inprocess import InProcessExecutor
 
     assert "transformers" not in sys.modules
     with tempfile.TemporaryDirectory() as tmp:

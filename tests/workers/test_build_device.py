@@ -11,8 +11,8 @@ from catalog.loader import load_catalog, resolve_model
 from catalog.params import count_params
 from planner.host_memory import GPU_BUILD_SHARE
 from planner.types import Strategy
-from workers.model import ModelSource
-from workers.train_setup import build_device
+from workers.model.build import ModelSource
+from workers.train.setup import build_device
 
 GIB = 1 << 30
 CUDA = torch.device("cuda", 3)

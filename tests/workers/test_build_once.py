@@ -1,5 +1,5 @@
 """A sharded model built once: rank 0 builds the whole weights in host memory and every rank receives only its
-FSDP2 shard (workers.train_setup; planner.host_memory.builds_once prices the same). Put back together, the
+FSDP2 shard (workers.train.setup; planner.host_memory.builds_once prices the same). Put back together, the
 shards are exactly the model one process builds with the same seed or reads from the same folder, buffers and
 tied embeddings included, and a training step keeps the tie. A full fine-tune about to load a checkpoint skips
 that build (the checkpoint replaces every weight) and still has its rotary buffers; when no listed checkpoint
@@ -15,8 +15,8 @@ import torch
 
 from tests.workers.ranks import gloo, run_ranks
 from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
-from workers.model import build_model, resolve_model_source
-from workers.train_setup import _adapt, prepare_model
+from workers.model.build import build_model, resolve_model_source
+from workers.train.setup import _adapt, prepare_model
 
 pytestmark = pytest.mark.slow
 SEED = 3
@@ -116,7 +116,7 @@ def test_a_full_fine_tune_about_to_resume_skips_the_weights_build_and_still_has_
 
 
 def _train_main(rank: int, port: int, results: Any, folder: str, store: str) -> None:
-    from workers.train import TrainJob, run_training
+    from workers.train.loop import TrainJob, run_training
 
     with gloo(rank, port):
         spec = tiny_spec(Path(folder) / "m" / "config.json", steps=4, interval=2, world=2)
@@ -148,8 +148,8 @@ def test_every_catalog_model_builds_on_the_meta_device_and_a_restart_computes_it
     state dict holds computed from their modules' configs; only Gemma's scaled embedding (weights of its own) makes
     a restart build the weights as a fresh start does."""
     from catalog.loader import load_catalog
-    from workers.model import ModelSource
-    from workers.train_setup import _buffers_from_configs
+    from workers.model.build import ModelSource
+    from workers.train.setup import _buffers_from_configs
 
     builds = []
     for config in load_catalog().models:

@@ -11,16 +11,16 @@ from typing import Any, get_args
 import pytest
 import torch
 
-from catalog.errors import InvalidInput, NoFeasiblePlan
 from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog
 from commands.specfile import load_spec
+from errors import InvalidInput, NoFeasiblePlan
 from planner.calibration import load_calibration
 from planner.capability import knob_problem
 from planner.search import plan
 from planner.spec import Finetune, Optimizer, Precision, Sharding, Weights, spec_from_dict
 from planner.types import Plan, ResolvedPrecision, ResolvedSharding, Strategy, WeightDtype
 from workers.capabilities import strategy_problem
-from workers.train_setup import check_supported
+from workers.train.setup import check_supported
 
 CAL = load_calibration()  # the shipped constants: the edge reads them, the planner takes them
 
@@ -187,7 +187,7 @@ def test_qlora_keeps_its_frozen_base_in_4_bit(tmp_path: Path) -> None:
     from torchao.quantization import NF4Tensor
 
     from tests.workers.tiny import write_config
-    from workers.model import apply_lora, build_model, quantize_base_nf4, resolve_model_source
+    from workers.model.build import apply_lora, build_model, quantize_base_nf4, resolve_model_source
 
     config = write_config(tmp_path / "m", hidden_size=128, intermediate_size=256)
     spec = spec_from_dict({"name": "q", "task": "train", "model": {"config": str(config)},

@@ -1,6 +1,6 @@
 """Checkpoint-and-stop on the shared local Ray cluster: real Ray Train V2, real PyTorch on CPU, tiny models.
 
-A changeover (scheduler.changeover) asks a running attempt to checkpoint at its next step boundary and
+A changeover (scheduler.loop.changeover) asks a running attempt to checkpoint at its next step boundary and
 stop (``RayExecutor.checkpoint_stop``); the attempt ends STOPPED with a checkpoint of that step, and the
 next attempt resumes there. Every test holds its run at a known step with a Gate: nothing here races
 a fast job. The next attempt runs in this process (InProcessExecutor): a resume reads the same store
@@ -19,10 +19,10 @@ from planner.spec import JobSpec
 from planner.types import Strategy
 from tests.waits import RUN_END_S
 from tests.workers.tiny import Gate, assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
-from workers.checkpoint import open_store
-from workers.executor import RunRequest, RunState, StopsForChangeover
-from workers.inprocess import InProcessExecutor
-from workers.ray_executor import RayExecutor
+from workers.checkpoint.local import open_store
+from workers.executors.inprocess import InProcessExecutor
+from workers.executors.protocol import RunRequest, RunState, StopsForChangeover
+from workers.executors.ray_executor import RayExecutor
 
 
 def _executor(tmp_path: Path, gate: Gate | None = None) -> RayExecutor:

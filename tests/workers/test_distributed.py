@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def _rank_main(rank: int, port: int, results: Any, folder: str, sharding: str, extra: dict[str, Any]) -> None:
-    from workers.train import TrainJob, run_training
+    from workers.train.loop import TrainJob, run_training
 
     with gloo(rank, port):
         root = Path(folder)
@@ -58,8 +58,8 @@ def test_two_ranks_resume_exactly(tmp_path: Path, case: str) -> None:
 
 def _losses_main(rank: int, port: int, results: Any, folder: str) -> None:
     """fsdp and fsdp-grad-op on the same data: every step's loss, and the final weights."""
-    from workers.hooks import TrainHooks
-    from workers.train import TrainJob, run_training
+    from workers.train.hooks import TrainHooks
+    from workers.train.loop import TrainJob, run_training
 
     class Losses(TrainHooks):
         def __init__(self) -> None:
@@ -97,7 +97,7 @@ def test_fsdp_grad_op_trains_like_fsdp(tmp_path: Path) -> None:
 
 def _fsdp_reference_main(rank: int, port: int, _results: Any, folder: str) -> None:
     """Two FSDP ranks, micro-batch 2: 8 steps, a checkpoint every 4."""
-    from workers.train import TrainJob, run_training
+    from workers.train.loop import TrainJob, run_training
 
     with gloo(rank, port):
         root = Path(folder)
@@ -112,8 +112,8 @@ def test_an_fsdp_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> Non
     sequences per step), ends where the two ranks did."""
     import shutil
 
-    from workers.checkpoint import step_dirname
-    from workers.train import TrainJob, run_training
+    from workers.checkpoint.local import step_dirname
+    from workers.train.loop import TrainJob, run_training
 
     write_config(tmp_path / "m")
     run_ranks(_fsdp_reference_main, str(tmp_path))
@@ -132,7 +132,7 @@ def test_an_fsdp_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> Non
 
 def _fsdp_resume_main(rank: int, port: int, _results: Any, folder: str) -> None:
     """Two FSDP ranks resume a run that one process without FSDP checkpointed."""
-    from workers.train import TrainJob, run_training
+    from workers.train.loop import TrainJob, run_training
 
     with gloo(rank, port):
         root = Path(folder)
@@ -148,8 +148,8 @@ def test_a_checkpoint_without_fsdp_resumes_on_two_fsdp_ranks(tmp_path: Path) -> 
     step) resume from it, each taking its part of the full state, and end where the one process did."""
     import shutil
 
-    from workers.checkpoint import step_dirname
-    from workers.train import TrainJob, run_training
+    from workers.checkpoint.local import step_dirname
+    from workers.train.loop import TrainJob, run_training
 
     write_config(tmp_path / "m")
     spec = tiny_spec(tmp_path / "m" / "config.json", steps=8, interval=4, world=2)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from catalog.hf_config import model_from_hf_config
-from workers.model import ModelSource, attn_implementation, build_model
+from workers.model.build import ModelSource, attn_implementation, build_model
 
 TINY_OSS = {"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-import workers.train
+import workers.train.loop
 from planner.cost import JIT_MARGIN_S, just_in_time_reserve_s
 from tests.workers.ranks import gloo, run_ranks
 from tests.workers.tiny import cpu_strategy, tiny_spec, write_config
-from workers.hooks import Signal, TrainHooks
-from workers.train import TrainJob, run_training
+from workers.train.hooks import Signal, TrainHooks
+from workers.train.loop import TrainJob, run_training
 
 
 class NoticeWithTimeLeft(TrainHooks):
@@ -50,7 +50,7 @@ def _job(tmp_path: Path) -> TrainJob:
 def teardowns(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The node never goes (the drain was cancelled), without the loop idling 30 s for it."""
     seen: list[float] = []
-    monkeypatch.setattr(workers.train, "wait_for_teardown", seen.append)
+    monkeypatch.setattr(workers.train.loop, "wait_for_teardown", seen.append)
     return seen
 
 
@@ -89,7 +89,7 @@ def test_a_notice_shorter_than_the_reserve_checkpoints_at_once(tmp_path: Path, t
 
 def _skewed_rank(rank: int, port: int, results: Any, folder: str) -> None:
     """A rank whose clock says the deadline is 60 s away at step 5 (rank 0) or 1 s (rank 1)."""
-    workers.train.wait_for_teardown = lambda deadline: None  # this rank's process: the node never goes
+    workers.train.loop.wait_for_teardown = lambda deadline: None  # this rank's process: the node never goes
     with gloo(rank, port):
         root = Path(folder)
         spec = tiny_spec(root / "m" / "config.json", steps=10, interval=10, world=2)

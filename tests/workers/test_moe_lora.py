@@ -27,7 +27,7 @@ DEEPSEEK = {"model_type": "deepseek_v2", "hidden_size": 64, "num_hidden_layers":
 def _lora_model() -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from workers.model import apply_lora
+    from workers.model.build import apply_lora
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**DEEPSEEK), dtype=torch.float32)  # type: ignore[no-untyped-call]
@@ -66,7 +66,7 @@ def test_autograd_keeps_each_sparse_layers_merged_expert_weights_as_the_planner_
 
 
 def _rank_main(rank: int, port: int, results: Any, folder: str, sharding: str, extra: dict[str, Any]) -> None:
-    from workers.train import TrainJob, run_training
+    from workers.train.loop import TrainJob, run_training
 
     with gloo(rank, port):
         root = Path(folder)

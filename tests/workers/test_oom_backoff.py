@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from catalog.errors import GpuplanError
+from errors import GpuplanError
 from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
-from workers.cuda_env import ALLOC_CONF_ENV, DEFAULT_ALLOC_CONF, allocator_env, configure_allocator
-from workers.executor import RunProgress, RunState, RunStatus
-from workers.hooks import Signal, TrainHooks
-from workers.progress import ProgressTracker, result_backoffs, result_metrics
-from workers.runner import LocalPlan, LocalRun
-from workers.train import TrainJob, run_training
-from workers.train_result import TrainResult
+from workers.executors.cuda_env import ALLOC_CONF_ENV, DEFAULT_ALLOC_CONF, allocator_env, configure_allocator
+from workers.executors.local_runner import LocalPlan, LocalRun
+from workers.executors.protocol import RunProgress, RunState, RunStatus
+from workers.train.hooks import Signal, TrainHooks
+from workers.train.loop import TrainJob, run_training
+from workers.train.progress import ProgressTracker, result_backoffs, result_metrics
+from workers.train.result import TrainResult
 
 
 class InjectOOM(TrainHooks):
@@ -113,7 +113,7 @@ def test_a_resumed_run_starts_at_the_backed_off_micro_batch_instead_of_running_o
 
 
 def test_the_resume_split_keeps_the_global_batch_or_takes_the_plans() -> None:
-    from workers.train_recovery import resume_split
+    from workers.train.recovery import resume_split
 
     plan = cpu_strategy(micro_batch=4, grad_accum=2)
     assert resume_split(plan, None) == (4, 2)
@@ -174,7 +174,7 @@ def test_a_failed_run_that_never_reported_still_shows_the_plans_prediction(tmp_p
 
 
 def test_an_odd_micro_batch_backs_off_to_a_divisor_so_the_global_batch_holds(tmp_path: Path) -> None:
-    from workers.train_recovery import back_off
+    from workers.train.recovery import back_off
 
     assert back_off(0, 6, 1, 1, "oom") == (3, 2)
     assert back_off(0, 5, 2, 1, "oom") == (1, 10)

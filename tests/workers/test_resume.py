@@ -14,10 +14,10 @@ import pytest
 from planner.spec import JobSpec
 from planner.types import Strategy
 from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
-from workers.checkpoint import open_store
-from workers.hooks import TrainHooks
-from workers.train import TrainJob, run_training
-from workers.train_result import TrainResult
+from workers.checkpoint.local import open_store
+from workers.train.hooks import TrainHooks
+from workers.train.loop import TrainJob, run_training
+from workers.train.result import TrainResult
 
 PHASES = ("forward", "backward", "optimizer", "checkpoint")
 

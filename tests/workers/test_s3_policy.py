@@ -13,13 +13,13 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.moto_server import as_policy_user, moto_s3, moto_server
-from workers import checkpoint_s3
-from workers.checkpoint import open_store
-from workers.checkpoint_format import Shard, Sink
-from workers.checkpoint_s3 import S3Store
-from workers.cluster import ClusterOptions
-from workers.cluster_notes import iam_policy
-from workers.infer_s3 import S3Outputs
+from workers.checkpoint import s3 as checkpoint_s3
+from workers.checkpoint.format import Shard, Sink
+from workers.checkpoint.local import open_store
+from workers.checkpoint.s3 import S3Store
+from workers.cluster.config import ClusterOptions
+from workers.cluster.notes import iam_policy
+from workers.infer.s3_outputs import S3Outputs
 
 MIB = 1024 * 1024
 

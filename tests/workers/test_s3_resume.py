@@ -32,7 +32,7 @@ def moto_url() -> Iterator[str]:
 def _rank_main(rank: int, port: int, results: Any, model: str, nodes: list[str], uri: str, sharding: str) -> None:
     os.environ["HOME"] = nodes[rank]  # this rank's node: nothing of the other rank's disk is reachable by path
     os.chdir(nodes[rank])
-    from workers.train import TrainJob, run_training
+    from workers.train.loop import TrainJob, run_training
 
     with gloo(rank, port):
         spec = tiny_spec(Path(model) / "config.json", steps=8, interval=3, world=2)

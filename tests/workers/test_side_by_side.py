@@ -14,7 +14,7 @@ import pytest
 from tests.waits import RUN_END_S
 from tests.workers.side_by_side import generated, infer_request, run_together, train_request, trained
 from tests.workers.tiny import assert_same_weights, write_config
-from workers.inprocess import InProcessExecutor
+from workers.executors.inprocess import InProcessExecutor
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import pytest
 from tests.workers.ray_runs import executor_on
 from tests.workers.side_by_side import generated, infer_request, run_together, train_request, trained
 from tests.workers.tiny import assert_same_weights, write_config
-from workers.inprocess import InProcessExecutor
+from workers.executors.inprocess import InProcessExecutor
 
 pytestmark = pytest.mark.ray
 

@@ -13,8 +13,8 @@ import torch
 
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Strategy
-from workers.checkpoint import open_store
-from workers.train_state_load import read_checkpoint_state
+from workers.checkpoint.local import open_store
+from workers.train.state_load import read_checkpoint_state
 
 TINY_CONFIG: dict[str, Any] = {
     "model_type": "llama",
@@ -96,7 +96,7 @@ def write_tokenizer(folder: Path, *, vocab_size: int = 100, chat_template: str |
 
 @dataclass(frozen=True)
 class Gate:
-    """A step hook (``workers.hooks.StepHook``) that holds a run at a step the test chose, so a test
+    """A step hook (``workers.train.hooks.StepHook``) that holds a run at a step the test chose, so a test
     never races a fast job.
 
     While the file at ``path`` names a step the run has reached, the run waits: a training run

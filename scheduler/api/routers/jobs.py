@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.types import Plan
 from scheduler.api.deps import PrincipalDep, ServiceDep
 from scheduler.inputs import JobId, JsonObject, Reason, Word
-from scheduler.models import JobCreate, JobDetail, JobLogs, JobPublic
+from scheduler.store.models import JobCreate, JobDetail, JobLogs, JobPublic
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 T = TypeVar("T")

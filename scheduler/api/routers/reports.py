@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse
 
-from scheduler import ledger
 from scheduler.api.deps import PrincipalDep, ServiceDep
 from scheduler.inputs import Name, Word
 from scheduler.metrics import render_prometheus
-from scheduler.models import SpendReport
+from scheduler.store import ledger
+from scheduler.store.models import SpendReport
 
 router = APIRouter(tags=["reports"])
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from scheduler.api.deps import PrincipalDep, ServiceDep
 from scheduler.inputs import Label, Name, RowId
-from scheduler.models import ApiTokenCreated, ApiTokenPublic, TeamCreate, TeamPublic, TeamUpdate
+from scheduler.store.models import ApiTokenCreated, ApiTokenPublic, TeamCreate, TeamPublic, TeamUpdate
 
 router = APIRouter(prefix="/v1/teams", tags=["teams"])
 

@@ -1,0 +1,1 @@
+"""The scheduling loop: admit, place, run, follow, fall back, change over, charge."""

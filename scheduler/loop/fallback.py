@@ -1,0 +1,55 @@
+"""Where a job goes when the cloud will not launch the nodes its attempt waits for.
+
+The cluster config (``gpuplan cluster config``, workers.cluster.config) gives the plan's offer a worker node type
+per (market, zone) it was priced in: the chosen spot zone, the region's other zones, on demand. This is
+that list, read through the generator's own ``cluster_needs`` (so whatever types it makes, this sees),
+cheapest first: the planner's cost order. A job whose attempt waits on a type whose launches fail moves
+to the next placement of the list that the cluster can run; ``spot: always`` lists spot types only (the
+plan priced no other market), so such a job moves between spot zones and then waits with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from errors import GpuplanError
+from planner.types import Plan
+from scheduler.loop.attempt_placement import Placement
+from scheduler.store.models import Attempt, Job
+from workers.cluster.config import ClusterOptions, cluster_needs
+
+
+def planned_placements(job: Job) -> list[Placement]:
+    """The (market, zone) placements of the node types generated for the job's planned GPU, cheapest first;
+    [] when the plan has none (not on AWS, or no plan the generator accepts)."""
+    # the job's row keeps the plan's leading candidates as "alternatives" (scheduler.service)
+    fields = {"job", "objective", "chosen", "warnings"}
+    stored = {**{k: v for k, v in job.plan.items() if k in fields}, "rejections": [],
+              "candidates": job.plan.get("candidates") or job.plan.get("alternatives") or []}
+    try:
+        plan = Plan.model_validate(stored)
+        needs = cluster_needs(plan, ClusterOptions(every_zone=True))
+    except (GpuplanError, ValueError):
+        return []
+    assert plan.chosen is not None  # cluster_needs refuses a plan without one
+    nodes = max(plan.chosen.nodes, 1)
+    out: dict[tuple[str, str | None], Placement] = {}
+    for kind in needs.kinds:
+        if kind.gpu != plan.chosen.offer.gpu:  # another GPU would need its own strategy: not a fallback
+            continue
+        offer = kind.candidate.offer
+        price = offer.spot_usd_per_h if kind.market == "spot" else offer.on_demand_usd_per_h
+        if price is not None:
+            out.setdefault((kind.market, kind.zone), Placement(kind.market, price * nodes, kind.zone))
+    return sorted(out.values(), key=lambda p: (p.usd_per_h, p.market != "spot", p.zone or ""))
+
+
+def next_placement(job: Job, attempt: Attempt, runnable: Callable[[Placement], bool]) -> Placement | None:
+    """The first placement after the attempt's own in :func:`planned_placements` that ``runnable`` accepts
+    (the cluster has such a node type); None at the end of the list."""
+    placements = planned_placements(job)
+    here = next((i for i, p in enumerate(placements) if (p.market, p.zone) == (attempt.market, attempt.zone)),
+                None)
+    if here is None:
+        return None
+    return next((p for p in placements[here + 1:] if runnable(p)), None)

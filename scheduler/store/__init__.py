@@ -1,0 +1,1 @@
+"""The database: engine and migrations, tables, job states, the log, the spend ledger, teams, backups."""

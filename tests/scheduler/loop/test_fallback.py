@@ -1,0 +1,63 @@
+"""scheduler.loop.fallback: the placements a job moves down when the cloud refuses its nodes, read from the node
+types the cluster config generator makes of the job's stored plan, cheapest first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from catalog.loader import load_catalog
+from planner.calibration import load_calibration
+from planner.search import plan
+from planner.spec import spec_from_dict
+from scheduler.loop.attempt_placement import Placement
+from scheduler.loop.fallback import next_placement, planned_placements
+from scheduler.store.models import Attempt, Job
+from scheduler.store.states import JobState
+
+
+def stored_job(spot: str) -> Job:
+    """A job on one A100-40GB of a p4d in us-east-1 (spot in two zones, on demand), its plan stored as the
+    service stores it (the leading candidates as "alternatives")."""
+    spec = spec_from_dict({"name": "t", "task": "train", "model": "tiny-llama",
+                           "train": {"tokens": 4096, "seq_len": 32, "micro_batch": 4},
+                           "resources": {"clouds": ["aws"], "accelerators": ["A100-40GB:1"], "regions": ["us-east-1"],
+                                         "spot": spot}})
+    planned = plan(spec, load_catalog(), calibration=load_calibration())
+    stored: dict[str, Any] = planned.model_dump(mode="json", include={"job", "objective", "chosen", "warnings"})
+    stored["alternatives"] = [c.model_dump(mode="json") for c in planned.candidates[:4]]
+    return Job(id="j-1", team_id=1, name="t", spec=spec.model_dump(mode="json"), spec_hash="h", plan=stored,
+               state=JobState.RUNNING)
+
+
+def attempt(market: str, zone: str) -> Attempt:
+    return Attempt(job_id="j-1", number=1, market=market, usd_per_h=1.0, zone=zone)
+
+
+def test_spot_auto_moves_to_the_other_zone_then_on_demand_in_cost_order() -> None:
+    job = stored_job("auto")
+    places = planned_placements(job)
+    assert [(p.market, p.zone) for p in places] == [("spot", "use1-az1"), ("spot", "use1-az2"),
+                                                    ("on-demand", "use1-az1"), ("on-demand", "use1-az2")]
+    assert [p.usd_per_h for p in places] == sorted(p.usd_per_h for p in places)
+    every = lambda p: True  # noqa: E731
+    assert next_placement(job, attempt("spot", "use1-az1"), every) == places[1]
+    assert next_placement(job, attempt("spot", "use1-az2"), every) == places[2]
+    # a type the cluster does not have is skipped
+    assert next_placement(job, attempt("spot", "use1-az1"), lambda p: p.market == "on-demand") == places[2]
+
+
+def test_spot_always_moves_between_spot_zones_only_then_stays() -> None:
+    job = stored_job("always")
+    assert {p.market for p in planned_placements(job)} == {"spot"}
+    moved = next_placement(job, attempt("spot", "use1-az1"), lambda p: True)
+    assert isinstance(moved, Placement) and (moved.market, moved.zone) == ("spot", "use1-az2")
+    assert next_placement(job, attempt("spot", "use1-az2"), lambda p: True) is None
+
+
+@pytest.mark.parametrize("plan_doc", [{}, {"chosen": None}])
+def test_a_plan_the_generator_cannot_read_has_no_fallback(plan_doc: dict[str, Any]) -> None:
+    job = Job(id="j-1", team_id=1, name="t", spec={}, spec_hash="h", plan=plan_doc, state=JobState.RUNNING)
+    assert planned_placements(job) == []
+    assert next_placement(job, attempt("spot", "use1-az1"), lambda p: True) is None
