@@ -57,7 +57,7 @@ def _unlock_and_drop(conn: Connection) -> None:
 
     Why both: the unlock returns once the server has released the lock, so whoever asks next gets it;
     closing the connection alone frees it only when the server's backend notices the client has gone, a
-    moment later (a second store asking at once was refused: tests/scheduler/test_store.py under load).
+    moment later (a second store asking at once was refused: tests/scheduler/store/test_store.py under load).
     Invalidate, not close: a pooled connection would keep any session state for its next user."""
     try:
         conn.execute(text("SELECT pg_advisory_unlock(hashtext(current_schema() || '.gpuplan-loop'))"))

@@ -91,7 +91,7 @@ def test_cluster_config_from_spec_writes_valid_yaml(tmp_path: Path, monkeypatch:
     assert no_wheel.exit_code == 2 and "not published" in no_wheel.stderr and not out.exists()
     from tests.workers.cluster_setup import FakePlacementGroups
 
-    made = FakePlacementGroups()  # moto has no placement-group API (tests/workers/test_cluster_efa.py)
+    made = FakePlacementGroups()  # moto has no placement-group API (tests/workers/cluster/test_cluster_efa.py)
     monkeypatch.setattr("workers.cluster.aws.Ec2PlacementGroups", lambda ec2, cluster: made)
     with moto_server() as url:
         use_moto(monkeypatch, url)

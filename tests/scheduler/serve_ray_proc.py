@@ -13,7 +13,7 @@ from pathlib import Path
 
 from catalog.loader import load_catalog
 from scheduler.api.server import make_app, make_service, serve
-from tests.scheduler.test_loop_inprocess import cpu_plan
+from tests.scheduler.loop.test_loop_inprocess import cpu_plan
 from tests.workers.tiny import Gate
 from workers.executors.ray_executor import RayExecutor
 

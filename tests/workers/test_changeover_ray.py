@@ -65,7 +65,7 @@ def test_checkpoint_stop_saves_the_step_it_stops_at_and_the_next_attempt_ends_as
     executor.release(handle)
 
     # The next attempt resumes from the store, whatever runs it: in this process, to keep the test short
-    # (a second Ray Train start costs ~20 s here; tests/workers/test_executor_ray.py resumes on Ray).
+    # (a second Ray Train start costs ~20 s here; tests/workers/executors/test_executor_ray.py resumes on Ray).
     again = reference.wait(reference.submit(dataclasses.replace(request, attempt=2)), timeout=RUN_END_S)
     assert again.state is RunState.SUCCEEDED, again.message
     assert again.progress.resumed_from_step == 5 and again.progress.step == 8

@@ -15,7 +15,7 @@ H200, bench/results/workers/graph_decode_gemma_2026-12-02.txt). Here their cache
 were full attention: a full-length buffer written by position, whose offset is a tensor as for dense models,
 and the window lives only in the mask, which the model's own mask code builds per layer type (the sliding
 one from the model's config) against that buffer. The step then compiles once (CPU: one graph, no recompile,
-tests/workers/test_decode.py) and its tokens equal generate()'s past the window. The price is a full-length
+tests/workers/infer/test_decode.py) and its tokens equal generate()'s past the window. The price is a full-length
 KV cache for the sliding layers, read whole every step; the planner prices that (planner/decoder.py).
 
 Grouped-query attention: the decoder switches an SDPA model with several query heads per KV head to

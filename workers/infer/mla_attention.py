@@ -14,7 +14,7 @@ inference uses): with ``W_k``, ``W_v`` a head's slices of ``kv_b_proj``, the hea
 
 Prompt passes (more than one query position) expand as before: the absorbed scores cost ``kv_lora_rank /
 qk_nope_head_dim`` times the FLOPs there and would materialise their scores. The output equals the expanded form's
-up to rounding (tests/workers/test_mla_attention.py). Only modules with transformers' latent cache and its
+up to rounding (tests/workers/infer/test_mla_attention.py). Only modules with transformers' latent cache and its
 ``expand_kv`` (DeepSeek-V2/V3 and their relatives) and a bias-free ``kv_b_proj`` are switched; ``use_stock_mla``
 switches them back.
 """

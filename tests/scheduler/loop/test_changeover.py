@@ -374,7 +374,7 @@ def test_a_changeover_of_real_training_loses_no_step_and_ends_as_an_uninterrupte
     the target (this machine: at once) while the attempt works on. (tests/workers/test_changeover_ray.py: Ray.)"""
     from scheduler.service import ADMIN
     from scheduler.store.models import JobCreate, TeamCreate
-    from tests.scheduler.test_loop_inprocess import cpu_plan
+    from tests.scheduler.loop.test_loop_inprocess import cpu_plan
     from tests.workers.tiny import Gate, assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
     from workers.executors.inprocess import InProcessExecutor
     from workers.executors.protocol import RunRequest

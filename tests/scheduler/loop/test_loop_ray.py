@@ -21,8 +21,8 @@ from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.store.database import Store
 from scheduler.store.models import Attempt, Event, JobCreate, JobDetail, Spend, TeamCreate
 from tests.net import free_port
+from tests.scheduler.loop.test_loop_inprocess import cpu_plan
 from tests.scheduler.server import start_process
-from tests.scheduler.test_loop_inprocess import cpu_plan
 from tests.workers.tiny import Gate
 from workers.executors.protocol import RunState
 from workers.executors.ray_executor import NAMESPACE, RayExecutor

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from errors import CheckpointError
-from tests.workers.test_train_state import _parts, _same, _save, _train
+from tests.workers.train.test_train_state import _parts, _same, _save, _train
 from workers.checkpoint import read as checkpoint_read
 from workers.checkpoint.local import LocalStore
 from workers.checkpoint.read import spans, target_devices

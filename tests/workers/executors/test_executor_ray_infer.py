@@ -83,7 +83,7 @@ def test_an_inference_job_with_a_missing_prompts_file_fails_with_the_reason(ray_
     assert any("error: prompts file" in line for line in executor.logs(status.handle))
     executor.release(status.handle)
     to_gcs = dataclasses.replace(infer_request(tmp_path / "out", "ray-gen-gs", cpu_strategy()),
-                                 checkpoint_uri="gs://bucket/gen")  # s3:// works (tests/workers/test_infer_s3.py)
+                                 checkpoint_uri="gs://bucket/gen")  # s3:// works (tests/workers/infer/test_infer_s3.py)
     gcs = executor.wait(executor.submit(to_gcs), timeout=RUN_END_S)
     assert gcs.state is RunState.FAILED and "cannot go to 'gs://bucket/gen'" in gcs.message
     executor.release(gcs.handle)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.workers.test_decode import FAMILIES, GEMMA3_WINDOW_8
+from tests.workers.infer.test_decode import FAMILIES, GEMMA3_WINDOW_8
 from tests.workers.tiny import left_padded, tiny_model
 from workers.infer.decode import GraphDecoder
 from workers.infer.gqa_attention import PACKED_SDPA, packed_gqa_sdpa, use_packed_gqa, use_stock_sdpa
