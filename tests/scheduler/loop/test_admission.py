@@ -17,7 +17,7 @@ from scheduler.service import ADMIN
 from scheduler.store.models import JobCreate, TeamCreate
 from workers.executors.inprocess import InProcessExecutor
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

@@ -29,7 +29,7 @@ from workers.executors.ray_executor import NAMESPACE, RayExecutor
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TRANSITIONS = [(None, "pending"), ("pending", "planned"), ("planned", "queued"), ("queued", "running"),
                ("running", "succeeded")]
 ADMIN_HEADERS = {"Authorization": "Bearer admin-secret"}

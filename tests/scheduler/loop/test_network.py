@@ -21,7 +21,7 @@ from tests.scheduler.fakes import FakeClock, ScriptedExecutor
 from workers.cluster.nccl_net import network_line
 from workers.executors.protocol import RunState
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def _two_nodes(spec: JobSpec) -> Plan:

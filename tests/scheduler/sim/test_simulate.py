@@ -32,7 +32,7 @@ from scheduler.sim.traces import Zones, align, load_trace, load_zones, trace_fro
 from scheduler.spot.market_codes import NONE, ON_DEMAND, SPOT
 from scheduler.spot.policy import ZoneSeen, young_daly_interval
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+DATA = Path(__file__).resolve().parents[2] / "data" / "traces"
 PRICES = Prices(on_demand=3.0, spot=1.0)
 DEADLINE_POLICIES = ("greedy", "uniform-progress", "gpuplan")
 

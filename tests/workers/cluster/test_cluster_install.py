@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 
 from workers.cluster.install import CONSTRAINTS, constraints_digest, install_commands
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # pip: `wheel -w DIR` puts a wheel in DIR; `install --no-index --find-links DIR` fails on an empty DIR (what
 # pip does when a requirement has no wheel there); every call is recorded

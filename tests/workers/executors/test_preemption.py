@@ -25,7 +25,7 @@ from tests.net import QuietHandler
 from workers.executors.imds import EARLY_NOTICE_HORIZON_S, AwsImdsSource, GcpMetadataSource, SpotNotice, parse_aws_time
 from workers.executors.preemption import SpotWatcher, drain_ray_node, start_watcher_actor
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NOTICE = '{"action": "terminate", "time": "2026-11-30T12:00:00Z"}'
 
 
