@@ -143,7 +143,7 @@ class SimOptions:
         (``gpuplan``'s returns to spot; the bound may do the same); what the scheduler loop does when its
         executor can hold a node of the new type up before the move (docs/SPOT.md).
     mean_outage_h: per zone, the mean outage the policy is told (None: estimated online), like
-        ``mttp_h`` for runs: what knowing the rates in hindsight is worth (bench/spot.py --hindsight-rates).
+        ``mttp_h`` for runs: what knowing the rates in hindsight is worth (bench/spot/spot.py --hindsight-rates).
     """
 
     checkpoint_cost_h: float = 0.0
