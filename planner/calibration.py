@@ -106,7 +106,7 @@ class ThroughputCalibration(_Cal):
                                   "saved-activation bytes")
     # bench/accuracy/moe_train_layers.py: a step's time less its layers' (two depths), one H200, shapes of five models
     # (vocabularies 32k-152k, 4k-33k tokens a micro-step); fitted on DeepSeek-V2-Lite, Qwen1.5-MoE and Llama-3-8B,
-    # Qwen3-30B-A3B and Mixtral-8x7B held out (docs/MEASUREMENTS.md, "What a sparse layer costs a training step")
+    # Qwen3-30B-A3B and Mixtral-8x7B held out (docs/lab-notes/2026-12-04-sparse-layer-training-cost.md)
     loss_bytes_per_logit: float = Field(
         default=71.5, ge=0.0,
         description="training: memory-traffic bytes per logit (tokens x vocabulary) of the LM head's output, its "
@@ -123,10 +123,10 @@ class ThroughputCalibration(_Cal):
         "layer's measured time (bench/accuracy/moe_train_layers.py; DeepSeek-V2-Lite and Qwen1.5-MoE, LoRA with and "
         "without checkpointing); the first estimate, 60, came from a DeepSeek-V2-Lite kernel profile alone")
     qlora_speed: float = Field(default=0.55, description="nf4 dequantisation overhead on the frozen matmuls")
-    # bench/accuracy/moe_train_layers.py on one H200 (bench/results/workers/moe_train_layers_2026-12-04/): a sparse layer's
-    # time from two depths of the published shape; fitted on DeepSeek-V2-Lite and Qwen1.5-MoE-A2.7B (full,
-    # LoRA, LoRA + checkpointing), Qwen3-30B-A3B and Mixtral-8x7B held out (docs/MEASUREMENTS.md, "What a
-    # sparse layer costs a training step")
+    # bench/accuracy/moe_train_layers.py on one H200 (bench/results/workers/moe_train_layers_2026-12-04/): a sparse
+    # layer's time from two depths of the published shape; fitted on DeepSeek-V2-Lite and Qwen1.5-MoE-A2.7B (full,
+    # LoRA, LoRA + checkpointing), Qwen3-30B-A3B and Mixtral-8x7B held out
+    # (docs/lab-notes/2026-12-04-sparse-layer-training-cost.md)
     moe_dispatch_bytes: float = Field(
         default=38.2, ge=0.0,
         description="training a mixture of experts: memory-traffic bytes per element of each routed copy of a "
@@ -146,15 +146,15 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
-    # the graph_decode_* defaults: bench/workers/graph_decode.py --fit on the decoder's own step times (CUDA events) of the
-    # 5 dense cases of bench/results/workers/graph_decode_split2_2026-12-03.json (the GPU acceptance's two inference
+    # the graph_decode_* defaults: bench/workers/graph_decode.py --fit on the decoder's own step times (CUDA events) of
+    # the 5 dense cases of bench/results/workers/graph_decode_split2_2026-12-03.json (the GPU acceptance's two inference
     # shapes, llama-3.2-1b and gemma-3-1b at 32x512x128, and the 8B models held out); the graph_moe_* terms on the
     # mixtures of graph_decode_moefit_{a,b}_2026-12-04.json (gpt-oss-20b, Qwen1.5-MoE-A2.7B, Mixtral-8x7B; every
     # Qwen3-30B-A3B case held out), chosen by leave-one-model-out; the per-layer term is per Llama layer's kernels
     # (layer_kernel_weight). The rows x matmul-params term priced the K/V copy the decoder no longer makes
-    # (docs/MEASUREMENTS.md, "Packed grouped-query attention"; "The compiled decoder's prompt pass and step, apart").
+    # (docs/lab-notes/2026-12-03-packed-gqa.md; "The compiled decoder's prompt pass and step, apart").
     # Refitted 2026-12-04 (same records, same holdouts) with graph_decode_key_s held, measured first on its own from
-    # the attention kernels' profile (docs/MEASUREMENTS.md, "Where a compiled decode step's time goes")
+    # the attention kernels' profile (docs/lab-notes/2026-12-04-decode-step-profile.md)
     graph_decode_layer_s: float = Field(
         default=4.96e-5, ge=0.0,
         description="compiled static-cache decode (workers/decode.py): GPU seconds per layer per token "
@@ -191,10 +191,10 @@ class ThroughputCalibration(_Cal):
         default=0.0, ge=0.0,
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per (token, expert) "
         "pair routed, beyond the experts' bytes (a candidate term of the fit, not chosen: 0)")
-    # the graph_prefill_* defaults: bench/probes/prefill_probe.py --fit on bench/results/workers/prefill_probe_2026-12-03.json
-    # and prefill_probe_moefit_2026-12-04.json (Qwen1.5-MoE, Mixtral)
-    # (the compiled decoder's own prompt pass timed by its CUDA events on one H200; fitted on the 1-4B models,
-    # the 8B models, gemma-3-12b and Qwen3-30B-A3B held out; docs/MEASUREMENTS.md "The compiled decoder's prompt pass")
+    # the graph_prefill_* defaults: bench/probes/prefill_probe.py --fit on
+    # bench/results/workers/prefill_probe_2026-12-03.json and prefill_probe_moefit_2026-12-04.json (Qwen1.5-MoE,
+    # Mixtral) (the compiled decoder's own prompt pass timed by its CUDA events on one H200; fitted on the 1-4B models,
+    # the 8B models, gemma-3-12b and Qwen3-30B-A3B held out; docs/lab-notes/2026-12-03-prompt-pass-and-step-apart.md)
     graph_prefill_mfu: float = Field(
         default=0.63, gt=0.0, le=1.0,
         description="the compiled decoder's eager prompt pass (workers/decode.py): the share of peak bf16 FLOP/s its "
@@ -235,9 +235,10 @@ class ThroughputCalibration(_Cal):
         description="generate()'s decode of a mixture of experts on a GPU (transformers' batched_mm): the share "
         "of the memory bandwidth its gathers of each (token, expert) pair's weights and their bmm reach; large "
         "streams, some reads served from L2 (fitted on the non-holdout MoE inference cases)")
-    # default: bench/accuracy/moe_decode_fit.py on 14 gpt-oss-20b timings (bench/results/workers/moe_decode_impl_oss_2026-12-03b
-    # .json and the workers' runs of bench/results/acceptance/2026-12-03_run13_{a,c}.json; Qwen3-30B-A3B held out):
-    # host-bound, it moved 0.34-1.46 ms between calls as the host's speed did
+    # default: bench/accuracy/moe_decode_fit.py on 14 gpt-oss-20b timings
+    # (bench/results/workers/moe_decode_impl_oss_2026-12-03b.json and the workers' runs of
+    # bench/results/acceptance/2026-12-03_run13_{a,c}.json; Qwen3-30B-A3B held out): host-bound, it moved 0.34-1.46 ms
+    # between calls as the host's speed did
     decode_grouped_layer_s: float = Field(
         default=6.84e-4, ge=0.0,
         description="generate()'s decode of a mixture of experts on a GPU with grouped_mm kept (workers/"
@@ -353,7 +354,8 @@ def load_calibration(path: Path | None = None, *, overlay: Path | None = None) -
             cal = Calibration.model_validate(json.loads(target.read_text()))
         except (ValueError, OSError) as exc:
             raise CatalogError(
-                f"calibration file {target} is invalid: {exc}", hint="regenerate it with bench/accuracy/accuracy.py --fit"
+                f"calibration file {target} is invalid: {exc}",
+                hint="regenerate it with bench/accuracy/accuracy.py --fit",
             ) from exc
         cpu_path = target.with_name(CPU_CALIBRATION_NAME)
         if cpu_path.is_file():

@@ -84,7 +84,7 @@ def moe_decode_kernel(model: ModelConfig, vendor: str, weights: str, batch: int,
 
 def moe_decode_phrase(decoder: str | None, kernel: str | None) -> str:
     """The words a plan and a run put after their numbers about a MoE's decode ("" for a dense model): the kernel
-    moves its speed several-fold (docs/MEASUREMENTS.md)."""
+    moves its speed several-fold (docs/lab-notes/2026-12-03-moe-keeps-grouped-mm.md)."""
     if kernel is None:
         return ""
     return f", experts decoded with {kernel}" + (" in a CUDA graph" if decoder == "graph" else "")

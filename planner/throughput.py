@@ -419,7 +419,8 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
 def graph_prefill_expert_efficiency(model: ModelConfig, tokens: int, cal: ThroughputCalibration) -> float:
     """The share of peak the prompt pass's routed experts reach as eager grouped GEMMs: more as each expert's
     matrices widen (its intermediate width w) and as each gets more rows (tokens x top-k / experts), by two
-    half-saturation points (bench/probes/prefill_probe.py --fit: gpt-oss-20b, Qwen1.5-MoE, Mixtral; Qwen3-30B-A3B held out)."""
+    half-saturation points (bench/probes/prefill_probe.py --fit: gpt-oss-20b, Qwen1.5-MoE, Mixtral;
+    Qwen3-30B-A3B held out)."""
     width = expert_width(model)
     rows = tokens * model.experts_per_token / max(1, model.num_experts)
     return (cal.graph_prefill_expert_mfu * width / (width + cal.graph_prefill_expert_width_half)
@@ -430,8 +431,8 @@ def graph_prefill_s(model: ModelConfig, batch: int, prompt_tokens: int, keys: in
                     cal: ThroughputCalibration, n: float, lm: float) -> float:
     """The compiled decoder's prompt pass (workers/decode.py: eager, a static cache of ``keys`` positions), before
     the attention extras every prefill pays (eager scores, sliding masks). Its own fit, not generate()'s curve
-    (bench/probes/prefill_probe.py, timed by the decoder's CUDA events): the lm head runs on each row's last position only
-    (``logits_to_keep=1``), the matmuls reach more of the peak as the hidden size grows, a mixture's routed experts
+    (bench/probes/prefill_probe.py, timed by the decoder's CUDA events): the lm head runs on each row's last position
+    only (``logits_to_keep=1``), the matmuls reach more of the peak as the hidden size grows, a mixture's routed experts
     run as eager grouped GEMMs at their own efficiency, and eager PyTorch launches set a floor per layer."""
     h = model.hidden_size
     experts = decode_expert_weight_params(model, 1)  # the k routed experts' matmul params per token, every layer
@@ -541,7 +542,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
         # read, per layer (gaps between small kernels, so by the layer's kernels: Gemma's extra norms and Qwen3's
         # q/k norms cost more; the routing's own are graph_moe_layer_s's). Fitted on the decoder's own step times
-        # (bench/workers/graph_decode.py --fit, docs/MEASUREMENTS.md "The compiled decoder's prompt pass and step, apart");
+        # (bench/workers/graph_decode.py --fit, docs/lab-notes/2026-12-03-prompt-pass-and-step-apart.md);
         # a term in rows x the layers' matmul weights priced the K/V copy while the decoder made one and stays 0
         per_layer = cal.graph_decode_layer_s * layer_kernel_weight(model, routing=False)
         overhead = (model.num_layers * (per_layer + cal.graph_decode_row_layer_s * b / tp)

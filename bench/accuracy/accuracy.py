@@ -1,12 +1,14 @@
 """Planner accuracy against real H200 runs, and the calibration fit (non-holdout cases only).
 
-    .venv/bin/python bench/accuracy/accuracy.py --fit      # fit planner/calibration.json, then write docs/ACCURACY.md
+    .venv/bin/python bench/accuracy/accuracy.py --fit      # fit planner/calibration.json, then write the report
     .venv/bin/python bench/accuracy/accuracy.py            # evaluate the current calibration only
+
+The report goes to docs/lab-notes/accuracy-report.md (``--out``).
 
 Reads bench/accuracy/cases.yaml (case definitions, ``holdout: true`` never used for fitting) and
 bench/results/h200.json (measured ``peak_allocated_bytes``, ``peak_reserved_bytes``,
-``tokens_per_s``, ``oom``; see docs/MEASUREMENTS.md). Predicts every case with the planner and,
-for comparison on the same cases, with accelerate's ``estimate-memory`` formula and the
+``tokens_per_s``, ``oom``; see docs/lab-notes/2026-11-30-h200-measurements.md). Predicts every case with the planner
+and, for comparison on the same cases, with accelerate's ``estimate-memory`` formula and the
 EleutherAI "Transformer Math 101" formula.
 """
 
@@ -63,9 +65,10 @@ from planner.throughput import (  # noqa: E402
 )
 from planner.types import Strategy  # noqa: E402
 
-# Every inference record here timed transformers' generate() (bench/accuracy/measure_h200.py, bench/workers/infer_worker.py),
-# not the workers' compiled decoder: predict that.
-# bench/accuracy/measure_h200.py times stock generate(): its own decoder, and on a GPU its switch of every MoE to batched_mm
+# Every inference record here timed transformers' generate() (bench/accuracy/measure_h200.py,
+# bench/workers/infer_worker.py), not the workers' compiled decoder: predict that.
+# bench/accuracy/measure_h200.py times stock generate(): its own decoder, and on a GPU its switch of every MoE to
+# batched_mm
 generate_throughput = functools.partial(infer_throughput, decoder="generate", moe_kernel="batched_mm")
 
 GIB = 1 << 30
@@ -150,8 +153,8 @@ def load_rows(cases_path: Path, results_paths: list[Path],
 
 def predict(row: Row, gpu: GpuSpec, cal: Calibration) -> dict[str, Any]:
     c = row.case
-    # these cases were measured with PyTorch's stock allocator (docs/MEASUREMENTS.md), not with the
-    # expandable segments the workers set: predict reserved memory for the allocator that ran
+    # these cases were measured with PyTorch's stock allocator (docs/lab-notes/2026-11-30-h200-measurements.md), not
+    # with the expandable segments the workers set: predict reserved memory for the allocator that ran
     cal = cal.model_copy(update={"memory": cal.memory.model_copy(update={"allocator": "default"})})
     if row.train:
         mem = train_memory(row.model, row.strategy, int(c["seq_len"]), gpu, cal.memory)
@@ -253,11 +256,11 @@ def fit(rows: list[Row], gpu: GpuSpec, base: Calibration, results_names: tuple[s
                "memory.expandable_overhead, throughput.graph_decode_*, throughput.graph_prefill_*, "
                "throughput.graph_compile_layer_s, throughput.graph_moe_* and throughput.decode_grouped_layer_s: "
                "planner/calibration.py's defaults (measured by "
-               "bench/accuracy/gpu_acceptance.py with the workers' allocator, by bench/workers/graph_decode.py --fit and "
-               "bench/probes/prefill_probe.py --fit with the workers' compiled decoder and by bench/accuracy/moe_decode_fit.py "
-               "with the workers' grouped_mm decode; these cases ran none of them); throughput.loss_bytes_per_logit, "
-               "moe_dispatch_bytes and lora_merged_expert_bytes: kept as given (bench/accuracy/moe_train_layers.py, one layer "
-               "at a time; held as known in this fit)",
+               "bench/accuracy/gpu_acceptance.py with the workers' allocator, by bench/workers/graph_decode.py --fit "
+               "and bench/probes/prefill_probe.py --fit with the workers' compiled decoder and by "
+               "bench/accuracy/moe_decode_fit.py with the workers' grouped_mm decode; these cases ran none of them); "
+               "throughput.loss_bytes_per_logit, moe_dispatch_bytes and lora_merged_expert_bytes: kept as given "
+               "(bench/accuracy/moe_train_layers.py, one layer at a time; held as known in this fit)",
         fitted_on=fitted_ids, memory=mem, throughput=thr, cost=base.cost,
     )
 
@@ -358,7 +361,8 @@ def _fit_train_throughput(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibra
             if fit_step:
                 cols.append(1.0)  # per optimizer step: host work outside the layers (launch-bound small steps)
             known = layer_s * r.model.num_layers * recompute * layer_kernel_weight(r.model)
-            # terms measured apart (bench/accuracy/moe_train_layers.py): a mixture's routing, LoRA's merged experts, the loss
+            # terms measured apart (bench/accuracy/moe_train_layers.py): a mixture's routing, LoRA's merged experts,
+            # the loss
             ckpt, layers = s.activation_checkpointing, r.model.num_layers
             measured_apart = (merged_expert_traffic_bytes(r.model, s.finetune, 1, layers, ckpt, probe)
                               + moe_dispatch_bytes(r.model, tokens, layers, ckpt, probe)
@@ -451,8 +455,8 @@ def _fit_fsdp(rows: list[Row], gpu: GpuSpec, base: ThroughputCalibration) -> Thr
     """FSDP's fixed cost per collective (``fsdp_collective_s``): the step time the byte model leaves
     unexplained, per all-gather/reduce-scatter. The link efficiency and overlap stay priors: fitting
     the gap as bandwidth would need an implausible link efficiency (~0.17 on NVLink that all-reduces at
-    348 GB/s, docs/MEASUREMENTS.md) and would slow tensor-parallel predictions too. One constant, the
-    median over the non-holdout FSDP cases."""
+    348 GB/s, docs/lab-notes/2026-11-30-h200-measurements.md) and would slow tensor-parallel predictions too. One
+    constant, the median over the non-holdout FSDP cases."""
     fsdp = [r for r in rows if r.train and r.strategy.sharding in ("fsdp", "fsdp-grad-op")
             and r.strategy.gpu_count > 1 and r.measured.get("median_step_s") and r.tps_ok]
     without = base.model_copy(update={"fsdp_collective_s": 0.0})
@@ -656,12 +660,12 @@ def report(rows: list[Row], gpu: GpuSpec, cal: Calibration, env: dict[str, Any],
     preds = {r.id: predict(r, gpu, cal) for r in rows}
     lines = ["# Planner accuracy on real H200 runs", "",
              f"Produced by `{command}` on {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}.", "",
-             f"Measurements: `bench/results/h200.json` (method in docs/MEASUREMENTS.md; "
+             f"Measurements: `bench/results/h200.json` (method in docs/lab-notes/2026-11-30-h200-measurements.md; "
              f"torch {env.get('libraries', {}).get('torch', '?')}, transformers "
              f"{env.get('libraries', {}).get('transformers', '?')}). Calibration: `planner/calibration.json` — "
              f"{cal.source}; fitted on {len(cal.fitted_on)} non-holdout cases only. "
-             "Holdout cases (every third case in bench/accuracy/cases.yaml, chosen before measuring) were never used for "
-             "fitting.", "",
+             "Holdout cases (every third case in bench/accuracy/cases.yaml, chosen before measuring) were never used "
+             "for fitting.", "",
              "Errors are (predicted - measured) / measured; a negative error is an under-prediction (a promised "
              "fit that may OOM). accelerate = `accelerate estimate-memory`'s formula (inference: weights; "
              "training with Adam: 4x the model size in the dtype); TM101 = EleutherAI \"Transformer Math 101\" "
@@ -760,8 +764,8 @@ def worker_section(rows: list[Row], gpu: GpuSpec, cal: Calibration) -> list[str]
     return out
 
 
-WORKER_FINDING = """Finding (2026-11-30 re-measurement, docs/MEASUREMENTS.md "Inference: the ~60 ms decode floor"):
-the earlier 2.2-4.2x gap was a measurement artefact, not host contention and not a definition
+WORKER_FINDING = """Finding (2026-11-30 re-measurement, docs/lab-notes/2026-11-30-h200-measurements.md "Inference: the
+~60 ms decode floor"): the earlier 2.2-4.2x gap was a measurement artefact, not host contention and not a definition
 mismatch. The first sweeps timed ONE generate() per case, the first full-length one of its process,
 and in that call cuDNN's SDPA pays a first-use cost for every KV length it has not seen yet (plan
 building and caching, inferred, not profiled): about 50-60 ms per decode step, whatever the model
@@ -862,14 +866,15 @@ those cases are kept out of the large-step least squares. The held-out qwen3-0.6
 torch.cat, so after the prefill every sliding layer holds the whole prompt: gemma-3 inference memory
 -18.6% / -8.1% -> +0.6% / -0.2%. The inference rows here time generate(); the workers now decode
 dense bf16/fp16 models on NVIDIA with a compiled static-cache step (workers/decode.py), priced
-separately (`graph_decode_*`, bench/workers/graph_decode.py; docs/PERFORMANCE.md).
+separately (`graph_decode_*`, bench/workers/graph_decode.py; docs/lab-notes/2026-12-01-compiled-decoder.md).
 
 **Eager attention in training (2026-12-02).** An H200 profile showed a long-sequence gpt-oss step spends ~2/3 of
 its time in separate kernels over eager attention's seq x seq scores, and transformers 5.17 trains its experts
 with grouped_mm, not a loop. A training step now pays `eager_score_passes` memory passes over the scores (fitted
 first, on the non-holdout eager cases: 60 and 59 passes apart, 60.5 together), and `expert_loop_s` only what is
 left (~0 in training). Held-out gpt-oss training tok/s -17.0% -> +3.1% here; four more held-out shapes and a real
-`gpuplan run` of the full gpt-oss-20b in docs/MEASUREMENTS.md (+80%/+71%/+103% -> +8%/+2%/+4%). The peak of an
+`gpuplan run` of the full gpt-oss-20b in docs/lab-notes/2026-12-02-eager-attention-training.md
+(+80%/+71%/+103% -> +8%/+2%/+4%). The peak of an
 eager layer's backward counts 3 seq x seq gradient buffers beside the probabilities (`eager_score_grad_buffers`,
 from the allocator trace): oss20l4 ckpt s4096 -10.3% -> +3.2% allocated.
 
@@ -884,12 +889,13 @@ Now a decode step reads 3 x batch x top-k experts' weights per sparse layer at `
 of the bandwidth (fitted on the non-holdout MoE cases: above 1, part of the repeated reads hit L2) and holds
 one layer's gathered weights at the decode peak (gpt-oss b32: 6.4 GB, -4.2% -> -0.3% allocated), and a gpt-oss
 prefill pays `prefill_score_passes` memory passes over its eager scores. Seven new gpt-oss shapes
-(bench/accuracy/cases_moe_infer.yaml, all fitted; docs/MEASUREMENTS.md); the three held-out MoE inference cases, tok/s
+(bench/accuracy/cases_moe_infer.yaml, all fitted; docs/lab-notes/2026-12-03-moe-under-generate.md); the three held-out
+MoE inference cases, tok/s
 before -> after: gpt-oss b8 bf16 -31.6% -> +12.5%, gpt-oss b8 int8 -44.3% -> -18.3%, qwen3-30b-a3b b16 int8
 +8.1% -> -13.1%. The per-layer decode overhead and the int8/fp8 multipliers are now fitted on dense models only.
 These cases time stock generate(), so they are predicted with batched_mm at every batch; the workers keep
 grouped_mm from two visits per expert per step (planner.decoder.moe_decode_kernel), priced and measured apart
-(bench/accuracy/moe_decode_fit.py, docs/MEASUREMENTS.md "The workers keep grouped_mm for large decode batches").
+(bench/accuracy/moe_decode_fit.py, docs/lab-notes/2026-12-03-moe-keeps-grouped-mm.md).
 
 **Honesty notes.** The first complete evaluation showed four hold-out misses that came from
 modelling mistakes, not constants; each was fixed from PyTorch/transformers behaviour and the
@@ -907,20 +913,21 @@ Disclosure: that term was added after the held-out FSDP errors (+8.6% grad-op, +
 known; it is structure motivated by the non-holdout fit (as bandwidth, the gap needed a link
 efficiency of 0.17), and its one constant is fitted on the non-holdout cases only.
 Inference tokens/s are warm generate() calls (the first full-length call of a process pays cuDNN plan builds, see
-docs/MEASUREMENTS.md); the planner predicts steady-state batches, not a process's first one.
+docs/lab-notes/2026-11-30-h200-measurements.md); the planner predicts steady-state batches, not a process's first one.
 """
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", nargs="+", default=[str(ROOT / "bench" / "accuracy" / "cases.yaml")],
-                    help="case files (e.g. bench/accuracy/cases.yaml bench/accuracy/cases_models.yaml); ids must be unique across them")
+                    help="case files (e.g. bench/accuracy/cases.yaml bench/accuracy/cases_models.yaml); ids must be "
+                    "unique across them")
     ap.add_argument("--results", nargs="+", default=[str(ROOT / "bench" / "results" / "h200.json")])
     ap.add_argument("--annotations", default=str(ROOT / "bench" / "results" / "annotations.yaml"),
                     help="measurement notes; throughput_suspect: true keeps a run's tokens/s out of fits and stats")
     ap.add_argument("--fit", action="store_true", help="fit the calibration on non-holdout cases first")
     ap.add_argument("--calibration", default=str(DEFAULT_CALIBRATION_PATH))
-    ap.add_argument("--out", default=str(ROOT / "docs" / "ACCURACY.md"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "lab-notes" / "accuracy-report.md"))
     args = ap.parse_args(argv)
     rows: list[Row] = []
     env: dict[str, Any] = {}

@@ -10,7 +10,7 @@ prediction uses the rates the machine had while that case ran (a shared box's lo
 results go to bench/results/cpu/<host>.json. ``--fit`` fits the CPU efficiency factor (the fraction
 of the probe's matmul rate a training step's matmuls reach, ``mfu_max.fp32``) on the non-holdout
 cases only and writes planner/calibration_cpu.json. The report replaces the CPU section of
-docs/ACCURACY.md.
+docs/lab-notes/accuracy-report.md.
 """
 
 from __future__ import annotations
@@ -178,7 +178,8 @@ def fit(rows: list[dict[str, Any]], specs: dict[str, JobSpec], base: CpuCalibrat
 
 def report(rows: list[dict[str, Any]], specs: dict[str, JobSpec], cal: CpuCalibration, results: Path) -> str:
     lines = [SECTION, "", "## This machine's CPU (the $0 local placement)", "",
-             f"Produced by `python bench/accuracy/cpu_accuracy.py --measure --fit` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC "
+             "Produced by `python bench/accuracy/cpu_accuracy.py --measure --fit` on "
+             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC "
              f"on {socket.gethostname()}: measurements in `{results.relative_to(ROOT)}`, calibration in "
              f"`planner/{CPU_CALIBRATION_NAME}` (efficiency factor {cal.throughput.mfu_max['fp32']:.3f} of the "
              f"probe's fp32 matmul rate, fitted on {', '.join(cal.fitted_on) or 'nothing'}; holdout cases "
@@ -227,7 +228,7 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true", help="run every case here (minutes) before predicting")
     ap.add_argument("--fit", action="store_true", help="fit planner/calibration_cpu.json on non-holdout cases")
     ap.add_argument("--results", default=str(ROOT / "bench" / "results" / "cpu" / f"{socket.gethostname()}.json"))
-    ap.add_argument("--out", default=str(ROOT / "docs" / "ACCURACY.md"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "lab-notes" / "accuracy-report.md"))
     args = ap.parse_args()
     results = Path(args.results)
     with tempfile.TemporaryDirectory() as tmp:

@@ -6,7 +6,8 @@ GPU, no Ray), and the measured peak memory (most loaded rank) and tokens/s are s
 
     python bench/accuracy/fsdp_run.py --gpus 2 --gpu H200 --model llama-3.2-1b --seq-len 2048 --micro-batch 4 --steps 20
     python bench/accuracy/fsdp_run.py --gpus 4 --gpu H200 --model llama-3-8b --sharding fsdp-grad-op --micro-batch 2
-    python bench/accuracy/fsdp_run.py --gpus 2 --gpu H200 --model llama-3-8b --finetune qlora --precision bf16 --sharding ddp
+    python bench/accuracy/fsdp_run.py --gpus 2 --gpu H200 --model llama-3-8b --finetune qlora --precision bf16 \
+        --sharding ddp
 """
 
 from __future__ import annotations

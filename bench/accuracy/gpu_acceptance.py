@@ -30,7 +30,7 @@ Run it on the GPU machine from the repository root:
     python3 bench/accuracy/gpu_acceptance.py --out $OUT/acceptance.json
     python3 bench/accuracy/gpu_acceptance.py --cases 1b-full-auto,infer --out /tmp/a.json
 
-It prints a markdown table (paste it into docs/PERFORMANCE.md with the date) and writes every
+It prints a markdown table (paste it into docs/lab-notes/gpu-acceptance.md with the date) and writes every
 case's predicted and measured numbers, the CLI's JSON and the tail of its output to --out.
 """
 
@@ -289,7 +289,7 @@ def case_infer(work: Path, timeout: float) -> Outcome:
 
 def case_infer_gemma(work: Path, timeout: float) -> Outcome:
     """Gemma 3's sliding layers decode through the graph with a full-length static cache (workers/decode.py),
-    priced as such; its compile once recompiled every token (docs/PERFORMANCE.md)."""
+    priced as such; its compile once recompiled every token (docs/lab-notes/2026-12-01-compiled-decoder.md)."""
     spec = {"name": "acc-infer-gemma", "task": "infer", "model": "gemma-3-1b",
             "infer": {"batch": 32, "prompt_tokens": 512, "output_tokens": 128, "requests": 128},
             "resources": {"spot": "never"}}
@@ -321,7 +321,8 @@ def case_infer_moe_b64(work: Path, timeout: float) -> Outcome:
 
 def case_infer_moe_qwen3(work: Path, timeout: float) -> Outcome:
     """Qwen3-30B-A3B (128 experts, top-8, 48 layers, SDPA) at batch 32: held out of the fits of the compiled MoE
-    step and prompt pass (bench/workers/graph_decode.py and bench/probes/prefill_probe.py --fit: gpt-oss, Qwen1.5-MoE, Mixtral)."""
+    step and prompt pass (bench/workers/graph_decode.py and bench/probes/prefill_probe.py --fit: gpt-oss, Qwen1.5-MoE,
+    Mixtral)."""
     return _simple("infer-moe-qwen3", _moe_spec(32, 96, "qwen3-30b-a3b"), work, timeout)
 
 

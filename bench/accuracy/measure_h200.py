@@ -8,7 +8,8 @@ peft, pyyaml; torchao and bitsandbytes when importable) and imports nothing from
     python3 bench/accuracy/measure_h200.py sweep --device cpu --tiny --out /tmp/dry.json   # dry run
 
 Every case runs in its own process (``case`` subcommand; two-GPU cases through torchrun), so an
-OOM or allocator state never leaks into the next case. docs/MEASUREMENTS.md describes the record.
+OOM or allocator state never leaks into the next case. docs/lab-notes/2026-11-30-h200-measurements.md describes the
+record.
 """
 
 from __future__ import annotations
@@ -481,8 +482,8 @@ def infer_rates(rec: dict[str, Any], batch: int, prompt: int) -> dict[str, Any]:
 
     The first full-length generate() of a process is not steady state: cuDNN's SDPA builds an
     execution plan for every KV length it has not seen (~50-60 ms per decode step on an H200, once;
-    docs/MEASUREMENTS.md). With several timed calls, ``generate_s`` is the median of all but the
-    first, i.e. what a worker's later batches of the same shape take; ``generate_first_s`` keeps the
+    docs/lab-notes/2026-11-30-h200-measurements.md). With several timed calls, ``generate_s`` is the median of all but
+    the first, i.e. what a worker's later batches of the same shape take; ``generate_first_s`` keeps the
     cold call. A record with one timed call (the first sweeps) keeps that call.
     """
     t_gens = [float(v) for v in rec.get("generate_s_all") or [rec["generate_s"]]]
@@ -1008,7 +1009,7 @@ def merge_main(args: argparse.Namespace) -> int:
     missing = [c["id"] for c in cases if c["id"] not in by_id]
     results = [by_id[c["id"]] for c in cases if c["id"] in by_id]
     doc = {
-        "format": "gpuplan-bench-h200/1 (see docs/MEASUREMENTS.md)",
+        "format": "gpuplan-bench-h200/1 (see docs/lab-notes/2026-11-30-h200-measurements.md)",
         "runs": runs,
         "missing": missing,
         "results": results,
@@ -1023,7 +1024,7 @@ def _gib(v: Any) -> str:
 
 
 def table_main(args: argparse.Namespace) -> int:
-    """Print the merged results as the markdown tables in docs/MEASUREMENTS.md."""
+    """Print the merged results as the markdown tables in docs/lab-notes/2026-11-30-h200-measurements.md."""
     doc = json.loads(Path(args.results).read_text())
     rows = doc["results"]
     print(

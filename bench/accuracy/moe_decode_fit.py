@@ -1,11 +1,11 @@
 """Fit and check the planner's decode step of a mixture of experts under both of generate()'s expert kernels.
 
-Reads ``bench/probes/moe_decode_probe.py impl`` records (each batch timed with transformers' batched_mm and with grouped_mm
-kept as the workers keep it, alternating) and prints, per model and batch, the measured and predicted step of each
-kernel, the kernel the workers' rule picks (planner.decoder.moe_decode_kernel) and the faster one measured.
+Reads ``bench/probes/moe_decode_probe.py impl`` records (each batch timed with transformers' batched_mm and with
+grouped_mm kept as the workers keep it, alternating) and prints, per model and batch, the measured and predicted step of
+each kernel, the kernel the workers' rule picks (planner.decoder.moe_decode_kernel) and the faster one measured.
 
-``--runs``: ``bench/accuracy/gpu_acceptance.py`` records; their MoE inference cases that kept grouped_mm are the workers' own
-timings through ``gpuplan run`` (steady tokens/s, prefill included).
+``--runs``: ``bench/accuracy/gpu_acceptance.py`` records; their MoE inference cases that kept grouped_mm are the
+workers' own timings through ``gpuplan run`` (steady tokens/s, prefill included).
 
 ``--fit-model``: the model whose grouped_mm timings fit ``decode_grouped_layer_s``: the median, over every timing
 (each alternation of the probe, each worker run), of the host cost per sparse layer that closes the gap to the

@@ -132,8 +132,9 @@ def planned_parts(case: dict[str, Any], seq: int, gpu: Any, cal: Any) -> tuple[f
     return layer, step[low] - low * layer
 
 
-# What each constant was fitted on (docs/MEASUREMENTS.md): the routing and merge terms on two shapes' layers, the
-# loss's traffic on those shapes' and one dense model's fixed parts; Qwen3-30B-A3B and Mixtral-8x7B held out.
+# What each constant was fitted on (docs/lab-notes/2026-12-04-sparse-layer-training-cost.md): the routing and merge
+# terms on two shapes' layers, the loss's traffic on those shapes' and one dense model's fixed parts; Qwen3-30B-A3B
+# and Mixtral-8x7B held out.
 FIT_LAYERS_ON = ("deepseek-v2-lite", "qwen1.5-moe-a2.7b")
 FIT_FIXED_ON = ("deepseek-v2-lite", "qwen1.5-moe-a2.7b", "llama-3-8b")
 FITTED = {"layer": ("moe_dispatch_bytes", "lora_merged_expert_bytes"), "fixed": ("loss_bytes_per_logit",)}
@@ -169,7 +170,8 @@ def fit(record: dict[str, Any]) -> str:
 
 def compare(record: dict[str, Any]) -> str:
     """The planner's layer and fixed times (planner.throughput.train_step_parts at the same two depths) against a
-    record of this script, as the Markdown table docs/MEASUREMENTS.md keeps (no GPU needed)."""
+    record of this script, as the Markdown table docs/lab-notes/2026-12-04-sparse-layer-training-cost.md keeps (no GPU
+    needed)."""
     from planner.calibration import load_calibration
 
     cal, gpu = load_calibration().throughput, load_catalog().gpu("H200")

@@ -10,7 +10,7 @@ One process per rank (spawned, NCCL or gloo; no Ray, no torchrun), a fresh proce
                an FSDP all-gather / reduce-scatter takes S (n-1)/n / (link x comm_efficiency) +
                fsdp_collective_s, a DDP all-reduce 2 S (n-1)/n / (link x ddp_comm_efficiency), with the
                link of planner.throughput.link_gbytes_per_s and the shipped calibration
-  train        the planner's strategy for llama-3-8b on N x H200 (bench/fsdp_run.planned), the other FSDP
+  train        the planner's strategy for llama-3-8b on N x H200 (bench/accuracy/fsdp_run.planned), the other FSDP
                mode and DDP (LoRA, so it fits) forced, and on 8 a 70B preset when the planner and the
                worker's build both fit; each through workers.train.run_training: peak allocated and
                reserved memory of every rank and steady tokens/s against the estimate

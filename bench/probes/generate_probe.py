@@ -1,7 +1,8 @@
 """Why the inference worker's generate() is slower than a bare one: the same model, batch and
 lengths, timed under each difference between the two calls, one at a time.
 
-    python3 bench/probes/generate_probe.py --model llama-3.2-1b --batch 32 --prompt 512 --output 128 --out $OUT/probe.json
+    python3 bench/probes/generate_probe.py --model llama-3.2-1b --batch 32 --prompt 512 --output 128 \
+        --out $OUT/probe.json
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 product): the workers' decoder (workers/decode.py) timed as it is, then with SDPA given each KV head's query heads
 packed as its query rows.
 
-Why: bench/workers/moe_step_profile.py showed every model with several KV heads copying its whole static cache out to its
-query heads every step (transformers' ``repeat_kv``: SDPA may not do GQA itself under a mask, and the static-cache
+Why: bench/workers/moe_step_profile.py showed every model with several KV heads copying its whole static cache out to
+its query heads every step (transformers' ``repeat_kv``: SDPA may not do GQA itself under a mask, and the static-cache
 decoder always passes one), then attention reading the copies: 29-52% of a step. For one new token per row the
 query heads that share a KV head can be that head's query rows instead, (b, heads, 1, d) -> (b, kv_heads, heads /
 kv_heads, d), with the mask (b, 1, 1, L) broadcast over them: the same scores, K/V read once, nothing copied.

@@ -9,8 +9,8 @@ time is the GPU's: ``torch.nn.functional.grouped_mm`` (``torch._grouped_mm`` on 
 experts of a (K x N) bf16 weight each, ``rows`` tokens routed to each expert, in the two layouts transformers uses
 (gpt-oss stores experts as (E, K, N); Qwen3-MoE and Mixtral as (E, N, K), multiplied through a transposed view).
 Nothing here is a model: the sweep over groups at fixed shapes gives a cost per group and per call. Measured on the
-H200 (bench/results/workers/grouped_mm_probe_2026-12-03.json, docs/MEASUREMENTS.md "A mixture of experts in a CUDA
-graph"): 0.04-0.79 us per group and 14-55 us per call beyond the weights' bytes, too small to explain why
+H200 (bench/results/workers/grouped_mm_probe_2026-12-03.json, docs/lab-notes/2026-12-03-moe-in-a-cuda-graph.md):
+0.04-0.79 us per group and 14-55 us per call beyond the weights' bytes, too small to explain why
 Qwen3-30B-A3B's compiled step costs more per sparse layer than gpt-oss-20b's, so the planner has no per-group term.
 """
 

@@ -3,7 +3,7 @@
 Runs cases of a cases file (bench/accuracy/cases_models.yaml's shape) the way bench/accuracy/measure_h200.py does, with
 PyTorch's memory history recording on, then replays the allocator trace of the steady-state steps to find
 the moment of the peak and lists the largest blocks alive then, each with the Python frames that made it.
-Used to find which tensors a planner moment misses (docs/MEASUREMENTS.md).
+Used to find which tensors a planner moment misses (docs/lab-notes/2026-12-02-gpt-oss-peak.md).
 
     python3 bench/probes/memory_peak_probe.py --cases bench/accuracy/cases_models.yaml \
         --only oss20l4-bf16-adamw-ckpt-s4096-b2 --out $OUT/peak_probe.json

@@ -1,10 +1,11 @@
 """How generate() decodes a mixture of experts on a GPU, three probes of one model (standalone: the device's
-python3, no gpuplan; results in docs/MEASUREMENTS.md "A mixture of experts under generate()"):
+python3, no gpuplan; results in docs/lab-notes/2026-12-03-moe-under-generate.md):
 
     python3 bench/probes/moe_decode_probe.py routing --batches 1,4,8,16,32 --out $OUT/routing.json
     python3 bench/probes/moe_decode_probe.py profile --batches 8,32 --prompt 64 --output 24 --out $OUT/profile.txt
     python3 bench/probes/moe_decode_probe.py impl --batches 1,8,16,32 --output 32 --out $OUT/impl.json
-    python3 bench/probes/moe_decode_probe.py impl --tiny --device cpu --batches 2 --prompt 16 --output 4 --out /tmp/i.json
+    python3 bench/probes/moe_decode_probe.py impl --tiny --device cpu --batches 2 --prompt 16 --output 4 \
+        --out /tmp/i.json
 
 - ``routing`` (gpt-oss): the distinct experts each MoE layer visits per decode step and the step's time, with
   the router as built (random weights) and forced to uniform top-k (what a trained router's load balancing

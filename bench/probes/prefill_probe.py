@@ -1,8 +1,8 @@
 """The compiled decoder's prompt pass on one GPU, timed alone over many shapes, against the plan's prefill.
 
 Why: the plan prices a served batch as one prefill plus its decode steps. The prefill's efficiency curve
-(``prefill_mfu`` and ``tokens_half``) was fitted on transformers' generate() (bench/accuracy/accuracy.py), yet the workers
-run their own static-cache decoder (workers/decode.py), whose prompt pass is eager and reads a cache as long as
+(``prefill_mfu`` and ``tokens_half``) was fitted on transformers' generate() (bench/accuracy/accuracy.py), yet the
+workers run their own static-cache decoder (workers/decode.py), whose prompt pass is eager and reads a cache as long as
 prompt + new tokens. Fitting its steps on end-to-end tokens/s minus the *planned* prefill put any error of that
 prefill into the step's constants (2026-12-03: the 8B models' prefill planned 25-34% long, their steps 12-16%).
 Here each prefill is the decoder's own, timed by its CUDA events (``GraphDecoder.timing``), with nothing compiled:

@@ -1,5 +1,5 @@
-"""What bench/probes/memory_peak_probe.py and bench/probes/train_profile_probe.py share: a training step built from a case the
-way bench/accuracy/measure_h200.py builds it, and the loop over the cases a probe is asked for (one GPU)."""
+"""What bench/probes/memory_peak_probe.py and bench/probes/train_profile_probe.py share: a training step built from a
+case the way bench/accuracy/measure_h200.py builds it, and the loop over the cases a probe is asked for (one GPU)."""
 
 from __future__ import annotations
 

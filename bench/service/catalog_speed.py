@@ -1,6 +1,6 @@
 """Catalog speed: load_catalog() and the lookups the planner makes per candidate.
 
-    .venv/bin/python bench/service/catalog_speed.py            # prints a markdown table (docs/CATALOG.md)
+    .venv/bin/python bench/service/catalog_speed.py   # a markdown table (docs/lab-notes/2026-11-30-catalog-speed.md)
 """
 
 from __future__ import annotations

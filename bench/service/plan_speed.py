@@ -1,6 +1,6 @@
 """How long ``planner.search.plan`` takes over the full catalog, in-process.
 
-    .venv/bin/python bench/service/plan_speed.py            # prints the table and rewrites docs/PERFORMANCE.md's section
+    .venv/bin/python bench/service/plan_speed.py  # prints the table, rewrites docs/lab-notes/planner-speed.md's section
 
 For a few job types: p50/p95 wall and CPU milliseconds per ``plan()`` call, then the same for one
 job with the catalog's offers replicated 1x, 4x and 16x (distinct regions), to show how planning
@@ -68,7 +68,7 @@ def measure(spec: JobSpec, catalog: Catalog, runs: int) -> tuple[float, float, f
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "PERFORMANCE.md"))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "lab-notes" / "planner-speed.md"))
     args = ap.parse_args(argv)
     catalog = load_catalog()
     load = os.getloadavg()[0]

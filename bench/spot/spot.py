@@ -2,17 +2,17 @@
 
 Reads the skypilot-org/spot-traces collection (commit 221da1a) from ``shared/data/spot-traces`` in
 a parent folder of this checkout (or ``--traces DIR``); never copied into the repo. Exits 0 with a
-message when absent. Updates the results section of docs/SPOT.md (between its markers) and
+message when absent. Updates the results section of docs/lab-notes/spot-benchmark.md (between its markers) and
 docs/img/spot-*.png.
 
-    .venv/bin/python bench/spot/spot.py                          # every family held out -> docs/SPOT.md
+    .venv/bin/python bench/spot/spot.py                # every family held out -> docs/lab-notes/spot-benchmark.md
     .venv/bin/python bench/spot/spot.py --holdout-family gcp-04-30-2023 --no-write   # one family, print only
-    .venv/bin/python bench/spot/spot.py --speed-only             # 45 days x 9 zones x 1000 jobs timing
+    .venv/bin/python bench/spot/spot.py --speed-only       # 45 days x 9 zones x 1000 jobs timing
 
 A family is one folder of the collection: one cloud, one date, one node count (e.g. ``aws-02-15-2023
 1-node availability``). The ``gpuplan`` policy's prior comes from planner/calibration.py; its choices made
-on traces (docs/SPOT.md lists them) were made on aws-02-15-2023 1-node availability only, so every other
-family is held out; ``--holdout-family``
+on traces (docs/lab-notes/spot-benchmark.md lists them) were made on aws-02-15-2023 1-node availability only, so every
+other family is held out; ``--holdout-family``
 (repeatable, substring match) restricts the run to the named ones.
 
 Every trace is put on 5-minute ticks (a tick is available only if the whole 5 minutes were; traces
@@ -507,7 +507,7 @@ def benchmark(fams: list[Family], out_md: Path | None, img_dir: Path, command: s
         *FAMILY_HEADER,
         *rows,
         "",
-        "![cost ratio by family](img/spot-families.png)",
+        "![cost ratio by family](../img/spot-families.png)",
         "",
         "#### Per deadline slack and restart delay (all families)",
         "",
@@ -603,7 +603,8 @@ def main() -> int:
                         help="only print, per family, gpuplan with and without spot boots beside on-demand (both "
                         "against the bound that may make them)")
     parser.add_argument("--no-write", action="store_true", help="print the tables, leave docs/ alone")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "SPOT.md"), help="Markdown to update (between markers)")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "lab-notes" / "spot-benchmark.md"),
+                        help="Markdown to update (between markers)")
     args = parser.parse_args()
     root = Path(args.traces) if args.traces else find_traces()
     if root is None or not root.is_dir():

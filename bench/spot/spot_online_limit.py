@@ -23,8 +23,8 @@ defect of the program's estimates.
     .venv/bin/python bench/spot/spot_online_limit.py --plot docs/img/spot-online-limit.png \
         --record bench/results/spot/online-limit-2026-12-04.md
 
-Prints the tables (Markdown); docs/SPOT.md quotes them with this command. Minutes on a 2-core machine (the
-bounds of the real traces are cached by bench/spot/spot.py's cache).
+Prints the tables (Markdown); docs/lab-notes/2026-12-04-spot-online-limit.md quotes them with this command. Minutes on a
+2-core machine (the bounds of the real traces are cached by bench/spot/spot.py's cache).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ relative change from their start (||w_end - w_0|| / ||w_0||, and the share of el
 tokens/s and peak memory, and the planner's prediction for the same strategy (planner.placement.estimate).
 
     python3 bench/workers/bf16_numerics.py --out $OUT/bf16_numerics.json            # on the GPU machine
-    python3 bench/workers/bf16_numerics.py --plot bench/results/bf16_numerics_h100.json docs/img/bf16_numerics.png
+    python3 bench/workers/bf16_numerics.py --plot bench/results/numerics/2026-12-05_bf16_h200.json \
+        docs/img/bf16_numerics.png
 """
 
 from __future__ import annotations

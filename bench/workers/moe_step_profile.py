@@ -3,7 +3,7 @@ static-cache step captured as a CUDA graph) replayed under torch.profiler, its k
 
 Why: the plan prices a compiled MoE step as the bytes it reads plus a fitted host-free cost per sparse layer
 (``graph_moe_layer_s``, fitted on gpt-oss-20b). Qwen3-30B-A3B, held out, measured ~255 us per sparse layer
-against gpt-oss's ~150 (docs/MEASUREMENTS.md, "A mixture of experts in a CUDA graph"). This shows the kernels
+against gpt-oss's ~150 (docs/lab-notes/2026-12-03-moe-in-a-cuda-graph.md). This shows the kernels
 of one step of each, so the difference has a name before the model gets a term for it.
 
     python3 bench/workers/moe_step_profile.py --cases gpt-oss-20b:32x512,qwen3-30b-a3b:32x512 --out $OUT/profile.json

@@ -6,7 +6,7 @@ checkpoint exists, and reads the progress actor's clock for: the kill; the new r
 the train function (Ray noticed the loss and started a worker group on the other node); the loop
 ready (torch and transformers imported, model built, checkpoint restored); its first step.
 
-    python bench/workers/recovery.py --repeats 2 --json docs/recovery.json
+    python bench/workers/recovery.py --repeats 2 --json recovery.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The compiled decoder's shipped constants are what the documented fits give on the stored H200 records
-(bench/probes/prefill_probe.py --fit, bench/workers/graph_decode.py --fit; docs/MEASUREMENTS.md "The compiled decoder's prompt
-pass and step, apart"): a refit that is not committed, or a record edited by hand, fails here."""
+(bench/probes/prefill_probe.py --fit, bench/workers/graph_decode.py --fit;
+docs/lab-notes/2026-12-03-prompt-pass-and-step-apart.md): a refit that is not committed, or a record edited by hand,
+fails here."""
 
 from __future__ import annotations
 
@@ -53,8 +54,9 @@ def test_the_decode_step_constants_are_the_fit_on_the_split_records(tmp_path: Pa
 
 
 def test_the_planners_defaults_are_the_shipped_fit() -> None:
-    """bench/accuracy/accuracy.py --fit rebuilds planner/calibration.json from planner/calibration.py's defaults and does not
-    refit the compiled decoder's constants: its defaults must be the shipped fit, or a generate() refit drops it."""
+    """bench/accuracy/accuracy.py --fit rebuilds planner/calibration.json from planner/calibration.py's defaults and
+    does not refit the compiled decoder's constants: its defaults must be the shipped fit, or a generate() refit drops
+    it."""
     from planner.calibration import ThroughputCalibration
 
     defaults = ThroughputCalibration()
