@@ -1,7 +1,7 @@
 """The planner's tunable constants, as one typed value.
 
 The defaults below are first-principles values (vendor behaviour, PyTorch allocator rules); the
-fitted values live in ``planner/calibration.json`` (written by ``bench/accuracy.py`` from the
+fitted values live in ``planner/calibration.json`` (written by ``bench/accuracy/accuracy.py`` from the
 NON-holdout measured cases only, with where they came from). Pure functions take a
 :class:`Calibration` argument; only edges (CLI, scheduler, bench) call :func:`load_calibration`.
 """
@@ -47,7 +47,7 @@ class MemoryCalibration(_Cal):
     # contiguous free cached block, and free pages are unmapped before an OOM is raised (so the fit
     # verdict rests on allocated + pressure_slack; reserved is reported, not judged). Freed pages stay
     # mapped until then, so reserved is allocated plus the pages cached at the peak.
-    # MEASURED for "single" on one H200 with the stock workers (bench/gpu_acceptance.py, 2026-12-01,
+    # MEASURED for "single" on one H200 with the stock workers (bench/accuracy/gpu_acceptance.py, 2026-12-01,
     # bench/results/acceptance/2026-12-01_run2.json and _run3.json; reserved / allocated - 1):
     # llama-3.2-1b full amp-bf16 mb=16 +6.4%, llama-3-8b LoRA bf16 mb=4 +2.6%, Qwen3-0.6B (config
     # path) bf16 mb=16 +7.9%. 0.053 keeps the worst of the three within 2.7%. ASSUMED (unmeasured):
@@ -83,7 +83,7 @@ class MemoryCalibration(_Cal):
         default=3.0, ge=0.0,
         description="seq x seq gradient buffers alive beside the saved probabilities while an eager "
         "attention's backward runs (softmax/slice/scale grads); counted from the allocator trace at the "
-        "peak of a gpt-oss step on the H200 (bench/memory_peak_probe.py: 3), 2 on the CPU (MemTracker)")
+        "peak of a gpt-oss step on the H200 (bench/probes/memory_peak_probe.py: 3), 2 on the CPU (MemTracker)")
 
 
 class ThroughputCalibration(_Cal):
@@ -104,9 +104,9 @@ class ThroughputCalibration(_Cal):
         "~100M-parameter models)")
     traffic_factor: float = Field(default=3.0, description="memory-bound passes over the decoder layers' "
                                   "saved-activation bytes")
-    # bench/moe_train_layers.py: a step's time less its layers' (two depths), one H200, shapes of five models
+    # bench/accuracy/moe_train_layers.py: a step's time less its layers' (two depths), one H200, shapes of five models
     # (vocabularies 32k-152k, 4k-33k tokens a micro-step); fitted on DeepSeek-V2-Lite, Qwen1.5-MoE and Llama-3-8B,
-    # Qwen3-30B-A3B and Mixtral-8x7B held out (docs/MEASUREMENTS.md, "What a sparse layer costs a training step")
+    # Qwen3-30B-A3B and Mixtral-8x7B held out (docs/lab-notes/2026-12-04-sparse-layer-training-cost.md)
     loss_bytes_per_logit: float = Field(
         default=71.5, ge=0.0,
         description="training: memory-traffic bytes per logit (tokens x vocabulary) of the LM head's output, its "
@@ -120,13 +120,13 @@ class ThroughputCalibration(_Cal):
         "memory-traffic bytes per routed-expert weight element per micro-step at the GPU's bandwidth, half in "
         "forward (the merge W + B @ A and its copies; again when recomputed), half in backward (the merged "
         "weight's gradient, cast and reduced into the adapters'). Fitted with moe_dispatch_bytes on a sparse "
-        "layer's measured time (bench/moe_train_layers.py; DeepSeek-V2-Lite and Qwen1.5-MoE, LoRA with and "
+        "layer's measured time (bench/accuracy/moe_train_layers.py; DeepSeek-V2-Lite and Qwen1.5-MoE, LoRA with and "
         "without checkpointing); the first estimate, 60, came from a DeepSeek-V2-Lite kernel profile alone")
     qlora_speed: float = Field(default=0.55, description="nf4 dequantisation overhead on the frozen matmuls")
-    # bench/moe_train_layers.py on one H200 (bench/results/workers/moe_train_layers_2026-12-04/): a sparse layer's
-    # time from two depths of the published shape; fitted on DeepSeek-V2-Lite and Qwen1.5-MoE-A2.7B (full,
-    # LoRA, LoRA + checkpointing), Qwen3-30B-A3B and Mixtral-8x7B held out (docs/MEASUREMENTS.md, "What a
-    # sparse layer costs a training step")
+    # bench/accuracy/moe_train_layers.py on one H200 (bench/results/workers/moe_train_layers_2026-12-04/): a sparse
+    # layer's time from two depths of the published shape; fitted on DeepSeek-V2-Lite and Qwen1.5-MoE-A2.7B (full,
+    # LoRA, LoRA + checkpointing), Qwen3-30B-A3B and Mixtral-8x7B held out
+    # (docs/lab-notes/2026-12-04-sparse-layer-training-cost.md)
     moe_dispatch_bytes: float = Field(
         default=38.2, ge=0.0,
         description="training a mixture of experts: memory-traffic bytes per element of each routed copy of a "
@@ -146,15 +146,15 @@ class ThroughputCalibration(_Cal):
     decode_bw_efficiency: float = 0.7
     decode_layer_overhead_s: float = Field(default=2.5e-4, description="HF eager generate(): per layer per token")
     decode_step_overhead_s: float = 4e-3
-    # the graph_decode_* defaults: bench/graph_decode.py --fit on the decoder's own step times (CUDA events) of the
-    # 5 dense cases of bench/results/workers/graph_decode_split2_2026-12-03.json (the GPU acceptance's two inference
+    # the graph_decode_* defaults: bench/workers/graph_decode.py --fit on the decoder's own step times (CUDA events) of
+    # the 5 dense cases of bench/results/workers/graph_decode_split2_2026-12-03.json (the GPU acceptance's two inference
     # shapes, llama-3.2-1b and gemma-3-1b at 32x512x128, and the 8B models held out); the graph_moe_* terms on the
     # mixtures of graph_decode_moefit_{a,b}_2026-12-04.json (gpt-oss-20b, Qwen1.5-MoE-A2.7B, Mixtral-8x7B; every
     # Qwen3-30B-A3B case held out), chosen by leave-one-model-out; the per-layer term is per Llama layer's kernels
     # (layer_kernel_weight). The rows x matmul-params term priced the K/V copy the decoder no longer makes
-    # (docs/MEASUREMENTS.md, "Packed grouped-query attention"; "The compiled decoder's prompt pass and step, apart").
+    # (docs/lab-notes/2026-12-03-packed-gqa.md; "The compiled decoder's prompt pass and step, apart").
     # Refitted 2026-12-04 (same records, same holdouts) with graph_decode_key_s held, measured first on its own from
-    # the attention kernels' profile (docs/MEASUREMENTS.md, "Where a compiled decode step's time goes")
+    # the attention kernels' profile (docs/lab-notes/2026-12-04-decode-step-profile.md)
     graph_decode_layer_s: float = Field(
         default=4.96e-5, ge=0.0,
         description="compiled static-cache decode (workers/infer/decode.py): GPU seconds per layer per token "
@@ -170,13 +170,13 @@ class ThroughputCalibration(_Cal):
         default=1.02e-10, ge=0.0,
         description="compiled decode: GPU seconds per cached position per SDPA block (row x packed KV head) per "
         "layer beyond the cache's bytes (planner.throughput.graph_decode_keys; cuDNN's flash kernel's per-key cost, "
-        "from the kernel profile bench/decode_step_profile.py --fit-keys)")
+        "from the kernel profile bench/workers/decode_step_profile.py --fit-keys)")
     graph_decode_step_s: float = Field(
         default=0.0, ge=0.0, description="compiled decode: fixed seconds per token (graph replay, argmax)")
     graph_compile_layer_s: float = Field(
         default=2.15, ge=0.0,
         description="compiled decode: one-time seconds per layer to capture the step in a fresh process "
-        "(torch.compile: dynamo, inductor, the CUDA graph); bench/graph_decode.py --fit, the median over its "
+        "(torch.compile: dynamo, inductor, the CUDA graph); bench/workers/graph_decode.py --fit, the median over its "
         "first-in-process cases (1.8-3.3 s; a process that compiled before takes 1.1-1.5)")
     graph_moe_layer_s: float = Field(
         default=5.35e-5, ge=0.0,
@@ -191,10 +191,10 @@ class ThroughputCalibration(_Cal):
         default=0.0, ge=0.0,
         description="compiled decode of a mixture of experts: GPU seconds per sparse layer per (token, expert) "
         "pair routed, beyond the experts' bytes (a candidate term of the fit, not chosen: 0)")
-    # the graph_prefill_* defaults: bench/prefill_probe.py --fit on bench/results/workers/prefill_probe_2026-12-03.json
-    # and prefill_probe_moefit_2026-12-04.json (Qwen1.5-MoE, Mixtral)
-    # (the compiled decoder's own prompt pass timed by its CUDA events on one H200; fitted on the 1-4B models,
-    # the 8B models, gemma-3-12b and Qwen3-30B-A3B held out; docs/MEASUREMENTS.md "The compiled decoder's prompt pass")
+    # the graph_prefill_* defaults: bench/probes/prefill_probe.py --fit on
+    # bench/results/workers/prefill_probe_2026-12-03.json and prefill_probe_moefit_2026-12-04.json (Qwen1.5-MoE,
+    # Mixtral) (the compiled decoder's own prompt pass timed by its CUDA events on one H200; fitted on the 1-4B models,
+    # the 8B models, gemma-3-12b and Qwen3-30B-A3B held out; docs/lab-notes/2026-12-03-prompt-pass-and-step-apart.md)
     graph_prefill_mfu: float = Field(
         default=0.63, gt=0.0, le=1.0,
         description="the compiled decoder's eager prompt pass (workers/infer/decode.py): the share of peak bf16 "
@@ -220,7 +220,7 @@ class ThroughputCalibration(_Cal):
         default=128.0, ge=0.0,
         description="the rows per expert (prompt tokens x top-k / experts) at which the prompt pass's grouped GEMMs "
         "reach half of graph_prefill_expert_mfu")
-    # ASSUMED (not yet measured; bench/cases_models.yaml measures it): transformers' per-expert Python loop
+    # ASSUMED (not yet measured; bench/accuracy/cases_models.yaml measures it): transformers' per-expert Python loop
     # (gpt-oss) syncs the host on every expert it visits (`for expert_idx in expert_hit`) and launches about
     # a dozen small kernels for it: ~12 x 10 us + a 30 us sync
     expert_loop_s: float = Field(
@@ -236,9 +236,10 @@ class ThroughputCalibration(_Cal):
         description="generate()'s decode of a mixture of experts on a GPU (transformers' batched_mm): the share "
         "of the memory bandwidth its gathers of each (token, expert) pair's weights and their bmm reach; large "
         "streams, some reads served from L2 (fitted on the non-holdout MoE inference cases)")
-    # default: bench/moe_decode_fit.py on 14 gpt-oss-20b timings (bench/results/workers/moe_decode_impl_oss_2026-12-03b
-    # .json and the workers' runs of bench/results/acceptance/2026-12-03_run13_{a,c}.json; Qwen3-30B-A3B held out):
-    # host-bound, it moved 0.34-1.46 ms between calls as the host's speed did
+    # default: bench/accuracy/moe_decode_fit.py on 14 gpt-oss-20b timings
+    # (bench/results/workers/moe_decode_impl_oss_2026-12-03b.json and the workers' runs of
+    # bench/results/acceptance/2026-12-03_run13_{a,c}.json; Qwen3-30B-A3B held out): host-bound, it moved 0.34-1.46 ms
+    # between calls as the host's speed did
     decode_grouped_layer_s: float = Field(
         default=6.84e-4, ge=0.0,
         description="generate()'s decode of a mixture of experts on a GPU with grouped_mm kept (workers/"
@@ -275,7 +276,7 @@ class CostCalibration(_Cal):
         description="seconds of warning before a spot preemption, by cloud (0: none)",
     )
     restart_h: float = Field(default=0.15, description="new node + Ray + load checkpoint")
-    # A job's one-time seconds beyond its steady work, in its hours: medians of bench/start_fit.py over the GPU
+    # A job's one-time seconds beyond its steady work, in its hours: medians of bench/accuracy/start_fit.py over the GPU
     # acceptance records of runs 13-25 (2026-12-03/04, `gpuplan run` end to end on an H200; runs 26 on are
     # held out). Training: the process and the plan, the model's build, the optimizer, the first step's warm-up
     # (47 case runs of 7 cases, 18.9-57.0 s: wall less the steady steps, less the two checkpoint terms below,
@@ -284,10 +285,10 @@ class CostCalibration(_Cal):
     # compiled decoder's capture is the estimate's warmup_s. Weights read from a folder add their read time.
     train_start_s: float = Field(default=26.5, ge=0.0, description="training: fixed seconds of a job's start")
     infer_start_s: float = Field(default=23.4, ge=0.0, description="inference: fixed seconds of a job's start")
-    # 14.8 GB of pinned host buffers allocated in 7.15 s on the H200 host (bench/checkpoint_io.py: 2.07 GB/s)
+    # 14.8 GB of pinned host buffers allocated in 7.15 s on the H200 host (bench/workers/checkpoint_io.py: 2.07 GB/s)
     checkpoint_pin_gbps: float = Field(default=2.07, gt=0.0,
                                        description="GB/s: the checkpoint buffer pinned once at the start")
-    # Measured on one H200 host (bench/checkpoint_io.py, issue 11): 14.8 GB of state made durable on
+    # Measured on one H200 host (bench/workers/checkpoint_io.py, issue 11): 14.8 GB of state made durable on
     # tmpfs in 3.26 s and 3.15 s (4.55 and 4.71 GB/s) as 16 shards hashed while written; the loop
     # stops only for the device-to-host snapshot into reused pinned buffers, 0.29 s (50 GB/s).
     checkpoint_write_gbps: float = Field(default=4.7, description="GB/s: snapshot -> durable in the checkpoint store")
@@ -314,7 +315,7 @@ def _cpu_throughput() -> ThroughputCalibration:
 
 class CpuCalibration(_Cal):
     """The constants of a CPU placement (vendor ``cpu``): fitted on measured CPU runs by
-    ``bench/cpu_accuracy.py --fit`` into ``planner/calibration_cpu.json``."""
+    ``bench/accuracy/cpu_accuracy.py --fit`` into ``planner/calibration_cpu.json``."""
 
     source: str = "uncalibrated first-principles CPU defaults (planner/calibration.py)"
     fitted_on: list[str] = Field(default_factory=list, description="case ids used for fitting")
@@ -347,14 +348,15 @@ def load_calibration(path: Path | None = None, *, overlay: Path | None = None) -
     target = path or DEFAULT_CALIBRATION_PATH
     if not target.is_file():
         if path is not None:
-            raise CatalogError(f"calibration file {target} does not exist", hint="run bench/accuracy.py --fit")
+            raise CatalogError(f"calibration file {target} does not exist", hint="run bench/accuracy/accuracy.py --fit")
         cal = Calibration(cpu=_load_cpu(target.with_name(CPU_CALIBRATION_NAME)))
     else:
         try:
             cal = Calibration.model_validate(json.loads(target.read_text()))
         except (ValueError, OSError) as exc:
             raise CatalogError(
-                f"calibration file {target} is invalid: {exc}", hint="regenerate it with bench/accuracy.py --fit"
+                f"calibration file {target} is invalid: {exc}",
+                hint="regenerate it with bench/accuracy/accuracy.py --fit",
             ) from exc
         cpu_path = target.with_name(CPU_CALIBRATION_NAME)
         if cpu_path.is_file():
@@ -409,4 +411,4 @@ def _load_cpu(path: Path) -> CpuCalibration:
         return CpuCalibration.model_validate(json.loads(path.read_text()))
     except (ValueError, OSError) as exc:
         raise CatalogError(f"CPU calibration file {path} is invalid: {exc}",
-                           hint="regenerate it with bench/cpu_accuracy.py --fit") from exc
+                           hint="regenerate it with bench/accuracy/cpu_accuracy.py --fit") from exc

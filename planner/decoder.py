@@ -69,7 +69,7 @@ def moe_decode_kernel(model: ModelConfig, vendor: str, weights: str, batch: int,
     in place); "grouped_mm" in the compiled decoder (``graph``: the model's own kernel, captured), on a CPU
     (generate() keeps it there) and, on a GPU under generate(), once batch x top-k reaches
     ``GROUPED_FROM_VISITS`` x the experts (the workers keep grouped_mm then); otherwise "batched_mm",
-    generate()'s own switch. ``given`` wins over the rule for generate() (bench/measure_h200.py times stock
+    generate()'s own switch. ``given`` wins over the rule for generate() (bench/accuracy/measure_h200.py times stock
     generate(): "batched_mm" on a GPU)."""
     if model.num_experts <= 1 or weights == "mxfp4":
         return None
@@ -84,7 +84,7 @@ def moe_decode_kernel(model: ModelConfig, vendor: str, weights: str, batch: int,
 
 def moe_decode_phrase(decoder: str | None, kernel: str | None) -> str:
     """The words a plan and a run put after their numbers about a MoE's decode ("" for a dense model): the kernel
-    moves its speed several-fold (docs/MEASUREMENTS.md)."""
+    moves its speed several-fold (docs/lab-notes/2026-12-03-moe-keeps-grouped-mm.md)."""
     if kernel is None:
         return ""
     return f", experts decoded with {kernel}" + (" in a CUDA graph" if decoder == "graph" else "")

@@ -30,7 +30,7 @@ from planner.types import Strategy
 GPU_BUILD_SHARE = 0.95
 # A training rank's own resident memory besides the model (CUDA context, torch, transformers, the data
 # pipeline). Measured: 2.27 GB peak RSS of a rank that built only its FSDP2 shard on the H200 host, before the
-# first step (bench/build_once_probe.py, 2026-12-04); the loop adds its data pipeline and allocator caches, so
+# first step (bench/probes/build_once_probe.py, 2026-12-04); the loop adds its data pipeline and allocator caches, so
 # the plan keeps ~4 GiB.
 HOST_PROCESS_BYTES = 4 * GIB
 # The share of a node's RAM a run may count on (the OS, page cache of the data, other daemons keep the rest).

@@ -238,7 +238,7 @@ def _mla_saved_per_token(model: ModelConfig, c: int, tp: int) -> float:
     """Latent attention (DeepSeek V2/V3) under full fine-tuning, per token: q and k at the q/k head width, the
     kv_b projection's output (the no-RoPE keys and the values, of which v is a view), the SDPA output and
     o_proj's contiguous copy of it, and each low-rank branch's RMSNorm (an fp32 copy and the normed tensor) and
-    the up-projection's input. H200, DeepSeek-V2-Lite bf16 (bench/moe_lora_probe.py, saved_in_first_layer):
+    the up-projection's input. H200, DeepSeek-V2-Lite bf16 (bench/probes/moe_lora_probe.py, saved_in_first_layer):
     32,832 bytes per token besides the input norm, this sum exactly."""
     mla = model.mla
     assert mla is not None
@@ -253,7 +253,7 @@ def _mla_lora_saved_per_token(model: ModelConfig, c: int, tp: int) -> tuple[floa
     """Latent attention under LoRA, per token: (the adapters' fp32 input casts, the rest). Casts: q_proj's (or
     q_a_proj's and q_b_proj's) and kv_a_proj's of the hidden state, kv_b_proj's of the latent, o_proj's of the
     output; the rest as full fine-tuning keeps it (q, k, the kv_b output, the SDPA output) and the low-rank norms'
-    fp32 copies. H200, DeepSeek-V2-Lite bf16 LoRA (bench/moe_lora_probe.py): 53,248 bytes besides the norms."""
+    fp32 copies. H200, DeepSeek-V2-Lite bf16 LoRA (bench/probes/moe_lora_probe.py): 53,248 bytes besides the norms."""
     mla = model.mla
     assert mla is not None
     h, heads = model.hidden_size, model.num_attention_heads / tp
@@ -283,7 +283,7 @@ def eager_attention_backward_bytes_per_token(model: ModelConfig, precision: str,
     """Bytes per token alive while one layer's eager attention runs its backward (0 for SDPA models): the
     layer's saved tensors less its MLP's, whose backward ran first and freed them, plus ``grad_buffers``
     seq x seq gradients of the scores beside the saved probabilities. On the H200 this moment is a gpt-oss
-    step's peak at long sequences (bench/memory_peak_probe.py: probabilities + 3 buffers of 4.0 GiB each at
+    step's peak at long sequences (bench/probes/memory_peak_probe.py: probabilities + 3 buffers of 4.0 GiB each at
     seq 4096, micro-batch 2, with activation checkpointing)."""
     if not model.attn.eager:
         return 0.0
@@ -324,7 +324,7 @@ def merged_expert_bytes(model: ModelConfig, finetune: str, tp: int = 1, precisio
     in a ParamWrapper that adds B @ A to the whole weight every forward: autograd keeps each merged weight, in
     the frozen weights' dtype (``precision``'s parameters: bf16, or fp32 under fp32 and autocast; QLoRA leaves the
     fused experts bf16), until the layer's backward computes its gradient. One H200, peft 0.21.0, transformers
-    5.17, bf16 (bench/moe_lora_probe.py, bench/results/workers/moe_lora_probe_2026-12-04/): 1.03 GiB per
+    5.17, bf16 (bench/probes/moe_lora_probe.py, bench/results/workers/moe_lora_probe_2026-12-04/): 1.03 GiB per
     DeepSeek-V2-Lite layer, 1.13 GiB per Qwen3-30B-A3B layer, exactly these weights."""
     if finetune not in ("lora", "qlora") or model.num_experts <= 1:
         return 0.0

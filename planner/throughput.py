@@ -346,7 +346,7 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
     if ft in ("lora", "qlora"):
         # the adapters' kernels (and QLoRA's dequantisation) slow the adapted nn.Linear layers; the routed
         # experts, adapted through their merged weight, run plain grouped GEMMs at full fine-tuning's efficiency
-        # (one H200: Mixtral-8x7B QLoRA's grouped GEMMs at ~730 TFLOP/s, bench/moe_train_layers.py), and so
+        # (one H200: Mixtral-8x7B QLoRA's grouped GEMMs at ~730 TFLOP/s, bench/accuracy/moe_train_layers.py), and so
         # does the frozen LM head
         xkey = ("adapter_free_share", strategy.activation_checkpointing)
         if xkey not in memo:
@@ -419,7 +419,8 @@ def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu:
 def graph_prefill_expert_efficiency(model: ModelConfig, tokens: int, cal: ThroughputCalibration) -> float:
     """The share of peak the prompt pass's routed experts reach as eager grouped GEMMs: more as each expert's
     matrices widen (its intermediate width w) and as each gets more rows (tokens x top-k / experts), by two
-    half-saturation points (bench/prefill_probe.py --fit: gpt-oss-20b, Qwen1.5-MoE, Mixtral; Qwen3-30B-A3B held out)."""
+    half-saturation points (bench/probes/prefill_probe.py --fit: gpt-oss-20b, Qwen1.5-MoE, Mixtral;
+    Qwen3-30B-A3B held out)."""
     width = expert_width(model)
     rows = tokens * model.experts_per_token / max(1, model.num_experts)
     return (cal.graph_prefill_expert_mfu * width / (width + cal.graph_prefill_expert_width_half)
@@ -430,8 +431,8 @@ def graph_prefill_s(model: ModelConfig, batch: int, prompt_tokens: int, keys: in
                     cal: ThroughputCalibration, n: float, lm: float) -> float:
     """The compiled decoder's prompt pass (workers/infer/decode.py: eager, a static cache of ``keys`` positions), before
     the attention extras every prefill pays (eager scores, sliding masks). Its own fit, not generate()'s curve
-    (bench/prefill_probe.py, timed by the decoder's CUDA events): the lm head runs on each row's last position only
-    (``logits_to_keep=1``), the matmuls reach more of the peak as the hidden size grows, a mixture's routed experts
+    (bench/probes/prefill_probe.py, timed by the decoder's CUDA events): the lm head runs on each row's last position
+    only (``logits_to_keep=1``), the matmuls reach more of the peak as the hidden size grows, a mixture's routed experts
     run as eager grouped GEMMs at their own efficiency, and eager PyTorch launches set a floor per layer."""
     h = model.hidden_size
     experts = decode_expert_weight_params(model, 1)  # the k routed experts' matmul params per token, every layer
@@ -447,7 +448,7 @@ def graph_decode_keys(model: ModelConfig, rows: int, ctx: int) -> float:
     each KV head's query heads are its query rows), summed over its blocks (rows x KV heads) and layers, each
     walking the whole static cache. Its cost per key beyond the bytes (ThroughputCalibration.graph_decode_key_s) is
     cuDNN's flash kernel's: at head_dim 64 it reads the cache at ~1.4 TB/s, not the weights' 3.4
-    (bench/decode_step_profile.py, on packed models only). The other forms run as other kernels' shapes, not
+    (bench/workers/decode_step_profile.py, on packed models only). The other forms run as other kernels' shapes, not
     measured this way: 0 for one query head per KV head, a single KV head, latent (MLA) and eager attention."""
     kv, heads = model.num_kv_heads, model.num_attention_heads
     if model.mla is not None or model.attn.eager or not 1 < kv < heads:
@@ -463,7 +464,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     ``decoder``: "graph" or "generate"; None predicts what the workers run (``planner.decoder.decoder_for``).
     ``moe_kernel``: "batched_mm" or "grouped_mm" for a mixture of experts' decode steps; None: the workers' rule
     (``planner.decoder.moe_decode_kernel``).
-    The H200 reference cases (bench/measure_h200.py) time transformers' generate()."""
+    The H200 reference cases (bench/accuracy/measure_h200.py) time transformers' generate()."""
     tp = strategy.tensor_parallel
     replicas = max(1, strategy.gpu_count // tp)
     b = strategy.batch
@@ -529,7 +530,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     kv_time = (kv_cache_bytes(model, b, ctx, full_length=True) / tp if graph else kv * cal.kv_traffic_factor)
     if graph and model.attn.eager:
         # eager attention (gpt-oss) repeats each KV head for its query heads before its matmuls: the whole
-        # static cache expanded heads / kv_heads times, written and read every step (bench/graph_decode.py MoE
+        # static cache expanded heads / kv_heads times, written and read every step (bench/workers/graph_decode.py MoE
         # cases: the extra step time grows with the batch at this rate). SDPA models copy nothing: the workers
         # pack each KV head's query heads as its query rows (workers/infer/gqa_attention.py) since 2026-12-03
         kv_time += 2 * kv_time * (model.num_attention_heads // model.num_kv_heads)
@@ -541,7 +542,7 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
         # read, per layer (gaps between small kernels, so by the layer's kernels: Gemma's extra norms and Qwen3's
         # q/k norms cost more; the routing's own are graph_moe_layer_s's). Fitted on the decoder's own step times
-        # (bench/graph_decode.py --fit, docs/MEASUREMENTS.md "The compiled decoder's prompt pass and step, apart");
+        # (bench/workers/graph_decode.py --fit, docs/lab-notes/2026-12-03-prompt-pass-and-step-apart.md);
         # a term in rows x the layers' matmul weights priced the K/V copy while the decoder made one and stays 0
         per_layer = cal.graph_decode_layer_s * layer_kernel_weight(model, routing=False)
         overhead = (model.num_layers * (per_layer + cal.graph_decode_row_layer_s * b / tp)

@@ -143,7 +143,7 @@ class SimOptions:
         (``gpuplan``'s returns to spot; the bound may do the same); what the scheduler loop does when its
         executor can hold a node of the new type up before the move (docs/SPOT.md).
     mean_outage_h: per zone, the mean outage the policy is told (None: estimated online), like
-        ``mttp_h`` for runs: what knowing the rates in hindsight is worth (bench/spot.py --hindsight-rates).
+        ``mttp_h`` for runs: what knowing the rates in hindsight is worth (bench/spot/spot.py --hindsight-rates).
     """
 
     checkpoint_cost_h: float = 0.0
@@ -185,9 +185,9 @@ class SimOptions:
                  notice_s: float = 120.0, transfer_gbps: float | None = None) -> SimOptions:
         """Honest costs from the checkpoint issue's measured speeds (planner/calibration.py
         CostCalibration: ``checkpoint_write_gbps``, ``checkpoint_snapshot_gbps``, ``min_checkpoint_h``;
-        docs/PERFORMANCE.md: 14.8 GB of state durable in ~3.3 s, the loop stalls 0.29 s). A zone move
-        copies the checkpoint at ``transfer_gbps`` (default: the write speed). Returns to spot may boot
-        spot beside on-demand (``make_before_break``), as both executors let the scheduler loop do."""
+        docs/lab-notes/2026-12-01-checkpoints-of-a-training-state.md: 14.8 GB of state durable in ~3.3 s, the loop
+        stalls 0.29 s). A zone move copies the checkpoint at ``transfer_gbps`` (default: the write speed). Returns to
+        spot may boot spot beside on-demand (``make_before_break``), as both executors let the scheduler loop do."""
         from planner.calibration import CostCalibration
         from planner.cost import just_in_time_reserve_s
 

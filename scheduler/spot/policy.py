@@ -87,7 +87,7 @@ POLICIES: tuple[str, ...] = ("gpuplan", "uniform-progress", "greedy", "spot-only
 PRIOR_MEAN_RUN_H = 1.0 / 0.08
 # Half-life of what was watched of a zone in the online rates (EWMA counts). Chosen on traces, on the
 # tuning family only (AWS Feb 15 2023 availability, 9 zones; 24, 48, 96, 192 h and no decay tried; 48
-# and 96 h tied on cells below greedy, 96 h had the lower median); see docs/SPOT.md.
+# and 96 h tied on cells below greedy, 96 h had the lower median); see docs/lab-notes/spot-history.md.
 RATE_HALF_LIFE_H = 96.0
 # Prior mean outage of a zone never watched: the tuning family's mean outage (1.88 h over 1,893 outages).
 PRIOR_MEAN_OUTAGE_H = 1.9

@@ -97,7 +97,7 @@ def add_to_day(session: Session, row: Spend, gpu: str) -> None:
 
 def rebuild_days(session: Session) -> int:
     """Refill ``spend_day`` from the ledger (what migration 0008 did): for rows written around the
-    ledger, as bench/ui_pages.py's bulk seed does. Returns the number of summary rows."""
+    ledger, as bench/service/ui_pages.py's bulk seed does. Returns the number of summary rows."""
     spend, job = Spend.__table__, Job.__table__  # type: ignore[attr-defined]
     day = utc_day_of(session.get_bind().dialect.name, spend.c.recorded_at).label("day")
     session.execute(delete(_spend_day))
@@ -244,7 +244,7 @@ def spend_lines(session: Session, team_id: int, since: datetime, until: datetime
                      .order_by(func.sum(spend.c.usd).desc(), spend.c.job_id).limit(top))
         stmt = stmt.where(spend.c.job_id.in_(costliest.scalar_subquery()))
     # model_construct: the values are the database's own, typed here; validating thousands of lines
-    # was most of a busy team's Spend page (bench/ui_pages.py)
+    # was most of a busy team's Spend page (bench/service/ui_pages.py)
     return [
         SpendLine.model_construct(job_id=str(job_id), job_name=str(name), market=str(market), attempts=int(n),
                                   hours=float(h), usd=float(u))

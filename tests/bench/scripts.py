@@ -11,7 +11,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def load_script(name: str, as_module: str) -> ModuleType:
-    """``bench/<name>.py`` imported as ``as_module`` (registered in sys.modules, as its dataclasses need)."""
+    """``bench/<name>.py`` imported as ``as_module`` (registered in sys.modules, as its dataclasses need); ``name``
+    includes the group folder, e.g. ``spot/spot``."""
     spec = importlib.util.spec_from_file_location(as_module, BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -1,6 +1,7 @@
 """The compiled decoder's shipped constants are what the documented fits give on the stored H200 records
-(bench/prefill_probe.py --fit, bench/graph_decode.py --fit; docs/MEASUREMENTS.md "The compiled decoder's prompt
-pass and step, apart"): a refit that is not committed, or a record edited by hand, fails here."""
+(bench/probes/prefill_probe.py --fit, bench/workers/graph_decode.py --fit;
+docs/lab-notes/2026-12-03-prompt-pass-and-step-apart.md): a refit that is not committed, or a record edited by hand,
+fails here."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _calibration_copy(tmp_path: Path) -> Path:
 
 
 def test_the_prompt_pass_constants_are_the_fit_on_the_probe_record(tmp_path: Path) -> None:
-    probe = load_script("prefill_probe", "prefill_probe")
+    probe = load_script("probes/prefill_probe", "prefill_probe")
     path = _calibration_copy(tmp_path)
     probe.fit([RESULTS / "prefill_probe_2026-12-03.json", RESULTS / "prefill_probe_moefit_2026-12-04.json"],
               {"qwen3-8b", "llama-3-8b", "gemma-3-12b", "qwen3-30b-a3b"}, path)
@@ -35,7 +36,7 @@ def test_the_prompt_pass_constants_are_the_fit_on_the_probe_record(tmp_path: Pat
 
 
 def test_the_decode_step_constants_are_the_fit_on_the_split_records(tmp_path: Path) -> None:
-    graph_decode = load_script("graph_decode", "graph_decode")
+    graph_decode = load_script("workers/graph_decode", "graph_decode")
     path = _calibration_copy(tmp_path)
     records = [RESULTS / name for name in ("graph_decode_split2_2026-12-03.json", "graph_decode_split_2026-12-03.json",
                                            "graph_decode_moefit_a_2026-12-04.json",
@@ -53,8 +54,9 @@ def test_the_decode_step_constants_are_the_fit_on_the_split_records(tmp_path: Pa
 
 
 def test_the_planners_defaults_are_the_shipped_fit() -> None:
-    """bench/accuracy.py --fit rebuilds planner/calibration.json from planner/calibration.py's defaults and does not
-    refit the compiled decoder's constants: its defaults must be the shipped fit, or a generate() refit drops it."""
+    """bench/accuracy/accuracy.py --fit rebuilds planner/calibration.json from planner/calibration.py's defaults and
+    does not refit the compiled decoder's constants: its defaults must be the shipped fit, or a generate() refit drops
+    it."""
     from planner.calibration import ThroughputCalibration
 
     defaults = ThroughputCalibration()

@@ -1,4 +1,4 @@
-"""bench/gpu_acceptance.py's own machinery on CPU: it drives the real CLI, reads its JSON, and turns a
+"""bench/accuracy/gpu_acceptance.py's own machinery on CPU: it drives the real CLI, reads its JSON, and turns a
 refusal into SKIP with the CLI's reason (the GPU numbers themselves come from the GPU machine)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from tests.bench.scripts import load_script
 
 
 def test_a_tiny_run_through_the_cli_is_read_back_and_a_refusal_is_skip(tmp_path: Path) -> None:
-    acc = load_script("gpu_acceptance", "gpu_acceptance")
+    acc = load_script("accuracy/gpu_acceptance", "gpu_acceptance")
     tiny = {"name": "acc-tiny", "task": "train", "model": "tiny-llama",
             "train": {"tokens": 4 * 2 * 64, "seq_len": 64, "micro_batch": 2, "checkpoint_interval_steps": 2}}
     ran = acc._simple("tiny", tiny, tmp_path, 300.0, accuracy=False)

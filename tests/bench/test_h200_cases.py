@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ROOT / "bench" / "cases.yaml"
+CASES = ROOT / "bench" / "accuracy" / "cases.yaml"
 RESULTS = ROOT / "bench" / "results" / "h200.json"
 PRESETS = ROOT / "catalog" / "data" / "models.yaml"
 

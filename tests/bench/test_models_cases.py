@@ -1,4 +1,4 @@
-"""Integrity of bench/cases_models.yaml (issue 12's H200 cases), pure file checks: a third held out, chosen
+"""Integrity of bench/accuracy/cases_models.yaml (issue 12's H200 cases), pure file checks: a third held out, chosen
 by position; every measured shape is the catalog preset's (or the preset with fewer layers); every case
 the planner is asked about fits one H200, so a measurement can only confirm or refute the numbers."""
 
@@ -14,7 +14,7 @@ from catalog.hf_config import model_from_hf_config
 from catalog.loader import PACKAGED_DATA_DIR, load_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ROOT / "bench" / "cases_models.yaml"
+CASES = ROOT / "bench" / "accuracy" / "cases_models.yaml"
 LAYER_KEYS = {"num_hidden_layers", "layer_types", "max_window_layers"}
 
 

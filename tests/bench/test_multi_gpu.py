@@ -1,4 +1,4 @@
-"""bench/multi_gpu.py (issue 16) on CPU: two gloo ranks run a collective against the planner's comm
+"""bench/accuracy/multi_gpu.py (issue 16) on CPU: two gloo ranks run a collective against the planner's comm
 model, and a run whose last rank is SIGKILLed (after a commit, then in the middle of writing its shards)
 resumes from the last complete checkpoint on every rank, also on one rank. The GPU numbers come from
 the multi-GPU machines."""
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_model_of_a_collective_is_the_planners_link_and_constants() -> None:
-    multi = load_script("multi_gpu", "multi_gpu_bench")
+    multi = load_script("accuracy/multi_gpu", "multi_gpu_bench")
     link, cal = multi.link_and_calibration(8)
     assert link == 450.0  # NVLink 900 GB/s per GPU, both directions: 450 each way
     big, small = 2**30, 2**20
@@ -35,7 +35,7 @@ def test_the_model_of_a_collective_is_the_planners_link_and_constants() -> None:
 def test_a_cpu_dry_run_resumes_from_the_last_complete_checkpoint_after_sigkill(tmp_path: Path) -> None:
     out = tmp_path / "multi_2.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "multi_gpu.py"), "--device", "cpu", "--gpus", "2", "--parts",
+        [sys.executable, str(BENCH / "accuracy" / "multi_gpu.py"), "--device", "cpu", "--gpus", "2", "--parts",
          "collectives,kill", "--sizes-mib", "0.0625", "--iters", "1", "--out", str(out), "--ckpt-root",
          str(tmp_path)], capture_output=True, text=True, timeout=560, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""bench/spot.py's trace handling (spot_families: 5-minute ticks, N-node availability, families from folders), its
+"""bench/spot/spot.py's trace handling (spot_families: 5-minute ticks, N-node availability, families from folders), its
 cell counts (spot_cells) and its probes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tests.bench.scripts import load_script
 
 
 def test_resample_keeps_a_tick_only_when_all_nodes_were_there_all_along() -> None:
-    spot = load_script("spot_families", "spot_families")
+    spot = load_script("spot/spot_families", "spot_families")
     counts = np.array([4, 4, 4, 3, 4, 4, 4, 4, 4, 4, 0, 4, 4, 4, 4, 4], dtype=np.float64)  # 100 s ticks
     avail, gap = spot.resample("z", counts, 100.0, nodes=4)
     assert gap == 300.0
@@ -26,12 +26,12 @@ def test_resample_keeps_a_tick_only_when_all_nodes_were_there_all_along() -> Non
 
 
 def test_a_family_is_one_folder_of_zones_and_its_jobs_fit_in_the_trace(tmp_path: Path) -> None:
-    spot = load_script("spot", "spot_bench")
+    spot = load_script("spot/spot", "spot_bench")
     folder = tmp_path / "preemption" / "4-node" / "aws-08-03-2023"
     folder.mkdir(parents=True)
     for name, n in (("us-east-1f_v100_1", 700), ("us-west-2c_v100_1", 800)):
         (folder / f"{name}.json").write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [4] * n}))
-    [fam] = load_script("spot_families", "spot_families").families(tmp_path)
+    [fam] = load_script("spot/spot_families", "spot_families").families(tmp_path)
     assert (fam.name, fam.cloud, fam.nodes, fam.notice_s) == ("aws-08-03-2023 4-node preemption", "aws", 4, 120.0)
     assert fam.zones.ticks == 700 and [z.ticks for z in fam.singles] == [700, 800]
     jobs = spot.job_grid(fam.singles[0])
@@ -43,7 +43,7 @@ def test_a_family_is_one_folder_of_zones_and_its_jobs_fit_in_the_trace(tmp_path:
 def test_cells_count_the_median_and_the_mean_each_on_their_own() -> None:
     # One cell (slack 50%, restart 0.4 h): gpuplan pays a little more on the median job and far less on the
     # worst one, so its median is above greedy's and its mean below.
-    spot = load_script("spot_cells", "spot_cells")
+    spot = load_script("spot/spot_cells", "spot_cells")
     n = 3
     cell = {"slack": np.full(n, 0.5), "restart": np.full(n, 0.4)}
     res = {"gpuplan": {"ratio": np.array([1.0, 1.1, 1.2]), **cell},
@@ -55,7 +55,7 @@ def test_cells_count_the_median_and_the_mean_each_on_their_own() -> None:
 
 
 def test_a_cell_is_won_job_by_job_when_more_jobs_cost_less_than_cost_more() -> None:
-    spot = load_script("spot_cells", "spot_cells")
+    spot = load_script("spot/spot_cells", "spot_cells")
     cell = {"slack": np.full(4, 0.2), "restart": np.full(4, 0.02)}
     # The median of gpuplan's own costs is the higher one, yet it is cheaper on two jobs and dearer on one.
     res = {"gpuplan": {"cost": np.array([1.0, 1.3, 1.4, 1.5]), "ratio": np.array([1.0, 1.3, 1.4, 1.5]), **cell},
@@ -77,7 +77,7 @@ def test_a_cell_is_won_job_by_job_when_more_jobs_cost_less_than_cost_more() -> N
 def test_a_median_gap_is_beyond_noise_only_when_the_cells_jobs_can_tell_it() -> None:
     """The paired bootstrap of the median gap: 200 jobs where gpuplan costs 0.05 more on every one are above
     greedy beyond noise; 200 where the two differ at random by +-0.05 around the same middle are not."""
-    spot = load_script("spot_cells", "spot_cells")
+    spot = load_script("spot/spot_cells", "spot_cells")
     rng = np.random.default_rng(1)
     base = 1.0 + rng.exponential(0.1, 200)
     cell = {"slack": np.full(200, 0.5), "restart": np.full(200, 0.2)}
@@ -90,7 +90,7 @@ def test_a_median_gap_is_beyond_noise_only_when_the_cells_jobs_can_tell_it() -> 
 
 
 def test_hindsight_rates_are_the_whole_traces_mean_run_and_outage() -> None:
-    spot = load_script("spot", "spot_bench")
+    spot = load_script("spot/spot", "spot_bench")
     zones = align([trace_from_dict({"metadata": {"gap_seconds": 3600}, "data": [1, 1, 0, 0, 0, 1]}, "a"),
                    trace_from_dict({"metadata": {"gap_seconds": 3600}, "data": [0, 1, 1, 1, 1, 1]}, "b")])
     runs, outages = spot.hindsight_rates(zones)
@@ -99,7 +99,7 @@ def test_hindsight_rates_are_the_whole_traces_mean_run_and_outage() -> None:
 
 
 def test_the_hazard_by_age_counts_ends_per_hour_spent_at_that_age() -> None:
-    spot = load_script("spot", "spot_bench")
+    spot = load_script("spot/spot", "spot_bench")
     runs = spot.spell_lengths(np.array([1, 1, 0, 1, 1, 1, 1, 0], dtype=bool), 0.25, up=True)
     np.testing.assert_allclose(runs, [0.5, 1.0])
     outages = spot.spell_lengths(np.array([1, 1, 0, 1, 1, 1, 1, 0], dtype=bool), 0.25, up=False)
@@ -110,7 +110,7 @@ def test_the_hazard_by_age_counts_ends_per_hour_spent_at_that_age() -> None:
 
 
 def test_the_half_life_sensitivity_runs_the_policy_once_per_half_life(tmp_path: Path) -> None:
-    spot = load_script("spot", "spot_bench")
+    spot = load_script("spot/spot", "spot_bench")
     folder = tmp_path / "availability" / "1-node" / "aws-02-15-2023"
     folder.mkdir(parents=True)
     # Capacity 4 h of every 6 h: runs and outages the online rates learn, at any half-life.

@@ -1,4 +1,4 @@
-"""bench/spot_online_limit.py's worlds: traces drawn from the slack-value program's own chain and from a zone's own
+"""bench/spot/spot_online_limit.py's worlds: traces drawn from the slack-value program's own chain and from a zone's own
 spells, and one world run end to end (both policies meet every deadline, no job below the omniscient bound)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def spells(av: np.ndarray, up: bool) -> np.ndarray:
 
 
 def test_the_model_world_has_the_programs_means_and_its_young_spells() -> None:
-    limit = load_script("spot_online_limit", "spot_online_limit")
+    limit = load_script("spot/spot_online_limit", "spot_online_limit")
     av = limit.draw_model(2.0, 1.0, 200_000, GAP_H, True, np.random.default_rng(0))
     assert av[0] and av.dtype == bool and len(av) == 200_000
     runs, outages = spells(av, True) * GAP_H, spells(av, False) * GAP_H
@@ -35,7 +35,7 @@ def test_the_model_world_has_the_programs_means_and_its_young_spells() -> None:
 
 
 def test_the_shuffled_world_is_made_of_the_zones_own_spells() -> None:
-    limit = load_script("spot_online_limit", "spot_online_limit")
+    limit = load_script("spot/spot_online_limit", "spot_online_limit")
     rng = np.random.default_rng(1)
     real = np.repeat(np.array([True, False, True, False, True, False] * 20),
                      np.tile([3, 1, 12, 2, 7, 5], 20))
@@ -47,12 +47,12 @@ def test_the_shuffled_world_is_made_of_the_zones_own_spells() -> None:
 
 def test_every_world_of_a_zone_meets_every_deadline_above_the_bound(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    limit = load_script("spot_online_limit", "spot_online_limit")
+    limit = load_script("spot/spot_online_limit", "spot_online_limit")
     monkeypatch.setattr(sys.modules["spot"], "CACHE", tmp_path / "bounds.json")  # not the bench's /tmp cache
     rng = np.random.default_rng(2)
     av = limit.draw_model(3.0, 1.0, 900, GAP_H, True, rng)
     zone = Zones(names=("z",), gap_seconds=300.0, available=av[None, :], prices=np.full((1, 900), np.nan))
-    fam = load_script("spot_families", "spot_families").Family(
+    fam = load_script("spot/spot_families", "spot_families").Family(
         name="aws-test 1-node preemption", cloud="aws", nodes=1, zones=zone, singles=(zone,))
     worlds = limit.worlds_of(fam, 1, rng)
     assert [len(worlds[w]) for w in limit.WORLDS] == [1, 1, 1]
@@ -65,7 +65,7 @@ def test_every_world_of_a_zone_meets_every_deadline_above_the_bound(tmp_path: Pa
 
 
 def test_the_committed_record_reads_back_and_plots(tmp_path: Path) -> None:
-    limit = load_script("spot_online_limit", "spot_online_limit")
+    limit = load_script("spot/spot_online_limit", "spot_online_limit")
     record = limit.read_record(Path(__file__).resolve().parents[2] / "bench" / "results" / "spot"
                                / "online-limit-2026-12-04.md")
     assert len(record) == 8 and all(set(worlds) == set(limit.WORLDS) for worlds in record.values())

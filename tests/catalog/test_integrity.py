@@ -179,7 +179,7 @@ def test_param_count_equals_a_real_transformers_model(cat: Catalog, model_id: st
 
 def test_torch_total_is_below_driver_total(cat: Catalog) -> None:
     measured = [g for g in cat.gpus if g.torch_total_gib is not None]
-    assert measured, "at least the H200 measured in docs/MEASUREMENTS.md"
+    assert measured, "at least the H200 measured in docs/lab-notes/2026-11-30-h200-measurements.md"
     for g in measured:
         assert g.torch_total_gib is not None and 0.97 * g.memory_gib < g.torch_total_gib <= g.memory_gib
 

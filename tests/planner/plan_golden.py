@@ -24,7 +24,7 @@ from planner.spec import JobSpec, spec_from_dict
 DATA = Path(__file__).resolve().parent / "data" / "golden"
 GOLDEN = DATA / "plans.json.gz"
 
-# (name, objective, spec): the job types of bench/plan_speed.py and examples/, plus pinned knobs, multi-node,
+# (name, objective, spec): the job types of bench/service/plan_speed.py and examples/, plus pinned knobs, multi-node,
 # MoE, spot-only, fp8, and a spec whose every option is rejected (its error is pinned too).
 SPECS: list[tuple[str, Objective, dict[str, Any]]] = [
     ("example-8b-sft", "cheapest", {

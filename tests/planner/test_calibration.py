@@ -10,7 +10,7 @@ import yaml
 from errors import CatalogError
 from planner.calibration import DEFAULT_CALIBRATION_PATH, MIB, Calibration, load_calibration
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "accuracy"
 CASE_FILES = (BENCH / "cases.yaml", BENCH / "cases_models.yaml", BENCH / "cases_quant_moe.yaml",
               BENCH / "cases_moe_infer.yaml")
 
@@ -30,7 +30,7 @@ def test_shipped_calibration_loads_and_is_physical() -> None:
 
 def test_no_holdout_case_was_used_for_fitting() -> None:
     if not all(f.is_file() for f in CASE_FILES):
-        pytest.skip("a bench/cases*.yaml file the calibration was fitted on is not in this checkout")
+        pytest.skip("a bench/accuracy/cases*.yaml file the calibration was fitted on is not in this checkout")
     cases = [c for f in CASE_FILES for c in yaml.safe_load(f.read_text())["cases"]]
     holdout = {c["id"] for c in cases if c.get("holdout")}
     fitted = set(load_calibration().fitted_on)
@@ -52,7 +52,7 @@ ACCEPTANCE = Path(__file__).resolve().parents[2] / "bench" / "results" / "accept
 
 
 def test_reserved_memory_under_expandable_segments_matches_the_h200_acceptance_runs(tmp_path: Path) -> None:
-    """The training runs bench/gpu_acceptance.py measured on one H200 with the workers' allocator:
+    """The training runs bench/accuracy/gpu_acceptance.py measured on one H200 with the workers' allocator:
     the shipped calibration predicts their peak reserved within 3%, and the plans that ran stay fit
     verdicts (allocated + slack + context within the limit) although reserved fills more of the GPU."""
     import json

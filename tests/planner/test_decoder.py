@@ -81,9 +81,9 @@ def test_the_compiled_decoders_capture_is_in_the_jobs_hours() -> None:
 
 
 def test_the_compiled_decoders_prompt_pass_has_its_own_price() -> None:
-    """The compiled decoder's eager prompt pass is priced on its own fit (bench/prefill_probe.py), not generate()'s
-    curve: a floor of layers x graph_prefill_layer_s for a short prompt; the lm head on each row's last position
-    only, so a longer prompt adds no lm-head work; a mixture's routed experts at graph_prefill_expert_mfu."""
+    """The compiled decoder's eager prompt pass is priced on its own fit (bench/probes/prefill_probe.py), not
+    generate()'s curve: a floor of layers x graph_prefill_layer_s for a short prompt; the lm head on each row's last
+    position only, so a longer prompt adds no lm-head work; a mixture's routed experts at graph_prefill_expert_mfu."""
     from planner.calibration import load_calibration
     from planner.throughput import infer_throughput, matmul_params
     from planner.types import Strategy

@@ -160,7 +160,7 @@ def test_lora_of_a_mixture_of_experts_computes_the_experts_weight_gradients() ->
 
 def test_latent_attention_and_fp32_router_activations_match_the_h200_probe() -> None:
     """What autograd saved per token in a DeepSeek-V2-Lite dense layer and sparse layer on one H200 (bf16, b4 s2048;
-    bench/moe_lora_probe.py --all-saved), against the planner's per-layer bytes: latent attention (q and k at 192
+    bench/probes/moe_lora_probe.py --all-saved), against the planner's per-layer bytes: latent attention (q and k at 192
     wide, the kv_b output, o_proj's copy, the low-rank norm) and the router's fp32 input are counted, within 1% under
     full fine-tuning; under LoRA (the merged expert weights apart) within 7% a layer and 2% over the model."""
     rec = json.loads((PROBE / "moe_lora_profile_deepseek_4layers.json").read_text())

@@ -1,7 +1,7 @@
 """A mixture of experts' training step: what its sparse layer costs, held to one H200's measurements.
 
-bench/moe_train_layers.py timed the workers' own build at two depths of five published shapes (the difference is a
-layer's time, free of the LM head and the loss); bench/results/workers/moe_train_layers_2026-12-04/ keeps them.
+bench/accuracy/moe_train_layers.py timed the workers' own build at two depths of five published shapes (the difference
+is a layer's time, free of the LM head and the loss); bench/results/workers/moe_train_layers_2026-12-04/ keeps them.
 The routing's traffic (ThroughputCalibration.moe_dispatch_bytes) and LoRA's merge (lora_merged_expert_bytes) were
 fitted on DeepSeek-V2-Lite and Qwen1.5-MoE-A2.7B, the loss's traffic (loss_bytes_per_logit) on those and Llama-3-8B;
 Qwen3-30B-A3B and Mixtral-8x7B were held out."""
@@ -38,7 +38,7 @@ FITTED_ON = ("deepseek-v2-lite", "qwen1.5-moe-a2.7b")
 
 
 def cut(model_id: str, layers: int) -> ModelConfig:
-    """The published shape with its first ``layers`` layers, as bench/moe_train_layers.py builds it."""
+    """The published shape with its first ``layers`` layers, as bench/accuracy/moe_train_layers.py builds it."""
     path = CONFIGS / f"{model_id}.json"
     hf: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else dict(CATALOG.model(model_id).hf_config)
     hf["num_hidden_layers"] = layers

@@ -96,7 +96,7 @@ def test_the_graph_decoder_prices_full_length_sliding_caches() -> None:
 def test_an_eager_attention_backward_holds_its_score_gradients_beside_the_probabilities() -> None:
     """With activation checkpointing a gpt-oss step peaks in a layer's attention backward at long sequences:
     the recomputed layer less its MLP (whose backward ran first) and 3 seq x seq score gradients beside the
-    probabilities (H200 allocator trace, bench/memory_peak_probe.py); SDPA models keep the layer rule."""
+    probabilities (H200 allocator trace, bench/probes/memory_peak_probe.py); SDPA models keep the layer rule."""
     oss = model("gpt-oss-20b", num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
     cal = MemoryCalibration(backward_working_layers=0.0, eager_score_grad_buffers=3.0)
     s = Strategy(gpu="H200", gpu_count=1, precision="bf16", optimizer="adamw", activation_checkpointing=True,

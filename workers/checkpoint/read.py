@@ -2,8 +2,8 @@
 
 A plain parallel read into fresh pageable memory, then ``load_state_dict`` copying that to the GPU,
 costs the read plus a pageable host-to-device copy (a few GB/s) plus first-touch page faults: 2.4x a
-plain read on the H200 (docs/PERFORMANCE.md). Here every file is read by its own thread in CHUNK
-pieces into a small pinned staging pair that thread owns (allocated once per load: threads x 2 x
+plain read on the H200 (docs/lab-notes/2026-12-01-checkpoints-of-a-training-state.md). Here every file is read by its
+own thread in CHUNK pieces into a small pinned staging pair that thread owns (allocated once per load: threads x 2 x
 CHUNK), hashed, and copied from there to the destination tensors on a CUDA stream of that thread, so
 reading, hashing and the copy to the device overlap and nothing big is allocated on the host.
 

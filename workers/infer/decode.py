@@ -5,8 +5,8 @@ Why not ``generate()``: it issues every kernel eagerly and syncs the host on eve
 criteria), so at the batch sizes people serve with, decode is bound by how fast the host's Python runs,
 not by the GPU. On one H200, llama-3.2-1b at batch 32 (prompt 512, 128 new tokens) ran at 1,576 tok/s
 on one day's host and 2,842 on another's (bench/results/decode_modes_2026-12-01.json,
-docs/PERFORMANCE.md): no plan can predict the host. Here the host work per token is a graph replay,
-so the step time is the GPU's: the weights and the KV cache read at memory bandwidth.
+docs/lab-notes/2026-12-01-compiled-decoder.md): no plan can predict the host. Here the host work per token is a graph
+replay, so the step time is the GPU's: the weights and the KV cache read at memory bandwidth.
 
 Sliding-window layers (Gemma 3, Mistral): transformers' static cache gives them a window-sized ring buffer
 whose update and mask sizes branch on a Python int that grows every token, so torch.compile guarded on it and

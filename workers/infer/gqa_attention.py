@@ -4,7 +4,7 @@ become that head's query rows, (b, heads, 1, d) -> (b, kv_heads, heads / kv_head
 Why: transformers' SDPA path repeats every KV head for its query heads (``repeat_kv``) whenever a mask is passed,
 and the static-cache decoder (workers/infer/decode.py) always passes one (left padding, the unwritten tail). On an H200
 that copy and the attention reading it were 29% of Qwen3-30B-A3B's compiled decode step; packing the heads made the
-step 1.33x faster there and 1.52x for llama-3.2-1b at batch 32 (bench/gqa_pack_probe.py,
+step 1.33x faster there and 1.52x for llama-3.2-1b at batch 32 (bench/probes/gqa_pack_probe.py,
 bench/results/workers/gqa_pack_probe_2026-12-03.json). The scores are the same dot products: the output equals the
 repeat path's (tests/workers/infer/test_gqa_attention.py). transformers 5.25 packs too (``pack_gqa``), but not under
 torch.compile, i.e. not in this decoder.

@@ -5,7 +5,8 @@ Why: transformers caches MLA's compressed latents (the normalized ``kv_lora_rank
 of every position) and, every step, expands the whole cache back to per-head keys and values (``expand_kv``:
 ``kv_b_proj`` over every cached position, then a copy into a new key tensor) before SDPA reads them. On an H200 that
 expansion was a ~3.2 ms GEMM of DeepSeek-V2-Lite's 19.7 ms step at 32 rows x 576 positions, and reading the
-expanded keys and values another ~3 ms (bench/decode_step_profile.py, docs/MEASUREMENTS.md "Where a compiled decode
+expanded keys and values another ~3 ms (bench/workers/decode_step_profile.py,
+docs/lab-notes/2026-12-04-decode-step-profile.md "Where a compiled decode
 step's time goes"). For one query position the expansion can be folded away (the "absorbed" form DeepSeek's own
 inference uses): with ``W_k``, ``W_v`` a head's slices of ``kv_b_proj``, the head's score of position ``j`` is
 ``q_nope . (W_k c_j) + q_rope . r_j = (W_k^T q_nope) . c_j + q_rope . r_j`` and its output

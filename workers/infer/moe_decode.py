@@ -4,8 +4,8 @@ On a GPU, generate() switches every fused-experts MoE (gpt-oss, Qwen3-MoE, Mixtr
 ``grouped_mm`` to ``batched_mm`` for its decode steps (``GenerationMixin._optimize_model_for_decode``).
 batched_mm copies every (token, expert) pair's weights before its bmm, so a step's traffic grows with batch x
 top-k; grouped_mm reads each routed expert once. From a few visits per expert on, grouped_mm is the faster
-(gpt-oss-20b on an H200, batch 32: 37-62 ms a step against 107; docs/MEASUREMENTS.md). The switch happens only
-for an implementation named "grouped_mm", so the same forward registered under another name
+(gpt-oss-20b on an H200, batch 32: 37-62 ms a step against 107; docs/lab-notes/2026-12-03-moe-keeps-grouped-mm.md). The
+switch happens only for an implementation named "grouped_mm", so the same forward registered under another name
 (transformers' public ``ExpertsInterface.register``) is kept for every step. Which one a plan runs is
 ``planner.decoder.moe_decode_kernel``'s rule, shared with the planner's time and memory.
 """

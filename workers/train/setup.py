@@ -1,7 +1,7 @@
 """What a training run is built from: the device, the checks it needs, the model with its precision,
 sharding, LoRA and activation checkpointing applied, the optimizer and the learning-rate schedule.
 
-workers.train.loop runs the loop over these; bench/worker_overhead.py builds the same parts to time a load.
+workers.train.loop runs the loop over these; bench/workers/worker_overhead.py builds the same parts to time a load.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
     ``checkpoint_follows``: the caller is about to load a checkpoint. A sharded full fine-tune built once on the
     host then skips drawing (or reading) its weights, which the checkpoint replaces anyway: on one CPU thread
     of rank 0 that build takes ~23 s per billion fp32 parameters (llama-3.2-1b: 28 s on the H200 host), so
-    ~27 minutes of every spot restart of a 70B job (bench/build_once_probe.py).
+    ~27 minutes of every spot restart of a 70B job (bench/probes/build_once_probe.py).
 
     The build leaves torch's global generator as it found it (workers.model.isolation.seeded_build), then seeds it with
     ``seed``: the run's own draws (dropout, where a config has any) start there on every rank, not wherever this

@@ -30,7 +30,7 @@ class PlanRequest(BaseModel):
 
 
 # The hot endpoints are ``async`` and run their service call inline: a few short statements, with
-# no thread hop and no GIL convoy per request (bench/load.py, SQLite: ~130 -> ~170 req/s; PostgreSQL,
+# no thread hop and no GIL convoy per request (bench/service/load.py, SQLite: ~130 -> ~170 req/s; PostgreSQL,
 # where the threadpool let its round trips overlap, still gained: 175 -> 219 req/s, p99 149 -> 79 ms,
 # since on 2 cores the hop cost more than the sub-millisecond waits on a local server). Writers hold
 # a team row lock (PostgreSQL) or SQLite's write lock only for a few statements, so the event loop

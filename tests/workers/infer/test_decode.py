@@ -1,7 +1,7 @@
 """The graph decoder's tokens equal transformers' greedy ``generate()`` for the same left-padded batch,
 on the families whose KV cache differs (full attention, sliding-window layers, GPT-2's learned positions),
 and it stops early only when every row has produced an EOS. Run eagerly on CPU; the CUDA graph is the
-same step captured (bench/decode_modes_probe.py checks it on the GPU). Sliding-window models also run
+same step captured (bench/probes/decode_modes_probe.py checks it on the GPU). Sliding-window models also run
 the step through torch.compile on CPU, to show it compiles once rather than once per token."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
                         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97,
                         "max_position_embeddings": 128, "sliding_window": 6},
 }
-# Gemma 3 as the probe (bench/decode_sliding_probe.py): an 8-token window, one sliding and one full layer
+# Gemma 3 as the probe (bench/probes/decode_sliding_probe.py): an 8-token window, one sliding and one full layer
 GEMMA3_WINDOW_8: dict[str, Any] = {
     "model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 256,

@@ -4,7 +4,8 @@ The spend index replaces (team_id, recorded_at): the same filter first, then eve
 report, the dashboard's Spend page and a team's figures sum or group by, so they read the index
 alone (PostgreSQL: an index-only scan once the table is vacuumed; SQLite: a covering index)
 instead of one table row per spend row. The job index gives spend by GPU type its join without
-reading the jobs' wide rows (spec and plan JSON). bench/ui_pages.py, docs/PERFORMANCE.md "Dashboard".
+reading the jobs' wide rows (spec and plan JSON). bench/service/ui_pages.py,
+docs/lab-notes/2026-12-01-dashboard-pages.md.
 
 Revision ID: 0007
 Revises: 0006

@@ -3,8 +3,8 @@
 The spend reports, the dashboard's Spend page (per day or week, by GPU type and market, the
 budget burn-down) and a team's figures read whole days from this summary instead of summing every
 spend row; the ledger adds each new Spend row to it in the same transaction (scheduler/store/ledger.py).
-The GPU type is the job's (the column the Spend page's chart joined the job for). bench/ui_pages.py,
-docs/PERFORMANCE.md "Dashboard".
+The GPU type is the job's (the column the Spend page's chart joined the job for). bench/service/ui_pages.py,
+docs/lab-notes/2026-12-01-dashboard-pages.md.
 
 Revision ID: 0008
 Revises: 0007
