@@ -7,11 +7,8 @@ Apple part that lists it); fp16 needs Volta or newer; anything else trains in fp
 from __future__ import annotations
 
 from catalog.schema import DegreeSupport, GpuSpec, KnobSupport, PlatformKnob, StackSupport
+from planner.strategies import finetune_kind, precision_kind
 
-# what each precision needs from the part
-PRECISION_NEEDS: dict[str, str] = {
-    "fp32": "fp32", "amp-bf16": "bf16", "bf16": "bf16", "bf16-plain": "bf16", "amp-fp16": "fp16", "fp8": "fp8",
-}
 WEIGHTS_NEEDS: dict[str, str] = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8", "int4": "int8",
                                  "mxfp4": "bf16"}  # mxfp4: bf16 activations over 4-bit experts
 
@@ -22,7 +19,7 @@ def has(gpu: GpuSpec, dtype: str) -> bool:
 
 def precision_problem(gpu: GpuSpec, precision: str) -> str | None:
     """Why ``gpu`` cannot train in ``precision`` (None when it can)."""
-    need = PRECISION_NEEDS[precision]
+    need = precision_kind(precision).compute_dtype
     if has(gpu, need):
         return None
     return f"{gpu.id} ({gpu.architecture}) has no {need} support, so precision {precision} cannot run on it"
@@ -36,7 +33,7 @@ def auto_precisions(gpu: GpuSpec, finetune: str = "full") -> list[str]:
     master weights would only waste memory.
     """
     if has(gpu, "bf16"):
-        return ["bf16"] if finetune != "full" else ["amp-bf16", "bf16"]
+        return ["bf16"] if finetune_kind(finetune).adapters else ["amp-bf16", "bf16"]
     if has(gpu, "fp16"):
         return ["amp-fp16"]
     return ["fp32"]

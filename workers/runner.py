@@ -158,7 +158,7 @@ def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: 
                    probe: Any = None) -> dict[str, float]:
     """The planner's peak memory, tokens/s and hours for ``strategy`` on this machine's CPU."""
     from planner.memory_train import train_memory
-    from planner.throughput import train_throughput
+    from planner.throughput_train import train_throughput
 
     assert spec.train is not None
     cpu = _this_cpu(home, probe)

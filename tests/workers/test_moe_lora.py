@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from catalog.hf_config import model_from_hf_config
-from planner.memory import merged_expert_bytes
+from planner.activations import merged_expert_bytes
 from tests.workers.ranks import gloo, run_ranks
 from tests.workers.tiny import cpu_strategy, tiny_spec, write_config
 
