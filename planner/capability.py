@@ -6,8 +6,10 @@ Apple part that lists it); fp16 needs Volta or newer; anything else trains in fp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from catalog.schema import DegreeSupport, GpuSpec, KnobSupport, PlatformKnob, StackSupport
-from planner.strategies import finetune_kind, precision_kind
+from planner.strategies import FINETUNES, PRECISIONS, SHARDINGS, finetune_kind, precision_kind
 
 WEIGHTS_NEEDS: dict[str, str] = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8", "int4": "int8",
                                  "mxfp4": "bf16"}  # mxfp4: bf16 activations over 4-bit experts
@@ -109,3 +111,22 @@ def degree_problem(support: StackSupport, task: str, knob: str, value: int) -> s
     """Why the workers do not run a parallel degree or GPU count of ``value`` (None when they do)."""
     degree: DegreeSupport = getattr(support.workers.train if task == "train" else support.workers.infer, knob)
     return degree.problem(knob, value)
+
+
+def registry_problems(support: StackSupport) -> list[str]:
+    """Kind names the support record gives (run, not run, per platform) that planner.strategies does not define:
+    a misspelt kind would otherwise be offered nowhere and refused with no reason."""
+    registries: dict[str, Mapping[str, object]] = {"sharding": SHARDINGS, "precision": PRECISIONS,
+                                                    "finetune": FINETUNES}
+    named: list[tuple[str, str]] = []
+    for knob in registries:
+        listed: KnobSupport = getattr(support.workers.train, knob)
+        named += [(knob, name) for name in (*listed.run, *listed.not_run)]
+    for platform in support.platforms:
+        named += [(knob, name) for knob in ("precision", "finetune") for name in getattr(platform, knob)]
+        for key in platform.not_run:
+            knob, _, name = key.partition(" ")
+            if knob in registries:
+                named.append((knob, name))
+    return [f"{knob} {name!r} is no {knob} kind of planner.strategies (it defines {', '.join(registries[knob])})"
+            for knob, name in dict.fromkeys(named) if name not in registries[knob]]
