@@ -82,7 +82,7 @@ def _plans(cat: Catalog, specs: list[dict[str, Any]]) -> list[Plan | NoFeasibleP
     for raw in specs:
         for objective in ("cheapest", "fastest"):
             try:
-                out.append(plan(spec_from_dict(raw), cat, objective=objective, calibration=CAL))  # type: ignore[arg-type]
+                out.append(plan(spec_from_dict(raw), cat, objective=objective, calibration=CAL))
             except NoFeasiblePlan as exc:
                 out.append(exc)
     return out
@@ -181,7 +181,7 @@ def test_qlora_is_not_planned_on_rocm_and_the_plan_says_why(cat: Catalog, source
     else:
         spec = load_spec(EXAMPLES / source)
     for objective in ("cheapest", "fastest"):
-        p = plan(spec, cat, objective=objective, calibration=CAL)  # type: ignore[arg-type]
+        p = plan(spec, cat, objective=objective, calibration=CAL)
         assert {cat.gpu(c.estimate.strategy.gpu).vendor for c in p.candidates} == {"nvidia"}
     amd = [r for r in p.rejections if "MI300X" in r.option]
     assert amd and all(r.constraint == "support" and "bitsandbytes" in r.reason for r in amd)
