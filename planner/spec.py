@@ -97,7 +97,7 @@ class TrainSpec(_Section):
                 problems.append(f"{name} must be between 1 and 512 (or 'auto'), got {value}")
         if (finetune_kind(self.finetune).quantized_base and self.precision != AUTO
                 and not precision_kind(self.precision).sixteen_bit_compute):
-            problems.append(f"qlora trains bf16/fp16 adapters on int4 weights; precision {self.precision}"
+            problems.append(f"{self.finetune} trains bf16/fp16 adapters on int4 weights; precision {self.precision}"
                             " is not possible with it (use auto, bf16 or amp-bf16)")
         gb, mb = self.global_batch, self.micro_batch
         if gb is not None and mb is not None and gb % mb:
