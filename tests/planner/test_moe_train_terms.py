@@ -51,7 +51,7 @@ def planned_layer_s(case: dict[str, Any], seq: int) -> float:
               activation_checkpointing=case["ckpt"])
     low, high = (run["layers"] for run in case["runs"])
     step = {n: train_step_parts(cut(case["model"], n), s, seq, H200, CAL)[1] for n in (low, high)}
-    return (step[high] - step[low]) / (high - low)
+    return float((step[high] - step[low]) / (high - low))
 
 
 RECORDED = json.loads(RECORD.read_text())

@@ -30,7 +30,7 @@ def _lora_model() -> torch.nn.Module:
     from workers.model import apply_lora
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**DEEPSEEK), dtype=torch.float32)  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**DEEPSEEK), dtype=torch.float32)  # type: ignore[no-untyped-call, arg-type]
     return apply_lora(model, rank=4)
 
 
