@@ -146,10 +146,18 @@ def _numerics(strategy: Any) -> str | None:
 
 
 def _warn_plain_bf16(job: Any) -> None:
-    if job.train is not None and job.train.precision == "bf16-plain" and job.train.finetune == "full":
-        warn("precision bf16-plain rounds every update to the nearest bf16: at fine-tuning learning rates most "
-             "round to nothing and the weights barely move (docs/NUMERICS.md); precision bf16 takes the same memory "
-             "and rounds stochastically")
+    """A pinned precision that rounds a full fine-tune's updates to nearest where one of the same memory rounds
+    them stochastically (planner.strategies.stochastic_twin)."""
+    from planner.strategies import AUTO, finetune_kind, stochastic_twin
+
+    train = job.train
+    if train is None or train.precision == AUTO or finetune_kind(train.finetune).adapters:
+        return
+    twin = stochastic_twin(train.precision)
+    if twin is not None:
+        warn(f"precision {train.precision} rounds every update to the nearest bf16: at fine-tuning learning rates "
+             "most round to nothing and the weights barely move (docs/NUMERICS.md); precision "
+             f"{twin} takes the same memory and rounds stochastically")
 
 
 def _chosen_line(chosen: Any) -> str:

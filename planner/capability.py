@@ -6,12 +6,11 @@ Apple part that lists it); fp16 needs Volta or newer; anything else trains in fp
 
 from __future__ import annotations
 
-from catalog.schema import DegreeSupport, GpuSpec, KnobSupport, PlatformKnob, StackSupport
+from collections.abc import Mapping
 
-# what each precision needs from the part
-PRECISION_NEEDS: dict[str, str] = {
-    "fp32": "fp32", "amp-bf16": "bf16", "bf16": "bf16", "bf16-plain": "bf16", "amp-fp16": "fp16", "fp8": "fp8",
-}
+from catalog.schema import DegreeSupport, GpuSpec, KnobSupport, PlatformKnob, StackSupport
+from planner.strategies import FINETUNES, PRECISIONS, SHARDINGS, finetune_kind, precision_kind
+
 WEIGHTS_NEEDS: dict[str, str] = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8", "int4": "int8",
                                  "mxfp4": "bf16"}  # mxfp4: bf16 activations over 4-bit experts
 
@@ -22,7 +21,7 @@ def has(gpu: GpuSpec, dtype: str) -> bool:
 
 def precision_problem(gpu: GpuSpec, precision: str) -> str | None:
     """Why ``gpu`` cannot train in ``precision`` (None when it can)."""
-    need = PRECISION_NEEDS[precision]
+    need = precision_kind(precision).compute_dtype
     if has(gpu, need):
         return None
     return f"{gpu.id} ({gpu.architecture}) has no {need} support, so precision {precision} cannot run on it"
@@ -36,7 +35,7 @@ def auto_precisions(gpu: GpuSpec, finetune: str = "full") -> list[str]:
     master weights would only waste memory.
     """
     if has(gpu, "bf16"):
-        return ["bf16"] if finetune != "full" else ["amp-bf16", "bf16"]
+        return ["bf16"] if finetune_kind(finetune).adapters else ["amp-bf16", "bf16"]
     if has(gpu, "fp16"):
         return ["amp-fp16"]
     return ["fp32"]
@@ -112,3 +111,22 @@ def degree_problem(support: StackSupport, task: str, knob: str, value: int) -> s
     """Why the workers do not run a parallel degree or GPU count of ``value`` (None when they do)."""
     degree: DegreeSupport = getattr(support.workers.train if task == "train" else support.workers.infer, knob)
     return degree.problem(knob, value)
+
+
+def registry_problems(support: StackSupport) -> list[str]:
+    """Kind names the support record gives (run, not run, per platform) that planner.strategies does not define:
+    a misspelt kind would otherwise be offered nowhere and refused with no reason."""
+    registries: dict[str, Mapping[str, object]] = {"sharding": SHARDINGS, "precision": PRECISIONS,
+                                                    "finetune": FINETUNES}
+    named: list[tuple[str, str]] = []
+    for knob in registries:
+        listed: KnobSupport = getattr(support.workers.train, knob)
+        named += [(knob, name) for name in (*listed.run, *listed.not_run)]
+    for platform in support.platforms:
+        named += [(knob, name) for knob in ("precision", "finetune") for name in getattr(platform, knob)]
+        for key in platform.not_run:
+            knob, _, name = key.partition(" ")
+            if knob in registries:
+                named.append((knob, name))
+    return [f"{knob} {name!r} is no {knob} kind of planner.strategies (it defines {', '.join(registries[knob])})"
+            for knob, name in dict.fromkeys(named) if name not in registries[knob]]

@@ -21,7 +21,8 @@ from __future__ import annotations
 from catalog.params import ParamCount
 from catalog.schema import GpuSpec
 from planner.calibration import GIB
-from planner.memory import PRECISION_BYTES, usable_bytes
+from planner.memory import usable_bytes
+from planner.strategies import PRECISIONS, finetune_kind, precision_kind, sharding_kind
 from planner.types import Strategy
 
 # The whole model is built on the GPU when it takes at most this share of what torch can allocate there (the
@@ -41,7 +42,7 @@ ADAPTER_STATE_PER_PARAM = 0.02
 
 def build_bytes(total_params: int, precision: str) -> float:
     """The whole model in the dtype the workers build it in (fp32 master weights under fp32/amp, else 16-bit)."""
-    return total_params * PRECISION_BYTES.get(precision, PRECISION_BYTES["bf16"]).param
+    return total_params * PRECISIONS.get(precision, PRECISIONS["bf16"]).bytes.param
 
 
 def builds_on_host(model_bytes: float, gpu_bytes: float) -> bool:
@@ -50,7 +51,7 @@ def builds_on_host(model_bytes: float, gpu_bytes: float) -> bool:
 
 def shards_state(strategy: Strategy) -> bool:
     """Whether FSDP2 shards the run's weights and optimizer state over its ranks (each node holds its share)."""
-    return strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.gpu_count > 1
+    return sharding_kind(strategy.sharding).shards_parameters and strategy.gpu_count > 1
 
 
 def builds_once(strategy: Strategy) -> bool:
@@ -58,13 +59,14 @@ def builds_once(strategy: Strategy) -> bool:
     plan's host memory and for workers.train.setup. Before 2026-12-04 every rank built its own copy: a Llama-3-70B
     full fine-tune in amp-bf16 (fp32 master weights, 280 GB) asked 8 x 280 GB of an 8-GPU node and was refused on
     every offer."""
-    return shards_state(strategy) and strategy.finetune != "qlora" and strategy.precision != "fp8"
+    return (shards_state(strategy) and not finetune_kind(strategy.finetune).quantized_base
+            and not precision_kind(strategy.precision).float8_matmuls)
 
 
 def checkpoint_state_bytes(pc: ParamCount, strategy: Strategy) -> float:
     """What a checkpoint holds over all ranks: parameters + AdamW's two states (full), or the adapters'."""
-    pb = PRECISION_BYTES.get(strategy.precision, PRECISION_BYTES["bf16"])
-    if strategy.finetune == "full":
+    pb = PRECISIONS.get(strategy.precision, PRECISIONS["bf16"]).bytes
+    if not finetune_kind(strategy.finetune).adapters:
         return pc.total * (pb.param + 2 * pb.state)
     return pc.total * ADAPTER_STATE_PER_PARAM
 

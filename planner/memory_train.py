@@ -14,26 +14,27 @@ from dataclasses import dataclass, field
 
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
+from planner.activations import (
+    eager_attention_backward_bytes_per_token,
+    layer_activation_bytes_per_token,
+    merged_expert_bytes,
+)
 from planner.calibration import MemoryCalibration
 from planner.knobs import Knobs, KnobsLike
 from planner.memory import (
     BLOCK,
-    PRECISION_BYTES,
     Moment,
-    eager_attention_backward_bytes_per_token,
     finish_estimate,
     hidden_dims,
-    layer_activation_bytes_per_token,
     limit_bytes,
     linear_params_per_layer,
-    merged_expert_bytes,
     sparse_layer_count,
     torchao_linear_params,
 )
+from planner.strategies import ShardingKind, finetune_kind, precision_kind, sharding_kind
 from planner.types import MemoryEstimate
 
 QLORA_NF4_BYTES = 0.5 + 0.5 / 64 * 1.03  # nf4 + double-quantised absmax (8-bit per 64, fp32 per 256 blocks)
-LOW_PRECISION = ("amp-bf16", "amp-fp16", "bf16", "bf16-plain", "fp8")
 
 
 def lora_params_per_layer(model: ModelConfig, rank: int) -> int:
@@ -89,14 +90,14 @@ def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: Me
     pc = pc or count_params(model)
     layers_here = math.ceil(model.num_layers / strategy.pipeline_parallel)
     held = _parameter_bytes(model, strategy, pc, layers_here)
-    fsdp_like = strategy.sharding in ("fsdp", "fsdp-grad-op") and strategy.data_parallel > 1
-    act_precision = _shard_data_parallel(held, model, strategy, pc, layers_here)
+    sharding = sharding_kind(strategy.sharding)
+    act_precision = _shard_data_parallel(held, model, strategy, sharding, pc, layers_here)
     tokens = strategy.micro_batch * seq_len
     saved, backward_end_acts = _activation_bytes(model, strategy, act_precision, tokens, layers_here, seq_len, cal,
                                                  memo)
     merged_start, merged_end = _merged_expert_weights(model, strategy, layers_here)
     # logits: lm_head output (compute dtype) -> .float() copy -> log_softmax (saved) -> grads
-    lb = PRECISION_BYTES[act_precision].compute
+    lb = precision_kind(act_precision).bytes.compute
     bsv = tokens * model.vocab_size / strategy.tensor_parallel * cal.logits_scale
     logits_peak = max(bsv * (lb + (4 if lb != 4 else 0) + 4), bsv * 12)
     accum_grads = held.grads if strategy.grad_accum > 1 else 0.0
@@ -116,7 +117,7 @@ def train_moments(model: ModelConfig, strategy: KnobsLike, seq_len: int, cal: Me
                                   "optimizer_states": held.states, "optimizer_temporaries": held.temp,
                                   **{k: val for k, val in held.extra.items() if k == "ddp_buckets"}}),
     ]
-    return moments, _allocator_mode(strategy, fsdp_like)
+    return moments, _allocator_mode(strategy, sharding)
 
 
 @dataclass
@@ -135,15 +136,15 @@ class _Held:
 
 def _parameter_bytes(model: ModelConfig, strategy: KnobsLike, pc: ParamCount, layers_here: int) -> _Held:
     """Weights, gradients and optimizer states of this rank's parameters, before data-parallel sharding."""
-    pb = PRECISION_BYTES[strategy.precision]
+    pb = precision_kind(strategy.precision).bytes
     tp, pp, h = strategy.tensor_parallel, strategy.pipeline_parallel, model.hidden_size
     emb = pc.embedding if pp == 1 else max(pc.embedding, pc.lm_head or pc.embedding)
     head = pc.lm_head if pp == 1 else 0
     local_params = (layers_here * pc.per_layer + emb + head + h) / tp
     linear_params = (layers_here * linear_params_per_layer(model, pc) + (pc.lm_head or pc.embedding)) / tp
     autocast_copies = linear_params * 2 if pb.autocast else 0.0
-    ft = strategy.finetune
-    if ft not in ("lora", "qlora"):
+    ft = finetune_kind(strategy.finetune)
+    if not ft.adapters:
         states, temp = _optimizer_bytes(strategy.optimizer, local_params, pb.state,
                                         max(pc.embedding, pc.lm_head) / tp)
         return _Held(weights=local_params * pb.param, grads=local_params * pb.grad, states=states, temp=temp,
@@ -151,7 +152,7 @@ def _parameter_bytes(model: ModelConfig, strategy: KnobsLike, pc: ParamCount, la
                      autocast=pb.autocast)
     trainable = lora_params_per_layer(model, strategy.lora_rank) * layers_here / tp
     t_bytes = 4  # peft upcasts bf16 adapters to fp32 (autocast_adapter_dtype=True)
-    if ft == "qlora":
+    if ft.quantized_base:
         frozen_linear = layers_here * _nf4_linear_per_layer(model, pc) / tp
         weights = frozen_linear * QLORA_NF4_BYTES + (local_params - frozen_linear) * 2
     else:
@@ -162,31 +163,34 @@ def _parameter_bytes(model: ModelConfig, strategy: KnobsLike, pc: ParamCount, la
                  autocast_copies=autocast_copies, lm_grad=0.0, autocast=pb.autocast)
 
 
-def _shard_data_parallel(held: _Held, model: ModelConfig, strategy: KnobsLike, pc: ParamCount,
-                         layers_here: int) -> str:
-    """Apply data-parallel sharding (ZeRO stages / FSDP2) to ``held``; the precision activations run at."""
-    dp, sharding = strategy.data_parallel, strategy.sharding
-    if sharding == "ddp" and dp > 1:
-        held.extra["ddp_buckets"] = held.grads  # gradient_as_bucket_view=False: a flat copy of every grad
-    if sharding == "zero1" and dp > 1:
-        held.states, held.temp = held.states / dp, held.temp / dp
-        held.extra["ddp_buckets"] = held.grads
-    if sharding not in ("fsdp", "fsdp-grad-op") or dp <= 1:
+def _shard_data_parallel(held: _Held, model: ModelConfig, strategy: KnobsLike, sharding: ShardingKind,
+                         pc: ParamCount, layers_here: int) -> str:
+    """Apply data-parallel sharding (DDP's buckets, ZeRO's optimizer states, FSDP2) to ``held``; the precision
+    activations run at."""
+    dp = strategy.data_parallel
+    if dp <= 1:
         return strategy.precision
-    tp, precision = strategy.tensor_parallel, strategy.precision
-    unsharded_b = 2 if precision in LOW_PRECISION else PRECISION_BYTES[precision].param
-    reduce_b = 4 if precision in ("amp-bf16", "amp-fp16", "fp32") else PRECISION_BYTES[precision].grad
-    held.weights, held.grads, held.states, held.temp = (held.weights / dp, held.grads / dp, held.states / dp,
-                                                        held.temp / dp)
-    held.lm_grad = held.lm_grad / dp
+    if sharding.gradient_buckets:
+        held.extra["ddp_buckets"] = held.grads  # gradient_as_bucket_view=False: a flat copy of every grad
+    if sharding.shards_optimizer_state:
+        held.states, held.temp = held.states / dp, held.temp / dp
+    if sharding.shards_gradients:
+        held.grads, held.lm_grad = held.grads / dp, held.lm_grad / dp
+    if not sharding.shards_parameters:
+        return strategy.precision
+    kind = precision_kind(strategy.precision)
+    tp = strategy.tensor_parallel
+    unsharded_b = kind.bytes.compute  # FSDP2 gathers the weights in the dtype the matmuls run in
+    reduce_b = kind.bytes.grad  # and reduces the gradients in theirs (fp32 under mixed precision)
+    held.weights = held.weights / dp
     held.autocast_copies = 0.0  # FSDP2's MixedPrecisionPolicy casts instead of autocast
     unit = pc.per_layer / tp * unsharded_b
     held.extra["fsdp_root_unsharded"] = (pc.embedding + pc.lm_head + model.hidden_size) / tp * unsharded_b
-    # fsdp-grad-op keeps every unit unsharded from forward to backward
-    held.extra["fsdp_gathered_units"] = 2 * unit if sharding == "fsdp" else layers_here * unit
-    held.extra["fsdp_grad_buffers"] = pc.per_layer / tp * (unsharded_b + reduce_b) if strategy.finetune == "full" \
-        else 0.0
-    return "bf16" if precision in ("amp-bf16", "amp-fp16") else precision
+    # a kind that keeps the weights gathered from forward to backward (fsdp-grad-op) holds every unit at once
+    held.extra["fsdp_gathered_units"] = 2 * unit if sharding.reshards_after_forward else layers_here * unit
+    held.extra["fsdp_grad_buffers"] = 0.0 if finetune_kind(strategy.finetune).adapters \
+        else pc.per_layer / tp * (unsharded_b + reduce_b)
+    return kind.sharded_activations
 
 
 def _activation_bytes(model: ModelConfig, strategy: KnobsLike, act_precision: str, tokens: int, layers_here: int,
@@ -203,7 +207,7 @@ def _activation_bytes(model: ModelConfig, strategy: KnobsLike, act_precision: st
         if memo is not None:
             memo[key] = per_tok_layer
     per_tok_layer *= cal.activation_scale
-    act_bp = PRECISION_BYTES[act_precision]
+    act_bp = precision_kind(act_precision).bytes
     final_norm = (4 * h if act_bp.residual == 2 else 0) + 2 * act_bp.residual * h
     embed_out = act_bp.residual * h if model.family == "gpt2" else 0.0
     # one layer's backward: its activations (recomputed when checkpointing) and working copies, or, for an
@@ -243,10 +247,12 @@ def _autocast_copies(held: _Held, model: ModelConfig, strategy: KnobsLike, pc: P
     return head_copy + (held.autocast_copies - head_copy), layer_copy
 
 
-def _allocator_mode(strategy: KnobsLike, fsdp_like: bool) -> str:
+def _allocator_mode(strategy: KnobsLike, sharding: ShardingKind) -> str:
     """Which of the calibration's reserved-overhead rows this run's allocator behaves like."""
-    mode = strategy.sharding if fsdp_like else ("ddp" if strategy.data_parallel > 1 else "single")
-    if strategy.activation_checkpointing and mode == "single":
+    if strategy.data_parallel > 1:
+        return sharding.allocator_row
+    mode = "single"
+    if strategy.activation_checkpointing:
         mode = "single-ckpt"  # recomputation churns the allocator's blocks: more cached, unused memory
     return mode
 

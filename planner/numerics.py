@@ -8,21 +8,7 @@ fine-tuning updates round to nothing (docs/NUMERICS.md measures both against amp
 
 from __future__ import annotations
 
-# precisions whose trained weights are bf16 (no fp32 master copy)
-BF16_WEIGHTS = ("bf16", "bf16-plain", "fp8")
-
-# the precision whose dtypes, kernels and bytes a precision shares (its memory, peak and calibration key)
-_STORAGE = {"bf16-plain": "bf16"}
-
-# one phrase per precision for the plan's table and --json: what the weights' updates go through
-NUMERICS = {
-    "fp32": "fp32",
-    "amp-bf16": "fp32 master",
-    "amp-fp16": "fp32 master",
-    "bf16": "bf16 + stochastic rounding",
-    "bf16-plain": "pure bf16 (drops small updates)",
-    "fp8": "pure bf16 master, fp8 matmuls",
-}
+from planner.strategies import finetune_kind, precision_kind
 
 # The stochastic-rounding step's extra traffic: 16 random bits a parameter, written by the generator and read
 # by the fused update (no persistent state: the bits' seed is a function of the step).
@@ -31,16 +17,17 @@ SR_BYTES_PER_PARAM = 4.0
 
 def storage_precision(precision: str) -> str:
     """The precision ``precision`` prices its memory and compute as (``bf16-plain`` is ``bf16``)."""
-    return _STORAGE.get(precision, precision)
+    return precision_kind(precision).storage
 
 
 def numerics(precision: str, finetune: str = "full") -> str:
     """What ``precision``'s updates go through; LoRA trains its adapters in fp32 whatever the base is."""
-    if finetune != "full":
+    if finetune_kind(finetune).adapters:
         return "fp32 adapters"
-    return NUMERICS.get(precision, precision)
+    return precision_kind(precision).numerics
 
 
 def stochastic_rounding(precision: str, finetune: str, optimizer: str) -> bool:
     """Whether the optimizer step rounds stochastically into bf16 weights (and pays SR_BYTES_PER_PARAM)."""
-    return precision == "bf16" and finetune == "full" and optimizer in ("adamw", "adamw-8bit")
+    return (precision_kind(precision).stochastic_rounding and not finetune_kind(finetune).adapters
+            and optimizer in ("adamw", "adamw-8bit"))

@@ -1,6 +1,7 @@
 """One placement (GPU type x count x node shape): the best strategy on it, with its memory, throughput and
-hours, or why none fits. ``estimate`` is the public entry for a pinned placement; planner.search prices
-and ranks the placements ``plan`` enumerates.
+hours, or why none fits. Here the placement's values and the training search; planner.placement_infer
+searches inference, planner.estimate dispatches and is the public entry for a pinned placement;
+planner.search prices and ranks the placements ``plan`` enumerates.
 
 Memory and throughput depend only on the placement, so each strategy is estimated once per placement
 (memory first, micro-batch by bisection)."""
@@ -11,29 +12,25 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from catalog.loader import Catalog
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig, StackSupport
-from errors import InvalidInput
 from planner.calibration import GIB, Calibration
-from planner.capability import (
-    auto_precisions,
-    auto_weights,
-    degree_problem,
-    gpu_support_problem,
-    knob_problem,
-    multi_gpu_problem,
-    precision_problem,
-    weights_problem,
-)
+from planner.capability import auto_precisions, degree_problem, knob_problem, precision_problem
 from planner.host_memory import node_state_bytes
 from planner.knobs import Knobs
-from planner.memory import Moment, finish_estimate, infer_memory
+from planner.memory import Moment, finish_estimate
 from planner.memory_train import MemoryLines, max_micro_batch, memory_lines, train_memory, train_moments
-from planner.resolve import memory_headroom, resolve_spec_model
-from planner.spec import InferSpec, JobSpec, TrainSpec
-from planner.throughput import StepParts, infer_throughput, train_step_parts, train_throughput
-from planner.types import Estimate, MemoryEstimate, Strategy, ThroughputEstimate, construct
+from planner.resolve import memory_headroom
+from planner.spec import JobSpec, TrainSpec
+from planner.strategies import (
+    AUTO,
+    NO_SHARDING,
+    data_parallel_shardings,
+    finetune_kind,
+    precision_kind,
+)
+from planner.throughput_train import StepParts, train_step_parts, train_throughput
+from planner.types import Estimate, MemoryEstimate, Strategy, construct
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 AMP_PREFERENCE = 0.9  # keep fp32 master weights unless pure bf16 is >10% faster
@@ -105,9 +102,9 @@ def _train_support_problem(t: TrainSpec, gpu: GpuSpec, support: StackSupport) ->
         problem = knob_problem(support, gpu, "train", knob, value)
         if problem:
             return problem
-    if t.precision != "auto" and (problem := knob_problem(support, gpu, "train", "precision", t.precision)):
+    if t.precision != AUTO and (problem := knob_problem(support, gpu, "train", "precision", t.precision)):
         return problem
-    if t.sharding != "auto" and (problem := knob_problem(support, gpu, "train", "sharding", t.sharding)):
+    if t.sharding != AUTO and (problem := knob_problem(support, gpu, "train", "sharding", t.sharding)):
         return problem
     for knob in ("tensor_parallel", "pipeline_parallel"):
         value = getattr(t, knob)
@@ -139,7 +136,7 @@ class _TrainBest:
     tried: int = 0
 
 
-def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
+def train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
                     memo: Memo, support: StackSupport) -> Outcome:
     assert spec.train is not None
     t = spec.train
@@ -154,7 +151,7 @@ def _train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
         assert found.smallest is not None
         s0 = _to_strategy(found.smallest[1], gpu, p)
         m0 = train_memory(model, s0, t.seq_len, gpu, mem_cal, pc, headroom)
-        return Outcome(None, _memory_reason(m0, gpu, s0), "memory", found.tried)
+        return Outcome(None, memory_reason(m0, gpu, s0), "memory", found.tried)
     best = found.best
     if found.best_amp is not None and found.best_amp[0] >= AMP_PREFERENCE * best[0]:
         best = found.best_amp
@@ -183,11 +180,6 @@ def train_start_s(pc: ParamCount, strategy: Strategy, cal: Calibration) -> float
             + state / (cal.cost.checkpoint_write_gbps * 1e9))
 
 
-def infer_start_s(thr: ThroughputEstimate, cal: Calibration) -> float:
-    """An inference job's one-time seconds: the measured fixed start (process, load) and the decoder's capture."""
-    return cal.cost.infer_start_s + thr.warmup_s
-
-
 def _train_space(t: TrainSpec, p: Placement, support: StackSupport, memo: Memo) -> _TrainSpace | Outcome:
     """The knob values to try on this placement, or the Outcome saying why none can run."""
     precisions = memo.precisions.get(p.gpu.id)
@@ -196,14 +188,19 @@ def _train_space(t: TrainSpec, p: Placement, support: StackSupport, memo: Memo) 
     if isinstance(precisions, Outcome):
         return replace(precisions)  # each placement's Outcome is its own (search.py labels it)
     if memo.shardings is None:
-        memo.shardings = [x for x in ("ddp", "fsdp-grad-op", "fsdp")
-                          if knob_problem(support, p.gpu, "train", "sharding", x) is None]
+        memo.shardings = searched_shardings(support, p.gpu)
     return _placement_space(t, p, precisions, memo.shardings)
+
+
+def searched_shardings(support: StackSupport, gpu: GpuSpec) -> list[str]:
+    """The sharding kinds ``sharding: auto`` tries over data-parallel ranks: those of the registry the workers run,
+    lightest first."""
+    return [x for x in data_parallel_shardings() if knob_problem(support, gpu, "train", "sharding", x) is None]
 
 
 def _gpu_precisions(t: TrainSpec, gpu: GpuSpec, support: StackSupport) -> list[str] | Outcome:
     """The precisions the spec lets ``gpu`` train in (whatever the count), or why it cannot train at all."""
-    if t.precision == "auto":
+    if t.precision == AUTO:
         precisions = auto_precisions(gpu, t.finetune)
     else:
         problem = precision_problem(gpu, t.precision)
@@ -217,7 +214,8 @@ def _gpu_precisions(t: TrainSpec, gpu: GpuSpec, support: StackSupport) -> list[s
     if not runnable:
         return Outcome(None, knob_problem(support, gpu, "train", "precision", precisions[0]) or "", "support")
     precisions = runnable
-    if t.finetune == "qlora" and not any(x in ("bf16", "amp-bf16", "amp-fp16") for x in precisions):
+    if (finetune_kind(t.finetune).quantized_base
+            and not any(precision_kind(x).sixteen_bit_compute for x in precisions)):
         return Outcome(None, f"qlora needs 16-bit compute; {gpu.id} has neither bf16 nor fp16", "dtype")
     return list(precisions)
 
@@ -236,8 +234,8 @@ def _placement_space(t: TrainSpec, p: Placement, precisions: list[str], auto_sha
                        "count")
     dp = p.count // (tp * pp)
     if dp == 1:
-        shardings = ["none"]
-    elif t.sharding == "auto":
+        shardings = [NO_SHARDING]
+    elif t.sharding == AUTO:
         shardings = list(auto_shardings)
     else:
         shardings = [t.sharding]
@@ -297,7 +295,7 @@ def _search_train_knobs(t: TrainSpec, model: ModelConfig, p: Placement, space: _
                 tps = parts[0]
                 if found.best is None or tps > found.best[0]:
                     found.best = (tps, knobs, parts)
-                if precision.startswith("amp") and (found.best_amp is None or tps > found.best_amp[0]):
+                if precision_kind(precision).mixed and (found.best_amp is None or tps > found.best_amp[0]):
                     found.best_amp = (tps, knobs, parts)
                 if not ckpt and mb == mbs[-1]:
                     reached_top = True
@@ -344,205 +342,11 @@ def headroom_note(m: MemoryEstimate) -> str:
     return f"{gib(m.usable_bytes)} usable less {m.headroom:.0%} headroom"
 
 
-def _memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
+def memory_reason(m: MemoryEstimate, gpu: GpuSpec, s: Strategy) -> str:
+    """Why the least memory-hungry strategy ``s`` does not fit ``gpu``."""
     if gpu.vendor == "cpu":
         return f"needs {gib(m.required_bytes)} > {gib(m.limit_bytes)} RAM ({headroom_note(m)}) (smallest: {s.label()})"
     return (f"needs {gib(m.required_bytes)} > {gib(m.limit_bytes)} ({headroom_note(m)}) on {gpu.id} "
             f"(smallest: {s.label()})")
 
 
-def _infer_estimate_of(s: Strategy, m: MemoryEstimate, thr: ThroughputEstimate, inf: InferSpec, cal: Calibration,
-                       warnings: list[str]) -> Estimate:
-    """An inference estimate whose hours are its requests at the estimated rate plus its start (``infer_start_s``),
-    one formula for the searched and the pinned estimate."""
-    assert thr.requests_per_s is not None
-    start = infer_start_s(thr, cal)
-    return construct(Estimate, strategy=s, memory=m, throughput=thr, hours=(inf.requests / thr.requests_per_s + start)
-                     / 3600, start_s=start, warnings=warnings)
-
-
-def _infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
-                    support: StackSupport, memo: Memo) -> Outcome:
-    assert spec.infer is not None
-    inf = spec.infer
-    gpu = p.gpu
-    problem = degree_problem(support, "infer", "gpus", p.count)
-    if problem:
-        return Outcome(None, problem, "support")
-    note: str | None = None
-    if model.quantization is not None:
-        stored = stored_weights_ladder(model, inf.weights, gpu, support)
-        if isinstance(stored, Outcome):
-            return stored
-        ladder, note = stored
-    elif inf.weights == "auto":
-        ladder = auto_weights(gpu)
-    else:
-        problem = weights_problem(gpu, inf.weights)
-        if problem:
-            return Outcome(None, problem, "dtype")
-        ladder = [inf.weights]
-    runnable = [w for w in ladder if knob_problem(support, gpu, "infer", "weights", w) is None]
-    if not runnable:
-        return Outcome(None, knob_problem(support, gpu, "infer", "weights", ladder[0]) or "", "support")
-    ladder = runnable
-    tps: list[int]
-    t = spec.train
-    pinned_tp = t.tensor_parallel if t is not None and isinstance(t.tensor_parallel, int) else None
-    if pinned_tp is not None and pinned_tp > 1:
-        problem = degree_problem(support, "infer", "tensor_parallel", pinned_tp)
-        if problem:
-            return Outcome(None, problem, "support")
-        tps = [pinned_tp]
-    else:
-        tps = sorted({x for x in (1, 2, 4, 8, p.count) if x <= min(p.count, p.gpus_per_node)
-                      and p.count % x == 0 and model.num_attention_heads % x == 0
-                      and degree_problem(support, "infer", "tensor_parallel", x) is None})
-    best: Estimate | None = None
-    smallest: tuple[MemoryEstimate, Strategy] | None = None
-    tried = 0
-    pc = memo.count(model)
-    headroom = memory_headroom(spec, cal)
-    warnings = [note] if note else []
-    base = Strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision="bf16", batch=inf.batch)
-    for weights in ladder:
-        for tp in tps:
-            s = base.model_copy(update={"tensor_parallel": tp, "weights": weights})
-            m = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory, pc, headroom)
-            tried += 1
-            if not m.fits:
-                if smallest is None or m.required_bytes < smallest[0].required_bytes:
-                    smallest = (m, s)
-                continue
-            thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput, pc)
-            est = _infer_estimate_of(s, m, thr, inf, cal, list(warnings))
-            if best is None or thr.tokens_per_s > best.throughput.tokens_per_s * 1.02:
-                best = est
-        if best is not None:
-            break  # the most accurate weights that fit win; lower precision only when needed
-    if best is None:
-        assert smallest is not None
-        return Outcome(None, _memory_reason(smallest[0], gpu, smallest[1]), "memory", tried)
-    return Outcome(best, tried=tried)
-
-
-def stored_weights_ladder(model: ModelConfig, weights: str, gpu: GpuSpec,
-                          support: StackSupport) -> tuple[list[str], str | None] | Outcome:
-    """The weights to plan a checkpoint stored quantized (ModelConfig.quantization) with on ``gpu``, and the
-    warning when they are not its own format: its format where the workers' transformers keeps it (auto or
-    pinned), else the 16-bit dtype transformers dequantizes it to on load (auto, or bf16/fp16 pinned). A pinned
-    format the GPU cannot keep is refused with the platform's reason."""
-    q = model.quantization
-    assert q is not None
-    method = q.method
-    native = knob_problem(support, gpu, "infer", "weights", method)
-    if weights == method:
-        return Outcome(None, f"{model.id}: {native}", "support") if native else ([method], None)
-    if weights == "auto" and native is None:
-        return [method], None
-    if weights == "auto":
-        dequantized = auto_weights(gpu)[0]
-        return [dequantized], (f"{model.id} on {gpu.id}: its {method.upper()} experts are planned dequantized to "
-                               f"{dequantized} ({native})")
-    problem = weights_problem(gpu, weights)
-    if problem:
-        return Outcome(None, problem, "dtype")
-    return [weights], (f"{model.id}: weights {weights} pinned, so transformers dequantizes its {method.upper()} "
-                       f"experts on load (Mxfp4Config(dequantize=True)) and the plan counts them at {weights}")
-
-
-def estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration, support: StackSupport,
-                        memo: Memo | None = None) -> Outcome:
-    problem = multi_gpu_problem(p.gpu, p.count)
-    if problem:
-        return Outcome(None, problem, "count")
-    problem = gpu_support_problem(support, p.gpu)
-    if problem:
-        return Outcome(None, problem, "support")
-    cal = cal.for_vendor(p.gpu.vendor)
-    memo = Memo() if memo is None else memo
-    if spec.task == "train":
-        return _train_estimate(spec, model, p, cal, memo, support)
-    return _infer_estimate(spec, model, p, cal, support, memo)
-
-
-# ----------------------------------------------------------------------------- public API
-
-
-def estimate(spec: JobSpec, catalog: Catalog, gpu: str, count: int, *, calibration: Calibration,
-             model: ModelConfig | None = None, gpus_per_node: int | None = None,
-             network_gbps: float = 100.0) -> Estimate:
-    """The estimate for a pinned placement; 'auto' fields resolved as ``plan`` does.
-
-    ``calibration``: the constants to estimate with; the caller reads them (the planner reads no files).
-    When nothing fits, the smallest configuration is returned with ``memory.fits = False`` so the
-    user sees by how much; a dtype the part lacks raises InvalidInput.
-    """
-    cal = require_calibration(calibration, "estimate")
-    if count < 1:
-        raise InvalidInput(f"count must be at least 1, got {count}", path="count")
-    mdl = resolve_spec_model(spec, catalog, model)
-    g = catalog.gpu(gpu)
-    p = Placement(g, count, gpus_per_node or min(count, 8), network_gbps)
-    out = estimate_placement(spec, mdl, p, cal, catalog.support)
-    if out.estimate is not None:
-        return _with_model_warnings(out.estimate, mdl)
-    if out.constraint == "dtype":
-        raise InvalidInput(out.reason, hint="pin a precision/weights the GPU supports or pick another GPU")
-    if out.constraint != "memory":
-        raise InvalidInput(out.reason)  # the reason says what to change (the count, the batch...)
-    return _with_model_warnings(_smallest_unfitting(spec, mdl, p, cal, catalog.support), mdl)
-
-
-def require_calibration(calibration: object, caller: str) -> Calibration:
-    """``calibration``, when it is one: a caller that forgot it is told where to read one."""
-    if isinstance(calibration, Calibration):
-        return calibration
-    raise InvalidInput(
-        f"{caller}() needs the planner's calibration, got {calibration!r}", path="calibration",
-        hint="read it at the edge and pass it in: calibration=planner.calibration.load_calibration() "
-        "(with overlay=user_calibration_path(home) for a `gpuplan calibrate` refit)")
-
-
-def _with_model_warnings(est: Estimate, model: ModelConfig) -> Estimate:
-    """A model read from a config gpuplan does not model exactly carries its guesses into the answer."""
-    return est.model_copy(update={"warnings": [*est.warnings, *model.assumptions]}) if model.assumptions else est
-
-
-def _smallest_unfitting(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
-                        support: StackSupport) -> Estimate:
-    """The estimate of the least memory-hungry strategy (it does not fit)."""
-    gpu = p.gpu
-    cal = cal.for_vendor(gpu.vendor)
-    if spec.task == "train":
-        assert spec.train is not None
-        t = spec.train
-        precision = t.precision if t.precision != "auto" else auto_precisions(gpu, t.finetune)[-1]
-        tp = t.tensor_parallel if isinstance(t.tensor_parallel, int) else 1
-        pp = t.pipeline_parallel if isinstance(t.pipeline_parallel, int) else 1
-        dp = max(1, p.count // (tp * pp))
-        sharding = "none" if dp == 1 else ("fsdp" if t.sharding == "auto" else t.sharding)
-        ckpt = True if t.activation_checkpointing == "auto" else bool(t.activation_checkpointing)
-        s = _strategy(gpu=gpu.id, gpu_count=p.count, nodes=p.nodes, precision=precision, optimizer=t.optimizer,
-                      sharding=sharding, tensor_parallel=tp, pipeline_parallel=pp, activation_checkpointing=ckpt,
-                      micro_batch=t.micro_batch or 1, finetune=t.finetune, lora_rank=t.lora_rank)
-        mem = train_memory(model, s, t.seq_len, gpu, cal.memory, headroom=memory_headroom(spec, cal))
-        thr = train_throughput(model, s, t.seq_len, gpu, cal.throughput, gpus_per_node=p.gpus_per_node,
-                               network_gbps=p.network_gbps)
-        start = train_start_s(count_params(model), s, cal)
-        return Estimate(strategy=s, memory=mem, throughput=thr, hours=(t.tokens / thr.tokens_per_s + start) / 3600,
-                        start_s=start)
-    assert spec.infer is not None
-    inf = spec.infer
-    weights = inf.weights if inf.weights != "auto" else auto_weights(gpu)[-1]
-    notes: list[str] = []
-    if model.quantization is not None:
-        stored = stored_weights_ladder(model, inf.weights, gpu, support)
-        if not isinstance(stored, Outcome):  # a refusal was raised before (constraint support or dtype)
-            weights, notes = stored[0][-1], [stored[1]] if stored[1] else []
-    s = _strategy(task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes,
-                  tensor_parallel=p.count if p.count <= 8 else 8, weights=weights, batch=inf.batch)
-    mem = infer_memory(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.memory,
-                       headroom=memory_headroom(spec, cal))
-    thr = infer_throughput(model, s, inf.prompt_tokens, inf.output_tokens, gpu, cal.throughput)
-    return _infer_estimate_of(s, mem, thr, inf, cal, notes)

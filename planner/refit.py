@@ -33,7 +33,8 @@ from planner.calibration import Calibration, apply_overrides
 from planner.memory import infer_memory
 from planner.memory_train import train_memory, train_moments
 from planner.numerics import storage_precision
-from planner.throughput import infer_throughput, train_throughput
+from planner.throughput import infer_throughput
+from planner.throughput_train import train_throughput
 from planner.types import Strategy
 
 QUANTITIES = ("peak_allocated_bytes", "peak_reserved_bytes", "tokens_per_s")

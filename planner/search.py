@@ -24,15 +24,9 @@ from catalog.schema import GpuSpec, ModelConfig, Offer, StackSupport
 from errors import InvalidInput, NoFeasiblePlan
 from planner.calibration import Calibration
 from planner.cost import notice_loss_h, on_demand_cost, spot_cost
+from planner.estimate import estimate, estimate_placement, require_calibration
 from planner.host_memory import checkpoint_state_bytes, host_memory_problem
-from planner.placement import (
-    Memo,
-    Outcome,
-    Placement,
-    estimate,
-    estimate_placement,
-    require_calibration,
-)
+from planner.placement import Memo, Outcome, Placement
 from planner.resolve import resolve_for_plan
 from planner.spec import JobSpec, Resources
 from planner.types import Candidate, CostEstimate, Estimate, Plan, Rejection, Strategy, construct

@@ -23,12 +23,13 @@ from pydantic import (
 
 from catalog.schema import ModelConfig
 from errors import InvalidInput
+from planner.strategies import AUTO, FinetuneName, SpecPrecision, SpecSharding, finetune_kind, precision_kind
 
 Task = Literal["train", "infer"]
-Precision = Literal["auto", "fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-plain", "fp8"]
+Precision = SpecPrecision  # 'auto' or a kind of planner.strategies
 Optimizer = Literal["adamw", "adamw-8bit", "sgd", "adafactor"]
-Sharding = Literal["auto", "ddp", "fsdp", "fsdp-grad-op", "zero1"]
-Finetune = Literal["full", "lora", "qlora"]
+Sharding = SpecSharding
+Finetune = FinetuneName
 Weights = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4"]
 SpotMode = Literal["auto", "always", "never"]
 AutoBool = bool | Literal["auto"]
@@ -94,8 +95,9 @@ class TrainSpec(_Section):
             value = getattr(self, name)
             if isinstance(value, int) and not 1 <= value <= 512:
                 problems.append(f"{name} must be between 1 and 512 (or 'auto'), got {value}")
-        if self.finetune == "qlora" and self.precision in ("fp32", "fp8"):
-            problems.append(f"qlora trains bf16/fp16 adapters on int4 weights; precision {self.precision}"
+        if (finetune_kind(self.finetune).quantized_base and self.precision != AUTO
+                and not precision_kind(self.precision).sixteen_bit_compute):
+            problems.append(f"{self.finetune} trains bf16/fp16 adapters on int4 weights; precision {self.precision}"
                             " is not possible with it (use auto, bf16 or amp-bf16)")
         gb, mb = self.global_batch, self.micro_batch
         if gb is not None and mb is not None and gb % mb:

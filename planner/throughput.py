@@ -1,49 +1,41 @@
 """How fast a placement runs: a roofline with calibrated efficiency factors.
 
-Training: FLOPs per token (6N for the matmuls, causal attention, one extra forward when
-checkpointing; MoE counts active parameters) over (peak TFLOPS of the precision x efficiency),
-where efficiency saturates with hidden size and tokens per micro-batch; plus eager per-layer
-overhead, the optimizer step (memory-bandwidth bound) and the exposed part of the gradient /
-parameter communication (NVLink vs PCIe vs network). Inference: prefill is compute bound, decode
-is bandwidth bound (weights + KV cache per step) plus HF ``generate()``'s per-layer overhead.
+Here: what both tasks share (peak rates, matmul parameters, attention FLOPs, per-layer kernel weights) and
+inference, where prefill is compute bound and decode is bandwidth bound (weights + KV cache per step) plus
+the decoder's per-layer overhead. Training's step is planner.throughput_train's.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
 from planner.calibration import ThroughputCalibration
 from planner.decoder import decoder_for, moe_decode_kernel
-from planner.knobs import KnobsLike
 from planner.memory import (
     WEIGHT_BYTES,
     cached_layer_tokens,
     expert_width,
     gathered_expert_bytes,
     kv_cache_bytes,
-    layer_activation_bytes_per_token,
-    merged_expert_bytes,
     mla_expanded_kv_bytes,
     prefill_attention_bytes,
-    routed_mlp_width,
     runtime_model,
     sparse_layer_count,
     stored_bytes_per_param,
 )
-from planner.numerics import SR_BYTES_PER_PARAM, stochastic_rounding, storage_precision
+from planner.strategies import PRECISIONS
 from planner.types import Strategy, ThroughputEstimate, construct
-
-PEAK_DTYPE = {"fp32": "fp32", "amp-bf16": "bf16", "amp-fp16": "fp16", "bf16": "bf16", "bf16-plain": "bf16",
-              "fp8": "fp8"}
 
 
 def peak_tflops(gpu: GpuSpec, precision: str) -> float:
-    """Dense peak for the precision's matmuls; falls back to the closest dtype the part has."""
-    dtype = PEAK_DTYPE.get(precision, precision)
+    """Dense peak for a training precision's matmuls (its compute dtype), or a dtype's ('bf16', 'fp8'); falls back
+    to the closest dtype the part has."""
+    kind = PRECISIONS.get(precision)
+    dtype = kind.compute_dtype if kind is not None else precision
     for candidate in (dtype, "bf16", "fp16", "fp32"):
         if candidate in gpu.tflops and gpu.tflops[candidate] > 0:
             return float(gpu.tflops[candidate])
@@ -179,248 +171,11 @@ def expert_loop_s(model: ModelConfig, tokens: float, passes: float, cal: Through
     return cal.expert_loop_s * experts_visited(model, tokens) * sparse_layer_count(model) * passes
 
 
-def train_flops_per_token(model: ModelConfig, seq_len: int, finetune: str, checkpointing: bool,
-                          pc: ParamCount | None = None) -> float:
-    """Forward, backward (input gradients; weight gradients where weights train) and any recompute. LoRA's
-    backward skips the frozen weights' gradients, except the routed experts': peft adapts transformers 5's
-    fused experts through their merged weight, whose full gradient it computes (planner.memory.merged_expert_bytes)."""
-    n, lm = matmul_params(model, pc)
-    fwd = 2 * n + attention_flops_per_token(model, seq_len)
-    backward = 2 * fwd if finetune == "full" else fwd + attention_flops_per_token(model, seq_len)
-    if finetune in ("lora", "qlora"):
-        backward += routed_expert_forward_flops_per_token(model)  # the merged weights' gradients; 0 if dense
-    # activation checkpointing recomputes the decoder layers' forward, not the LM head's
-    return fwd + backward + (fwd - 2 * lm if checkpointing else 0.0)
-
-
-def routed_expert_forward_flops_per_token(model: ModelConfig) -> float:
-    """The routed experts' gate, up and down matmuls in one token's forward, over every layer (0 for a dense
-    model); their input and weight gradients cost as much again each."""
-    return 2 * 3 * model.hidden_size * routed_mlp_width(model) * model.num_layers
-
-
-def adapter_free_flops_per_token(model: ModelConfig, checkpointing: bool) -> float:
-    """Of train_flops_per_token under LoRA, the matmuls no adapter slows: the routed experts' grouped GEMMs
-    (forward, input gradients, the merged weight's gradients (planner.memory.merged_expert_bytes) and the
-    recompute) and the frozen LM head's forward and input gradients (peft's all-linear leaves it unadapted)."""
-    experts = routed_expert_forward_flops_per_token(model) * (4.0 if checkpointing else 3.0)
-    return experts + 2 * 2 * model.vocab_size * model.hidden_size
-
-
-def merged_expert_traffic_bytes(model: ModelConfig, finetune: str, tp: int, layers: int, checkpointing: bool,
-                                cal: ThroughputCalibration) -> float:
-    """LoRA's merged expert weights over ``layers`` of the model's mean layer in one micro-step: the merge in
-    forward (twice when recomputed) and its gradient in backward, lora_merged_expert_bytes per weight element
-    (planner.memory.merged_expert_bytes in bf16 bytes / 2); 0 unless LoRA adapts a mixture's experts."""
-    elements = merged_expert_bytes(model, finetune, tp, "bf16") / 2
-    return (elements * layers * sparse_layer_count(model) / model.num_layers
-            * cal.lora_merged_expert_bytes * (0.5 * (2.0 if checkpointing else 1.0) + 0.5))
-
-
-def loss_traffic_bytes_per_token(model: ModelConfig, tp: int, cal: ThroughputCalibration) -> float:
-    """The loss's memory traffic per token: loss_bytes_per_logit over the vocabulary's logits (never recomputed)."""
-    return cal.loss_bytes_per_logit * model.vocab_size / tp
-
-
-def moe_dispatch_bytes(model: ModelConfig, tokens: float, layers: int, checkpointing: bool,
-                       cal: ThroughputCalibration) -> float:
-    """Memory traffic of routing ``tokens`` through ``layers`` of the model's mean layer in one training
-    micro-step: top-k copies of each hidden state permuted, gathered, scattered back and summed, in forward, twice
-    in backward and again when recomputed (ThroughputCalibration.moe_dispatch_bytes per element per pass)."""
-    if model.num_experts <= 1:
-        return 0.0
-    sparse = sparse_layer_count(model) * layers / model.num_layers
-    passes = 4.0 if checkpointing else 3.0
-    return cal.moe_dispatch_bytes * model.experts_per_token * model.hidden_size * tokens * sparse * passes
-
-
-def efficiency(model: ModelConfig, precision: str, tokens_per_micro: int, cal: ThroughputCalibration) -> float:
-    h = model.hidden_size
-    base = cal.mfu_max.get(storage_precision(precision), 0.4)
-    return base * h / (h + cal.hidden_half) * tokens_per_micro / (tokens_per_micro + cal.tokens_half)
-
-
-def link_gbytes_per_s(gpu: GpuSpec, gpu_count: int, gpus_per_node: int, network_gbps: float) -> float:
-    """Per-GPU unidirectional bandwidth of the slowest link a ring over ``gpu_count`` GPUs crosses."""
-    intra = gpu.interconnect.gbps_per_gpu / 2 if gpu.interconnect.gbps_per_gpu > 0 else 16.0
-    if gpu_count <= gpus_per_node:
-        return intra
-    inter = network_gbps / 8 / max(1, gpus_per_node)
-    return min(intra, inter * gpus_per_node)  # a ring crosses each node boundary once per node
-
-
-def traffic_bytes_per_token(model: ModelConfig, strategy: KnobsLike, seq_len: int) -> float:
-    """Bytes the decoder layers' memory-bound (non-matmul) kernels move per token, in units of the activations
-    autograd saves (norms, activations); ThroughputCalibration.traffic_factor passes over them."""
-    act_precision = strategy.precision
-    if strategy.sharding in ("fsdp", "fsdp-grad-op") and act_precision.startswith("amp"):
-        act_precision = "bf16"
-    layers = math.ceil(model.num_layers / strategy.pipeline_parallel)
-    per_layer = layer_activation_bytes_per_token(model, act_precision, strategy.finetune, strategy.lora_rank,
-                                                 strategy.tensor_parallel, seq_len)
-    return layers * per_layer
-
-
-def step_traffic_bytes_per_token(model: ModelConfig, strategy: KnobsLike, seq_len: int,
-                                 cal: ThroughputCalibration) -> float:
-    """Memory-bound bytes per token of one micro-step: the decoder layers' (traffic_factor passes over
-    traffic_bytes_per_token, again when recomputed) and the loss's (loss_bytes_per_logit for each of the
-    vocabulary's logits, never recomputed)."""
-    layers = cal.traffic_factor * traffic_bytes_per_token(model, strategy, seq_len)
-    return (layers * (4 / 3 if strategy.activation_checkpointing else 1.0)
-            + loss_traffic_bytes_per_token(model, strategy.tensor_parallel, cal))
-
-
-def eager_score_bytes(model: ModelConfig, strategy: KnobsLike, seq_len: int, layers: int) -> float:
-    """Bytes of one micro-step's seq x seq attention scores over ``layers`` eager-attention layers (0 for SDPA
-    models, whose fused kernels never materialise them): heads x seq x (keys + sinks) x micro-batch."""
-    if not model.attn.eager:
-        return 0.0
-    c = 4 if strategy.precision == "fp32" else 2
-    heads = model.num_attention_heads / strategy.tensor_parallel
-    return layers * strategy.micro_batch * heads * seq_len * (seq_len + model.attn.sinks) * c
-
-
-def optimizer_step_s(params: float, state_bytes: int, optimizer: str, gpu: GpuSpec,
-                     cal: ThroughputCalibration) -> float:
-    """The optimizer step streams params, grads and states through memory (foreach kernels)."""
-    passes = cal.optimizer_passes.get(optimizer, 10.0)
-    return params * state_bytes * passes / (gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency)
-
-
-# (tokens/s, seconds per micro-step, compute, exposed comm, optimizer step, mfu): train_step_parts' answer
-StepParts = tuple[float, float, float, float, float, float]
-
-
-def train_throughput(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
-                     cal: ThroughputCalibration, *, gpus_per_node: int = 8,
-                     network_gbps: float = 100.0, pc: ParamCount | None = None,
-                     memo: dict[tuple[object, ...], float] | None = None,
-                     parts: StepParts | None = None) -> ThroughputEstimate:
-    """``memo`` (any dict the caller keeps for one model and seq_len) caches per-token counts. ``parts``:
-    train_step_parts' answer for these same arguments, where the caller already has it (the search)."""
-    tokens_per_s, per_micro, compute, exposed, opt, mfu = parts or train_step_parts(
-        model, strategy, seq_len, gpu, cal, gpus_per_node=gpus_per_node, network_gbps=network_gbps, pc=pc, memo=memo)
-    accum = strategy.grad_accum
-    # construct (no validation): every field is computed here from validated inputs, and validating
-    # thousands of these per plan() was a third of the planner's time
-    return construct(ThroughputEstimate,
-        tokens_per_s=tokens_per_s,
-        step_time_s=per_micro * accum,
-        mfu=min(1.0, mfu),
-        breakdown_s={"compute": compute * accum, "comm_exposed": exposed * accum, "optimizer": opt,
-                     "overhead": cal.step_overhead_s},
-    )
-
-
-def fsdp_collectives(strategy: KnobsLike, layers: int) -> int:
-    """Collectives per micro-step of FSDP: per layer an all-gather for forward, one more for backward
-    (full sharding; grad-op keeps the gathered weights), one more for the recompute of activation
-    checkpointing (full sharding), and a reduce-scatter of the gradients."""
-    if strategy.sharding not in ("fsdp", "fsdp-grad-op") or strategy.data_parallel <= 1:
-        return 0
-    gathers = 2 if strategy.sharding == "fsdp" else 1
-    if strategy.activation_checkpointing and strategy.sharding == "fsdp":
-        gathers += 1
-    return layers * (gathers + 1)
-
-
-def train_step_parts(model: ModelConfig, strategy: KnobsLike, seq_len: int, gpu: GpuSpec,
-                     cal: ThroughputCalibration, *, gpus_per_node: int = 8, network_gbps: float = 100.0,
-                     pc: ParamCount | None = None, memo: dict[tuple[object, ...], float] | None = None,
-                     ) -> StepParts:
-    """(tokens/s, seconds per micro-step, compute, exposed comm, optimizer step, mfu) as plain floats
-    (the search calls this thousands of times)."""
-    tp, pp, dp = strategy.tensor_parallel, strategy.pipeline_parallel, strategy.data_parallel
-    mb, accum = strategy.micro_batch, strategy.grad_accum
-    tokens_micro = mb * seq_len
-    ft = strategy.finetune
-    pc = pc or count_params(model)
-    memo = {} if memo is None else memo
-    fkey = ("flops", ft, strategy.activation_checkpointing)
-    if fkey not in memo:
-        memo[fkey] = train_flops_per_token(model, seq_len, ft, strategy.activation_checkpointing, pc)
-        memo[("flops", ft, False)] = train_flops_per_token(model, seq_len, ft, False, pc)
-    flops = memo[fkey] * tokens_micro / (tp * pp)
-    eff = efficiency(model, strategy.precision, tokens_micro, cal)
-    if ft in ("lora", "qlora"):
-        # the adapters' kernels (and QLoRA's dequantisation) slow the adapted nn.Linear layers; the routed
-        # experts, adapted through their merged weight, run plain grouped GEMMs at full fine-tuning's efficiency
-        # (one H200: Mixtral-8x7B QLoRA's grouped GEMMs at ~730 TFLOP/s, bench/accuracy/moe_train_layers.py), and so
-        # does the frozen LM head
-        xkey = ("adapter_free_share", strategy.activation_checkpointing)
-        if xkey not in memo:
-            memo[xkey] = adapter_free_flops_per_token(model, strategy.activation_checkpointing) / memo[fkey]
-        speed = cal.lora_speed if ft == "lora" else cal.qlora_speed
-        eff /= memo[xkey] + (1.0 - memo[xkey]) / speed
-    peak = peak_tflops(gpu, strategy.precision) * 1e12
-    layers_here = math.ceil(model.num_layers / pp)
-    recompute_factor = 4 / 3 if strategy.activation_checkpointing else 1.0
-    tkey = ("traffic", strategy.precision, strategy.sharding, ft, tp, pp, strategy.activation_checkpointing)
-    if tkey not in memo:
-        memo[tkey] = step_traffic_bytes_per_token(model, strategy, seq_len, cal)
-    traffic = memo[tkey] * tokens_micro
-    loop_passes = 2.0 + (1.0 if strategy.activation_checkpointing else 0.0)
-    kernel_layers = layers_here * recompute_factor * layer_kernel_weight(model)
-    scores = cal.eager_score_passes * eager_score_bytes(model, strategy, seq_len, layers_here) * recompute_factor
-    merged = merged_expert_traffic_bytes(model, ft, tp, layers_here, strategy.activation_checkpointing, cal)
-    dispatch = moe_dispatch_bytes(model, tokens_micro, layers_here, strategy.activation_checkpointing, cal)
-    gpu_time = ((flops / (peak * eff)) + (traffic + scores + merged + dispatch)
-                / (gpu.memory_bandwidth_gbps * 1e9)
-                + cal.layer_overhead_s * kernel_layers)
-    # the GPU runs behind the host's kernel launches: a small step waits on the host instead
-    compute = (max(gpu_time, cal.host_layer_s * kernel_layers)
-               + expert_loop_s(model, tokens_micro, loop_passes, cal) / pp)
-
-    link = link_gbytes_per_s(gpu, strategy.gpu_count, gpus_per_node, network_gbps) * 1e9
-    bw = link * cal.comm_efficiency
-    local = pc.total / (tp * pp)
-    trainable = local if ft == "full" else local * 0.01
-    grad_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") else 2
-    comm = 0.0
-    fixed_per_micro = 0.0
-    if dp > 1:
-        ring = 2 * (dp - 1) / dp
-        if strategy.sharding in ("fsdp", "fsdp-grad-op"):
-            gathers = 2 if strategy.sharding == "fsdp" else 1
-            unsharded_b = 4 if strategy.precision == "fp32" else 2
-            comm = (gathers * local * unsharded_b + trainable * grad_b) * (dp - 1) / dp / bw
-            if strategy.activation_checkpointing and strategy.sharding == "fsdp":
-                comm += local * unsharded_b * (dp - 1) / dp / bw  # re-gather for the recompute
-            comm_per_micro = comm
-            fixed_per_micro = fsdp_collectives(strategy, layers_here) * cal.fsdp_collective_s
-        else:
-            comm = ring * trainable * grad_b / (link * cal.ddp_comm_efficiency)
-            comm_per_micro = comm / accum  # DDP syncs only on the last micro-step
-    else:
-        comm_per_micro = 0.0
-    overlap = cal.ddp_overlap if strategy.sharding in ("ddp", "zero1") else cal.comm_overlap
-    tp_comm = 0.0
-    if tp > 1:
-        act_b = 2 if strategy.precision != "fp32" else 4
-        tp_comm = 8 * layers_here * tokens_micro * model.hidden_size * act_b * (tp - 1) / tp / bw
-    exposed = max(0.0, comm_per_micro - overlap * compute) + tp_comm + fixed_per_micro
-
-    # optimizer step: read/write params, grads, states (+ temporaries) at memory bandwidth
-    state_b = 4 if strategy.precision in ("fp32", "amp-bf16", "amp-fp16") or ft != "full" else 2
-    sharded = trainable / (dp if strategy.sharding in ("fsdp", "fsdp-grad-op", "zero1") else 1)
-    opt = optimizer_step_s(sharded, state_b, strategy.optimizer, gpu, cal)
-    if stochastic_rounding(strategy.precision, ft, strategy.optimizer):  # the random bits of every update
-        opt += sharded * SR_BYTES_PER_PARAM / (gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency)
-    per_micro = compute + exposed + (opt + cal.step_overhead_s) / accum
-    bubble = (pp - 1) / (accum + pp - 1) if pp > 1 else 0.0
-    per_micro = per_micro / (1 - bubble)
-    tokens_per_s = tokens_micro * dp / per_micro
-    achieved = memo[("flops", ft, False)] * tokens_per_s
-    mfu = achieved / (peak * strategy.gpu_count)
-    return tokens_per_s, per_micro, compute, exposed, opt, mfu
-
-
 def graph_prefill_expert_efficiency(model: ModelConfig, tokens: int, cal: ThroughputCalibration) -> float:
     """The share of peak the prompt pass's routed experts reach as eager grouped GEMMs: more as each expert's
     matrices widen (its intermediate width w) and as each gets more rows (tokens x top-k / experts), by two
-    half-saturation points (bench/probes/prefill_probe.py --fit: gpt-oss-20b, Qwen1.5-MoE, Mixtral;
-    Qwen3-30B-A3B held out)."""
+    half-saturation points (bench/probes/prefill_probe.py --fit: gpt-oss-20b, Qwen1.5-MoE, Mixtral; Qwen3-30B-A3B
+    held out)."""
     width = expert_width(model)
     rows = tokens * model.experts_per_token / max(1, model.num_experts)
     return (cal.graph_prefill_expert_mfu * width / (width + cal.graph_prefill_expert_width_half)
@@ -456,6 +211,34 @@ def graph_decode_keys(model: ModelConfig, rows: int, ctx: int) -> float:
     return float(rows * kv * ctx * model.num_layers)
 
 
+@dataclass(frozen=True)
+class _Decode:
+    """One inference placement's batch as the workers' decoder runs it on one replica."""
+
+    model: ModelConfig  # as transformers runs it with the weights (planner.memory.runtime_model)
+    gpu: GpuSpec
+    cal: ThroughputCalibration
+    pc: ParamCount | None
+    weights: str
+    batch: int
+    tp: int
+    prompt_tokens: int
+    output_tokens: int
+    graph: bool  # the compiled decoder (workers/infer/decode.py), else generate()
+    kernel: str | None  # a mixture of experts' decode kernel
+    n: float  # matmul params per token, lm_head included
+    lm: float  # lm_head's params
+    peak: float  # FLOP/s of the weights' matmuls
+
+    @property
+    def ctx(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+    @property
+    def raw_bw(self) -> float:
+        return self.gpu.memory_bandwidth_gbps * 1e9
+
+
 def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int, output_tokens: int,
                      gpu: GpuSpec, cal: ThroughputCalibration, pc: ParamCount | None = None, *,
                      decoder: str | None = None, moe_kernel: str | None = None) -> ThroughputEstimate:
@@ -471,100 +254,12 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
     model = runtime_model(model, strategy.weights)
     n, lm = matmul_params(model, pc)
     peak = peak_tflops(gpu, "fp8" if strategy.weights == "fp8" else "bf16") * 1e12
-    raw_bw = gpu.memory_bandwidth_gbps * 1e9
     graph = decoder_for(model, gpu.vendor, strategy.weights, decoder, gpu.compute_capability) == "graph"
-    # the graph decoder's static cache: every layer holds and reads the whole context (workers/infer/decode.py), so
-    # a sliding layer's prefill mask spans it and its decode steps read all of it, not the window
-    ctx = prompt_tokens + output_tokens
-    keys = ctx if graph else None
-    h = model.hidden_size
-    if graph:
-        prefill = graph_prefill_s(model, b, prompt_tokens, ctx, tp, peak, cal, n, lm)
-    else:
-        work = b * prompt_tokens
-        prefill_flops = b * prompt_tokens * (2 * n + attention_flops_per_token(model, prompt_tokens, keys)) / tp
-        prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
-        prefill = prefill_flops / (peak * prefill_eff) + expert_loop_s(model, work, 1.0, cal)
-    if model.attn.eager:
-        # eager attention's prompt x (prompt + sinks) scores: scale, mask, sink concat, max, fp32 softmax, cast,
-        # slice, each a separate kernel over every layer's scores (passes fitted on the gpt-oss prefills)
-        scores = b * model.num_attention_heads / tp * prompt_tokens * (prompt_tokens + model.attn.sinks) * 2
-        prefill += cal.prefill_score_passes * scores * model.num_layers / raw_bw
-    else:
-        # a sliding window's mask and bias (prompt x keys): written and read once per sliding layer
-        square_bytes = prefill_attention_bytes(model, b, prompt_tokens, keys=keys) / tp
-        prefill += (2 * square_bytes * model.attn.sliding_layers
-                    / (raw_bw * cal.decode_bw_efficiency))
-    # generate()'s batched_mm experts (planner.memory.gathered_expert_bytes): each (token, expert) pair's
-    # weights are gathered (read and written) and read again by its bmm, instead of each expert read once
     kernel = moe_decode_kernel(model, gpu.vendor, strategy.weights, b, graph=graph, given=moe_kernel)
-    gathered = gathered_expert_bytes(model, b, strategy.weights, batched_mm=kernel == "batched_mm")
-    grouped_bytes = 0.0
-    gather_time = 3 * gathered * sparse_layer_count(model) / tp / (raw_bw * cal.decode_gather_bw_efficiency)
-    if strategy.weights == "mxfp4":  # the checkpoint's MXFP4 experts, everything else bf16
-        experts = decode_expert_weight_params(model, b)
-        read = decode_weight_params(model, b, pc)
-        weight_bytes = ((read - experts) * 2 + experts * stored_bytes_per_param(model, "mxfp4") + lm * 2) / tp
-    else:
-        wb = WEIGHT_BYTES[strategy.weights]
-        weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * (4 if strategy.weights == "fp32" else 2)) / tp
-        if gathered:  # the routed experts are the gathers' bytes, not read once each
-            weight_bytes -= decode_expert_weight_params(model, b) * wb / tp
-        elif graph and kernel == "grouped_mm":
-            # the compiled step's grouped GEMMs read the routed experts at their own share of the bandwidth
-            grouped_bytes = decode_expert_weight_params(model, b) * wb / tp
-            weight_bytes -= grouped_bytes
-    avg_ctx = prompt_tokens + output_tokens / 2
-    kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
-    if graph:
-        # the compiled step attends over the cached latents, kv_b_proj folded into the query and the output
-        # (workers/infer/mla_attention.py): no expansion, the latents read once more (scores, then the weighted sum)
-        expand_bytes, expand_flops = mla_absorbed_decode_bytes(model, b, ctx), 0.0
-    else:
-        expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
-    bw = raw_bw * cal.decode_bw_efficiency
-    speed = cal.quant_decode_speed.get(strategy.weights, 1.0)
-    # HF's DynamicCache grows by torch.cat: every step re-reads and re-writes the cache besides
-    # attention reading it, hence kv_traffic_factor passes; the static cache is written in place and
-    # its attention reads the whole preallocated length, in every layer (sliding ones too)
-    kv_time = (kv_cache_bytes(model, b, ctx, full_length=True) / tp if graph else kv * cal.kv_traffic_factor)
-    if graph and model.attn.eager:
-        # eager attention (gpt-oss) repeats each KV head for its query heads before its matmuls: the whole
-        # static cache expanded heads / kv_heads times, written and read every step (bench/workers/graph_decode.py MoE
-        # cases: the extra step time grows with the batch at this rate). SDPA models copy nothing: the workers
-        # pack each KV head's query heads as its query rows (workers/infer/gqa_attention.py) since 2026-12-03
-        kv_time += 2 * kv_time * (model.num_attention_heads // model.num_kv_heads)
-    mem_time = ((weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
-                + grouped_bytes / (raw_bw * cal.graph_moe_expert_bw_efficiency))
-    attention = decode_attention_flops(model, int(avg_ctx), full_length=graph)
-    compute_time = (b * (2 * n + attention) + expand_flops) / tp / (peak * cal.prefill_mfu)
-    if graph:
-        # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
-        # read, per layer (gaps between small kernels, so by the layer's kernels: Gemma's extra norms and Qwen3's
-        # q/k norms cost more; the routing's own are graph_moe_layer_s's). Fitted on the decoder's own step times
-        # (bench/workers/graph_decode.py --fit, docs/lab-notes/2026-12-03-prompt-pass-and-step-apart.md);
-        # a term in rows x the layers' matmul weights priced the K/V copy while the decoder made one and stays 0
-        per_layer = cal.graph_decode_layer_s * layer_kernel_weight(model, routing=False)
-        overhead = (model.num_layers * (per_layer + cal.graph_decode_row_layer_s * b / tp)
-                    + cal.graph_decode_row_param_s * b * (n - lm) / tp + cal.graph_decode_step_s
-                    + cal.graph_decode_key_s * graph_decode_keys(model, b, ctx) / tp)
-        if kernel == "grouped_mm":
-            # the routing's small kernels (sort, histogram, offsets, gathers, the weighted sum) and two grouped
-            # GEMMs' launches per sparse layer, replayed, beyond the routed experts' bytes (read at
-            # graph_moe_expert_bw_efficiency; fitted on gpt-oss-20b, Qwen1.5-MoE, Mixtral, Qwen3-30B-A3B held out)
-            overhead += ((cal.graph_moe_layer_s + cal.graph_moe_pair_s * b * model.experts_per_token)
-                         * sparse_layer_count(model))
-    else:
-        overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
-                     + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(strategy.weights, 1.0))
-        if kernel == "grouped_mm" and gpu.vendor != "cpu":
-            # grouped_mm's sort, histogram, offsets, masks and two grouped GEMMs per sparse layer: host work that
-            # batched_mm's gather + bmm does not issue (a CPU's fitted decode overhead already holds it)
-            overhead += cal.decode_grouped_layer_s * sparse_layer_count(model)
-    decode_step = max(mem_time, compute_time) + overhead
-    if tp > 1:
-        link = gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency
-        decode_step += 2 * model.num_layers * (b * h * 2 / link + 2e-5)
+    d = _Decode(model, gpu, cal, pc, strategy.weights, b, tp, prompt_tokens, output_tokens, graph, kernel, n, lm,
+                peak)
+    prefill = _prefill_s(d)
+    decode_step = _decode_step_s(d)
     total = prefill + output_tokens * decode_step
     out_tps = b * output_tokens / total * replicas
     return construct(ThroughputEstimate,
@@ -578,6 +273,130 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         warmup_s=cal.graph_compile_layer_s * model.num_layers if graph else 0.0,
         breakdown_s={"prefill": prefill, "decode": output_tokens * decode_step},
     )
+
+
+def _prefill_s(d: _Decode) -> float:
+    """The prompt pass of one batch. The graph decoder's static cache: every layer holds and reads the whole
+    context (workers/infer/decode.py), so a sliding layer's prefill mask spans it."""
+    model, cal, b, tp, prompt_tokens = d.model, d.cal, d.batch, d.tp, d.prompt_tokens
+    keys = d.ctx if d.graph else None
+    h = model.hidden_size
+    if d.graph:
+        prefill = graph_prefill_s(model, b, prompt_tokens, d.ctx, tp, d.peak, cal, d.n, d.lm)
+    else:
+        work = b * prompt_tokens
+        prefill_flops = b * prompt_tokens * (2 * d.n + attention_flops_per_token(model, prompt_tokens, keys)) / tp
+        prefill_eff = cal.prefill_mfu * h / (h + cal.hidden_half) * work / (work + cal.tokens_half)
+        prefill = prefill_flops / (d.peak * prefill_eff) + expert_loop_s(model, work, 1.0, cal)
+    if model.attn.eager:
+        # eager attention's prompt x (prompt + sinks) scores: scale, mask, sink concat, max, fp32 softmax, cast,
+        # slice, each a separate kernel over every layer's scores (passes fitted on the gpt-oss prefills)
+        scores = b * model.num_attention_heads / tp * prompt_tokens * (prompt_tokens + model.attn.sinks) * 2
+        prefill += cal.prefill_score_passes * scores * model.num_layers / d.raw_bw
+    else:
+        # a sliding window's mask and bias (prompt x keys): written and read once per sliding layer
+        square_bytes = prefill_attention_bytes(model, b, prompt_tokens, keys=keys) / tp
+        prefill += (2 * square_bytes * model.attn.sliding_layers
+                    / (d.raw_bw * cal.decode_bw_efficiency))
+    return prefill
+
+
+def _decode_weight_bytes(d: _Decode) -> tuple[float, float, float]:
+    """(weight bytes a decode step reads at the decode bandwidth, routed-expert bytes the compiled step's grouped
+    GEMMs read at their own, seconds of generate()'s batched_mm gathers). generate()'s batched_mm experts
+    (planner.memory.gathered_expert_bytes): each (token, expert) pair's weights are gathered (read and written)
+    and read again by its bmm, instead of each expert read once."""
+    model, cal, b, tp, pc, lm = d.model, d.cal, d.batch, d.tp, d.pc, d.lm
+    gathered = gathered_expert_bytes(model, b, d.weights, batched_mm=d.kernel == "batched_mm")
+    grouped_bytes = 0.0
+    gather_time = 3 * gathered * sparse_layer_count(model) / tp / (d.raw_bw * cal.decode_gather_bw_efficiency)
+    if d.weights == "mxfp4":  # the checkpoint's MXFP4 experts, everything else bf16
+        experts = decode_expert_weight_params(model, b)
+        read = decode_weight_params(model, b, pc)
+        weight_bytes = ((read - experts) * 2 + experts * stored_bytes_per_param(model, "mxfp4") + lm * 2) / tp
+    else:
+        wb = WEIGHT_BYTES[d.weights]
+        weight_bytes = (decode_weight_params(model, b, pc) * wb + lm * (4 if d.weights == "fp32" else 2)) / tp
+        if gathered:  # the routed experts are the gathers' bytes, not read once each
+            weight_bytes -= decode_expert_weight_params(model, b) * wb / tp
+        elif d.graph and d.kernel == "grouped_mm":
+            # the compiled step's grouped GEMMs read the routed experts at their own share of the bandwidth
+            grouped_bytes = decode_expert_weight_params(model, b) * wb / tp
+            weight_bytes -= grouped_bytes
+    return weight_bytes, grouped_bytes, gather_time
+
+
+def _decode_cache_traffic(d: _Decode) -> tuple[float, float, float]:
+    """(KV cache bytes a decode step moves, MLA's latent expansion bytes and flops) at the mean context."""
+    model, cal, b, tp = d.model, d.cal, d.batch, d.tp
+    avg_ctx = d.prompt_tokens + d.output_tokens / 2
+    kv = kv_cache_bytes(model, b, int(avg_ctx)) / tp
+    if d.graph:
+        # the compiled step attends over the cached latents, kv_b_proj folded into the query and the output
+        # (workers/infer/mla_attention.py): no expansion, the latents read once more (scores, then the weighted sum)
+        expand_bytes, expand_flops = mla_absorbed_decode_bytes(model, b, d.ctx), 0.0
+    else:
+        expand_bytes, expand_flops = mla_decode_expand(model, b, int(avg_ctx))
+    # HF's DynamicCache grows by torch.cat: every step re-reads and re-writes the cache besides
+    # attention reading it, hence kv_traffic_factor passes; the static cache is written in place and
+    # its attention reads the whole preallocated length, in every layer (sliding ones too)
+    kv_time = (kv_cache_bytes(model, b, d.ctx, full_length=True) / tp if d.graph else kv * cal.kv_traffic_factor)
+    if d.graph and model.attn.eager:
+        # eager attention (gpt-oss) repeats each KV head for its query heads before its matmuls: the whole
+        # static cache expanded heads / kv_heads times, written and read every step (bench/workers/graph_decode.py MoE
+        # cases: the extra step time grows with the batch at this rate). SDPA models copy nothing: the workers
+        # pack each KV head's query heads as its query rows (workers/infer/gqa_attention.py) since 2026-12-03
+        kv_time += 2 * kv_time * (model.num_attention_heads // model.num_kv_heads)
+    return kv_time, expand_bytes, expand_flops
+
+
+def _decode_step_s(d: _Decode) -> float:
+    """One decode step of the batch: the larger of its bytes and its flops, the decoder's fixed overhead and
+    tensor parallelism's all-reduces."""
+    model, cal, b, tp = d.model, d.cal, d.batch, d.tp
+    weight_bytes, grouped_bytes, gather_time = _decode_weight_bytes(d)
+    kv_time, expand_bytes, expand_flops = _decode_cache_traffic(d)
+    bw = d.raw_bw * cal.decode_bw_efficiency
+    speed = cal.quant_decode_speed.get(d.weights, 1.0)
+    mem_time = ((weight_bytes / speed + kv_time + expand_bytes / tp) / bw + gather_time
+                + grouped_bytes / (d.raw_bw * cal.graph_moe_expert_bw_efficiency))
+    avg_ctx = d.prompt_tokens + d.output_tokens / 2
+    attention = decode_attention_flops(model, int(avg_ctx), full_length=d.graph)
+    compute_time = (b * (2 * d.n + attention) + expand_flops) / tp / (d.peak * cal.prefill_mfu)
+    decode_step = max(mem_time, compute_time) + _decode_overhead_s(d)
+    if tp > 1:
+        link = d.gpu.interconnect.gbps_per_gpu / 2 * 1e9 * cal.comm_efficiency
+        decode_step += 2 * model.num_layers * (b * model.hidden_size * 2 / link + 2e-5)
+    return decode_step
+
+
+def _decode_overhead_s(d: _Decode) -> float:
+    """A decode step's fixed seconds beyond its bytes and flops."""
+    model, cal, b, tp = d.model, d.cal, d.batch, d.tp
+    if d.graph:
+        # a replayed CUDA graph: no host work per kernel; what stays is the GPU's own cost beyond the bytes
+        # read, per layer (gaps between small kernels, so by the layer's kernels: Gemma's extra norms and Qwen3's
+        # q/k norms cost more; the routing's own are graph_moe_layer_s's). Fitted on the decoder's own step times
+        # (bench/workers/graph_decode.py --fit, docs/lab-notes/2026-12-03-prompt-pass-and-step-apart.md);
+        # a term in rows x the layers' matmul weights priced the K/V copy while the decoder made one and stays 0
+        per_layer = cal.graph_decode_layer_s * layer_kernel_weight(model, routing=False)
+        overhead = (model.num_layers * (per_layer + cal.graph_decode_row_layer_s * b / tp)
+                    + cal.graph_decode_row_param_s * b * (d.n - d.lm) / tp + cal.graph_decode_step_s
+                    + cal.graph_decode_key_s * graph_decode_keys(model, b, d.ctx) / tp)
+        if d.kernel == "grouped_mm":
+            # the routing's small kernels (sort, histogram, offsets, gathers, the weighted sum) and two grouped
+            # GEMMs' launches per sparse layer, replayed, beyond the routed experts' bytes (read at
+            # graph_moe_expert_bw_efficiency; fitted on gpt-oss-20b, Qwen1.5-MoE, Mixtral, Qwen3-30B-A3B held out)
+            overhead += ((cal.graph_moe_layer_s + cal.graph_moe_pair_s * b * model.experts_per_token)
+                         * sparse_layer_count(model))
+        return overhead
+    overhead = ((cal.decode_layer_overhead_s * model.num_layers * layer_kernel_weight(model)
+                 + cal.decode_step_overhead_s) * cal.quant_layer_overhead.get(d.weights, 1.0))
+    if d.kernel == "grouped_mm" and d.gpu.vendor != "cpu":
+        # grouped_mm's sort, histogram, offsets, masks and two grouped GEMMs per sparse layer: host work that
+        # batched_mm's gather + bmm does not issue (a CPU's fitted decode overhead already holds it)
+        overhead += cal.decode_grouped_layer_s * sparse_layer_count(model)
+    return overhead
 
 
 def inference_split(throughput: Mapping[str, Any], strategy: Mapping[str, Any]) -> dict[str, float | None]:

@@ -12,9 +12,10 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from catalog.schema import Offer
+from planner.strategies import FINETUNES, SHARDINGS, FinetuneName, PrecisionName, ShardingName
 
-ResolvedPrecision = Literal["fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-plain", "fp8"]
-ResolvedSharding = Literal["none", "ddp", "fsdp", "fsdp-grad-op", "zero1"]
+ResolvedPrecision = PrecisionName  # a kind of planner.strategies
+ResolvedSharding = ShardingName
 WeightDtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4"]
 Market = Literal["spot", "on-demand", "local"]
 
@@ -99,7 +100,7 @@ class Strategy(_Value):
     activation_checkpointing: bool = False
     micro_batch: int = Field(default=1, ge=1)
     grad_accum: int = Field(default=1, ge=1)
-    finetune: str = "full"
+    finetune: FinetuneName = "full"
     lora_rank: int = 16
     # inference
     weights: WeightDtype = "bf16"
@@ -115,7 +116,8 @@ class Strategy(_Value):
         if self.task == "infer":
             parts += [f"tp={self.tensor_parallel}", f"w={self.weights}", f"batch={self.batch}"]
             return " ".join(parts)
-        if self.sharding != "none":
+        sharding = SHARDINGS.get(self.sharding)
+        if sharding is None or sharding.data_parallel:
             parts.append(self.sharding)
         if self.tensor_parallel > 1:
             parts.append(f"tp={self.tensor_parallel}")
@@ -124,7 +126,8 @@ class Strategy(_Value):
         parts.append(self.precision if self.weights in ("bf16", "fp32") else f"w={self.weights}")
         if self.activation_checkpointing:
             parts.append("ckpt")
-        if self.finetune != "full":
+        finetune = FINETUNES.get(self.finetune)
+        if finetune is None or finetune.adapters:
             parts.append(self.finetune)
         parts.append(f"mb={self.micro_batch}")
         return " ".join(parts)

@@ -47,17 +47,14 @@ from planner.calibration import (  # noqa: E402
 )
 from planner.memory import infer_memory, kv_cache_bytes  # noqa: E402
 from planner.memory_train import lora_params_per_layer, train_memory  # noqa: E402
-from planner.throughput import (  # noqa: E402
+from planner.throughput import expert_loop_s, infer_throughput, layer_kernel_weight, peak_tflops  # noqa: E402
+from planner.throughput_train import (  # noqa: E402
     adapter_free_flops_per_token,
     efficiency,
-    expert_loop_s,
     fsdp_collectives,
-    infer_throughput,
-    layer_kernel_weight,
     loss_traffic_bytes_per_token,
     merged_expert_traffic_bytes,
     moe_dispatch_bytes,
-    peak_tflops,
     traffic_bytes_per_token,
     train_flops_per_token,
     train_step_parts,

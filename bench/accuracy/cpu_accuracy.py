@@ -137,7 +137,7 @@ def measure(workdir: Path) -> list[dict[str, Any]]:
 
 def predict(row: dict[str, Any], spec: JobSpec, cal: CpuCalibration) -> float:
     from catalog.local_cpu import cpu_spec
-    from planner.throughput import train_throughput
+    from planner.throughput_train import train_throughput
     from planner.types import Strategy
     from workers.model.build import resolve_model_source
 

@@ -122,7 +122,7 @@ KERNELS_MATMUL = ("gemm", "grouped_gemm", "attention")
 def planned_parts(case: dict[str, Any], seq: int, gpu: Any, cal: Any) -> tuple[float, float]:
     """The planner's (layer, fixed) seconds for a record's case on ``gpu`` under calibration ``cal``: the step's
     difference between the record's two depths, as the script measures it."""
-    from planner.throughput import train_step_parts
+    from planner.throughput_train import train_step_parts
 
     strategy = Strategy(gpu="H200", gpu_count=1, precision="bf16-plain", micro_batch=case["micro_batch"],
                         finetune=case["finetune"], activation_checkpointing=case["ckpt"])

@@ -178,7 +178,7 @@ def link_and_calibration(world: int, gpu: str = "H200") -> tuple[float, Any]:
     throughput calibration)."""
     from catalog.loader import load_catalog
     from planner.calibration import load_calibration
-    from planner.throughput import link_gbytes_per_s
+    from planner.throughput_train import link_gbytes_per_s
 
     spec = load_catalog().gpu(gpu)
     cal = load_calibration().for_vendor(spec.vendor).throughput

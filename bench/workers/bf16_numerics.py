@@ -6,7 +6,7 @@ the corpus is this repository's own source and docs (the GPU machine reaches no 
 the tokenizer a byte-level BPE trained on it here. The model is llama-3.2-1b from its seeded random init (no
 pretrained weights offline). For each run it records the loss at every step, the final loss, the weights'
 relative change from their start (||w_end - w_0|| / ||w_0||, and the share of elements that moved), the loop's
-tokens/s and peak memory, and the planner's prediction for the same strategy (planner.placement.estimate).
+tokens/s and peak memory, and the planner's prediction for the same strategy (planner.estimate.estimate).
 
     python3 bench/workers/bf16_numerics.py --out $OUT/bf16_numerics.json            # on the GPU machine
     python3 bench/workers/bf16_numerics.py --plot bench/results/numerics/2026-12-05_bf16_h200.json \
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -131,8 +131,8 @@ def run_one(precision: str, args: argparse.Namespace, data: Path, tok: Path, wor
     from catalog.loader import load_catalog
     from catalog.local import detect_local_device, match_device_name
     from planner.calibration import load_calibration
+    from planner.estimate import estimate
     from planner.numerics import numerics
-    from planner.placement import estimate
     from workers.model.build import resolve_model_source
     from workers.train.loop import TrainJob, run_training
 

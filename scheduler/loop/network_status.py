@@ -40,7 +40,7 @@ def network_warnings(spec: Mapping[str, Any], plan: Mapping[str, Any], attempts:
 
 def planner_relink(catalog: Any, calibration: Any) -> Relink:
     """``Relink`` through the planner's estimate for the plan's placement at the given link."""
-    from planner.placement import estimate
+    from planner.estimate import estimate
     from planner.spec import spec_from_dict
 
     def relink(spec: Mapping[str, Any], plan: Mapping[str, Any], gbps: float) -> float | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cli import app
-from planner.numerics import NUMERICS
+from planner.strategies import PRECISIONS
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "llama3-8b-sft.yaml")
 runner = CliRunner()
@@ -20,9 +20,9 @@ def test_every_candidate_in_plan_json_names_its_numerics() -> None:
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     seen = {c["estimate"]["numerics"] for c in body["candidates"]}
-    assert seen <= set(NUMERICS.values()) and "fp32 master" in seen
+    assert seen <= {p.numerics for p in PRECISIONS.values()} and "fp32 master" in seen
     for c in body["candidates"]:
-        assert c["estimate"]["numerics"] == NUMERICS[c["estimate"]["strategy"]["precision"]]
+        assert c["estimate"]["numerics"] == PRECISIONS[c["estimate"]["strategy"]["precision"]].numerics
     assert all(c["estimate"]["strategy"]["precision"] != "bf16-plain" for c in body["candidates"])  # never auto
 
 

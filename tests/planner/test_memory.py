@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog.params import count_params
+from planner.activations import layer_activation_bytes_per_token
 from planner.calibration import GIB, MemoryCalibration
 from planner.knobs import Knobs
-from planner.memory import infer_memory, kv_cache_bytes, layer_activation_bytes_per_token
+from planner.memory import infer_memory, kv_cache_bytes
 from planner.memory_train import max_micro_batch, memory_lines, train_memory
 from tests.planner.factory import small_catalog, strat
 

@@ -10,18 +10,14 @@ import pytest
 
 from catalog.params import count_params
 from catalog.schema import ModelConfig
+from planner.activations import layer_activation_bytes_per_token, merged_expert_bytes
 from planner.calibration import MemoryCalibration, load_calibration
-from planner.memory import (
-    infer_memory,
-    kv_cache_bytes,
-    layer_activation_bytes_per_token,
-    merged_expert_bytes,
-    mla_expanded_kv_bytes,
-)
+from planner.memory import infer_memory, kv_cache_bytes, mla_expanded_kv_bytes
 from planner.memory_train import lora_params_per_layer, train_memory
 from planner.search import estimate, plan
 from planner.spec import spec_from_dict
-from planner.throughput import attention_flops_per_token, decode_weight_params, matmul_params, train_flops_per_token
+from planner.throughput import attention_flops_per_token, decode_weight_params, matmul_params
+from planner.throughput_train import train_flops_per_token
 from planner.types import MemoryEstimate, Strategy
 from tests.hf_configs import hf_model as model
 from tests.planner.factory import small_catalog

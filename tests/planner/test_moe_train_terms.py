@@ -18,11 +18,11 @@ from catalog.hf_config import model_from_hf_config
 from catalog.loader import load_catalog
 from catalog.schema import ModelConfig
 from planner.calibration import load_calibration
-from planner.throughput import (
+from planner.throughput import peak_tflops
+from planner.throughput_train import (
     adapter_free_flops_per_token,
     efficiency,
     moe_dispatch_bytes,
-    peak_tflops,
     train_flops_per_token,
     train_step_parts,
 )
@@ -51,7 +51,7 @@ def planned_layer_s(case: dict[str, Any], seq: int) -> float:
               activation_checkpointing=case["ckpt"])
     low, high = (run["layers"] for run in case["runs"])
     step = {n: train_step_parts(cut(case["model"], n), s, seq, H200, CAL)[1] for n in (low, high)}
-    return (step[high] - step[low]) / (high - low)
+    return float((step[high] - step[low]) / (high - low))
 
 
 RECORDED = json.loads(RECORD.read_text())

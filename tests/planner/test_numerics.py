@@ -7,8 +7,8 @@ import pytest
 from catalog.loader import load_catalog
 from planner.calibration import load_calibration
 from planner.capability import auto_precisions
+from planner.estimate import estimate
 from planner.numerics import SR_BYTES_PER_PARAM, numerics, stochastic_rounding
-from planner.placement import estimate
 from planner.spec import JobSpec
 
 

@@ -6,14 +6,8 @@ import pytest
 
 from catalog.params import count_params
 from planner.calibration import ThroughputCalibration
-from planner.throughput import (
-    fsdp_collectives,
-    infer_throughput,
-    matmul_params,
-    peak_tflops,
-    train_flops_per_token,
-    train_throughput,
-)
+from planner.throughput import infer_throughput, matmul_params, peak_tflops
+from planner.throughput_train import fsdp_collectives, train_flops_per_token, train_throughput
 from tests.planner.factory import small_catalog, strat
 
 CAT = small_catalog()

@@ -5,6 +5,8 @@ cannot drift apart again. Both read catalog/data/support.yaml; these tests walk 
 from __future__ import annotations
 
 import itertools
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -15,10 +17,12 @@ from catalog.loader import PACKAGED_DATA_DIR, Catalog, load_catalog
 from commands.specfile import load_spec
 from errors import InvalidInput, NoFeasiblePlan
 from planner.calibration import load_calibration
-from planner.capability import knob_problem
+from planner.capability import knob_problem, registry_problems
+from planner.placement import searched_shardings
 from planner.search import plan
-from planner.spec import Finetune, Optimizer, Precision, Sharding, Weights, spec_from_dict
-from planner.types import Plan, ResolvedPrecision, ResolvedSharding, Strategy, WeightDtype
+from planner.spec import Optimizer, Weights, spec_from_dict
+from planner.strategies import FINETUNES, PRECISIONS, SHARDINGS, data_parallel_shardings
+from planner.types import Plan, Strategy, WeightDtype
 from workers.capabilities import strategy_problem
 from workers.train.setup import check_supported
 
@@ -56,10 +60,10 @@ def _train_variants() -> list[dict[str, Any]]:
     """Every pinnable value of every training knob (one knob at a time), 'auto' everywhere else, and
     the finetune x sharding x parallel-degree grid the search combines."""
     out = [_train()]
-    out += [_train(precision=p) for p in _values(Precision)]
+    out += [_train(precision=p) for p in PRECISIONS]
     out += [_train(optimizer=o) for o in _values(Optimizer)]
     out += [_train(activation_checkpointing=c) for c in (True, False)]
-    for finetune, sharding, tp, pp in itertools.product(_values(Finetune), ["auto", *_values(Sharding)], (1, 2),
+    for finetune, sharding, tp, pp in itertools.product(FINETUNES, ["auto", *data_parallel_shardings()], (1, 2),
                                                         (1, 2)):
         out.append(_train(finetune=finetune, sharding=sharding, tensor_parallel=tp, pipeline_parallel=pp))
     return out
@@ -78,7 +82,7 @@ def _plans(cat: Catalog, specs: list[dict[str, Any]]) -> list[Plan | NoFeasibleP
     for raw in specs:
         for objective in ("cheapest", "fastest"):
             try:
-                out.append(plan(spec_from_dict(raw), cat, objective=objective, calibration=CAL))  # type: ignore[arg-type]
+                out.append(plan(spec_from_dict(raw), cat, objective=objective, calibration=CAL))
             except NoFeasiblePlan as exc:
                 out.append(exc)
     return out
@@ -125,12 +129,13 @@ def test_the_walk_covers_every_value_the_workers_run(cat: Catalog, train_plans: 
 
 
 def test_the_record_covers_every_value_a_plan_can_hold(cat: Catalog) -> None:
-    """Every value of the Strategy's domains is either run by the workers or refused with a reason."""
+    """Every value of the Strategy's domains (the registry's kinds) is either run by the workers or refused with a
+    reason, and the record names no kind the registry lacks."""
     t, i = cat.support.workers.train, cat.support.workers.infer
-    domains = {"sharding": (t.sharding, get_args(ResolvedSharding)),
-               "precision": (t.precision, get_args(ResolvedPrecision)),
-               "optimizer": (t.optimizer, get_args(Optimizer)), "finetune": (t.finetune, get_args(Finetune)),
+    domains = {"sharding": (t.sharding, list(SHARDINGS)), "precision": (t.precision, list(PRECISIONS)),
+               "optimizer": (t.optimizer, get_args(Optimizer)), "finetune": (t.finetune, list(FINETUNES)),
                "weights": (i.weights, list(get_args(WeightDtype)))}
+    assert registry_problems(cat.support) == []
     for knob, (support, values) in domains.items():
         for value in values:
             assert (value in support.run) != (value in support.not_run), f"{knob} {value}"
@@ -176,7 +181,7 @@ def test_qlora_is_not_planned_on_rocm_and_the_plan_says_why(cat: Catalog, source
     else:
         spec = load_spec(EXAMPLES / source)
     for objective in ("cheapest", "fastest"):
-        p = plan(spec, cat, objective=objective, calibration=CAL)  # type: ignore[arg-type]
+        p = plan(spec, cat, objective=objective, calibration=CAL)
         assert {cat.gpu(c.estimate.strategy.gpu).vendor for c in p.candidates} == {"nvidia"}
     amd = [r for r in p.rejections if "MI300X" in r.option]
     assert amd and all(r.constraint == "support" and "bitsandbytes" in r.reason for r in amd)
@@ -199,3 +204,53 @@ def test_qlora_keeps_its_frozen_base_in_4_bit(tmp_path: Path) -> None:
     assert base and not any(p.requires_grad for p in base)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_a_sharding_kind_added_to_the_registry_alone_is_planned_and_refused_by_the_workers(
+        cat: Catalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A made-up kind (fsdp's predicates under another name), added to planner.strategies and to nothing else: the
+    spec takes it, ``sharding: auto``'s space offers it wherever the support record runs it, the planner prices it
+    by its predicates exactly as fsdp, and the workers, whose record does not name it, refuse it with one message."""
+    clone = replace(SHARDINGS["fsdp"], name="fsdp-made-up")
+    monkeypatch.setitem(SHARDINGS, clone.name, clone)
+    train = cat.support.workers.train
+    sharding = train.sharding.model_copy(update={"run": [*train.sharding.run, clone.name]})
+    workers = cat.support.workers.model_copy(update={"train": train.model_copy(update={"sharding": sharding})})
+    runs_it = cat.support.model_copy(update={"workers": workers})
+    h100 = cat.gpu("H100-SXM")
+    assert searched_shardings(runs_it, h100) == ["ddp", "fsdp-grad-op", "fsdp", clone.name]
+    assert clone.name not in searched_shardings(cat.support, h100)
+
+    def planned(name: str, catalog: Catalog) -> dict[str, Any]:
+        spec = _train(sharding=name, micro_batch=2)
+        spec["resources"] = {"accelerators": ["H100:4", "H100:8"]}
+        return plan(spec_from_dict(spec), catalog, calibration=CAL).model_dump(mode="json")
+
+    made_up = planned(clone.name, replace(cat, support=runs_it))
+    assert {c["estimate"]["strategy"]["sharding"] for c in made_up["candidates"]} == {clone.name}
+    assert json.loads(json.dumps(made_up).replace(clone.name, "fsdp")) == planned("fsdp", cat)
+
+    strategy = Strategy.model_validate(made_up["chosen"]["estimate"]["strategy"])
+    with pytest.raises(InvalidInput) as refused:
+        check_supported(strategy, torch.device("cpu"))
+    assert str(refused.value) == (f"train.sharding: sharding {clone.name} is not run by the workers: the workers "
+                                  "have no code path for it; plan the job again with `gpuplan plan`; see README "
+                                  "'What the workers run'")
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_the_workers_build_each_precision_as_the_planner_counts_it(precision: str) -> None:
+    """The weights in the bytes the plan counts, autocast for mixed precision only (FSDP2's policy in its place
+    where the kind says so), fp8's and QLoRA's torchao loaded where they are used."""
+    from workers.train.setup import autocast_dtype, build_libraries, weights_dtype
+
+    kind = PRECISIONS[precision]
+    for sharding in ("ddp", "fsdp"):
+        s = Strategy(gpu="H100-SXM", gpu_count=2, precision=precision, sharding=sharding)
+        assert weights_dtype(s).itemsize == kind.bytes.param
+        cast = autocast_dtype(s, sharded=sharding == "fsdp")
+        assert (cast is not None) == (kind.mixed and not (sharding == "fsdp" and kind.fsdp_casts))
+        assert cast is None or cast.itemsize == kind.bytes.compute
+        assert ("torchao" in build_libraries(s)) == kind.float8_matmuls
+    qlora = Strategy(gpu="H100-SXM", gpu_count=1, precision="bf16", finetune="qlora")
+    assert build_libraries(qlora) == ("transformers", "peft", "torchao")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from catalog.hf_config import model_from_hf_config
-from planner.memory import merged_expert_bytes
+from planner.activations import merged_expert_bytes
 from tests.workers.ranks import gloo, run_ranks
 from tests.workers.tiny import cpu_strategy, tiny_spec, write_config
 
@@ -30,7 +30,7 @@ def _lora_model() -> torch.nn.Module:
     from workers.model.build import apply_lora
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**DEEPSEEK), dtype=torch.float32)  # type: ignore[no-untyped-call]
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**DEEPSEEK), dtype=torch.float32)  # type: ignore[no-untyped-call, arg-type]
     return apply_lora(model, rank=4)
 
 

@@ -26,8 +26,8 @@ from catalog.schema import ModelConfig
 from errors import Conflict, GpuplanError, InvalidInput
 from planner.calibration import Calibration
 from planner.decoder import moe_decode_phrase
-from planner.numerics import BF16_WEIGHTS
 from planner.spec import JobSpec
+from planner.strategies import precision_kind
 from planner.types import Strategy
 from workers.executors.protocol import RunRequest, RunStatus
 
@@ -158,7 +158,7 @@ def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: 
                    probe: Any = None) -> dict[str, float]:
     """The planner's peak memory, tokens/s and hours for ``strategy`` on this machine's CPU."""
     from planner.memory_train import train_memory
-    from planner.throughput import train_throughput
+    from planner.throughput_train import train_throughput
 
     assert spec.train is not None
     cpu = _this_cpu(home, probe)
@@ -187,7 +187,7 @@ def _check_fits_in_ram(model: ModelConfig, strategy: Strategy, ram: int | None) 
     from catalog.params import count_params
 
     params = count_params(model).total
-    weights = params * (2 if strategy.precision in BF16_WEIGHTS else 4)  # a lower bound: no grads, no states
+    weights = params * precision_kind(strategy.precision).bytes.param  # a lower bound: no grads, no states
     if ram is not None and weights > ram:
         raise InvalidInput(f"{model.id} has {params / 1e9:.1f}B parameters: {weights / 2**30:.1f} GiB for its "
                            f"{strategy.precision} weights alone, more than the {ram / 2**30:.1f} GiB of memory "

@@ -25,8 +25,8 @@ import torch
 
 from catalog.schema import ModelConfig
 from errors import Conflict, InvalidInput, NotFound
-from planner.numerics import BF16_WEIGHTS
 from planner.spec import JobSpec, ModelRef
+from planner.strategies import finetune_kind
 from planner.types import Strategy
 from workers.model.export_adapter import base_device, write_adapter
 
@@ -78,7 +78,7 @@ def export_checkpoint(uri: str, out: Path, *, merge: bool = False, progress: Pro
     _check_out(out)
     progress(f"reading the checkpoint at {uri}")
     restored = _restore(uri)
-    lora = restored.strategy.finetune in ("lora", "qlora")
+    lora = finetune_kind(restored.strategy.finetune).adapters
     if merge and not lora:
         raise InvalidInput("--merge folds LoRA adapters into the weights, but this run was a full fine-tune",
                            path="merge", hint="export without --merge: the folder already holds the full weights")
@@ -153,8 +153,9 @@ def _fits_gpu(restored: _Restored) -> bool:
 def _build_base(restored: _Restored, device: torch.device) -> torch.nn.Module:
     """The frozen base exactly as training built it: its weights folder, or the spec's seed drawn on ``device``."""
     from workers.model.build import build_model, resolve_model_source
+    from workers.train.setup import weights_dtype
 
-    dtype = torch.bfloat16 if restored.strategy.precision in BF16_WEIGHTS else torch.float32
+    dtype = weights_dtype(restored.strategy)
     source = resolve_model_source(restored.spec)
     seed = restored.spec.train.seed if restored.spec.train is not None else 0
     model = build_model(source, seed=seed, weights_dtype=dtype, device=device)
@@ -208,8 +209,9 @@ def _rebuild(restored: _Restored) -> torch.nn.Module:
     """A full fine-tune: the job's architecture with the checkpoint's state, which holds every weight, so
     nothing random is drawn first."""
     from workers.model.build import ModelSource, build_model
+    from workers.train.setup import weights_dtype
 
-    dtype = torch.bfloat16 if restored.strategy.precision in BF16_WEIGHTS else torch.float32
+    dtype = weights_dtype(restored.strategy)
     with _skip_init():  # every weight comes from the checkpoint: drawing random ones first is wasted minutes
         model = build_model(ModelSource(config=restored.config, weights_dir=None), seed=0, weights_dtype=dtype)
     try:

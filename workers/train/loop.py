@@ -27,6 +27,7 @@ import torch.distributed as dist
 from errors import GpuplanError, InvalidInput
 from planner.cost import just_in_time_reserve_s
 from planner.spec import JobSpec, TrainSpec
+from planner.strategies import precision_kind
 from planner.types import Strategy
 from workers.checkpoint.interval import ON_DEMAND_MTTP_H, IntervalPlanner, default_write_gbps
 from workers.cluster import nccl_net
@@ -151,7 +152,8 @@ class _Run:
                                  world_size=self.world)
         self.per_step_tokens = self.layout.sequences_per_step * train.seq_len
         self.autocast = autocast_dtype(strategy, self.sharded)
-        self.scaler = torch.amp.GradScaler(self.device.type) if strategy.precision == "amp-fp16" else None
+        self.scaler = torch.amp.GradScaler(self.device.type) if precision_kind(strategy.precision).loss_scaling \
+            else None
         # The spec and strategy travel with every checkpoint, so `gpuplan export` can rebuild the model from it.
         self.meta: dict[str, Any] = {
             "job_id": job.job_id, "model": self.source.config.id, "world_size": self.world,

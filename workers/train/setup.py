@@ -17,7 +17,7 @@ import torch.distributed as dist
 from catalog.params import count_params
 from errors import InvalidInput
 from planner.host_memory import build_bytes, builds_on_host, builds_once
-from planner.numerics import BF16_WEIGHTS
+from planner.strategies import finetune_kind, precision_kind, sharding_kind
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
 from workers.model.build import (
@@ -49,7 +49,7 @@ def check_supported(strategy: Strategy, device: torch.device) -> None:
         path, why = refused
         raise InvalidInput(why, path=path,
                            hint="plan the job again with `gpuplan plan`; see README 'What the workers run'")
-    if strategy.precision == "fp8":
+    if precision_kind(strategy.precision).float8_matmuls:
         ok = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
         if not ok:
             where = "the CPU" if device.type == "cpu" else torch.cuda.get_device_name(device)
@@ -72,23 +72,26 @@ def configure_torch(device: torch.device, cpu_threads: int | None) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def weights_dtype(strategy: Strategy) -> torch.dtype:
-    return torch.bfloat16 if strategy.precision in BF16_WEIGHTS else torch.float32
+    return TORCH_DTYPES[precision_kind(strategy.precision).weights_dtype]
 
 
 def autocast_dtype(strategy: Strategy, sharded: bool) -> torch.dtype | None:
-    if strategy.precision == "amp-bf16" and not sharded:  # FSDP2 does it with MixedPrecisionPolicy
-        return torch.bfloat16
-    if strategy.precision == "amp-fp16":
-        return torch.float16
-    return None
+    kind = precision_kind(strategy.precision)
+    if kind.autocast_dtype is None or (sharded and kind.fsdp_casts):  # FSDP2's MixedPrecisionPolicy casts instead
+        return None
+    return TORCH_DTYPES[kind.autocast_dtype]
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, *, precision: str = "fp32",
                    seed: int = 0, rank: int = 0) -> torch.optim.Optimizer:
     """``name``'s optimizer; under precision ``bf16`` an AdamW rounds its steps into the bf16 weights
     stochastically (seeded by the job's ``seed`` and ``rank``), which ``bf16-plain`` opts out of."""
-    stochastic = precision == "bf16" and any(p.dtype == torch.bfloat16 for p in params)  # not LoRA's fp32 adapters
+    stochastic = (precision_kind(precision).stochastic_rounding
+                  and any(p.dtype == torch.bfloat16 for p in params))  # not LoRA's fp32 adapters
     if name == "adamw" and stochastic:
         return StochasticRoundAdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, seed=seed, rank=rank)
     if name == "adamw":
@@ -170,20 +173,21 @@ def prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: to
 def _prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: torch.device, world: int,
                    checkpoint_follows: bool) -> PreparedModel:
     built_on = build_device(strategy, source, device)
-    sharded = strategy.sharding in ("fsdp", "fsdp-grad-op") and world > 1
+    shards_parameters = sharding_kind(strategy.sharding).shards_parameters
+    sharded = shards_parameters and world > 1
     if sharded and built_on.type == "cpu" and builds_once(strategy):
-        skip = checkpoint_follows and strategy.finetune == "full"
+        skip = checkpoint_follows and not finetune_kind(strategy.finetune).adapters
         model, pending = _sharded_from_rank0(strategy, seed, source, device, draw_weights=not skip)
         return PreparedModel(model, True, pending)
     # the weights and the LoRA adapters drawn from the job's seed alone, whatever runs beside it
     with seeded_build(seed, built_on, libraries=build_libraries(strategy)):
         model = build_model(source, seed=seed, weights_dtype=weights_dtype(strategy), device=built_on)
-        if strategy.finetune == "qlora":
-            quantize_base_nf4(model, shards=world if strategy.sharding in ("fsdp", "fsdp-grad-op") else 1)
+        if finetune_kind(strategy.finetune).quantized_base:
+            quantize_base_nf4(model, shards=world if shards_parameters else 1)
         model = _adapt(model, strategy)
     if not (sharded and built_on != device):
         model.to(device)  # a host-built model FSDP2 will shard moves one unit at a time, as fully_shard wraps it
-    if strategy.precision == "fp8":
+    if precision_kind(strategy.precision).float8_matmuls:
         from torchao.float8 import convert_to_float8_training
 
         convert_to_float8_training(model, module_filter_fn=lambda _m, fqn: "lm_head" not in fqn)
@@ -198,13 +202,14 @@ def _prepare_model(strategy: Strategy, seed: int, source: ModelSource, device: t
 
 def build_libraries(strategy: Strategy) -> tuple[str, ...]:
     """The libraries a build of ``strategy`` uses (workers.model.isolation.load_libraries loads them first)."""
-    return ("transformers",) + (("peft",) if strategy.finetune in ("lora", "qlora") else ()) \
-        + (("torchao",) if strategy.finetune == "qlora" or strategy.precision == "fp8" else ())
+    finetune = finetune_kind(strategy.finetune)
+    torchao = finetune.quantized_base or precision_kind(strategy.precision).float8_matmuls
+    return ("transformers",) + (("peft",) if finetune.adapters else ()) + (("torchao",) if torchao else ())
 
 
 def _adapt(model: torch.nn.Module, strategy: Strategy) -> torch.nn.Module:
     """LoRA adapters and activation checkpointing, as the strategy asks (the parameter names FSDP2 shards)."""
-    if strategy.finetune in ("lora", "qlora"):
+    if finetune_kind(strategy.finetune).adapters:
         model = apply_lora(model, strategy.lora_rank)
     if strategy.activation_checkpointing:
         enable_activation_checkpointing(model)
@@ -285,11 +290,12 @@ def _shard(model: torch.nn.Module, strategy: Strategy) -> None:
     """FSDP2 over every decoder layer, then the root."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if strategy.precision == "amp-bf16" else MixedPrecisionPolicy()
-    # fsdp-grad-op (ZeRO-2): parameters stay gathered from forward to backward, so only gradients
-    # and optimizer states are sharded; it saves the backward all-gather at the cost of memory.
-    reshard = strategy.sharding == "fsdp"
+    kind = precision_kind(strategy.precision)
+    policy = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[kind.autocast_dtype], reduce_dtype=torch.float32) \
+        if kind.fsdp_casts and kind.autocast_dtype is not None else MixedPrecisionPolicy()
+    # a kind that keeps each layer's parameters gathered from forward to backward (fsdp-grad-op, ZeRO-2 like)
+    # saves the backward all-gather at the cost of memory
+    reshard = sharding_kind(strategy.sharding).reshards_after_forward
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
