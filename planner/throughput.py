@@ -11,8 +11,6 @@ is bandwidth bound (weights + KV cache per step) plus HF ``generate()``'s per-la
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 from catalog.params import ParamCount, count_params
 from catalog.schema import GpuSpec, ModelConfig
@@ -577,16 +575,3 @@ def infer_throughput(model: ModelConfig, strategy: Strategy, prompt_tokens: int,
         warmup_s=cal.graph_compile_layer_s * model.num_layers if graph else 0.0,
         breakdown_s={"prefill": prefill, "decode": output_tokens * decode_step},
     )
-
-
-def inference_split(throughput: Mapping[str, Any], strategy: Mapping[str, Any]) -> dict[str, float | None]:
-    """A plan's prompt pass and decode step of one batch on one replica (what one worker times), from its
-    ``throughput`` and ``strategy`` (JSON or model dumps); None for training plans."""
-    breakdown = throughput.get("breakdown_s") or {}
-    decode_rate = throughput.get("decode_tokens_per_s")
-    prefill = breakdown.get("prefill")
-    if not isinstance(decode_rate, int | float) or decode_rate <= 0 or not isinstance(prefill, int | float):
-        return {"prefill_s": None, "decode_step_s": None}
-    replicas = max(1, int(strategy.get("gpu_count") or 1) // int(strategy.get("tensor_parallel") or 1))
-    return {"prefill_s": float(prefill),
-            "decode_step_s": int(strategy.get("batch") or 1) * replicas / float(decode_rate)}

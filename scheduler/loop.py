@@ -49,11 +49,10 @@ from sqlmodel import Session, col, select
 from catalog.errors import GpuplanError
 from planner.calibration import CostCalibration
 from planner.spec import spec_from_dict
-from planner.types import Strategy
 from scheduler import changeover, fallback, ledger, logbook, quota
 from scheduler.accuracy import attempt_metrics
 from scheduler.models import Attempt, Job
-from scheduler.placement import MarketChooser, ObservesZones, Placement, market_chooser, planned_mttp_h
+from scheduler.placement import MarketChooser, ObservesZones, Placement, market_chooser
 from scheduler.service import Clock, utcnow
 from scheduler.states import JobState, Market
 from scheduler.store import LoopLock, Store, transition
@@ -576,11 +575,10 @@ class Scheduler:
                  mttp_h: float | None = None) -> RunRequest:
         return RunRequest(
             job_id=job.id, attempt=number, spec=spec_from_dict(job.spec),
-            strategy=Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"]),
-            checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=market,
+            strategy=job.plan.strategy, checkpoint_uri=job.checkpoint_uri, run_name=job.id, market=market,
             # the policy's zone when it placed the attempt, else the zone the plan priced
-            zone=zone or (job.plan["chosen"].get("offer") or {}).get("zone"),
-            mean_time_to_preemption_h=(mttp_h or planned_mttp_h(job.plan)) if market == "spot" else None,
+            zone=zone or job.plan.zone,
+            mean_time_to_preemption_h=(mttp_h or job.plan.spot_mttp_h) if market == "spot" else None,
         )
 
     def _launch(self, job: Job, attempt: Attempt, request: RunRequest, report: TickReport) -> None:

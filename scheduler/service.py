@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from catalog.errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
+from planner.plan_record import planned_run
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
 from scheduler import job_progress, ledger, logbook, queries, quota
@@ -247,11 +248,9 @@ class SchedulerService:
         assert chosen is not None
         strategy = chosen.estimate.strategy
         job_id = self.job_ids()
-        stored_plan = plan.model_dump(mode="json", include={"job", "objective", "chosen", "warnings"})
-        stored_plan["alternatives"] = [c.model_dump(mode="json") for c in plan.candidates[:4]]
         now = self.clock()
         return Job(id=job_id, team_id=team_id, name=spec.name, spec=spec.model_dump(mode="json"), spec_hash=digest,
-                   plan=stored_plan, state=JobState.QUEUED, priority=body.priority,
+                   plan=planned_run(plan), state=JobState.QUEUED, priority=body.priority,
                    idempotency_key=body.idempotency_key, estimated_usd=chosen.cost.usd,
                    estimated_hours=chosen.cost.hours, gpus=strategy.gpu_count, gpu=strategy.gpu,
                    market=Market(chosen.cost.market), usd_per_h=chosen.cost.usd_per_h, max_attempts=self.max_attempts,
@@ -359,9 +358,11 @@ class SchedulerService:
             # a running attempt's network is in its log (the run says it after its first step) before its metrics
             running_net = logbook.newest_open_line(session, job_id, LINE_PREFIX) if row["gpus"] > 1 else None
             progress = job_progress.latest(session, [row]).get(job_id)
-        detail = JobDetail.model_validate(dict(row) | {"attempt_list": [dict(a) for a in attempts],
-                                                       "events": [dict(e) for e in events], "progress": progress})
-        detail.warnings = network_warnings(detail.spec, detail.plan, [a.model_dump() for a in detail.attempt_list],
+        planned = row["plan"]
+        detail = JobDetail.model_validate(dict(row) | {"plan": planned.public(), "progress": progress,
+                                                       "attempt_list": [dict(a) for a in attempts],
+                                                       "events": [dict(e) for e in events]})
+        detail.warnings = network_warnings(detail.spec, planned, [a.model_dump() for a in detail.attempt_list],
                                            self.relink, running_net)
         return detail
 
