@@ -9,9 +9,11 @@ that record through its typed fields and accessors, never the stored JSON.
 Stored documents carry ``schema_version``. :func:`load_planned_run` reads every version stored so far, upgrading
 older documents as it reads them, so a database keeps working across versions without a data migration:
 
-- version 1 (before 2026-12): no ``schema_version`` key; job, objective, chosen, warnings and ``alternatives``
-  (the plan's four leading candidates, best first).
+- version 1, what the scheduler stored before plans had versions: no ``schema_version`` key; job, objective,
+  chosen, warnings and ``alternatives`` (the plan's four leading candidates, best first).
 - version 2: version 1 with ``schema_version``.
+
+A new version adds its upgrade step to ``_UPGRADES`` and its captured documents to tests/data/plans.
 
 A job's public JSON (``GET /v1/jobs/{id}``'s ``plan``) is :meth:`PlannedRun.public`: the record's fields,
 without the storage's version.
