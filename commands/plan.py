@@ -25,7 +25,7 @@ from commands.output import (
 from commands.settings import Settings
 from errors import InvalidInput, NoFeasiblePlan
 from planner.decoder import moe_decode_phrase
-from planner.throughput import inference_split
+from planner.prediction import prediction_of
 
 app = typer.Typer()  # plan and estimate: top-level commands
 
@@ -332,11 +332,11 @@ def _print_estimate(result: Any, slack: float) -> None:
     start = f", its start included: {result.start_s:,.0f} s" if result.start_s else ""
     start += f", {thr.warmup_s:,.0f} s of it the capture" if thr.warmup_s else ""
     output.console.print(f"{line}; {duration(result.hours)} for the job{how}{start}", highlight=False)
-    split = inference_split(thr.model_dump(mode="json"), result.strategy.model_dump(mode="json"))
-    if split["prefill_s"] is not None and split["decode_step_s"] is not None:
+    predicted = prediction_of(result)
+    if predicted.prefill_s is not None and predicted.decode_step_s is not None:
         # the same two numbers a run logs and `gpuplan report accuracy` compares (workers/decode.DecodeTiming)
-        output.console.print(f"per batch of {result.strategy.batch}: prompt pass {split['prefill_s'] * 1e3:,.1f} ms, "
-                             f"then {split['decode_step_s'] * 1e3:,.2f} ms per decode step", highlight=False)
+        output.console.print(f"per batch of {result.strategy.batch}: prompt pass {predicted.prefill_s * 1e3:,.1f} ms, "
+                             f"then {predicted.decode_step_s * 1e3:,.2f} ms per decode step", highlight=False)
 
 
 cluster_app = typer.Typer(help="Ray cluster configs for running plans on spot instances.\n\nExample:\n\n"

@@ -20,8 +20,10 @@ from typing import Any
 from catalog.loader import Catalog
 from catalog.schema import GpuSpec, ModelConfig
 from errors import GpuplanError
+from planner.prediction import Prediction
 from planner.refit import QUANTITIES, Observation, Refit
 from planner.types import Strategy
+from scheduler.store.models import JobDetail
 
 
 @dataclass
@@ -50,7 +52,7 @@ def local_observations(home: Path) -> Gathered:
             run = json.loads(path.read_text())
             inputs = run.get("planner_inputs") or {}
             measured = _measured(run.get("measured") or {})
-            if not any(v is not None for v in (run.get("predicted") or {}).values()):
+            if not Prediction.model_validate(run.get("predicted") or {}).predicts_anything:
                 out.skipped[name] = "the planner made no prediction for it (inference on a CPU)"
                 continue
             if not inputs:
@@ -70,8 +72,8 @@ def local_observations(home: Path) -> Gathered:
     return out
 
 
-def team_observations(jobs: Iterable[Any], catalog: Catalog, gpu_of: Callable[[str], GpuSpec | None] | None = None
-                      ) -> Gathered:
+def team_observations(jobs: Iterable[JobDetail], catalog: Catalog,
+                      gpu_of: Callable[[str], GpuSpec | None] | None = None) -> Gathered:
     """Every closed attempt with measured values, from job details (``spec``, ``plan``, ``attempt_list``).
 
     ``gpu_of``: the part of a strategy's ``gpu`` the catalog does not name (this machine's CPU)."""
@@ -80,12 +82,12 @@ def team_observations(jobs: Iterable[Any], catalog: Catalog, gpu_of: Callable[[s
 
     out = Gathered()
     for job in jobs:
-        attempts = [a for a in getattr(job, "attempt_list", []) if a.metrics]
+        attempts = [a for a in job.attempt_list if a.metrics]
         if not attempts:
             continue
         try:
             spec = spec_from_dict(dict(job.spec))
-            strategy = Strategy.model_validate(job.plan["chosen"]["estimate"]["strategy"])
+            strategy = job.planned_run().strategy
             model = resolve_model(catalog, spec.model if isinstance(spec.model, str) else {"config": spec.model.config})
             gpu = catalog.gpu(strategy.gpu) if catalog.has_gpu(strategy.gpu) else (gpu_of and gpu_of(strategy.gpu))
             if gpu is None:
@@ -95,13 +97,14 @@ def team_observations(jobs: Iterable[Any], catalog: Catalog, gpu_of: Callable[[s
                 out.skipped[f"{job.id}/{a.number}"] = f"cannot be predicted again: {str(exc).splitlines()[0][:160]}"
             continue
         for a in attempts:
-            measured = _measured(a.metrics.get("measured") or {})
+            ran = (a.metrics or {}).get("measured") or {}
+            measured = _measured(ran)
             key = f"{job.id}/{a.number}"
             if not measured:
                 out.skipped[key] = "it measured nothing the planner predicts"
                 continue
             out.observations.append(Observation(
-                id=f"team/{key}", gpu=gpu, model=model, strategy=_as_run(strategy, a.metrics.get("measured") or {}),
+                id=f"team/{key}", gpu=gpu, model=model, strategy=_as_run(strategy, ran),
                 measured=measured, seq_len=spec.train.seq_len if spec.train else 0,
                 prompt_tokens=spec.infer.prompt_tokens if spec.infer and spec.task == "infer" else 0,
                 output_tokens=spec.infer.output_tokens if spec.infer and spec.task == "infer" else 0))
@@ -134,8 +137,9 @@ def write_overlay(path: Path, document: Mapping[str, Any]) -> None:
                            hint="check that the gpuplan home (GPUPLAN_HOME) is writable") from exc
 
 
-def calibrate(home: Path, *, source: str, holdout: float, write: bool, team_jobs: Callable[[], Iterable[Any]] | None,
-              catalog: Catalog | None = None, now: datetime | None = None) -> dict[str, Any]:
+def calibrate(home: Path, *, source: str, holdout: float, write: bool,
+              team_jobs: Callable[[], Iterable[JobDetail]] | None, catalog: Catalog | None = None,
+              now: datetime | None = None) -> dict[str, Any]:
     """Gather the records of ``source`` (local, team or all), refit the shipped calibration on part
     of them, judge it on the rest, and (``write``) keep it in ``<home>/calibration.json``.
 

@@ -16,7 +16,7 @@ import json
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,10 +25,12 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from errors import Conflict, Forbidden, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
+from errors import Conflict, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
+from planner.plan_record import planned_run
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
-from scheduler.auth import ADMIN, Principal, TokenAuth, hash_token, require_admin, team_id_of
+from scheduler import spend_reports
+from scheduler.auth import ADMIN, Principal, TokenAuth, hash_token, team_id_of
 from scheduler.loop import job_progress, quota
 from scheduler.loop.admission import Feasibility, refuse_unrunnable
 from scheduler.loop.network_status import Relink, network_warnings
@@ -46,14 +48,12 @@ from scheduler.store.models import (
     JobLogs,
     JobPublic,
     SpendReport,
-    Team,
     TeamCreate,
     TeamPublic,
-    TeamSpend,
     TeamUpdate,
 )
 from scheduler.store.states import TERMINAL, JobState, Market, check_transition
-from scheduler.store.teams import Teams, budgets_left, team_by_name
+from scheduler.store.teams import Teams
 from workers.cluster.nccl_net import LINE_PREFIX
 from workers.spec_files import check_spec_files
 
@@ -77,13 +77,6 @@ def spec_hash(spec: JobSpec) -> str:
 
 def usd(x: float) -> str:
     return f"${x:,.2f}"
-
-
-def _by_market(amounts: Iterable[tuple[str, float]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for market, amount in amounts:
-        out[market] = out.get(market, 0.0) + amount
-    return out
 
 
 def _public(job: Job, spent_usd: float) -> JobPublic:
@@ -248,11 +241,9 @@ class SchedulerService:
         assert chosen is not None
         strategy = chosen.estimate.strategy
         job_id = self.job_ids()
-        stored_plan = plan.model_dump(mode="json", include={"job", "objective", "chosen", "warnings"})
-        stored_plan["alternatives"] = [c.model_dump(mode="json") for c in plan.candidates[:4]]
         now = self.clock()
         return Job(id=job_id, team_id=team_id, name=spec.name, spec=spec.model_dump(mode="json"), spec_hash=digest,
-                   plan=stored_plan, state=JobState.QUEUED, priority=body.priority,
+                   plan=planned_run(plan), state=JobState.QUEUED, priority=body.priority,
                    idempotency_key=body.idempotency_key, estimated_usd=chosen.cost.usd,
                    estimated_hours=chosen.cost.hours, gpus=strategy.gpu_count, gpu=strategy.gpu,
                    market=Market(chosen.cost.market), usd_per_h=chosen.cost.usd_per_h, max_attempts=self.max_attempts,
@@ -360,9 +351,11 @@ class SchedulerService:
             # a running attempt's network is in its log (the run says it after its first step) before its metrics
             running_net = logbook.newest_open_line(session, job_id, LINE_PREFIX) if row["gpus"] > 1 else None
             progress = job_progress.latest(session, [row]).get(job_id)
-        detail = JobDetail.model_validate(dict(row) | {"attempt_list": [dict(a) for a in attempts],
-                                                       "events": [dict(e) for e in events], "progress": progress})
-        detail.warnings = network_warnings(detail.spec, detail.plan, [a.model_dump() for a in detail.attempt_list],
+        planned = row["plan"]
+        detail = JobDetail.model_validate(dict(row) | {"plan": planned.public(), "progress": progress,
+                                                       "attempt_list": [dict(a) for a in attempts],
+                                                       "events": [dict(e) for e in events]})
+        detail.warnings = network_warnings(detail.spec, planned, [a.model_dump() for a in detail.attempt_list],
                                            self.relink, running_net)
         return detail
 
@@ -407,57 +400,12 @@ class SchedulerService:
         complete = job.state.terminal and open_attempts == 0
         return JobLogs(job_id=job.id, lines=lines, next=since + len(lines), state=job.state, complete=complete)
 
-    # -------------------------------------------------------------- reports and metrics
+    # -------------------------------------------------------------- reports and metrics (scheduler.spend_reports)
 
     def spend_report(self, principal: Principal, *, since: datetime, team: str | None = None,
                      top: int | None = None) -> SpendReport:
-        """One team's spend per job (the caller's, or any team's for the admin); the admin without
-        a team gets every team's totals. ``top``: list only the lines of the ``top`` costliest jobs
-        (the totals still count every job: they are summed in the database either way)."""
-        until = self.clock()
-        with self.store.read() as session:
-            if team is None and principal.is_admin:
-                return self._all_teams_spend(session, since, until)
-            if team is not None and (principal.is_admin or team != principal.team_name):
-                if not principal.is_admin:  # a team token asking for another team: say whose token it is
-                    raise Forbidden(f"this is team {principal.team_name}'s token, not team {team}'s: a team token "
-                                    "reads only its own team's spend",
-                                    hint=f"use a token of team {team}, or the admin token (GPUPLAN_ADMIN_TOKEN) "
-                                    "for any team")
-                row = team_by_name(session, team)
-            else:
-                row_or_none = session.get(Team, team_id_of(principal))
-                if row_or_none is None:
-                    raise NotFound("your team no longer exists")
-                row = row_or_none
-            assert row.id is not None
-            window, ever = ledger.spend_by_team_between(session, since, until, [row.id])
-            by_market = window.get(row.id, {})
-            lines = ledger.spend_lines(session, row.id, since, until, top)
-            left = budgets_left(session, [row], ever)[row.id]
-        return SpendReport(team=row.name, since=since, until=until, total_usd=sum(by_market.values()),
-                           by_market=by_market, jobs=lines, budget_usd=row.budget_usd, remaining_usd=left)
-
-    def _all_teams_spend(self, session: Session, since: datetime, until: datetime) -> SpendReport:
-        spent, ever = ledger.spend_by_team_between(session, since, until)
-        rows = list(session.exec(select(Team).order_by(col(Team.name))).all())
-        left = budgets_left(session, rows, ever)
-        teams = [TeamSpend(team=row.name, total_usd=sum(spent.get(row.id, {}).values()),
-                           by_market=_by_market(spent.get(row.id, {}).items()), budget_usd=row.budget_usd,
-                           remaining_usd=left[row.id]) for row in rows if row.id is not None]
-        return SpendReport(team=None, since=since, until=until, total_usd=sum(t.total_usd for t in teams),
-                           by_market=_by_market(m for t in teams for m in t.by_market.items()), jobs=[],
-                           budget_usd=None, remaining_usd=None, teams=teams)
+        return spend_reports.spend_report(self.store, principal, since=since, until=self.clock(), team=team, top=top)
 
     def metrics_snapshot(self, principal: Principal) -> tuple[dict[tuple[str, str], int],
                                                                dict[tuple[str, str], float]]:
-        """({(team, state): jobs}, {(team, market): usd}) for the Prometheus endpoint (admin only)."""
-        require_admin(principal)
-        with self.store.read() as session:
-            names = {t.id: t.name for t in session.exec(select(Team)).all()}
-            jobs = session.exec(select(Job.team_id, Job.state, func.count()).group_by(
-                col(Job.team_id), col(Job.state))).all()
-            spend = ledger.spend_by_team(session)
-        by_state = {(names.get(t, str(t)), s): int(n) for t, s, n in jobs}
-        by_team = {(names.get(t, str(t)), m): v for t, markets in spend.items() for m, v in markets.items()}
-        return by_state, by_team
+        return spend_reports.metrics_snapshot(self.store, principal)

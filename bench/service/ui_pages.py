@@ -36,7 +36,6 @@ from commands.specfile import load_spec  # noqa: E402
 from scheduler import ledger  # noqa: E402
 from scheduler.api import create_app  # noqa: E402
 from scheduler.api.server import catalog_planner  # noqa: E402
-from scheduler.loop.accuracy import predicted_from_plan  # noqa: E402
 from scheduler.service import ADMIN, SchedulerService  # noqa: E402
 from scheduler.store.database import Store  # noqa: E402
 from scheduler.store.models import Attempt, Event, Job, JobCreate, JobLog, Spend, TeamCreate, TeamUpdate  # noqa: E402
@@ -116,11 +115,11 @@ def seed(service: SchedulerService, n_jobs: int, n_spend: int, rng: random.Rando
                                          "failed" if last and state == "failed" else "preempted")
             metrics = None
             if outcome == "succeeded":
-                predicted = predicted_from_plan(src["plan"])
-                measured = {"peak_allocated_bytes": (predicted["peak_allocated_bytes"] or 0) * rng.uniform(0.97, 1.04),
-                            "peak_reserved_bytes": (predicted["peak_reserved_bytes"] or 0) * rng.uniform(0.95, 1.1),
-                            "tokens_per_s": (predicted["tokens_per_s"] or 0) * rng.uniform(0.85, 1.1)}
-                metrics = {"measured": measured, "predicted": predicted, "oom_backoffs": []}
+                predicted = src["plan"].prediction()
+                measured = {"peak_allocated_bytes": (predicted.peak_allocated_bytes or 0) * rng.uniform(0.97, 1.04),
+                            "peak_reserved_bytes": (predicted.peak_reserved_bytes or 0) * rng.uniform(0.95, 1.1),
+                            "tokens_per_s": (predicted.tokens_per_s or 0) * rng.uniform(0.85, 1.1)}
+                metrics = {"measured": measured, "predicted": predicted.record(), "oom_backoffs": []}
             attempts.append({"id": attempt_id, "job_id": job_id, "number": k, "handle": f"h-{job_id}-{k}",
                              "market": src["market"], "usd_per_h": src["usd_per_h"], "started_at": start,
                              "last_seen_at": end or now, "ended_at": end, "outcome": outcome, "message": "",

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from planner.throughput import inference_split
+from planner.plan_record import PlannedRun
 from workers.executors.protocol import RunStatus
 
 # measured value -> its key in RunStatus.metrics (workers.train.progress.result_metrics)
@@ -35,32 +35,12 @@ MEASURED_KEYS = {
 COMPARED = ("peak_allocated_bytes", "peak_reserved_bytes", "tokens_per_s", "prefill_s", "decode_step_s")
 
 
-def predicted_from_plan(plan: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The chosen estimate's predictions in a stored plan (``job.plan``)."""
-    estimate = ((plan or {}).get("chosen") or {}).get("estimate") or {}
-    memory, throughput = estimate.get("memory") or {}, estimate.get("throughput") or {}
-    strategy = estimate.get("strategy") or {}
-    return {"peak_allocated_bytes": memory.get("peak_allocated_bytes"),
-            "peak_reserved_bytes": memory.get("peak_reserved_bytes"),
-            "tokens_per_s": throughput.get("tokens_per_s"),
-            "micro_batch": strategy.get("micro_batch"), "gpu": strategy.get("gpu"),
-            "gpu_count": strategy.get("gpu_count"), "label": _label(strategy), **inference_split(throughput, strategy)}
-
-
-def attempt_metrics(status: RunStatus, plan: Mapping[str, Any] | None) -> dict[str, Any]:
+def attempt_metrics(status: RunStatus, plan: PlannedRun) -> dict[str, Any]:
     """What ``attempt.metrics`` holds: the measured block (None where the run did not get that far),
-    the plan's predicted block, and the OOM back-offs."""
+    the plan's predicted block (planner.prediction), and the OOM back-offs."""
     measured = {key: status.metrics.get(source) for key, source in MEASURED_KEYS.items()}
-    return {"measured": measured, "predicted": predicted_from_plan(plan), "oom_backoffs": list(status.oom_backoffs)}
-
-
-def _label(strategy: Mapping[str, Any]) -> str | None:
-    from planner.types import Strategy
-
-    try:
-        return Strategy.model_validate(strategy).label() if strategy else None
-    except ValueError:
-        return None
+    return {"measured": measured, "predicted": plan.prediction().record(),
+            "oom_backoffs": list(status.oom_backoffs)}
 
 
 def error(predicted: object, measured: object) -> float | None:
@@ -110,7 +90,8 @@ def local_records(home: Path) -> list[Record]:
             continue
         if not isinstance(run, dict):
             continue
-        predicted = {**(run.get("predicted") or {}), "label": run.get("strategy_label")}
+        predicted = run.get("predicted") or {}  # results before the predicted block named its strategy: their label
+        predicted = {**predicted, "label": predicted.get("label") or run.get("strategy_label")}
         records.append((str(run.get("job", path.parent.name)), str(run.get("status", "?")),
                         {"measured": run.get("measured") or {}, "predicted": predicted,
                          "oom_backoffs": run.get("oom_backoffs") or []}))

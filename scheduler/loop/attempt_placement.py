@@ -27,11 +27,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from planner.calibration import CostCalibration
 from planner.spec import spec_from_dict
-from planner.types import Candidate
 from scheduler.spot.policy import (
     Current,
     Decision,
@@ -78,7 +77,7 @@ def plan_market(job: Job, now: datetime, *, restart_h: float) -> tuple[Market, f
     decides (scheduler.spot.policy, pure), given the delay of a (re)start (``restart_h``, the
     calibration's); otherwise the plan's own market and price stand.
     """
-    chosen = Candidate.model_validate(job.plan["chosen"])
+    chosen = job.plan.chosen
     offer = chosen.offer
     planned = Market(chosen.cost.market)
     spot_mode = (job.spec.get("resources") or {}).get("spot", "auto")
@@ -103,14 +102,6 @@ def plan_market(job: Job, now: datetime, *, restart_h: float) -> tuple[Market, f
 def market_chooser(cost: CostCalibration) -> MarketChooser:
     """:func:`plan_market` with the calibration's restart delay."""
     return functools.partial(plan_market, restart_h=cost.restart_h)
-
-
-def planned_mttp_h(plan: dict[str, Any] | None) -> float | None:
-    """The mean time to preemption the job's plan priced spot at (None when it priced on-demand): the
-    workers checkpoint for it, so the interval that runs is the plan's."""
-    cost = ((plan or {}).get("chosen") or {}).get("cost") or {}
-    value = cost.get("mean_time_to_preemption_h")
-    return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
 @runtime_checkable
@@ -210,7 +201,7 @@ class _Offer:
 
     @staticmethod
     def of(job: Job) -> _Offer:
-        chosen = Candidate.model_validate(job.plan["chosen"])
+        chosen = job.plan.chosen
         resources = spec_from_dict(job.spec).resources
         nodes = max(chosen.nodes, 1)
         return _Offer(resources.spot, resources.deadline, max(chosen.estimate.hours, 1e-6), nodes,

@@ -26,7 +26,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlmodel import Session
 
-from planner.types import Candidate
 from scheduler.loop.attempt_placement import Placement, Running
 from scheduler.store import logbook
 from scheduler.store.models import Attempt, Job
@@ -57,8 +56,7 @@ def running(job: Job, attempt: Attempt, status: RunStatus) -> Running:
     """The attempt's market and zone and the job's work done, from its progress (steps of the plan's hours)."""
     progress = status.progress
     done = progress.step / progress.total_steps if progress.total_steps > 0 else 0.0
-    hours = Candidate.model_validate(job.plan["chosen"]).estimate.hours
-    return Running(market=attempt.market, zone=attempt.zone, work_done_h=done * hours)
+    return Running(market=attempt.market, zone=attempt.zone, work_done_h=done * job.plan.hours)
 
 
 def mark(session: Session, attempt_id: int | None, target: Placement, now: datetime) -> bool:

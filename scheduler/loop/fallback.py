@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from errors import GpuplanError
-from planner.types import Plan
 from scheduler.loop.attempt_placement import Placement
 from scheduler.store.models import Attempt, Job
 from workers.cluster.config import ClusterOptions, cluster_needs
@@ -22,20 +21,15 @@ from workers.cluster.config import ClusterOptions, cluster_needs
 def planned_placements(job: Job) -> list[Placement]:
     """The (market, zone) placements of the node types generated for the job's planned GPU, cheapest first;
     [] when the plan has none (not on AWS, or no plan the generator accepts)."""
-    # the job's row keeps the plan's leading candidates as "alternatives" (scheduler.service)
-    fields = {"job", "objective", "chosen", "warnings"}
-    stored = {**{k: v for k, v in job.plan.items() if k in fields}, "rejections": [],
-              "candidates": job.plan.get("candidates") or job.plan.get("alternatives") or []}
-    try:
-        plan = Plan.model_validate(stored)
-        needs = cluster_needs(plan, ClusterOptions(every_zone=True))
-    except (GpuplanError, ValueError):
+    planned = job.plan
+    try:  # the job keeps the plan's leading candidates (planner.plan_record): the generator reads them as a plan
+        needs = cluster_needs(planned.as_plan(), ClusterOptions(every_zone=True))
+    except GpuplanError:
         return []
-    assert plan.chosen is not None  # cluster_needs refuses a plan without one
-    nodes = max(plan.chosen.nodes, 1)
+    nodes = max(planned.nodes, 1)
     out: dict[tuple[str, str | None], Placement] = {}
     for kind in needs.kinds:
-        if kind.gpu != plan.chosen.offer.gpu:  # another GPU would need its own strategy: not a fallback
+        if kind.gpu != planned.chosen.offer.gpu:  # another GPU would need its own strategy: not a fallback
             continue
         offer = kind.candidate.offer
         price = offer.spot_usd_per_h if kind.market == "spot" else offer.on_demand_usd_per_h

@@ -9,21 +9,21 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from errors import GpuplanError
+from planner.plan_record import PlannedRun
 from workers.cluster.nccl_net import network_warning, parse_network_line
 
-# (job spec, stored plan, Gbit/s) -> the plan's tokens/s on that link, or None when it cannot say
-Relink = Callable[[Mapping[str, Any], Mapping[str, Any], float], float | None]
+# (job spec, the job's plan, Gbit/s) -> the plan's tokens/s on that link, or None when it cannot say
+Relink = Callable[[Mapping[str, Any], PlannedRun, float], float | None]
 
 
-def network_warnings(spec: Mapping[str, Any], plan: Mapping[str, Any], attempts: Iterable[Mapping[str, Any]],
+def network_warnings(spec: Mapping[str, Any], plan: PlannedRun, attempts: Iterable[Mapping[str, Any]],
                      relink: Relink | None, running_line: str | None = None) -> list[str]:
     """The warning of the newest attempt that recorded its network, when that was slower than the plan's;
     ``running_line``: the running attempt's log line naming it (``workers.cluster.nccl_net.network_line``)."""
-    chosen = plan.get("chosen") or {}
-    if int(chosen.get("nodes") or 1) < 2:
+    if plan.nodes < 2:
         return []
-    planned_gbps = float((chosen.get("offer") or {}).get("network_gbps") or 0.0)
-    planned_tps = ((chosen.get("estimate") or {}).get("throughput") or {}).get("tokens_per_s")
+    planned_gbps = plan.chosen.offer.network_gbps
+    planned_tps = plan.chosen.estimate.throughput.tokens_per_s
     for attempt in sorted(attempts, key=lambda a: int(a.get("number") or 0), reverse=True):
         measured = (attempt.get("metrics") or {}).get("measured") or {}
         link = measured.get("nccl_link_gbps")
@@ -43,14 +43,11 @@ def planner_relink(catalog: Any, calibration: Any) -> Relink:
     from planner.estimate import estimate
     from planner.spec import spec_from_dict
 
-    def relink(spec: Mapping[str, Any], plan: Mapping[str, Any], gbps: float) -> float | None:
-        chosen = plan.get("chosen") or {}
-        strategy = (chosen.get("estimate") or {}).get("strategy") or {}
+    def relink(spec: Mapping[str, Any], plan: PlannedRun, gbps: float) -> float | None:
         try:
-            est = estimate(spec_from_dict(dict(spec)), catalog, str(strategy["gpu"]), int(strategy["gpu_count"]),
-                           calibration=calibration, gpus_per_node=int((chosen.get("offer") or {})["gpu_count"]),
-                           network_gbps=gbps)
-        except (GpuplanError, KeyError, TypeError, ValueError):  # a plan the catalog no longer knows: no number
+            est = estimate(spec_from_dict(dict(spec)), catalog, plan.strategy.gpu, plan.strategy.gpu_count,
+                           calibration=calibration, gpus_per_node=plan.chosen.offer.gpu_count, network_gbps=gbps)
+        except (GpuplanError, ValueError):  # a plan the catalog no longer knows: no number
             return None
         return float(est.throughput.tokens_per_s)
 

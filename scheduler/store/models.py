@@ -19,6 +19,7 @@ from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
 from errors import InvalidInput
+from planner.plan_record import PlannedRun, dump_planned_run, load_planned_run
 from scheduler.inputs import JsonObject, Key, Name
 from scheduler.store.states import JobState, Market
 
@@ -69,6 +70,20 @@ class EnumText(TypeDecorator[Any]):
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> enum.StrEnum | None:
         return None if value is None else self.enum_type(value)
+
+
+class PlanColumn(TypeDecorator[PlannedRun]):
+    """A job's plan: a :class:`PlannedRun` in Python, its versioned JSON document (planner.plan_record) in the
+    database; documents of earlier schema versions are upgraded as they are read."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: PlannedRun | None, dialect: Dialect) -> dict[str, Any] | None:
+        return None if value is None else dump_planned_run(value)
+
+    def process_result_value(self, value: dict[str, Any] | None, dialect: Dialect) -> PlannedRun | None:
+        return None if value is None else load_planned_run(value)
 
 
 def _enum(enum_type: type[enum.StrEnum], default: Any = None) -> Any:
@@ -203,7 +218,7 @@ class Job(JobBase, table=True):
     name: str = Field(max_length=128)
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     spec_hash: str = Field(max_length=64)
-    plan: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    plan: PlannedRun = Field(sa_column=Column(PlanColumn(), nullable=False))
     state: JobState = _enum(JobState)
     estimated_usd: float = 0.0
     estimated_hours: float = 0.0
@@ -321,12 +336,17 @@ class EventPublic(SQLModel):
 
 
 class JobDetail(JobPublic):
-    plan: dict[str, Any]
+    plan: dict[str, Any] = Field(description="the job's plan: its chosen candidate, warnings and the leading "
+                                 "candidates as alternatives (planner.plan_record.PlannedRun)")
     spec: dict[str, Any]
     attempt_list: list[AttemptPublic] = Field(default_factory=list)
     events: list[EventPublic] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list, description="what ran differently from the plan, e.g. NCCL "
                                 "over TCP sockets where the plan priced EFA, with the plan's speed on that link")
+
+    def planned_run(self) -> PlannedRun:
+        """The job's plan, typed."""
+        return load_planned_run(self.plan)
 
 
 class JobLogs(SQLModel):

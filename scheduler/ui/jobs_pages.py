@@ -52,12 +52,12 @@ def job_page(ctx: CtxDep, job_id: JobId, team: Annotated[Name, Query()] = "") ->
         raise InvalidInput("there are no teams yet, so no jobs", hint="create a team on the Admin page")
     detail = service.status(who, job_id)
     logs = service.logs(who, job_id, 0)
-    chosen, alternatives = views.stored_candidates(detail.plan)
+    planned = detail.planned_run()
     rows = accuracy.accuracy_rows(accuracy.team_records([detail]))
     lines = logs.lines[-LOG_TAIL:]
     return render(ctx, "job.html", job=detail, team=who.team_name, teams=teams,
-                  chosen=views.chosen_line(chosen) if chosen else "",
-                  alternatives=views.plan_rows(alternatives, chosen), accuracy=rows,
+                  chosen=views.chosen_line(planned.chosen),
+                  alternatives=views.plan_rows(planned.alternatives, planned.chosen), accuracy=rows,
                   log_lines=lines, log_next=logs.next, log_complete=logs.complete,
                   log_cut=len(logs.lines) - len(lines), terminal=JobState(detail.state).terminal,
                   terminal_states=[s.value for s in JobState if s.terminal])

@@ -5,7 +5,7 @@ Kept apart from the routes so they stay thin and these can be tested without a s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
@@ -126,19 +126,6 @@ def pareto_plot(plan: Plan) -> str:
                f"{c.offer.instance_type} {c.estimate.strategy.label()}") for c in plan.candidates]
     chosen = (plan.chosen.cost.hours, plan.chosen.cost.usd) if plan.chosen else None
     return svg.pareto_svg(points, f"{plan.job}: cost vs time ({len(plan.candidates)} options)", chosen)
-
-
-def stored_candidates(plan: Mapping[str, Any]) -> tuple[Candidate | None, list[Candidate]]:
-    """(chosen, alternatives) of a job's stored plan; entries that no longer parse are left out."""
-    def parse(d: Any) -> Candidate | None:
-        try:
-            return Candidate.model_validate(d)
-        except ValueError:
-            return None
-
-    chosen = parse(plan.get("chosen")) if plan.get("chosen") else None
-    alternatives = [c for c in (parse(d) for d in plan.get("alternatives") or []) if c is not None]
-    return chosen, alternatives
 
 
 # ------------------------------------------------------------------ spend

@@ -54,9 +54,8 @@ def _team_records(home: Path) -> None:
     loop.tick()
     for job, spec in zip(jobs, specs, strict=True):
         detail = client.status(job.id)
-        strategy = Strategy.model_validate(detail.plan["chosen"]["estimate"]["strategy"])
         obs = Observation(id=job.id, gpu=CATALOG.gpu("H200"), model=CATALOG.model(str(spec["model"])),
-                          strategy=strategy, measured={}, seq_len=int(spec["train"]["seq_len"]))  # type: ignore[index]
+                          strategy=detail.planned_run().strategy, measured={}, seq_len=int(spec["train"]["seq_len"]))  # type: ignore[index]
         truth = predict(obs, TRUE)
         ex.finish(ex.handle_of(job.id), RunState.SUCCEEDED,
                   {"measured_peak_allocated_bytes": truth["peak_allocated_bytes"],

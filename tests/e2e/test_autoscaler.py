@@ -237,15 +237,15 @@ def test_two_teams_run_side_by_side_on_exactly_the_planned_worker_type(head: Hea
 
 def uninterrupted(head: Head, team: str, job_id: str, tmp: Path) -> dict[str, Any]:
     """The job's model after the same training run in this process, never stopped."""
+    from planner.plan_record import load_planned_run
     from planner.spec import spec_from_dict
-    from planner.types import Strategy
     from workers.checkpoint.local import open_store
     from workers.train.loop import TrainJob, run_training
     from workers.train.state_load import read_checkpoint_state
 
     detail = head.job(team, job_id)
     job = TrainJob(job_id="reference", spec=spec_from_dict(detail["spec"]),
-                   strategy=Strategy.model_validate(detail["plan"]["chosen"]["estimate"]["strategy"]),
+                   strategy=load_planned_run(detail["plan"]).strategy,
                    checkpoint_uri=str(tmp / "reference"), cpu_threads=1, log_every_s=0.0)
     run_training(job)
     found = read_checkpoint_state(open_store(str(tmp / "reference")))

@@ -35,11 +35,13 @@ def test_run_json_prints_the_finished_job_and_refuses_to_clobber_it(spec_file: P
     assert job["final_loss"] > 0 and job["engine"] == "in-process" and job["device"] == "cpu"
     assert job["measured"]["tokens_per_s"] > 0 and job["measured"]["peak_rss_bytes"] > 0
     assert job["measured"]["checkpoint_interval_steps"] == 4 and job["measured"]["checkpoint_durable_s"] > 0
+    # the one predicted block of every predicted-vs-measured record (planner.prediction), as attempts keep it
     assert set(job["predicted"]) == {"peak_allocated_bytes", "peak_reserved_bytes", "tokens_per_s", "prefill_s",
-                                     "decode_step_s", "wall_s"}
+                                     "decode_step_s", "wall_s", "hours", "micro_batch", "gpu", "gpu_count", "label"}
     # a training run has no prompt pass or decode step, planned or measured; a CPU plan prices no wall time
     assert job["predicted"]["prefill_s"] is None and job["measured"]["decode_step_s"] is None
-    assert job["predicted"]["wall_s"] is None
+    assert job["predicted"]["wall_s"] is None and job["predicted"]["hours"] > 0
+    assert (job["predicted"]["gpu"], job["predicted"]["label"]) == ("cpu", job["strategy_label"])
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-"))[-1] == "step-000000010"
     saved = json.loads((tmp_path / "home" / "runs" / "e2e-tiny" / "result.json").read_text())
     assert saved["final_loss"] == job["final_loss"]

@@ -15,7 +15,8 @@ import pytest
 from sqlalchemy import text
 
 from catalog.schema import Offer, Source
-from planner.spec import JobSpec
+from planner.plan_record import PlannedRun, planned_run
+from planner.spec import JobSpec, spec_from_dict
 from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Plan, Strategy, ThroughputEstimate
 from scheduler.service import ADMIN, Principal, SchedulerService
 from scheduler.spot.policy import ZoneSeen
@@ -117,6 +118,11 @@ def toy_plan(spec: JobSpec) -> Plan:
                      cost=CostEstimate(market=market, usd_per_h=per_h, hours=amount / per_h, usd=amount,
                                        mean_time_to_preemption_h=TOY_MTTP_H if market == "spot" else None))
     return Plan(job=spec.name, objective="cheapest", chosen=cand, candidates=[cand], rejections=[])
+
+
+def toy_record(name: str = "job") -> PlannedRun:
+    """toy_plan's plan of spec_dict(), as a job keeps it: for tests that write job rows themselves."""
+    return planned_run(toy_plan(spec_from_dict(spec_dict(name=name))))
 
 
 def spec_dict(tokens: float = 1e6, gpus: int = 1, name: str = "job", spot: str = "never") -> dict[str, object]:

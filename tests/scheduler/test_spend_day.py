@@ -32,7 +32,7 @@ from scheduler.store import ledger
 from scheduler.store.database import Store
 from scheduler.store.models import Attempt, Job, Spend, SpendDay, Team
 from scheduler.ui import queries
-from tests.scheduler.conftest import toy_plan
+from tests.scheduler.conftest import toy_plan, toy_record
 from tests.scheduler.fakes import FakeClock
 from tests.scheduler.ui_world import sign_in
 
@@ -157,7 +157,7 @@ def build_history(store: Store, rng: random.Random, *, teams: int = 6, closes: i
         session.add_all(team_rows)
         session.flush()
         team_ids = [t.id for t in team_rows if t.id is not None]
-        jobs = [Job(id=f"j-{t}-{k}", team_id=t, name=f"job-{t}-{k}", spec={}, spec_hash="h", plan={},
+        jobs = [Job(id=f"j-{t}-{k}", team_id=t, name=f"job-{t}-{k}", spec={}, spec_hash="h", plan=toy_record(),
                     state="running", gpu=rng.choice(GPUS), created_at=t0, updated_at=t0)
                 for t in team_ids for k in range(rng.randint(1, 4))]
         session.add_all(jobs)
@@ -316,7 +316,7 @@ def test_concurrent_writers_add_every_row_to_the_summary(store: Store) -> None:
     history = build_history(store, random.Random(5), teams=1, closes=1)
     end = datetime.combine(D0 + timedelta(days=2), time(10), tzinfo=UTC)
     with store.write() as session:
-        job = Job(id="j-hot", team_id=history.team_ids[0], name="hot", spec={}, spec_hash="h", plan={},
+        job = Job(id="j-hot", team_id=history.team_ids[0], name="hot", spec={}, spec_hash="h", plan=toy_record(),
                   state="running", gpu="H100-SXM", created_at=end, updated_at=end)
         session.add(job)
     start = threading.Barrier(4)

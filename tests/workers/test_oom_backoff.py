@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from errors import GpuplanError
+from planner.prediction import Prediction
 from tests.workers.tiny import assert_same_weights, cpu_strategy, final_state, tiny_spec, write_config
 from workers.executors.cuda_env import ALLOC_CONF_ENV, DEFAULT_ALLOC_CONF, allocator_env, configure_allocator
 from workers.executors.local_runner import LocalPlan, LocalRun
@@ -156,7 +157,8 @@ def test_an_oom_at_micro_batch_one_fails_clearly_and_keeps_what_it_measured(tmp_
     status = RunStatus(handle="h", state=RunState.FAILED, progress=RunProgress(step=2), message=failed["error"],
                        metrics=metrics, oom_backoffs=result_backoffs(failed))
     summary = LocalRun(job_id="dies", checkpoint_dir=tmp_path, status=status, wall_s=1.0, engine="in-process",
-                       plan=LocalPlan(strategy=job.strategy, device="cpu", predicted=job.predicted)).to_dict()
+                       plan=LocalPlan(strategy=job.strategy, device="cpu",
+                                      predicted=Prediction.model_validate(job.predicted))).to_dict()
     assert summary["status"] == "failed" and summary["measured"]["peak_rss_bytes"] > 0
     assert summary["predicted"]["tokens_per_s"] == 500.0
     assert summary["oom_backoffs"] == [
@@ -164,8 +166,8 @@ def test_an_oom_at_micro_batch_one_fails_clearly_and_keeps_what_it_measured(tmp_
 
 
 def test_a_failed_run_that_never_reported_still_shows_the_plans_prediction(tmp_path: Path) -> None:
-    plan = LocalPlan(strategy=cpu_strategy(), device="cuda", predicted={"peak_allocated_bytes": 2e9,
-                                                                        "tokens_per_s": 10.0})
+    plan = LocalPlan(strategy=cpu_strategy(), device="cuda",
+                     predicted=Prediction(peak_allocated_bytes=2_000_000_000, tokens_per_s=10.0))
     status = RunStatus(handle="h", state=RunState.FAILED, message="model build failed", metrics={"resumes": 0.0})
     summary = LocalRun(job_id="x", checkpoint_dir=tmp_path, plan=plan, status=status, wall_s=0.1,
                        engine="in-process").to_dict()

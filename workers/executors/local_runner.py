@@ -26,6 +26,7 @@ from catalog.schema import ModelConfig
 from errors import Conflict, GpuplanError, InvalidInput
 from planner.calibration import Calibration
 from planner.decoder import moe_decode_phrase
+from planner.prediction import Prediction, predict, prediction_of
 from planner.spec import JobSpec
 from planner.strategies import precision_kind
 from planner.types import Strategy
@@ -44,7 +45,7 @@ def calibration(home: Path) -> Calibration:
 class LocalPlan:
     strategy: Strategy
     device: str  # "cuda" or "cpu"
-    predicted: dict[str, float] = field(default_factory=dict)
+    predicted: Prediction = field(default_factory=Prediction)  # none on a CPU serving a model
     note: str = ""
     # what the planner predicted from (the part, the model, the sequence lengths): kept with the
     # result so `gpuplan calibrate` can predict the run again under refitted constants
@@ -97,23 +98,15 @@ def plan_locally(spec: JobSpec, *, home: Path,
     if est.strategy.gpu == CPU_ID:
         strategy = est.strategy
         doing = "training" if spec.task == "train" else "generating"
-        predicted, inputs = {}, {}
+        predicted, inputs = Prediction(), {}
         if spec.task == "train":
             predicted = predict_on_cpu(spec, source.config, strategy, home)
             inputs = planner_inputs(spec, source.config, _this_cpu(home))
         return LocalPlan(strategy=strategy, device="cpu", predicted=predicted,
                          note=f"no supported GPU here: {doing} on the CPU", inputs=inputs)
-    from planner.throughput import inference_split
-
-    predicted = {"peak_allocated_bytes": float(est.memory.peak_allocated_bytes),
-                 "peak_reserved_bytes": float(est.memory.peak_reserved_bytes),
-                 "tokens_per_s": est.throughput.tokens_per_s, "hours": est.hours,
-                 "wall_s": est.hours * 3600}  # its start included (measured on a GPU: not for CPU plans)
-    split = inference_split(est.throughput.model_dump(mode="json"), est.strategy.model_dump(mode="json"))
-    predicted.update({key: value for key, value in split.items() if value is not None})
     # the workers follow the same rules (decoder_for, moe_decode_kernel)
     kernel = moe_decode_phrase(est.throughput.decoder, est.throughput.moe_kernel)
-    return LocalPlan(strategy=est.strategy, device="cuda", predicted=predicted,
+    return LocalPlan(strategy=est.strategy, device="cuda", predicted=prediction_of(est),
                      note=f"planned for the local {est.strategy.gpu}{kernel}",
                      inputs=planner_inputs(spec, source.config, machine.gpu(est.strategy.gpu)))
 
@@ -155,7 +148,7 @@ def _this_cpu(home: Path, probe: Any = None) -> Any:
 
 
 def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: Path,
-                   probe: Any = None) -> dict[str, float]:
+                   probe: Any = None) -> Prediction:
     """The planner's peak memory, tokens/s and hours for ``strategy`` on this machine's CPU."""
     from planner.memory_train import train_memory
     from planner.throughput_train import train_throughput
@@ -165,9 +158,8 @@ def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: 
     cal = calibration(home).for_vendor(cpu.vendor)
     memory = train_memory(model, strategy, spec.train.seq_len, cpu, cal.memory)
     thr = train_throughput(model, strategy, spec.train.seq_len, cpu, cal.throughput)
-    return {"peak_allocated_bytes": float(memory.peak_allocated_bytes),
-            "peak_reserved_bytes": float(memory.peak_reserved_bytes), "tokens_per_s": thr.tokens_per_s,
-            "hours": spec.train.tokens / thr.tokens_per_s / 3600}
+    # no start in these hours, so no wall clock to compare with (the start is timed on GPUs only)
+    return predict(strategy, memory, thr, spec.train.tokens / thr.tokens_per_s / 3600, timed_start=False)
 
 
 def check_inputs(spec: JobSpec, source: Any) -> None:
@@ -229,15 +221,6 @@ class MeasuredSummary(TypedDict):
     decode_step_s: float | None  # inference, compiled decoder: one decode step
 
 
-class PredictedSummary(TypedDict):
-    peak_allocated_bytes: float | None
-    peak_reserved_bytes: float | None
-    tokens_per_s: float | None
-    prefill_s: float | None  # inference: a batch's prompt pass (scheduler.loop.accuracy.inference_split)
-    decode_step_s: float | None  # inference: one decode step
-    wall_s: float | None  # the plan's hours, in seconds: the job's work and its start (GPU plans only)
-
-
 class RunSummary(TypedDict):
     """A finished local run: what `gpuplan run` prints (and --json shows), and runs/<job>/result.json holds."""
 
@@ -260,7 +243,7 @@ class RunSummary(TypedDict):
     cost_usd: float
     measured: MeasuredSummary
     oom_backoffs: list[dict[str, int]]
-    predicted: PredictedSummary
+    predicted: dict[str, Any]  # planner.prediction.Prediction.record(): the plan's numbers for this run
     note: str
     task: str
     outputs: str | None  # infer: the answers file
@@ -282,9 +265,6 @@ class LocalRun:
 
         def num(key: str) -> float | None:
             return m.get(key)
-
-        def predicted(key: str) -> float | None:  # the plan's, even when the run failed before reporting
-            return m.get(f"predicted_{key}", self.plan.predicted.get(key))
 
         return {
             "job": self.job_id,
@@ -321,14 +301,7 @@ class LocalRun:
                 "checkpoint_durable_s": num("checkpoint_durable_s"),
             },
             "oom_backoffs": self.status.oom_backoffs,
-            "predicted": {
-                "peak_allocated_bytes": predicted("peak_allocated_bytes"),
-                "peak_reserved_bytes": predicted("peak_reserved_bytes"),
-                "tokens_per_s": predicted("tokens_per_s"),
-                "prefill_s": predicted("prefill_s"),
-                "decode_step_s": predicted("decode_step_s"),
-                "wall_s": predicted("wall_s"),
-            },
+            "predicted": self.plan.predicted.record(),  # the plan's, even when the run failed before reporting
             "note": self.plan.note,
             "planner_inputs": self.plan.inputs,
             "task": self.plan.strategy.task,
@@ -359,7 +332,8 @@ def run_local(spec: JobSpec, *, checkpoint_dir: str | Path | None = None, resume
     else:
         from workers.executors.inprocess import InProcessExecutor
 
-        executor = InProcessExecutor(device=plan.device, cpu_threads=threads, predict=lambda _r: plan.predicted,
+        executor = InProcessExecutor(device=plan.device, cpu_threads=threads,
+                                     predict=lambda _r: plan.predicted.numbers(),
                                      resources={"CPU": float(os.cpu_count() or 1), "GPU": 8.0,
                                                 f"accelerator_type:{plan.strategy.gpu.split('-')[0]}": 8.0})
         engine = "in-process"
@@ -413,8 +387,8 @@ def _local_ray_executor(home: Path, plan: LocalPlan, threads: int) -> Any:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, local-only Ray
         ray.init(num_cpus=os.cpu_count() or 2, object_store_memory=96 * 1024 * 1024, include_dashboard=False,
                  logging_level=logging.ERROR, log_to_driver=False)
-    return RayExecutor(storage_path=str(home / "ray"), cpu_threads=threads, predict=lambda _r: plan.predicted,
-                       log_every_s=1.0)
+    return RayExecutor(storage_path=str(home / "ray"), cpu_threads=threads,
+                       predict=lambda _r: plan.predicted.numbers(), log_every_s=1.0)
 
 
 def _write_result(home: Path, run: LocalRun, logs: list[str]) -> None:

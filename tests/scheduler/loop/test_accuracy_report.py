@@ -10,7 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from planner.plan_record import PlannedRun
+from planner.prediction import Prediction, inference_split
+from planner.types import Candidate, CostEstimate, Estimate, MemoryEstimate, Strategy, ThroughputEstimate
 from scheduler.loop.accuracy import accuracy_rows, attempt_metrics, summarize, team_records
+from tests.scheduler.conftest import OFFER
 from tests.workers.tiny import cpu_strategy
 from workers.executors.local_runner import LocalPlan, LocalRun
 from workers.executors.protocol import RunProgress, RunState, RunStatus
@@ -18,7 +22,17 @@ from workers.executors.protocol import RunProgress, RunState, RunStatus
 runner = CliRunner()
 
 
-def _write_run(home: Path, name: str, state: RunState, metrics: dict[str, float], predicted: dict[str, float],
+def _planned(strategy: Strategy, throughput: ThroughputEstimate, peak_allocated_bytes: int,
+             peak_reserved_bytes: int = 0) -> PlannedRun:
+    """A job's plan of ``strategy`` predicting these numbers (an hour on the test offer)."""
+    memory = MemoryEstimate(peak_allocated_bytes=peak_allocated_bytes, peak_reserved_bytes=peak_reserved_bytes,
+                            total_bytes=peak_reserved_bytes, usable_bytes=2**40, fits=True, breakdown={})
+    chosen = Candidate(estimate=Estimate(strategy=strategy, memory=memory, throughput=throughput, hours=1.0),
+                       offer=OFFER, cost=CostEstimate(market="on-demand", usd_per_h=1.0, hours=1.0, usd=1.0))
+    return PlannedRun(job="j", objective="cheapest", chosen=chosen, alternatives=[chosen])
+
+
+def _write_run(home: Path, name: str, state: RunState, metrics: dict[str, float], predicted: Prediction,
                backoffs: list[dict[str, int]] | None = None) -> None:
     status = RunStatus(handle="h", state=state, progress=RunProgress(step=3), metrics=metrics,
                        oom_backoffs=backoffs or [])
@@ -31,7 +45,7 @@ def _write_run(home: Path, name: str, state: RunState, metrics: dict[str, float]
 
 def test_local_runs_become_rows_a_summary_and_a_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
-    predicted = {"peak_allocated_bytes": 100.0 * 2**30, "peak_reserved_bytes": 101.0 * 2**30, "tokens_per_s": 1000.0}
+    predicted = Prediction(peak_allocated_bytes=100 * 2**30, peak_reserved_bytes=101 * 2**30, tokens_per_s=1000.0)
     _write_run(home, "good", RunState.SUCCEEDED, {"measured_peak_allocated_bytes": 99.8 * 2**30,
                                                   "measured_tokens_per_s": 1100.0}, predicted)
     _write_run(home, "died", RunState.FAILED, {"measured_peak_allocated_bytes": 50.0 * 2**30}, predicted,
@@ -56,9 +70,8 @@ def test_local_runs_become_rows_a_summary_and_a_plot(tmp_path: Path, monkeypatch
 
 
 def test_team_attempts_with_metrics_become_rows() -> None:
-    plan = {"chosen": {"estimate": {"strategy": {"gpu": "H200", "gpu_count": 1, "micro_batch": 4},
-                                    "memory": {"peak_allocated_bytes": 2e9, "peak_reserved_bytes": 2.1e9},
-                                    "throughput": {"tokens_per_s": 500.0}}}}
+    plan = _planned(Strategy(gpu="H200", gpu_count=1, micro_batch=4), ThroughputEstimate(tokens_per_s=500.0),
+                    peak_allocated_bytes=2_000_000_000, peak_reserved_bytes=2_100_000_000)
     status = RunStatus(handle="h", state=RunState.SUCCEEDED,
                        metrics={"measured_peak_allocated_bytes": 2e9, "measured_tokens_per_s": 400.0})
     metrics = attempt_metrics(status, plan)
@@ -77,17 +90,15 @@ def test_a_served_models_prompt_pass_and_decode_step_are_compared_apart(tmp_path
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """An inference plan prices a batch's prompt pass and each decode step apart; the compiled decoder times both
     (workers/decode.DecodeTiming), so a report says which of the two the plan got wrong."""
-    from planner.throughput import inference_split
-
     # two replicas of batch 32: one worker's step is 32 rows at half the placement's decode rate
-    throughput = {"tokens_per_s": 9000.0, "decode_tokens_per_s": 32000.0, "breakdown_s": {"prefill": 0.09,
-                                                                                           "decode": 0.25}}
-    strategy = {"task": "infer", "gpu": "H200", "gpu_count": 2, "batch": 32}
-    assert inference_split(throughput, strategy) == {"prefill_s": 0.09, "decode_step_s": pytest.approx(0.002)}
-    assert inference_split({"tokens_per_s": 500.0}, {"gpu_count": 1}) == {"prefill_s": None, "decode_step_s": None}
+    throughput = ThroughputEstimate(tokens_per_s=9000.0, decode_tokens_per_s=32000.0,
+                                    breakdown_s={"prefill": 0.09, "decode": 0.25})
+    strategy = Strategy(task="infer", gpu="H200", gpu_count=2, batch=32)
+    split = inference_split(throughput, strategy)
+    assert split.prefill_s == 0.09 and split.decode_step_s == pytest.approx(0.002)
+    assert inference_split(ThroughputEstimate(tokens_per_s=500.0), Strategy(gpu="H200", gpu_count=1)) == (None, None)
 
-    plan = {"chosen": {"estimate": {"strategy": strategy, "memory": {"peak_allocated_bytes": 4e9},
-                                    "throughput": throughput}}}
+    plan = _planned(strategy, throughput, peak_allocated_bytes=4_000_000_000)
     status = RunStatus(handle="h", state=RunState.SUCCEEDED,
                        metrics={"measured_tokens_per_s": 9500.0, "measured_prefill_s": 0.1,
                                 "measured_decode_step_s": 0.0025})
@@ -101,7 +112,7 @@ def test_a_served_models_prompt_pass_and_decode_step_are_compared_apart(tmp_path
     home = tmp_path / "home"
     _write_run(home, "serve", RunState.SUCCEEDED,
                {"measured_tokens_per_s": 9500.0, "measured_prefill_s": 0.1, "measured_decode_step_s": 0.0025},
-               {"tokens_per_s": 9000.0, "prefill_s": 0.09, "decode_step_s": 0.002})
+               Prediction(tokens_per_s=9000.0, prefill_s=0.09, decode_step_s=0.002))
     monkeypatch.setenv("GPUPLAN_HOME", str(home))
     doc = json.loads(runner.invoke(app, ["report", "accuracy", "--json"]).output)
     assert doc["rows"][0]["error_decode_step_s"] == pytest.approx(-0.2)

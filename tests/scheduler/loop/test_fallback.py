@@ -3,18 +3,16 @@ types the cluster config generator makes of the job's stored plan, cheapest firs
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
-
 from catalog.loader import load_catalog
 from planner.calibration import load_calibration
+from planner.plan_record import planned_run
 from planner.search import plan
 from planner.spec import spec_from_dict
 from scheduler.loop.attempt_placement import Placement
 from scheduler.loop.fallback import next_placement, planned_placements
 from scheduler.store.models import Attempt, Job
 from scheduler.store.states import JobState
+from tests.scheduler.conftest import toy_record
 
 
 def stored_job(spot: str) -> Job:
@@ -24,10 +22,8 @@ def stored_job(spot: str) -> Job:
                            "train": {"tokens": 4096, "seq_len": 32, "micro_batch": 4},
                            "resources": {"clouds": ["aws"], "accelerators": ["A100-40GB:1"], "regions": ["us-east-1"],
                                          "spot": spot}})
-    planned = plan(spec, load_catalog(), calibration=load_calibration())
-    stored: dict[str, Any] = planned.model_dump(mode="json", include={"job", "objective", "chosen", "warnings"})
-    stored["alternatives"] = [c.model_dump(mode="json") for c in planned.candidates[:4]]
-    return Job(id="j-1", team_id=1, name="t", spec=spec.model_dump(mode="json"), spec_hash="h", plan=stored,
+    planned = planned_run(plan(spec, load_catalog(), calibration=load_calibration()))
+    return Job(id="j-1", team_id=1, name="t", spec=spec.model_dump(mode="json"), spec_hash="h", plan=planned,
                state=JobState.RUNNING)
 
 
@@ -56,8 +52,11 @@ def test_spot_always_moves_between_spot_zones_only_then_stays() -> None:
     assert next_placement(job, attempt("spot", "use1-az2"), lambda p: True) is None
 
 
-@pytest.mark.parametrize("plan_doc", [{}, {"chosen": None}])
-def test_a_plan_the_generator_cannot_read_has_no_fallback(plan_doc: dict[str, Any]) -> None:
-    job = Job(id="j-1", team_id=1, name="t", spec={}, spec_hash="h", plan=plan_doc, state=JobState.RUNNING)
+def test_a_plan_the_generator_cannot_read_has_no_fallback() -> None:
+    """Cluster configs are made for AWS only: a plan on another cloud has no node types to move between."""
+    record = toy_record()
+    elsewhere = record.model_copy(update={"chosen": record.chosen.model_copy(update={
+        "offer": record.chosen.offer.model_copy(update={"cloud": "gcp"})})})
+    job = Job(id="j-1", team_id=1, name="t", spec={}, spec_hash="h", plan=elsewhere, state=JobState.RUNNING)
     assert planned_placements(job) == []
     assert next_placement(job, attempt("spot", "use1-az1"), lambda p: True) is None

@@ -377,10 +377,8 @@ def test_the_loop_still_takes_plain_market_and_price_pairs(svc: SchedulerService
 
 
 def test_only_spot_attempts_carry_the_planned_mean_time_to_preemption() -> None:
+    from planner.plan_record import planned_run
     from planner.spec import spec_from_dict
-    from scheduler.loop.attempt_placement import planned_mttp_h
 
-    plan = toy_plan(spec_from_dict(spec_dict(spot="always"))).model_dump(mode="json")
-    assert planned_mttp_h(plan) == TOY_MTTP_H
-    assert planned_mttp_h(toy_plan(spec_from_dict(spec_dict())).model_dump(mode="json")) is None  # on-demand plan
-    assert planned_mttp_h(None) is None and planned_mttp_h({"chosen": {"cost": {}}}) is None
+    assert planned_run(toy_plan(spec_from_dict(spec_dict(spot="always")))).spot_mttp_h == TOY_MTTP_H
+    assert planned_run(toy_plan(spec_from_dict(spec_dict()))).spot_mttp_h is None  # on-demand plan

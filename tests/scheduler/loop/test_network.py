@@ -8,6 +8,7 @@ from pathlib import Path
 from catalog.loader import load_catalog
 from commands.specfile import load_spec
 from planner.calibration import load_calibration
+from planner.plan_record import planned_run
 from planner.search import plan
 from planner.spec import JobSpec, spec_from_dict
 from planner.types import Plan
@@ -90,7 +91,7 @@ def test_the_planner_prices_the_plan_again_at_the_real_link() -> None:
     catalog = load_catalog()
     p = plan(spec, catalog, calibration=cal)
     assert p.chosen is not None and p.chosen.nodes == 2
-    stored = p.model_dump(mode="json", include={"chosen"})
+    stored = planned_run(p)
     planned = p.chosen.estimate.throughput.tokens_per_s
     relink = planner_relink(catalog, cal)
     slow = relink(doc, stored, 25.0)

@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from scheduler.store import logbook
 from scheduler.store.database import Store
 from scheduler.store.models import Attempt, Job, JobLog, Team
+from tests.scheduler.conftest import toy_record
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -22,7 +23,7 @@ def _jobs(store: Store, *job_ids: str) -> list[int]:
         session.add(team)
         session.flush()
         assert team.id is not None
-        session.add_all([Job(id=j, team_id=team.id, name=j, spec={}, spec_hash="h", plan={}, state="running",
+        session.add_all([Job(id=j, team_id=team.id, name=j, spec={}, spec_hash="h", plan=toy_record(), state="running",
                              created_at=NOW, updated_at=NOW) for j in job_ids])
         session.flush()
         attempts = [Attempt(job_id=j, number=1, market="spot", usd_per_h=1.0, started_at=NOW) for j in job_ids]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -15,6 +17,7 @@ from scheduler.store import logbook
 from scheduler.store.database import Store, transition
 from scheduler.store.models import Attempt, Event, Job, Team, metadata
 from scheduler.store.states import JobState
+from tests.scheduler.conftest import toy_record
 
 
 def test_an_unsupported_database_is_refused() -> None:
@@ -29,13 +32,17 @@ def test_schema_at_head_matches_the_models(store: Store) -> None:
     store.migrate()  # a second start is a no-op
 
 
+# a plan as the code of those revisions stored it (schema version 1, tests/data/plans)
+OLD_PLAN = (Path(__file__).resolve().parents[1] / "data" / "plans" / "v1_train_spot_auto.json").read_text()
+
+
 def _insert_old_job(conn: Connection, now: datetime) -> None:
     """Job j-1 of team 1 as the baseline schema stores it (every column an older revision had)."""
     conn.execute(text(
         "INSERT INTO job (id, team_id, name, spec, spec_hash, plan, state, priority, estimated_usd, "
         "estimated_hours, gpus, gpu, market, usd_per_h, attempts, max_attempts, checkpoint_uri, message, "
-        "created_at, updated_at) VALUES ('j-1', 1, 'old', '{}', 'h', '{}', 'succeeded', 0, 1, 1, 1, 'H100', "
-        "'spot', 2.5, 1, 3, '/c', '', :t, :t)"), {"t": now})
+        "created_at, updated_at) VALUES ('j-1', 1, 'old', '{}', 'h', :plan, 'succeeded', 0, 1, 1, 1, 'H100', "
+        "'spot', 2.5, 1, 3, '/c', '', :t, :t)"), {"t": now, "plan": json.dumps(json.loads(OLD_PLAN)["plan"])})
 
 
 def test_upgrade_keeps_existing_data(db_url: str) -> None:
@@ -64,6 +71,7 @@ def test_upgrade_keeps_existing_data(db_url: str) -> None:
         with new.read() as session:
             job = session.get(Job, "j-1")
             assert job is not None and job.created_at == now and job.state == "succeeded"
+            assert job.plan.strategy.gpu == "A100-40GB"  # its plan reads as the typed record
             # the job's recorded history became the first lines of its log (revision 0004)
             assert logbook.read(session, "j-1") == [
                 "2026-01-01T00:00:00Z - -> pending: old", "2026-01-01T00:00:00Z pending -> queued: old",
@@ -167,7 +175,7 @@ def test_transition_writes_an_event_and_refuses_illegal_moves(store: Store) -> N
         session.add(team)
         session.flush()
         assert team.id is not None
-        job = Job(id="j-x", team_id=team.id, name="x", spec={}, spec_hash="h", plan={}, state="queued",
+        job = Job(id="j-x", team_id=team.id, name="x", spec={}, spec_hash="h", plan=toy_record(), state="queued",
                   created_at=now, updated_at=now)
         session.add(job)
         session.flush()
