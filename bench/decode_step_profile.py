@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.loader import load_catalog, resolve_model
 from workers.decode import GraphDecoder
-from workers.infer import load_model
+from workers.infer_model import load_model
 
 GROUPS = (("attention", ("flash", "fmha", "attention", "sdpa", "efficient")),
           ("matmul", ("gemm", "cutlass", "nvjet", "xmma", "cublas", "matmul", "sm90_", "splitk")),

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from catalog.loader import load_catalog, resolve_model
-from workers.infer import generate_batch, load_model
+from workers.infer import generate_batch
 from workers.infer_io import Request
+from workers.infer_model import load_model
 from workers.model import attn_implementation, hf_config
 
 

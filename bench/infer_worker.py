@@ -36,8 +36,9 @@ from catalog.schema import ModelConfig
 from planner.calibration import load_calibration
 from planner.throughput import infer_throughput
 from planner.types import Strategy
-from workers.infer import quantize_weights, run_inference
+from workers.infer import run_inference
 from workers.infer_io import write_synthetic_prompts
+from workers.infer_model import quantize_weights
 from workers.model import attn_implementation, hf_config
 
 
