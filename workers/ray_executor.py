@@ -72,11 +72,10 @@ from workers.ray_attempt import (
     attempt_driver,
     attempt_infeasibility,
     live_nodes,
-    read_record,
     request_pins,
     request_placement,
-    resume_note,
 )
+from workers.ray_outcome import read_record, resume_note
 
 __all__ = ["NAMESPACE", "RayExecutor", "live_nodes"]
 
