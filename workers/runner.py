@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -25,8 +24,8 @@ from catalog.local import LOCAL_CLOUD
 from catalog.local_cpu import CPU_ID, training_threads
 from catalog.schema import ModelConfig
 from planner.calibration import Calibration
+from planner.cpu import check_fits_in_ram, cpu_strategy, predict_on_cpu
 from planner.decoder import moe_decode_phrase
-from planner.numerics import BF16_WEIGHTS
 from planner.spec import JobSpec
 from planner.types import Strategy
 from workers.executor import RunRequest, RunStatus
@@ -92,14 +91,14 @@ def plan_locally(spec: JobSpec, *, home: Path,
     check_inputs(spec, source)
     machine = machine_catalog(home)
     if all(o.gpu == CPU_ID for o in machine.offers if o.cloud == LOCAL_CLOUD):  # no GPU here: RAM says it first
-        _check_fits_in_ram(source.config, cpu_strategy(spec), ram_bytes())
+        check_fits_in_ram(source.config, cpu_strategy(spec), ram_bytes())
     est = machine_choice(spec, source.config, machine, home).estimate
     if est.strategy.gpu == CPU_ID:
         strategy = est.strategy
         doing = "training" if spec.task == "train" else "generating"
         predicted, inputs = {}, {}
         if spec.task == "train":
-            predicted = predict_on_cpu(spec, source.config, strategy, home)
+            predicted = predict_on_cpu(spec, source.config, strategy, _this_cpu(home), calibration(home))
             inputs = planner_inputs(spec, source.config, _this_cpu(home))
         return LocalPlan(strategy=strategy, device="cpu", predicted=predicted,
                          note=f"no supported GPU here: {doing} on the CPU", inputs=inputs)
@@ -154,22 +153,6 @@ def _this_cpu(home: Path, probe: Any = None) -> Any:
     return local_cpu(home, today=date.today(), probe=probe)[0]
 
 
-def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: Path,
-                   probe: Any = None) -> dict[str, float]:
-    """The planner's peak memory, tokens/s and hours for ``strategy`` on this machine's CPU."""
-    from planner.memory_train import train_memory
-    from planner.throughput import train_throughput
-
-    assert spec.train is not None
-    cpu = _this_cpu(home, probe)
-    cal = calibration(home).for_vendor(cpu.vendor)
-    memory = train_memory(model, strategy, spec.train.seq_len, cpu, cal.memory)
-    thr = train_throughput(model, strategy, spec.train.seq_len, cpu, cal.throughput)
-    return {"peak_allocated_bytes": float(memory.peak_allocated_bytes),
-            "peak_reserved_bytes": float(memory.peak_reserved_bytes), "tokens_per_s": thr.tokens_per_s,
-            "hours": spec.train.tokens / thr.tokens_per_s / 3600}
-
-
 def check_inputs(spec: JobSpec, source: Any) -> None:
     """Data, tokenizer and prompts files are checked before anything starts, so a typo costs nothing."""
     if spec.train is not None and spec.train.data is not None:
@@ -181,35 +164,6 @@ def check_inputs(spec: JobSpec, source: Any) -> None:
             if value is not None and not Path(value).expanduser().exists():
                 raise InvalidInput(f"the {name} path {value!r} does not exist", path=f"infer.{name}",
                                    hint="paths in a spec file are relative to that file")
-
-
-def _check_fits_in_ram(model: ModelConfig, strategy: Strategy, ram: int | None) -> None:
-    from catalog.params import count_params
-
-    params = count_params(model).total
-    weights = params * (2 if strategy.precision in BF16_WEIGHTS else 4)  # a lower bound: no grads, no states
-    if ram is not None and weights > ram:
-        raise InvalidInput(f"{model.id} has {params / 1e9:.1f}B parameters: {weights / 2**30:.1f} GiB for its "
-                           f"{strategy.precision} weights alone, more than the {ram / 2**30:.1f} GiB of memory "
-                           "available on this CPU-only machine",
-                           hint="run it on GPUs with `gpuplan submit` (see `gpuplan plan`), or try "
-                           "examples/tiny-train.yaml here")
-
-
-def cpu_strategy(spec: JobSpec) -> Strategy:
-    """What a CPU run can honour of the spec: fp32 unless pinned otherwise, one worker, no sharding."""
-    train = spec.train
-    if train is None:  # inference: the worker reads batch and weights from the spec
-        infer = spec.infer
-        assert infer is not None
-        weights = "fp32" if infer.weights == "auto" else infer.weights
-        return Strategy(task="infer", gpu="cpu", gpu_count=1, weights=weights, batch=infer.batch)
-    precision = "fp32" if train.precision == "auto" else train.precision
-    micro = train.micro_batch or 1
-    accum = max(1, math.ceil(train.global_batch / micro)) if train.global_batch else 1
-    return Strategy(gpu="cpu", gpu_count=1, precision=precision, optimizer=train.optimizer, sharding="none",
-                    activation_checkpointing=train.activation_checkpointing is True, micro_batch=micro,
-                    grad_accum=accum, finetune=train.finetune, lora_rank=train.lora_rank)
 
 
 class MeasuredSummary(TypedDict):
