@@ -38,6 +38,7 @@ from typing import Any
 import ray
 
 from catalog.errors import GpuplanError
+from planner.calibration import CostCalibration
 from planner.types import Strategy
 from workers.cuda_env import allocator_env
 from workers.executor import RunRequest, RunState
@@ -68,6 +69,7 @@ class DriverSettings:
     cpu_threads: int | None
     log_every_s: float
     predicted: dict[str, float] = field(default_factory=dict)
+    checkpoint_write_gbps: float = field(default_factory=lambda: CostCalibration().checkpoint_write_gbps)
     # A finished attempt's outcome is kept this long for a scheduler that never reads it (it died).
     keep_finished_s: float = 24 * 3600.0
     # While waiting for resources, Ray Train's controller blocks this long per try to place the
@@ -384,7 +386,8 @@ def build_trainer(request: RunRequest, settings: DriverSettings, driver: Any) ->
     placement = request_placement(request, live_nodes(), settings.node_types)
     job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
                    checkpoint_uri=request.checkpoint_uri, device="auto", cpu_threads=settings.cpu_threads,
-                   log_every_s=settings.log_every_s, predicted=settings.predicted)
+                   log_every_s=settings.log_every_s, predicted=settings.predicted,
+                   checkpoint_write_gbps=settings.checkpoint_write_gbps)
     scaling = scaling_config(placement)
     backend = settings.backend or ("nccl" if placement.use_gpu else "gloo")
     return TorchTrainer(

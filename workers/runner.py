@@ -23,20 +23,12 @@ from catalog.errors import Conflict, GpuplanError, InvalidInput
 from catalog.local import LOCAL_CLOUD
 from catalog.local_cpu import CPU_ID, training_threads
 from catalog.schema import ModelConfig
-from planner.calibration import Calibration
+from planner.calibration import CostCalibration, load_user_calibration
 from planner.cpu import check_fits_in_ram, cpu_strategy, predict_on_cpu
 from planner.decoder import moe_decode_phrase
 from planner.spec import JobSpec
 from planner.types import Strategy
 from workers.executor import RunRequest, RunStatus
-
-
-def calibration(home: Path) -> Calibration:
-    """The planner's constants on this machine: the shipped calibration with the user's refit
-    (``gpuplan calibrate``, kept in ``<home>/calibration.json``) over it, if there is one."""
-    from planner.calibration import load_calibration, user_calibration_path
-
-    return load_calibration(overlay=user_calibration_path(home))
 
 
 @dataclass
@@ -98,7 +90,7 @@ def plan_locally(spec: JobSpec, *, home: Path,
         doing = "training" if spec.task == "train" else "generating"
         predicted, inputs = {}, {}
         if spec.task == "train":
-            predicted = predict_on_cpu(spec, source.config, strategy, _this_cpu(home), calibration(home))
+            predicted = predict_on_cpu(spec, source.config, strategy, _this_cpu(home), load_user_calibration(home))
             inputs = planner_inputs(spec, source.config, _this_cpu(home))
         return LocalPlan(strategy=strategy, device="cpu", predicted=predicted,
                          note=f"no supported GPU here: {doing} on the CPU", inputs=inputs)
@@ -138,7 +130,7 @@ def machine_choice(spec: JobSpec, model: ModelConfig, machine: Any, home: Path) 
     here = spec.model_copy(update={"resources": spec.resources.model_copy(
         update={"deadline": None, "budget_usd": None, "clouds": None, "regions": None})})
     try:
-        return plan(here, local_offers(machine), calibration=calibration(home), model=model).chosen
+        return plan(here, local_offers(machine), calibration=load_user_calibration(home), model=model).chosen
     except NoFeasiblePlan as exc:
         raise InvalidInput(f"the job does not run on this machine: {exc.message}",
                            hint="see `gpuplan plan` for placements that fit, and `gpuplan submit` to run "
@@ -304,18 +296,20 @@ def run_local(spec: JobSpec, *, checkpoint_dir: str | Path | None = None, resume
     if spec.infer is not None and spec.infer.weights == "auto":  # the worker reads the spec: give it the plan's
         spec = spec.model_copy(update={"infer": spec.infer.model_copy(update={"weights": plan.strategy.weights})})
     threads = training_threads()
+    cost = load_user_calibration(home).cost  # the checkpoint interval's write speed and spot hazard
     started = time.perf_counter()
     request = RunRequest(job_id=job_id, attempt=1, spec=spec, strategy=plan.strategy, checkpoint_uri=str(ckpt),
                          run_name=f"{job_id}-{datetime.now(UTC):%Y%m%d%H%M%S}")
     if use_ray:
-        executor: Any = _local_ray_executor(home, plan, threads)
+        executor: Any = _local_ray_executor(home, plan, threads, cost)
         engine = "ray"
     else:
         from workers.inprocess import InProcessExecutor
 
         executor = InProcessExecutor(device=plan.device, cpu_threads=threads, predict=lambda _r: plan.predicted,
                                      resources={"CPU": float(os.cpu_count() or 1), "GPU": 8.0,
-                                                f"accelerator_type:{plan.strategy.gpu.split('-')[0]}": 8.0})
+                                                f"accelerator_type:{plan.strategy.gpu.split('-')[0]}": 8.0},
+                                     cost=cost)
         engine = "in-process"
     handle = executor.submit(request)
     try:
@@ -358,7 +352,7 @@ def _check_resume(ckpt: str, resume: bool) -> None:
                        hint="pass --resume to continue from it, or --checkpoint-dir DIR to start afresh elsewhere")
 
 
-def _local_ray_executor(home: Path, plan: LocalPlan, threads: int) -> Any:
+def _local_ray_executor(home: Path, plan: LocalPlan, threads: int, cost: CostCalibration) -> Any:
     import ray
 
     from workers.ray_executor import RayExecutor
@@ -368,7 +362,7 @@ def _local_ray_executor(home: Path, plan: LocalPlan, threads: int) -> Any:
         ray.init(num_cpus=os.cpu_count() or 2, object_store_memory=96 * 1024 * 1024, include_dashboard=False,
                  logging_level=logging.ERROR, log_to_driver=False)
     return RayExecutor(storage_path=str(home / "ray"), cpu_threads=threads, predict=lambda _r: plan.predicted,
-                       log_every_s=1.0)
+                       log_every_s=1.0, cost=cost)
 
 
 def _write_result(home: Path, run: LocalRun, logs: list[str]) -> None:

@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from catalog.errors import InvalidInput
+from planner.calibration import CostCalibration
 from planner.spec import JobSpec, TrainSpec
 from planner.types import Strategy
-from workers.checkpoint_interval import ON_DEMAND_MTTP_H, IntervalPlanner, default_write_gbps
+from workers.checkpoint_interval import ON_DEMAND_MTTP_H, IntervalPlanner
 from workers.cuda_env import configure_allocator
 from workers.data import DataLayout, TokenSource, tokenizer_dir
 from workers.hooks import TrainHooks
@@ -52,6 +53,9 @@ class TrainJob:
     log_every_s: float = 2.0
     cpu_threads: int | None = None  # torch threads on CPU; None leaves torch's default
     predicted: dict[str, float] = field(default_factory=dict)  # planner's peak memory and tokens/s
+    # the calibrated write speed to the checkpoint store (GB/s), which the plans use too: the executor passes its
+    # calibration's (the user's refit over the shipped one); the calibration type's default otherwise
+    checkpoint_write_gbps: float = field(default_factory=lambda: CostCalibration().checkpoint_write_gbps)
 
     @property
     def train(self) -> TrainSpec:
@@ -191,4 +195,4 @@ def interval_planner(job: TrainJob, model: torch.nn.Module, optimizer: torch.opt
         state_bytes *= 3 if job.strategy.optimizer.startswith("adamw") else 2
     return IntervalPlanner(override_steps=job.train.checkpoint_interval_steps,
                            mttp_h=job.predicted.get("mean_time_to_preemption_h") or ON_DEMAND_MTTP_H,
-                           state_bytes=state_bytes, write_gbps=default_write_gbps())
+                           state_bytes=state_bytes, write_gbps=job.checkpoint_write_gbps)
