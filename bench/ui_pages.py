@@ -36,7 +36,7 @@ from commands.specfile import load_spec  # noqa: E402
 from scheduler import ledger  # noqa: E402
 from scheduler.accuracy import predicted_from_plan  # noqa: E402
 from scheduler.api import create_app  # noqa: E402
-from scheduler.api.server import catalog_planner  # noqa: E402
+from scheduler.composition import catalog_planner  # noqa: E402
 from scheduler.models import Attempt, Event, Job, JobCreate, JobLog, Spend, TeamCreate, TeamUpdate  # noqa: E402
 from scheduler.service import ADMIN, SchedulerService  # noqa: E402
 from scheduler.store import Store  # noqa: E402

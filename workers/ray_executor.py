@@ -30,7 +30,7 @@ handle) on the head node, in this executor's Ray namespace (``namespace``, defau
 namespace, so a new ``RayExecutor`` in a restarted scheduler, or any other process connected to
 the cluster, sees exactly what Ray is running; this object keeps no state. Executors with
 different namespaces share a cluster without seeing each other's attempts: ``gpuplan server``
-gives each database its own (``scheduler.api.server.ray_namespace_for``), since a scheduler cancels
+gives each database its own (``scheduler.composition.ray_namespace_for``), since a scheduler cancels
 every attempt it sees and has no row for as an orphan.
 A finished attempt keeps its outcome and final progress until ``release`` (the scheduler calls
 it once the outcome is recorded; at most ``keep_finished_s`` otherwise), then its actor exits;

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from catalog.errors import InvalidInput
 from cli import app
-from scheduler.api.server import checkpoint_root_for, make_executor, ray_storage_for
+from scheduler.composition import checkpoint_root_for, make_executor, ray_storage_for
 from scheduler.models import JobCreate, TeamCreate
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import Store
