@@ -283,6 +283,34 @@ def read_config_file(path: Path) -> dict[str, object]:
     return loaded
 
 
+def _text_decoder(cfg: Mapping[str, object], family: str) -> tuple[Mapping[str, object], str, list[str]]:
+    """(config, family, notes) of the model gpuplan plans: a multimodal family's text decoder, else the model."""
+    text = cfg.get("text_config")
+    if family not in _TEXT_CONFIG_FAMILIES or not isinstance(text, Mapping):
+        return cfg, family, []
+    # e.g. Gemma3ForConditionalGeneration: plan its text decoder (Gemma3ForCausalLM on text_config)
+    note = (f"config is a multimodal {family!r} model: gpuplan plans its text decoder only "
+            f"({_TEXT_CONFIG_FAMILIES[family]}); the vision tower and projector are not counted")
+    decoder = _TEXT_CONFIG_FAMILIES[family]
+    return {**{k: v for k, v in text.items()}, "model_type": decoder}, decoder, [note]
+
+
+def _head_dim(cfg: Mapping[str, object], hidden: int, heads: int, where: str) -> int | None:
+    """The config's head_dim if it gives one (None: hidden / heads, which must then divide)."""
+    head_dim_raw = cfg.get("head_dim")
+    if head_dim_raw is not None:
+        if isinstance(head_dim_raw, bool) or not isinstance(head_dim_raw, int) or head_dim_raw <= 0:
+            raise InvalidInput(f"head_dim must be a positive integer, got {head_dim_raw!r}", path=f"{where}.head_dim")
+        return head_dim_raw
+    if hidden % heads:
+        raise InvalidInput(
+            f"hidden size {hidden} is not divisible by {heads} attention heads",
+            path=f"{where}.num_attention_heads",
+            hint="set head_dim explicitly or fix the head count",
+        )
+    return None
+
+
 def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | None = None) -> ModelConfig:
     """Parse an HF config (mapping or path to config.json); bad or missing keys -> InvalidInput naming the key."""
     where = "model.config"
@@ -293,15 +321,7 @@ def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | No
         where = str(config)
     else:
         cfg = config
-    family = _family(cfg, where)
-    vision_note: list[str] = []
-    text = cfg.get("text_config")
-    if family in _TEXT_CONFIG_FAMILIES and isinstance(text, Mapping):
-        # e.g. Gemma3ForConditionalGeneration: plan its text decoder (Gemma3ForCausalLM on text_config)
-        vision_note.append(f"config is a multimodal {family!r} model: gpuplan plans its text decoder only "
-                           f"({_TEXT_CONFIG_FAMILIES[family]}); the vision tower and projector are not counted")
-        family = _TEXT_CONFIG_FAMILIES[family]
-        cfg = {**{k: v for k, v in text.items()}, "model_type": family}
+    cfg, family, vision_note = _text_decoder(cfg, _family(cfg, where))
     if family in _FAMILY_DEFAULTS:
         cfg = {**_FAMILY_DEFAULTS[family], **cfg}
     hidden = _pos_int(cfg, "hidden_size", where)
@@ -313,18 +333,7 @@ def model_from_hf_config(config: Mapping[str, object] | Path, model_id: str | No
     max_pos = _pos_int(cfg, "max_position_embeddings", where)
     experts = _pos_int(cfg, "num_experts", where, default=1)
     per_token = _pos_int(cfg, "experts_per_token", where, default=1 if experts == 1 else 2)
-    head_dim_raw = cfg.get("head_dim")
-    head_dim: int | None = None
-    if head_dim_raw is not None:
-        if isinstance(head_dim_raw, bool) or not isinstance(head_dim_raw, int) or head_dim_raw <= 0:
-            raise InvalidInput(f"head_dim must be a positive integer, got {head_dim_raw!r}", path=f"{where}.head_dim")
-        head_dim = head_dim_raw
-    elif hidden % heads:
-        raise InvalidInput(
-            f"hidden size {hidden} is not divisible by {heads} attention heads",
-            path=f"{where}.num_attention_heads",
-            hint="set head_dim explicitly or fix the head count",
-        )
+    head_dim = _head_dim(cfg, hidden, heads, where)
     if heads % kv_heads:
         raise InvalidInput(
             f"{heads} attention heads are not a multiple of {kv_heads} key/value heads",

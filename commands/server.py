@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from commands import output
 from commands.output import handle_errors
-from commands.plan import user_calibration
 from commands.settings import Settings
+
+if TYPE_CHECKING:
+    from scheduler.composition import ServerParts
 
 app = typer.Typer()  # server: a top-level command
 
@@ -57,81 +61,39 @@ def server_command(
     """
     import os
 
-    from catalog.loader import load_catalog
     from scheduler.api.processes import ApiSettings, api_workers, serve_workers
-    from scheduler.api.server import (
-        checkpoint_root_for,
-        listen,
-        make_app,
-        make_executor,
-        make_loop,
-        make_service,
-        ray_namespace_for,
-        ray_storage_for,
-        serve,
-    )
+    from scheduler.api.server import listen, make_app, serve
+    from scheduler.composition import make_loop, server_parts
     from scheduler.ui.session import load_or_create_secret
 
     settings = Settings.from_env()
     home, db_url = settings.home, settings.database_url
     count = api_workers(workers, db_url, os.cpu_count())
     sock = listen(host, port)  # before the executor and the loop: a taken port must touch nothing
-    namespace = ray_namespace or ray_namespace_for(db_url)
-    root = checkpoint_root_for(checkpoint_root, home)
-    if root.startswith("s3://"):  # a missing bucket or no credentials fail now, not in every job
-        from workers.checkpoint.local import open_store
-
-        open_store(root)
-    catalog = load_catalog()
-    if ray_cluster_config:  # the cluster's link speeds (EFA or one TCP interface) replace the catalog's
-        from workers.cluster.net import with_link_speeds
-
-        catalog = with_link_speeds(catalog, ray_cluster_config)
-    local_gpus = None
-    if executor != "none":  # this machine's GPUs, if any, and its CPU as $0/h placements the planner may pick
-        from datetime import date
-
-        from catalog.local import LOCAL_CLOUD
-        from catalog.local_cpu import CPU_ID, with_this_machine
-
-        catalog = with_this_machine(catalog, home, today=date.today())
-        # the in-process executor runs on them too: what the plan picks here, it can run
-        local_gpus = next(((o.gpu, o.gpu_count) for o in catalog.offers if o.cloud == LOCAL_CLOUD and o.gpu != CPU_ID),
-                          None)
-    run = make_executor(executor, ray_namespace=namespace, storage_path=ray_storage_for(root),
-                        ray_cluster_config=ray_cluster_config, local_gpus=local_gpus)
-    zones = spot_zones_of(ray_cluster_config) if executor == "ray" else ()
-    from planner.calibration import load_calibration
-
-    calibration = load_calibration(overlay=user_calibration())  # gpuplan calibrate's refit, if any
-    # one API process holds the executor: it refuses at submit a job the executor could never run
-    service = make_service(db_url, checkpoint_root=root, admin_token=admin_token, catalog=catalog,
-                           calibration=calibration, feasibility=run.feasibility if run and count == 1 else None)
-    if not admin_token:
-        output.err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled",
-                                 style="yellow")
-    where = f" (Ray namespace {namespace})" if executor == "ray" else ""
-    output.err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs, dashboard at /ui), "
-                             f"database {service.store.dialect}, executor {executor}{where}, "
-                             f"{count} API worker{'s' if count > 1 else ''}")
+    parts = server_parts(db_url, home, executor=executor, admin_token=admin_token, checkpoint_root=checkpoint_root,
+                         ray_namespace=ray_namespace, ray_cluster_config=ray_cluster_config, api_processes=count)
+    service, catalog, run, calibration = parts.service, parts.catalog, parts.executor, parts.calibration
+    _say_what_serves(parts, executor, host, port, count, admin_token)
     ui_secret = load_or_create_secret(home)  # dashboard sessions at /ui: one secret for every API process
     if count == 1:
         serve(make_app(service, catalog, run, poll_s=poll, max_running=max_running, calibration=calibration,
-                       ui_secret=ui_secret, spot_zones=zones, launch_timeout_s=launch_timeout), host, port, sock=sock)
+                       ui_secret=ui_secret, spot_zones=parts.spot_zones, launch_timeout_s=launch_timeout), host, port,
+              sock=sock)
         return
     api = ApiSettings(database_url=service.store.url, checkpoint_root=service.checkpoint_root, catalog=catalog,
                       admin_token=admin_token, calibration=calibration, ui_secret=ui_secret)
-    loop = make_loop(service, run, poll_s=poll, max_running=max_running, calibration=calibration, spot_zones=zones,
-                     launch_timeout_s=launch_timeout)
+    loop = make_loop(service, run, poll_s=poll, max_running=max_running, calibration=calibration,
+                     spot_zones=parts.spot_zones, launch_timeout_s=launch_timeout)
     serve_workers(api, host, port, count, loop=loop, sock=sock)
 
 
-def spot_zones_of(ray_cluster_config: str | None) -> tuple[str, ...]:
-    """The zones the cluster config has spot node types in (``gpuplan cluster config --every-zone``):
-    with two or more, the loop's spot policy moves jobs between them."""
-    if not ray_cluster_config:
-        return ()
-    from scheduler.loop.attempt_placement import spot_zones
-    from workers.executors.ray_executor import autoscaler_node_types
-
-    return spot_zones([resources for resources, _ in autoscaler_node_types(ray_cluster_config)])
+def _say_what_serves(parts: ServerParts, executor: str, host: str, port: int, count: int,
+                     admin_token: str | None) -> None:
+    """On stderr: where the server listens, on which database and executor, and what is disabled."""
+    if not admin_token:
+        output.err_console.print("no --admin-token / GPUPLAN_ADMIN_TOKEN: team admin endpoints are disabled",
+                                 style="yellow")
+    where = f" (Ray namespace {parts.ray_namespace})" if executor == "ray" else ""
+    output.err_console.print(f"gpuplan server on http://{host}:{port} (docs at /docs, dashboard at /ui), "
+                             f"database {parts.service.store.dialect}, executor {executor}{where}, "
+                             f"{count} API worker{'s' if count > 1 else ''}")

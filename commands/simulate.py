@@ -53,9 +53,7 @@ def simulate_command(
 
       gpuplan simulate --trace a.json --deadline-hours 52 --restart-hours 0.4 --break-before-make
     """
-    from pathlib import Path
-
-    from scheduler.sim.simulate import ALL_POLICIES, Jobs, Prices, SimOptions, compare, start_tick_for
+    from scheduler.sim.simulate import ALL_POLICIES, Prices
     from scheduler.sim.traces import load_zones
 
     zones = load_zones(trace)
@@ -70,34 +68,8 @@ def simulate_command(
         _simulate_stream(zones, names, prices, n_jobs, every_hours, start_hour, job_hours, deadline_hours,
                          restart_hours, checkpoint_hours, plot, as_json, make_before_break)
         return
-    tick = start_tick_for(zones, start_hour)
-    _warn_trace_too_short(zones, start_hour, start_hour, job_hours, deadline_hours)  # stderr: --json stays clean
-    jobs = Jobs.make([tick], job_hours, float("inf") if deadline_hours is None else deadline_hours, restart_hours)
-    results = compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours, timeline=bool(plot),
-                                                             make_before_break=make_before_break))
-    rows = {name: out.row(0) for name, out in results.items()}
-    for row in rows.values():
-        row.pop("policy")
-        row["outcome"] = _outcome(row, deadline_hours, zones.hours - start_hour)
-    if plot:
-        from scheduler.sim.plots import timeline_png
-
-        Path(plot).write_bytes(timeline_png(zones, int(jobs.start_tick[0]), results, job_hours, deadline_hours))
-    if as_json:
-        print_json({
-            "job": {"hours": job_hours, "deadline_hours": deadline_hours, "restart_hours": restart_hours,
-                    "start_hour": start_hour, "checkpoint_hours": checkpoint_hours,
-                    "make_before_break": make_before_break},
-            "prices": {"on_demand": on_demand_price, "spot": spot_price},
-            "trace_hours": zones.hours,
-            "zones": list(zones.names),
-            "policies": rows,
-            "plot": plot,
-        })
-        return
-    _print_simulation(rows, zones, start_hour, job_hours, deadline_hours, restart_hours)
-    if plot:
-        output.console.print(f"timeline plot written to {plot}", highlight=False)
+    _simulate_one(zones, names, prices, start_hour, job_hours, deadline_hours, restart_hours, checkpoint_hours, plot,
+                  as_json, make_before_break)
 
 
 def _boots(row: dict[str, Any]) -> str:
@@ -174,6 +146,44 @@ def _print_simulation(rows: dict[str, dict[str, Any]], zones: Any, start_hour: f
                              "the bound.", style="yellow", highlight=False)
     if "omniscient" in rows:
         output.console.print("omniscient is a lower bound (it knows the future trace), not a schedule.", style="dim")
+
+
+def _simulate_one(zones: Any, names: list[str], prices: Any, start_hour: float, job_hours: float,
+                  deadline_hours: float | None, restart_hours: float, checkpoint_hours: float, plot: str | None,
+                  as_json: bool, make_before_break: bool) -> None:
+    """One job arriving at ``start_hour``: each policy's row, and its timeline plotted with ``plot``."""
+    from pathlib import Path
+
+    from scheduler.sim.simulate import Jobs, SimOptions, compare, start_tick_for
+
+    tick = start_tick_for(zones, start_hour)
+    _warn_trace_too_short(zones, start_hour, start_hour, job_hours, deadline_hours)  # stderr: --json stays clean
+    jobs = Jobs.make([tick], job_hours, float("inf") if deadline_hours is None else deadline_hours, restart_hours)
+    results = compare(zones, jobs, prices, names, SimOptions(checkpoint_cost_h=checkpoint_hours, timeline=bool(plot),
+                                                             make_before_break=make_before_break))
+    rows = {name: out.row(0) for name, out in results.items()}
+    for row in rows.values():
+        row.pop("policy")
+        row["outcome"] = _outcome(row, deadline_hours, zones.hours - start_hour)
+    if plot:
+        from scheduler.sim.plots import timeline_png
+
+        Path(plot).write_bytes(timeline_png(zones, int(jobs.start_tick[0]), results, job_hours, deadline_hours))
+    if as_json:
+        print_json({
+            "job": {"hours": job_hours, "deadline_hours": deadline_hours, "restart_hours": restart_hours,
+                    "start_hour": start_hour, "checkpoint_hours": checkpoint_hours,
+                    "make_before_break": make_before_break},
+            "prices": {"on_demand": prices.on_demand, "spot": prices.spot},
+            "trace_hours": zones.hours,
+            "zones": list(zones.names),
+            "policies": rows,
+            "plot": plot,
+        })
+        return
+    _print_simulation(rows, zones, start_hour, job_hours, deadline_hours, restart_hours)
+    if plot:
+        output.console.print(f"timeline plot written to {plot}", highlight=False)
 
 
 def _simulate_stream(zones: Any, names: list[str], prices: Any, n_jobs: int, every_hours: float, start_hour: float,

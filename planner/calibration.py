@@ -383,6 +383,13 @@ def user_calibration_path(home: Path) -> Path:
     return home / USER_CALIBRATION_NAME
 
 
+def load_user_calibration(home: Path) -> Calibration:
+    """The planner's constants for a user: the shipped calibration with their refit (``gpuplan calibrate``,
+    kept in ``<home>/calibration.json``) over it, if there is one. The one loader the edges call (the CLI,
+    the server, ``gpuplan run``); the workers take what it returned as a value."""
+    return load_calibration(overlay=user_calibration_path(home))
+
+
 def apply_overrides(cal: Calibration, overrides: Mapping[str, Any], *, source: str | None = None) -> Calibration:
     """``cal`` with the constants named in ``overrides`` replaced (a nested mapping in the file's
     layout: ``{"throughput": {"mfu_max": {"bf16": 0.7}}, "cpu": {"throughput": {...}}}``; a

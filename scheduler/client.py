@@ -280,8 +280,8 @@ def local_client(database_url: str, *, checkpoint_root: str, team: str = DEFAULT
     jobs submitted here. They are detected at the first plan, not for every command. ``shared``: the
     database is not the user's own file (GPUPLAN_DATABASE_URL), so the default team is made only in one
     without teams (one with teams is a server's)."""
-    from scheduler.api.server import machine_planner, make_service
     from scheduler.auth import ADMIN
+    from scheduler.composition import machine_planner, make_service
 
     planner = machine_planner(machine_home) if machine_home is not None else None
     service = make_service(database_url, checkpoint_root=checkpoint_root, planner=planner)

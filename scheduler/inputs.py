@@ -168,3 +168,19 @@ def accept(kind: Any, value: Any, where: str) -> Any:
         return TypeAdapter(kind).validate_python(value)
     except ValidationError as exc:
         raise InvalidInput(exc.errors()[0]["msg"], path=where) from None
+
+
+def check_utf8_url(raw_path: bytes, query: bytes) -> None:
+    """Refuse a URL whose percent-escapes are not UTF-8 (%ED%A0%80, a lone surrogate): a server would
+    otherwise read them as U+FFFD and look up a value the client never sent. The API and the dashboard
+    each check their requests with it (scheduler.api.deps, scheduler.ui.web)."""
+    from urllib.parse import unquote_to_bytes
+
+    from errors import InvalidInput
+
+    for part, raw in (("path", raw_path), ("query", query)):
+        try:
+            unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"the URL's {part} is not UTF-8 once its %-escapes are decoded (byte "
+                               f"0x{exc.object[exc.start]:02X})", hint="percent-encode text as UTF-8") from None

@@ -19,7 +19,7 @@ LAYERS = ("cli", "commands", "scheduler", "workers", "planner", "catalog", "erro
 PACKAGES = LAYERS[1:-1]
 PURE_PLANNER_EXEMPT = {"planner.calibration"}  # the calibration's types and its loader, which edges call
 FILE_ACCESS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "getenv", "environ",
-               "load_calibration", "load_catalog", "load_spec"}
+               "load_calibration", "load_user_calibration", "load_catalog", "load_spec"}
 
 
 def _modules() -> dict[str, Path]:

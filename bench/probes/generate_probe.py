@@ -17,7 +17,8 @@ import torch
 
 from catalog.loader import load_catalog, resolve_model
 from workers.infer.files import Request
-from workers.infer.generate import generate_batch, load_model
+from workers.infer.generate import generate_batch
+from workers.infer.model_load import load_model
 from workers.model.build import attn_implementation, hf_config
 
 

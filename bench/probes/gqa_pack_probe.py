@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from catalog.loader import load_catalog, resolve_model
 from workers.infer.decode import GraphDecoder
-from workers.infer.generate import load_model
+from workers.infer.model_load import load_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workers"))
 # the same timing as the kernel profile's

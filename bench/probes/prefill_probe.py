@@ -64,7 +64,7 @@ def prefill_seconds(decoder: Any, ids: torch.Tensor, new: int, vocab: int) -> fl
 def measure(cases: list[str], repeat: int, save: Any = None) -> list[dict[str, Any]]:
     """The records of ``cases``; ``save(records)`` after each (a run cut short keeps what it measured)."""
     from workers.infer.decode import GraphDecoder
-    from workers.infer.generate import load_model
+    from workers.infer.model_load import load_model
 
     catalog = load_catalog()
     by_model: dict[str, list[tuple[int, int, int]]] = {}

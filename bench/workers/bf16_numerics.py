@@ -154,17 +154,17 @@ def run_one(precision: str, args: argparse.Namespace, data: Path, tok: Path, wor
         strategy = est.strategy
     checkpoint = work / f"ck-{precision}"
     losses, weights = _Losses(), _Weights()
-    import workers.train.loop as loop
+    import workers.train.start as start
 
-    make = getattr(loop, "make_optimizer")  # noqa: B009 - the loop's own name for it, replaced for this run
-    setattr(loop, "make_optimizer", weights.wrap(make))  # noqa: B010
+    make = getattr(start, "make_optimizer")  # noqa: B009 - the attempt's own name for it, replaced for this run
+    setattr(start, "make_optimizer", weights.wrap(make))  # noqa: B010
     began = time.perf_counter()
     try:
         result = run_training(TrainJob(job_id=spec.name, spec=spec, strategy=strategy,
                                    checkpoint_uri=str(checkpoint), device=args.device, log_every_s=0.0,
                                    keep_checkpoints=1), losses)
     finally:
-        setattr(loop, "make_optimizer", make)  # noqa: B010
+        setattr(start, "make_optimizer", make)  # noqa: B010
     wall = time.perf_counter() - began
     change = weights.change()
     shutil.rmtree(checkpoint, ignore_errors=True)

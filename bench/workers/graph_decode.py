@@ -75,7 +75,7 @@ def argmax_gaps(cfg: Any, prompts: Path, outputs: dict[str, Path], rows: int, de
     of the logits' standard deviation. A decoder that computes wrong (a stale cache slot, a broken mask, a misrouted
     expert) picks tokens far from the maximum; bf16 near-ties of a random-weight model stay near 0. Equal token
     sequences are no test here: random weights make near-ties, and one flip changes every later token."""
-    from workers.infer.generate import load_model
+    from workers.infer.model_load import load_model
 
     model = load_model(cfg, weights=weights, seed=0, device=device)
     reqs = {r["id"]: r["input_ids"] for r in map(json.loads, prompts.read_text().splitlines())}

@@ -37,7 +37,8 @@ from planner.calibration import load_calibration
 from planner.throughput import infer_throughput
 from planner.types import Strategy
 from workers.infer.files import write_synthetic_prompts
-from workers.infer.generate import quantize_weights, run_inference
+from workers.infer.generate import run_inference
+from workers.infer.model_load import quantize_weights
 from workers.model.build import attn_implementation, hf_config
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from catalog.loader import load_catalog, resolve_model
 from planner.memory import sparse_layer_count
 from workers.infer.decode import GraphDecoder
-from workers.infer.generate import load_model
+from workers.infer.model_load import load_model
 
 GROUPS = (
     ("grouped_gemm", r"grouped|_scaled_grouped|cutlass.*group|GroupProblem|group_gemm"),

@@ -27,7 +27,8 @@ from catalog.loader import Catalog
 from errors import ExecutionError, InvalidInput
 from planner.calibration import Calibration
 from scheduler.api.app import Loop, create_app
-from scheduler.api.server import listen, make_service
+from scheduler.api.server import listen
+from scheduler.composition import make_service
 from scheduler.service import Planner
 
 log = logging.getLogger(__name__)

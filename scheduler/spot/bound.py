@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -121,27 +122,41 @@ def _omniscient_group(
         new = np.full((b, states, length), inf)
         new[:, 0, lo:hi] = any_state
         prices_now = np.concatenate([np.full((b, 1), od_price), spot_price[:, tt].T], axis=1)
-        for s in range(1, states):
-            pre = np.minimum(cw[:, s], launched)
-            if warm and s >= 2:  # on-demand through the boot, then spot without a restart's wait
-                booted = boot_ok[s - 2, tt] & valid
-                pre = np.minimum(pre, np.where(booted[:, None], cw[:, 1] + boot_usd[s - 2, tt][:, None], inf))
-            held = av[:, s - 2 : s - 1] if s >= 2 else valid[:, None]
-            pre = np.where(held, pre, inf)
-            price = prices_now[:, s - 1 : s]
-            # Running a whole tick: j -> j + k, unless that reaches the end (finish within the tick).
-            cut = max(lo, min(hi, length - k))  # indices < cut do not finish this tick
-            if cut > lo:
-                new[:, s, lo + k : cut + k] = pre[:, : cut - lo] + price * gap
-            if cut < hi:
-                tail = pre[:, cut - lo :] + price * need_h[cut:hi]
-                fin = tail.min(axis=1)
-                improved = fin < best - 1e-12
-                best = np.where(improved, fin, best)
-                best_t = np.where(improved, step * gap + gap, best_t)
+        best, best_t = _run_tick(new, cw, launched, av, valid, prices_now, (lo, hi), k, gap, need_h, best, best_t,
+                                 step * gap + gap, (boot_ok[:, tt], boot_usd[:, tt]) if warm else None)
         c = new
     # Finish time: the tick in which the cheapest schedule ends (upper end of that tick).
     return best, np.minimum(best_t, deadline)
+
+
+def _run_tick(new: FloatArray, cw: FloatArray, launched: FloatArray, av: npt.NDArray[np.bool_],
+              valid: npt.NDArray[np.bool_], prices_now: FloatArray, window: tuple[int, int], k: int, gap: float,
+              need_h: npt.NDArray[np.floating[Any]], best: FloatArray, best_t: FloatArray, tick_end_h: float,
+              boot: tuple[npt.NDArray[np.bool_], FloatArray] | None) -> tuple[FloatArray, FloatArray]:
+    """One tick in each market state (on-demand, spot in each zone) over the grid's ``window`` [lo, hi): the
+    cheapest way into the state (held, or launched), run for the tick into ``new``; schedules that finish within
+    it improve (best cost, finish time), returned. ``boot``: spot booted beside on-demand (ok, $ per zone)."""
+    lo, hi = window
+    length = new.shape[2]
+    for s in range(1, new.shape[1]):
+        pre = np.minimum(cw[:, s], launched)
+        if boot is not None and s >= 2:  # on-demand through the boot, then spot without a restart's wait
+            booted = boot[0][s - 2] & valid
+            pre = np.minimum(pre, np.where(booted[:, None], cw[:, 1] + boot[1][s - 2][:, None], np.inf))
+        held = av[:, s - 2 : s - 1] if s >= 2 else valid[:, None]
+        pre = np.where(held, pre, np.inf)
+        price = prices_now[:, s - 1 : s]
+        # Running a whole tick: j -> j + k, unless that reaches the end (finish within the tick).
+        cut = max(lo, min(hi, length - k))  # indices < cut do not finish this tick
+        if cut > lo:
+            new[:, s, lo + k : cut + k] = pre[:, : cut - lo] + price * gap
+        if cut < hi:
+            tail = pre[:, cut - lo :] + price * need_h[cut:hi]
+            fin = tail.min(axis=1)
+            improved = fin < best - 1e-12
+            best = np.where(improved, fin, best)
+            best_t = np.where(improved, tick_end_h, best_t)
+    return best, best_t
 
 
 def default_resolution(zones: Zones, jobs: Jobs) -> int:

@@ -284,26 +284,36 @@ def decide_arrays(
         may_go = np.where(dp == BOOT_SPOT, may_boot, may_leave)
         deadline_rule = np.where(~safe | (on_od & ~may_go), ON_DEMAND, dp)
     else:
-        p = GREEDY_PARAMS if policy == "greedy" else UNIFORM_PARAMS
         span = np.where(has_deadline, deadline_h - start_h, 1.0)
-        initial_slack = np.maximum(span - work_total_h, 0.0)
-        frac_left = np.clip(time_left / np.maximum(span, 1e-12), 0.0, 1.0)
-        reserve = need + np.minimum(p.reserve_fraction * initial_slack, p.reserve_cap_h) * frac_left
-        if policy == "uniform-progress":
-            # Return to spot only when ahead of the line by a hysteresis of two changeovers.
-            may_return = slack >= reserve + p.return_restarts * np.asarray(restart_h)
-        else:
-            may_return = np.zeros(n, dtype=bool)
-        # With spot available: take it, unless on on-demand without room (or reason) to come back.
-        with_spot = np.where(on_od & ~may_return, ON_DEMAND, SPOT)
-        # Without spot: wait while above the reserve line; on-demand stays put a changeover longer (greedy:
-        # for good).
-        keep_reserve = reserve + np.where(on_od, restart_h, 0.0)
-        without_spot = np.where(slack >= keep_reserve, WAIT, ON_DEMAND)
-        if policy == "greedy":
-            without_spot = np.where(on_od, ON_DEMAND, without_spot)
-        deadline_rule = np.where(~safe, ON_DEMAND, np.where(spot_available, with_spot, without_spot))
+        deadline_rule = _reserve_line_rule(policy, span=span, work_total_h=work_total_h, time_left=time_left,
+                                           slack=slack, need=need, restart_h=restart_h, on_od=on_od,
+                                           spot_available=spot_available, safe=safe)
     return np.where(has_deadline, deadline_rule, spot_or_wait).astype(np.int8)
+
+
+def _reserve_line_rule(policy: str, *, span: FloatArray, work_total_h: FloatArray, time_left: FloatArray,
+                       slack: FloatArray, need: FloatArray, restart_h: FloatArray | float, on_od: BoolArray,
+                       spot_available: BoolArray, safe: BoolArray) -> IntArray:
+    """The baselines' deadline rule (greedy, uniform-progress): a reserve of slack that shrinks with the time
+    left, on-demand below it."""
+    p = GREEDY_PARAMS if policy == "greedy" else UNIFORM_PARAMS
+    initial_slack = np.maximum(span - work_total_h, 0.0)
+    frac_left = np.clip(time_left / np.maximum(span, 1e-12), 0.0, 1.0)
+    reserve = need + np.minimum(p.reserve_fraction * initial_slack, p.reserve_cap_h) * frac_left
+    if policy == "uniform-progress":
+        # Return to spot only when ahead of the line by a hysteresis of two changeovers.
+        may_return = slack >= reserve + p.return_restarts * np.asarray(restart_h)
+    else:
+        may_return = np.zeros(slack.shape[0], dtype=bool)
+    # With spot available: take it, unless on on-demand without room (or reason) to come back.
+    with_spot = np.where(on_od & ~may_return, ON_DEMAND, SPOT)
+    # Without spot: wait while above the reserve line; on-demand stays put a changeover longer (greedy:
+    # for good).
+    keep_reserve = reserve + np.where(on_od, restart_h, 0.0)
+    without_spot = np.where(slack >= keep_reserve, WAIT, ON_DEMAND)
+    if policy == "greedy":
+        without_spot = np.where(on_od, ON_DEMAND, without_spot)
+    return np.asarray(np.where(~safe, ON_DEMAND, np.where(spot_available, with_spot, without_spot)))
 
 
 def decide(

@@ -289,89 +289,118 @@ def _induction(one: npt.NDArray[np.float64], after_restart: npt.NDArray[np.float
     plus a pad past it (a preemption can add work), the ten columns of a work step side by side; a level
     only computes the work whose slack is within the table (transitions never add slack), the rest of a
     level is infeasible or unread. Plain loops: compiled by numba (:func:`_compiled_induction`), ~10x
-    numpy's vectorised levels; runs as Python too. The one-step chain is sparse (a run ends in a young
-    outage, an outage in a young run, a young spell may turn old), so its products are written out."""
+    numpy's vectorised levels; runs as Python too. One level is :func:`_level`."""
     n = packed.shape[2] - 1
     for b in range(packed.shape[0]):
         k, lo, frac = restart_steps[b], loss_lo[b], loss_frac[b]
-        r, h, switch = ratio[b], step_h[b], switch_h[b]
-        restart = k * h
+        r, h, switch, may_boot = ratio[b], step_h[b], switch_h[b], warm[b]
         m, land = one[b], after_restart[b]
+        ok, failed, billed = boot_ok[b], boot_failed[b], boot_billed[b]
         ring = np.full((k + 1, n + lo + 2, 10), _INFEASIBLE)
         ring[:, 0, :] = 0.0  # no work left: done
         never = np.full(10, _INFEASIBLE)  # what a restart reads before level k exists
         codes = np.zeros(10, dtype=np.int8)  # one work step's actions, packed into five bytes
         for t in range(1, 2 * n + 1):
-            now, prev, back = ring[t % (k + 1)], ring[(t - 1) % (k + 1)], ring[(t - k) % (k + 1)]
-            for w in range(max(1, t - n), min(t, n) + 1):
-                p, q = prev[w], prev[w - 1]  # next step's values: no progress / one step of work done
-                after = back[w] if t >= k else never
-                # Next step without a change, per chain state now: no market waits, on-demand works, spot works
-                # (a preemption, into a young outage, adds the loss to the work, between two steps). ``m``'s
-                # zeros (an old spell never turns young) are left out.
-                wait_uy = (m[UP_YOUNG, UP_YOUNG] * p[UP_YOUNG] + m[UP_YOUNG, UP_OLD] * p[UP_OLD]
-                           + m[UP_YOUNG, DOWN_YOUNG] * p[DOWN_YOUNG])
-                wait_uo = m[UP_OLD, UP_OLD] * p[UP_OLD] + m[UP_OLD, DOWN_YOUNG] * p[DOWN_YOUNG]
-                wait_dy = (m[DOWN_YOUNG, UP_YOUNG] * p[UP_YOUNG] + m[DOWN_YOUNG, DOWN_YOUNG] * p[DOWN_YOUNG]
-                           + m[DOWN_YOUNG, DOWN_OLD] * p[DOWN_OLD])
-                wait_do = m[DOWN_OLD, UP_YOUNG] * p[UP_YOUNG] + m[DOWN_OLD, DOWN_OLD] * p[DOWN_OLD]
-                hold_od_uy = r * h + (m[UP_YOUNG, UP_YOUNG] * q[_OD_UY] + m[UP_YOUNG, UP_OLD] * q[_OD_UO]
-                                      + m[UP_YOUNG, DOWN_YOUNG] * q[_OD_DY])
-                hold_od_uo = r * h + (m[UP_OLD, UP_OLD] * q[_OD_UO] + m[UP_OLD, DOWN_YOUNG] * q[_OD_DY])
-                hold_od_dy = r * h + (m[DOWN_YOUNG, UP_YOUNG] * q[_OD_UY] + m[DOWN_YOUNG, DOWN_YOUNG] * q[_OD_DY]
-                                      + m[DOWN_YOUNG, DOWN_OLD] * q[_OD_DO])
-                hold_od_do = r * h + (m[DOWN_OLD, UP_YOUNG] * q[_OD_UY] + m[DOWN_OLD, DOWN_OLD] * q[_OD_DO])
-                preempted = (1 - frac) * prev[w - 1 + lo, DOWN_YOUNG] + frac * prev[w + lo, DOWN_YOUNG]
-                hold_spot_uy = (h + m[UP_YOUNG, UP_YOUNG] * q[_SPOT_UY] + m[UP_YOUNG, UP_OLD] * q[_SPOT_UO]
-                                + m[UP_YOUNG, DOWN_YOUNG] * preempted)
-                hold_spot_uo = h + m[UP_OLD, UP_OLD] * q[_SPOT_UO] + m[UP_OLD, DOWN_YOUNG] * preempted
-                # A change of market lands after the restart: spot on capacity (work on) or on an outage (none).
-                s = t - w
-                for c in range(4):
-                    land_spot = (restart + land[c, UP_YOUNG] * after[_SPOT_UY] + land[c, UP_OLD] * after[_SPOT_UO]
-                                 + land[c, DOWN_YOUNG] * after[DOWN_YOUNG] + land[c, DOWN_OLD] * after[DOWN_OLD])
-                    land_od = (r * restart + land[c, UP_YOUNG] * after[_OD_UY] + land[c, UP_OLD] * after[_OD_UO]
-                               + land[c, DOWN_YOUNG] * after[_OD_DY] + land[c, DOWN_OLD] * after[_OD_DO])
-                    if c < DOWN_YOUNG:
-                        wait = wait_uy if c == UP_YOUNG else wait_uo
-                        hold_od = hold_od_uy if c == UP_YOUNG else hold_od_uo
-                        hold_spot = hold_spot_uy if c == UP_YOUNG else hold_spot_uo
-                        # No market, capacity: wait / spot / on-demand.
-                        now[w, c] = min(min(wait, land_spot), land_od)
-                        codes[c] = SPOT if land_spot <= min(wait, land_od) else ON_DEMAND if land_od < wait else WAIT
-                        # Spot: hold / on-demand (pays the checkpoint write on spot).
-                        to_od = switch + land_od
-                        now[w, _SPOT_COL + c] = min(hold_spot, to_od)
-                        codes[_SPOT_COL + c] = ON_DEMAND if to_od < hold_spot else SPOT
-                        # On-demand, capacity: hold / spot (pays the write on on-demand) / boot spot beside it
-                        # (on-demand works k steps; the move pays the write on both).
-                        to_spot = r * switch + land_spot
-                        best, code = (to_spot, SPOT) if to_spot < hold_od else (hold_od, ON_DEMAND)
-                        # Where the policy's safety net lets it boot (scheduler.spot.policy: slack for the restart,
-                        # two ticks and the checkpoint); below that a boot the program counted on never comes.
-                        if warm[b] and w >= k and s * h >= restart + 2 * h + switch - 1e-9:
-                            done = back[w - k]
-                            boot = k * r * h + h * boot_billed[b, c]
-                            for e in range(2):
-                                boot += boot_ok[b, c, e] * (done[_SPOT_COL + e] + (r + 1) * switch)
-                            for e in range(4):
-                                boot += boot_failed[b, c, e] * done[_OD_COL + e]
-                            if boot < best:
-                                best, code = boot, BOOT_SPOT
-                        now[w, _OD_COL + c] = best
-                        codes[_OD_COL + c] = code
-                    else:
-                        wait = wait_dy if c == DOWN_YOUNG else wait_do
-                        hold_od = hold_od_dy if c == DOWN_YOUNG else hold_od_do
-                        # No market, no capacity: wait / on-demand.
-                        now[w, c] = min(wait, land_od)
-                        codes[c] = ON_DEMAND if land_od < wait else WAIT
-                        # On-demand, no capacity: hold / leave it and wait.
-                        leave = r * switch + wait
-                        now[w, _OD_COL + c] = min(hold_od, leave)
-                        codes[_OD_COL + c] = WAIT if leave < hold_od else ON_DEMAND
-                for j in range(5):
-                    packed[b, s, w, j] = codes[2 * j] | (codes[2 * j + 1] << 2)
+            _level(ring[t % (k + 1)], ring[(t - 1) % (k + 1)], ring[(t - k) % (k + 1)], never, t, n, m, land, r, h,
+                   switch, k, lo, frac, may_boot, ok, failed, billed, codes, packed[b])
+
+
+def _level(now: FloatArray, prev: FloatArray, back: FloatArray, never: FloatArray, t: int, n: int, m: FloatArray,
+           land: FloatArray, r: float, h: float, switch: float, k: int, lo: int, frac: float, warm: bool,
+           boot_ok: FloatArray, boot_failed: FloatArray, boot_billed: FloatArray, codes: Int8Array,
+           packed: Int8Array) -> None:
+    """Level ``t``: the ten columns' values of every work ``w`` (into ``now``) and their actions (into the
+    bucket's ``packed``, at slack t - w); ``prev`` / ``back``: the levels one step / a restart (k steps)
+    earlier (a restart before level k exists reads ``never``). The one-step chain ``m`` is sparse (a run ends
+    in a young outage, an outage in a young run, a young spell may turn old), so its products are written out
+    and its zeros (an old spell never turns young) left out."""
+    restart = k * h
+    for w in range(max(1, t - n), min(t, n) + 1):
+        s = t - w
+        after = back[w] if t >= k else never
+        p, q = prev[w], prev[w - 1]  # next step's values: no progress / one step of work done
+        # Next step without a change, per chain state now: no market waits, on-demand works, spot works
+        # (a preemption, into a young outage, adds the loss to the work, between two steps).
+        wait_uy = (m[UP_YOUNG, UP_YOUNG] * p[UP_YOUNG] + m[UP_YOUNG, UP_OLD] * p[UP_OLD]
+                   + m[UP_YOUNG, DOWN_YOUNG] * p[DOWN_YOUNG])
+        wait_uo = m[UP_OLD, UP_OLD] * p[UP_OLD] + m[UP_OLD, DOWN_YOUNG] * p[DOWN_YOUNG]
+        wait_dy = (m[DOWN_YOUNG, UP_YOUNG] * p[UP_YOUNG] + m[DOWN_YOUNG, DOWN_YOUNG] * p[DOWN_YOUNG]
+                   + m[DOWN_YOUNG, DOWN_OLD] * p[DOWN_OLD])
+        wait_do = m[DOWN_OLD, UP_YOUNG] * p[UP_YOUNG] + m[DOWN_OLD, DOWN_OLD] * p[DOWN_OLD]
+        hold_od_uy = r * h + (m[UP_YOUNG, UP_YOUNG] * q[_OD_UY] + m[UP_YOUNG, UP_OLD] * q[_OD_UO]
+                              + m[UP_YOUNG, DOWN_YOUNG] * q[_OD_DY])
+        hold_od_uo = r * h + (m[UP_OLD, UP_OLD] * q[_OD_UO] + m[UP_OLD, DOWN_YOUNG] * q[_OD_DY])
+        hold_od_dy = r * h + (m[DOWN_YOUNG, UP_YOUNG] * q[_OD_UY] + m[DOWN_YOUNG, DOWN_YOUNG] * q[_OD_DY]
+                              + m[DOWN_YOUNG, DOWN_OLD] * q[_OD_DO])
+        hold_od_do = r * h + (m[DOWN_OLD, UP_YOUNG] * q[_OD_UY] + m[DOWN_OLD, DOWN_OLD] * q[_OD_DO])
+        preempted = (1 - frac) * prev[w - 1 + lo, DOWN_YOUNG] + frac * prev[w + lo, DOWN_YOUNG]
+        hold_spot_uy = (h + m[UP_YOUNG, UP_YOUNG] * q[_SPOT_UY] + m[UP_YOUNG, UP_OLD] * q[_SPOT_UO]
+                        + m[UP_YOUNG, DOWN_YOUNG] * preempted)
+        hold_spot_uo = h + m[UP_OLD, UP_OLD] * q[_SPOT_UO] + m[UP_OLD, DOWN_YOUNG] * preempted
+        for c in range(4):
+            # A change of market lands after the restart: spot on capacity (work on) or on an outage (none).
+            land_spot = (restart + land[c, UP_YOUNG] * after[_SPOT_UY] + land[c, UP_OLD] * after[_SPOT_UO]
+                         + land[c, DOWN_YOUNG] * after[DOWN_YOUNG] + land[c, DOWN_OLD] * after[DOWN_OLD])
+            land_od = (r * restart + land[c, UP_YOUNG] * after[_OD_UY] + land[c, UP_OLD] * after[_OD_UO]
+                       + land[c, DOWN_YOUNG] * after[_OD_DY] + land[c, DOWN_OLD] * after[_OD_DO])
+            if c < DOWN_YOUNG:
+                (now[w, c], codes[c], now[w, _SPOT_COL + c], codes[_SPOT_COL + c], now[w, _OD_COL + c],
+                 codes[_OD_COL + c]) = _choose_up(
+                    wait_uy if c == UP_YOUNG else wait_uo, hold_spot_uy if c == UP_YOUNG else hold_spot_uo,
+                    hold_od_uy if c == UP_YOUNG else hold_od_uo, land_spot, land_od, r, switch)
+                # Or boot spot beside on-demand (on-demand works k steps; the move pays the write on both), where
+                # the policy's safety net lets it (scheduler.spot.policy: slack for the restart, two ticks and the
+                # checkpoint); below that a boot the program counted on never comes.
+                if warm and w >= k and s * h >= restart + 2 * h + switch - 1e-9:
+                    boot = _boot_cost(back, w - k, c, r, h, switch, k, boot_ok, boot_failed, boot_billed)
+                    if boot < now[w, _OD_COL + c]:
+                        now[w, _OD_COL + c], codes[_OD_COL + c] = boot, BOOT_SPOT
+            else:
+                now[w, c], codes[c], now[w, _OD_COL + c], codes[_OD_COL + c] = _choose_down(
+                    wait_dy if c == DOWN_YOUNG else wait_do, hold_od_dy if c == DOWN_YOUNG else hold_od_do, land_od, r,
+                    switch)
+        for j in range(5):
+            packed[s, w, j] = codes[2 * j] | (codes[2 * j + 1] << 2)
+
+
+def _boot_cost(back: FloatArray, done: int, c: int, r: float, h: float, switch: float, k: int,
+               boot_ok: FloatArray, boot_failed: FloatArray, boot_billed: FloatArray) -> float:
+    """Booting spot beside on-demand at up state ``c``: on-demand works the k steps of the boot (``back``'s row
+    ``done``: the work left after them), the move to spot pays the checkpoint write on both."""
+    boot = k * r * h + h * boot_billed[c]
+    for e in range(2):
+        boot += boot_ok[c, e] * (back[done, _SPOT_COL + e] + (r + 1) * switch)
+    for e in range(4):
+        boot += boot_failed[c, e] * back[done, _OD_COL + e]
+    return float(boot)
+
+
+def _choose_up(wait: float, hold_spot: float, hold_od: float, land_spot: float, land_od: float, r: float,
+               switch: float) -> tuple[float, int, float, int, float, int]:
+    """(value, action) of an up state's three columns: no market, spot and on-demand (the boot of spot beside
+    on-demand is weighed after, by the caller)."""
+    # No market, capacity: wait / spot / on-demand.
+    none = min(min(wait, land_spot), land_od)
+    none_code = SPOT if land_spot <= min(wait, land_od) else ON_DEMAND if land_od < wait else WAIT
+    # Spot: hold / on-demand (pays the checkpoint write on spot).
+    to_od = switch + land_od
+    spot_code = ON_DEMAND if to_od < hold_spot else SPOT
+    # On-demand, capacity: hold / spot (pays the write on on-demand).
+    to_spot = r * switch + land_spot
+    best, code = (to_spot, SPOT) if to_spot < hold_od else (hold_od, ON_DEMAND)
+    return none, none_code, min(hold_spot, to_od), spot_code, best, code
+
+
+def _choose_down(wait: float, hold_od: float, land_od: float, r: float, switch: float) -> tuple[float, int, float, int]:
+    """(value, action) of a down state's two columns: no market and on-demand (spot has no capacity to hold)."""
+    # No market, no capacity: wait / on-demand. On-demand, no capacity: hold / leave it and wait.
+    leave = r * switch + wait
+    return (min(wait, land_od), ON_DEMAND if land_od < wait else WAIT,
+            min(hold_od, leave), WAIT if leave < hold_od else ON_DEMAND)
+
+
+# The induction's parts, compiled beside it (numba inlines them into its loops)
+_CELL_PARTS = (_level, _boot_cost, _choose_up, _choose_down)
 
 
 _Induction = Callable[[npt.NDArray[np.float64], npt.NDArray[np.float64], FloatArray, FloatArray,
@@ -388,4 +417,8 @@ def _compiled_induction() -> _Induction:
         raise ExecutionError(f"the spot policy's slack-value program needs numba, which is not installed ({exc})",
                              hint="pip install 'numba>=0.60' (gpuplan's own requirements include it)") from None
 
+    from numba.extending import register_jitable
+
+    for part in _CELL_PARTS:  # each stays a plain function for Python; numba compiles it into its caller
+        register_jitable(inline="always")(part)
     return cast(_Induction, numba.njit(cache=True, nogil=True)(_induction))

@@ -1,7 +1,7 @@
 """The dashboard: a FastAPI sub-application mounted at /ui by the API's app factory.
 
-Routes are thin: check the session (and the CSRF field on a POST), call the service (or
-scheduler.ui.queries for the few reads it lacks), shape with scheduler.ui.views, render a template.
+Routes are thin: check the session (and the CSRF field on a POST), call the service (or its
+scheduler.dashboard_reads for the few reads the API lacks), shape with scheduler.ui.views, render a template.
 The service decides who may see what: a team's session acts as that team; the admin's picks a
 team (``?team=``) through ``SchedulerService.team_principal``.
 
@@ -27,13 +27,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from catalog.loader import Catalog
 from errors import GpuplanError
-from scheduler.api.deps import utf8_url
+from scheduler.dashboard_reads import DashboardReads
 from scheduler.inputs import printable
 from scheduler.service import Principal, SchedulerService
 from scheduler.store.states import JobState
 from scheduler.ui import admin_pages, jobs_pages, plan_pages, signin, spend_pages, views
 from scheduler.ui.session import Session, Signer
-from scheduler.ui.web import SignInNeeded, redirect, service_of, session_of
+from scheduler.ui.web import SignInNeeded, redirect, service_of, session_of, utf8_url
 
 log = logging.getLogger("gpuplan.ui")
 
@@ -53,6 +53,7 @@ def create_ui(service: SchedulerService, catalog: Catalog, secret: bytes | None 
     templates = Jinja2Templates(directory=_package_dir("templates"))
     templates.env.globals.update(money=views.money, gib=views.gib, states=[s.value for s in JobState])
     ui.state.service, ui.state.templates = service, templates
+    ui.state.reads = DashboardReads(service.store)  # the reads the API lacks, under the service's rules
     ui.state.signer = Signer(secret or secrets.token_bytes(32))
     ui.mount("/static", StaticFiles(directory=_package_dir("static")), name="static")
     ui.middleware("http")(_headers)

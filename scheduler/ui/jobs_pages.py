@@ -11,8 +11,8 @@ from errors import InvalidInput
 from scheduler.inputs import JobId, Name, Reason, Word
 from scheduler.loop import accuracy
 from scheduler.store.states import JobState
-from scheduler.ui import queries, views
-from scheduler.ui.web import CtxDep, Search, acting, check_csrf, page_url, redirect, render, tid
+from scheduler.ui import views
+from scheduler.ui.web import CtxDep, Search, acting, check_csrf, page_url, redirect, render
 
 PAGE_SIZE = 25
 LOG_TAIL = 500
@@ -32,8 +32,8 @@ def jobs_page(ctx: CtxDep, state: Annotated[Word, Query()] = "", q: Annotated[Se
         if q.strip():
             if state and state not in {s.value for s in JobState}:
                 service.list_jobs(who, state=state, limit=1)  # the service's message for a bad state
-            rows = queries.search_jobs(service.store, tid(who), text=q.strip(), state=state or None,
-                                       limit=PAGE_SIZE + 1, offset=offset)
+            rows = ctx.reads.search_jobs(who, text=q.strip(), state=state or None, limit=PAGE_SIZE + 1,
+                                         offset=offset)
         else:
             rows = service.list_jobs(who, state=state or None, limit=PAGE_SIZE + 1, offset=offset)
     more = len(rows) > PAGE_SIZE

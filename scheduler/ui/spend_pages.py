@@ -13,8 +13,8 @@ from scheduler.inputs import Name, Word, printable
 from scheduler.loop import accuracy
 from scheduler.service import ADMIN
 from scheduler.store import ledger
-from scheduler.ui import queries, svg, views
-from scheduler.ui.web import CtxDep, acting, render, tid
+from scheduler.ui import svg, views
+from scheduler.ui.web import CtxDep, acting, render
 
 router = APIRouter()
 
@@ -31,23 +31,22 @@ def spend_page(ctx: CtxDep, since: Annotated[Word, Query()] = "30d", period: Ann
     start = ledger.since_start(since, now)
     teams: list[str] = []
     if ctx.is_admin:
-        teams = queries.team_names(service.store)
+        teams = ctx.reads.team_names(ctx.principal)
         report = service.spend_report(ADMIN, since=start, team=team or None, top=views.TOP_JOBS)
     else:
         report = service.spend_report(ctx.principal, since=start, top=views.TOP_JOBS)
-    team_id = None
-    if report.team is not None:
-        team_id = tid(service.team_principal(report.team) if ctx.is_admin else ctx.principal)
+    who = ctx.principal  # the admin without a team: every team's spend
+    if report.team is not None and ctx.is_admin:
+        who = service.team_principal(report.team)
     # The chart: the window's whole UTC days (the totals above are to the minute); the
     # burn-down: every day since the team's first spend, as per-day totals.
-    daily = queries.spend_by_day(service.store, team_id, start, now)
+    daily = ctx.reads.spend_by_day(who, start, now)
     series = views.spend_series(daily, period, start.date(), now.date(),
                                 f"{'team ' + report.team if report.team else 'every team'}: USD per {period} "
                                 "by GPU type and market")
     burn = None
     if report.team is not None and report.budget_usd is not None and report.remaining_usd is not None:
-        assert team_id is not None
-        burn = views.burn_down(queries.spend_per_day(service.store, team_id, now), report.budget_usd,
+        burn = views.burn_down(ctx.reads.spend_per_day(who, now), report.budget_usd,
                                report.remaining_usd, now.date(), report.team)
     return render(ctx, "spend.html", report=report, series=series, plot=Markup(series.plot),
                   burn=burn, burn_plot=Markup(burn.plot) if burn else "", top=views.top_jobs(report),
@@ -58,7 +57,7 @@ def spend_page(ctx: CtxDep, since: Annotated[Word, Query()] = "30d", period: Ann
 @router.get("/accuracy")
 def accuracy_page(ctx: CtxDep, team: Annotated[Name, Query()] = "") -> Response:
     who, teams = acting(ctx, team)
-    rows = accuracy.accuracy_rows(queries.accuracy_records(ctx.service.store, tid(who))) if who else []
+    rows = accuracy.accuracy_rows(ctx.reads.accuracy_records(who)) if who else []
     gib = 1 / (1 << 30)
     mem = [(r["predicted_peak_allocated_bytes"] * gib, r["measured_peak_allocated_bytes"] * gib, r["job"])
            for r in rows if r["error_peak_allocated_bytes"] is not None]

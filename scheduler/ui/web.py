@@ -2,8 +2,8 @@
 form/URL helpers. Routes live in scheduler.ui.{signin,jobs_pages,spend_pages,plan_pages,admin_pages};
 scheduler.ui.app assembles them.
 
-The service, the session signer and the templates are the app's state (``request.app.state``), set
-once by ``create_ui``.
+The service, its dashboard reads, the session signer and the templates are the app's state
+(``request.app.state``), set once by ``create_ui``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from errors import AuthError, Forbidden, GpuplanError, InvalidInput
-from scheduler.inputs import TextRule, printable
+from scheduler.dashboard_reads import DashboardReads
+from scheduler.inputs import TextRule, check_utf8_url, printable
 from scheduler.service import Principal, SchedulerService
-from scheduler.ui import queries
 from scheduler.ui.session import COOKIE, LIFETIME_S, Session, Signer, csrf_ok
 
 Token = Annotated[str, TextRule(200)]
@@ -44,10 +44,25 @@ class Ctx:
     def service(self) -> SchedulerService:
         return service_of(self.request)
 
+    @property
+    def reads(self) -> DashboardReads:
+        return reads_of(self.request)
+
 
 def service_of(request: Request) -> SchedulerService:
     service: SchedulerService = request.app.state.service
     return service
+
+
+def reads_of(request: Request) -> DashboardReads:
+    """The reads the dashboard needs besides the API's (scheduler.dashboard_reads), as a caller."""
+    reads: DashboardReads = request.app.state.reads
+    return reads
+
+
+async def utf8_url(request: Request) -> None:
+    """Every dashboard request: a URL whose percent-escapes are not UTF-8 is refused, as by the API."""
+    check_utf8_url(request.scope.get("raw_path") or b"", request.scope.get("query_string") or b"")
 
 
 def session_of(request: Request) -> Session | None:
@@ -103,7 +118,7 @@ def acting(ctx: Ctx, team: str | None) -> tuple[Principal | None, list[str]]:
     if not ctx.is_admin:
         return ctx.principal, []
     service = ctx.service
-    names = queries.team_names(service.store)
+    names = ctx.reads.team_names(ctx.principal)
     if team:
         return service.team_principal(team), names
     return (service.team_principal(names[0]) if names else None), names
@@ -123,11 +138,6 @@ def page_url(path: str, query: dict[str, str], page: int | None = None) -> str:
     if page is not None and page > 1:
         q["page"] = str(page)
     return path + ("?" + urlencode(q) if q else "")
-
-
-def tid(principal: Principal) -> int:
-    assert principal.team_id is not None  # acting() only returns team principals
-    return principal.team_id
 
 
 def said(exc: GpuplanError) -> str:

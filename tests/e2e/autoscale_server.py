@@ -60,9 +60,9 @@ def _read_int(path: Path) -> int | None:
 
 def main(argv: list[str]) -> None:
     gate_dir, rest = argv[0], argv[argv.index("--") + 1:]
-    import scheduler.api.server as server
+    import scheduler.composition as composition
 
-    make_executor = server.make_executor
+    make_executor = composition.make_executor
 
     def cpu_box_executor(kind: str, **options: Any) -> Any:
         executor: Any = make_executor(kind, **options)
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> None:
         executor._step_hook = JobGate(gate_dir)
         return executor
 
-    server.make_executor = cpu_box_executor
+    composition.make_executor = cpu_box_executor
     from cli import app
 
     sys.argv = ["gpuplan", *rest]

@@ -13,7 +13,13 @@ import pytest
 
 from catalog.loader import load_catalog
 from errors import CatalogError, InvalidInput
-from planner.calibration import Calibration, apply_overrides, load_calibration, user_calibration_path
+from planner.calibration import (
+    Calibration,
+    apply_overrides,
+    load_calibration,
+    load_user_calibration,
+    user_calibration_path,
+)
 from planner.refit import MIN_RECORDS, Observation, predict, refit, split
 from planner.types import Strategy
 
@@ -93,6 +99,7 @@ def test_the_user_file_overlays_single_constants_and_a_bad_one_is_refused(tmp_pa
     assert cal.cpu.throughput.layer_overhead_s == 0.01
     assert cal.cpu.throughput.mfu_max == SHIPPED.cpu.throughput.mfu_max
     assert "gpuplan calibrate test" in cal.source and SHIPPED.source in cal.source
+    assert load_user_calibration(tmp_path) == cal  # the one loader the edges call: the same, from the home
     path.write_text(json.dumps({"overrides": {"throughput": {"mfu_maxx": 1}}}))
     with pytest.raises(CatalogError, match=r"(?s)calibration file .* is invalid.*mfu_maxx"):
         load_calibration(overlay=path)

@@ -1,6 +1,6 @@
 """A real server + loop process for crash tests: ``python -m tests.scheduler.serve_proc DB PORT DIR [W]``.
 
-Same assembly as ``gpuplan server`` (scheduler.api.server): the real planner on the packaged
+Same assembly as ``gpuplan server`` (scheduler.composition): the real planner on the packaged
 catalog plus this machine's CPU (probed once, cached under DIR/home), and the in-process executor
 running real training, whose attempts die with the process. W API worker processes (W > 1: the
 loop runs in the supervising process, as with ``gpuplan server --workers W``).
@@ -22,7 +22,8 @@ from pathlib import Path
 from catalog.loader import load_catalog
 from catalog.local_cpu import with_this_machine
 from scheduler.api.processes import ApiSettings, serve_workers
-from scheduler.api.server import catalog_planner, make_app, make_loop, make_service, serve
+from scheduler.api.server import make_app, serve
+from scheduler.composition import catalog_planner, make_loop, make_service
 from workers.executors.inprocess import InProcessExecutor
 from workers.train.hooks import StepHook
 

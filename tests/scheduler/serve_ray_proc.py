@@ -1,6 +1,6 @@
 """A real server + loop process on a Ray cluster: ``python -m tests.scheduler.serve_ray_proc DB PORT DIR ADDRESS``.
 
-Same assembly as ``gpuplan server --executor ray`` (scheduler.api.server) with the CPU test planner
+Same assembly as ``gpuplan server --executor ray`` (scheduler.composition) with the CPU test planner
 and a RayExecutor joined to the test's cluster (gloo, one thread per worker). Its runs hold at the
 step written in ``DIR/gate`` (``tests.workers.tiny.Gate``).
 """
@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from catalog.loader import load_catalog
-from scheduler.api.server import make_app, make_service, serve
+from scheduler.api.server import make_app, serve
+from scheduler.composition import make_service
 from tests.scheduler.loop.test_loop_inprocess import cpu_plan
 from tests.workers.tiny import Gate
 from workers.executors.ray_executor import RayExecutor

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from errors import InvalidInput
-from scheduler.api.server import checkpoint_root_for, make_executor, ray_storage_for
+from scheduler.composition import checkpoint_root_for, make_executor, ray_storage_for
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store.database import Store
 from scheduler.store.models import JobCreate, TeamCreate

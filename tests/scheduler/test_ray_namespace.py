@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.api.server import make_executor, ray_namespace_for
+from scheduler.composition import make_executor, ray_namespace_for
 from workers.executors.ray_executor import RayExecutor
 
 

@@ -26,12 +26,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, select
 
 from catalog.loader import load_catalog
+from scheduler import dashboard_reads
 from scheduler.api import create_app
+from scheduler.auth import Principal
+from scheduler.dashboard_reads import DashboardReads
 from scheduler.service import ADMIN, SchedulerService
 from scheduler.store import ledger
 from scheduler.store.database import Store
 from scheduler.store.models import Attempt, Job, Spend, SpendDay, Team
-from scheduler.ui import queries
 from tests.scheduler.conftest import toy_plan, toy_record
 from tests.scheduler.fakes import FakeClock
 from tests.scheduler.ui_world import sign_in
@@ -221,19 +223,25 @@ def _same(got: Any, want: Any, exact: bool) -> None:
         assert got == want
 
 
+def _caller(team_id: int | None) -> Principal:
+    """The dashboard's caller for a team's rows (None: the admin, who reads every team's)."""
+    return ADMIN if team_id is None else Principal(team_id=team_id, team_name=f"team-{team_id}")
+
+
 def check_reports(store: Store, history: History, rng: random.Random, exact: bool) -> None:
     teams: list[int | None] = [None, *history.team_ids]
+    reads = DashboardReads(store)
     for since, until in windows(rng, 12):
         for team_id in teams:
-            _same(queries.spend_by_day(store, team_id, since, until), raw_spend_by_day(store, team_id, since, until),
+            _same(reads.spend_by_day(_caller(team_id), since, until), raw_spend_by_day(store, team_id, since, until),
                   exact)
             if team_id is not None:
-                _same(queries.spend_per_day(store, team_id, until), raw_spend_per_day(store, team_id, until), exact)
+                _same(reads.spend_per_day(_caller(team_id), until), raw_spend_per_day(store, team_id, until), exact)
         with store.read() as session:
             for ids in (None, history.team_ids[:1], history.team_ids[1:3]):
                 _same(ledger.spend_by_team_between(session, since, until, ids),
                       raw_spend_by_team_between(session, since, until, ids), exact)
-    _same(queries.spend_by_day(store, None), raw_spend_by_day(store, None), exact)
+    _same(reads.spend_by_day(ADMIN), raw_spend_by_day(store, None), exact)
     with store.read() as session:
         _same(ledger.spent_by_team(session), raw_spent_by_team(session), exact)
         _same(ledger.spend_by_team(session), raw_spend_by_team(session), exact)
@@ -299,8 +307,8 @@ def test_the_spend_pages_are_byte_identical_to_the_ledger_only_pages(store: Stor
     summary = render()
     for module, name, raw in ((ledger, "spend_by_team_between", raw_spend_by_team_between),
                               (ledger, "spent_by_team", raw_spent_by_team), (ledger, "team_spent", raw_team_spent),
-                              (queries, "spend_by_day", raw_spend_by_day),
-                              (queries, "spend_per_day", raw_spend_per_day)):
+                              (dashboard_reads, "_spend_by_day", raw_spend_by_day),
+                              (dashboard_reads, "_spend_per_day", raw_spend_per_day)):
         monkeypatch.setattr(module, name, raw)
     before = render()
     assert "run out" in before[0] or "runs out" in before[0]  # the burn-down is on the team page

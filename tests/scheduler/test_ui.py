@@ -241,7 +241,7 @@ def test_plan_from_a_pasted_spec_and_submit(world: World) -> None:
 
 
 def test_plan_with_the_real_planner_groups_rejections(world: World, catalog: Catalog, tmp_path: Path) -> None:
-    from scheduler.api.server import catalog_planner
+    from scheduler.composition import catalog_planner
 
     service = SchedulerService(world.service.store, catalog_planner(catalog), checkpoint_root=str(tmp_path),
                                admin_token=ADMIN_TOKEN)
@@ -378,7 +378,7 @@ def test_the_ui_secret_is_one_file_for_every_api_process(tmp_path: Path) -> None
 def test_a_catalog_typo_keeps_the_spec_and_says_why(world: World, catalog: Catalog, tmp_path: Path) -> None:
     from html import unescape
 
-    from scheduler.api.server import catalog_planner
+    from scheduler.composition import catalog_planner
 
     service = SchedulerService(world.service.store, catalog_planner(catalog), checkpoint_root=str(tmp_path),
                                admin_token=ADMIN_TOKEN)

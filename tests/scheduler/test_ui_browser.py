@@ -190,7 +190,7 @@ class Live:
 
 @pytest.fixture
 def live(world: World, catalog: Catalog, tmp_path: Path, browser: Browser) -> Iterator[Live]:
-    from scheduler.api.server import catalog_planner
+    from scheduler.composition import catalog_planner
 
     service = SchedulerService(world.service.store, catalog_planner(catalog), clock=world.clock,
                                checkpoint_root=str(tmp_path / "ckpt"), admin_token=ADMIN_TOKEN)

@@ -12,7 +12,7 @@ import torch
 from catalog.hf_config import model_from_hf_config
 from catalog.params import count_params
 from planner.memory import expert_weight_params, resident_weight_bytes
-from workers.infer.generate import quantize_weights
+from workers.infer.model_load import quantize_weights
 
 pytest.importorskip("torchao")
 

@@ -7,15 +7,16 @@ checkpoint on it is the measured stall. The write itself runs in the background,
 never drops below twice the last measured time to durable: a snapshot that had to wait for the
 previous write would stall the loop for the rest of it.
 
-M: for spot, the placement's (its zone's history or the catalog's default hazard), passed in by the
-scheduler; for on-demand, ON_DEMAND_MTTP_H.
+M: for spot, the placement's (its zone's history or the calibration's default hazard), passed in by the
+scheduler; for on-demand, ON_DEMAND_MTTP_H. The calibration (the user's refit over the shipped one) is
+loaded at the edge and reaches these functions as a value.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.calibration import load_calibration
+from planner.calibration import CostCalibration
 from planner.cost import MIN_CHECKPOINT_INTERVAL_H, checkpoint_interval_h, young_daly_interval_h
 
 # On-demand machines are not reclaimed, but runs still end early: host, GPU or driver faults, OOM,
@@ -69,16 +70,11 @@ class IntervalPlanner:
         return max(1, round(tau / max(step_s, 1e-6)))
 
 
-def default_write_gbps() -> float:
-    """The calibrated checkpoint write speed (GB/s) that plans use too."""
-    return float(load_calibration().cost.checkpoint_write_gbps)
-
-
-def preemption_inputs(market: str, predicted: dict[str, float],
-                      mttp_h: float | None = None) -> dict[str, float]:
+def preemption_inputs(market: str, predicted: dict[str, float], mttp_h: float | None,
+                      cost: CostCalibration) -> dict[str, float]:
     """``predicted`` with the mean time to preemption a spot attempt checkpoints for: the scheduler's
     (``mttp_h``: the placement's, which its plan was priced at) when it passed one, else one already in
-    ``predicted``, else the catalog's default spot hazard. On-demand: unchanged (the worker uses
+    ``predicted``, else ``cost``'s default spot hazard. On-demand: unchanged (the worker uses
     ON_DEMAND_MTTP_H)."""
     if market != "spot":
         return predicted
@@ -86,5 +82,5 @@ def preemption_inputs(market: str, predicted: dict[str, float],
         return {**predicted, "mean_time_to_preemption_h": mttp_h}
     if predicted.get("mean_time_to_preemption_h"):
         return predicted
-    hazard = load_calibration().cost.spot_hazard_per_h.get("default", 0.0)
+    hazard = cost.spot_hazard_per_h.get("default", 0.0)
     return {**predicted, "mean_time_to_preemption_h": 1.0 / hazard} if hazard > 0 else predicted

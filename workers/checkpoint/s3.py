@@ -179,35 +179,7 @@ class S3Store:
                     for rel, _ in files:
                         hook(rel)
             else:
-                if existing:  # a different save of this step, or leftovers of a killed one: un-commit first
-                    self._delete_step(step, [r for r in existing if r not in written])
-
-                def upload(index: int) -> None:
-                    rel, src = files[index]
-                    sha, size = written[rel]
-                    self._upload(src, f"{base}/{rel}", sha, size)
-
-                on_done = None if hook is None else (lambda i: hook(files[i][0]))
-                parallel_map(upload, list(range(len(files))), on_done)
-
-                def check(item: tuple[str, tuple[str, int]]) -> None:
-                    rel, (sha, size) = item
-                    head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
-                    if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha:
-                        raise CheckpointError(
-                            f"checkpoint step {step}: s3://{self.bucket}/{base}/{rel} does not match what was"
-                            " uploaded (changed while it was being saved, or another writer shares this prefix)",
-                            hint="do not modify the source during save; give each job its own checkpoint_uri",
-                        )
-
-                parallel_map(check, list(written.items()))
-                again = parallel_map(lambda item: sha256_file(item[1]), files)
-                for (rel, (sha, _)), got in zip(written.items(), again, strict=True):
-                    if got != sha:
-                        raise CheckpointError(
-                            f"checkpoint step {step}: {rel} changed while it was being saved",
-                            hint="do not modify the source directory during save",
-                        )
+                self._upload_step(step, files, written, existing)
             manifest = build_manifest(step, written, metadata, time.time())
             self.client.put_object(
                 Bucket=self.bucket,
@@ -226,6 +198,41 @@ class S3Store:
         info = parse_manifest(manifest, step).info(f"s3://{self.bucket}/{base}")
         self._prune(step)
         return info
+
+    def _upload_step(self, step: int, files: Sequence[tuple[str, Path]], written: Mapping[str, tuple[str, int]],
+                     existing: Mapping[str, int]) -> None:
+        """Upload ``files`` (rel -> (sha256, size) in ``written``) as step ``step``, in parallel, and check that
+        the objects and the local files still hold what was hashed; ``existing``: the step's objects now."""
+        base, hook = self._base(step), self._on_file
+        if existing:  # a different save of this step, or leftovers of a killed one: un-commit first
+            self._delete_step(step, [r for r in existing if r not in written])
+
+        def upload(index: int) -> None:
+            rel, src = files[index]
+            sha, size = written[rel]
+            self._upload(src, f"{base}/{rel}", sha, size)
+
+        on_done = None if hook is None else (lambda i: hook(files[i][0]))
+        parallel_map(upload, list(range(len(files))), on_done)
+
+        def check(item: tuple[str, tuple[str, int]]) -> None:
+            rel, (sha, size) = item
+            head = self.client.head_object(Bucket=self.bucket, Key=f"{base}/{rel}")
+            if int(head["ContentLength"]) != size or head.get("Metadata", {}).get("sha256") != sha:
+                raise CheckpointError(
+                    f"checkpoint step {step}: s3://{self.bucket}/{base}/{rel} does not match what was"
+                    " uploaded (changed while it was being saved, or another writer shares this prefix)",
+                    hint="do not modify the source during save; give each job its own checkpoint_uri",
+                )
+
+        parallel_map(check, list(written.items()))
+        again = parallel_map(lambda item: sha256_file(item[1]), files)
+        for (rel, (sha, _)), got in zip(written.items(), again, strict=True):
+            if got != sha:
+                raise CheckpointError(
+                    f"checkpoint step {step}: {rel} changed while it was being saved",
+                    hint="do not modify the source directory during save",
+                )
 
     def _committed_with(self, step: int, rels: Mapping[str, int], files: Mapping[str, tuple[str, int]]) -> bool:
         """Whether ``step`` is already committed with exactly these files (by sha256 and size)."""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from errors import GpuplanError, Infeasible
+from planner.calibration import CostCalibration
 from workers.checkpoint.interval import preemption_inputs
 from workers.executors.cluster_fit import infeasibility, placement_for
 from workers.executors.protocol import BootState, RunRequest, RunState, RunStatus
@@ -71,7 +72,9 @@ class InProcessExecutor:
 
     def __init__(self, *, resources: Mapping[str, float] | None = None, device: str = "cpu",
                  cpu_threads: int | None = 1, predict: Predictor | None = None, log_every_s: float = 1.0,
-                 step_hook: StepHook | None = None) -> None:
+                 step_hook: StepHook | None = None, cost: CostCalibration | None = None) -> None:
+        """``cost``: the calibration's checkpoint write speed and default spot hazard, which the attempts'
+        checkpoint interval is chosen from (None: the calibration type's defaults)."""
         import os
 
         self._resources = dict(resources) if resources is not None else {"CPU": float(os.cpu_count() or 1)}
@@ -80,6 +83,7 @@ class InProcessExecutor:
         self._predict = predict
         self._log_every_s = log_every_s
         self._step_hook = step_hook  # tests only: see workers.train.hooks.StepHook
+        self._cost = cost or CostCalibration()
         self._attempts: dict[str, _Attempt] = {}
         self._lock = threading.Lock()
         self._boots: set[str] = set()
@@ -140,10 +144,11 @@ class InProcessExecutor:
                 attempt.message = f"generated {attempt.tracker.progress().step} requests"
                 return
             predicted = preemption_inputs(request.market, self._predict(request) if self._predict is not None else {},
-                                          request.mean_time_to_preemption_h)
+                                          request.mean_time_to_preemption_h, self._cost)
             job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
                            checkpoint_uri=request.checkpoint_uri, device=self._device_for(request),
-                           cpu_threads=self._cpu_threads, log_every_s=self._log_every_s, predicted=predicted)
+                           cpu_threads=self._cpu_threads, log_every_s=self._log_every_s, predicted=predicted,
+                           checkpoint_write_gbps=self._cost.checkpoint_write_gbps)
             result = run_training(job, _Hooks(attempt, self._step_hook))
             if result.status == "preempted":
                 attempt.state = RunState.PREEMPTED

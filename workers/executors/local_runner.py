@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable
@@ -24,21 +23,13 @@ from catalog.local import LOCAL_CLOUD
 from catalog.local_cpu import CPU_ID, training_threads
 from catalog.schema import ModelConfig
 from errors import Conflict, GpuplanError, InvalidInput
-from planner.calibration import Calibration
+from planner.calibration import CostCalibration, load_user_calibration
+from planner.cpu import check_fits_in_ram, cpu_strategy, predict_on_cpu
 from planner.decoder import moe_decode_phrase
-from planner.prediction import Prediction, predict, prediction_of
+from planner.prediction import Prediction, prediction_of
 from planner.spec import JobSpec
-from planner.strategies import precision_kind
 from planner.types import Strategy
 from workers.executors.protocol import RunRequest, RunStatus
-
-
-def calibration(home: Path) -> Calibration:
-    """The planner's constants on this machine: the shipped calibration with the user's refit
-    (``gpuplan calibrate``, kept in ``<home>/calibration.json``) over it, if there is one."""
-    from planner.calibration import load_calibration, user_calibration_path
-
-    return load_calibration(overlay=user_calibration_path(home))
 
 
 @dataclass
@@ -93,14 +84,14 @@ def plan_locally(spec: JobSpec, *, home: Path,
     check_inputs(spec, source)
     machine = machine_catalog(home)
     if all(o.gpu == CPU_ID for o in machine.offers if o.cloud == LOCAL_CLOUD):  # no GPU here: RAM says it first
-        _check_fits_in_ram(source.config, cpu_strategy(spec), ram_bytes())
+        check_fits_in_ram(source.config, cpu_strategy(spec), ram_bytes())
     est = machine_choice(spec, source.config, machine, home).estimate
     if est.strategy.gpu == CPU_ID:
         strategy = est.strategy
         doing = "training" if spec.task == "train" else "generating"
         predicted, inputs = Prediction(), {}
         if spec.task == "train":
-            predicted = predict_on_cpu(spec, source.config, strategy, home)
+            predicted = predict_on_cpu(spec, source.config, strategy, _this_cpu(home), load_user_calibration(home))
             inputs = planner_inputs(spec, source.config, _this_cpu(home))
         return LocalPlan(strategy=strategy, device="cpu", predicted=predicted,
                          note=f"no supported GPU here: {doing} on the CPU", inputs=inputs)
@@ -132,7 +123,7 @@ def machine_choice(spec: JobSpec, model: ModelConfig, machine: Any, home: Path) 
     here = spec.model_copy(update={"resources": spec.resources.model_copy(
         update={"deadline": None, "budget_usd": None, "clouds": None, "regions": None})})
     try:
-        return plan(here, local_offers(machine), calibration=calibration(home), model=model).chosen
+        return plan(here, local_offers(machine), calibration=load_user_calibration(home), model=model).chosen
     except NoFeasiblePlan as exc:
         raise InvalidInput(f"the job does not run on this machine: {exc.message}",
                            hint="see `gpuplan plan` for placements that fit, and `gpuplan submit` to run "
@@ -147,21 +138,6 @@ def _this_cpu(home: Path, probe: Any = None) -> Any:
     return local_cpu(home, today=date.today(), probe=probe)[0]
 
 
-def predict_on_cpu(spec: JobSpec, model: ModelConfig, strategy: Strategy, home: Path,
-                   probe: Any = None) -> Prediction:
-    """The planner's peak memory, tokens/s and hours for ``strategy`` on this machine's CPU."""
-    from planner.memory_train import train_memory
-    from planner.throughput_train import train_throughput
-
-    assert spec.train is not None
-    cpu = _this_cpu(home, probe)
-    cal = calibration(home).for_vendor(cpu.vendor)
-    memory = train_memory(model, strategy, spec.train.seq_len, cpu, cal.memory)
-    thr = train_throughput(model, strategy, spec.train.seq_len, cpu, cal.throughput)
-    # no start in these hours, so no wall clock to compare with (the start is timed on GPUs only)
-    return predict(strategy, memory, thr, spec.train.tokens / thr.tokens_per_s / 3600, timed_start=False)
-
-
 def check_inputs(spec: JobSpec, source: Any) -> None:
     """Data, tokenizer and prompts files are checked before anything starts, so a typo costs nothing."""
     if spec.train is not None and spec.train.data is not None:
@@ -173,35 +149,6 @@ def check_inputs(spec: JobSpec, source: Any) -> None:
             if value is not None and not Path(value).expanduser().exists():
                 raise InvalidInput(f"the {name} path {value!r} does not exist", path=f"infer.{name}",
                                    hint="paths in a spec file are relative to that file")
-
-
-def _check_fits_in_ram(model: ModelConfig, strategy: Strategy, ram: int | None) -> None:
-    from catalog.params import count_params
-
-    params = count_params(model).total
-    weights = params * precision_kind(strategy.precision).bytes.param  # a lower bound: no grads, no states
-    if ram is not None and weights > ram:
-        raise InvalidInput(f"{model.id} has {params / 1e9:.1f}B parameters: {weights / 2**30:.1f} GiB for its "
-                           f"{strategy.precision} weights alone, more than the {ram / 2**30:.1f} GiB of memory "
-                           "available on this CPU-only machine",
-                           hint="run it on GPUs with `gpuplan submit` (see `gpuplan plan`), or try "
-                           "examples/tiny-train.yaml here")
-
-
-def cpu_strategy(spec: JobSpec) -> Strategy:
-    """What a CPU run can honour of the spec: fp32 unless pinned otherwise, one worker, no sharding."""
-    train = spec.train
-    if train is None:  # inference: the worker reads batch and weights from the spec
-        infer = spec.infer
-        assert infer is not None
-        weights = "fp32" if infer.weights == "auto" else infer.weights
-        return Strategy(task="infer", gpu="cpu", gpu_count=1, weights=weights, batch=infer.batch)
-    precision = "fp32" if train.precision == "auto" else train.precision
-    micro = train.micro_batch or 1
-    accum = max(1, math.ceil(train.global_batch / micro)) if train.global_batch else 1
-    return Strategy(gpu="cpu", gpu_count=1, precision=precision, optimizer=train.optimizer, sharding="none",
-                    activation_checkpointing=train.activation_checkpointing is True, micro_batch=micro,
-                    grad_accum=accum, finetune=train.finetune, lora_rank=train.lora_rank)
 
 
 class MeasuredSummary(TypedDict):
@@ -323,11 +270,12 @@ def run_local(spec: JobSpec, *, checkpoint_dir: str | Path | None = None, resume
     if spec.infer is not None and spec.infer.weights == "auto":  # the worker reads the spec: give it the plan's
         spec = spec.model_copy(update={"infer": spec.infer.model_copy(update={"weights": plan.strategy.weights})})
     threads = training_threads()
+    cost = load_user_calibration(home).cost  # the checkpoint interval's write speed and spot hazard
     started = time.perf_counter()
     request = RunRequest(job_id=job_id, attempt=1, spec=spec, strategy=plan.strategy, checkpoint_uri=str(ckpt),
                          run_name=f"{job_id}-{datetime.now(UTC):%Y%m%d%H%M%S}")
     if use_ray:
-        executor: Any = _local_ray_executor(home, plan, threads)
+        executor: Any = _local_ray_executor(home, plan, threads, cost)
         engine = "ray"
     else:
         from workers.executors.inprocess import InProcessExecutor
@@ -335,7 +283,8 @@ def run_local(spec: JobSpec, *, checkpoint_dir: str | Path | None = None, resume
         executor = InProcessExecutor(device=plan.device, cpu_threads=threads,
                                      predict=lambda _r: plan.predicted.numbers(),
                                      resources={"CPU": float(os.cpu_count() or 1), "GPU": 8.0,
-                                                f"accelerator_type:{plan.strategy.gpu.split('-')[0]}": 8.0})
+                                                f"accelerator_type:{plan.strategy.gpu.split('-')[0]}": 8.0},
+                                     cost=cost)
         engine = "in-process"
     handle = executor.submit(request)
     try:
@@ -378,7 +327,7 @@ def _check_resume(ckpt: str, resume: bool) -> None:
                        hint="pass --resume to continue from it, or --checkpoint-dir DIR to start afresh elsewhere")
 
 
-def _local_ray_executor(home: Path, plan: LocalPlan, threads: int) -> Any:
+def _local_ray_executor(home: Path, plan: LocalPlan, threads: int, cost: CostCalibration) -> Any:
     import ray
 
     from workers.executors.ray_executor import RayExecutor
@@ -388,7 +337,7 @@ def _local_ray_executor(home: Path, plan: LocalPlan, threads: int) -> Any:
         ray.init(num_cpus=os.cpu_count() or 2, object_store_memory=96 * 1024 * 1024, include_dashboard=False,
                  logging_level=logging.ERROR, log_to_driver=False)
     return RayExecutor(storage_path=str(home / "ray"), cpu_threads=threads,
-                       predict=lambda _r: plan.predicted.numbers(), log_every_s=1.0)
+                       predict=lambda _r: plan.predicted.numbers(), log_every_s=1.0, cost=cost)
 
 
 def _write_result(home: Path, run: LocalRun, logs: list[str]) -> None:

@@ -20,8 +20,8 @@ skips the requests already in the outputs file; bad input comes back as an error
 returns, the actor keeps the outcome and the final progress until the scheduler has read them
 (``release``), or at most ``keep_finished_s``, then exits, so finished attempts do not pile up.
 Before that it writes them, logs included, as a record next to the Ray Train run
-(``{storage_path}/gpuplan-attempts/{handle}.json``): what ``status`` and ``logs`` answer once
-the actor is gone.
+(``{storage_path}/gpuplan-attempts/{handle}.json``, workers.executors.ray_outcome): what ``status`` and ``logs``
+answer once the actor is gone.
 
 Cost: one process per live attempt on the head node, next to Ray Train's controller (it imports
 torch and Ray Train: about 0.35 GiB resident). Size the head node for the attempts that run at once.
@@ -29,7 +29,6 @@ torch and Ray Train: about 0.35 GiB resident). Size the head node for the attemp
 
 from __future__ import annotations
 
-import json
 import threading
 import traceback
 from collections.abc import Mapping, Sequence
@@ -39,6 +38,7 @@ from typing import Any
 import ray
 
 from errors import GpuplanError
+from planner.calibration import CostCalibration
 from planner.types import Strategy
 from workers.executors.cluster_fit import (
     Placement,
@@ -50,15 +50,15 @@ from workers.executors.cluster_fit import (
     placement_for,
 )
 from workers.executors.cuda_env import allocator_env
-from workers.executors.protocol import RunProgress, RunRequest, RunState
+from workers.executors.protocol import RunRequest, RunState
 from workers.executors.ray_loop import ProgressActor, ray_infer_task, ray_train_loop
+from workers.executors.ray_outcome import FAILED_PREFIX, failure_message, rank0_outcome, resume_note, write_record
 from workers.train.hooks import StepHook
 from workers.train.loop import TrainJob
 
 NAMESPACE = "gpuplan"
 HEAD_NODE_RESOURCE = "node:__internal_head__"  # what Ray Train pins its own detached helpers with
 START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
-_FAILED_PREFIX = "gpuplan-failed: "
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class DriverSettings:
     cpu_threads: int | None
     log_every_s: float
     predicted: dict[str, float] = field(default_factory=dict)
+    checkpoint_write_gbps: float = field(default_factory=lambda: CostCalibration().checkpoint_write_gbps)
     # A finished attempt's outcome is kept this long for a scheduler that never reads it (it died).
     keep_finished_s: float = 24 * 3600.0
     # While waiting for resources, Ray Train's controller blocks this long per try to place the
@@ -174,11 +175,11 @@ class AttemptDriver(ProgressActor):
                 self._set_stopped_early("before it started")
                 return
             result = build_trainer(request, self._settings, self._self).fit()
-            outcome = _rank0_outcome(result)
+            outcome = rank0_outcome(result)
             snapshot = self.snapshot()
             finished = snapshot.get("result") or {}
-            if outcome.startswith(_FAILED_PREFIX):
-                self._set(RunState.FAILED, outcome.removeprefix(_FAILED_PREFIX))
+            if outcome.startswith(FAILED_PREFIX):
+                self._set(RunState.FAILED, outcome.removeprefix(FAILED_PREFIX))
             elif finished.get("status") == "cancelled" or self.cancelled():
                 self._set(RunState.CANCELLED, f"cancelled at step {finished.get('steps', 0)}")
             elif finished.get("status") == "stopped":
@@ -385,7 +386,8 @@ def build_trainer(request: RunRequest, settings: DriverSettings, driver: Any) ->
     placement = request_placement(request, live_nodes(), settings.node_types)
     job = TrainJob(job_id=request.job_id, spec=request.spec, strategy=request.strategy,
                    checkpoint_uri=request.checkpoint_uri, device="auto", cpu_threads=settings.cpu_threads,
-                   log_every_s=settings.log_every_s, predicted=settings.predicted)
+                   log_every_s=settings.log_every_s, predicted=settings.predicted,
+                   checkpoint_write_gbps=settings.checkpoint_write_gbps)
     scaling = scaling_config(placement)
     backend = settings.backend or ("nccl" if placement.use_gpu else "gloo")
     return TorchTrainer(
@@ -430,66 +432,8 @@ def attempt_driver(request: RunRequest, settings: DriverSettings, handle: str, n
     ).remote(request, settings)
 
 
-def _record_location(storage_path: str, handle: str) -> tuple[Any, str]:
-    import pyarrow.fs  # type: ignore[import-untyped]
-
-    fs, root = pyarrow.fs.FileSystem.from_uri(storage_path)
-    return fs, f"{root.rstrip('/')}/gpuplan-attempts/{handle}.json"
-
-
-def write_record(storage_path: str, handle: str, record: dict[str, Any]) -> None:
-    fs, path = _record_location(storage_path, handle)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as out:
-        out.write(json.dumps(record, default=str).encode())
-
-
-def read_record(storage_path: str, handle: str) -> dict[str, Any] | None:
-    """The record a finished attempt's driver left, with its progress as a RunProgress; None if none."""
-    import pyarrow.fs
-
-    fs, path = _record_location(storage_path, handle)
-    if fs.get_file_info(path).type != pyarrow.fs.FileType.File:
-        return None
-    with fs.open_input_stream(path) as stream:
-        record: dict[str, Any] = json.loads(stream.read().decode())
-    record["snapshot"]["progress"] = RunProgress(**record["snapshot"]["progress"])
-    return record
-
-
 def _preflight(request: RunRequest) -> None:
     """Checks worth doing once on the driver rather than once per worker and retry: the store."""
     from workers.checkpoint.local import open_store
 
     open_store(request.checkpoint_uri)
-
-
-def _rank0_outcome(result: Any) -> str:
-    value = getattr(result, "return_value", None)
-    if isinstance(value, dict) and isinstance(value.get("error"), str):
-        return _FAILED_PREFIX + str(value["error"])
-    return "ok"
-
-
-def resume_note(snapshot: dict[str, Any], task: str = "train") -> str:
-    resumes = int(snapshot.get("resumes", 0))
-    progress = snapshot["progress"]
-    if not resumes:
-        return ""
-    if task == "infer":
-        return f"; resumed {resumes} time(s), last with {progress.resumed_from_step} requests already written"
-    return f"; resumed {resumes} time(s), last from the checkpoint of step {progress.resumed_from_step}"
-
-
-def failure_message(exc: BaseException) -> str:
-    """The root cause of a Ray Train failure in one line, without Ray's wrapping."""
-    failures = getattr(exc, "worker_failures", None)
-    if isinstance(failures, dict) and failures:
-        rank, error = sorted(failures.items())[0]
-        cause = getattr(error, "cause", None) or error
-        text = str(cause).strip().splitlines()
-        return f"training failed on rank {rank}: {text[-1] if text else type(cause).__name__}"
-    controller = getattr(exc, "controller_failure", None)
-    if controller is not None:
-        return f"Ray Train controller failed: {controller}"
-    return f"{type(exc).__name__}: {exc}"

@@ -30,7 +30,7 @@ handle) on the head node, in this executor's Ray namespace (``namespace``, defau
 namespace, so a new ``RayExecutor`` in a restarted scheduler, or any other process connected to
 the cluster, sees exactly what Ray is running; this object keeps no state. Executors with
 different namespaces share a cluster without seeing each other's attempts: ``gpuplan server``
-gives each database its own (``scheduler.api.server.ray_namespace_for``), since a scheduler cancels
+gives each database its own (``scheduler.composition.ray_namespace_for``), since a scheduler cancels
 every attempt it sees and has no row for as an orphan.
 A finished attempt keeps its outcome and final progress until ``release`` (the scheduler calls
 it once the outcome is recorded; at most ``keep_finished_s`` otherwise), then its actor exits;
@@ -62,6 +62,7 @@ from typing import Any
 import ray
 
 from errors import ExecutionError, Infeasible, NotFound
+from planner.calibration import CostCalibration
 from workers.checkpoint.interval import preemption_inputs
 from workers.executors.protocol import BootState, RunProgress, RunRequest, RunState, RunStatus
 from workers.executors.ray_attempt import (
@@ -70,11 +71,10 @@ from workers.executors.ray_attempt import (
     attempt_driver,
     attempt_infeasibility,
     live_nodes,
-    read_record,
     request_pins,
     request_placement,
-    resume_note,
 )
+from workers.executors.ray_outcome import read_record, resume_note
 from workers.train.hooks import StepHook
 from workers.train.progress import result_backoffs, result_metrics
 
@@ -92,7 +92,8 @@ class RayExecutor:
                  keep_finished_s: float = 24 * 3600.0, start_timeout_s: float = 10.0,
                  call_timeout_s: float = 30.0, namespace: str = NAMESPACE, step_hook: StepHook | None = None,
                  node_types: Sequence[tuple[Mapping[str, float], int]] = (),
-                 node_type_names: Mapping[str, Mapping[str, float]] | None = None) -> None:
+                 node_type_names: Mapping[str, Mapping[str, float]] | None = None,
+                 cost: CostCalibration | None = None) -> None:
         self._address = address
         self._namespace = namespace
         self._storage_path = storage_path or str(Path.home() / ".gpuplan" / "ray")
@@ -106,6 +107,8 @@ class RayExecutor:
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
         self._step_hook = step_hook  # tests only: see workers.train.hooks.StepHook
+        # the calibration's checkpoint write speed and default spot hazard: each run's checkpoint interval
+        self._cost = cost or CostCalibration()
         # the autoscaler's worker node types (autoscaler_node_types): feasibility counts the nodes it can
         # start, and their (GPU, market, zone) resources make each run ask for the node type it was planned on
         self._node_types = tuple((dict(resources), int(count)) for resources, count in node_types)
@@ -135,7 +138,8 @@ class RayExecutor:
             storage_path=self._storage_path, max_failures=self._max_failures, backend=self._backend,
             cpu_threads=self._cpu_threads, log_every_s=self._log_every_s,
             predicted=preemption_inputs(request.market, self._predict(request) if self._predict is not None else {},
-                                        request.mean_time_to_preemption_h),
+                                        request.mean_time_to_preemption_h, self._cost),
+            checkpoint_write_gbps=self._cost.checkpoint_write_gbps,
             keep_finished_s=self._keep_finished_s, start_timeout_s=self._start_timeout_s, step_hook=self._step_hook,
             node_types=self._node_types)
         driver = attempt_driver(request, settings, handle, self._namespace)

@@ -3,7 +3,7 @@
 The model is a Hugging Face causal LM built from a catalog ``ModelConfig`` (seeded random init or
 a local weights directory, via workers.model.build) in the planned weights dtype: fp32, bf16, fp16, or
 int8 / fp8 through torchao ``quantize_`` on the decoder's linear layers (lm_head stays bf16), as
-the planner assumes. ``generate()`` runs greedy decoding with its default KV cache.
+the planner assumes (workers.infer.model_load). ``generate()`` runs greedy decoding with its default KV cache.
 
 Requests are grouped into batches by their position in the prompts file, so a resumed run forms
 the same batches as an uninterrupted one (and, decoding greedily, writes the same tokens).
@@ -25,7 +25,6 @@ from catalog.schema import ModelConfig
 from errors import InvalidInput
 from planner.decoder import decoder_for, moe_decode_kernel
 from planner.spec import JobSpec
-from workers.capabilities import supported
 from workers.infer.decode import GraphDecoder
 from workers.infer.files import (
     ByteTokenizer,
@@ -37,17 +36,13 @@ from workers.infer.files import (
     load_finished,
     read_requests,
 )
+from workers.infer.model_load import check_weights, load_model
 from workers.infer.moe_decode import keep_grouped_mm
-from workers.model.isolation import load_libraries, seeded_build
 
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]
 """Called after each written batch with (requests finished, requests total)."""
-
-# mxfp4: a checkpoint stored so (gpt-oss's MXFP4 experts): loaded as it is, transformers' quantizer keeps the
-# experts 4-bit where it has the kernels; the rest of the model is bf16
-WEIGHT_DTYPES = ("auto", "fp32", "bf16", "fp16", "int8", "fp8", "int4", "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -78,92 +73,6 @@ class InferenceResult:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
-
-
-def _base_dtype(weights: str, device: str) -> torch.dtype:
-    on_cuda = device.startswith("cuda")
-    if weights == "auto":
-        return torch.bfloat16 if on_cuda else torch.float32
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(weights, torch.bfloat16)
-
-
-def _check_weights(weights: str, device: str, weights_dir: Path | None = None) -> None:
-    if weights == "mxfp4" and weights_dir is None:
-        raise InvalidInput(
-            "mxfp4 weights are a published checkpoint's own (gpt-oss's MXFP4 experts); a random init builds the "
-            "bf16 experts, which the plan did not size",
-            path="model",
-            hint="give the downloaded checkpoint folder as the model (huggingface-cli download openai/gpt-oss-20b "
-            "--local-dir gpt-oss-20b; model: gpt-oss-20b), or plan and run with weights bf16",
-        )
-    if weights not in WEIGHT_DTYPES:
-        raise InvalidInput(
-            f"unknown weights dtype {weights!r}", path="infer.weights", hint="use one of " + ", ".join(WEIGHT_DTYPES)
-        )
-    refused = supported().workers.infer.weights.not_run.get(weights)
-    if refused is not None:
-        raise InvalidInput(f"{weights} weights are not run by this worker: {refused}", path="infer.weights")
-    if weights == "mxfp4" and not device.startswith("cuda"):
-        raise InvalidInput(
-            "mxfp4 weights stay 4-bit only on a CUDA GPU with transformers' MXFP4 kernels (Hopper, Blackwell)",
-            path="infer.weights",
-            hint="use weights bf16 on this device (transformers dequantizes the checkpoint on load)",
-        )
-    if weights == "fp8" and not device.startswith("cuda"):
-        raise InvalidInput(
-            "fp8 weights need a CUDA GPU with fp8 support (sm89+)",
-            path="infer.weights",
-            hint="use int8 or bf16 on this device",
-        )
-
-
-def quantize_weights(model: torch.nn.Module, weights: str) -> None:
-    """torchao weight quantization of the decoder's linear layers; the LM head is left as is."""
-    if weights not in ("int8", "fp8"):
-        return
-    try:
-        load_libraries("torchao")  # resolved once, under the lock: another job may be importing it
-        from torchao.quantization import quantize_
-    except ImportError as exc:
-        raise InvalidInput(
-            f"{weights} weights need torchao, which is not installed ({exc})",
-            path="infer.weights",
-            hint="pip install torchao, or use bf16",
-        ) from None
-
-    def decoder_linear(module: torch.nn.Module, fqn: str) -> bool:
-        return isinstance(module, torch.nn.Linear) and "lm_head" not in fqn
-
-    if weights == "int8":
-        from torchao.quantization import Int8WeightOnlyConfig
-
-        quantize_(model, Int8WeightOnlyConfig(), filter_fn=decoder_linear)
-    else:
-        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig
-
-        quantize_(model, Float8DynamicActivationFloat8WeightConfig(), filter_fn=decoder_linear)
-
-
-def load_model(
-    model_cfg: ModelConfig, *, weights: str, seed: int, device: str, weights_dir: Path | None = None
-) -> torch.nn.Module:
-    from workers.model.build import ModelSource, build_model
-
-    _check_weights(weights, device, weights_dir)
-    source = ModelSource(config=model_cfg, weights_dir=weights_dir)
-    # Random init directly on the target device: initialising an 8B model on CPU first takes minutes.
-    # (build_model's own device wins over an enclosing `with torch.device(...)`, so it is passed.)
-    # seeded from the job's seed alone, whatever runs beside it in this process (workers.model.isolation)
-    with seeded_build(seed, torch.device(device)):
-        model = build_model(source, seed=seed, weights_dtype=_base_dtype(weights, device),
-                            device=torch.device(device) if weights_dir is None else None)
-    config: Any = getattr(model, "config", None)
-    if config is not None:
-        config.use_cache = True  # the builder turns the KV cache off for training
-    model.to(device)
-    quantize_weights(model, weights)
-    model.eval()
-    return model
 
 
 def _vendor(device: str) -> str:
@@ -243,6 +152,156 @@ def generate_batch(
     return results
 
 
+def _read_work(
+    model_cfg: ModelConfig, prompts: Path, outputs: Path, *, batch: int, max_new_tokens: int, dtype: str, device: str,
+    weights_dir: Path | None, tokenizer_dir: Path | None,
+) -> tuple[Tokenizer, list[Request], set[str]]:
+    """The tokenizer, every request of ``prompts`` and the keys already in ``outputs``; bad input refused."""
+    if batch < 1:
+        raise InvalidInput(f"batch must be at least 1, got {batch}", path="infer.batch")
+    if max_new_tokens < 1:
+        raise InvalidInput(f"max_new_tokens must be at least 1, got {max_new_tokens}", path="infer.output_tokens")
+    check_weights(dtype, device, weights_dir)
+    if prompts.resolve() == outputs.resolve():
+        raise InvalidInput("the outputs file must differ from the prompts file", path=str(outputs))
+    tokenizer: Tokenizer = HfTokenizer(tokenizer_dir) if tokenizer_dir else ByteTokenizer()
+    requests = read_requests(
+        prompts, tokenizer, vocab_size=model_cfg.vocab_size, max_positions=model_cfg.max_position_embeddings
+    )
+    finished = load_finished(outputs, {r.key for r in requests})
+    too_long = [r for r in requests if len(r.input_ids) + max_new_tokens > model_cfg.max_position_embeddings]
+    if too_long:
+        r = too_long[0]
+        raise InvalidInput(
+            f"line {r.line}: {len(r.input_ids)} prompt tokens + {max_new_tokens} new tokens exceed"
+            f" the model's context of {model_cfg.max_position_embeddings}",
+            path=str(prompts),
+            hint="lower max_new_tokens (output_tokens) or shorten the prompt",
+        )
+    return tokenizer, requests, finished
+
+
+@dataclass
+class _Decoding:
+    """How the batches are decoded: the compiled decoder as planned, generate() once it failed on the first batch."""
+
+    model: torch.nn.Module
+    model_cfg: ModelConfig
+    device: str
+    weights: str
+    batch: int
+    max_new_tokens: int
+    pad_id: int
+    eos: set[int]
+    graph: GraphDecoder | None
+    shape: tuple[int, int] | None
+    moe_kernel: str | None
+
+    @classmethod
+    def planned(cls, model: torch.nn.Module, model_cfg: ModelConfig, todo: Sequence[Request], *, device: str,
+                weights: str, batch: int, max_new_tokens: int, pad_id: int, eos: set[int],
+                decoder: str | None) -> _Decoding:
+        on_cuda = device.startswith("cuda")
+        use_graph = decoder_for(model_cfg, _vendor(device), weights, decoder, _capability(device)) == "graph"
+        graph = GraphDecoder(model, compile=on_cuda) if use_graph else None
+        # the compiled step runs the model's own grouped_mm experts; generate() needs them kept
+        # (workers/infer/moe_decode.py)
+        moe_kernel = (moe_decode_kernel(model_cfg, _vendor(device), weights, batch, graph=True) if use_graph
+                      else _generate_moe_kernel(model, model_cfg, device, weights, batch))
+        # one shape per job for the compiled step: every batch padded to the batch size and the widest prompt
+        shape = (batch, max(len(r.input_ids) for r in todo)) if graph is not None and on_cuda else None
+        return cls(model, model_cfg, device, weights, batch, max_new_tokens, pad_id, eos, graph, shape, moe_kernel)
+
+    def generate(self, todo: Sequence[Request], *, first: bool) -> list[tuple[list[int], str]]:
+        try:
+            return generate_batch(self.model, todo, max_new_tokens=self.max_new_tokens, pad_id=self.pad_id,
+                                  eos=self.eos, device=self.device, decoder=self.graph, shape=self.shape)
+        except Exception as exc:
+            if self.graph is None or not first:
+                raise
+            logger.warning("the compiled decoder failed on the first batch (%r); decoding with "
+                           "transformers' generate() instead, slower than planned", exc)
+            self.graph.release()  # generate() on the model's own attention, whatever broke the compiled step
+            self.graph = self.shape = None
+            self.moe_kernel = _generate_moe_kernel(self.model, self.model_cfg, self.device, self.weights, self.batch)
+            return generate_batch(self.model, todo, max_new_tokens=self.max_new_tokens, pad_id=self.pad_id,
+                                  eos=self.eos, device=self.device)
+
+
+@dataclass
+class _SteadyTime:
+    """The time after the first batch (kernels chosen, caches warm), which the planner predicts."""
+
+    warm: tuple[float, int] | None = None  # (time, tokens) once the first batch is done
+    in_generate: float = 0.0  # seconds inside generate() after the first batch
+    # the compiled decoder's prompt passes and decode steps after the first batch (workers/decode.DecodeTiming)
+    prefill_s: float = 0.0
+    prefills: int = 0
+    steps_s: float = 0.0
+    steps: int = 0
+
+    def add_batch(self, began: float, graph: GraphDecoder | None) -> None:
+        """Called as a batch's tokens are back on the host (generate_batch ends in a host copy: the GPU is done)."""
+        if self.warm is None:
+            return
+        self.in_generate += time.perf_counter() - began
+        timing = graph.timing() if graph is not None else None
+        if timing is not None:
+            self.prefill_s, self.prefills = self.prefill_s + timing.prefill_s, self.prefills + 1
+            self.steps_s, self.steps = self.steps_s + timing.steps_s, self.steps + timing.steps
+
+    def batch_written(self, tokens: int) -> None:
+        if self.warm is None:
+            self.warm = (time.perf_counter(), tokens)
+
+    def rates(self, ended: float, tokens: int) -> tuple[float | None, float | None]:
+        """(steady tokens per second, share of the steady time inside generate()); None with one batch."""
+        if self.warm is not None and ended > self.warm[0] and tokens > self.warm[1]:
+            return (tokens - self.warm[1]) / (ended - self.warm[0]), self.in_generate / (ended - self.warm[0])
+        return None, None
+
+
+def _output_records(
+    todo: Sequence[Request], results: Sequence[tuple[list[int], str]], tokenizer: Tokenizer
+) -> list[dict[str, object]]:
+    return [
+        {
+            "id": req.id,
+            "index": req.index,
+            "output_ids": new_ids,
+            "text": tokenizer.decode(new_ids),
+            "prompt_tokens": len(req.input_ids),
+            "new_tokens": len(new_ids),
+            "finish_reason": reason,
+        }
+        for req, (new_ids, reason) in zip(todo, results, strict=True)
+    ]
+
+
+def _decode_all(
+    requests: Sequence[Request], finished: set[str], batch: int, decoding: _Decoding, steady: _SteadyTime,
+    tokenizer: Tokenizer, writer: OutputWriter, progress: Progress | None,
+) -> tuple[int, int]:
+    """Decode and append every unfinished request, batch by batch; (requests done, tokens generated)."""
+    done = tokens = 0
+    total = len(requests)
+    for start in range(0, total, batch):
+        todo = [r for r in requests[start : start + batch] if r.key not in finished]
+        if not todo:
+            continue
+        began = time.perf_counter()
+        results = decoding.generate(todo, first=steady.warm is None)
+        steady.add_batch(began, decoding.graph)
+        tokens += sum(len(new_ids) for new_ids, _ in results)
+        writer.write(_output_records(todo, results, tokenizer))
+        finished.update(r.key for r in todo)
+        done += len(todo)
+        steady.batch_written(tokens)
+        if progress is not None:
+            progress(len(finished), total)
+    return done, tokens
+
+
 def run_inference(
     model_cfg: ModelConfig,
     prompts: Path,
@@ -262,30 +321,12 @@ def run_inference(
 
     ``decoder``: "graph" or "generate"; None decodes as the planner predicts
     (``planner.decoder.decoder_for``)."""
-    if batch < 1:
-        raise InvalidInput(f"batch must be at least 1, got {batch}", path="infer.batch")
-    if max_new_tokens < 1:
-        raise InvalidInput(f"max_new_tokens must be at least 1, got {max_new_tokens}", path="infer.output_tokens")
-    _check_weights(dtype, device, weights_dir)
     prompts, outputs = Path(prompts), Path(outputs)
-    if prompts.resolve() == outputs.resolve():
-        raise InvalidInput("the outputs file must differ from the prompts file", path=str(outputs))
-    tokenizer: Tokenizer = HfTokenizer(tokenizer_dir) if tokenizer_dir else ByteTokenizer()
-    requests = read_requests(
-        prompts, tokenizer, vocab_size=model_cfg.vocab_size, max_positions=model_cfg.max_position_embeddings
+    tokenizer, requests, finished = _read_work(
+        model_cfg, prompts, outputs, batch=batch, max_new_tokens=max_new_tokens, dtype=dtype, device=device,
+        weights_dir=weights_dir, tokenizer_dir=tokenizer_dir,
     )
-    finished = load_finished(outputs, {r.key for r in requests})
-    skipped = len(finished)
-    total = len(requests)
-    too_long = [r for r in requests if len(r.input_ids) + max_new_tokens > model_cfg.max_position_embeddings]
-    if too_long:
-        r = too_long[0]
-        raise InvalidInput(
-            f"line {r.line}: {len(r.input_ids)} prompt tokens + {max_new_tokens} new tokens exceed"
-            f" the model's context of {model_cfg.max_position_embeddings}",
-            path=str(prompts),
-            hint="lower max_new_tokens (output_tokens) or shorten the prompt",
-        )
+    skipped, total = len(finished), len(requests)
     weights = "bf16" if dtype == "auto" and device.startswith("cuda") else ("fp32" if dtype == "auto" else dtype)
     if skipped == total:
         logger.info("all %d requests of %s are already in %s", total, prompts, outputs)
@@ -297,97 +338,31 @@ def run_inference(
     on_cuda = device.startswith("cuda")
     if on_cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    eos = _eos_ids(model, tokenizer)
-    use_graph = decoder_for(model_cfg, _vendor(device), weights, decoder, _capability(device)) == "graph"
-    graph = GraphDecoder(model, compile=on_cuda) if use_graph else None
-    # the compiled step runs the model's own grouped_mm experts; generate() needs them kept
-    # (workers/infer/moe_decode.py)
-    moe_kernel = (moe_decode_kernel(model_cfg, _vendor(device), weights, batch, graph=True) if use_graph
-                  else _generate_moe_kernel(model, model_cfg, device, weights, batch))
-    todo_all = [r for r in requests if r.key not in finished]
-    # one shape per job for the compiled step: every batch padded to the batch size and the widest prompt
-    shape = (batch, max(len(r.input_ids) for r in todo_all)) if graph is not None and on_cuda else None
+    decoding = _Decoding.planned(
+        model, model_cfg, [r for r in requests if r.key not in finished], device=device, weights=weights,
+        batch=batch, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id, eos=_eos_ids(model, tokenizer),
+        decoder=decoder,
+    )
     writer = OutputWriter(outputs)
-    done = tokens = 0
     t1 = time.perf_counter()
-    warm: tuple[float, int] | None = None  # (time, tokens) once the first batch is done: kernels chosen, caches warm
-    in_generate = 0.0  # seconds inside generate() after the first batch
-    # the compiled decoder's prompt passes and decode steps after the first batch (workers.infer.decode.DecodeTiming)
-    prefill_s = steps_s = 0.0
-    prefills = steps = 0
+    steady = _SteadyTime()
     try:
-        for start in range(0, total, batch):
-            todo = [r for r in requests[start : start + batch] if r.key not in finished]
-            if not todo:
-                continue
-            began = time.perf_counter()
-            try:
-                results = generate_batch(model, todo, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
-                                         eos=eos, device=device, decoder=graph, shape=shape)
-            except Exception as exc:
-                if graph is None or warm is not None:
-                    raise
-                logger.warning("the compiled decoder failed on the first batch (%r); decoding with "
-                               "transformers' generate() instead, slower than planned", exc)
-                graph.release()  # generate() on the model's own attention, whatever broke the compiled step
-                graph = shape = None
-                moe_kernel = _generate_moe_kernel(model, model_cfg, device, weights, batch)
-                results = generate_batch(model, todo, max_new_tokens=max_new_tokens, pad_id=tokenizer.pad_token_id,
-                                         eos=eos, device=device)
-            if warm is not None:  # generate_batch ends in a host copy of the tokens: the GPU is done here
-                in_generate += time.perf_counter() - began
-                timing = graph.timing() if graph is not None else None
-                if timing is not None:
-                    prefill_s, prefills = prefill_s + timing.prefill_s, prefills + 1
-                    steps_s, steps = steps_s + timing.steps_s, steps + timing.steps
-            records: list[dict[str, object]] = []
-            for req, (new_ids, reason) in zip(todo, results, strict=True):
-                records.append(
-                    {
-                        "id": req.id,
-                        "index": req.index,
-                        "output_ids": new_ids,
-                        "text": tokenizer.decode(new_ids),
-                        "prompt_tokens": len(req.input_ids),
-                        "new_tokens": len(new_ids),
-                        "finish_reason": reason,
-                    }
-                )
-                tokens += len(new_ids)
-            writer.write(records)
-            finished.update(r.key for r in todo)
-            done += len(todo)
-            if warm is None:
-                warm = (time.perf_counter(), tokens)
-            if progress is not None:
-                progress(len(finished), total)
+        done, tokens = _decode_all(requests, finished, batch, decoding, steady, tokenizer, writer, progress)
     finally:
         writer.close()
     ended = time.perf_counter()
     seconds = ended - t1
-    steady = share = None
-    if warm is not None and ended > warm[0] and tokens > warm[1]:
-        steady = (tokens - warm[1]) / (ended - warm[0])
-        share = in_generate / (ended - warm[0])
-    peak = int(torch.cuda.max_memory_allocated(device)) if on_cuda else None
+    steady_rate, share = steady.rates(ended, tokens)
+    graph = decoding.graph
     return InferenceResult(
-        requests_total=total,
-        requests_done=done,
-        requests_skipped=skipped,
-        tokens_generated=tokens,
-        seconds=seconds,
-        tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
-        steady_tokens_per_s=steady,
-        load_seconds=load_seconds,
-        peak_memory_bytes=peak,
-        weights=weights,
-        outputs=str(outputs),
-        steady_generate_share=share,
-        decoder="graph" if graph is not None else "generate",
-        moe_kernel=moe_kernel,
+        requests_total=total, requests_done=done, requests_skipped=skipped, tokens_generated=tokens,
+        seconds=seconds, tokens_per_s=tokens / seconds if seconds > 0 else 0.0, steady_tokens_per_s=steady_rate,
+        load_seconds=load_seconds, peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if on_cuda else None,
+        weights=weights, outputs=str(outputs), steady_generate_share=share,
+        decoder="graph" if graph is not None else "generate", moe_kernel=decoding.moe_kernel,
         packed_gqa=graph is not None and graph.packed_gqa,
-        steady_prefill_s=prefill_s / prefills if prefills else None,
-        steady_step_s=steps_s / steps if steps else None,
+        steady_prefill_s=steady.prefill_s / steady.prefills if steady.prefills else None,
+        steady_step_s=steady.steps_s / steady.steps if steady.steps else None,
     )
 
 

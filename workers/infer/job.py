@@ -17,6 +17,7 @@ from workers.executors.protocol import RunRequest
 from workers.train.hooks import ProgressEvent, StopRequested
 
 if TYPE_CHECKING:
+    from workers.infer.generate import InferenceResult
     from workers.infer.s3_outputs import S3Outputs
 
 OUTPUTS_FILE = "outputs.jsonl"
@@ -105,10 +106,7 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
             remote.upload()  # the next attempt, on another node, resumes from the object
         where = remote.uri if remote is not None else outputs
         on_log(f"{stop}: outputs flushed to {where}; the next attempt resumes there")
-        stopped: dict[str, Any] = {"status": "stopped", "steps": stop.done, "total_steps": stop.total, "tokens": 0,
-                                   "final_loss": None, "checkpoints_written": 0,
-                                   "resumed_from_step": already or None, "checkpoint_step": stop.done,
-                                   "predicted": {}}
+        stopped = _stopped_result(stop, already)
         on_progress({"event": "finished", "result": stopped})
         return stopped
     except BaseException:
@@ -117,6 +115,16 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
         raise
     if remote is not None:
         remote.upload()  # a put that fails fails the attempt: the outputs are not where they should be
+    where = remote.uri if remote is not None else outputs
+    on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {where}, "
+           f"{result.tokens_per_s:,.0f} tokens/s (model load {result.load_seconds:.1f} s){_steady_words(result)}")
+    finished = _finished_result(result)
+    on_progress({"event": "finished", "result": finished})
+    return finished
+
+
+def _steady_words(result: InferenceResult) -> str:
+    """The log's account of the time after the first batch: speed, share decoding, and the decoder's split."""
     steady = (f"; after the first batch {result.steady_tokens_per_s:,.0f} tokens/s, {result.steady_generate_share:.1%} "
               f"of it decoding ({result.decoder} decoder"
               + (f", {result.moe_kernel} experts)" if result.moe_kernel else ")")
@@ -124,16 +132,24 @@ def run_infer_attempt(request: RunRequest, *, device: str | None, on_progress: C
     if result.steady_prefill_s is not None and result.steady_step_s is not None:
         steady += (f"; a batch's prompt pass {result.steady_prefill_s * 1e3:,.1f} ms, a decode step "
                    f"{result.steady_step_s * 1e3:,.2f} ms")
-    where = remote.uri if remote is not None else outputs
-    on_log(f"generated {result.requests_done} requests ({result.requests_skipped} already done) into {where}, "
-           f"{result.tokens_per_s:,.0f} tokens/s (model load {result.load_seconds:.1f} s){steady}")
-    finished: dict[str, Any] = {"status": "succeeded", "steps": result.requests_total,
-                "total_steps": result.requests_total, "tokens": result.tokens_generated, "final_loss": None,
-                "checkpoints_written": 0, "resumed_from_step": result.requests_skipped or None,
-                "steady_tokens_per_s": result.steady_tokens_per_s or result.tokens_per_s,
-                "tokens_per_s": result.tokens_per_s,
-                "peak_allocated_bytes": result.peak_memory_bytes, "wall_s": result.seconds + result.load_seconds,
-                "decoder": result.decoder, "moe_kernel": result.moe_kernel, "predicted": {},
-                "prefill_s": result.steady_prefill_s, "decode_step_s": result.steady_step_s}
-    on_progress({"event": "finished", "result": finished})
-    return finished
+    return steady
+
+
+def _stopped_result(stop: StopRequested, already: int) -> dict[str, Any]:
+    """The result of an attempt stopped for a changeover after ``stop.done`` requests."""
+    return {"status": "stopped", "steps": stop.done, "total_steps": stop.total, "tokens": 0,
+            "final_loss": None, "checkpoints_written": 0,
+            "resumed_from_step": already or None, "checkpoint_step": stop.done,
+            "predicted": {}}
+
+
+def _finished_result(result: InferenceResult) -> dict[str, Any]:
+    """The result of an attempt that generated every request, in the fields a training result reports too."""
+    return {"status": "succeeded", "steps": result.requests_total,
+            "total_steps": result.requests_total, "tokens": result.tokens_generated, "final_loss": None,
+            "checkpoints_written": 0, "resumed_from_step": result.requests_skipped or None,
+            "steady_tokens_per_s": result.steady_tokens_per_s or result.tokens_per_s,
+            "tokens_per_s": result.tokens_per_s,
+            "peak_allocated_bytes": result.peak_memory_bytes, "wall_s": result.seconds + result.load_seconds,
+            "decoder": result.decoder, "moe_kernel": result.moe_kernel, "predicted": {},
+            "prefill_s": result.steady_prefill_s, "decode_step_s": result.steady_step_s}

@@ -310,3 +310,22 @@ def set_grad_sync(model: torch.nn.Module, sharded: bool, enabled: bool) -> Any:
     if not enabled and no_sync is not None:
         return no_sync()
     return contextlib.nullcontext()
+
+
+def _largest_on_any_rank(value: int, device: torch.device, world: int) -> int:
+    if world == 1:
+        return value
+    tensor = torch.tensor([value], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def agree_flag(flag: bool, device: torch.device, world: int) -> bool:
+    """True on every rank when it is True on any (ranks on different nodes read different clocks; a collective
+    checkpoint must start at the same step everywhere)."""
+    return _largest_on_any_rank(int(flag), device, world) > 0
+
+
+def agree_interval(steps: int, device: torch.device, world: int) -> int:
+    """Every rank must checkpoint at the same steps: the longest interval any rank computed."""
+    return _largest_on_any_rank(steps, device, world)

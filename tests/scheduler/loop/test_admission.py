@@ -12,7 +12,7 @@ import pytest
 import catalog.local
 from commands.specfile import load_spec
 from errors import Infeasible
-from scheduler.api.server import machine_planner, make_service
+from scheduler.composition import machine_planner, make_service
 from scheduler.service import ADMIN
 from scheduler.store.models import JobCreate, TeamCreate
 from workers.executors.inprocess import InProcessExecutor
@@ -46,7 +46,7 @@ def test_an_in_process_server_on_a_gpu_machine_runs_the_plans_for_its_gpu_and_it
         db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from catalog.local import LocalDevice
     from planner.types import Strategy
-    from scheduler.api.server import make_executor
+    from scheduler.composition import make_executor
     from workers.executors.protocol import RunRequest
 
     l4 = LocalDevice(name="NVIDIA L4", count=1, memory_bytes=23_580_639_232, backend="cuda")

@@ -10,7 +10,7 @@ import pytest
 from sqlmodel import col, select
 
 from planner.calibration import CostCalibration
-from scheduler.api.server import loop_chooser
+from scheduler.composition import loop_chooser
 from scheduler.loop.attempt_placement import ObservedZones, Placement, Running, SpotChooser, StaticZones, spot_zones
 from scheduler.loop.scheduling import Scheduler
 from scheduler.service import Principal, SchedulerService
@@ -451,7 +451,7 @@ def test_a_spot_attempt_whose_steps_stall_marks_its_zone_down_and_moves_where_ca
 
 
 def test_gpuplan_server_reads_the_spot_zones_from_the_ray_cluster_config(tmp_path: Path) -> None:
-    from commands.server import spot_zones_of
+    from scheduler.composition import spot_zones_of
 
     config = tmp_path / "cluster.yaml"
     config.write_text("""

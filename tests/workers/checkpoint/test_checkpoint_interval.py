@@ -60,14 +60,36 @@ def test_spot_attempts_get_a_mean_time_to_preemption() -> None:
     from planner.calibration import load_calibration
     from workers.checkpoint.interval import preemption_inputs
 
-    hazard = load_calibration().cost.spot_hazard_per_h["default"]
-    assert preemption_inputs("spot", {"tokens_per_s": 5.0}) == {"tokens_per_s": 5.0,
-                                                                 "mean_time_to_preemption_h": 1 / hazard}
-    assert preemption_inputs("spot", {"mean_time_to_preemption_h": 3.0}) == {"mean_time_to_preemption_h": 3.0}
-    assert preemption_inputs("on-demand", {}) == {}
+    cost = load_calibration().cost
+    hazard = cost.spot_hazard_per_h["default"]
+    assert preemption_inputs("spot", {"tokens_per_s": 5.0}, None, cost) == {"tokens_per_s": 5.0,
+                                                                           "mean_time_to_preemption_h": 1 / hazard}
+    assert preemption_inputs("spot", {"mean_time_to_preemption_h": 3.0}, None, cost) == {
+        "mean_time_to_preemption_h": 3.0}
+    assert preemption_inputs("on-demand", {}, None, cost) == {}
     # the scheduler's (the plan's) mean time to preemption wins over a prediction's and the default
-    assert preemption_inputs("spot", {"mean_time_to_preemption_h": 3.0}, 7.5) == {"mean_time_to_preemption_h": 7.5}
-    assert preemption_inputs("on-demand", {}, 7.5) == {}
+    assert preemption_inputs("spot", {"mean_time_to_preemption_h": 3.0}, 7.5, cost) == {
+        "mean_time_to_preemption_h": 7.5}
+    assert preemption_inputs("on-demand", {}, 7.5, cost) == {}
+
+
+def test_the_calibration_passed_in_is_the_one_used(tmp_path: Path) -> None:
+    """A user's refit (the calibration the edge loaded) sets the default hazard and the write speed; the
+    workers read no calibration file of their own."""
+    import torch
+
+    from planner.calibration import CostCalibration
+    from workers.checkpoint.interval import preemption_inputs
+    from workers.train.start import interval_planner
+
+    refit = CostCalibration(spot_hazard_per_h={"default": 0.25}, checkpoint_write_gbps=2.0)
+    assert preemption_inputs("spot", {}, None, refit) == {"mean_time_to_preemption_h": 4.0}
+    job = TrainJob(job_id="w", spec=tiny_spec(write_config(tmp_path / "m"), steps=1, interval=None),
+                   strategy=cpu_strategy(), checkpoint_uri=str(tmp_path / "ck"), checkpoint_write_gbps=2.0)
+    model = torch.nn.Linear(8, 8)
+    planner = interval_planner(job, model, torch.optim.AdamW(model.parameters()))
+    state_bytes = 3 * (8 * 8 + 8) * 4  # fp32 weights and AdamW's two moments, before the first step
+    assert planner.write_gbps == 2.0 and math.isclose(planner.cost_s, state_bytes / 2e9)
 
 
 @given(stall_s=st.floats(1e-3, 60), durable_s=st.floats(0.0, 3600), mttp_h=st.floats(0.05, 500))

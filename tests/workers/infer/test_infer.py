@@ -193,7 +193,7 @@ def test_torn_last_line_is_truncated_and_redone(
 
 def test_weights_from_a_local_directory(reference: tuple[Path, Path], tmp_path: Path) -> None:
     """save_pretrained of the seeded random model, loaded back, generates the same tokens."""
-    from workers.infer.generate import load_model
+    from workers.infer.model_load import load_model
 
     model = load_model(TINY, weights="fp32", seed=3, device="cpu")
     model.save_pretrained(tmp_path / "weights")  # type: ignore[operator]
@@ -208,7 +208,7 @@ def test_weights_from_a_local_directory(reference: tuple[Path, Path], tmp_path: 
 @pytest.mark.slow
 def test_int8_weights_through_torchao(reference: tuple[Path, Path], tmp_path: Path) -> None:
     pytest.importorskip("torchao")
-    from workers.infer.generate import load_model
+    from workers.infer.model_load import load_model
 
     model = load_model(TINY, weights="int8", seed=3, device="cpu")
     q_proj: Any = model.get_submodule("model.layers.0.self_attn.q_proj")

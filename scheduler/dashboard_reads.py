@@ -1,8 +1,9 @@
-"""The few reads the dashboard needs that the service has no method for yet: a job search, spend
-per day by GPU type and market, and the attempts that recorded predicted vs measured.
+"""The dashboard's reads that the API has no endpoint for: a job search, spend per day by GPU type and
+market, the attempts that recorded predicted vs measured, and the team names an admin picks from.
 
-Read-only aggregates over the same tables; the rules (who may see what, budgets, states) stay in
-the service, whose ``_team_id`` decides the team these are asked for.
+Read-only aggregates over the service's tables, asked as a caller and answered under the service's rules:
+a team reads its own team's rows; only the admin reads the team names and every team's spend at once. The
+dashboard (scheduler.ui) reads through :class:`DashboardReads`, never the database itself.
 """
 
 from __future__ import annotations
@@ -14,9 +15,42 @@ from sqlalchemy import String, cast, func, or_
 from sqlalchemy import select as sa_select
 from sqlalchemy.sql.elements import ColumnElement
 
+from scheduler.auth import Principal, require_admin, team_id_of
 from scheduler.store import ledger
 from scheduler.store.database import Store
 from scheduler.store.models import Attempt, Job, JobPublic, Spend, SpendDay, Team
+
+
+class DashboardReads:
+    """The dashboard's reads over ``store``, each for a caller (:class:`scheduler.auth.Principal`)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def search_jobs(self, principal: Principal, *, text: str, state: str | None, limit: int,
+                    offset: int) -> list[JobPublic]:
+        """The caller's team's jobs whose name or id contains ``text`` (case-insensitive), newest first."""
+        return _search_jobs(self.store, team_id_of(principal), text=text, state=state, limit=limit, offset=offset)
+
+    def team_names(self, principal: Principal) -> list[str]:
+        """Every team's name, for the admin's team picker."""
+        require_admin(principal)
+        return _team_names(self.store)
+
+    def spend_by_day(self, principal: Principal, since: datetime | None = None,
+                     until: datetime | None = None) -> list[tuple[date, str, str, float]]:
+        """(UTC day, GPU type, market, USD) of the caller's team, or of every team for the admin."""
+        team_id = None if principal.is_admin else team_id_of(principal)
+        return _spend_by_day(self.store, team_id, since, until)
+
+    def spend_per_day(self, principal: Principal, until: datetime) -> list[tuple[date, float]]:
+        """(UTC day, USD) of every day the caller's team spent on up to ``until``: the burn-down's history."""
+        return _spend_per_day(self.store, team_id_of(principal), until)
+
+    def accuracy_records(self, principal: Principal, limit: int = 500) -> list[tuple[str, str, dict[str, Any]]]:
+        """(job id/attempt, outcome, metrics) of the caller's team's latest closed attempts with metrics."""
+        return _accuracy_records(self.store, team_id_of(principal), limit)
+
 
 _job = Job.__table__  # type: ignore[attr-defined]
 _spend = Spend.__table__  # type: ignore[attr-defined]
@@ -29,7 +63,7 @@ def _like_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def search_jobs(store: Store, team_id: int, *, text: str, state: str | None, limit: int,
+def _search_jobs(store: Store, team_id: int, *, text: str, state: str | None, limit: int,
                 offset: int) -> list[JobPublic]:
     """The team's jobs whose name or id contains ``text`` (case-insensitive), newest first."""
     spent = (sa_select(func.coalesce(func.sum(_spend.c.usd), 0.0)).where(_spend.c.job_id == _job.c.id)
@@ -45,7 +79,7 @@ def search_jobs(store: Store, team_id: int, *, text: str, state: str | None, lim
         return [JobPublic.model_validate(dict(r)) for r in session.execute(stmt).mappings().all()]
 
 
-def team_names(store: Store) -> list[str]:
+def _team_names(store: Store) -> list[str]:
     """Every team's name, for the admin's team picker (the service's list_teams also sums each team's
     spend and reservations, which a picker does not need)."""
     with store.read() as session:
@@ -82,7 +116,7 @@ def _last_day(stmt: Any, team_id: int | None, start: datetime | None, until: dat
                       _spend.c.recorded_at <= until)
 
 
-def spend_by_day(store: Store, team_id: int | None, since: datetime | None = None,
+def _spend_by_day(store: Store, team_id: int | None, since: datetime | None = None,
                  until: datetime | None = None) -> list[tuple[date, str, str, float]]:
     """(UTC day, GPU type, market, USD) for one team (None: every team), oldest first; ``since``
     counts whole days from its own (the chart's bars are days). Whole days are the summary's
@@ -105,7 +139,7 @@ def spend_by_day(store: Store, team_id: int | None, since: datetime | None = Non
     return sorted(rows)
 
 
-def spend_per_day(store: Store, team_id: int, until: datetime) -> list[tuple[date, float]]:
+def _spend_per_day(store: Store, team_id: int, until: datetime) -> list[tuple[date, float]]:
     """(UTC day, USD) of every day the team spent on up to ``until``, oldest first: the burn-down's
     history, the whole days summed from the summary's (GPU type, market) rows, ``until``'s own
     day from its spend rows."""
@@ -118,7 +152,7 @@ def spend_per_day(store: Store, team_id: int, until: datetime) -> list[tuple[dat
     return sorted((_date(d), float(u)) for d, u in rows)
 
 
-def accuracy_records(store: Store, team_id: int, limit: int = 500) -> list[tuple[str, str, dict[str, Any]]]:
+def _accuracy_records(store: Store, team_id: int, limit: int = 500) -> list[tuple[str, str, dict[str, Any]]]:
     """(job id/attempt, outcome, metrics) of the team's latest closed attempts that recorded metrics,
     the records ``scheduler.loop.accuracy.accuracy_rows`` reads."""
     stmt = (sa_select(_attempt.c.job_id, _attempt.c.number, _attempt.c.outcome, _attempt.c.metrics)
