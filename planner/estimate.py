@@ -12,7 +12,7 @@ from planner.calibration import Calibration
 from planner.capability import auto_precisions, auto_weights, gpu_support_problem, multi_gpu_problem
 from planner.memory import infer_memory
 from planner.memory_train import train_memory
-from planner.placement import Memo, Outcome, Placement, train_estimate, train_start_s
+from planner.placement import Memo, Placement, PlacementOutcome, train_estimate, train_start_s
 from planner.placement_infer import infer_estimate, infer_estimate_of, stored_weights_ladder
 from planner.resolve import memory_headroom, resolve_spec_model
 from planner.spec import JobSpec
@@ -23,13 +23,13 @@ from planner.types import Estimate, Strategy, construct
 
 
 def estimate_placement(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration, support: StackSupport,
-                        memo: Memo | None = None) -> Outcome:
+                        memo: Memo | None = None) -> PlacementOutcome:
     problem = multi_gpu_problem(p.gpu, p.count)
     if problem:
-        return Outcome(None, problem, "count")
+        return PlacementOutcome(None, problem, "count")
     problem = gpu_support_problem(support, p.gpu)
     if problem:
-        return Outcome(None, problem, "support")
+        return PlacementOutcome(None, problem, "support")
     cal = cal.for_vendor(p.gpu.vendor)
     memo = Memo() if memo is None else memo
     if spec.task == "train":
@@ -121,7 +121,7 @@ def _smallest_infer(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibr
     notes: list[str] = []
     if model.quantization is not None:
         stored = stored_weights_ladder(model, inf.weights, gpu, support)
-        if not isinstance(stored, Outcome):  # a refusal was raised before (constraint support or dtype)
+        if not isinstance(stored, PlacementOutcome):  # a refusal was raised before (constraint support or dtype)
             weights, notes = stored[0][-1], [stored[1]] if stored[1] else []
     s = construct(Strategy, task="infer", gpu=gpu.id, gpu_count=p.count, nodes=p.nodes,
                   tensor_parallel=p.count if p.count <= 8 else 8, weights=weights, batch=inf.batch)

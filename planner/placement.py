@@ -65,7 +65,7 @@ class Memo:
     per_token: dict[tuple[object, ...], float] = field(default_factory=dict)
     micro_batch: dict[tuple[Knobs, int, str], int | None] = field(default_factory=dict)
     moments: dict[tuple[Knobs, int, bool], tuple[list[Moment], str]] = field(default_factory=dict)
-    precisions: dict[str, list[str] | Outcome] = field(default_factory=dict)
+    precisions: dict[str, list[str] | PlacementOutcome] = field(default_factory=dict)
     shardings: list[str] | None = None
     params: ParamCount | None = None
 
@@ -76,7 +76,7 @@ class Memo:
 
 
 @dataclass
-class Outcome:
+class PlacementOutcome:
     """The best strategy for one placement, or why none works."""
 
     estimate: Estimate | None
@@ -137,11 +137,11 @@ class _TrainBest:
 
 
 def train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
-                    memo: Memo, support: StackSupport) -> Outcome:
+                    memo: Memo, support: StackSupport) -> PlacementOutcome:
     assert spec.train is not None
     t = spec.train
     space = _train_space(t, p, support, memo)
-    if isinstance(space, Outcome):
+    if isinstance(space, PlacementOutcome):
         return space
     pc = memo.count(model)
     headroom = memory_headroom(spec, cal)
@@ -151,7 +151,7 @@ def train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibra
         assert found.smallest is not None
         s0 = _to_strategy(found.smallest[1], gpu, p)
         m0 = train_memory(model, s0, t.seq_len, gpu, mem_cal, pc, headroom)
-        return Outcome(None, memory_reason(m0, gpu, s0), "memory", found.tried)
+        return PlacementOutcome(None, memory_reason(m0, gpu, s0), "memory", found.tried)
     best = found.best
     if found.best_amp is not None and found.best_amp[0] >= AMP_PREFERENCE * best[0]:
         best = found.best_amp
@@ -166,7 +166,7 @@ def train_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibra
                            network_gbps=p.network_gbps, pc=pc, memo=memo.per_token, parts=best[2])
     start = train_start_s(pc, strategy, cal)
     hours = (t.tokens / thr.tokens_per_s + start) / 3600
-    return Outcome(construct(Estimate, strategy=strategy, memory=memory, throughput=thr, hours=hours,
+    return PlacementOutcome(construct(Estimate, strategy=strategy, memory=memory, throughput=thr, hours=hours,
                              start_s=start, warnings=[]),
                    tried=found.tried)
 
@@ -180,13 +180,13 @@ def train_start_s(pc: ParamCount, strategy: Strategy, cal: Calibration) -> float
             + state / (cal.cost.checkpoint_write_gbps * 1e9))
 
 
-def _train_space(t: TrainSpec, p: Placement, support: StackSupport, memo: Memo) -> _TrainSpace | Outcome:
-    """The knob values to try on this placement, or the Outcome saying why none can run."""
+def _train_space(t: TrainSpec, p: Placement, support: StackSupport, memo: Memo) -> _TrainSpace | PlacementOutcome:
+    """The knob values to try on this placement, or the PlacementOutcome saying why none can run."""
     precisions = memo.precisions.get(p.gpu.id)
     if precisions is None:
         precisions = memo.precisions[p.gpu.id] = _gpu_precisions(t, p.gpu, support)
-    if isinstance(precisions, Outcome):
-        return replace(precisions)  # each placement's Outcome is its own (search.py labels it)
+    if isinstance(precisions, PlacementOutcome):
+        return replace(precisions)  # each placement's PlacementOutcome is its own (search.py labels it)
     if memo.shardings is None:
         memo.shardings = searched_shardings(support, p.gpu)
     return _placement_space(t, p, precisions, memo.shardings)
@@ -198,40 +198,40 @@ def searched_shardings(support: StackSupport, gpu: GpuSpec) -> list[str]:
     return [x for x in data_parallel_shardings() if knob_problem(support, gpu, "train", "sharding", x) is None]
 
 
-def _gpu_precisions(t: TrainSpec, gpu: GpuSpec, support: StackSupport) -> list[str] | Outcome:
+def _gpu_precisions(t: TrainSpec, gpu: GpuSpec, support: StackSupport) -> list[str] | PlacementOutcome:
     """The precisions the spec lets ``gpu`` train in (whatever the count), or why it cannot train at all."""
     if t.precision == AUTO:
         precisions = auto_precisions(gpu, t.finetune)
     else:
         problem = precision_problem(gpu, t.precision)
         if problem:
-            return Outcome(None, problem, "dtype")
+            return PlacementOutcome(None, problem, "dtype")
         precisions = [t.precision]
     problem = _train_support_problem(t, gpu, support)
     if problem:
-        return Outcome(None, problem, "support")
+        return PlacementOutcome(None, problem, "support")
     runnable = [x for x in precisions if knob_problem(support, gpu, "train", "precision", x) is None]
     if not runnable:
-        return Outcome(None, knob_problem(support, gpu, "train", "precision", precisions[0]) or "", "support")
+        return PlacementOutcome(None, knob_problem(support, gpu, "train", "precision", precisions[0]) or "", "support")
     precisions = runnable
     if (finetune_kind(t.finetune).quantized_base
             and not any(precision_kind(x).sixteen_bit_compute for x in precisions)):
-        return Outcome(None, f"qlora needs 16-bit compute; {gpu.id} has neither bf16 nor fp16", "dtype")
+        return PlacementOutcome(None, f"qlora needs 16-bit compute; {gpu.id} has neither bf16 nor fp16", "dtype")
     return list(precisions)
 
 
 def _placement_space(t: TrainSpec, p: Placement, precisions: list[str], auto_shardings: list[str],
-                     ) -> _TrainSpace | Outcome:
+                     ) -> _TrainSpace | PlacementOutcome:
     """The knob space of ``p`` given the precisions its GPU trains in and the shardings the workers run
     (sharding does not depend on the GPU)."""
     tp = t.tensor_parallel if isinstance(t.tensor_parallel, int) else 1
     pp = t.pipeline_parallel if isinstance(t.pipeline_parallel, int) else 1
     if p.count % (tp * pp):
-        return Outcome(None, f"{p.count} GPUs cannot be split into tensor_parallel={tp} x pipeline_parallel={pp}",
-                       "count")
+        return PlacementOutcome(
+            None, f"{p.count} GPUs cannot be split into tensor_parallel={tp} x pipeline_parallel={pp}", "count")
     if tp > p.gpus_per_node:
-        return Outcome(None, f"tensor_parallel={tp} needs {tp} GPUs on one node; this node has {p.gpus_per_node}",
-                       "count")
+        return PlacementOutcome(
+            None, f"tensor_parallel={tp} needs {tp} GPUs on one node; this node has {p.gpus_per_node}", "count")
     dp = p.count // (tp * pp)
     if dp == 1:
         shardings = [NO_SHARDING]
@@ -242,7 +242,7 @@ def _placement_space(t: TrainSpec, p: Placement, precisions: list[str], auto_sha
     ckpts = [False, True] if t.activation_checkpointing == "auto" else [bool(t.activation_checkpointing)]
     mbs = _micro_batches(t, dp)
     if isinstance(mbs, str):
-        return Outcome(None, mbs, "count")
+        return PlacementOutcome(None, mbs, "count")
     return _TrainSpace(list(precisions), shardings, ckpts, mbs, tp, pp, dp)
 
 

@@ -8,7 +8,7 @@ from catalog.schema import GpuSpec, ModelConfig, StackSupport
 from planner.calibration import Calibration
 from planner.capability import auto_weights, degree_problem, knob_problem, weights_problem
 from planner.memory import infer_memory
-from planner.placement import Memo, Outcome, Placement, memory_reason
+from planner.placement import Memo, Placement, PlacementOutcome, memory_reason
 from planner.resolve import memory_headroom
 from planner.spec import InferSpec, JobSpec
 from planner.throughput import infer_throughput
@@ -31,19 +31,19 @@ def infer_estimate_of(s: Strategy, m: MemoryEstimate, thr: ThroughputEstimate, i
 
 
 def infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibration,
-                   support: StackSupport, memo: Memo) -> Outcome:
+                   support: StackSupport, memo: Memo) -> PlacementOutcome:
     assert spec.infer is not None
     inf = spec.infer
     gpu = p.gpu
     problem = degree_problem(support, "infer", "gpus", p.count)
     if problem:
-        return Outcome(None, problem, "support")
+        return PlacementOutcome(None, problem, "support")
     weights = _weights_ladder(model, inf.weights, gpu, support)
-    if isinstance(weights, Outcome):
+    if isinstance(weights, PlacementOutcome):
         return weights
     ladder, note = weights
     tps = _tensor_parallel_degrees(spec, model, p, support)
-    if isinstance(tps, Outcome):
+    if isinstance(tps, PlacementOutcome):
         return tps
     best: Estimate | None = None
     smallest: tuple[MemoryEstimate, Strategy] | None = None
@@ -69,18 +69,18 @@ def infer_estimate(spec: JobSpec, model: ModelConfig, p: Placement, cal: Calibra
             break  # the most accurate weights that fit win; lower precision only when needed
     if best is None:
         assert smallest is not None
-        return Outcome(None, memory_reason(smallest[0], gpu, smallest[1]), "memory", tried)
-    return Outcome(best, tried=tried)
+        return PlacementOutcome(None, memory_reason(smallest[0], gpu, smallest[1]), "memory", tried)
+    return PlacementOutcome(best, tried=tried)
 
 
 def _weights_ladder(model: ModelConfig, weights: str, gpu: GpuSpec,
-                    support: StackSupport) -> tuple[list[str], str | None] | Outcome:
+                    support: StackSupport) -> tuple[list[str], str | None] | PlacementOutcome:
     """The weights to try on ``gpu``, most accurate first, that the workers run there, and the warning a checkpoint
     stored quantized carries; or why none can run."""
     note: str | None = None
     if model.quantization is not None:
         stored = stored_weights_ladder(model, weights, gpu, support)
-        if isinstance(stored, Outcome):
+        if isinstance(stored, PlacementOutcome):
             return stored
         ladder, note = stored
     elif weights == "auto":
@@ -88,16 +88,16 @@ def _weights_ladder(model: ModelConfig, weights: str, gpu: GpuSpec,
     else:
         problem = weights_problem(gpu, weights)
         if problem:
-            return Outcome(None, problem, "dtype")
+            return PlacementOutcome(None, problem, "dtype")
         ladder = [weights]
     runnable = [w for w in ladder if knob_problem(support, gpu, "infer", "weights", w) is None]
     if not runnable:
-        return Outcome(None, knob_problem(support, gpu, "infer", "weights", ladder[0]) or "", "support")
+        return PlacementOutcome(None, knob_problem(support, gpu, "infer", "weights", ladder[0]) or "", "support")
     return runnable, note
 
 
 def _tensor_parallel_degrees(spec: JobSpec, model: ModelConfig, p: Placement,
-                             support: StackSupport) -> list[int] | Outcome:
+                             support: StackSupport) -> list[int] | PlacementOutcome:
     """The tensor-parallel degrees to try: the spec's pinned one, else those of one node that split the heads and
     the workers run; or why the pinned one cannot run."""
     t = spec.train
@@ -105,7 +105,7 @@ def _tensor_parallel_degrees(spec: JobSpec, model: ModelConfig, p: Placement,
     if pinned_tp is not None and pinned_tp > 1:
         problem = degree_problem(support, "infer", "tensor_parallel", pinned_tp)
         if problem:
-            return Outcome(None, problem, "support")
+            return PlacementOutcome(None, problem, "support")
         return [pinned_tp]
     return sorted({x for x in (1, 2, 4, 8, p.count) if x <= min(p.count, p.gpus_per_node)
                    and p.count % x == 0 and model.num_attention_heads % x == 0
@@ -113,7 +113,7 @@ def _tensor_parallel_degrees(spec: JobSpec, model: ModelConfig, p: Placement,
 
 
 def stored_weights_ladder(model: ModelConfig, weights: str, gpu: GpuSpec,
-                          support: StackSupport) -> tuple[list[str], str | None] | Outcome:
+                          support: StackSupport) -> tuple[list[str], str | None] | PlacementOutcome:
     """The weights to plan a checkpoint stored quantized (ModelConfig.quantization) with on ``gpu``, and the
     warning when they are not its own format: its format where the workers' transformers keeps it (auto or
     pinned), else the 16-bit dtype transformers dequantizes it to on load (auto, or bf16/fp16 pinned). A pinned
@@ -123,7 +123,7 @@ def stored_weights_ladder(model: ModelConfig, weights: str, gpu: GpuSpec,
     method = q.method
     native = knob_problem(support, gpu, "infer", "weights", method)
     if weights == method:
-        return Outcome(None, f"{model.id}: {native}", "support") if native else ([method], None)
+        return PlacementOutcome(None, f"{model.id}: {native}", "support") if native else ([method], None)
     if weights == "auto" and native is None:
         return [method], None
     if weights == "auto":
@@ -132,6 +132,6 @@ def stored_weights_ladder(model: ModelConfig, weights: str, gpu: GpuSpec,
                                f"{dequantized} ({native})")
     problem = weights_problem(gpu, weights)
     if problem:
-        return Outcome(None, problem, "dtype")
+        return PlacementOutcome(None, problem, "dtype")
     return [weights], (f"{model.id}: weights {weights} pinned, so transformers dequantizes its {method.upper()} "
                        f"experts on load (Mxfp4Config(dequantize=True)) and the plan counts them at {weights}")

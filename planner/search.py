@@ -26,7 +26,7 @@ from planner.calibration import Calibration
 from planner.cost import notice_loss_h, on_demand_cost, spot_cost
 from planner.estimate import estimate, estimate_placement, require_calibration
 from planner.host_memory import checkpoint_state_bytes, host_memory_problem
-from planner.placement import Memo, Outcome, Placement
+from planner.placement import Memo, Placement, PlacementOutcome
 from planner.resolve import resolve_for_plan
 from planner.spec import JobSpec, Resources
 from planner.types import Candidate, CostEstimate, Estimate, Plan, Rejection, Strategy, construct
@@ -164,11 +164,11 @@ class _Search:
         self.spec, self.mdl, self.cal, self.support, self.hazards = spec, mdl, cal, support, hazards
         self.funnel = _Funnel()
         self.memo = Memo()
-        self.outcomes: dict[tuple[str, int, int, float], Outcome] = {}
+        self.outcomes: dict[tuple[str, int, int, float], PlacementOutcome] = {}
         self.candidates: list[Candidate] = []
         self.priced: list[Candidate] = []  # fit in memory, before deadline/budget
 
-    def placement(self, gpu: GpuSpec, count: int, o: Offer) -> Outcome:
+    def placement(self, gpu: GpuSpec, count: int, o: Offer) -> PlacementOutcome:
         """The best strategy for ``count`` x ``gpu`` laid out as offer ``o``'s nodes (estimated once per layout)."""
         multi = count > o.gpu_count
         key = (gpu.id, count, o.gpu_count if multi else 0, o.network_gbps if multi else 0.0)
@@ -184,7 +184,7 @@ class _Search:
                                                                  self.cal)
         return out
 
-    def price(self, out: Outcome, o: Offer, count: int, gpu: GpuSpec) -> None:
+    def price(self, out: PlacementOutcome, o: Offer, count: int, gpu: GpuSpec) -> None:
         """Offer ``o`` in each allowed market: a candidate, or a rejection (host memory, no price, deadline,
         budget)."""
         assert out.estimate is not None
@@ -216,7 +216,7 @@ class _Search:
                 self.candidates.append(cand)
 
 
-def _option(out: Outcome, o: Offer, market: str) -> str:
+def _option(out: PlacementOutcome, o: Offer, market: str) -> str:
     """A priced option as a rejection names it (built only for rejections: most options are kept)."""
     return f"{out.label} on {o.cloud} {o.instance_type} {o.region} {market}"
 

@@ -165,3 +165,33 @@ def test_the_readme_layout_names_every_top_level_part_and_only_files_that_exist(
                     (base / named).exists() for base in (ROOT / path, ROOT, ROOT / path / "..")):
                 missing.append(f"{named} (in the {path} row)")
     assert not missing, "the README's Layout table names what the tree lacks: " + ", ".join(missing)
+
+
+def test_no_class_name_is_defined_in_two_modules_and_no_module_name_twice_in_a_floor() -> None:
+    """A reader who meets ``Placement`` or ``placement.py`` should find one of each, not three."""
+    homes: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef):
+                homes.setdefault(node.name, []).append(name)
+    twice = {cls: where for cls, where in homes.items() if len(where) > 1}
+    assert not twice, f"class names defined in more than one module: {twice}"
+    leaves: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        if path.name != "__init__.py":
+            leaves.setdefault(path.name, []).append(name)
+    assert len(leaves.get("placement.py", [])) <= 1, leaves["placement.py"]
+
+
+def test_no_module_over_450_lines_and_no_function_over_70() -> None:
+    """Small modules with one job each (bench/ and migrations are exempt: MODULES leaves them out)."""
+    too_long = [f"{name} ({n} lines)" for name, path in MODULES.items()
+                if (n := len(path.read_text().splitlines())) > 450]
+    assert not too_long, "modules over 450 lines: " + ", ".join(too_long)
+    functions = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            is_function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            if is_function and node.end_lineno is not None and (n := node.end_lineno - node.lineno + 1) > 70:
+                functions.append(f"{name}.{node.name} ({n} lines)")
+    assert not functions, "functions over 70 lines: " + ", ".join(functions)

@@ -3,7 +3,7 @@
 A live attempt that a chooser with ``reconsider`` (scheduler.loop.attempt_placement.SpotChooser) wants elsewhere is
 changed over (scheduler.loop.changeover: decision recorded, checkpointed and stopped, or stopped without a checkpoint
 after ``changeover_timeout_s``; requeued, started where the chooser said). A changeover the chooser makes before it
-breaks (``Placement.boot``, with an executor that ``BootsAhead``) first boots the target's nodes beside the
+breaks (``MarketChoice.boot``, with an executor that ``BootsAhead``) first boots the target's nodes beside the
 running attempt and changes over only once they are up; nodes that do not come up within ``boot_timeout_s``
 (no capacity there) are given back and the attempt stays. An attempt still waiting for nodes whose launches
 the cloud refuses (``RunStatus.launch_failure``) says so on its job and, after ``launch_timeout_s``, is changed
@@ -23,7 +23,7 @@ from datetime import datetime
 
 from errors import GpuplanError
 from scheduler.loop import changeover, fallback
-from scheduler.loop.attempt_placement import MarketChooser, ObservesZones, Placement
+from scheduler.loop.attempt_placement import MarketChoice, MarketChooser, ObservesZones
 from scheduler.loop.dispatch import run_request
 from scheduler.store import logbook
 from scheduler.store.database import Store
@@ -43,7 +43,7 @@ class AttemptMoves:
         self.executor = executor
         self.choose_market = choose_market
         # job id -> where its next attempt goes: a changeover decided on a running attempt
-        self._moves: dict[str, Placement] = {}
+        self._moves: dict[str, MarketChoice] = {}
         # spot attempt id -> (its step, when it last advanced): advancing steps show the zone's capacity,
         # steps stalled for stall_s its loss
         self._steps: dict[int, tuple[int, datetime]] = {}
@@ -55,7 +55,7 @@ class AttemptMoves:
         self._stopping: dict[int, tuple[datetime, bool]] = {}
         # attempt id -> (boot token, where it moves once the boot is up, when the boot began): changeovers made
         # before they break; in memory, like the executor's hold
-        self._boots: dict[int, tuple[str, Placement, datetime]] = {}
+        self._boots: dict[int, tuple[str, MarketChoice, datetime]] = {}
         self.boot_timeout_s = boot_timeout_s
         # attempt id -> when the loop first saw the cloud refuse the nodes it waits for (scheduler.loop.fallback): after
         # launch_timeout_s of that (loop clock) the job moves to its next planned placement
@@ -65,7 +65,7 @@ class AttemptMoves:
         self._descended: set[str] = set()
         self.launch_timeout_s = launch_timeout_s
 
-    def next_placement(self, job_id: str) -> Placement | None:
+    def next_placement(self, job_id: str) -> MarketChoice | None:
         """Where the job's next attempt goes when a changeover decided it (taken once); None: the chooser decides."""
         return self._moves.pop(job_id, None)
 
@@ -123,7 +123,7 @@ class AttemptMoves:
         if target is None:
             message = f"attempt {attempt.number} waits for {where}: {failure}; no other planned placement to move to"
         elif (now - since).total_seconds() >= self.launch_timeout_s:
-            moved = Placement(target.market, target.usd_per_h, target.zone,
+            moved = MarketChoice(target.market, target.usd_per_h, target.zone,
                               why=f"launches on {where} failed for {self.launch_timeout_s:.0f} s: {failure}")
             self._refused.pop(attempt.id, None)
             self._descended.add(job.id)
@@ -139,23 +139,23 @@ class AttemptMoves:
                 fresh.message = message[:2000]
                 logbook.append(session, job.id, [logbook.note_line(now, message)])
 
-    def _runnable(self, job: Job, number: int) -> Callable[[Placement], bool]:
+    def _runnable(self, job: Job, number: int) -> Callable[[MarketChoice], bool]:
         """Whether the executor's cluster can ever run the job's next attempt at a placement."""
-        def runnable(place: Placement) -> bool:
+        def runnable(place: MarketChoice) -> bool:
             try:
                 return self.executor.feasibility(run_request(job, number, place.market, place.zone)) is None
             except (GpuplanError, ValueError):
                 return False
         return runnable
 
-    def _change_over(self, attempt: Attempt, job: Job, target: Placement, now: datetime) -> None:
+    def _change_over(self, attempt: Attempt, job: Job, target: MarketChoice, now: datetime) -> None:
         with self.store.write() as session:
             if not changeover.mark(session, attempt.id, target, now):
                 return
         self._moves[job.id] = target
         self._stop_for_changeover(attempt, now)
 
-    def _start_boot(self, attempt: Attempt, job: Job, target: Placement, now: datetime) -> None:
+    def _start_boot(self, attempt: Attempt, job: Job, target: MarketChoice, now: datetime) -> None:
         """Boot the target's nodes beside the running attempt (make-before-break); the attempt works on."""
         assert isinstance(self.executor, BootsAhead) and attempt.id is not None
         request = run_request(job, attempt.number + 1, target.market, target.zone, target.mttp_h)

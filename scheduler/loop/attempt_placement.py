@@ -2,7 +2,7 @@
 
 The edge between the scheduling loop (scheduler/loop/scheduling.py) and the pure spot policy
 (scheduler.spot.policy): it turns a job and what has been watched of each zone's spot capacity into a
-:class:`Placement`, through the same ``decide`` / ``choose_zone`` the simulator replays. No clock of
+:class:`MarketChoice`, through the same ``decide`` / ``choose_zone`` the simulator replays. No clock of
 its own (the loop passes ``now``) and no I/O of its own (zone observations come from a
 :class:`ZoneFeed`).
 
@@ -34,7 +34,7 @@ from planner.spec import spec_from_dict
 from scheduler.spot.policy import (
     Current,
     Decision,
-    JobProgress,
+    JobStanding,
     PriceRatio,
     ZoneRates,
     ZoneSeen,
@@ -46,7 +46,7 @@ from scheduler.store.states import Market
 
 
 @dataclass(frozen=True)
-class Placement:
+class MarketChoice:
     """The next attempt's market, $/h at launch and zone; ``wait_s`` set: leave the job queued and
     ask again after that many seconds (no spot capacity and the deadline can afford waiting)."""
 
@@ -60,8 +60,8 @@ class Placement:
     boot: bool = False
 
 
-# (market, $/h) or a Placement (adds the zone, or "wait: ask again later"): the loop's choose_market.
-MarketChooser = Callable[[Job, datetime], tuple[str, float] | Placement]
+# (market, $/h) or a MarketChoice (adds the zone, or "wait: ask again later"): the loop's choose_market.
+MarketChooser = Callable[[Job, datetime], tuple[str, float] | MarketChoice]
 
 
 class ZoneFeed(Protocol):
@@ -83,11 +83,11 @@ def plan_market(job: Job, now: datetime, *, restart_h: float) -> tuple[Market, f
     spot_mode = (job.spec.get("resources") or {}).get("spot", "auto")
     if spot_mode != "auto" or offer.spot_usd_per_h is None or offer.on_demand_usd_per_h is None:
         return planned, chosen.cost.usd_per_h
-    from scheduler.spot.policy import Decision, JobProgress, decide
+    from scheduler.spot.policy import Decision, JobStanding, decide
 
     deadline = spec_from_dict(job.spec).resources.deadline
     elapsed_h = (now - job.created_at).total_seconds() / 3600.0
-    decision = decide("gpuplan", JobProgress(
+    decision = decide("gpuplan", JobStanding(
         work_done_h=0.0, work_total_h=max(chosen.estimate.hours, 1e-6), now_h=elapsed_h,
         deadline_h=deadline, restart_h=restart_h, current="none", start_h=0.0,
     ), spot_available=True)
@@ -225,7 +225,7 @@ class SpotChooser:
     ``state_gb`` at the calibration's measured ``checkpoint_write_gbps``. loss_h: work a preemption
     loses (0: the just-in-time checkpoint on the notice). make_before_break: the loop's executor can boot
     nodes ahead (``workers.executors.protocol.BootsAhead``), so a return from on-demand to spot may boot spot beside
-    the running attempt and move once it is up (``Placement.boot``).
+    the running attempt and move once it is up (``MarketChoice.boot``).
     """
 
     def __init__(self, feed: ZoneFeed, *, policy: str = "gpuplan", restart_h: float | None = None,
@@ -252,7 +252,7 @@ class SpotChooser:
 
     # -------------------------------------------------------------- a queued job
 
-    def __call__(self, job: Job, now: datetime) -> Placement:
+    def __call__(self, job: Job, now: datetime) -> MarketChoice:
         offer = _Offer.of(job)
         if offer.spot_mode == "never" or offer.spot is None:
             return self._on_demand(offer)
@@ -267,14 +267,14 @@ class SpotChooser:
 
     # -------------------------------------------------------------- a running attempt
 
-    def reconsider(self, job: Job, running: Running, now: datetime) -> Placement | None:
+    def reconsider(self, job: Job, running: Running, now: datetime) -> MarketChoice | None:
         """Where the running attempt should change over to, or None to leave it where it is.
 
         - spot, and its zone still has capacity: on-demand only when the safety net says so;
         - spot, and its zone has lost capacity (the attempt waits for a node there): spot in the
           zone that has capacity (restart + checkpoint transfer), on-demand, or None (wait there);
         - on-demand, and spot has capacity somewhere: back to spot when the policy says it pays, booted
-          beside the running attempt first where the loop can (``make_before_break``: ``Placement.boot``).
+          beside the running attempt first where the loop can (``make_before_break``: ``MarketChoice.boot``).
         """
         offer = _Offer.of(job)
         if offer.spot is None or running.market not in ("spot", "on-demand"):
@@ -313,7 +313,7 @@ class SpotChooser:
         """The policy's answer for this job, and what it weighed in words; spot counts as available when
         there is a zone to run it in (or the job runs on spot now)."""
         assert offer.spot is not None and offer.on_demand is not None
-        progress = JobProgress(
+        progress = JobStanding(
             work_done_h=min(work_done_h, offer.hours), work_total_h=offer.hours,
             now_h=(now - job.created_at).total_seconds() / 3600.0, deadline_h=offer.deadline_h,
             restart_h=self.restart_h + (self.move_h if moves else 0.0), current=current, start_h=0.0,
@@ -337,20 +337,20 @@ class SpotChooser:
                              loss_h=self.loss_h, switch_h=self.switch_h, mean_outage_h=outage)
         return ZoneRates(outage_age_h=math.inf, loss_h=self.loss_h, switch_h=self.switch_h)
 
-    def _spot(self, offer: _Offer, seen: Mapping[str, ZoneSeen], zone: str, why: str = "") -> Placement:
+    def _spot(self, offer: _Offer, seen: Mapping[str, ZoneSeen], zone: str, why: str = "") -> MarketChoice:
         assert offer.spot is not None
-        return Placement("spot", offer.spot * offer.nodes, zone, mttp_h=seen[zone].rates().mean_run_h, why=why)
+        return MarketChoice("spot", offer.spot * offer.nodes, zone, mttp_h=seen[zone].rates().mean_run_h, why=why)
 
-    def _wait(self, offer: _Offer, why: str = "") -> Placement:
+    def _wait(self, offer: _Offer, why: str = "") -> MarketChoice:
         assert offer.spot is not None
-        return Placement("spot", offer.spot * offer.nodes, None, wait_s=self.recheck_s, why=why)
+        return MarketChoice("spot", offer.spot * offer.nodes, None, wait_s=self.recheck_s, why=why)
 
     @staticmethod
-    def _on_demand(offer: _Offer, why: str = "") -> Placement:
-        return Placement("on-demand", (offer.on_demand or offer.planned) * offer.nodes, why=why)
+    def _on_demand(offer: _Offer, why: str = "") -> MarketChoice:
+        return MarketChoice("on-demand", (offer.on_demand or offer.planned) * offer.nodes, why=why)
 
 
-def situation(progress: JobProgress, available: bool, rates: ZoneRates) -> str:
+def situation(progress: JobStanding, available: bool, rates: ZoneRates) -> str:
     """What the spot policy weighed, in words: slack and work left, capacity now and for how long, and the
     zone's mean run and outage (e.g. "3.2 h of slack for 20.0 h of work; no spot capacity for 1.4 h;
     runs last 6.0 h and outages 1.9 h on average")."""

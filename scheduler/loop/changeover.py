@@ -26,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from sqlmodel import Session
 
-from scheduler.loop.attempt_placement import Placement, Running
+from scheduler.loop.attempt_placement import MarketChoice, Running
 from scheduler.store import logbook
 from scheduler.store.models import Attempt, Job
 from workers.executors.protocol import Executor, RunState, RunStatus, StopsForChangeover
@@ -36,7 +36,7 @@ MARK = "changeover: "
 
 @runtime_checkable
 class Reconsiders(Protocol):
-    def reconsider(self, job: Job, running: Running, now: datetime) -> Placement | None:
+    def reconsider(self, job: Job, running: Running, now: datetime) -> MarketChoice | None:
         """Where the running attempt should change over to; None: leave it."""
         ...
 
@@ -46,7 +46,7 @@ def marked(attempt: Attempt) -> bool:
     return attempt.message.startswith(MARK)
 
 
-def describe(target: Placement) -> str:
+def describe(target: MarketChoice) -> str:
     where = f" in {target.zone}" if target.zone else ""
     why = f" ({target.why})" if target.why else ""
     return f"{MARK}to {target.market}{where} at ${target.usd_per_h:,.2f}/h{why}"
@@ -59,7 +59,7 @@ def running(job: Job, attempt: Attempt, status: RunStatus) -> Running:
     return Running(market=attempt.market, zone=attempt.zone, work_done_h=done * job.plan.hours)
 
 
-def mark(session: Session, attempt_id: int | None, target: Placement, now: datetime) -> bool:
+def mark(session: Session, attempt_id: int | None, target: MarketChoice, now: datetime) -> bool:
     """Record the decision on the open attempt's row (and the job's log); False if it has ended."""
     attempt = session.get(Attempt, attempt_id)
     if attempt is None or attempt.ended_at is not None:
@@ -86,7 +86,7 @@ def fall_back(executor: Executor, handle: str) -> None:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ChangeoverOutcome:
     """How a changed-over attempt ended: where the next attempt resumes and what was lost."""
 
     resumes_at: int | None  # the step of the newest checkpoint (inference: requests written); None: from the start
@@ -97,22 +97,22 @@ class Outcome:
         return {"resumes_at_step": self.resumes_at, "lost_steps": self.lost_steps}
 
 
-def outcome(status: RunStatus | None, task: str, fell_back: bool) -> Outcome:
+def outcome(status: RunStatus | None, task: str, fell_back: bool) -> ChangeoverOutcome:
     """What the stop of a changed-over attempt kept, from its final status."""
     progress = status.progress if status is not None else None
     if task != "train":
         done = progress.step if progress is not None else None
-        return Outcome(done, 0, "the outputs written stand; the next attempt answers the rest")
+        return ChangeoverOutcome(done, 0, "the outputs written stand; the next attempt answers the rest")
     if status is not None and status.state is RunState.STOPPED:
         at = progress.checkpoint_step if progress is not None else None
         where = f"the checkpoint of step {at}" if at is not None else "the start"
-        return Outcome(at, 0, f"nothing lost: the next attempt resumes from {where}")
+        return ChangeoverOutcome(at, 0, f"nothing lost: the next attempt resumes from {where}")
     at = progress.checkpoint_step if progress is not None else None
     step = progress.step if progress is not None else 0
     lost = max(0, step - (at or 0))
     if lost == 0:  # e.g. a spot notice's just-in-time checkpoint came first
         where = f"the checkpoint of step {at}" if at is not None else "the start"
-        return Outcome(at, 0, f"nothing lost: the next attempt resumes from {where}")
+        return ChangeoverOutcome(at, 0, f"nothing lost: the next attempt resumes from {where}")
     why = "did not answer the checkpoint-and-stop in time" if fell_back else "was stopped without a checkpoint"
     where = f"the checkpoint of step {at}" if at is not None else "the start"
-    return Outcome(at, lost, f"it {why}: {lost} step(s) after {where} are lost and done again")
+    return ChangeoverOutcome(at, lost, f"it {why}: {lost} step(s) after {where} are lost and done again")

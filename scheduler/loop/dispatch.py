@@ -23,7 +23,7 @@ from sqlmodel import Session, col, select
 from errors import GpuplanError
 from planner.spec import spec_from_dict
 from scheduler.loop import quota
-from scheduler.loop.attempt_placement import MarketChooser, Placement
+from scheduler.loop.attempt_placement import MarketChoice, MarketChooser
 from scheduler.store import logbook
 from scheduler.store.database import Store, transition
 from scheduler.store.models import Attempt, Job
@@ -64,7 +64,7 @@ class Dispatcher:
     """Claims due jobs and starts their attempts' rows; ``moved(job_id)``: where a changeover sent the job."""
 
     def __init__(self, store: Store, executor: Executor, choose_market: MarketChooser,
-                 moved: Callable[[str], Placement | None], *, batch: int, max_running: int | None) -> None:
+                 moved: Callable[[str], MarketChoice | None], *, batch: int, max_running: int | None) -> None:
         self.store = store
         self.executor = executor
         self.choose_market = choose_market
@@ -96,7 +96,7 @@ class Dispatcher:
             log.error("job %s is queued but attempt %s is open; not dispatching", job.id, open_attempt.number)
             return
         choice = self.moved(job.id) or self.choose_market(job, now)
-        place = choice if isinstance(choice, Placement) else Placement(*choice)
+        place = choice if isinstance(choice, MarketChoice) else MarketChoice(*choice)
         if place.wait_s is not None:  # the spot policy waits for capacity: stays queued
             self._wait_for_spot(session, job, now, place.wait_s, place.why)
             return

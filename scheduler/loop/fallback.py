@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from errors import GpuplanError
-from scheduler.loop.attempt_placement import Placement
+from scheduler.loop.attempt_placement import MarketChoice
 from scheduler.store.models import Attempt, Job
 from workers.cluster.config import ClusterOptions, cluster_needs
 
 
-def planned_placements(job: Job) -> list[Placement]:
+def planned_placements(job: Job) -> list[MarketChoice]:
     """The (market, zone) placements of the node types generated for the job's planned GPU, cheapest first;
     [] when the plan has none (not on AWS, or no plan the generator accepts)."""
     planned = job.plan
@@ -27,18 +27,18 @@ def planned_placements(job: Job) -> list[Placement]:
     except GpuplanError:
         return []
     nodes = max(planned.nodes, 1)
-    out: dict[tuple[str, str | None], Placement] = {}
+    out: dict[tuple[str, str | None], MarketChoice] = {}
     for kind in needs.kinds:
         if kind.gpu != planned.chosen.offer.gpu:  # another GPU would need its own strategy: not a fallback
             continue
         offer = kind.candidate.offer
         price = offer.spot_usd_per_h if kind.market == "spot" else offer.on_demand_usd_per_h
         if price is not None:
-            out.setdefault((kind.market, kind.zone), Placement(kind.market, price * nodes, kind.zone))
+            out.setdefault((kind.market, kind.zone), MarketChoice(kind.market, price * nodes, kind.zone))
     return sorted(out.values(), key=lambda p: (p.usd_per_h, p.market != "spot", p.zone or ""))
 
 
-def next_placement(job: Job, attempt: Attempt, runnable: Callable[[Placement], bool]) -> Placement | None:
+def next_placement(job: Job, attempt: Attempt, runnable: Callable[[MarketChoice], bool]) -> MarketChoice | None:
     """The first placement after the attempt's own in :func:`planned_placements` that ``runnable`` accepts
     (the cluster has such a node type); None at the end of the list."""
     placements = planned_placements(job)

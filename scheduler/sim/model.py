@@ -73,7 +73,7 @@ class Jobs:
 
 
 @dataclass
-class Outcome:
+class PolicyOutcome:
     """Per-job results of one policy (arrays over jobs). ``finish_h`` is hours after arrival."""
 
     policy: str

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.sim.simulate import Outcome
+from scheduler.sim.simulate import PolicyOutcome
 from scheduler.sim.traces import Zones
 from scheduler.spot.market_codes import ON_DEMAND, SPOT
 
@@ -34,7 +34,7 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def timeline_png(zones: Zones, start_tick: int, outcomes: Mapping[str, Outcome], work_h: float,
+def timeline_png(zones: Zones, start_tick: int, outcomes: Mapping[str, PolicyOutcome], work_h: float,
                  deadline_h: float | None) -> bytes:
     """Availability per zone, the market each policy held per tick, and progress against the deadline."""
     plt = _pyplot()

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from errors import InvalidInput
-from scheduler.sim.model import FloatArray, IntArray, Jobs, Outcome, Prices, SimOptions, spot_prices
+from scheduler.sim.model import FloatArray, IntArray, Jobs, PolicyOutcome, Prices, SimOptions, spot_prices
 from scheduler.sim.traces import Zones
 from scheduler.spot.market_codes import BOOT_SPOT, NONE, ON_DEMAND, SPOT, WAIT
 from scheduler.spot.policy import (
@@ -309,7 +309,7 @@ def _work(s: _State, setup: _Setup, jobs: Jobs, running: npt.NDArray[np.bool_], 
         s.unc[now_done] = 0.0
 
 
-def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimOptions | None = None) -> Outcome:
+def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimOptions | None = None) -> PolicyOutcome:
     """Simulate ``policy`` for every job at once until each finishes or the trace ends.
 
     Jobs advance in lock-step on their own clocks (step k = tick ``start + k`` of job i), so a thousand
@@ -364,7 +364,7 @@ def run_policy(zones: Zones, jobs: Jobs, policy: str, prices: Prices, opts: SimO
         _boot_ticks(s, setup, running, tt)
         if timeline is not None:
             timeline.record(k, np.where(s.finished & (s.finish > k * setup.gap), dec, s.market), s)
-    out = Outcome(policy=policy, cost_usd=s.cost, finish_h=s.finish, preemptions=s.preempt, work_lost_h=s.lost,
+    out = PolicyOutcome(policy=policy, cost_usd=s.cost, finish_h=s.finish, preemptions=s.preempt, work_lost_h=s.lost,
                   spot_h=s.spot_h, on_demand_h=s.od_h, deadline_h=jobs.deadline_h.copy(), boots=s.boots,
                   boots_lost=s.boots_lost)
     if timeline is not None:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from errors import InvalidInput
-from scheduler.sim.model import Jobs, Outcome, Prices, SimOptions
+from scheduler.sim.model import Jobs, PolicyOutcome, Prices, SimOptions
 from scheduler.sim.replay import online_mean_run, run_lengths, run_policy, young_daly_array
 from scheduler.sim.traces import Zones
 from scheduler.spot.bound import default_resolution, omniscient
@@ -49,9 +49,9 @@ def compare(
     policies: Sequence[str] = ALL_POLICIES,
     opts: SimOptions | None = None,
     resolution: int | None = None,
-) -> dict[str, Outcome]:
+) -> dict[str, PolicyOutcome]:
     """Every policy (and the omniscient bound) on the same jobs and traces."""
-    out: dict[str, Outcome] = {}
+    out: dict[str, PolicyOutcome] = {}
     for name in policies:
         if name == "omniscient":
             out[name] = omniscient(zones, jobs, prices, resolution=resolution or default_resolution(zones, jobs),
@@ -65,7 +65,7 @@ def compare(
     return out
 
 
-def summarize(outcomes: dict[str, Outcome]) -> dict[str, dict[str, object]]:
+def summarize(outcomes: dict[str, PolicyOutcome]) -> dict[str, dict[str, object]]:
     """Per policy over a stream of jobs: totals, medians, deadlines met and cost / bound."""
     bound = outcomes["omniscient"].cost_usd if "omniscient" in outcomes else None
     out: dict[str, dict[str, object]] = {}
@@ -109,7 +109,7 @@ __all__ = [
     "SPOT",
     "WAIT",
     "Jobs",
-    "Outcome",
+    "PolicyOutcome",
     "Prices",
     "SimOptions",
     "compare",

@@ -9,12 +9,12 @@ import numpy as np
 import numpy.typing as npt
 
 from errors import InvalidInput
-from scheduler.sim.model import FloatArray, IntArray, Jobs, Outcome, Prices, spot_prices
+from scheduler.sim.model import FloatArray, IntArray, Jobs, PolicyOutcome, Prices, spot_prices
 from scheduler.sim.traces import Zones
 
 
 def omniscient(zones: Zones, jobs: Jobs, prices: Prices, resolution: int = 2,
-               make_before_break: bool = False) -> Outcome:
+               make_before_break: bool = False) -> PolicyOutcome:
     """The cheapest way to meet each deadline knowing the whole future trace (a lower bound).
 
     Dynamic program over ticks; state = (idle | on-demand | spot in zone z, progress on a grid of
@@ -29,7 +29,7 @@ def omniscient(zones: Zones, jobs: Jobs, prices: Prices, resolution: int = 2,
     if resolution < 1:
         raise InvalidInput("resolution must be >= 1")
     n = len(jobs)
-    out = Outcome(
+    out = PolicyOutcome(
         policy="omniscient",
         cost_usd=np.full(n, np.nan),
         finish_h=np.full(n, np.nan),

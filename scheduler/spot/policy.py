@@ -8,7 +8,7 @@ one-element call of ``decide_arrays``), so what the simulator measures is what t
 
 API (stable)::
 
-    progress = JobProgress(work_done_h=10, work_total_h=48, now_h=12, deadline_h=70, restart_h=0.2,
+    progress = JobStanding(work_done_h=10, work_total_h=48, now_h=12, deadline_h=70, restart_h=0.2,
                            current="spot", start_h=0.0, uncommitted_h=0.0)
     decide("gpuplan", progress, spot_available=True, tick_h=195/3600) -> Decision.SPOT
     rates = ZoneSeen(watched_h=30, up_h=24, preemptions=3).rates()   # online estimates, with a prior
@@ -106,7 +106,7 @@ _DECISION_BY_CODE = {WAIT: Decision.WAIT, SPOT: Decision.SPOT, ON_DEMAND: Decisi
 
 
 @dataclass(frozen=True)
-class JobProgress:
+class JobStanding:
     """Where one job stands. Hours are on one clock (any origin); ``deadline_h`` is absolute."""
 
     work_done_h: float  # progress so far, including work not yet checkpointed
@@ -318,7 +318,7 @@ def _reserve_line_rule(policy: str, *, span: FloatArray, work_total_h: FloatArra
 
 def decide(
     policy_name: str,
-    progress: JobProgress,
+    progress: JobStanding,
     spot_available: bool,
     *,
     tick_h: float = 0.0,

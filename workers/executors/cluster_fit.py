@@ -49,7 +49,7 @@ def pins_markets(nodes: Sequence[Mapping[str, float]]) -> bool:
 
 
 @dataclass(frozen=True)
-class Placement:
+class WorkerLayout:
     num_workers: int
     use_gpu: bool
     nodes: int
@@ -91,10 +91,10 @@ def accelerator_label(gpu: str, available: Sequence[str] = ()) -> str:
 
 
 def placement_for(strategy: Strategy, available_labels: Sequence[str] = (), *,
-                  pins: Mapping[str, float] | None = None) -> Placement:
+                  pins: Mapping[str, float] | None = None) -> WorkerLayout:
     """``pins``: the per-worker (GPU, market, zone) resources on a gpuplan cluster (``pin_resources``)."""
     use_gpu = strategy.gpu.lower() not in ("cpu", "local-cpu")
-    return Placement(
+    return WorkerLayout(
         num_workers=strategy.gpu_count,
         use_gpu=use_gpu,
         nodes=strategy.nodes,

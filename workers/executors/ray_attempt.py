@@ -41,7 +41,7 @@ from errors import GpuplanError
 from planner.calibration import CostCalibration
 from planner.types import Strategy
 from workers.executors.cluster_fit import (
-    Placement,
+    WorkerLayout,
     infeasibility,
     launchable_nodes,
     node_labels,
@@ -308,7 +308,7 @@ def live_nodes() -> list[dict[str, float]]:
     return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
 
 
-def infer_resources(strategy: Strategy, placement: Placement) -> dict[str, Any]:
+def infer_resources(strategy: Strategy, placement: WorkerLayout) -> dict[str, Any]:
     """Ray options of an inference task: all planned GPUs (and one CPU) on one node, or the planned CPUs."""
     if placement.use_gpu:
         options: dict[str, Any] = {"num_cpus": 1, "num_gpus": strategy.gpu_count}
@@ -332,7 +332,7 @@ def request_pins(request: RunRequest, nodes: Sequence[Mapping[str, float]],
 
 
 def request_placement(request: RunRequest, nodes: Sequence[Mapping[str, float]],
-                      node_types: Sequence[tuple[Mapping[str, float], int]] = ()) -> Placement:
+                      node_types: Sequence[tuple[Mapping[str, float], int]] = ()) -> WorkerLayout:
     return placement_for(request.strategy, node_labels(nodes), pins=request_pins(request, nodes, node_types))
 
 
@@ -404,7 +404,7 @@ def build_trainer(request: RunRequest, settings: DriverSettings, driver: Any) ->
     )
 
 
-def scaling_config(placement: Placement) -> Any:
+def scaling_config(placement: WorkerLayout) -> Any:
     """Ray Train's ScalingConfig for ``placement``: what each worker's placement-group bundle asks for."""
     from ray.train.v2.api.config import ScalingConfig
 

@@ -11,7 +11,7 @@ from sqlmodel import col, select
 
 from planner.calibration import CostCalibration
 from scheduler.composition import loop_chooser
-from scheduler.loop.attempt_placement import ObservedZones, Placement, Running, SpotChooser, StaticZones, spot_zones
+from scheduler.loop.attempt_placement import MarketChoice, ObservedZones, Running, SpotChooser, StaticZones, spot_zones
 from scheduler.loop.scheduling import Scheduler
 from scheduler.service import Principal, SchedulerService
 from scheduler.store.database import Store
@@ -354,14 +354,14 @@ class MoveOnce:
         self.move = False
         self.boot = boot
 
-    def __call__(self, job: Job, now: datetime) -> Placement:
-        return Placement("on-demand", 1.0)
+    def __call__(self, job: Job, now: datetime) -> MarketChoice:
+        return MarketChoice("on-demand", 1.0)
 
-    def reconsider(self, job: Job, running: Running, now: datetime) -> Placement | None:
+    def reconsider(self, job: Job, running: Running, now: datetime) -> MarketChoice | None:
         if not self.move:
             return None
         self.move = False
-        return Placement("on-demand", 2.0, zone="elsewhere", boot=self.boot)
+        return MarketChoice("on-demand", 2.0, zone="elsewhere", boot=self.boot)
 
 
 @pytest.mark.parametrize("store", ["sqlite"], indirect=True)

@@ -8,7 +8,7 @@ from planner.calibration import load_calibration
 from planner.plan_record import planned_run
 from planner.search import plan
 from planner.spec import spec_from_dict
-from scheduler.loop.attempt_placement import Placement
+from scheduler.loop.attempt_placement import MarketChoice
 from scheduler.loop.fallback import next_placement, planned_placements
 from scheduler.store.models import Attempt, Job
 from scheduler.store.states import JobState
@@ -48,7 +48,7 @@ def test_spot_always_moves_between_spot_zones_only_then_stays() -> None:
     job = stored_job("always")
     assert {p.market for p in planned_placements(job)} == {"spot"}
     moved = next_placement(job, attempt("spot", "use1-az1"), lambda p: True)
-    assert isinstance(moved, Placement) and (moved.market, moved.zone) == ("spot", "use1-az2")
+    assert isinstance(moved, MarketChoice) and (moved.market, moved.zone) == ("spot", "use1-az2")
     assert next_placement(job, attempt("spot", "use1-az2"), lambda p: True) is None
 
 

@@ -19,7 +19,7 @@ from scheduler.sim.model import JIT_STEP_S
 from scheduler.sim.replay import online_mean_outage
 from scheduler.sim.simulate import (
     Jobs,
-    Outcome,
+    PolicyOutcome,
     Prices,
     SimOptions,
     compare,
@@ -238,7 +238,7 @@ def test_a_voluntary_changeover_waits_for_its_checkpoint_on_the_old_instance() -
 BOOTS = SimOptions(mttp_h=(2.0,), checkpoint_write_h=0.05, timeline=True, make_before_break=True)
 
 
-def booted(avail: list[int], boots: int, lost: int) -> tuple[Outcome, float, float]:
+def booted(avail: list[int], boots: int, lost: int) -> tuple[PolicyOutcome, float, float]:
     """A 10 h job (deadline 12 h, restart 0.2 h) on 6-minute ticks under ``BOOTS``, after ``boots`` boots of which
     ``lost`` lost their capacity: (its outcome, when it went on-demand, when it moved to spot), in hours."""
     out = run_policy(zones_from(avail, gap_s=360.0), Jobs.make([0], 10.0, 12.0, 0.2), "gpuplan", PRICES, BOOTS)

@@ -16,7 +16,7 @@ from scheduler.spot.policy import (
     PRIOR_MEAN_RUN_H,
     RATE_HALF_LIFE_H,
     Decision,
-    JobProgress,
+    JobStanding,
     PriceRatio,
     ZoneRates,
     ZoneSeen,
@@ -30,8 +30,8 @@ TICK = 0.1
 
 
 def progress(done: float, now: float, *, current: str = "none", deadline: float | None = 70.0,
-             restart: float = 0.2, unc: float = 0.0) -> JobProgress:
-    return JobProgress(work_done_h=done, work_total_h=48.0, now_h=now, deadline_h=deadline, restart_h=restart,
+             restart: float = 0.2, unc: float = 0.0) -> JobStanding:
+    return JobStanding(work_done_h=done, work_total_h=48.0, now_h=now, deadline_h=deadline, restart_h=restart,
                        current=current, uncommitted_h=unc)  # type: ignore[arg-type]
 
 
@@ -119,7 +119,7 @@ def test_bad_policy_and_progress_are_refused() -> None:
     with pytest.raises(UnknownName, match="did you mean greedy"):
         decide("gredy", progress(0, 0), True)
     with pytest.raises(InvalidInput):
-        decide("gpuplan", JobProgress(0, 0, 0, 10, 0.1, "spot"), True)
+        decide("gpuplan", JobStanding(0, 0, 0, 10, 0.1, "spot"), True)
     with pytest.raises(InvalidInput):
         decide("gpuplan", progress(0, 0, current="preempted"), True)
 
