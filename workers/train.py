@@ -141,8 +141,8 @@ class _Run:
         self.model, self.sharded, self.weights_pending = prepare_model(
             strategy, train.seed, self.source, self.device, self.world, checkpoint_follows=follows)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(strategy.optimizer, self.params, train.learning_rate,
-                                        precision=strategy.precision, seed=train.seed, rank=self.rank)
+        self.optimizer = make_optimizer(strategy.optimizer, self.params, train.learning_rate, seed=train.seed,
+                                        precision=strategy.precision, finetune=strategy.finetune, rank=self.rank)
         self.steps = total_steps(train, strategy)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.steps))
         self.interval = checkpoint_interval(train, self.steps)
