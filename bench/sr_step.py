@@ -1,6 +1,7 @@
 """The optimizer step alone on a model's parameter list: torch AdamW on bf16 weights (bf16-plain), the first
 stochastic-rounding AdamW (one torch.compile'd call and one random-bits draw a parameter, kept here as
-``OldStochasticRoundAdamW``) and workers/sr_adamw.py's (one Triton kernel a tensor on CUDA, eager elsewhere).
+``OldStochasticRoundAdamW``), workers/sr_adamw.py's (one Triton kernel a tensor on CUDA, eager elsewhere; on CUDA
+its eager path too) and, on CUDA, torchao's ``_AdamW(bf16_stochastic_round=True)`` where torchao imports.
 
 No model is built: the parameters are random bf16 tensors of the catalog preset's shapes (their count is checked
 against catalog.params), each with a random gradient. Each optimizer gets its own states, takes ``--warmup``
@@ -178,6 +179,13 @@ def optimizers(device: torch.device) -> dict[str, Callable[[list[torch.nn.Parame
     }
     if device.type == "cuda":
         makers["SR new, eager path"] = _eager_sr
+        try:  # compiled per parameter shape: seconds of first step, and the global RNG's bits
+            from torchao.optim import _AdamW
+
+            makers["torchao _AdamW bf16_stochastic_round"] = lambda ps: _AdamW(
+                ps, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, bf16_stochastic_round=True)
+        except Exception as exc:
+            print(f"torchao: {exc}", flush=True)
     return makers
 
 
