@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         plot(*args.plot)
         return 0
     if args.child:
-        _write(args.out, run_one(args.precisions, args, *args.child, args.out.parent))
+        data, tok = args.child
+        _write(args.out, run_one(args.precisions, args, data, tok, args.out.parent))
         return 0
     import torch
 
