@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 # Elements per piece of the eager step: bounds its fp32 and int64 temporaries to ~100 MB.
 CHUNK = 1 << 22
 BLOCK = 1024  # elements per program of the fused kernel (8 a thread at 4 warps: 16-byte loads of bf16)
+# no fused multiply-adds: the kernel rounds every operation, as the eager step's separate torch ops do
+LAUNCH_OPTIONS: dict[str, Any] = {"num_warps": 4, "enable_fp_fusion": False}
 _LOW16 = 0xFFFF
 _HIGH16 = -65536  # 0xFFFF0000 as int32: the bits a bf16 keeps of an fp32
 _M32 = 0xFFFFFFFF
@@ -203,7 +205,7 @@ def fused_update(kernel: Any) -> Update:
         lo, hi = split_key(key) if key is not None else (0, 0)
         stochastic = key is not None and p.dtype == torch.bfloat16
         kernel[((n + BLOCK - 1) // BLOCK,)](p, g.contiguous(), m, v, n, *h, lo, hi, STOCHASTIC=stochastic,
-                                           BLOCK=BLOCK, num_warps=4, enable_fp_fusion=False)
+                                           BLOCK=BLOCK, **LAUNCH_OPTIONS)
 
     return update
 

@@ -284,3 +284,23 @@ def test_the_planners_numerics_choose_the_optimizer() -> None:
     assert isinstance(make_optimizer("adamw", params, 1e-4, precision="bf16"), StochasticRoundAdamW)
     assert type(make_optimizer("adamw", params, 1e-4, precision="bf16-plain")) is torch.optim.AdamW
     assert type(make_optimizer("adamw", params, 1e-4, precision="bf16", finetune="lora")) is torch.optim.AdamW
+
+
+def test_the_kernel_compiles_for_the_h100_without_fused_multiply_adds() -> None:
+    """Compiled ahead of time for sm_90 with the launch's options (no GPU needed): the PTX rounds every operation
+    as the eager step does (no fma, correctly rounded division and square root), shifts the hash logically and
+    loads 16 bytes at a time where the tensors are aligned, as Triton specialises them at launch."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    pointers = {f"{t}_ptr": "*bf16" for t in "pgmv"}
+    scalars = {name: "fp32" for name in sr.Hyper._fields}
+    signature = {**pointers, "n": "i32", **scalars, "key_lo": "i32", "key_hi": "i32",
+                 "STOCHASTIC": "constexpr", "BLOCK": "constexpr"}
+    source = ASTSource(sr._build_kernel(), signature, constexprs={"STOCHASTIC": True, "BLOCK": sr.BLOCK},
+                       attrs={(i,): [["tt.divisibility", 16]] for i in range(5)})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=sr.LAUNCH_OPTIONS).asm["ptx"]
+    assert "fma." not in ptx and "div.rn.f32" in ptx and "sqrt.rn.f32" in ptx
+    assert "shr.u32" in ptx and "shr.s32" not in ptx
+    assert ptx.count("ld.global.v4.b32") == 4 and ptx.count("st.global.v4.b32") == 3
