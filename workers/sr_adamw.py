@@ -99,19 +99,22 @@ def _mix32_(x: torch.Tensor, tmp: torch.Tensor) -> None:
 
 
 def random_bits(key: int, start: int, count: int, device: torch.device) -> torch.Tensor:
-    """16 uniform random bits (int32 in [0, 65536)) for elements ``start`` .. ``start + count`` of a tensor:
-    two keyed rounds of lowbias32 over the element's offset, so a piece's bits are those of the whole."""
+    """16 uniform random bits (int16) for elements ``start`` .. ``start + count`` of a tensor: two keyed rounds
+    of lowbias32 over the offset of each pair of elements, whose low 16 bits go to the even element and high 16
+    to the odd one (an int32 tensor viewed as int16: half the hashing). A piece's bits are those of the whole."""
     lo, hi = split_key(key)
-    if start + count <= 1 << 31:
-        x = torch.arange(start, start + count, dtype=torch.int32, device=device)
+    first, last = start >> 1, (start + count + 1) >> 1
+    if last <= 1 << 31:
+        x = torch.arange(first, last, dtype=torch.int32, device=device)
     else:  # the offset's low 32 bits, as the kernel's
-        x = torch.arange(start, start + count, dtype=torch.int64, device=device).bitwise_and_(_M32).to(torch.int32)
+        x = torch.arange(first, last, dtype=torch.int64, device=device).bitwise_and_(_M32).to(torch.int32)
     tmp = torch.empty_like(x)
     x.bitwise_xor_(lo)
     _mix32_(x, tmp)
     x.bitwise_xor_(hi)
     _mix32_(x, tmp)
-    return x.bitwise_and_(_LOW16)
+    skip = start - 2 * first
+    return x.view(torch.int16)[skip:skip + count]  # little-endian: element 2k is the low half of pair k
 
 
 def round_bf16(x: torch.Tensor, bits: torch.Tensor | None) -> torch.Tensor:
@@ -151,8 +154,10 @@ def _eager_piece(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Ten
     v.copy_(v32)
     # torch's fp32 square root on the CPU is not correctly rounded (SLEEF); fp64's is, and so is its fp32 rounding
     denom = v32.double().sqrt_().to(torch.float32).mul_(h.inv_bias2_sqrt).add_(h.eps)
-    p32 = p.float().mul_(h.decay).sub_(m32.mul_(h.step_size).div_(denom))  # p decay - (step_size m) / denom
-    p.copy_(round_bf16(p32, bits) if p.dtype == torch.bfloat16 else p32)
+    p32 = p.to(torch.float32, copy=True).mul_(h.decay).sub_(m32.mul_(h.step_size).div_(denom))  # p decay - (ss m) / d
+    if bits is not None and p.dtype == torch.bfloat16:  # round_bf16 in place: p32 then holds a bf16 value exactly
+        p32.view(torch.int32).add_(bits.to(torch.int32).bitwise_and_(_LOW16)).bitwise_and_(_HIGH16)
+    p.copy_(p32)
 
 
 def _build_kernel() -> Any:
@@ -176,7 +181,7 @@ def _build_kernel() -> Any:
         tl.store(m_ptr + offs, m.to(m_ptr.dtype.element_ty), mask=mask)
         tl.store(v_ptr + offs, v.to(v_ptr.dtype.element_ty), mask=mask)
         if STOCHASTIC:
-            x = (offs ^ key_lo).to(tl.uint32)
+            x = ((offs >> 1) ^ key_lo).to(tl.uint32)  # a hash a pair of elements, as random_bits
             for r in tl.static_range(2):
                 if r == 1:
                     x = x ^ key_hi.to(tl.uint32)
@@ -185,6 +190,7 @@ def _build_kernel() -> Any:
                 x = x ^ (x >> 15)
                 x = x * 0x735A2D97
                 x = x ^ (x >> 15)
+            x = x >> ((offs & 1) * 16).to(tl.uint32)
             raw = p.to(tl.int32, bitcast=True) + (x & 0xFFFF).to(tl.int32)
             p = (raw & -65536).to(tl.float32, bitcast=True)
         tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)

@@ -89,22 +89,29 @@ def _lowbias32(x: int) -> int:
     return x
 
 
+def _expected_bits(key: int, offset: int) -> int:
+    lo, hi = sr.split_key(key)
+    return (_lowbias32(_lowbias32((offset >> 1) ^ lo) ^ hi) >> (16 * (offset & 1))) & 0xFFFF
+
+
 def test_random_bits_are_a_keyed_hash_of_the_element_uniform_and_independent() -> None:
     key = noise_seed(5, 1, 17, 300)
-    lo, hi = sr.split_key(key)
     bits = random_bits(key, 0, 1 << 20, CPU)
-    # the int32 tensor arithmetic is the kernel's uint32 lowbias32, element by element, past 2^31 too
+    # the int32 tensor arithmetic is the kernel's uint32 lowbias32, element by element, past 2^32 too
     for offset in (0, 1, 4097, (1 << 20) - 1):
-        assert int(bits[offset]) == _lowbias32(_lowbias32(offset ^ lo) ^ hi) & 0xFFFF
-    assert int(random_bits(key, (1 << 31) + 5, 1, CPU)) == _lowbias32(_lowbias32(((1 << 31) + 5) ^ lo) ^ hi) & 0xFFFF
-    # a piece's bits are the whole tensor's: how a tensor is cut does not change its stream
-    assert torch.equal(torch.cat([random_bits(key, 0, 1000, CPU), random_bits(key, 1000, 3000, CPU)]), bits[:4000])
+        assert int(bits[offset]) & 0xFFFF == _expected_bits(key, offset)
+    for offset in ((1 << 32) + 5, (1 << 32) + 6):
+        assert int(random_bits(key, offset, 1, CPU)) & 0xFFFF == _expected_bits(key, offset)
+    # a piece's bits are the whole tensor's, pieces of odd offsets and lengths included
+    pieces = [random_bits(key, a, b - a, CPU) for a, b in ((0, 999), (999, 1000), (1000, 3001), (3001, 4000))]
+    assert torch.equal(torch.cat(pieces), bits[:4000])
     # every bit is set half the time (standard error 0.0005), and the next step's bits are unrelated
     shares = torch.stack([(bits >> b) & 1 for b in range(16)]).float().mean(dim=1)
     assert torch.all((shares - 0.5).abs() < 0.005), shares
     later = random_bits(noise_seed(5, 1, 17, 301), 0, 1 << 20, CPU)
     assert abs(float(torch.corrcoef(torch.stack([bits.float(), later.float()]))[0, 1])) < 0.01
-    assert abs(float(torch.corrcoef(torch.stack([bits[:-1].float(), bits[1:].float()]))[0, 1])) < 0.01
+    for gap in (1, 2):  # the two halves of a pair, and neighbouring pairs
+        assert abs(float(torch.corrcoef(torch.stack([bits[:-gap].float(), bits[gap:].float()]))[0, 1])) < 0.01
 
 
 def test_on_fp32_parameters_it_is_torch_adamw() -> None:
