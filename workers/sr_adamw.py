@@ -148,8 +148,7 @@ def _eager_piece(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Ten
     """The fused kernel's operations, one rounding each, in its order (its comments are the formulas)."""
     g32 = g.float()
     m32 = torch.sub(g32, m).mul_(h.w1).add_(m)  # m + (1 - beta1) (g - m)
-    # (a copy even of an fp32 v: its square root is taken in place below)
-    v32 = v.to(torch.float32).mul(h.beta2).add_(torch.mul(g32, h.c2).mul_(g32))  # v beta2 + ((1 - beta2) g) g
+    v32 = v.float().mul(h.beta2).add_(torch.mul(g32, h.c2).mul_(g32))  # v beta2 + ((1 - beta2) g) g
     m.copy_(m32)
     v.copy_(v32)
     # torch's fp32 square root on the CPU is not correctly rounded (SLEEF); fp64's is, and so is its fp32 rounding
@@ -226,7 +225,7 @@ def update_for(device: torch.device) -> Update:
     if "cuda" not in _UPDATES:
         try:
             fused = fused_update(_build_kernel())
-        except Exception as exc:  # no Triton: the same numbers, ~3x the memory traffic
+        except Exception as exc:  # no Triton: the same numbers, at many times the memory traffic
             logger.warning("the stochastic-rounding AdamW step runs eagerly: Triton is not usable (%s)", exc)
             fused = eager_update
 
