@@ -33,10 +33,10 @@ from sqlalchemy import insert, select  # noqa: E402
 
 from catalog.loader import load_catalog  # noqa: E402
 from commands.specfile import load_spec  # noqa: E402
-from scheduler import ledger  # noqa: E402
 from scheduler.api import create_app  # noqa: E402
 from scheduler.composition import catalog_planner  # noqa: E402
 from scheduler.service import ADMIN, SchedulerService  # noqa: E402
+from scheduler.store import ledger  # noqa: E402
 from scheduler.store.database import Store  # noqa: E402
 from scheduler.store.models import Attempt, Event, Job, JobCreate, JobLog, Spend, TeamCreate, TeamUpdate  # noqa: E402
 from tests.pg import PG_URL, drop_pg_schema, new_pg_schema  # noqa: E402

@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from scheduler.sim.simulate import Jobs, Outcome, Prices, SimOptions, omniscient, run_policy  # noqa: E402
+from scheduler.sim.simulate import Jobs, PolicyOutcome, Prices, SimOptions, omniscient, run_policy  # noqa: E402
 from scheduler.sim.traces import Zones  # noqa: E402
 from scheduler.spot.policy import RATE_HALF_LIFE_H  # noqa: E402
 from scheduler.spot.slack_value import YOUNG_H, YOUNG_OUTAGE_HAZARD_RATIO, YOUNG_RUN_HAZARD_RATIO  # noqa: E402
@@ -158,7 +158,7 @@ def run_family(fam: Family, policies: tuple[str, ...] = POLICIES, hindsight: boo
         if hindsight:
             run, outage = hindsight_rates(zones)
             opts = replace(opts, mttp_h=run, mean_outage_h=outage)
-        outs: dict[str, Outcome] = {p: run_policy(zones, jobs, p, PRICES, opts) for p in policies}
+        outs: dict[str, PolicyOutcome] = {p: run_policy(zones, jobs, p, PRICES, opts) for p in policies}
         for p, o in outs.items():
             d = out[p]
             d["ratio"].append((o.cost_usd / omni)[ok])
@@ -400,7 +400,7 @@ def insurance(fams: list[Family], min_slack: float = 0.5, min_restart: float = 0
     return lines
 
 
-def _od_entries(o: Outcome) -> np.ndarray:
+def _od_entries(o: PolicyOutcome) -> np.ndarray:
     assert o.timeline_market is not None
     tl = o.timeline_market
     entries: np.ndarray = ((tl[1:] != tl[:-1]) & (tl[1:] == 2)).sum(axis=0).astype(np.float64)

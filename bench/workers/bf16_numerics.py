@@ -8,9 +8,11 @@ pretrained weights offline). For each run it records the loss at every step, the
 relative change from their start (||w_end - w_0|| / ||w_0||, and the share of elements that moved), the loop's
 tokens/s and peak memory, and the planner's prediction for the same strategy (planner.estimate.estimate).
 
+Each precision runs in a process of its own (this script starts one per precision and merges their records):
+a run after another in the same process would carry the first run's allocations into its peak.
+
     python3 bench/workers/bf16_numerics.py --out $OUT/bf16_numerics.json            # on the GPU machine
-    python3 bench/workers/bf16_numerics.py --plot bench/results/numerics/2026-12-05_bf16_h200.json \
-        docs/img/bf16_numerics.png
+    python3 bench/bf16_numerics.py --plot bench/results/numerics/2026-12-05_bf16_h200.json docs/img/bf16_numerics.png
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import argparse
 import json
 import math
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -190,54 +193,15 @@ def run_one(precision: str, args: argparse.Namespace, data: Path, tok: Path, wor
     return record
 
 
-def optimizer_steps(model_id: str, repeats: int = 10) -> dict[str, Any]:
-    """Seconds per optimizer step over the whole model's bf16 parameters, each optimizer alone on the GPU:
-    torch AdamW (bf16-plain), this project's stochastic-rounding AdamW (bf16) and torchao's
-    ``_AdamW(bf16_stochastic_round=True)`` where torchao imports; the first step (compiles) timed apart."""
-    import torch
-
-    from planner.spec import JobSpec
-    from workers.model.build import build_model, resolve_model_source
-    from workers.train.sr_adamw import StochasticRoundAdamW
-
-    spec = JobSpec.model_validate({"name": "opt", "task": "train", "model": model_id, "train": {"tokens": 1}})
-    model = build_model(resolve_model_source(spec), seed=0, weights_dtype=torch.bfloat16, device=torch.device("cuda"))
-    params = list(model.parameters())
-    for p in params:
-        p.grad = torch.randn_like(p) * 1e-3
-    makers: dict[str, Any] = {
-        "torch AdamW (bf16-plain)": lambda: torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1),
-        "StochasticRoundAdamW (bf16)": lambda: StochasticRoundAdamW(params, lr=1e-5, betas=(0.9, 0.95),
-                                                                    weight_decay=0.1, seed=0)}
-    try:
-        from torchao.optim import _AdamW
-
-        makers["torchao _AdamW bf16_stochastic_round"] = lambda: _AdamW(
-            params, lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1, bf16_stochastic_round=True)
-    except Exception as exc:
-        makers["torchao (not importable)"] = None
-        print(f"torchao: {exc}", flush=True)
-    out: dict[str, Any] = {"params": sum(p.numel() for p in params)}
-    for name, make in makers.items():
-        if make is None:
-            continue
-        try:
-            opt = make()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            opt.step()
-            torch.cuda.synchronize()
-            first = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            for _ in range(repeats):
-                opt.step()
-            torch.cuda.synchronize()
-            out[name] = {"first_s": first, "step_s": (time.perf_counter() - t0) / repeats}
-            del opt
-        except Exception as exc:
-            out[name] = {"error": repr(exc)[:300]}
-        print(f"optimizer step, {name}: {out[name]}", flush=True)
-    return out
+def optimizer_steps(model_id: str, work: Path) -> dict[str, Any]:
+    """Each optimizer's step alone over the model's bf16 parameters (bench/workers/sr_step.py, in a process of its own:
+    torch AdamW, the first and the current stochastic-rounding AdamW, torchao's where it imports)."""
+    out = work / "sr_step.json"
+    script = ROOT / "bench" / "workers" / "sr_step.py"
+    subprocess.run([sys.executable, str(script), "--device", "cuda", "--model", model_id,
+                    "--json", str(out)], check=True)
+    record: dict[str, Any] = json.loads(out.read_text())
+    return record
 
 
 def _tail_mean(losses: dict[int, float], tail: int) -> float | None:
@@ -305,11 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tail", type=int, default=20, help="steps whose mean loss is compared")
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     ap.add_argument("--no-optimizer-bench", dest="optimizer_bench", action="store_false",
-                    help="skip timing each optimizer's step alone")
+                    help="skip timing each optimizer's step alone (bench/workers/sr_step.py)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a smoke run of this script")
+    # a child process's run of one precision, on the parent's corpus and tokenizer
+    ap.add_argument("--child", nargs=2, type=Path, metavar=("DATA", "TOKENIZER"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.plot:
         plot(*args.plot)
+        return 0
+    if args.child:
+        data, tok = args.child
+        _write(args.out, run_one(args.precisions, args, data, tok, args.out.parent))
         return 0
     import torch
 
@@ -325,14 +295,38 @@ def main(argv: list[str] | None = None) -> int:
         "corpus_documents": docs, "tokenizer_vocab": args.vocab, "runs": [],
         "command": "python3 bench/workers/bf16_numerics.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     for precision in args.precisions.split(","):  # the record is rewritten after each run: a cut-off keeps them
-        out["runs"].append(run_one(precision, args, data, tok, work))
+        out["runs"].append(_run_in_child(precision, argv if argv is not None else sys.argv[1:], data, tok, work))
         _write(args.out, out)
     print(table(out["runs"]))
     if args.device == "cuda" and args.optimizer_bench:
-        out["optimizer_step"] = optimizer_steps(args.model)
+        out["optimizer_step"] = optimizer_steps(args.model, work)
         _write(args.out, out)
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _run_in_child(precision: str, argv: list[str], data: Path, tok: Path, work: Path) -> dict[str, Any]:
+    """``precision``'s run in a process of its own: a run after another in one process carries the first's
+    allocations into its peak (on the H100 record bf16-plain read 41.31 GiB for its 32.10)."""
+    record_path = work / f"run-{precision}.json"
+    passed = [a for a in _without(argv, ("--out", "--precisions", "--plot")) if a != "--no-optimizer-bench"]
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), *passed, "--precisions", precision,
+                    "--out", str(record_path), "--child", str(data), str(tok)], check=True)
+    record: dict[str, Any] = json.loads(record_path.read_text())
+    return record
+
+
+def _without(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """``argv`` less ``options`` and their values (``--opt value`` and ``--opt=value``)."""
+    kept, skip = [], 0
+    for arg in argv:
+        if skip:
+            skip -= 1
+        elif arg in options:
+            skip = 2 if arg == "--plot" else 1
+        elif not any(arg.startswith(o + "=") for o in options):
+            kept.append(arg)
+    return kept
 
 
 def _write(path: Path | None, record: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from catalog.params import count_params
 from errors import InvalidInput
 from planner.host_memory import build_bytes, builds_on_host, builds_once
+from planner.numerics import stochastic_rounding
 from planner.strategies import finetune_kind, precision_kind, sharding_kind
 from planner.types import Strategy
 from workers.capabilities import strategy_problem
@@ -87,11 +88,11 @@ def autocast_dtype(strategy: Strategy, sharded: bool) -> torch.dtype | None:
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float, *, precision: str = "fp32",
-                   seed: int = 0, rank: int = 0) -> torch.optim.Optimizer:
-    """``name``'s optimizer; under precision ``bf16`` an AdamW rounds its steps into the bf16 weights
-    stochastically (seeded by the job's ``seed`` and ``rank``), which ``bf16-plain`` opts out of."""
-    stochastic = (precision_kind(precision).stochastic_rounding
-                  and any(p.dtype == torch.bfloat16 for p in params))  # not LoRA's fp32 adapters
+                   finetune: str = "full", seed: int = 0, rank: int = 0) -> torch.optim.Optimizer:
+    """``name``'s optimizer. Whether its steps round stochastically into bf16 weights is the planner's call
+    (planner.numerics.stochastic_rounding, which also prices it): ``bf16`` full fine-tunes do, seeded by the
+    job's ``seed`` and ``rank``; ``bf16-plain`` and LoRA's fp32 adapters do not."""
+    stochastic = stochastic_rounding(precision, finetune, name)
     if name == "adamw" and stochastic:
         return StochasticRoundAdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1, seed=seed, rank=rank)
     if name == "adamw":

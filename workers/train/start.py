@@ -113,7 +113,8 @@ class RunStart:
             strategy, train.seed, self.source, self.device, self.world, checkpoint_follows=follows)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(strategy.optimizer, self.params, train.learning_rate,
-                                        precision=strategy.precision, seed=train.seed, rank=self.rank)
+                                        precision=strategy.precision, finetune=strategy.finetune, seed=train.seed,
+                                        rank=self.rank)
         self.steps = total_steps(train, strategy)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(self.steps))
         self.interval = checkpoint_interval(train, self.steps)
