@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from planner.strategies import finetune_kind, precision_kind
 
-# The stochastic-rounding step's extra traffic: 16 random bits a parameter, written by the generator and read
-# by the fused update (no persistent state: the bits' seed is a function of the step).
+# torchao's 8-bit AdamW with stochastic rounding: its foreach step plus 16 random bits a parameter, written by the
+# generator and read by the update (no persistent state: the bits' seed is a function of the step).
 SR_BYTES_PER_PARAM = 4.0
+# AdamW with stochastic rounding is one fused kernel a tensor (workers/train/sr_adamw.py): it reads the bf16 weight,
+# gradient and both moments once and writes weight and moments once, 14 bytes a parameter, its random bits hashed
+# in registers. Measured on an H100 (bench/workers/sr_step.py, llama-3.2-1b): 7.9 ms a step where this prices 8.6 ms
+# and torch's foreach AdamW on the same bf16 parameters takes 22.1 ms
+# (docs/lab-notes/2026-12-05-bf16-numerics.md).
+SR_FUSED_STEP_BYTES_PER_PARAM = 14.0
 
 
 def storage_precision(precision: str) -> str:
@@ -28,6 +34,7 @@ def numerics(precision: str, finetune: str = "full") -> str:
 
 
 def stochastic_rounding(precision: str, finetune: str, optimizer: str) -> bool:
-    """Whether the optimizer step rounds stochastically into bf16 weights (and pays SR_BYTES_PER_PARAM)."""
+    """Whether the optimizer step rounds stochastically into bf16 weights (AdamW: the fused step,
+    SR_FUSED_STEP_BYTES_PER_PARAM; the 8-bit AdamW: its own step and SR_BYTES_PER_PARAM)."""
     return (precision_kind(precision).stochastic_rounding and not finetune_kind(finetune).adapters
             and optimizer in ("adamw", "adamw-8bit"))

@@ -17,7 +17,7 @@ from planner.activations import layer_activation_bytes_per_token, merged_expert_
 from planner.calibration import ThroughputCalibration
 from planner.knobs import KnobsLike
 from planner.memory import sparse_layer_count
-from planner.numerics import SR_BYTES_PER_PARAM, stochastic_rounding, storage_precision
+from planner.numerics import SR_BYTES_PER_PARAM, SR_FUSED_STEP_BYTES_PER_PARAM, stochastic_rounding, storage_precision
 from planner.strategies import ShardingKind, finetune_kind, precision_kind, sharding_kind
 from planner.throughput import (
     attention_flops_per_token,
@@ -303,7 +303,9 @@ def _optimizer_s(strategy: KnobsLike, trainable: float, gpu: GpuSpec, cal: Throu
     adapters = finetune_kind(strategy.finetune).adapters
     state_b = 4 if adapters else precision_kind(strategy.precision).bytes.state  # peft's adapters train in fp32
     sharded = trainable / (dp if sharding_kind(strategy.sharding).shards_optimizer_state else 1)
-    opt = optimizer_step_s(sharded, state_b, strategy.optimizer, gpu, cal)
-    if stochastic_rounding(strategy.precision, strategy.finetune, strategy.optimizer):  # the random bits
-        opt += sharded * SR_BYTES_PER_PARAM / (gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency)
-    return opt
+    bandwidth = gpu.memory_bandwidth_gbps * 1e9 * cal.optimizer_bw_efficiency
+    if not stochastic_rounding(strategy.precision, strategy.finetune, strategy.optimizer):
+        return optimizer_step_s(sharded, state_b, strategy.optimizer, gpu, cal)
+    if strategy.optimizer == "adamw":  # one fused kernel a tensor: each byte once
+        return sharded * SR_FUSED_STEP_BYTES_PER_PARAM / bandwidth
+    return optimizer_step_s(sharded, state_b, strategy.optimizer, gpu, cal) + sharded * SR_BYTES_PER_PARAM / bandwidth

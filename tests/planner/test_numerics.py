@@ -8,7 +8,7 @@ from catalog.loader import load_catalog
 from planner.calibration import load_calibration
 from planner.capability import auto_precisions
 from planner.estimate import estimate
-from planner.numerics import SR_BYTES_PER_PARAM, numerics, stochastic_rounding
+from planner.numerics import SR_FUSED_STEP_BYTES_PER_PARAM, numerics, stochastic_rounding
 from planner.spec import JobSpec
 
 
@@ -20,16 +20,19 @@ def _estimate(precision: str, optimizer: str = "adamw", finetune: str = "full") 
     return estimate(spec, load_catalog(), "H100-SXM", 1, calibration=load_calibration())
 
 
-def test_stochastic_rounding_costs_its_random_bits_in_the_optimizer_step_and_no_memory() -> None:
+def test_the_fused_stochastic_rounding_step_is_priced_by_its_own_bytes_and_costs_no_memory() -> None:
+    """AdamW with stochastic rounding is one fused kernel a tensor (14 bytes a parameter), cheaper than torch's
+    foreach AdamW on the same bf16 parameters: measured 7.9 ms against 22.1 ms on an H100 (bench/workers/sr_step.py)."""
     sr, plain = _estimate("bf16"), _estimate("bf16-plain")
     assert sr.memory == plain.memory  # type: ignore[attr-defined]
     gpu = next(g for g in load_catalog().gpus if g.id == "H100-SXM")
     cal = load_calibration().throughput
     params = 1_235_814_400  # llama-3.2-1b, tied embeddings
-    extra = sr.throughput.breakdown_s["optimizer"] - plain.throughput.breakdown_s["optimizer"]  # type: ignore[attr-defined]
-    assert extra == pytest.approx(params * SR_BYTES_PER_PARAM / (gpu.memory_bandwidth_gbps * 1e9
-                                                                  * cal.optimizer_bw_efficiency), rel=0.01)
-    assert sr.throughput.tokens_per_s < plain.throughput.tokens_per_s  # type: ignore[attr-defined]
+    step = sr.throughput.breakdown_s["optimizer"]  # type: ignore[attr-defined]
+    assert step == pytest.approx(params * SR_FUSED_STEP_BYTES_PER_PARAM / (gpu.memory_bandwidth_gbps * 1e9
+                                                                          * cal.optimizer_bw_efficiency), rel=0.01)
+    assert step < plain.throughput.breakdown_s["optimizer"]  # type: ignore[attr-defined]
+    assert sr.throughput.tokens_per_s > plain.throughput.tokens_per_s  # type: ignore[attr-defined]
     assert sr.strategy.label().endswith("bf16 mb=8") and "bf16-plain" in plain.strategy.label()  # type: ignore[attr-defined]
 
 
