@@ -12,6 +12,7 @@ from scheduler.auth import ADMIN, Principal
 from scheduler.dashboard_reads import DashboardReads
 from scheduler.store.database import Store
 from scheduler.store.models import Job, Team
+from tests.scheduler.conftest import toy_record
 
 T0 = datetime(2026, 11, 2, 12, tzinfo=UTC)
 
@@ -22,7 +23,7 @@ def _two_teams(store: Store) -> tuple[Principal, Principal]:
         session.add_all(teams)
         session.flush()
         session.add_all([Job(id=f"j-{t.name}", team_id=t.id, name=f"shared-name-{t.name}", spec={}, spec_hash="h",
-                             plan={}, state="queued", created_at=T0, updated_at=T0) for t in teams])
+                             plan=toy_record(), state="queued", created_at=T0, updated_at=T0) for t in teams])
     red, blue = teams
     assert red.id is not None and blue.id is not None
     return Principal(team_id=red.id, team_name="red"), Principal(team_id=blue.id, team_name="blue")

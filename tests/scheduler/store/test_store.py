@@ -33,7 +33,7 @@ def test_schema_at_head_matches_the_models(store: Store) -> None:
 
 
 # a plan as the code of those revisions stored it (schema version 1, tests/data/plans)
-OLD_PLAN = (Path(__file__).resolve().parents[1] / "data" / "plans" / "v1_train_spot_auto.json").read_text()
+OLD_PLAN = (Path(__file__).resolve().parents[2] / "data" / "plans" / "v1_train_spot_auto.json").read_text()
 
 
 def _insert_old_job(conn: Connection, now: datetime) -> None:
