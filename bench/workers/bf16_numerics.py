@@ -12,7 +12,8 @@ Each precision runs in a process of its own (this script starts one per precisio
 a run after another in the same process would carry the first run's allocations into its peak.
 
     python3 bench/workers/bf16_numerics.py --out $OUT/bf16_numerics.json            # on the GPU machine
-    python3 bench/bf16_numerics.py --plot bench/results/numerics/2026-12-05_bf16_h200.json docs/img/bf16_numerics.png
+    python3 bench/workers/bf16_numerics.py --plot bench/results/numerics/2026-12-05_bf16_h100_fused.json \
+        docs/img/bf16_numerics.png
 """
 
 from __future__ import annotations
