@@ -34,7 +34,6 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -60,12 +59,6 @@ PARTS = ("collectives", "train", "checkpoint", "kill")
 # ---------------------------------------------------------------------------------------- launching ranks
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _rank_entry(target: Callable[..., Any], rank: int, world: int, port: int, device: str, queue: Any,
                 kwargs: dict[str, Any]) -> None:
     """One rank: a process group, ``target(rank, world, device, **kwargs)``, its answer on the queue, then an
@@ -76,12 +69,14 @@ def _rank_entry(target: Callable[..., Any], rank: int, world: int, port: int, de
     warnings.filterwarnings("ignore", category=FutureWarning)
     code = 0
     try:
+        # the parent holds the rendezvous store (Ranks): a port picked free and bound later could be taken between
+        store = dist.TCPStore("127.0.0.1", port, world_size=world, is_master=False)
         if device == "cuda":
             torch.cuda.set_device(rank)
-            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+            dist.init_process_group("nccl", store=store, rank=rank, world_size=world,
                                     device_id=torch.device("cuda", rank))
         else:
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
         answer = target(rank, world, device, **kwargs)
         queue.put((rank, answer))
         dist.destroy_process_group()
@@ -99,9 +94,13 @@ class Ranks:
     """``world`` spawned rank processes running ``target``; ``wait`` collects their answers by rank."""
 
     def __init__(self, target: Callable[..., Any], world: int, device: str, **kwargs: Any) -> None:
+        import torch.distributed as dist
+
         ctx = multiprocessing.get_context("spawn")
         self.queue = ctx.Queue()
-        port = _free_port()
+        # the rendezvous store's server, bound here on a port the OS picks and held for the ranks' lifetime
+        self.store = dist.TCPStore("127.0.0.1", 0, world_size=world, is_master=True, wait_for_workers=False)
+        port = self.store.port
         self.procs = [ctx.Process(target=_rank_entry, args=(target, r, world, port, device, self.queue, kwargs))
                       for r in range(world)]
         for proc in self.procs:
