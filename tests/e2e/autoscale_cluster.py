@@ -33,6 +33,11 @@ from workers.cluster import AwsFacts, ClusterOptions, cluster_config, cluster_ne
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_TYPE = "ray.head.default"
+# The head's CPUs, as a real head has its vCPUs (no GPU job fits there: those ask for a worker type's GPU,
+# market and zone). Ray starts at most this many worker processes at once on a node (never fewer than one),
+# and every attempt starts six on the head (its driver and Ray Train's controller and helpers): with none,
+# they start one after another.
+HEAD_CPUS = 2
 
 
 def generated_node_types(plan: Plan, opts: ClusterOptions) -> dict[str, Any]:
@@ -138,6 +143,18 @@ class LocalAutoscaler:
         """The cloud takes these nodes away (applied at the autoscaler's next look at its nodes)."""
         _write_json(self.control / "terminate.json", node_ids)
 
+    def demand(self) -> list[Any] | None:
+        """The bundles the autoscaler last reported that something waits for (tasks and actors, pending
+        placement groups, ``request_resources``, which Ray Train's coordinator sends); None before its first
+        report. A run ended while its nodes were refused leaves its demand until the autoscaler's next look."""
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+        raw = GcsClient(address=self.address).internal_kv_get(b"__autoscaling_status", None)
+        if not raw:
+            return None
+        load = json.loads(raw).get("load_metrics_report") or {}
+        return [*load.get("resource_demand", []), *load.get("pg_demand", []), *load.get("request_demand", [])]
+
     def live(self) -> dict[str, str]:
         """Node id -> type of the worker nodes the provider runs now (launched, not terminated or reclaimed)."""
         nodes: dict[str, str] = {}
@@ -175,7 +192,8 @@ def local_autoscaler(types: Mapping[str, Any], idle_timeout_minutes: float, work
                      "disable_node_updaters": True, "disable_launch_config_check": True, "use_node_id_as_ip": True},
         "auth": {"ssh_user": "ubuntu"},
         "head_node_type": HEAD_TYPE,
-        "available_node_types": {**types, HEAD_TYPE: {"resources": {}, "node_config": {}, "max_workers": 0}},
+        "available_node_types": {**types, HEAD_TYPE: {"resources": {"CPU": HEAD_CPUS}, "node_config": {},
+                                                      "max_workers": 0}},
         # nothing to sync or run on a local node; the autoscaler still reads every key
         "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False, "rsync_exclude": [],
         "rsync_filter": [], "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
@@ -183,14 +201,17 @@ def local_autoscaler(types: Mapping[str, Any], idle_timeout_minutes: float, work
     }
     config_path = workdir / "autoscaler.json"  # JSON is YAML: the server's --ray-cluster-config reads it too
     config_path.write_text(json.dumps(config))
-    run_env = {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+    # RAY_ADDRESS: the cluster's own processes (Ray Train's placement-group cleaner asks the state API every
+    # second) find this cluster without scanning the machine's processes for a Ray, where the other pytest
+    # worker's may be the one they find
+    run_env = {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_ADDRESS": gcs,
                "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     # Ray's sockets live under its temp dir and AF_UNIX paths stop at 107 bytes: pytest's own temp folders
     # (/tmp/pytest-of-USER/pytest-N/popen-gwK/autoscaleM/...) leave too little room, so a short one of its own
     ray_dir = Path(tempfile.mkdtemp(prefix="gpr", dir="/tmp"))
-    argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=0",
-            "--object-store-memory=80000000", "--include-dashboard=false", f"--autoscaling-config={config_path}",
-            f"--temp-dir={ray_dir}", "--disable-usage-stats"]
+    argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
+            f"--num-cpus={HEAD_CPUS}", "--object-store-memory=80000000", "--include-dashboard=false",
+            f"--autoscaling-config={config_path}", f"--temp-dir={ray_dir}", "--disable-usage-stats"]
     log = (workdir / "head.log").open("ab")
     head = subprocess.Popen(argv, env=run_env, stdout=log, stderr=log, start_new_session=True)
     cluster = LocalAutoscaler(address=gcs, control=control, config_path=config_path, head=head)

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
+from planner.cost import JIT_MARGIN_S
 from tests.e2e.autoscale_cluster import (
     ROOT,
     FakeImds,
@@ -35,17 +35,22 @@ from tests.e2e.autoscale_cluster import (
     local_autoscaler,
     local_node_types,
 )
+from tests.e2e.autoscale_reference import Uninterrupted
 from tests.moto_server import REGION, TEST_CREDENTIALS, moto_s3, moto_server, use_moto
 from tests.net import free_port
 from tests.pg import drop_pg_schema, new_pg_schema, pg_reason
+from tests.waits import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow,
               pytest.mark.skipif(pg_reason() is not None, reason=str(pg_reason()))]
 
 ADMIN = "autoscale-admin"
 BUCKET = "gpuplan-autoscale"
-GUARD_S = 240.0  # a guard against a hang: every wait below returns at its event
 STEPS, INTERVAL = 24, 8
+# Ray Train's own polls, every 2 s (its workers' health: how soon it sees a run end) and every 5 s (a node's
+# drain: how soon a run hears of a spot notice), made 0.5 s as the autoscaler's own look is made 1 s: the
+# server hands RAY_TRAIN_* from its environment to every attempt's controller and workers
+RAY_TRAIN_POLLS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5"}
 
 
 def spec(name: str, spot: str = "auto") -> dict[str, Any]:
@@ -55,16 +60,6 @@ def spec(name: str, spot: str = "auto") -> dict[str, Any]:
                       "learning_rate": 5e-3, "seed": 0},
             "resources": {"clouds": ["aws"], "accelerators": ["A100-40GB:1"], "regions": ["us-east-1"],
                           "spot": spot}}
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float = GUARD_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
@@ -78,6 +73,7 @@ class Head:
     s3: Any
     tokens: dict[str, str]
     types: list[str]  # the generated worker node types
+    reference: Uninterrupted  # the jobs' model after an uninterrupted run in this process
 
     def api(self, team: str) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[team]}"}, timeout=60)
@@ -172,6 +168,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
 
     work = tmp_path_factory.mktemp("autoscale")
     planned = plan(spec_from_dict(spec("plan")), load_catalog(), calibration=load_calibration())
+    assert planned.chosen is not None
     # the cluster the plan's config describes: the chosen spot zone, the region's other zone, on demand;
     # a short idle timeout (fractions of a minute are Ray's too) so scale-down is seen within the test
     generated = generated_node_types(planned, ClusterOptions(every_zone=True, idle_timeout_minutes=0.2,
@@ -192,7 +189,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
                               imds.url, env) as cluster:
             api_port = free_port()
             server_env = {**env, "RAY_ADDRESS": cluster.address, "GPUPLAN_DATABASE_URL": db_url,
-                          "GPUPLAN_HOME": str(work / "home"), "GPUPLAN_ADMIN_TOKEN": ADMIN}
+                          "GPUPLAN_HOME": str(work / "home"), "GPUPLAN_ADMIN_TOKEN": ADMIN, **RAY_TRAIN_POLLS}
             argv = [sys.executable, "-m", "tests.e2e.autoscale_server", str(gates), "--", "server", "--executor",
                     "ray", "--port", str(api_port), "--workers", "1", "--poll", "0.5", "--launch-timeout", "3",
                     "--checkpoint-root", f"s3://{BUCKET}/runs", "--ray-cluster-config", str(cluster.config_path)]
@@ -206,7 +203,11 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
                     for team in ("vision", "nlp"):
                         assert admin.post("/v1/teams", json={"name": team}).status_code == 201
                         tokens[team] = admin.post(f"/v1/teams/{team}/tokens", json={"name": "ci"}).json()["token"]
-                yield Head(cluster, imds, supervisor, url, db_url, gates, s3, tokens, sorted(generated["types"]))
+                reference = Uninterrupted(spec("reference"), planned.chosen.estimate.strategy.model_dump(mode="json"),
+                                          work / "reference")
+                yield Head(cluster, imds, supervisor, url, db_url, gates, s3, tokens, sorted(generated["types"]),
+                           reference)
+                reference.close()
             finally:
                 supervisor.stop()
     drop_pg_schema(schema)
@@ -235,22 +236,10 @@ def test_two_teams_run_side_by_side_on_exactly_the_planned_worker_type(head: Hea
     assert not [e for e in head.cluster.events() if e["event"] == "refused"]
 
 
-def uninterrupted(head: Head, team: str, job_id: str, tmp: Path) -> dict[str, Any]:
-    """The job's model after the same training run in this process, never stopped."""
-    from planner.spec import spec_from_dict
-    from planner.types import Strategy
-    from workers.checkpoint import open_store
-    from workers.train import TrainJob, run_training
-    from workers.train_state_load import read_checkpoint_state
-
-    detail = head.job(team, job_id)
-    job = TrainJob(job_id="reference", spec=spec_from_dict(detail["spec"]),
-                   strategy=Strategy.model_validate(detail["plan"]["chosen"]["estimate"]["strategy"]),
-                   checkpoint_uri=str(tmp / "reference"), cpu_threads=1, log_every_s=0.0)
-    run_training(job)
-    found = read_checkpoint_state(open_store(str(tmp / "reference")))
-    assert found is not None and found[0] == STEPS
-    return found[1]
+def uninterrupted(head: Head, job: dict[str, Any]) -> dict[str, Any]:
+    step, weights = head.reference.weights(job)
+    assert step == STEPS
+    return weights
 
 
 def final_weights(job: dict[str, Any]) -> dict[str, Any]:
@@ -270,14 +259,16 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
-def test_spot_notice_checkpoints_then_the_job_resumes_on_a_replacement_node(head: Head, tmp_path: Path) -> None:
+def test_spot_notice_checkpoints_then_the_job_resumes_on_a_replacement_node(head: Head) -> None:
     head.hold_next(12)
     job_id = head.submit("vision", spec("noticed"))
     head.held_at(job_id, 12)
     node, kind = head.node_of(job_id)
     # The notice as the watcher reads it late in its two minutes (a full two would have the run train on
-    # until just before the deadline): the node's watcher drains the node, the run checkpoints the step it is at
-    head.imds.notice(node, in_s=3)
+    # until just before the deadline): the node's watcher drains the node, the run checkpoints the step it is at.
+    # Late by the workers' own margin (planner.cost.JIT_MARGIN_S, the least time they leave a just-in-time
+    # checkpoint): sooner, Ray Train would end the workers at the deadline while a busy box is still writing it
+    head.imds.notice(node, in_s=JIT_MARGIN_S)
     line = wait_until("the just-in-time checkpoint", lambda: next(
         (x for x in head.logs("vision", job_id) if "just-in-time checkpoint saved" in x), None))
     jit = int(line.split("step ")[1].split(":")[0])
@@ -293,10 +284,10 @@ def test_spot_notice_checkpoints_then_the_job_resumes_on_a_replacement_node(head
     gone = next(i for i, e in enumerate(events) if e["event"] in ("reclaimed", "terminated") and e["id"] == node)
     assert [e["type"] for e in events[gone:] if e["event"] == "launched"][:1] == [kind]  # its replacement
     assert [(a.number, a.outcome) for a in attempts(head, job_id)] == [(1, "succeeded")]
-    assert_same(final_weights(job), uninterrupted(head, "vision", job_id, tmp_path))
+    assert_same(final_weights(job), uninterrupted(head, job))
 
 
-def test_a_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint(head: Head, tmp_path: Path) -> None:
+def test_a_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint(head: Head) -> None:
     head.hold_next(12)
     job_id = head.submit("nlp", spec("vanished"))
     head.held_at(job_id, 12)
@@ -310,7 +301,7 @@ def test_a_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint(he
     assert job["state"] == "succeeded", lines[-20:]
     assert any("resumed from the checkpoint of step 8" in line for line in lines), lines
     assert [(a.number, a.outcome) for a in attempts(head, job_id)] == [(1, "succeeded")]
-    assert_same(final_weights(job), uninterrupted(head, "nlp", job_id, tmp_path))
+    assert_same(final_weights(job), uninterrupted(head, job))
 
 
 def test_the_server_killed_9_is_restarted_and_no_job_is_lost_or_run_twice(head: Head) -> None:
@@ -357,6 +348,9 @@ def test_refused_spot_launches_move_an_auto_job_down_its_planned_types_and_an_al
         assert head.finished("nlp", always)["state"] == "cancelled"
         wait_until("the loop to close the cancelled job's attempt", lambda: head.sql(
             "SELECT count(*) FROM attempt WHERE job_id = :j AND ended_at IS NULL", j=always) == [(0,)])
+        # its request for a spot node outlives it until the autoscaler's next look: capacity that came back
+        # before then would start a node that no job wants
+        wait_until("the autoscaler to see no demand", lambda: head.cluster.demand() == [])
     finally:
         head.cluster.refuse([])
 
