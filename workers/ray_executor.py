@@ -53,6 +53,7 @@ crashed scheduler), by cancel and, failing that, by killing its driver.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -81,6 +82,9 @@ from workers.ray_attempt import (
 __all__ = ["NAMESPACE", "RayExecutor", "live_nodes"]
 
 Predictor = Callable[[RunRequest], dict[str, float]]
+# One connection per process: the server's API threads and its scheduler loop each connect on first use, and at
+# a start they do so at once (a second ray.init while the first connects fails: "called ray.init twice")
+_CONNECTING = threading.Lock()
 
 
 class RayExecutor:
@@ -117,8 +121,9 @@ class RayExecutor:
         self._boots: dict[str, Any] = {}
 
     def _connect(self) -> None:
-        if not ray.is_initialized():
-            ray.init(address=self._address, **self._init_kwargs)
+        with _CONNECTING:
+            if not ray.is_initialized():
+                ray.init(address=self._address, **self._init_kwargs)
 
     def feasibility(self, request: RunRequest) -> str | None:
         self._connect()

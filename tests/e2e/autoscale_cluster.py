@@ -143,17 +143,12 @@ class LocalAutoscaler:
         """The cloud takes these nodes away (applied at the autoscaler's next look at its nodes)."""
         _write_json(self.control / "terminate.json", node_ids)
 
-    def demand(self) -> list[Any] | None:
-        """The bundles the autoscaler last reported that something waits for (tasks and actors, pending
-        placement groups, ``request_resources``, which Ray Train's coordinator sends); None before its first
-        report. A run ended while its nodes were refused leaves its demand until the autoscaler's next look."""
-        from ray._raylet import GcsClient  # type: ignore[attr-defined]
-
-        raw = GcsClient(address=self.address).internal_kv_get(b"__autoscaling_status", None)
-        if not raw:
-            return None
-        load = json.loads(raw).get("load_metrics_report") or {}
-        return [*load.get("resource_demand", []), *load.get("pg_demand", []), *load.get("request_demand", [])]
+    def kill_actor(self, name: str, namespace: str) -> None:
+        """End a named actor of the cluster as a crash would (no restart), from a driver of its own."""
+        code = ("import ray, sys; ray.init(address=sys.argv[1], namespace=sys.argv[2], logging_level='ERROR'); "
+                "ray.kill(ray.get_actor(sys.argv[3]), no_restart=True)")
+        subprocess.run([sys.executable, "-c", code, self.address, namespace, name], check=True, timeout=300,
+                       capture_output=True)
 
     def live(self) -> dict[str, str]:
         """Node id -> type of the worker nodes the provider runs now (launched, not terminated or reclaimed)."""
@@ -204,7 +199,12 @@ def local_autoscaler(types: Mapping[str, Any], idle_timeout_minutes: float, work
     # RAY_ADDRESS: the cluster's own processes (Ray Train's placement-group cleaner asks the state API every
     # second) find this cluster without scanning the machine's processes for a Ray, where the other pytest
     # worker's may be the one they find
+    # RAY_health_check_*: the GCS finds a node gone (a reclaim kills its processes: nothing says goodbye) after
+    # 5 missed checks, one every 3 s, and a run restarted on the replacement node waits for that (10-20 s);
+    # here 3 missed checks, one a second (a live node under load still answers within the 2 s timeout)
     run_env = {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_ADDRESS": gcs,
+               "RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
+               "RAY_health_check_failure_threshold": "3",
                "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     # Ray's sockets live under its temp dir and AF_UNIX paths stop at 107 bytes: pytest's own temp folders
     # (/tmp/pytest-of-USER/pytest-N/popen-gwK/autoscaleM/...) leave too little room, so a short one of its own
@@ -239,21 +239,29 @@ def _stop(cluster: LocalAutoscaler) -> None:
 
 
 class Supervisor:
-    """Restarts a process whenever it dies, as the head's systemd unit does (``Restart=always``)."""
+    """Restarts a process whenever it dies, as the head's systemd unit does (``Restart=always``; ``held``:
+    not before the block ends, as its ``RestartSec``)."""
 
     def __init__(self, start: Callable[[], subprocess.Popen[bytes]]) -> None:
         self._start = start
         self._stop = threading.Event()
+        self._hold = threading.Lock()
         self.proc = start()
         self.restarts = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._hold:
+            yield
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self.proc.poll() is not None and not self._stop.is_set():
-                self.proc = self._start()
-                self.restarts += 1
+            with self._hold:
+                if self.proc.poll() is not None and not self._stop.is_set():
+                    self.proc = self._start()
+                    self.restarts += 1
             self._stop.wait(0.2)
 
     def stop(self) -> None:
