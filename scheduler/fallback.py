@@ -20,7 +20,7 @@ from workers.cluster import ClusterOptions, cluster_needs
 
 
 def planned_placements(job: Job) -> list[Placement]:
-    """The (market, zone) placements of the node types generated for the job's planned GPU, cheapest first;
+    """The (market, zone) placements of the node types generated for the job's planned instance type, cheapest first;
     [] when the plan has none (not on AWS, or no plan the generator accepts)."""
     # the job's row keeps the plan's leading candidates as "alternatives" (scheduler.service)
     fields = {"job", "objective", "chosen", "warnings"}
@@ -35,7 +35,8 @@ def planned_placements(job: Job) -> list[Placement]:
     nodes = max(plan.chosen.nodes, 1)
     out: dict[tuple[str, str | None], Placement] = {}
     for kind in needs.kinds:
-        if kind.gpu != plan.chosen.offer.gpu:  # another GPU would need its own strategy: not a fallback
+        # another instance type (even of the same GPU) would need its own strategy and price: not a fallback
+        if kind.instance_type != plan.chosen.offer.instance_type:
             continue
         offer = kind.candidate.offer
         price = offer.spot_usd_per_h if kind.market == "spot" else offer.on_demand_usd_per_h
