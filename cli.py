@@ -27,7 +27,7 @@ for module in (plan, run, server, jobs, calibrate, simulate):
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(reports.app, name="report")
 app.add_typer(teams.app, name="team")
-app.add_typer(cluster.cluster_app, name="cluster")  # config in commands.plan, check in commands.cluster
+app.add_typer(cluster.cluster_app, name="cluster")
 escape_help(app)  # after every command is registered
 
 

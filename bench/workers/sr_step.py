@@ -38,7 +38,7 @@ import torch  # noqa: E402 - after the path set-up above
 from catalog.loader import load_catalog  # noqa: E402
 from catalog.params import count_params  # noqa: E402
 from catalog.schema import ModelConfig  # noqa: E402
-from workers.train import sr_adamw  # noqa: E402
+from workers.train.loop import sr_adamw  # noqa: E402
 
 BETAS = (0.9, 0.95)
 LR = 1e-5

@@ -19,8 +19,8 @@ from workers.cluster.config import ClusterOptions, cluster_needs
 
 
 def planned_placements(job: Job) -> list[MarketChoice]:
-    """The (market, zone) placements of the node types generated for the job's planned GPU, cheapest first;
-    [] when the plan has none (not on AWS, or no plan the generator accepts)."""
+    """The (market, zone) placements of the node types generated for the job's planned instance type, cheapest
+    first; [] when the plan has none (not on AWS, or no plan the generator accepts)."""
     planned = job.plan
     try:  # the job keeps the plan's leading candidates (planner.plan_record): the generator reads them as a plan
         needs = cluster_needs(planned.as_plan(), ClusterOptions(every_zone=True))
@@ -29,7 +29,8 @@ def planned_placements(job: Job) -> list[MarketChoice]:
     nodes = max(planned.nodes, 1)
     out: dict[tuple[str, str | None], MarketChoice] = {}
     for kind in needs.kinds:
-        if kind.gpu != planned.chosen.offer.gpu:  # another GPU would need its own strategy: not a fallback
+        # another instance type (even of the same GPU) would need its own strategy and price: not a fallback
+        if kind.instance_type != planned.chosen.offer.instance_type:
             continue
         offer = kind.candidate.offer
         price = offer.spot_usd_per_h if kind.market == "spot" else offer.on_demand_usd_per_h

@@ -33,6 +33,11 @@ from workers.cluster.config import AwsFacts, ClusterOptions, cluster_config, clu
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_TYPE = "ray.head.default"
+# The head's CPUs, as a real head has its vCPUs (no GPU job fits there: those ask for a worker type's GPU,
+# market and zone). Ray starts at most this many worker processes at once on a node (never fewer than one),
+# and every attempt starts six on the head (its driver and Ray Train's controller and helpers): with none,
+# they start one after another.
+HEAD_CPUS = 2
 
 
 def generated_node_types(plan: Plan, opts: ClusterOptions) -> dict[str, Any]:
@@ -138,6 +143,13 @@ class LocalAutoscaler:
         """The cloud takes these nodes away (applied at the autoscaler's next look at its nodes)."""
         _write_json(self.control / "terminate.json", node_ids)
 
+    def kill_actor(self, name: str, namespace: str) -> None:
+        """End a named actor of the cluster as a crash would (no restart), from a driver of its own."""
+        code = ("import ray, sys; ray.init(address=sys.argv[1], namespace=sys.argv[2], logging_level='ERROR'); "
+                "ray.kill(ray.get_actor(sys.argv[3]), no_restart=True)")
+        subprocess.run([sys.executable, "-c", code, self.address, namespace, name], check=True, timeout=300,
+                       capture_output=True)
+
     def live(self) -> dict[str, str]:
         """Node id -> type of the worker nodes the provider runs now (launched, not terminated or reclaimed)."""
         nodes: dict[str, str] = {}
@@ -175,7 +187,8 @@ def local_autoscaler(types: Mapping[str, Any], idle_timeout_minutes: float, work
                      "disable_node_updaters": True, "disable_launch_config_check": True, "use_node_id_as_ip": True},
         "auth": {"ssh_user": "ubuntu"},
         "head_node_type": HEAD_TYPE,
-        "available_node_types": {**types, HEAD_TYPE: {"resources": {}, "node_config": {}, "max_workers": 0}},
+        "available_node_types": {**types, HEAD_TYPE: {"resources": {"CPU": HEAD_CPUS}, "node_config": {},
+                                                      "max_workers": 0}},
         # nothing to sync or run on a local node; the autoscaler still reads every key
         "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False, "rsync_exclude": [],
         "rsync_filter": [], "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
@@ -183,14 +196,22 @@ def local_autoscaler(types: Mapping[str, Any], idle_timeout_minutes: float, work
     }
     config_path = workdir / "autoscaler.json"  # JSON is YAML: the server's --ray-cluster-config reads it too
     config_path.write_text(json.dumps(config))
-    run_env = {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+    # RAY_ADDRESS: the cluster's own processes (Ray Train's placement-group cleaner asks the state API every
+    # second) find this cluster without scanning the machine's processes for a Ray, where the other pytest
+    # worker's may be the one they find
+    # RAY_health_check_*: the GCS finds a node gone (a reclaim kills its processes: nothing says goodbye) after
+    # 5 missed checks, one every 3 s, and a run restarted on the replacement node waits for that (10-20 s);
+    # here 3 missed checks, one a second (a live node under load still answers within the 2 s timeout)
+    run_env = {**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_ADDRESS": gcs,
+               "RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
+               "RAY_health_check_failure_threshold": "3",
                "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     # Ray's sockets live under its temp dir and AF_UNIX paths stop at 107 bytes: pytest's own temp folders
     # (/tmp/pytest-of-USER/pytest-N/popen-gwK/autoscaleM/...) leave too little room, so a short one of its own
     ray_dir = Path(tempfile.mkdtemp(prefix="gpr", dir="/tmp"))
-    argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=0",
-            "--object-store-memory=80000000", "--include-dashboard=false", f"--autoscaling-config={config_path}",
-            f"--temp-dir={ray_dir}", "--disable-usage-stats"]
+    argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}",
+            f"--num-cpus={HEAD_CPUS}", "--object-store-memory=80000000", "--include-dashboard=false",
+            f"--autoscaling-config={config_path}", f"--temp-dir={ray_dir}", "--disable-usage-stats"]
     log = (workdir / "head.log").open("ab")
     head = subprocess.Popen(argv, env=run_env, stdout=log, stderr=log, start_new_session=True)
     cluster = LocalAutoscaler(address=gcs, control=control, config_path=config_path, head=head)
@@ -218,21 +239,29 @@ def _stop(cluster: LocalAutoscaler) -> None:
 
 
 class Supervisor:
-    """Restarts a process whenever it dies, as the head's systemd unit does (``Restart=always``)."""
+    """Restarts a process whenever it dies, as the head's systemd unit does (``Restart=always``; ``held``:
+    not before the block ends, as its ``RestartSec``)."""
 
     def __init__(self, start: Callable[[], subprocess.Popen[bytes]]) -> None:
         self._start = start
         self._stop = threading.Event()
+        self._hold = threading.Lock()
         self.proc = start()
         self.restarts = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._hold:
+            yield
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self.proc.poll() is not None and not self._stop.is_set():
-                self.proc = self._start()
-                self.restarts += 1
+            with self._hold:
+                if self.proc.poll() is not None and not self._stop.is_set():
+                    self.proc = self._start()
+                    self.restarts += 1
             self._stop.wait(0.2)
 
     def stop(self) -> None:

@@ -3,6 +3,9 @@ Ray executor is given what a CPU-only box needs and a test hold on each job (``J
 
 - gloo: the local nodes' GPUs are logical (one CPU stands in for each), so NCCL has nothing to run on;
 - one torch thread per worker, and a log line at every step;
+- Ray Train's tries to place a waiting run's workers end after ``START_TIMEOUT_S`` (the executor's default is
+  10 s): a run stopped while it waits (a cancel, a changeover off a type whose launches fail) stops at the end
+  of the try, and until then its request keeps the autoscaler launching for it;
 - ``JobGate``: a job's ranks wait before a step the test names in ``GATE_DIR/<job id>.hold``, so the test
   acts at a known step instead of racing a fast job (files: the hook is pickled to every node).
 """
@@ -15,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+START_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ def main(argv: list[str]) -> None:
         executor: Any = make_executor(kind, **options)
         executor._backend, executor._cpu_threads, executor._log_every_s = "gloo", 1, 0.0
         executor._step_hook = JobGate(gate_dir)
+        executor._start_timeout_s = START_TIMEOUT_S
         return executor
 
     composition.make_executor = cpu_box_executor

@@ -174,16 +174,26 @@ def launch_places(needs: ClusterNeeds, facts: AwsFacts) -> list[tuple[WorkerKind
     the planner's order of the kinds (the chosen offer in its priced market first, then its other market,
     so on-demand after spot under ``spot: auto``, then the alternatives), and within a kind its priced zone
     before the region's other zones that offer the instance type. A type's rank in this list is its
-    ``gpuplan/fallback`` label; a run (one zone, one placement group) launches all its nodes in one type."""
+    ``gpuplan/fallback`` label; a run (one zone, one placement group) launches all its nodes in one type.
+
+    One type per (GPU, market, zone), the resources a run's workers ask for (workers.executors.cluster_fit), so they fit
+    one type only (p5.48xlarge and p5.4xlarge in one zone would split a run's nodes over two placement groups).
+    A kind's priced zone is its own; another zone goes to the first kind in that order that falls back there."""
+    def pins(kind: WorkerKind, zone: str) -> tuple[str, str, str]:
+        return kind.gpu, kind.market, zone
+
+    own: dict[tuple[str, str, str], str] = {}
+    for kind in needs.kinds:
+        own.setdefault(pins(kind, facts.zones[kind_key(kind)]), kind_key(kind))
     places: list[tuple[WorkerKind, str, str]] = []
-    seen: set[str] = set()
+    taken: set[tuple[str, str, str]] = set()
     for kind in needs.kinds:
         key = kind_key(kind)
         for zone in (facts.zones[key], *facts.fallback_zones.get(key, ())):
-            name = node_type_name(kind.instance_type, kind.market, zone)
-            if name not in seen:  # a regional offer may resolve to a zone a zoned kind has: the first wins
-                seen.add(name)
-                places.append((kind, zone, name))
+            if pins(kind, zone) in taken or own.get(pins(kind, zone), key) != key:
+                continue
+            taken.add(pins(kind, zone))
+            places.append((kind, zone, node_type_name(kind.instance_type, kind.market, zone)))
     return places
 
 

@@ -11,8 +11,11 @@ three custom resources, each equal to its GPU count, and every worker of a run a
     gpuplan-zone:<AWS zone id>         gpuplan-zone:use1-az1   (zone ids, not names: prices are per id)
 
 A worker therefore fits exactly one node type, the (GPU, market, zone) the plan priced, and a
-multi-node run stays in one zone. Ray's ``accelerator_type`` is not asked for there: Ray derives it
-from the GPU's name (``A100`` for both A100s), so it cannot tell the catalog's GPUs apart.
+multi-node run stays in one zone: the generator makes one node type per (GPU, market, zone)
+(workers.cluster.config.launch_places), and a run whose plan priced a regional offer (no zone) is pinned
+to the zone of its first node type (``first_zone``; the Ray executor's ``pinned``). Ray's ``accelerator_type``
+is not asked for there: Ray derives it from the GPU's name (``A100`` for both A100s), so it cannot tell the
+catalog's GPUs apart.
 """
 
 from __future__ import annotations
@@ -41,6 +44,19 @@ def pin_resources(gpu: str, market: str, zone: str | None, amount: float = 1.0) 
     if zone:
         out[ZONE_PREFIX + zone] = amount
     return out
+
+
+def first_zone(gpu: str, market: str, nodes: Sequence[Mapping[str, float]]) -> str | None:
+    """The zone of the first of ``nodes`` (or node types) with ``gpu`` and ``market`` in the scheme above; None:
+    none has them. A run that names no zone (its plan priced a regional offer) is pinned there, since asking
+    for no zone fits a node type in every zone, and a multi-node run would start its nodes in several."""
+    wanted = pin_resources(gpu, market, None)
+    for node in nodes:
+        if all(node.get(key, 0) > 0 for key in wanted):
+            zones = sorted(key[len(ZONE_PREFIX):] for key in node if key.startswith(ZONE_PREFIX))
+            if zones:
+                return zones[0]
+    return None
 
 
 def pins_markets(nodes: Sequence[Mapping[str, float]]) -> bool:

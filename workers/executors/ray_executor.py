@@ -53,6 +53,8 @@ crashed scheduler), by cancel and, failing that, by killing its driver.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -64,6 +66,7 @@ import ray
 from errors import ExecutionError, Infeasible, NotFound
 from planner.calibration import CostCalibration
 from workers.checkpoint.interval import preemption_inputs
+from workers.executors.cluster_fit import first_zone, placement_for
 from workers.executors.protocol import BootState, RunProgress, RunRequest, RunState, RunStatus
 from workers.executors.ray_attempt import (
     NAMESPACE,
@@ -81,6 +84,9 @@ from workers.train.progress import result_backoffs, result_metrics
 __all__ = ["NAMESPACE", "RayExecutor", "live_nodes"]
 
 Predictor = Callable[[RunRequest], dict[str, float]]
+# One connection per process: the server's API threads and its scheduler loop each connect on first use, and at
+# a start they do so at once (a second ray.init while the first connects fails: "called ray.init twice")
+_CONNECTING = threading.Lock()
 
 
 class RayExecutor:
@@ -120,14 +126,30 @@ class RayExecutor:
         self._boots: dict[str, Any] = {}
 
     def _connect(self) -> None:
-        if not ray.is_initialized():
-            ray.init(address=self._address, **self._init_kwargs)
+        with _CONNECTING:
+            if not ray.is_initialized():
+                ray.init(address=self._address, **self._init_kwargs)
+
+    def pinned(self, request: RunRequest) -> RunRequest:
+        """The request as this executor runs it: on a gpuplan cluster, a GPU run that names no zone is pinned to
+        the zone of the first node type (the config's order: the planner's) of its GPU and market, so every
+        node of a multi-node run comes from one worker type, in one zone and one placement group."""
+        if request.zone is not None or not placement_for(request.strategy).use_gpu:
+            return request
+        if self._node_types:
+            nodes = [resources for resources, _ in self._node_types]
+        else:
+            self._connect()
+            nodes = sorted(live_nodes(), key=lambda node: sorted(node))
+        zone = first_zone(request.strategy.gpu, request.market, nodes)
+        return request if zone is None else dataclasses.replace(request, zone=zone)
 
     def feasibility(self, request: RunRequest) -> str | None:
         self._connect()
-        return attempt_infeasibility(request, live_nodes(), self._node_types)
+        return attempt_infeasibility(self.pinned(request), live_nodes(), self._node_types)
 
     def submit(self, request: RunRequest) -> str:
+        request = self.pinned(request)
         reason = self.feasibility(request)
         if reason is not None:
             raise Infeasible(f"job {request.job_id} can never run on this cluster: {reason}",
@@ -308,6 +330,7 @@ class RayExecutor:
         (``workers.executors.protocol.BootsAhead``)."""
         from ray.util.placement_group import placement_group
 
+        request = self.pinned(request)
         reason = self.feasibility(request)
         if reason is not None:
             raise Infeasible(f"job {request.job_id} can never run on this cluster: {reason}",

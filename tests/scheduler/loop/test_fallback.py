@@ -15,12 +15,12 @@ from scheduler.store.states import JobState
 from tests.scheduler.conftest import toy_record
 
 
-def stored_job(spot: str) -> Job:
-    """A job on one A100-40GB of a p4d in us-east-1 (spot in two zones, on demand), its plan stored as the
-    service stores it (the leading candidates as "alternatives")."""
-    spec = spec_from_dict({"name": "t", "task": "train", "model": "tiny-llama",
+def stored_job(spot: str, accelerator: str = "A100-40GB:1", model: str = "tiny-llama") -> Job:
+    """A job (by default on one A100-40GB of a p4d in us-east-1: spot in two zones, on demand), its plan stored as
+    the service stores it (the leading candidates as "alternatives")."""
+    spec = spec_from_dict({"name": "t", "task": "train", "model": model,
                            "train": {"tokens": 4096, "seq_len": 32, "micro_batch": 4},
-                           "resources": {"clouds": ["aws"], "accelerators": ["A100-40GB:1"], "regions": ["us-east-1"],
+                           "resources": {"clouds": ["aws"], "accelerators": [accelerator], "regions": ["us-east-1"],
                                          "spot": spot}})
     planned = planned_run(plan(spec, load_catalog(), calibration=load_calibration()))
     return Job(id="j-1", team_id=1, name="t", spec=spec.model_dump(mode="json"), spec_hash="h", plan=planned,
@@ -50,6 +50,18 @@ def test_spot_always_moves_between_spot_zones_only_then_stays() -> None:
     moved = next_placement(job, attempt("spot", "use1-az1"), lambda p: True)
     assert isinstance(moved, MarketChoice) and (moved.market, moved.zone) == ("spot", "use1-az2")
     assert next_placement(job, attempt("spot", "use1-az2"), lambda p: True) is None
+
+
+def test_a_job_moves_only_between_placements_of_its_own_instance_type() -> None:
+    """Four H100s: one p5.48xlarge, and among the leading candidates p5.4xlarge on demand (one H100 each,
+    regional). That is no place for the p5.48xlarge run (its strategy and price are another's): it moves between
+    p5.48xlarge's own zones and markets only."""
+    job = stored_job("auto", "H100-SXM:4", "llama-3-8b")
+    alternatives = job.plan.alternatives
+    assert "p5.4xlarge" in {c.offer.instance_type for c in alternatives}
+    own = {(c.cost.market, c.offer.zone) for c in alternatives if c.offer.instance_type == "p5.48xlarge"}
+    places = planned_placements(job)
+    assert {(p.market, p.zone) for p in places} == own and len(own) > 1
 
 
 def test_a_plan_the_generator_cannot_read_has_no_fallback() -> None:
