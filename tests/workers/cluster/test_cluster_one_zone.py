@@ -3,8 +3,8 @@
 For two-node plans whose region offers their GPU on more than one instance type and whose offers may be
 regional (no zone priced), every placement a job's attempts can get (the plan's own, and each one
 scheduler.loop.fallback moves a waiting job to: another zone, then on demand) is turned into the request the loop
-builds (``Scheduler._request``) and the Ray executor runs (``RayExecutor.pinned``); each worker's resources,
-fed to the generated cluster config and to Ray's own autoscaler, fit exactly one worker type: one subnet, at
+builds (``scheduler.loop.dispatch.run_request``) and the Ray executor runs (``RayExecutor.pinned``); each worker's
+resources, fed to the generated cluster config and to Ray's own autoscaler, fit exactly one worker type: one subnet, at
 most one placement group, enough workers for every node of the run.
 
 - 16 x H100 in us-east-1: two p5.48xlarge (spot in two zones, on demand), and p5.4xlarge on demand, a
@@ -23,11 +23,12 @@ from ray.autoscaler._private.resource_demand_scheduler import _fits
 
 from catalog.loader import load_catalog
 from commands.specfile import load_spec
+from planner.plan_record import planned_run
 from planner.search import plan
 from planner.spec import spec_from_dict
 from planner.types import Plan
+from scheduler.loop.dispatch import run_request
 from scheduler.loop.fallback import planned_placements
-from scheduler.loop.scheduling import Scheduler
 from scheduler.store.models import Job
 from scheduler.store.states import JobState
 from tests.workers.cluster.test_cluster import _bundles, _ray_v2_picks
@@ -49,8 +50,7 @@ def two_node_plans() -> dict[str, tuple[Plan, Job]]:
         spec = spec_from_dict(doc)
         p = plan(spec, load_catalog(), calibration=CAL)
         assert p.chosen is not None and p.chosen.nodes == 2, (name, p.chosen)
-        stored: dict[str, Any] = p.model_dump(mode="json", include={"job", "objective", "chosen", "warnings"})
-        stored["alternatives"] = [c.model_dump(mode="json") for c in p.candidates[:4]]
+        stored = planned_run(p)  # as the service stores it: the leading candidates as alternatives
         out[name] = p, Job(id="j-1", team_id=1, name="t", spec=spec.model_dump(mode="json"), spec_hash="h",
                            plan=stored, state=JobState.RUNNING, checkpoint_uri="s3://b/j-1")
     return out
@@ -82,7 +82,7 @@ def test_every_node_of_an_attempt_comes_from_one_worker_type(aws: Any, two_node_
     places = [(p.chosen.cost.market, p.chosen.offer.zone), *((q.market, q.zone) for q in planned_placements(job))]
     assert len(places) > 1, places  # a fallback to move down
     for number, (market, zone) in enumerate(places, start=1):
-        request = executor.pinned(Scheduler._request(job, number, market, zone))
+        request = executor.pinned(run_request(job, number, market, zone))
         bundles = _bundles(request, node_types)
         worker: dict[str, Any] = bundles[0]  # one worker's resources (they are all alike)
         fitting = [k for k, t in workers.items() if _fits(t["resources"], worker)]
