@@ -315,7 +315,7 @@ def test_a_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint(he
 def test_the_server_killed_9_is_restarted_and_no_job_is_lost_or_run_twice(head: Head) -> None:
     """The restarted server follows the attempt that ran on while it was down; one whose run died meanwhile (its
     driver ended) is closed as lost, billed to its last heartbeat (not to the restart), and its job requeued."""
-    from scheduler.api.server import ray_namespace_for
+    from scheduler.composition import ray_namespace_for
 
     head.hold_next(4)
     job_id, orphan = head.submit("vision", spec("survivor")), head.submit("nlp", spec("orphaned"))
