@@ -12,7 +12,6 @@ the error tree's CloudCredentialsMissing (exit 8) or CloudUnreachable (exit 9).
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from workers.cluster.aws_errors import aws_errors, error_code, translate
 from workers.cluster.config import ClusterNeeds, ClusterOptions, cluster_needs, kind_key
 from workers.cluster.net import efa_count
 from workers.cluster.notes import iam_policy
+from workers.cluster.policy import as_set, missing_statements
 
 OK, FIX, WARN, UNKNOWN = "ok", "fix", "warn", "could not check"
 SPOT_ROLE = "AWSServiceRoleForEC2Spot"
@@ -234,40 +234,23 @@ def _profile(acc: _Account) -> list[Item]:
 
 
 def profile_items(session: Any, opts: ClusterOptions) -> list[Item]:
-    """The nodes' instance profile exists, and its role's inline policies grant what gpuplan needs."""
+    """The nodes' instance profile exists, and its role's policies, inline and attached (workers.cluster.policy),
+    grant what gpuplan needs: the checkpoint bucket's statements among them."""
     sources: dict[str, str] = {}
     profile = cluster_aws._instance_profile(session, opts, sources)
     if profile.startswith("arn:"):
         return [Item("instance profile", OK, f"{profile} (given; its policy is not checked)")]
     iam = session.client("iam")
     role = iam.get_instance_profile(InstanceProfileName=profile)["InstanceProfile"]["Roles"][0]["RoleName"]
-    missing = _missing_statements(iam, role, iam_policy(opts))
+    missing = missing_statements(iam, role, iam_policy(opts))
     if missing:
-        lacking = "; ".join(f"{', '.join(sorted(_as_set(m['Action'])))} on {', '.join(sorted(_as_set(m['Resource'])))}"
+        lacking = "; ".join(f"{', '.join(sorted(as_set(m['Action'])))} on {', '.join(sorted(as_set(m['Resource'])))}"
                             for m in missing)
-        return [Item("instance profile", FIX, f"role {role}'s inline policies do not grant {lacking}: "
+        return [Item("instance profile", FIX, f"role {role}'s policies (inline and attached) do not grant {lacking}: "
                      f"aws iam put-role-policy --role-name {role} --policy-name gpuplan --policy-document "
                      "file://policy.json (the policy in `gpuplan cluster config`'s header)")]
     return [Item("instance profile", OK, f"{sources['instance profile']}; its policy holds every statement "
                  "gpuplan needs")]
-
-
-def _missing_statements(iam: Any, role: str, wanted: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The statements of ``wanted`` that no inline policy of ``role`` grants as written (same resource,
-    no condition, every action); managed policies are not read, so a role that relies on them lists here."""
-    granted: list[tuple[set[str], set[str]]] = []
-    for name in iam.list_role_policies(RoleName=role)["PolicyNames"]:
-        document = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
-        document = json.loads(document) if isinstance(document, str) else document
-        for s in document.get("Statement", []):
-            if s.get("Effect") == "Allow" and not s.get("Condition"):
-                granted.append((_as_set(s.get("Action")), _as_set(s.get("Resource"))))
-    return [s for s in wanted["Statement"] if not any(
-        _as_set(s["Action"]) <= actions and _as_set(s["Resource"]) <= resources for actions, resources in granted)]
-
-
-def _as_set(value: Any) -> set[str]:
-    return {value} if isinstance(value, str) else set(value or ())
 
 
 def _bucket(acc: _Account) -> list[Item]:
