@@ -40,7 +40,7 @@ def load_planning_inputs(spec_path: str, *, this_machine: bool = True) -> tuple[
     from catalog.loader import load_catalog, resolve_model
     from catalog.local_cpu import with_this_machine
     from commands.specfile import load_spec
-    from planner.calibration import load_calibration
+    from planner.calibration import load_user_calibration
     from planner.spec import ModelRef
 
     spec = load_spec(spec_path)
@@ -48,7 +48,7 @@ def load_planning_inputs(spec_path: str, *, this_machine: bool = True) -> tuple[
     if this_machine:
         catalog = with_this_machine(catalog, Settings.from_env().home, today=date.today())
     model = resolve_model(catalog, spec.model.config if isinstance(spec.model, ModelRef) else spec.model)
-    return spec, catalog, model, load_calibration(overlay=user_calibration())
+    return spec, catalog, model, load_user_calibration(Settings.from_env().home)
 
 
 def user_calibration() -> Path:

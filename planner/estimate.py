@@ -69,7 +69,7 @@ def require_calibration(calibration: object, caller: str) -> Calibration:
     raise InvalidInput(
         f"{caller}() needs the planner's calibration, got {calibration!r}", path="calibration",
         hint="read it at the edge and pass it in: calibration=planner.calibration.load_calibration() "
-        "(with overlay=user_calibration_path(home) for a `gpuplan calibrate` refit)")
+        "(load_user_calibration(home) for a `gpuplan calibrate` refit)")
 
 
 def _with_model_warnings(est: Estimate, model: ModelConfig) -> Estimate:
