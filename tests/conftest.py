@@ -66,3 +66,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A stable sort on what every xdist worker collects alike, so all of them agree on the order.
     ordered = sorted(by_file.values(), key=_file_weight, reverse=True)
     items[:] = [item for group in ordered for item in group]
+
+
+class _FileTimes:
+    """Seconds each test file took (setup, call and teardown of its tests, on whichever worker ran it), for
+    the slowest files in the summary: the per-test list splits a file's module fixture from its tests."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        path = report.nodeid.split("::", 1)[0]
+        self.seconds[path] = self.seconds.get(path, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        slowest = sorted(self.seconds.items(), key=lambda item: item[1], reverse=True)[:10]
+        if slowest:
+            terminalreporter.write_sep("=", "slowest 10 test files (seconds, setup + tests + teardown)")
+            for path, seconds in slowest:
+                terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sees every report
+        config.pluginmanager.register(_FileTimes(), "gpuplan-file-times")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import random
 import socket
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -21,8 +25,35 @@ class QuietHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+# Ports below the kernel's ephemeral range (32768-60999 on Linux): a port the kernel picks for a listener
+# (bind to port 0) is also one it may hand any process as the source port of an outgoing connection in the
+# moment before the test's server binds it, and a busy Ray cluster makes many. Above Ray's worker ports
+# (10002-19999). Each pytest-xdist worker draws from its own slice, so two test processes never race for one.
+_LOW, _HIGH, _SLICES = 20000, 32000, 8
+
+
+def _ports() -> Iterator[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) % _SLICES if worker.isdigit() else 0
+    size = (_HIGH - _LOW) // _SLICES
+    start = _LOW + index * size
+    first = random.randrange(size)  # two sessions on one machine (a developer's and CI's) rarely collide
+    return (start + (first + i) % size for i in itertools.count())
+
+
+_next_ports: Iterator[int] | None = None
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 nothing listens on now, outside the range the kernel picks source ports from."""
+    global _next_ports
+    if _next_ports is None:
+        _next_ports = _ports()
+    for port in itertools.islice(_next_ports, (_HIGH - _LOW) // _SLICES):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in this test process's slice of 20000-32000")
