@@ -26,6 +26,7 @@ from scheduler.loop.scheduling import Scheduler
 from scheduler.service import Clock, Planner, SchedulerService, utcnow
 from scheduler.store.database import Store
 from workers.executors.protocol import BootsAhead, Executor
+from workers.spec_files import spec_model
 
 EXECUTORS = ("inprocess", "ray", "none")
 
@@ -38,7 +39,7 @@ def catalog_planner(catalog: Catalog, calibration: Calibration | None = None) ->
     cal = calibration or load_calibration()
 
     def run(spec: JobSpec) -> Plan:
-        return plan(spec, catalog, calibration=cal)
+        return plan(spec, catalog, calibration=cal, model=spec_model(spec, catalog))
 
     return run
 
@@ -58,7 +59,7 @@ def machine_planner(home: Path, catalog: Catalog | None = None, calibration: Cal
         if not built:
             built.append((with_this_machine(catalog or load_catalog(), home, today=date.today()),
                           calibration or load_user_calibration(home)))
-        return plan(spec, built[0][0], calibration=built[0][1])
+        return plan(spec, built[0][0], calibration=built[0][1], model=spec_model(spec, built[0][0]))
 
     return run
 

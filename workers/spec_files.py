@@ -16,8 +16,10 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from catalog.loader import Catalog, resolve_model
+from catalog.schema import ModelConfig
 from errors import InvalidInput, UnreachablePath
-from planner.spec import JobSpec, ModelRef, spec_paths
+from planner.spec import JobSpec, ModelRef, model_is_path, spec_paths
 from workers.train.text_data import has_tokenizer, is_jsonl
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -30,6 +32,12 @@ def weights_folder(spec: JobSpec) -> Path | None:
         return None
     folder = ref if ref.is_dir() else ref.parent
     return folder if any((folder / name).is_file() for name in WEIGHT_FILES) else None
+
+
+def spec_model(spec: JobSpec, catalog: Catalog) -> ModelConfig | None:
+    """The model of a spec that names it by a path (a config.json, a ``save_pretrained`` folder), read from this
+    machine's disk for the planner, which reads no files; None for a preset, which the planner looks up itself."""
+    return resolve_model(catalog, spec.model_id) if model_is_path(spec.model) else None
 
 
 def check_text_data(spec: JobSpec) -> None:

@@ -42,11 +42,14 @@ def planner_relink(catalog: Any, calibration: Any) -> Relink:
     """``Relink`` through the planner's estimate for the plan's placement at the given link."""
     from planner.estimate import estimate
     from planner.spec import spec_from_dict
+    from workers.spec_files import spec_model
 
     def relink(spec: Mapping[str, Any], plan: PlannedRun, gbps: float) -> float | None:
         try:
-            est = estimate(spec_from_dict(dict(spec)), catalog, plan.strategy.gpu, plan.strategy.gpu_count,
-                           calibration=calibration, gpus_per_node=plan.chosen.offer.gpu_count, network_gbps=gbps)
+            job_spec = spec_from_dict(dict(spec))
+            est = estimate(job_spec, catalog, plan.strategy.gpu, plan.strategy.gpu_count, calibration=calibration,
+                           model=spec_model(job_spec, catalog), gpus_per_node=plan.chosen.offer.gpu_count,
+                           network_gbps=gbps)
         except (GpuplanError, ValueError):  # a plan the catalog no longer knows: no number
             return None
         return float(est.throughput.tokens_per_s)

@@ -16,14 +16,14 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from planner.cost import JIT_MARGIN_S
 from tests.e2e.autoscale_cluster import (
@@ -54,9 +54,11 @@ STEPS, INTERVAL = 24, 8
 RAY_TRAIN_POLLS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "0.5"}
 
 
-def spec(name: str, spot: str = "auto") -> dict[str, Any]:
-    """tiny-llama on one A100-40GB of a p4d: us-east-1 prices it as spot in two zones and on demand."""
-    return {"name": name, "task": "train", "model": "tiny-llama",
+def spec(name: str, model: Path, spot: str = "auto") -> dict[str, Any]:
+    """A Llama of a few thousand parameters (``model``: tests.workers.tiny's config.json; tiny-llama's checkpoints
+    are 60 MB, and every one goes through moto's S3 in this test's process) on one A100-40GB of a p4d: us-east-1
+    prices it as spot in two zones and on demand."""
+    return {"name": name, "task": "train", "model": {"config": str(model)},
             "train": {"tokens": STEPS * 4 * 32, "seq_len": 32, "micro_batch": 4, "checkpoint_interval_steps": INTERVAL,
                       "learning_rate": 5e-3, "seed": 0},
             "resources": {"clouds": ["aws"], "accelerators": ["A100-40GB:1"], "regions": ["us-east-1"],
@@ -75,26 +77,42 @@ class Head:
     tokens: dict[str, str]
     types: list[str]  # the generated worker node types
     reference: Uninterrupted  # the jobs' model after an uninterrupted run in this process
+    model: Path  # the jobs' config.json
+    engine: Engine
+    clients: dict[str, httpx.Client] = field(default_factory=dict)
 
     def api(self, team: str) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[team]}"}, timeout=60)
+        """The team's client, kept for the module: the waits below ask many times a second, and a connection of
+        its own for each question was a good part of this test's own CPU."""
+        if team not in self.clients:
+            self.clients[team] = httpx.Client(base_url=self.url, timeout=60,
+                                              headers={"Authorization": f"Bearer {self.tokens[team]}"})
+        return self.clients[team]
+
+    def spec(self, name: str, spot: str = "auto") -> dict[str, Any]:
+        return spec(name, self.model, spot)
 
     def submit(self, team: str, body: dict[str, Any]) -> str:
-        with self.api(team) as api:
-            resp = api.post("/v1/jobs", json={"spec": body})
+        resp = self.api(team).post("/v1/jobs", json={"spec": body})
         assert resp.status_code == 201, resp.text
         return str(resp.json()["id"])
 
     def job(self, team: str, job_id: str) -> dict[str, Any]:
-        with self.api(team) as api:
-            resp = api.get(f"/v1/jobs/{job_id}")
+        resp = self.api(team).get(f"/v1/jobs/{job_id}")
         resp.raise_for_status()
         body: dict[str, Any] = resp.json()
         return body
 
     def logs(self, team: str, job_id: str) -> list[str]:
-        with self.api(team) as api:
-            return list(api.get(f"/v1/jobs/{job_id}/logs").json()["lines"])
+        return list(self.api(team).get(f"/v1/jobs/{job_id}/logs").json()["lines"])
+
+    def cancel(self, team: str, job_id: str) -> None:
+        assert self.api(team).post(f"/v1/jobs/{job_id}/cancel", json={}).status_code == 200
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        self.engine.dispose()
 
     def finished(self, team: str, job_id: str) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:
@@ -136,12 +154,8 @@ class Head:
         return node, kind
 
     def sql(self, query: str, **params: Any) -> list[Any]:
-        engine = create_engine(self.db_url)
-        try:
-            with engine.connect() as conn:
-                return list(conn.execute(text(query), params).all())
-        finally:
-            engine.dispose()
+        with self.engine.connect() as conn:
+            return list(conn.execute(text(query), params).all())
 
 
 def _server(argv: list[str], env: dict[str, str], log: Path, port: int) -> Callable[[], subprocess.Popen[bytes]]:
@@ -161,14 +175,18 @@ def _healthy(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
-    from catalog.loader import load_catalog
+    from catalog.loader import load_catalog, resolve_model
     from planner.calibration import load_calibration
     from planner.search import plan
     from planner.spec import spec_from_dict
+    from tests.workers.tiny import write_config
     from workers.cluster.config import ClusterOptions
 
     work = tmp_path_factory.mktemp("autoscale")
-    planned = plan(spec_from_dict(spec("plan")), load_catalog(), calibration=load_calibration())
+    model = write_config(work / "model")
+    catalog = load_catalog()
+    planned = plan(spec_from_dict(spec("plan", model)), catalog, calibration=load_calibration(),
+                   model=resolve_model(catalog, model))
     assert planned.chosen is not None
     # the cluster the plan's config describes: the chosen spot zone, the region's other zone, on demand;
     # a short idle timeout (fractions of a minute are Ray's too) so scale-down is seen within the test
@@ -204,10 +222,12 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
                     for team in ("vision", "nlp"):
                         assert admin.post("/v1/teams", json={"name": team}).status_code == 201
                         tokens[team] = admin.post(f"/v1/teams/{team}/tokens", json={"name": "ci"}).json()["token"]
-                reference = Uninterrupted(spec("reference"), planned.chosen.estimate.strategy.model_dump(mode="json"),
-                                          work / "reference")
-                yield Head(cluster, imds, supervisor, url, db_url, gates, s3, tokens, sorted(generated["types"]),
-                           reference)
+                strategy = planned.chosen.estimate.strategy.model_dump(mode="json")
+                reference = Uninterrupted(spec("reference", model), strategy, work / "reference")
+                head = Head(cluster, imds, supervisor, url, db_url, gates, s3, tokens, sorted(generated["types"]),
+                            reference, model, create_engine(db_url))
+                yield head
+                head.close()
                 reference.close()
             finally:
                 supervisor.stop()
@@ -226,7 +246,8 @@ def attempts(head: Head, job_id: str) -> list[Any]:
 
 def test_two_teams_run_side_by_side_on_exactly_the_planned_worker_type(head: Head) -> None:
     # one job on spot, one on demand: a worker that a spot node's resources would fit too must still get its own
-    jobs = {"vision": head.submit("vision", spec("vision-a")), "nlp": head.submit("nlp", spec("nlp-a", spot="never"))}
+    jobs = {"vision": head.submit("vision", head.spec("vision-a")),
+            "nlp": head.submit("nlp", head.spec("nlp-a", spot="never"))}
     done = {team: head.finished(team, job) for team, job in jobs.items()}
     for team, job in done.items():
         assert job["state"] == "succeeded", head.logs(team, job["id"])[-20:]
@@ -264,7 +285,7 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 def test_spot_notice_checkpoints_then_the_job_resumes_on_a_replacement_node(head: Head) -> None:
     head.hold_next(12)
-    job_id = head.submit("vision", spec("noticed"))
+    job_id = head.submit("vision", head.spec("noticed"))
     head.held_at(job_id, 12)
     node, kind = head.node_of(job_id)
     # The notice as the watcher reads it late in its two minutes (a full two would have the run train on
@@ -297,7 +318,7 @@ def test_spot_notice_checkpoints_then_the_job_resumes_on_a_replacement_node(head
 
 def test_a_node_lost_without_notice_resumes_from_the_last_periodic_checkpoint(head: Head) -> None:
     head.hold_next(12)
-    job_id = head.submit("nlp", spec("vanished"))
+    job_id = head.submit("nlp", head.spec("vanished"))
     head.held_at(job_id, 12)
     wait_until("the periodic checkpoint of step 8", lambda: 8 in head.checkpoints(job_id))
     node, _ = head.node_of(job_id)
@@ -318,7 +339,7 @@ def test_the_server_killed_9_is_restarted_and_no_job_is_lost_or_run_twice(head: 
     from scheduler.composition import ray_namespace_for
 
     head.hold_next(4)
-    job_id, orphan = head.submit("vision", spec("survivor")), head.submit("nlp", spec("orphaned"))
+    job_id, orphan = head.submit("vision", head.spec("survivor")), head.submit("nlp", head.spec("orphaned"))
     head.held_at(job_id, 4)
     head.held_at(orphan, 4)
     restarts = head.server.restarts
@@ -338,8 +359,7 @@ def test_the_server_killed_9_is_restarted_and_no_job_is_lost_or_run_twice(head: 
     lines = head.logs("vision", job_id)
     assert sum(f"step {STEPS}/{STEPS}" in line for line in lines) == 1
     requeued = any("attempt 1 lost" in x and "requeued" in x for x in head.logs("nlp", orphan))
-    with head.api("nlp") as api:  # its run again is the notice scenarios' business
-        assert api.post(f"/v1/jobs/{orphan}/cancel", json={}).status_code == 200
+    head.cancel("nlp", orphan)  # its run again is the notice scenarios' business
     wait_until("the loop to close the orphan's attempts", lambda: head.sql(
         "SELECT count(*) FROM attempt WHERE job_id = :j AND ended_at IS NULL", j=orphan) == [(0,)])
     lost = attempts(head, orphan)[0]
@@ -358,8 +378,8 @@ def test_refused_spot_launches_move_an_auto_job_down_its_planned_types_and_an_al
     head.cluster.reclaim([node for node, kind in head.cluster.live().items() if kind in spot])
     wait_until("the provider to take the spot nodes", lambda: not set(spot) & set(head.cluster.live().values()))
     since = len(head.cluster.events())
-    auto = head.submit("vision", spec("fallback-auto"))
-    always = head.submit("nlp", spec("fallback-always", spot="always"))
+    auto = head.submit("vision", head.spec("fallback-auto"))
+    always = head.submit("nlp", head.spec("fallback-always", spot="always"))
     moved = wait_until("the spot: auto job to move on demand, or to wait", lambda: next(
         (a for a in attempts(head, auto) if a.market == "on-demand"), None) or (
             "no other planned placement" in head.job("vision", auto)["message"] and "it waits"))
@@ -379,8 +399,7 @@ def test_refused_spot_launches_move_an_auto_job_down_its_planned_types_and_an_al
     assert {a.market for a in attempts(head, always)} == {"spot"}
     launched = {e["type"] for e in head.cluster.events()[since:] if e["event"] == "launched"}
     assert launched <= {type_of("on-demand", tried[-1][1])}, launched  # none on spot
-    with head.api("nlp") as api:
-        assert api.post(f"/v1/jobs/{always}/cancel", json={}).status_code == 200
+    head.cancel("nlp", always)
     assert head.finished("nlp", always)["state"] == "cancelled"
     wait_until("the loop to close the cancelled job's attempt", lambda: head.sql(
         "SELECT count(*) FROM attempt WHERE job_id = :j AND ended_at IS NULL", j=always) == [(0,)])

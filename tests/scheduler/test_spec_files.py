@@ -53,3 +53,22 @@ def test_jsonl_data_needs_a_tokenizer_given_or_beside_the_weights(svc: Scheduler
     tokenizer = write_tokenizer(tmp_path / "tok")
     given = {**spec, "train": {**spec["train"], "tokenizer": str(tokenizer)}}  # type: ignore[dict-item]
     assert svc.submit(principal, JobCreate(spec=given)).state == "queued"
+
+
+def test_a_model_given_by_its_config_file_is_planned_by_the_servers_own_planner(tmp_path: Path) -> None:
+    """The server's planner (scheduler.composition) reads a config.json the spec names, as `gpuplan plan` does; it
+    answered "unknown model '/…/config.json'" before, so no cluster job could name its model by a file."""
+    from scheduler.composition import make_service
+
+    config = write_config(tmp_path / "m")
+    svc = make_service(f"sqlite:///{tmp_path / 'db.sqlite'}", checkpoint_root=tmp_path / "ckpt")
+    spec = {"name": "own", "task": "train", "model": {"config": str(config)},
+            "train": {"tokens": 1e6, "seq_len": 32}, "resources": {"accelerators": ["A100-40GB:1"]}}
+    job = svc.submit(ml_team(svc), JobCreate(spec=spec))
+    assert job.state == "queued"
+    tiny = svc.plan(spec).chosen
+    llama = svc.plan({**spec, "model": "tiny-llama"}).chosen
+    assert tiny is not None and llama is not None  # the file's model is planned, not a preset's
+    assert tiny.estimate.memory.breakdown != llama.estimate.memory.breakdown
+    with pytest.raises(UnreachablePath, match="does not exist"):
+        svc.plan({**spec, "model": {"config": str(tmp_path / "gone" / "config.json")}})
