@@ -55,7 +55,7 @@ RAY_TRAIN_POLLS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5", "RAY_TRAIN_PREEMP
 
 
 def spec(name: str, model: Path, spot: str = "auto") -> dict[str, Any]:
-    """A Llama of a few thousand parameters (``model``: tests.workers.tiny's config.json; tiny-llama's checkpoints
+    """A Llama of 28 thousand parameters (``model``: tests.workers.tiny's config.json; tiny-llama's checkpoints
     are 60 MB, and every one goes through moto's S3 in this test's process) on one A100-40GB of a p4d: us-east-1
     prices it as spot in two zones and on demand."""
     return {"name": name, "task": "train", "model": {"config": str(model)},
