@@ -79,10 +79,6 @@ class AttemptMoves:
         self._refused.pop(attempt_id, None)
         return self._stopping.pop(attempt_id, (None, False))[1]
 
-    def forget_stop(self, attempt_id: int) -> None:
-        """The attempt was lost: no stop to wait for."""
-        self._stopping.pop(attempt_id, None)
-
     def watch(self, attempt: Attempt, job: Job, status: RunStatus, now: datetime) -> None:
         """A live attempt: what it shows of its zone's spot capacity, and whether to change it over
         (scheduler.loop.changeover: the decision is recorded on its row before it is stopped)."""

@@ -278,8 +278,8 @@ class Scheduler:
         report.requeued.append(job.id)
 
     def _lose(self, attempt: Attempt, why: str, report: TickReport) -> None:
-        if attempt.id is not None:
-            self.moves.forget_stop(attempt.id)
+        if attempt.id is not None:  # no stop to wait for; a boot beside it is given back (no one moves onto it)
+            self.moves.forget(attempt.id)
         now = self.clock()
         with self.store.write() as session:
             fresh = session.get(Attempt, attempt.id)

@@ -161,6 +161,20 @@ def test_a_boot_that_does_not_come_up_is_given_back_and_the_attempt_stays(
     assert ex.unbooted[-1] == third and svc.status(ml, job_id).state == "succeeded"
 
 
+def test_an_attempt_lost_while_its_boot_is_under_way_gives_the_boot_back(
+        svc: SchedulerService, store: Store, clock: FakeClock) -> None:
+    """A lost attempt (the executor forgot it: its driver died) gives back the nodes booted beside it: kept,
+    they would stay up and billed with no attempt to move onto them."""
+    ex = BootingExecutor()
+    _, job_id, first, _, loop = booting_loop(svc, store, clock, ex)
+    loop.tick()
+    [token] = ex.boot_requests
+    del ex.states[first]  # the executor no longer knows the attempt
+    report = loop.tick()
+    assert job_id in report.lost and ex.unbooted == [token]
+    assert [a.outcome for a in attempts(store, job_id)] == ["lost"]
+
+
 def test_without_an_executor_that_boots_a_boot_decision_moves_nothing(
         svc: SchedulerService, store: Store, clock: FakeClock) -> None:
     ex = ScriptedExecutor()
