@@ -33,7 +33,8 @@ unit: $(STAMP)
 
 # Two pytest workers, each test file whole on one of them (its module fixtures, and the Ray tests of a file
 # on one local Ray instance per worker): most tests wait on processes, so two overlap on these 2 cores.
-# Ray and slow files go first (tests/conftest.py orders them; xdist would reorder by test count), and the
+# Ray and slow files go first, the autoscaler's whole cluster last, when the other worker is nearly done
+# (tests/conftest.py orders them; xdist would reorder by test count), and the
 # 25 slowest tests are listed so that every CI log says where the time went.
 # Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE): the tests start a
 # few hundred Python processes (Ray's workers, servers, CLIs), each of which would compile this repository's

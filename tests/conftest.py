@@ -54,9 +54,13 @@ def ray_cluster() -> Iterator[Any]:
 
 def _file_weight(items: list[pytest.Item]) -> int:
     """Ray files first, then other slow files: under `--dist loadfile` the longest files then start first
-    and the short ones fill in around them, instead of one long file running alone at the end."""
+    and the short ones fill in around them, instead of one long file running alone at the end. A file that
+    starts a whole cluster (``whole_box``: a Ray head, its nodes, a server, a dozen attempts' processes) goes
+    last instead: the other worker then finishes its short files and leaves the box's 2 cores to it, where
+    beside another Ray file each would starve the other (tests/e2e/test_autoscaler.py: 186-217 s alone,
+    234-261 s beside the others, docs/lab-notes/2026-12-05-cluster-under-the-autoscaler.md)."""
     marks = {mark.name for item in items for mark in item.iter_markers()}
-    return 2 if "ray" in marks else 1 if "slow" in marks else 0
+    return -1 if "whole_box" in marks else 2 if "ray" in marks else 1 if "slow" in marks else 0
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

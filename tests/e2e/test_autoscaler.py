@@ -42,7 +42,7 @@ from tests.net import free_port
 from tests.pg import drop_pg_schema, new_pg_schema, pg_reason
 from tests.waits import wait_until
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow,
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.whole_box,
               pytest.mark.skipif(pg_reason() is not None, reason=str(pg_reason()))]
 
 ADMIN = "autoscale-admin"
