@@ -27,7 +27,7 @@ from sqlmodel import Session, col, select
 
 from errors import Conflict, InvalidInput, LimitExceeded, NoFeasiblePlan, NotFound
 from planner.plan_record import planned_run
-from planner.spec import JobSpec, spec_from_dict
+from planner.spec import JobSpec, model_is_path, spec_from_dict
 from planner.types import Plan
 from scheduler import spend_reports
 from scheduler.auth import ADMIN, Principal, TokenAuth, hash_token, team_id_of
@@ -164,32 +164,40 @@ class SchedulerService:
     def plan_is_cached(self, spec: dict[str, Any] | JobSpec) -> bool:
         """Whether submitting ``spec`` needs no planning (callers may then run it on an event loop)."""
         try:
-            key = spec_hash(self.parse_spec(spec))
+            job_spec = self.parse_spec(spec)
         except InvalidInput:
             return True  # refused at once, no planning either
+        if model_is_path(job_spec.model):
+            return False  # planned afresh each time (plan)
         with self._plans_lock:
-            return key in self._plans
+            return spec_hash(job_spec) in self._plans
 
     def plan(self, spec: dict[str, Any] | JobSpec) -> Plan:
         """Plan a spec (cached by spec hash: the catalog a service holds does not change under it), once the
         files it names are readable here (workers.spec_files: a server's working directory is not the user's)."""
         job_spec = self.parse_spec(spec)
         check_spec_files(job_spec)
+        if model_is_path(job_spec.model):  # the file may change under the same spec: planned afresh each time
+            return self._planned(job_spec)
         key = spec_hash(job_spec)
         with self._plans_lock:
             cached = self._plans.get(key)
             if cached is not None:
                 self._plans.move_to_end(key)
                 return cached
+        plan = self._planned(job_spec)
+        with self._plans_lock:
+            self._plans[key] = plan
+            while len(self._plans) > self._plan_cache_size:
+                self._plans.popitem(last=False)
+        return plan
+
+    def _planned(self, job_spec: JobSpec) -> Plan:
         plan = self.planner(job_spec)
         if plan.chosen is None:
             reasons = "; ".join(r.reason for r in plan.rejections[:3]) or "no candidate offers"
             raise NoFeasiblePlan(f"no feasible plan for job {job_spec.name!r}: {reasons}",
                                  hint="relax resources (accelerators, deadline, budget) or lower tokens")
-        with self._plans_lock:
-            self._plans[key] = plan
-            while len(self._plans) > self._plan_cache_size:
-                self._plans.popitem(last=False)
         return plan
 
     # -------------------------------------------------------------- jobs

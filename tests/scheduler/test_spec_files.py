@@ -72,3 +72,8 @@ def test_a_model_given_by_its_config_file_is_planned_by_the_servers_own_planner(
     assert tiny.estimate.memory.breakdown != llama.estimate.memory.breakdown
     with pytest.raises(UnreachablePath, match="does not exist"):
         svc.plan({**spec, "model": {"config": str(tmp_path / "gone" / "config.json")}})
+    # the file changed under the same spec: the plan is the new file's, never a cached one of the old
+    write_config(tmp_path / "m", hidden_size=64, intermediate_size=128)
+    assert not svc.plan_is_cached(spec)
+    wider = svc.plan(spec).chosen
+    assert wider is not None and wider.estimate.memory.breakdown != tiny.estimate.memory.breakdown
