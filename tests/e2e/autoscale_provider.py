@@ -4,8 +4,9 @@ tests/e2e/test_autoscaler.py. It runs in the autoscaler's own process (the head'
 
 - ``refuse.json``: node types whose launches fail, as EC2's InsufficientInstanceCapacity does (a
   ``NodeLaunchException``, which the autoscaler records as the type's unavailability);
-- ``terminate.json``: node ids the cloud takes away (a spot reclaim: the node's processes are killed,
-  no drain, no goodbye); applied the next time the autoscaler lists the nodes.
+- ``terminate.json``: node ids the cloud takes away (a spot reclaim: the node's processes are killed, the
+  workers its raylet started with them, no drain, no goodbye); applied the next time the autoscaler lists the
+  nodes.
 
 Every node it starts gets its own spot-notice watcher (``python -m workers.executors.preemption``, as the generated
 config's worker start commands run it), polling that node's metadata endpoint ``{imds_url}/{node id}``.
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
@@ -83,7 +85,7 @@ class CloudLikeProvider(FakeMultiNodeProvider):
             if node is None:
                 continue
             self._stop_watcher(node_id)
-            node["node"].kill_all_processes(check_alive=False, allow_graceful=False)
+            _kill_machine(node["node"])
             self._event(event="reclaimed", id=node_id, type=node["tags"][TAG_RAY_USER_NODE_TYPE])
 
     def _stop_watcher(self, node_id: str) -> None:
@@ -103,3 +105,24 @@ class CloudLikeProvider(FakeMultiNodeProvider):
         self._stop_watcher(node_id)
         super().terminate_node(node_id)  # type: ignore[no-untyped-call]
         self._event(event="terminated", id=node_id, type=node_type)
+
+
+def _kill_machine(node: Any) -> None:
+    """Everything the node runs, gone at once as with the machine: its Ray processes and every process they
+    started (the workers its raylet spawned). Ray's ``kill_all_processes`` ends the first only, and a worker
+    outlives its raylet by a moment: long enough, with a held job released just then, to train on to the end
+    on a node the test has taken away."""
+    machine: list[psutil.Process] = []
+    for infos in node.all_processes.values():
+        for info in infos:
+            try:
+                root = psutil.Process(info.process.pid)
+                machine += [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+    for proc in machine:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+    node.kill_all_processes(check_alive=False, allow_graceful=False)
