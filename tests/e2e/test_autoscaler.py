@@ -175,18 +175,16 @@ def _healthy(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
-    from catalog.loader import load_catalog, resolve_model
-    from planner.calibration import load_calibration
-    from planner.search import plan
+    from catalog.loader import load_catalog
     from planner.spec import spec_from_dict
+    from scheduler.composition import catalog_planner
     from tests.workers.tiny import write_config
     from workers.cluster.config import ClusterOptions
 
     work = tmp_path_factory.mktemp("autoscale")
     model = write_config(work / "model")
-    catalog = load_catalog()
-    planned = plan(spec_from_dict(spec("plan", model)), catalog, calibration=load_calibration(),
-                   model=resolve_model(catalog, model))
+    # the server's own planner (it reads the model's config.json), so the node types are those of its plans
+    planned = catalog_planner(load_catalog())(spec_from_dict(spec("plan", model)))
     assert planned.chosen is not None
     # the cluster the plan's config describes: the chosen spot zone, the region's other zone, on demand;
     # a short idle timeout (fractions of a minute are Ray's too) so scale-down is seen within the test
